@@ -1,0 +1,1 @@
+//! TPS Lab app.

@@ -1,0 +1,7 @@
+//! TPS Lab engine: everything that runs a model, with no UI.
+//!
+//! Modules:
+//! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
+//! - [`library`]: the model library folder and fetching the default model.
+pub mod gguf;
+pub mod library;
