@@ -4,6 +4,8 @@
 //! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
 //! - [`library`]: the model library folder and fetching the default model.
 //! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
+//! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
 pub mod gguf;
 pub mod library;
 pub mod tokenizer;
+pub mod chat;
