@@ -3,10 +3,22 @@
 //!
 //! Modules:
 //! - (this file) the public API: weight types, [`QMatrix`], [`matmul`], [`dequantize_row`].
+//! - `dequant`: weight blocks (ggml layouts) back to f32, the plain reference for every type.
+//! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
+//!   portable and written to do exactly the float operations ggml's AVX2 code does.
+//! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
+//! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod dequant;
+mod matmul;
 pub mod pool;
+pub mod quant;
 
+pub use dequant::dequantize_row;
+pub use matmul::{Backend, matmul, matmul_with, quantize_activations, reference_matmul};
 pub use pool::ThreadPool;
 
 /// Weight element types, with ggml's block layouts (so GGUF tensor bytes are used as they are).
@@ -18,6 +30,12 @@ pub enum WType {
     Q4_0,
     Q4_1,
     Q8_0,
+    /// ggml `block_q4_K`: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 bytes of
+    /// nibbles; 256 elements.
+    Q4K,
+    /// ggml `block_q6_K`: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d;
+    /// 256 elements.
+    Q6K,
 }
 
 impl WType {
@@ -26,6 +44,7 @@ impl WType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4K | Self::Q6K => 256,
         }
     }
     /// Bytes per block.
@@ -36,6 +55,8 @@ impl WType {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q6K => 210,
         }
     }
     /// Bytes of one row of `k` elements.
@@ -52,69 +73,6 @@ pub struct QMatrix<'a> {
     pub n: usize,
     pub k: usize,
     pub data: &'a [u8],
-}
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// Dequantizes one row (`out.len()` elements) of type `ty` from `data`.
-pub fn dequantize_row(ty: WType, data: &[u8], out: &mut [f32]) {
-    let bs = ty.block_size();
-    let ts = ty.type_size();
-    for (b, chunk) in out.chunks_mut(bs).enumerate() {
-        let blk = &data[b * ts..(b + 1) * ts];
-        match ty {
-            WType::F32 => chunk[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
-            WType::F16 => chunk[0] = f16_at(blk, 0),
-            WType::BF16 => chunk[0] = half::bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
-            WType::Q4_0 => {
-                let d = f16_at(blk, 0);
-                for j in 0..16 {
-                    chunk[j] = d * ((blk[2 + j] & 0x0f) as f32 - 8.0);
-                    chunk[j + 16] = d * ((blk[2 + j] >> 4) as f32 - 8.0);
-                }
-            }
-            WType::Q4_1 => {
-                let d = f16_at(blk, 0);
-                let m = f16_at(blk, 2);
-                for j in 0..16 {
-                    chunk[j] = d * (blk[4 + j] & 0x0f) as f32 + m;
-                    chunk[j + 16] = d * (blk[4 + j] >> 4) as f32 + m;
-                }
-            }
-            WType::Q8_0 => {
-                let d = f16_at(blk, 0);
-                for j in 0..32 {
-                    chunk[j] = d * (blk[2 + j] as i8) as f32;
-                }
-            }
-        }
-    }
-}
-
-/// `y[i][j] = sum_l x[i][l] * w[j][l]` for `m` rows of activations `x` (`m * w.k` floats);
-/// `y` holds `m * w.n` floats. Row `i` of `y` is bit-identical whatever `m` and the thread
-/// count are (batch invariance).
-pub fn matmul(pool: &ThreadPool, w: &QMatrix<'_>, x: &[f32], m: usize, y: &mut [f32]) {
-    assert_eq!(x.len(), m * w.k);
-    assert_eq!(y.len(), m * w.n);
-    let rb = w.ty.row_bytes(w.k);
-    let yp = SendPtr(y.as_mut_ptr());
-    pool.run(&|tid, nth| {
-        let per = w.n.div_ceil(nth);
-        let (lo, hi) = (tid * per, ((tid + 1) * per).min(w.n));
-        let mut row = vec![0f32; w.k];
-        for j in lo..hi {
-            dequantize_row(w.ty, &w.data[j * rb..(j + 1) * rb], &mut row);
-            for i in 0..m {
-                let xi = &x[i * w.k..(i + 1) * w.k];
-                let s: f32 = xi.iter().zip(&row).map(|(a, b)| a * b).sum();
-                // SAFETY: each (i, j) is written by exactly one thread (j is split by thread).
-                unsafe { *yp.get().add(i * w.n + j) = s };
-            }
-        }
-    });
 }
 
 /// A raw pointer that may cross to pool threads; users guarantee disjoint writes.

@@ -1,0 +1,308 @@
+//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the tiled 4 weight rows x C
+//! activation rows integer matmul, bit-identical to the portable formulas in `quant`.
+//!
+//! Batch invariance: every output element goes through the same float operations whatever tile
+//! it lands in (`dd = d_w * d_x`, `acc = fma(dd, lanes, acc)` per block, ggml's `hsum_float_8`,
+//! then `+ summs`); tiles only share loads, never arithmetic.
+
+use std::arch::x86_64::*;
+
+use crate::WType;
+use crate::quant::{self, ActRow, ActType, QActsRows, QK8};
+
+/// Weight rows per tile.
+pub(crate) const R: usize = 4;
+/// Activation rows per full tile.
+pub(crate) const C: usize = 3;
+
+/// True when this CPU can run the AVX2 path.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum8(x: __m256) -> f32 {
+    // ggml's hsum_float_8, operation for operation.
+    let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_to_f16_to_f32(x: f32) -> f32 {
+    let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x));
+    _mm_cvtss_f32(_mm_cvtph_ps(h))
+}
+
+/// Quantizes rows (Q8_0 / Q8_1) as ggml's AVX2 `quantize_row_q8_0/1`; Q8_K has no x86 SIMD
+/// version in ggml either, so it stays portable.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
+    if !matches!(out.ty, ActType::Q8_0 | ActType::Q8_1) {
+        quant::quantize_rows_portable(x, out);
+        return;
+    }
+    let nb_total = x.len() / QK8;
+    assert!(out.qs.len() >= nb_total * QK8 && out.d.len() >= nb_total);
+    assert!(out.ty != ActType::Q8_1 || out.s.len() >= nb_total);
+    let sign = _mm256_set1_ps(-0.0);
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for blk in 0..nb_total {
+        // SAFETY: block `blk` lies inside `x` (32 floats) and `out.qs` (32 bytes), checked above.
+        let (v, q) = unsafe {
+            let p = x.as_ptr().add(blk * QK8);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            (v, out.qs.as_mut_ptr().add(blk * QK8))
+        };
+        let mut amax = _mm256_andnot_ps(sign, v[0]);
+        for vi in &v[1..] {
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, *vi));
+        }
+        let mut m4 = _mm_max_ps(
+            _mm256_extractf128_ps::<1>(amax),
+            _mm256_castps256_ps128(amax),
+        );
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let max = _mm_cvtss_f32(m4);
+        let d = max / 127.0;
+        let id = _mm256_set1_ps(if max != 0.0 { 127.0 / max } else { 0.0 });
+        let i: [__m256i; 4] = std::array::from_fn(|j| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(v[j], id)))
+        });
+        out.d[blk] = f32_to_f16_to_f32(d);
+        if out.ty == ActType::Q8_1 {
+            let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+            let s = _mm_add_epi32(_mm256_extracti128_si256::<1>(s), _mm256_castsi256_si128(s));
+            let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+            out.s[blk] = f32_to_f16_to_f32(d * _mm_cvtsi128_si32(s) as f32);
+        }
+        let p01 = _mm256_packs_epi32(i[0], i[1]);
+        let p23 = _mm256_packs_epi32(i[2], i[3]);
+        let packed = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), perm);
+        // SAFETY: `q` points at 32 writable bytes (checked above).
+        unsafe { _mm256_storeu_si256(q.cast(), packed) };
+    }
+}
+
+/// Per-thread buffers for one group of `R` weight rows, reused across calls.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// `R` rows of `k` unpacked weights: nibbles as bytes 0..15 (Q4_1), signed bytes (Q4_0
+    /// minus 8, Q8_0 as is).
+    wq: Vec<u8>,
+    /// `R x nb` weight scales.
+    dw: Vec<f32>,
+    /// `nb x R` weight mins (Q4_1), transposed so one load serves the 4 rows.
+    mw: Vec<f32>,
+    /// `R x C x nb` combined scales `d_w * d_x` for the current tile.
+    dd: Vec<f32>,
+}
+
+/// Unpacks weight rows `j0..j0+R` (rows past `n` become zeros) into `s`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prepare_group(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, s: &mut Scratch) {
+    let nb = k / QK8;
+    let ts = ty.type_size();
+    let rb = nb * ts;
+    s.wq.resize(R * k, 0);
+    s.dw.resize(R * nb, 0.0);
+    s.mw.resize(nb * R, 0.0);
+    let m4 = _mm_set1_epi8(0x0f);
+    let eight = _mm_set1_epi8(8);
+    for r in 0..R {
+        let j = j0 + r;
+        if j >= n {
+            s.wq[r * k..(r + 1) * k].fill(0);
+            s.dw[r * nb..(r + 1) * nb].fill(0.0);
+            for b in 0..nb {
+                s.mw[b * R + r] = 0.0;
+            }
+            continue;
+        }
+        let row = &data[j * rb..(j + 1) * rb];
+        let wq = &mut s.wq[r * k..(r + 1) * k];
+        for (b, blk) in row.chunks_exact(ts).enumerate() {
+            s.dw[r * nb + b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+            let dst = &mut wq[b * QK8..(b + 1) * QK8];
+            match ty {
+                WType::Q4_0 | WType::Q4_1 => {
+                    let off = if ty == WType::Q4_1 { 4 } else { 2 };
+                    if ty == WType::Q4_1 {
+                        s.mw[b * R + r] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                    }
+                    let src = &blk[off..off + 16];
+                    // SAFETY: `src` is 16 bytes and `dst` 32 bytes long.
+                    unsafe {
+                        let v = _mm_loadu_si128(src.as_ptr().cast());
+                        let mut lo = _mm_and_si128(v, m4);
+                        let mut hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+                        if ty == WType::Q4_0 {
+                            lo = _mm_sub_epi8(lo, eight);
+                            hi = _mm_sub_epi8(hi, eight);
+                        }
+                        _mm_storeu_si128(dst.as_mut_ptr().cast(), lo);
+                        _mm_storeu_si128(dst.as_mut_ptr().add(16).cast(), hi);
+                    }
+                }
+                _ => dst.copy_from_slice(&blk[2..34]),
+            }
+        }
+    }
+}
+
+/// The 4 x CC tile's integer dots and float accumulation over all blocks; `out[r][c]` gets
+/// `hsum8(acc)` (without the Q4_1 `summs` term). `SIGNED` weights use ggml's sign trick.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile<const CC: usize, const SIGNED: bool>(
+    s: &Scratch,
+    k: usize,
+    xq: &[i8],
+    out: &mut [[f32; CC]; R],
+) {
+    let nb = k / QK8;
+    assert!(s.wq.len() >= R * k && xq.len() >= CC * k && s.dd.len() >= R * CC * nb);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); CC]; R];
+    let (wp, xp, dp) = (s.wq.as_ptr(), xq.as_ptr(), s.dd.as_ptr());
+    for b in 0..nb {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: all offsets are inside the buffers checked at entry.
+            let w = unsafe { _mm256_loadu_si256(wp.add(r * k + b * QK8).cast()) };
+            let aw = if SIGNED { _mm256_sign_epi8(w, w) } else { w };
+            for (c, a) in acc_r.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let (x, d) = unsafe {
+                    (
+                        _mm256_loadu_si256(xp.add(c * k + b * QK8).cast()),
+                        _mm256_broadcast_ss(&*dp.add((r * CC + c) * nb + b)),
+                    )
+                };
+                let x = if SIGNED { _mm256_sign_epi8(x, w) } else { x };
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
+                *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (oc, ac) in o.iter_mut().zip(a) {
+            *oc = hsum8(*ac);
+        }
+    }
+}
+
+/// What one thread needs to run its weight-row groups.
+pub(crate) struct GroupJob<'a> {
+    pub ty: WType,
+    pub data: &'a [u8],
+    pub n: usize,
+    pub k: usize,
+    pub m: usize,
+    pub acts: &'a quant::QActs,
+    /// `y`, `m x n`; rows of different threads' groups are disjoint columns.
+    pub y: crate::SendPtr<f32>,
+}
+
+/// Computes output columns of weight-row groups `g_lo..g_hi` for every activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn run_groups(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
+    for g in g_lo..g_hi {
+        let j0 = g * R;
+        prepare_group(job.ty, job.data, job.n, job.k, j0, s);
+        let mut c0 = 0;
+        while c0 < job.m {
+            match job.m - c0 {
+                1 => tile_cols::<1>(job, j0, c0, s),
+                2 => tile_cols::<2>(job, j0, c0, s),
+                _ => tile_cols::<C>(job, j0, c0, s),
+            }
+            c0 += C.min(job.m - c0);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_cols<const CC: usize>(job: &GroupJob<'_>, j0: usize, c0: usize, s: &mut Scratch) {
+    let (k, n) = (job.k, job.n);
+    let nb = k / QK8;
+    let acts = job.acts;
+    s.dd.resize(R * CC * nb, 0.0);
+    for r in 0..R {
+        for c in 0..CC {
+            let xd = &acts.d[(c0 + c) * nb..(c0 + c + 1) * nb];
+            let dw = &s.dw[r * nb..(r + 1) * nb];
+            let dd = &mut s.dd[(r * CC + c) * nb..(r * CC + c + 1) * nb];
+            for ((o, &a), &b) in dd.iter_mut().zip(dw).zip(xd) {
+                *o = a * b;
+            }
+        }
+    }
+    // Q4_1's `sum_b m_w * s_x`, one fma chain per element, 4 weight rows per instruction.
+    let mut summs = [[0f32; R]; CC];
+    if job.ty == WType::Q4_1 {
+        for (c, sc) in summs.iter_mut().enumerate() {
+            let xs = &acts.s[(c0 + c) * nb..(c0 + c + 1) * nb];
+            let mut a = _mm_setzero_ps();
+            for (b, &sx) in xs.iter().enumerate() {
+                let mw: &[f32; R] = s.mw[b * R..b * R + R].try_into().unwrap_or(&[0.0; R]);
+                // SAFETY: `mw` is 4 floats.
+                let mv = unsafe { _mm_loadu_ps(mw.as_ptr()) };
+                a = _mm_fmadd_ps(mv, _mm_set1_ps(sx), a);
+            }
+            // SAFETY: `sc` is 4 floats.
+            unsafe { _mm_storeu_ps(sc.as_mut_ptr(), a) };
+        }
+    }
+    let mut out = [[0f32; CC]; R];
+    let xq = &acts.qs[c0 * k..(c0 + CC) * k];
+    if job.ty == WType::Q4_1 {
+        tile::<CC, false>(s, k, xq, &mut out);
+    } else {
+        tile::<CC, true>(s, k, xq, &mut out);
+    }
+    for (r, o) in out.iter().enumerate() {
+        if j0 + r >= n {
+            break;
+        }
+        for (c, &v) in o.iter().enumerate() {
+            // SAFETY: (c0 + c, j0 + r) is inside `y` and only this thread's group writes column
+            // j0 + r.
+            unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = v + summs[c][r] };
+        }
+    }
+}
+
+/// Per-element K-quant dot, the portable formula compiled for AVX2/FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    match ty {
+        WType::Q4K => quant::dot_q4k(w, x),
+        WType::Q6K => quant::dot_q6k(w, x),
+        _ => quant::dot_q32(ty, w, x),
+    }
+}
+
+/// Plain f32 dot, the portable formula compiled for AVX2/FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+    quant::dot_f32(x, w)
+}

@@ -1,0 +1,324 @@
+//! `matmul`: backend choice (AVX2 or portable, detected once), activation quantization once
+//! per call, the split of weight rows over the pool threads, and reused scratch memory.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use crate::quant::{self, ActType, QActs};
+use crate::{QMatrix, SendPtr, ThreadPool, WType, dequantize_row};
+
+/// Which implementation runs the kernels. Both give bit-identical results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// `std::arch` AVX2 + FMA + F16C (x86_64 only).
+    Avx2,
+}
+
+impl Backend {
+    /// The fastest backend this CPU supports (checked once).
+    pub fn detect() -> Self {
+        static BEST: OnceLock<Backend> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            if crate::avx2::available() {
+                return Self::Avx2;
+            }
+            Self::Portable
+        })
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => crate::avx2::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx2 => false,
+        }
+    }
+}
+
+thread_local! {
+    // Quantized activations of the calling thread, reused across calls.
+    static ACTS: RefCell<QActs> = RefCell::new(QActs::default());
+    // Per-thread tile scratch (pool workers are persistent, so this lives as long as the pool).
+    #[cfg(target_arch = "x86_64")]
+    static SCRATCH: RefCell<crate::avx2::Scratch> = RefCell::new(crate::avx2::Scratch::default());
+    static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `y[i][j] = sum_l x[i][l] * w[j][l]` for `m` rows of activations `x` (`m * w.k` floats);
+/// `y` holds `m * w.n` floats. Quantized weights are dotted with activations quantized as
+/// llama.cpp does (Q8_0, Q8_1 or Q8_K). Row `i` of `y` is bit-identical whatever `m` and the
+/// thread count are (batch invariance).
+pub fn matmul(pool: &ThreadPool, w: &QMatrix<'_>, x: &[f32], m: usize, y: &mut [f32]) {
+    matmul_with(Backend::detect(), pool, w, x, m, y);
+}
+
+/// [`matmul`] on a chosen backend (panics if this CPU lacks it).
+pub fn matmul_with(
+    backend: Backend,
+    pool: &ThreadPool,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+) {
+    assert!(
+        backend.is_available(),
+        "{backend:?} is not supported by this CPU"
+    );
+    assert_eq!(x.len(), m * w.k, "x is not m x k");
+    assert_eq!(y.len(), m * w.n, "y is not m x n");
+    assert_eq!(
+        w.data.len(),
+        w.n * w.ty.row_bytes(w.k),
+        "weight bytes do not match n x k"
+    );
+    let at = ActType::for_weight(w.ty);
+    assert_eq!(
+        w.k % at.block_size().max(w.ty.block_size()),
+        0,
+        "k is not a multiple of the block size"
+    );
+    if m == 0 || w.n == 0 {
+        return;
+    }
+    if at == ActType::F32 {
+        float_matmul(backend, pool, w, x, m, y);
+        return;
+    }
+    ACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut acts) => quantized_matmul(backend, pool, w, x, m, y, &mut acts),
+        // Re-entered from inside a job on this thread: use a fresh buffer.
+        Err(_) => quantized_matmul(backend, pool, w, x, m, y, &mut QActs::default()),
+    });
+}
+
+/// Quantizes `m` rows of `x` (each `k` long) for weights of type `ty` into `out`.
+pub fn quantize_activations(
+    backend: Backend,
+    ty: ActType,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    out: &mut QActs,
+) {
+    assert!(
+        backend.is_available(),
+        "{backend:?} is not supported by this CPU"
+    );
+    assert_eq!(x.len(), m * k);
+    out.reset(ty, m, k);
+    quantize_rows(backend, x, &mut out.rows_mut(0, m));
+}
+
+fn quantize_rows(backend: Backend, x: &[f32], rows: &mut quant::QActsRows<'_>) {
+    match backend {
+        Backend::Portable => quant::quantize_rows_portable(x, rows),
+        // SAFETY: the backend was checked available (AVX2, FMA, F16C detected).
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => unsafe { crate::avx2::quantize_rows(x, rows) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Backend::Avx2 => unreachable!(),
+    }
+}
+
+fn quantized_matmul(
+    backend: Backend,
+    pool: &ThreadPool,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+    acts: &mut QActs,
+) {
+    let (k, n) = (w.k, w.n);
+    acts.reset(ActType::for_weight(w.ty), m, k);
+    // Quantize once per call; split over threads only when it is worth a dispatch.
+    if m * k >= 1 << 16 && pool.n_threads() > 1 {
+        let parts: Vec<std::sync::Mutex<quant::QActsRows<'_>>> = {
+            let nth = pool.n_threads();
+            let per = m.div_ceil(nth);
+            let mut v = Vec::with_capacity(nth);
+            let mut rest = acts.rows_mut(0, m);
+            let mut lo = 0;
+            while lo < m {
+                let hi = (lo + per).min(m);
+                let (a, b) = split_rows(rest, hi - lo);
+                v.push(std::sync::Mutex::new(a));
+                rest = b;
+                lo = hi;
+            }
+            v
+        };
+        let per = m.div_ceil(pool.n_threads());
+        pool.run(&|tid, _| {
+            if let Some(p) = parts.get(tid) {
+                let mut rows = p.lock().unwrap_or_else(|e| e.into_inner());
+                let lo = tid * per;
+                let hi = (lo + per).min(m);
+                quantize_rows(backend, &x[lo * k..hi * k], &mut rows);
+            }
+        });
+    } else {
+        quantize_rows(backend, x, &mut acts.rows_mut(0, m));
+    }
+    let acts = &*acts;
+    let yp = SendPtr(y.as_mut_ptr());
+    match backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 if matches!(w.ty, WType::Q4_0 | WType::Q4_1 | WType::Q8_0) => {
+            let job = crate::avx2::GroupJob {
+                ty: w.ty,
+                data: w.data,
+                n,
+                k,
+                m,
+                acts,
+                y: yp,
+            };
+            let groups = n.div_ceil(crate::avx2::R);
+            pool.run(&|tid, nth| {
+                let (lo, hi) = split(groups, tid, nth);
+                SCRATCH.with(|s| {
+                    let mut fresh = crate::avx2::Scratch::default();
+                    let mut guard = s.try_borrow_mut();
+                    let s = match guard.as_deref_mut() {
+                        Ok(s) => s,
+                        Err(_) => &mut fresh,
+                    };
+                    // SAFETY: the backend was checked available (AVX2, FMA, F16C detected).
+                    unsafe { crate::avx2::run_groups(&job, lo, hi, s) };
+                });
+            });
+        }
+        _ => {
+            let rb = w.ty.row_bytes(k);
+            pool.run(&|tid, nth| {
+                let (lo, hi) = split(n, tid, nth);
+                for j in lo..hi {
+                    let wr = &w.data[j * rb..(j + 1) * rb];
+                    for i in 0..m {
+                        let v = dot_row(backend, w.ty, wr, acts.row(i));
+                        // SAFETY: each (i, j) is written by exactly one thread (j is split).
+                        unsafe { *yp.get().add(i * n + j) = v };
+                    }
+                }
+            });
+        }
+    }
+}
+
+fn split_rows(
+    r: quant::QActsRows<'_>,
+    rows: usize,
+) -> (quant::QActsRows<'_>, quant::QActsRows<'_>) {
+    let k = r.k;
+    let nb = k / r.ty.block_size();
+    let (qa, qb) = r.qs.split_at_mut(rows * k);
+    let (da, db) = r.d.split_at_mut(rows * nb);
+    let (sa, sb) = r.s.split_at_mut(if r.s.is_empty() { 0 } else { rows * nb });
+    let (ba, bb) = r.bsums.split_at_mut(if r.bsums.is_empty() {
+        0
+    } else {
+        rows * nb * 16
+    });
+    (
+        quant::QActsRows {
+            ty: r.ty,
+            k,
+            qs: qa,
+            d: da,
+            s: sa,
+            bsums: ba,
+        },
+        quant::QActsRows {
+            ty: r.ty,
+            k,
+            qs: qb,
+            d: db,
+            s: sb,
+            bsums: bb,
+        },
+    )
+}
+
+/// Thread `tid`'s share `lo..hi` of `total` items.
+fn split(total: usize, tid: usize, nth: usize) -> (usize, usize) {
+    let per = total.div_ceil(nth);
+    ((tid * per).min(total), ((tid + 1) * per).min(total))
+}
+
+fn dot_row(backend: Backend, ty: WType, w: &[u8], x: quant::ActRow<'_>) -> f32 {
+    match backend {
+        // SAFETY: the backend was checked available.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => unsafe { crate::avx2::dot_row(ty, w, x) },
+        _ => quant::dot_row(ty, w, x),
+    }
+}
+
+fn float_matmul(
+    backend: Backend,
+    pool: &ThreadPool,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+) {
+    let (k, n) = (w.k, w.n);
+    let rb = w.ty.row_bytes(k);
+    let yp = SendPtr(y.as_mut_ptr());
+    pool.run(&|tid, nth| {
+        let (lo, hi) = split(n, tid, nth);
+        ROW.with(|row| {
+            let mut fresh = Vec::new();
+            let mut guard = row.try_borrow_mut();
+            let row = match guard.as_deref_mut() {
+                Ok(r) => r,
+                Err(_) => &mut fresh,
+            };
+            row.resize(k, 0.0);
+            for j in lo..hi {
+                dequantize_row(w.ty, &w.data[j * rb..(j + 1) * rb], row);
+                for i in 0..m {
+                    let xi = &x[i * k..(i + 1) * k];
+                    let v = match backend {
+                        // SAFETY: the backend was checked available.
+                        #[cfg(target_arch = "x86_64")]
+                        Backend::Avx2 => unsafe { crate::avx2::dot_f32(xi, row) },
+                        _ => quant::dot_f32(xi, row),
+                    };
+                    // SAFETY: each (i, j) is written by exactly one thread (j is split).
+                    unsafe { *yp.get().add(i * n + j) = v };
+                }
+            }
+        });
+    });
+}
+
+/// The naive reference: dequantize each weight row to f32 and dot it with unquantized `x`
+/// (what this crate started with; kept for tests and benchmark comparisons).
+pub fn reference_matmul(pool: &ThreadPool, w: &QMatrix<'_>, x: &[f32], m: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), m * w.k);
+    assert_eq!(y.len(), m * w.n);
+    let rb = w.ty.row_bytes(w.k);
+    let yp = SendPtr(y.as_mut_ptr());
+    pool.run(&|tid, nth| {
+        let (lo, hi) = split(w.n, tid, nth);
+        let mut row = vec![0f32; w.k];
+        for j in lo..hi {
+            dequantize_row(w.ty, &w.data[j * rb..(j + 1) * rb], &mut row);
+            for i in 0..m {
+                let xi = &x[i * w.k..(i + 1) * w.k];
+                let s: f32 = xi.iter().zip(&row).map(|(a, b)| a * b).sum();
+                // SAFETY: each (i, j) is written by exactly one thread (j is split by thread).
+                unsafe { *yp.get().add(i * w.n + j) = s };
+            }
+        }
+    });
+}

@@ -1,0 +1,382 @@
+//! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas, portable and
+//! doing exactly the float operations of ggml's AVX2 code (so the AVX2 kernels, which are
+//! tested bit-equal against these, reproduce llama.cpp's arithmetic).
+//!
+//! Every weight-block x activation-block dot has the same shape: an exact integer dot per
+//! 4-element group, summed into 8 i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32),
+//! then `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
+//! `hsum_float_8(acc)` plus any scalar correction term. The integer part is exact, so any
+//! evaluation order gives the same lanes; the float part is fixed here and in `avx2`.
+
+use crate::WType;
+use crate::dequant::{f16_at, q6k_at, scale_min_k4};
+
+/// Elements per Q8_0/Q8_1 block.
+pub const QK8: usize = 32;
+/// Elements per Q8_K block.
+pub const QK_K: usize = 256;
+
+/// The activation format a weight type is dotted with (ggml's `vec_dot_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActType {
+    /// Not quantized (f32/f16/bf16 weights).
+    #[default]
+    F32,
+    Q8_0,
+    Q8_1,
+    Q8K,
+}
+
+impl ActType {
+    pub fn for_weight(ty: WType) -> Self {
+        match ty {
+            WType::F32 | WType::F16 | WType::BF16 => Self::F32,
+            WType::Q4_0 | WType::Q8_0 => Self::Q8_0,
+            WType::Q4_1 => Self::Q8_1,
+            WType::Q4K | WType::Q6K => Self::Q8K,
+        }
+    }
+    pub fn block_size(self) -> usize {
+        match self {
+            Self::F32 => 1,
+            Self::Q8_0 | Self::Q8_1 => QK8,
+            Self::Q8K => QK_K,
+        }
+    }
+}
+
+/// `m` rows of `k` quantized activations, struct-of-arrays (row `i`'s quants at `i * k`, its
+/// block `b`'s scale at `i * (k / block) + b`).
+#[derive(Debug, Default, Clone)]
+pub struct QActs {
+    pub ty: ActType,
+    pub m: usize,
+    pub k: usize,
+    pub qs: Vec<i8>,
+    /// The scale as the dot uses it: f16-rounded for Q8_0/Q8_1 (ggml stores f16), f32 for Q8_K.
+    pub d: Vec<f32>,
+    /// Q8_1 only: f16-rounded `d * sum(qs)` (ggml's `s`).
+    pub s: Vec<f32>,
+    /// Q8_K only: sums of each 16 quants.
+    pub bsums: Vec<i16>,
+}
+
+impl QActs {
+    /// Sizes the buffers for `m` rows of `k` (reusing their capacity).
+    pub fn reset(&mut self, ty: ActType, m: usize, k: usize) {
+        let nb = k / ty.block_size();
+        self.ty = ty;
+        self.m = m;
+        self.k = k;
+        self.qs.resize(m * k, 0);
+        self.d.resize(m * nb, 0.0);
+        self.s
+            .resize(if ty == ActType::Q8_1 { m * nb } else { 0 }, 0.0);
+        self.bsums
+            .resize(if ty == ActType::Q8K { m * nb * 16 } else { 0 }, 0);
+    }
+
+    /// Blocks per row.
+    pub fn nb(&self) -> usize {
+        self.k / self.ty.block_size()
+    }
+
+    /// Row `i`'s blocks in ggml's byte layout (`block_q8_0`, `block_q8_1` or `block_q8_K`),
+    /// for comparing with other implementations.
+    pub fn row_ggml_bytes(&self, i: usize) -> Vec<u8> {
+        let nb = self.nb();
+        let bs = self.ty.block_size();
+        let mut out = Vec::new();
+        for b in 0..nb {
+            let row = i * nb + b;
+            let qs = &self.qs[i * self.k + b * bs..i * self.k + (b + 1) * bs];
+            match self.ty {
+                ActType::F32 => {}
+                ActType::Q8_0 | ActType::Q8_1 => {
+                    out.extend(half::f16::from_f32(self.d[row]).to_le_bytes());
+                    if self.ty == ActType::Q8_1 {
+                        out.extend(half::f16::from_f32(self.s[row]).to_le_bytes());
+                    }
+                    out.extend(qs.iter().map(|&q| q as u8));
+                }
+                ActType::Q8K => {
+                    out.extend(self.d[row].to_le_bytes());
+                    out.extend(qs.iter().map(|&q| q as u8));
+                    for s in &self.bsums[row * 16..row * 16 + 16] {
+                        out.extend(s.to_le_bytes());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// f32 -> f16 -> f32, as storing a scale in a ggml f16 field does.
+pub(crate) fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// One Q8_0/Q8_1 block as ggml's AVX2 `quantize_row_q8_0/1` does it: `d = amax / 127`,
+/// `q = round_half_even(x * (127 / amax))`. Returns (d unrounded, sum of the quants).
+pub(crate) fn quantize_block_q8(x: &[f32], qs: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        let r = (v * id).round_ties_even() as i32;
+        *q = r as i8;
+        sum += r;
+    }
+    (d, sum)
+}
+
+/// One Q8_K block as ggml's `quantize_row_q8_K_ref` (the x86 path too): the scale comes from
+/// the signed value of largest magnitude, `d = 1 / (-127 / max)`, ggml's `nearest_int` rounds
+/// half to even.
+pub(crate) fn quantize_block_q8k(x: &[f32], qs: &mut [i8], bsums: &mut [i16]) -> f32 {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        qs.fill(0);
+        bsums.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+    }
+    for (s, c) in bsums.iter_mut().zip(qs.chunks_exact(16)) {
+        *s = c.iter().map(|&q| q as i16).sum();
+    }
+    1.0 / iscale
+}
+
+/// Quantizes rows `rows` of `x` (each `out.k` long) into `out` (already `reset`), portably.
+pub(crate) fn quantize_rows_portable(x: &[f32], out: &mut QActsRows<'_>) {
+    let k = out.k;
+    let bs = out.ty.block_size();
+    let nb = k / bs;
+    for (i, xr) in x.chunks_exact(k).enumerate() {
+        for b in 0..nb {
+            let xb = &xr[b * bs..(b + 1) * bs];
+            let qs = &mut out.qs[i * k + b * bs..i * k + (b + 1) * bs];
+            let row = i * nb + b;
+            match out.ty {
+                ActType::F32 => {}
+                ActType::Q8_0 | ActType::Q8_1 => {
+                    let (d, sum) = quantize_block_q8(xb, qs);
+                    out.d[row] = round_f16(d);
+                    if out.ty == ActType::Q8_1 {
+                        out.s[row] = round_f16(d * sum as f32);
+                    }
+                }
+                ActType::Q8K => {
+                    let bsums = &mut out.bsums[row * 16..row * 16 + 16];
+                    out.d[row] = quantize_block_q8k(xb, qs, bsums);
+                }
+            }
+        }
+    }
+}
+
+/// Mutable views of a row range of a [`QActs`] (so threads can quantize disjoint rows).
+pub(crate) struct QActsRows<'a> {
+    pub ty: ActType,
+    pub k: usize,
+    pub qs: &'a mut [i8],
+    pub d: &'a mut [f32],
+    pub s: &'a mut [f32],
+    pub bsums: &'a mut [i16],
+}
+
+impl QActs {
+    /// Views of rows `lo..hi`.
+    pub(crate) fn rows_mut(&mut self, lo: usize, hi: usize) -> QActsRows<'_> {
+        let nb = self.nb();
+        let (s_lo, s_hi) = if self.s.is_empty() {
+            (0, 0)
+        } else {
+            (lo * nb, hi * nb)
+        };
+        let (b_lo, b_hi) = if self.bsums.is_empty() {
+            (0, 0)
+        } else {
+            (lo * nb * 16, hi * nb * 16)
+        };
+        QActsRows {
+            ty: self.ty,
+            k: self.k,
+            qs: &mut self.qs[lo * self.k..hi * self.k],
+            d: &mut self.d[lo * nb..hi * nb],
+            s: &mut self.s[s_lo..s_hi],
+            bsums: &mut self.bsums[b_lo..b_hi],
+        }
+    }
+}
+
+/// ggml's `hsum_float_8`: fold the high 4 lanes onto the low, then (0+2)+(1+3).
+#[inline(always)]
+pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
+    let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// One quantized activation row, as the dot formulas read it.
+#[derive(Clone, Copy)]
+pub(crate) struct ActRow<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+    pub bsums: &'a [i16],
+}
+
+impl QActs {
+    pub(crate) fn row(&self, i: usize) -> ActRow<'_> {
+        let nb = self.nb();
+        ActRow {
+            qs: &self.qs[i * self.k..(i + 1) * self.k],
+            d: &self.d[i * nb..(i + 1) * nb],
+            s: if self.s.is_empty() {
+                &[]
+            } else {
+                &self.s[i * nb..(i + 1) * nb]
+            },
+            bsums: if self.bsums.is_empty() {
+                &[]
+            } else {
+                &self.bsums[i * nb * 16..(i + 1) * nb * 16]
+            },
+        }
+    }
+}
+
+/// Q4_0 x Q8_0, Q4_1 x Q8_1 and Q8_0 x Q8_0 over a row (ggml `ggml_vec_dot_q*_q8_*`, AVX2).
+#[inline(always)]
+pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    let ts = ty.type_size();
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (b, blk) in w.chunks_exact(ts).enumerate() {
+        let xq = &x.qs[b * QK8..(b + 1) * QK8];
+        let mut lanes = [0i32; 8];
+        match ty {
+            WType::Q4_0 => {
+                for j in 0..16 {
+                    lanes[j / 4] += ((blk[2 + j] & 0x0f) as i32 - 8) * xq[j] as i32;
+                    lanes[4 + j / 4] += ((blk[2 + j] >> 4) as i32 - 8) * xq[16 + j] as i32;
+                }
+            }
+            WType::Q4_1 => {
+                for j in 0..16 {
+                    lanes[j / 4] += (blk[4 + j] & 0x0f) as i32 * xq[j] as i32;
+                    lanes[4 + j / 4] += (blk[4 + j] >> 4) as i32 * xq[16 + j] as i32;
+                }
+                summs = f16_at(blk, 2).mul_add(x.s[b], summs);
+            }
+            _ => {
+                for j in 0..32 {
+                    lanes[j / 4] += (blk[2 + j] as i8) as i32 * xq[j] as i32;
+                }
+            }
+        }
+        let dd = f16_at(blk, 0) * x.d[b];
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = dd.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc) + summs
+}
+
+/// Q4_K x Q8_K over a row (ggml `ggml_vec_dot_q4_K_q8_K`, AVX2).
+#[inline(always)]
+pub(crate) fn dot_q4k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
+    for (b, blk) in w.chunks_exact(144).enumerate() {
+        let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &x.bsums[b * 16..b * 16 + 16];
+        let d = x.d[b] * f16_at(blk, 0);
+        let dmin = -x.d[b] * f16_at(blk, 2);
+        let scales = &blk[4..16];
+        let qs = &blk[16..144];
+        let mut lanes = [0i32; 8];
+        let mut mins = [0i32; 8];
+        for g in 0..4 {
+            let (sc1, m1) = scale_min_k4(2 * g, scales);
+            let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+            mins[2 * g] = m1 as i32;
+            mins[2 * g + 1] = m2 as i32;
+            for l in 0..32 {
+                let q = qs[32 * g + l];
+                lanes[l / 4] += sc1 as i32 * (q & 0x0f) as i32 * xq[64 * g + l] as i32
+                    + sc2 as i32 * (q >> 4) as i32 * xq[64 * g + 32 + l] as i32;
+            }
+        }
+        for (p, a) in acc_m.iter_mut().enumerate() {
+            let s0 = bsums[4 * p] as i32 + bsums[4 * p + 1] as i32;
+            let s1 = bsums[4 * p + 2] as i32 + bsums[4 * p + 3] as i32;
+            let prod = mins[2 * p] * s0 + mins[2 * p + 1] * s1;
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+/// Q6_K x Q8_K over a row (ggml `ggml_vec_dot_q6_K_q8_K`, AVX2).
+#[inline(always)]
+pub(crate) fn dot_q6k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, blk) in w.chunks_exact(210).enumerate() {
+        let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
+        let d = x.d[b] * f16_at(blk, 208);
+        let mut lanes = [0i32; 8];
+        for (e, &xe) in xq.iter().enumerate() {
+            let (q, is) = q6k_at(blk, e);
+            lanes[(e % 32) / 4] += (blk[192 + is] as i8) as i32 * q * xe as i32;
+        }
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
+
+/// Plain f32 dot for float weights (`w` already converted): 8 FMA lanes, [`hsum8`], then the
+/// tail in order.
+#[inline(always)]
+pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (xc, xt) = x.as_chunks::<8>();
+    let (wc, wt) = w.as_chunks::<8>();
+    for (xs, ws) in xc.iter().zip(wc) {
+        for l in 0..8 {
+            acc[l] = xs[l].mul_add(ws[l], acc[l]);
+        }
+    }
+    let mut s = hsum8(acc);
+    for (&a, &b) in xt.iter().zip(wt) {
+        s = a.mul_add(b, s);
+    }
+    s
+}
+
+/// Dot of one weight row (ggml bytes) with one activation row, portably; the AVX2 kernels
+/// produce bit-identical results.
+pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    match ty {
+        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => dot_q32(ty, w, x),
+        WType::Q4K => dot_q4k(w, x),
+        WType::Q6K => dot_q6k(w, x),
+        WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
+    }
+}
