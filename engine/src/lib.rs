@@ -5,7 +5,11 @@
 //! - [`library`]: the model library folder and fetching the default model.
 //! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
+//! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
+//! - [`stop`]: stop tokens, stop strings and token limits; finish reasons.
 pub mod gguf;
 pub mod library;
 pub mod tokenizer;
 pub mod chat;
+pub mod detok;
+pub mod stop;
