@@ -67,6 +67,7 @@ impl ChatMessage {
 }
 
 /// A compiled chat template plus the special-token strings it may refer to.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,

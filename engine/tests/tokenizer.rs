@@ -309,3 +309,13 @@ fn bad_metadata_is_reported_clearly() {
         "{e}"
     );
 }
+
+#[test]
+fn text_pipeline_types_can_move_to_the_engine_thread() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<Tokenizer>();
+    send_sync::<tpslab_engine::chat::ChatTemplate>();
+    send_sync::<tpslab_engine::detok::Detokenizer>();
+    send_sync::<tpslab_engine::sampler::Sampler>();
+    send_sync::<tpslab_engine::stop::StopChecker>();
+}
