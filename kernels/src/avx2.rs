@@ -225,6 +225,24 @@ pub(crate) struct GroupJob<'a> {
 /// Computes output columns of weight-row groups `g_lo..g_hi` for every activation row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn run_groups(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
+    // With a single activation tile there is nothing to amortize unpacking over: read the
+    // ggml blocks directly (decode).
+    if job.m <= C {
+        for g in g_lo..g_hi {
+            match (job.m, job.ty) {
+                (1, WType::Q4_1) => tile_direct::<1, Q4_1>(job, g * R),
+                (1, WType::Q4_0) => tile_direct::<1, Q4_0>(job, g * R),
+                (1, _) => tile_direct::<1, Q8_0>(job, g * R),
+                (2, WType::Q4_1) => tile_direct::<2, Q4_1>(job, g * R),
+                (2, WType::Q4_0) => tile_direct::<2, Q4_0>(job, g * R),
+                (2, _) => tile_direct::<2, Q8_0>(job, g * R),
+                (_, WType::Q4_1) => tile_direct::<C, Q4_1>(job, g * R),
+                (_, WType::Q4_0) => tile_direct::<C, Q4_0>(job, g * R),
+                (_, _) => tile_direct::<C, Q8_0>(job, g * R),
+            }
+        }
+        return;
+    }
     for g in g_lo..g_hi {
         let j0 = g * R;
         prepare_group(job.ty, job.data, job.n, job.k, j0, s);
@@ -305,4 +323,105 @@ pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     quant::dot_f32(x, w)
+}
+
+/// How far ahead of the current block decode prefetches weight bytes.
+const PREFETCH: usize = 512;
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// The 4 x CC tile reading weight blocks in place (`T` is `Q4_0`, `Q4_1` or `Q8_0`), for all
+/// `m == CC` activation rows. Same per-element float operations as [`tile_cols`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_direct<const CC: usize, const T: u8>(job: &GroupJob<'_>, j0: usize) {
+    let (k, n) = (job.k, job.n);
+    let nb = k / QK8;
+    let ts = match T {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        _ => 34,
+    };
+    let rb = nb * ts;
+    let acts = job.acts;
+    assert!(job.data.len() >= n * rb && acts.qs.len() >= CC * k && acts.d.len() >= CC * nb);
+    assert!(T != Q4_1 || acts.s.len() >= CC * nb);
+    // Rows past `n` re-read row j0 (results dropped) so every load stays in bounds.
+    let rows: [*const u8; R] = std::array::from_fn(|r| {
+        let j = if j0 + r < n { j0 + r } else { j0 };
+        // SAFETY: j < n, so the row is inside `data` (checked above).
+        unsafe { job.data.as_ptr().add(j * rb) }
+    });
+    let ones = _mm256_set1_epi16(1);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let eight = _mm256_set1_epi8(8);
+    let mut acc = [[_mm256_setzero_ps(); CC]; R];
+    let mut summs = [_mm_setzero_ps(); CC];
+    let mut dd = [[0f32; R]; CC];
+    let (xp, xd, xs) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.s.as_ptr());
+    for b in 0..nb {
+        // SAFETY: block b of each row and of each activation row is in bounds (checked above).
+        unsafe {
+            let h = |off: usize| -> __m128 {
+                let v = |r: usize| {
+                    u16::from_le_bytes([*rows[r].add(b * ts + off), *rows[r].add(b * ts + off + 1)])
+                        as u64
+                };
+                _mm_cvtph_ps(_mm_cvtsi64_si128(
+                    (v(0) | v(1) << 16 | v(2) << 32 | v(3) << 48) as i64,
+                ))
+            };
+            let dw = h(0);
+            let mw = if T == Q4_1 { h(2) } else { dw };
+            for c in 0..CC {
+                let dv = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
+                _mm_storeu_ps(dd[c].as_mut_ptr(), dv);
+                if T == Q4_1 {
+                    summs[c] = _mm_fmadd_ps(mw, _mm_set1_ps(*xs.add(c * nb + b)), summs[c]);
+                }
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let p = rows[r].add(b * ts);
+                if CC == 1 {
+                    // Decode streams weights from DRAM: ask for them ~0.5 KiB ahead.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                }
+                let w = match T {
+                    Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
+                    _ => {
+                        let v = _mm_loadu_si128(p.add(if T == Q4_1 { 4 } else { 2 }).cast());
+                        let u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(v), v), m4);
+                        if T == Q4_0 {
+                            _mm256_sub_epi8(u, eight)
+                        } else {
+                            u
+                        }
+                    }
+                };
+                let signed = T != Q4_1;
+                let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
+                for (c, a) in acc_r.iter_mut().enumerate() {
+                    let x = _mm256_loadu_si256(xp.add(c * k + b * QK8).cast());
+                    let x = if signed { _mm256_sign_epi8(x, w) } else { x };
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(dd[c][r]), _mm256_cvtepi32_ps(p), *a);
+                }
+            }
+        }
+    }
+    let mut sm = [[0f32; R]; CC];
+    for (o, v) in sm.iter_mut().zip(&summs) {
+        // SAFETY: `o` is 4 floats.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), *v) };
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        if j0 + r >= n {
+            break;
+        }
+        for (c, a) in acc_r.iter().enumerate() {
+            // SAFETY: (c, j0 + r) is inside `y` and only this thread's group writes that column.
+            unsafe { *job.y.get().add(c * n + j0 + r) = hsum8(*a) + sm[c][r] };
+        }
+    }
 }

@@ -1,0 +1,146 @@
+//! Matmul throughput on SmolLM2-135M's shapes (Q4_1 layers, Q8_0 tied lm_head) at decode (m=1)
+//! and prompt (m=128) sizes, 2 threads by default; throughput is in flops (2 * m * n * k per call). Also the
+//! whole model's matmuls for one step (30 layers of 7 matrices + lm_head, distinct weights so
+//! decode reads ~96 MB like the real model), and the naive reference kernel for comparison.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tpslab_kernels::{QMatrix, ThreadPool, WType, matmul, reference_matmul};
+
+const LAYER: [(usize, usize); 7] = [
+    (576, 576),
+    (192, 576),
+    (192, 576),
+    (576, 576),
+    (1536, 576),
+    (1536, 576),
+    (576, 1536),
+];
+const VOCAB: usize = 49152;
+
+/// Random but valid blocks: f16 scales/mins of sensible size, random quants.
+fn weights(ty: WType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let bytes = n * ty.row_bytes(k);
+    let ts = ty.type_size();
+    let mut v: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
+    for blk in v.chunks_exact_mut(ts) {
+        blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        if ty == WType::Q4_1 {
+            blk[2..4].copy_from_slice(&half::f16::from_f32(-0.07).to_le_bytes());
+        }
+    }
+    v
+}
+
+fn acts(len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
+        .collect()
+}
+
+/// Threads: `TPSLAB_BENCH_THREADS` (default 2, the target machine's cores).
+fn threads() -> usize {
+    std::env::var("TPSLAB_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
+fn shapes(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut g = c.benchmark_group(format!("matmul_{}t", threads()));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let cases = [
+        (WType::Q4_1, 576, 576),
+        (WType::Q4_1, 192, 576),
+        (WType::Q4_1, 1536, 576),
+        (WType::Q4_1, 576, 1536),
+        (WType::Q8_0, VOCAB, 576),
+    ];
+    for (ty, n, k) in cases {
+        let data = weights(ty, n, k, n as u64 * 31 + k as u64);
+        let w = QMatrix {
+            ty,
+            n,
+            k,
+            data: &data,
+        };
+        for m in [1usize, 128] {
+            let x = acts(m * k);
+            let mut y = vec![0f32; m * n];
+            g.throughput(Throughput::Elements((2 * m * n * k) as u64));
+            let id = format!("{ty:?}_n{n}_k{k}_m{m}");
+            g.bench_function(BenchmarkId::new("fast", &id), |b| {
+                b.iter(|| matmul(&pool, &w, black_box(&x), m, &mut y))
+            });
+            if n == 576 && k == 576 {
+                g.bench_function(BenchmarkId::new("naive", &id), |b| {
+                    b.iter(|| reference_matmul(&pool, &w, black_box(&x), m, &mut y))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn model_step(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let layers: Vec<Vec<(usize, usize, Vec<u8>)>> = (0..30)
+        .map(|l| {
+            LAYER
+                .iter()
+                .enumerate()
+                .map(|(i, &(n, k))| (n, k, weights(WType::Q4_1, n, k, l * 10 + i as u64)))
+                .collect()
+        })
+        .collect();
+    let head = weights(WType::Q8_0, VOCAB, 576, 999);
+    let flops_per_token: usize =
+        30 * LAYER.iter().map(|(n, k)| 2 * n * k).sum::<usize>() + 2 * VOCAB * 576;
+    let mut g = c.benchmark_group(format!("model_step_{}t", threads()));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for m in [1usize, 128] {
+        let x = acts(m * 1536);
+        let mut y = vec![0f32; m * VOCAB];
+        g.throughput(Throughput::Elements((m * flops_per_token) as u64));
+        g.bench_function(BenchmarkId::new("all_matmuls", format!("m{m}")), |b| {
+            b.iter(|| {
+                for layer in &layers {
+                    for (n, k, data) in layer {
+                        let w = QMatrix {
+                            ty: WType::Q4_1,
+                            n: *n,
+                            k: *k,
+                            data,
+                        };
+                        matmul(&pool, &w, black_box(&x[..m * k]), m, &mut y[..m * n]);
+                    }
+                }
+                let w = QMatrix {
+                    ty: WType::Q8_0,
+                    n: VOCAB,
+                    k: 576,
+                    data: &head,
+                };
+                matmul(&pool, &w, black_box(&x[..m * 576]), m, &mut y);
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, shapes, model_step);
+criterion_main!(benches);
