@@ -3,15 +3,29 @@
 //! Modules:
 //! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
 //! - [`library`]: the model library folder and fetching the default model.
+//! - [`config`]: model shape resolved from GGUF metadata (every Llama-family architecture).
+//! - [`weights`]: the weight set by tensor name; [`weights::Linear`] dense or quantized.
+//! - [`kv`]: paged KV storage and the [`kv::Batch`] the forward pass reads it through.
+//! - [`ops`]: per-row ops (RMSNorm, RoPE, SwiGLU).
+//! - [`attention`]: paged attention on the CPU and its plain reference.
+//! - [`model`]: the batched Llama-family forward pass.
+//! - [`generate`]: a loaded model bundle and the single-request generation loop.
 //! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
-//! - [`stop`]: stop tokens, stop strings and token limits; finish reasons.
 //! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
+//! - [`stop`]: stop tokens, stop strings and token limits; finish reasons.
 pub mod gguf;
 pub mod library;
+pub mod config;
+pub mod weights;
+pub mod kv;
+pub mod ops;
+pub mod attention;
+pub mod model;
+pub mod generate;
 pub mod tokenizer;
 pub mod chat;
 pub mod detok;
-pub mod stop;
 pub mod sampler;
+pub mod stop;

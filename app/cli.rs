@@ -1,0 +1,175 @@
+//! Command line: argument parsing and the subcommands. Errors are handled once, here: one line
+//! on stderr naming the problem and a non-zero exit status.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use tpslab_engine::chat::ChatMessage;
+use tpslab_engine::generate::{LoadedModel, generate};
+use tpslab_engine::library;
+use tpslab_engine::sampler::SamplingParams;
+use tpslab_kernels::ThreadPool;
+
+#[derive(Parser, Debug)]
+#[command(name = "tpslab", version, about = "Run LLMs locally and see what batching does to tokens per second")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text for one prompt, streaming it to stdout.
+    Generate(GenerateArgs),
+    /// Measure prompt processing and decode speed on one stream (llama-bench style).
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Where the model comes from and how many threads run it.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file, or `default` for the built-in default model (fetched on first use).
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Compute threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<(LoadedModel, ThreadPool)> {
+        let path = library::resolve_model(&self.model, &mut |msg| eprintln!("{msg}"))?;
+        let lm = LoadedModel::load(&path)
+            .with_context(|| format!("cannot load model {}", path.display()))?;
+        Ok((lm, ThreadPool::new(self.threads)))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat (otherwise the template's default applies).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: u32,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop generating at this string (repeatable); it is not included in the output.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Don't stop at end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (token ids, text, finish reason, timings) instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap formats usage errors and help itself; exit 2 for errors, 0 for --help.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Generate(args) => run_generate(&args),
+        Command::Bench(args) => crate::bench::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_generate(a: &GenerateArgs) -> Result<()> {
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
+        seed: a.seed,
+    };
+    sampling.validate()?;
+    if a.prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let (lm, pool) = a.model.load()?;
+    let prompt = if a.chat {
+        let mut messages = Vec::new();
+        if let Some(s) = &a.system {
+            messages.push(ChatMessage::system(s.clone()));
+        }
+        messages.push(ChatMessage::user(a.prompt.clone()));
+        lm.chat_prompt(&messages)?
+    } else {
+        lm.raw_prompt(&a.prompt)?
+    };
+    let mut stop = lm.default_stop(Some(a.max_tokens as usize));
+    stop.stop_strings = a.stop.clone();
+    stop.ignore_eos = a.ignore_eos;
+    let stdout = std::io::stdout();
+    let json = a.json;
+    let mut on_text = |t: &str| {
+        if !json {
+            let mut out = stdout.lock();
+            let _ = out.write_all(t.as_bytes());
+            let _ = out.flush();
+        }
+    };
+    let out = generate(&lm, &pool, &prompt, &sampling, stop, &mut on_text)?;
+    if json {
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {} generated, finish: {}; TTFT {:.1} ms, decode {:.1} tok/s; {} threads, {}]",
+            out.prompt_token_ids.len(),
+            out.output_token_ids.len(),
+            out.finish_reason,
+            out.ttft_ms,
+            out.decode_tokens_per_s,
+            pool.n_threads(),
+            lm.precision,
+        );
+    }
+    Ok(())
+}

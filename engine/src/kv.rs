@@ -1,0 +1,120 @@
+//! Paged KV storage and the batch description the forward pass reads it through.
+//!
+//! The cache is a pool of fixed-size blocks per layer; a sequence owns a list of block ids (its
+//! block table) handed out by whoever schedules it. The model writes each new token's K and V
+//! into its slot (`block * block_size + offset`) and attention reads them back through the
+//! block table, so nothing is ever copied when a sequence grows.
+
+use crate::config::ModelConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error("KV cache of {blocks} blocks x {block_size} tokens does not fit in memory ({bytes} bytes)")]
+    TooLarge { blocks: usize, block_size: usize, bytes: u128 },
+    #[error("KV block size must be between 1 and 1024, got {0}")]
+    BlockSize(usize),
+}
+
+/// K and V for every layer, `num_blocks * block_size` token slots each.
+#[derive(Debug)]
+pub struct KvCache {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    kv_dim: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    pub fn bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
+        2 * cfg.n_layers * block_size * cfg.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    /// How many blocks a memory budget of `bytes` holds.
+    pub fn blocks_for_budget(cfg: &ModelConfig, block_size: usize, bytes: usize) -> usize {
+        bytes / Self::bytes_per_block(cfg, block_size).max(1)
+    }
+
+    pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<Self, KvError> {
+        if block_size == 0 || block_size > 1024 {
+            return Err(KvError::BlockSize(block_size));
+        }
+        let per_layer = num_blocks
+            .checked_mul(block_size)
+            .and_then(|s| s.checked_mul(cfg.kv_dim()))
+            .filter(|&n| n <= isize::MAX as usize / 8)
+            .ok_or(KvError::TooLarge {
+                blocks: num_blocks,
+                block_size,
+                bytes: Self::bytes_per_block(cfg, block_size) as u128 * num_blocks as u128,
+            })?;
+        let alloc = || (0..cfg.n_layers).map(|_| vec![0f32; per_layer]).collect::<Vec<_>>();
+        Ok(Self { block_size, num_blocks, kv_dim: cfg.kv_dim(), k: alloc(), v: alloc() })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|l| l.len() * 4).sum()
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Stores one token's K and V for `layer` in `slot`.
+    pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
+        self.k[layer][r.clone()].copy_from_slice(k);
+        self.v[layer][r].copy_from_slice(v);
+    }
+
+    /// All K and V slots of one layer.
+    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
+        (&self.k[layer], &self.v[layer])
+    }
+}
+
+/// One forward step's input: every scheduled token of every sequence, flattened.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub positions: Vec<usize>,
+    /// Index into `block_tables` of each token's sequence.
+    pub seq_of: Vec<usize>,
+    /// Block table of each sequence in the batch.
+    pub block_tables: Vec<Vec<u32>>,
+    /// Token indices whose logits are wanted (the last scheduled token of each sequence that
+    /// will sample), in the order the logits rows come back.
+    pub logit_rows: Vec<usize>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Adds `tokens` of sequence `block_table` starting at position `start`; when `logits` is
+    /// set, the last one's logits are computed.
+    pub fn push_seq(&mut self, block_table: Vec<u32>, start: usize, tokens: &[u32], logits: bool) {
+        let s = self.block_tables.len();
+        self.block_tables.push(block_table);
+        for (i, &t) in tokens.iter().enumerate() {
+            self.tokens.push(t);
+            self.positions.push(start + i);
+            self.seq_of.push(s);
+        }
+        if logits && !tokens.is_empty() {
+            self.logit_rows.push(self.tokens.len() - 1);
+        }
+    }
+
+    /// KV slot of token `i`.
+    pub fn slot(&self, i: usize, block_size: usize) -> usize {
+        let pos = self.positions[i];
+        self.block_tables[self.seq_of[i]][pos / block_size] as usize * block_size + pos % block_size
+    }
+}
