@@ -142,5 +142,18 @@ fn model_step(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, shapes, model_step);
+/// The cost of one `ThreadPool::run` with an empty job (dispatch + join).
+fn pool_dispatch(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut g = c.benchmark_group(format!("pool_{}t", threads()));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    g.bench_function("empty_run", |b| {
+        b.iter(|| pool.run(&|tid, n| _ = black_box((tid, n))))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, pool_dispatch, shapes, model_step);
 criterion_main!(benches);

@@ -280,9 +280,8 @@ fn tile_cols<const CC: usize>(job: &GroupJob<'_>, j0: usize, c0: usize, s: &mut 
         for (c, sc) in summs.iter_mut().enumerate() {
             let xs = &acts.s[(c0 + c) * nb..(c0 + c + 1) * nb];
             let mut a = _mm_setzero_ps();
-            for (b, &sx) in xs.iter().enumerate() {
-                let mw: &[f32; R] = s.mw[b * R..b * R + R].try_into().unwrap_or(&[0.0; R]);
-                // SAFETY: `mw` is 4 floats.
+            for (mw, &sx) in s.mw.chunks_exact(R).zip(xs) {
+                // SAFETY: `mw` is R = 4 floats.
                 let mv = unsafe { _mm_loadu_ps(mw.as_ptr()) };
                 a = _mm_fmadd_ps(mv, _mm_set1_ps(sx), a);
             }

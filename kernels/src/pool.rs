@@ -16,6 +16,8 @@ type Job = &'static (dyn Fn(usize, usize) + Sync);
 
 /// How long an idle worker (or the waiting caller) spins before sleeping.
 const SPIN: Duration = Duration::from_micros(50);
+/// How long of that spinning is without yielding the core.
+const PURE_SPIN: Duration = Duration::from_micros(5);
 
 struct Shared {
     generation: AtomicU64,
@@ -48,7 +50,9 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Spins until `done()` or `SPIN` has passed; returns whether `done()` became true.
+/// Spins until `done()` or `SPIN` has passed; returns whether `done()` became true. After the
+/// first few microseconds it yields between checks, so on an oversubscribed machine the thread
+/// we wait for (often our own peer) gets the core instead of us burning it.
 fn spin_until(done: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     loop {
@@ -58,8 +62,12 @@ fn spin_until(done: impl Fn() -> bool) -> bool {
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() > SPIN {
+        let t = start.elapsed();
+        if t > SPIN {
             return done();
+        }
+        if t > PURE_SPIN {
+            std::thread::yield_now();
         }
     }
 }
