@@ -57,7 +57,10 @@ impl ModelConfig {
         let bounded = |k: &str, max: u64| -> Result<usize, ConfigError> {
             let v = f.get_u64(&key(k))?;
             if v == 0 || v > max {
-                return Err(ConfigError::Shape(format!("{} = {v} is out of range", key(k))));
+                return Err(ConfigError::Shape(format!(
+                    "{} = {v} is out of range",
+                    key(k)
+                )));
             }
             Ok(v as usize)
         };
@@ -76,12 +79,19 @@ impl ModelConfig {
             )));
         }
         let head_dim = hidden / n_heads;
+        if head_dim > crate::attention::MAX_HEAD_DIM {
+            return Err(ConfigError::Shape(format!(
+                "head dimension {head_dim} is over 256"
+            )));
+        }
         let rope_dim = match f.get(&key("rope.dimension_count")) {
             Some(_) => bounded("rope.dimension_count", MAX_DIM)?,
             None => head_dim,
         };
         if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(ConfigError::Shape(format!("rope dimension {rope_dim} for head {head_dim}")));
+            return Err(ConfigError::Shape(format!(
+                "rope dimension {rope_dim} for head {head_dim}"
+            )));
         }
         let vocab = match f.get(&key("vocab_size")) {
             Some(_) => bounded("vocab_size", 1 << 22)?,
@@ -96,7 +106,9 @@ impl ModelConfig {
             None => 1e-5,
         };
         if !(rope_theta.is_finite() && rope_theta > 0.0 && rms_eps.is_finite() && rms_eps >= 0.0) {
-            return Err(ConfigError::Shape(format!("rope base {rope_theta}, rms eps {rms_eps}")));
+            return Err(ConfigError::Shape(format!(
+                "rope base {rope_theta}, rms eps {rms_eps}"
+            )));
         }
         Ok(Self {
             arch,

@@ -5,29 +5,40 @@
 //! into its slot (`block * block_size + offset`) and attention reads them back through the
 //! block table, so nothing is ever copied when a sequence grows.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 use crate::config::ModelConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
-    #[error("KV cache of {blocks} blocks x {block_size} tokens does not fit in memory ({bytes} bytes)")]
-    TooLarge { blocks: usize, block_size: usize, bytes: u128 },
+    #[error(
+        "KV cache of {blocks} blocks x {block_size} tokens does not fit in memory ({bytes} bytes)"
+    )]
+    TooLarge {
+        blocks: usize,
+        block_size: usize,
+        bytes: u128,
+    },
     #[error("KV block size must be between 1 and 1024, got {0}")]
     BlockSize(usize),
 }
 
-/// K and V for every layer, `num_blocks * block_size` token slots each.
+/// K and V for every layer, `num_blocks * block_size` token slots each, stored as f16 (as
+/// llama.cpp and vLLM do by default: half the memory of f32 for a rounding well below the
+/// activation quantization error).
 #[derive(Debug)]
 pub struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
     kv_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
 }
 
 impl KvCache {
     pub fn bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
-        2 * cfg.n_layers * block_size * cfg.kv_dim() * std::mem::size_of::<f32>()
+        2 * cfg.n_layers * block_size * cfg.kv_dim() * std::mem::size_of::<f16>()
     }
 
     /// How many blocks a memory budget of `bytes` holds.
@@ -42,18 +53,28 @@ impl KvCache {
         let per_layer = num_blocks
             .checked_mul(block_size)
             .and_then(|s| s.checked_mul(cfg.kv_dim()))
-            .filter(|&n| n <= isize::MAX as usize / 8)
+            .filter(|&n| n <= isize::MAX as usize / 4)
             .ok_or(KvError::TooLarge {
                 blocks: num_blocks,
                 block_size,
                 bytes: Self::bytes_per_block(cfg, block_size) as u128 * num_blocks as u128,
             })?;
-        let alloc = || (0..cfg.n_layers).map(|_| vec![0f32; per_layer]).collect::<Vec<_>>();
-        Ok(Self { block_size, num_blocks, kv_dim: cfg.kv_dim(), k: alloc(), v: alloc() })
+        let alloc = || {
+            (0..cfg.n_layers)
+                .map(|_| vec![f16::ZERO; per_layer])
+                .collect::<Vec<_>>()
+        };
+        Ok(Self {
+            block_size,
+            num_blocks,
+            kv_dim: cfg.kv_dim(),
+            k: alloc(),
+            v: alloc(),
+        })
     }
 
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.len() * 4).sum()
+        self.k.iter().chain(&self.v).map(|l| l.len() * 2).sum()
     }
 
     pub fn kv_dim(&self) -> usize {
@@ -63,12 +84,12 @@ impl KvCache {
     /// Stores one token's K and V for `layer` in `slot`.
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
-        self.k[layer][r.clone()].copy_from_slice(k);
-        self.v[layer][r].copy_from_slice(v);
+        self.k[layer][r.clone()].convert_from_f32_slice(k);
+        self.v[layer][r].convert_from_f32_slice(v);
     }
 
     /// All K and V slots of one layer.
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
+    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         (&self.k[layer], &self.v[layer])
     }
 }
