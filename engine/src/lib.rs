@@ -15,6 +15,7 @@
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
 //! - [`stop`]: stop tokens, stop strings and token limits; finish reasons.
+//! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 pub mod gguf;
 pub mod library;
 pub mod config;
@@ -29,3 +30,4 @@ pub mod chat;
 pub mod detok;
 pub mod sampler;
 pub mod stop;
+pub mod metrics;
