@@ -15,6 +15,8 @@
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
 //! - [`stop`]: stop tokens, stop strings and token limits; finish reasons.
+//! - [`block_pool`]: KV block pool (free list, ref counts, prefix-cache hashes) and per-request block tables.
+//! - [`scheduler`]: vLLM-v1-style continuous-batching scheduler (token budget, chunking, preemption).
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 pub mod gguf;
 pub mod library;
@@ -30,4 +32,6 @@ pub mod chat;
 pub mod detok;
 pub mod sampler;
 pub mod stop;
+pub mod block_pool;
+pub mod scheduler;
 pub mod metrics;

@@ -1,0 +1,820 @@
+//! Scheduler and KV block bookkeeping: unit tests of the policies, and a property test that
+//! drives random workloads through a simulated model whose "KV cache" is a hash chain stored in
+//! the paged slots, so any wrong block table, early eviction or lost token changes the output.
+
+use std::collections::{HashMap, HashSet};
+
+use proptest::prelude::*;
+use tpslab_engine::scheduler::{
+    Policy, RequestId, RequestStatus, SchedError, SchedRequest, Scheduler, SchedulerConfig,
+    SchedulerOutput,
+};
+use tpslab_engine::stop::FinishReason;
+
+// ---------------------------------------------------------------------------------------------
+// The fake model: the K/V of position p is mix(K/V of p-1, token, p), so the value read at the
+// last position depends on every earlier token exactly as stored through the block table.
+
+const VOCAB: u64 = 5;
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn mix(prev: u64, token: u32, pos: usize) -> u64 {
+    let mut x = prev ^ (u64::from(token) << 32) ^ pos as u64;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The deterministic "sampler": keyed by the request and the model state at its last position.
+fn fake_sample(id: RequestId, state: u64) -> u32 {
+    (mix(state, id as u32, (id >> 32) as usize) % VOCAB) as u32
+}
+
+/// What a request generates when run alone with no batching, paging or preemption.
+fn alone(id: RequestId, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    let mut state = SEED;
+    let mut pos = 0;
+    for &t in prompt {
+        state = mix(state, t, pos);
+        pos += 1;
+    }
+    let mut out = Vec::new();
+    while out.len() < max_tokens {
+        let t = fake_sample(id, state);
+        out.push(t);
+        state = mix(state, t, pos);
+        pos += 1;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The simulated engine loop.
+
+struct Track {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    generated: Vec<u32>,
+    expected: Vec<u32>,
+}
+
+struct Sim {
+    sched: Scheduler,
+    config: SchedulerConfig,
+    /// Fake KV storage: one value per token slot; `None` = never written.
+    slots: Vec<Option<u64>>,
+    live: HashMap<RequestId, Track>,
+    finished: HashMap<RequestId, (FinishReason, Track)>,
+    refused: HashSet<RequestId>,
+    next_id: RequestId,
+    steps: usize,
+}
+
+impl Sim {
+    fn new(config: SchedulerConfig, num_blocks: usize, block_size: usize) -> Self {
+        let sched = Scheduler::new(config.clone(), num_blocks, block_size).expect("valid");
+        Self {
+            sched,
+            config,
+            slots: vec![None; num_blocks * block_size],
+            live: HashMap::new(),
+            finished: HashMap::new(),
+            refused: HashSet::new(),
+            next_id: 1,
+            steps: 0,
+        }
+    }
+
+    fn block_size(&self) -> usize {
+        self.sched.kv().block_size()
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.sched.kv().pool().num_blocks()
+    }
+
+    fn submit(&mut self, prompt: Vec<u32>, max_tokens: usize, priority: i32) {
+        // Ids far apart in their high bits too, so the sampler differs per request.
+        let id = self.next_id.wrapping_mul(0x1_0000_0001);
+        self.next_id += 1;
+        let need = (prompt.len() + max_tokens - 1).div_ceil(self.block_size());
+        let queue_full = self
+            .config
+            .max_waiting
+            .is_some_and(|m| self.sched.stats().waiting >= m);
+        let res = self.sched.add_request(SchedRequest {
+            id,
+            prompt: prompt.clone(),
+            max_tokens,
+            priority,
+        });
+        match res {
+            Ok(()) => {
+                assert!(
+                    !queue_full && need <= self.num_blocks(),
+                    "should have been refused"
+                );
+                let expected = alone(id, &prompt, max_tokens);
+                let t = Track {
+                    prompt,
+                    max_tokens,
+                    generated: Vec::new(),
+                    expected,
+                };
+                self.live.insert(id, t);
+            }
+            Err(SchedError::QueueFull { .. }) => {
+                assert!(queue_full);
+                self.refused.insert(id);
+            }
+            Err(SchedError::TooLong { .. }) => {
+                assert!(!queue_full && need > self.num_blocks());
+                self.refused.insert(id);
+            }
+            Err(e) => panic!("unexpected refusal: {e}"),
+        }
+    }
+
+    fn end(&mut self, id: RequestId, reason: FinishReason) {
+        if let Some(t) = self.live.remove(&id) {
+            let prev = self.finished.insert(id, (reason, t));
+            assert!(prev.is_none(), "request {id} finished twice");
+        }
+    }
+
+    fn cancel(&mut self, pick: usize, reason: FinishReason) {
+        let mut ids: Vec<RequestId> = self.live.keys().copied().collect();
+        ids.sort_unstable();
+        if ids.is_empty() {
+            return;
+        }
+        let id = ids[pick % ids.len()];
+        let removed = self.sched.finish(&[id], reason);
+        assert_eq!(removed, vec![id]);
+        self.end(id, reason);
+        // Unknown ids are ignored.
+        assert!(self.sched.finish(&[id], reason).is_empty());
+    }
+
+    fn set_config(&mut self, config: SchedulerConfig) {
+        self.sched.set_config(config.clone()).expect("valid config");
+        self.config = config;
+    }
+
+    fn rebuild(&mut self, num_blocks: usize, block_size: usize) {
+        let aborted = self
+            .sched
+            .rebuild_pool(num_blocks, block_size)
+            .expect("valid pool");
+        self.slots = vec![None; num_blocks * block_size];
+        for id in aborted {
+            let t = &self.live[&id];
+            let need = (t.prompt.len() + t.max_tokens - 1).div_ceil(block_size);
+            assert!(need > num_blocks, "request {id} aborted though it fits");
+            self.end(id, FinishReason::Abort);
+        }
+    }
+
+    /// Runs the fake forward pass over `out`, checking every read and write against the pool.
+    fn forward(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, u32)> {
+        let bs = self.block_size();
+        let pool = self.sched.kv().pool();
+        let mut sampled = Vec::new();
+        for s in &out.scheduled {
+            let slot = |pos: usize| {
+                let b = s.block_table[pos / bs];
+                (b, b as usize * bs + pos % bs)
+            };
+            let mut state = if s.start_pos == 0 {
+                SEED
+            } else {
+                let (_, sl) = slot(s.start_pos - 1);
+                self.slots[sl].unwrap_or_else(|| panic!("{}: reads an unwritten slot", s.id))
+            };
+            for (j, &t) in s.tokens.iter().enumerate() {
+                let pos = s.start_pos + j;
+                let (b, sl) = slot(pos);
+                // Shared or cached blocks are immutable: only a private block may be written.
+                assert_eq!(pool.ref_count(b), 1, "writes shared block {b}");
+                assert_eq!(pool.block_hash(b), None, "writes cached block {b}");
+                state = mix(state, t, pos);
+                self.slots[sl] = Some(state);
+            }
+            if s.sample {
+                let tok = fake_sample(s.id, state);
+                let t = self.live.get_mut(&s.id).expect("scheduled request is live");
+                let n = t.generated.len();
+                assert_eq!(
+                    Some(&tok),
+                    t.expected.get(n),
+                    "request {} token {n} differs from running alone",
+                    s.id
+                );
+                t.generated.push(tok);
+                sampled.push((s.id, tok));
+            }
+        }
+        sampled
+    }
+
+    /// One engine step; false when there was nothing to do.
+    fn step(&mut self) -> bool {
+        let out = self.sched.schedule();
+        self.steps += 1;
+        self.check_output(&out);
+        if out.is_empty() {
+            assert!(
+                !self.sched.has_unfinished(),
+                "requests left but nothing scheduled: {:?}",
+                self.sched.stats()
+            );
+            return false;
+        }
+        let sampled = self.forward(&out);
+        for (id, reason) in self.sched.update(&out, &sampled) {
+            assert_eq!(reason, FinishReason::Length);
+            let t = &self.live[&id];
+            assert_eq!(t.generated.len(), t.max_tokens);
+            self.end(id, reason);
+        }
+        for (id, t) in &self.live {
+            assert_eq!(self.sched.generated(*id), Some(&t.generated[..]), "{id}");
+        }
+        self.check_state();
+        true
+    }
+
+    fn check_output(&self, out: &SchedulerOutput) {
+        let total: usize = out.scheduled.iter().map(|s| s.tokens.len()).sum();
+        assert_eq!(total, out.num_batched_tokens);
+        assert!(
+            total <= self.config.max_num_batched_tokens,
+            "token budget exceeded"
+        );
+        assert!(
+            out.scheduled.len() <= self.config.max_num_seqs,
+            "sequence cap exceeded"
+        );
+        let mut ids = HashSet::new();
+        let bs = self.block_size();
+        for s in &out.scheduled {
+            assert!(ids.insert(s.id), "{} scheduled twice", s.id);
+            assert!(!s.tokens.is_empty());
+            let end = s.start_pos + s.tokens.len();
+            assert!(
+                s.block_table.len() * bs >= end,
+                "table does not cover the step"
+            );
+            let all = self.sched.tokens(s.id).expect("live");
+            assert_eq!(&all[s.start_pos..end], &s.tokens[..]);
+            assert_eq!(s.sample, end == all.len());
+            assert_eq!(self.sched.status(s.id), Some(RequestStatus::Running));
+            assert_eq!(self.sched.num_computed_tokens(s.id), Some(s.start_pos));
+            assert_eq!(self.sched.kv().block_table(s.id), &s.block_table[..]);
+        }
+        for id in &out.preempted {
+            assert_eq!(self.sched.status(*id), Some(RequestStatus::Waiting));
+            assert!(self.sched.kv().block_table(*id).is_empty());
+        }
+    }
+
+    /// Pool and queue invariants that hold between steps.
+    fn check_state(&self) {
+        let kv = self.sched.kv();
+        let pool = kv.pool();
+        pool.check().expect("pool bookkeeping");
+        let (used, total) = kv.usage();
+        assert_eq!(used + pool.num_free(), total);
+        let mut refs = vec![0u32; pool.num_blocks()];
+        for id in kv.holders() {
+            assert_eq!(
+                self.sched.status(id),
+                Some(RequestStatus::Running),
+                "{id} holds blocks"
+            );
+            let table = kv.block_table(id);
+            let uniq: HashSet<_> = table.iter().collect();
+            assert_eq!(uniq.len(), table.len(), "block twice in one table");
+            for &b in table {
+                refs[b as usize] += 1;
+            }
+            let computed = self.sched.num_computed_tokens(id).unwrap_or(0);
+            assert!(table.len() * kv.block_size() >= computed);
+        }
+        for (b, &r) in refs.iter().enumerate() {
+            assert_eq!(pool.ref_count(b as u32), r, "block {b} ref count");
+        }
+        assert_eq!(refs.iter().filter(|&&r| r > 0).count(), used);
+        // Every request is exactly one of waiting / running / finished (or refused).
+        let waiting = self.sched.waiting_ids();
+        let running = self.sched.running_ids();
+        let mut seen = HashSet::new();
+        for id in waiting.iter().chain(&running) {
+            assert!(seen.insert(*id), "{id} queued twice");
+        }
+        for id in &waiting {
+            assert_eq!(self.sched.status(*id), Some(RequestStatus::Waiting));
+            assert_eq!(self.sched.num_computed_tokens(*id), Some(0));
+        }
+        for id in &running {
+            assert_eq!(self.sched.status(*id), Some(RequestStatus::Running));
+        }
+        let live: HashSet<_> = self.live.keys().copied().collect();
+        assert_eq!(seen, live);
+        assert!(
+            self.finished
+                .keys()
+                .all(|id| self.sched.status(*id).is_none())
+        );
+        let stats = self.sched.stats();
+        assert_eq!(
+            (stats.waiting, stats.running),
+            (waiting.len(), running.len())
+        );
+        assert_eq!((stats.kv_used_blocks, stats.kv_total_blocks), (used, total));
+    }
+
+    fn drain(&mut self) {
+        let limit = self.steps + 200_000;
+        while self.step() {
+            assert!(self.steps < limit, "no progress");
+        }
+    }
+
+    /// After draining: everything ended, nothing leaked, every token as if run alone.
+    fn check_end(&self) {
+        assert!(self.live.is_empty());
+        let kv = self.sched.kv();
+        assert_eq!(kv.usage().0, 0);
+        assert_eq!(kv.pool().num_free(), kv.pool().num_blocks());
+        assert_eq!(kv.holders().count(), 0);
+        for (id, (reason, t)) in &self.finished {
+            assert!(t.expected.starts_with(&t.generated), "{id}: tokens changed");
+            if *reason == FinishReason::Length {
+                assert_eq!(t.generated, t.expected, "{id}: tokens lost");
+            }
+        }
+        assert_eq!(
+            self.finished.len() + self.refused.len(),
+            self.next_id as usize - 1
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property test.
+
+#[derive(Debug, Clone)]
+enum Op {
+    Submit {
+        stem: usize,
+        shared: usize,
+        suffix: Vec<u32>,
+        max_tokens: usize,
+        priority: i32,
+    },
+    Step(usize),
+    Cancel(usize),
+    Stop(usize),
+    Config(SchedulerConfig),
+    Rebuild(usize, usize),
+}
+
+fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
+    (
+        1usize..8,
+        prop_oneof![1usize..8, 8usize..64],
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![Just(Policy::Fcfs), Just(Policy::Priority)],
+        prop_oneof![3 => Just(None), 1 => (0usize..6).prop_map(Some)],
+    )
+        .prop_map(
+            |(seqs, tokens, chunked, caching, policy, max_waiting)| SchedulerConfig {
+                max_num_seqs: seqs,
+                max_num_batched_tokens: tokens,
+                chunked_prefill: chunked,
+                prefix_caching: caching,
+                policy,
+                max_waiting,
+            },
+        )
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let submit = (
+        0usize..3,
+        prop_oneof![0usize..12, 0usize..120],
+        prop_oneof![
+            prop::collection::vec(0u32..VOCAB as u32, 0..6),
+            prop::collection::vec(0u32..VOCAB as u32, 0..40),
+        ],
+        prop_oneof![1usize..4, 1usize..50],
+        -2i32..3,
+    )
+        .prop_map(|(stem, shared, suffix, max_tokens, priority)| Op::Submit {
+            stem,
+            shared,
+            suffix,
+            max_tokens,
+            priority,
+        });
+    prop_oneof![
+        8 => submit,
+        6 => (1usize..20).prop_map(Op::Step),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => any::<usize>().prop_map(Op::Stop),
+        1 => config_strategy().prop_map(Op::Config),
+        1 => (prop_oneof![4usize..80, 4usize..400], 1usize..17).prop_map(|(t, b)| Op::Rebuild(t.div_ceil(b), b)),
+    ]
+}
+
+fn run_ops(
+    config: SchedulerConfig,
+    num_blocks: usize,
+    block_size: usize,
+    stems: &[Vec<u32>],
+    ops: &[Op],
+) {
+    let mut sim = Sim::new(config, num_blocks, block_size);
+    for op in ops {
+        match op {
+            Op::Submit {
+                stem,
+                shared,
+                suffix,
+                max_tokens,
+                priority,
+            } => {
+                let stem = &stems[stem % stems.len()];
+                let mut prompt = stem[..(*shared).min(stem.len())].to_vec();
+                prompt.extend_from_slice(suffix);
+                if prompt.is_empty() {
+                    prompt.push(1);
+                }
+                sim.submit(prompt, *max_tokens, *priority);
+            }
+            Op::Step(n) => {
+                for _ in 0..*n {
+                    if !sim.step() {
+                        break;
+                    }
+                }
+            }
+            Op::Cancel(pick) => sim.cancel(*pick, FinishReason::Abort),
+            Op::Stop(pick) => sim.cancel(*pick, FinishReason::Stop),
+            Op::Config(c) => sim.set_config(c.clone()),
+            Op::Rebuild(n, b) => sim.rebuild(*n, *b),
+        }
+        sim.check_state();
+    }
+    sim.drain();
+    sim.check_end();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_workloads_keep_invariants_and_tokens(
+        config in config_strategy(),
+        pool_tokens in prop_oneof![4usize..80, 4usize..400],
+        block_size in 1usize..17,
+        stems in prop::collection::vec(prop::collection::vec(0u32..VOCAB as u32, 0..160), 3),
+        ops in prop::collection::vec(op_strategy(), 1..60),
+    ) {
+        run_ops(config, pool_tokens.div_ceil(block_size), block_size, &stems, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Many short requests at once over a pool that holds only a few of them: preemption and
+    /// recompute on most steps, with occasional cancels.
+    #[test]
+    fn memory_pressure_preempts_without_losing_tokens(
+        config in config_strategy(),
+        pool_tokens in 8usize..64,
+        block_size in 1usize..9,
+        stems in prop::collection::vec(prop::collection::vec(0u32..VOCAB as u32, 0..24), 3),
+        reqs in prop::collection::vec(
+            (0usize..3, 0usize..24, prop::collection::vec(0u32..VOCAB as u32, 0..8),
+             1usize..40, -2i32..3),
+            4..30,
+        ),
+        cancels in prop::collection::vec((0usize..200, any::<usize>()), 0..4),
+    ) {
+        let config = SchedulerConfig {
+            max_num_seqs: config.max_num_seqs.max(2),
+            max_num_batched_tokens: config.max_num_batched_tokens.max(4),
+            max_waiting: None,
+            ..config
+        };
+        let mut ops: Vec<Op> = reqs
+            .into_iter()
+            .map(|(stem, shared, suffix, max_tokens, priority)| Op::Submit {
+                stem,
+                shared,
+                suffix,
+                max_tokens,
+                priority,
+            })
+            .collect();
+        let mut at = 0;
+        let mut cancels = cancels;
+        cancels.sort_unstable();
+        for (step, pick) in cancels {
+            ops.push(Op::Step(step - at.min(step)));
+            at = at.max(step);
+            ops.push(Op::Cancel(pick));
+        }
+        run_ops(config, pool_tokens.div_ceil(block_size), block_size, &stems, &ops);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unit tests.
+
+fn cfg() -> SchedulerConfig {
+    SchedulerConfig::default()
+}
+
+fn req(id: RequestId, prompt: &[u32], max_tokens: usize, priority: i32) -> SchedRequest {
+    SchedRequest {
+        id,
+        prompt: prompt.to_vec(),
+        max_tokens,
+        priority,
+    }
+}
+
+/// One step with token `7` sampled for every sequence that asks.
+fn step(s: &mut Scheduler) -> (SchedulerOutput, Vec<(RequestId, FinishReason)>) {
+    let out = s.schedule();
+    let sampled: Vec<_> = out
+        .scheduled
+        .iter()
+        .filter(|x| x.sample)
+        .map(|x| (x.id, 7))
+        .collect();
+    let done = s.update(&out, &sampled);
+    (out, done)
+}
+
+fn ids(out: &SchedulerOutput) -> Vec<RequestId> {
+    out.scheduled.iter().map(|s| s.id).collect()
+}
+
+#[test]
+fn fcfs_and_priority_order() {
+    for (policy, first) in [(Policy::Fcfs, 1), (Policy::Priority, 2)] {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            policy,
+            ..cfg()
+        };
+        let mut s = Scheduler::new(config, 64, 4).expect("valid");
+        s.add_request(req(1, &[1, 2, 3], 2, 5)).expect("ok");
+        s.add_request(req(2, &[4, 5], 2, 0)).expect("ok");
+        s.add_request(req(3, &[6], 2, 5)).expect("ok");
+        let (out, _) = step(&mut s);
+        assert_eq!(ids(&out), vec![first], "{policy:?}");
+    }
+}
+
+#[test]
+fn load_shedding_refuses_when_queue_full() {
+    let config = SchedulerConfig {
+        max_waiting: Some(2),
+        max_num_seqs: 1,
+        ..cfg()
+    };
+    let mut s = Scheduler::new(config, 64, 4).expect("valid");
+    s.add_request(req(1, &[1], 5, 0)).expect("ok");
+    s.add_request(req(2, &[1], 5, 0)).expect("ok");
+    let err = s.add_request(req(3, &[1], 5, 0)).expect_err("queue full");
+    assert_eq!(err, SchedError::QueueFull { max_waiting: 2 });
+    assert!(err.to_string().contains("busy"));
+    step(&mut s); // request 1 starts: one waiting left
+    s.add_request(req(3, &[1], 5, 0)).expect("room again");
+}
+
+#[test]
+fn add_request_refusals() {
+    let mut s = Scheduler::new(cfg(), 4, 4).expect("valid");
+    s.add_request(req(1, &[1], 1, 0)).expect("ok");
+    assert_eq!(
+        s.add_request(req(1, &[2], 1, 0)),
+        Err(SchedError::DuplicateId(1))
+    );
+    assert_eq!(
+        s.add_request(req(2, &[], 1, 0)),
+        Err(SchedError::EmptyPrompt)
+    );
+    assert_eq!(
+        s.add_request(req(2, &[1], 0, 0)),
+        Err(SchedError::ZeroMaxTokens)
+    );
+    // 16 slots: 10 + 7 - 1 = 16 fits, one more does not.
+    s.add_request(req(2, &[0; 10], 7, 0)).expect("fits exactly");
+    let err = s.add_request(req(3, &[0; 10], 8, 0)).expect_err("too long");
+    assert!(matches!(
+        err,
+        SchedError::TooLong {
+            needed_blocks: 5,
+            num_blocks: 4,
+            ..
+        }
+    ));
+    assert!(Scheduler::new(cfg(), 0, 4).is_err());
+    assert!(
+        Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 0,
+                ..cfg()
+            },
+            4,
+            4
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn preempted_request_goes_to_the_front() {
+    let config = SchedulerConfig {
+        max_num_seqs: 2,
+        prefix_caching: false,
+        ..cfg()
+    };
+    // 4 blocks of 2: A and B fill the pool with their prompts; C waits.
+    let mut s = Scheduler::new(config, 4, 2).expect("valid");
+    s.add_request(req(1, &[1, 2, 3, 4], 5, 0)).expect("ok");
+    s.add_request(req(2, &[5, 6, 7, 8], 5, 0)).expect("ok");
+    s.add_request(req(3, &[9], 1, 0)).expect("ok");
+    let (out, _) = step(&mut s);
+    assert_eq!(ids(&out), vec![1, 2]);
+    assert_eq!(s.stats().kv_used_blocks, 4);
+    // Both now need a fifth slot: the newest (2) is preempted so the oldest can go on.
+    let (out, _) = step(&mut s);
+    assert_eq!(ids(&out), vec![1]);
+    assert_eq!(out.preempted, vec![2]);
+    assert_eq!(s.waiting_ids(), vec![2, 3]);
+    assert_eq!(s.status(2), Some(RequestStatus::Waiting));
+    assert_eq!(s.num_computed_tokens(2), Some(0));
+    assert_eq!(s.generated(2), Some(&[7][..]), "generated tokens kept");
+    assert_eq!(s.stats().preemptions_total, 1);
+    // Preempted 2 is recomputed (prompt + its token) before 3 starts.
+    s.finish(&[1], FinishReason::Stop);
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].id, 2);
+    assert_eq!(out.scheduled[0].tokens, vec![5, 6, 7, 8, 7]);
+}
+
+#[test]
+fn priority_policy_preempts_lowest_priority() {
+    let config = SchedulerConfig {
+        max_num_seqs: 2,
+        policy: Policy::Priority,
+        ..cfg()
+    };
+    let mut s = Scheduler::new(config, 4, 2).expect("valid");
+    s.add_request(req(1, &[1, 2, 3, 4], 5, 3)).expect("ok");
+    s.add_request(req(2, &[5, 6, 7, 8], 5, 0)).expect("ok");
+    step(&mut s);
+    let (out, _) = step(&mut s);
+    assert_eq!(out.preempted, vec![1], "priority 3 loses to priority 0");
+    assert_eq!(ids(&out), vec![2]);
+}
+
+#[test]
+fn prefix_cache_hits_and_switching_off() {
+    let mut s = Scheduler::new(cfg(), 32, 4).expect("valid");
+    let prompt: Vec<u32> = (0..10).collect();
+    s.add_request(req(1, &prompt, 1, 0)).expect("ok");
+    let (_, done) = step(&mut s);
+    assert_eq!(done, vec![(1, FinishReason::Length)]);
+    assert_eq!(s.stats().kv_used_blocks, 0);
+    assert_eq!(
+        s.stats().kv_cached_blocks,
+        2,
+        "two full blocks stay cached when free"
+    );
+
+    s.add_request(req(2, &prompt, 1, 0)).expect("ok");
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].start_pos, 8);
+    assert_eq!(out.scheduled[0].tokens, vec![8, 9]);
+    let st = s.stats();
+    assert_eq!((st.prefix_cache_queries, st.prefix_cache_hits), (20, 8));
+
+    // A prompt made only of cached blocks still leaves its last token to compute.
+    s.add_request(req(3, &prompt[..8], 1, 0)).expect("ok");
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].start_pos, 4);
+
+    let mut off = cfg();
+    off.prefix_caching = false;
+    s.set_config(off).expect("ok");
+    assert_eq!(s.stats().kv_cached_blocks, 0);
+    s.add_request(req(4, &prompt, 1, 0)).expect("ok");
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].start_pos, 0);
+    assert_eq!(s.stats().prefix_cache_hits, 8 + 4);
+
+    // Back on: nothing from before is hit, new computations are cached again.
+    s.set_config(cfg()).expect("ok");
+    s.add_request(req(5, &prompt, 1, 0)).expect("ok");
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].start_pos, 0);
+    s.add_request(req(6, &prompt, 1, 0)).expect("ok");
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].start_pos, 8);
+}
+
+#[test]
+fn chunking_splits_prompts_and_off_keeps_them_whole() {
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 4,
+        ..cfg()
+    };
+    let mut s = Scheduler::new(config.clone(), 64, 4).expect("valid");
+    s.add_request(req(1, &[1; 10], 1, 0)).expect("ok");
+    let starts: Vec<(usize, usize, bool)> = (0..3)
+        .map(|_| {
+            let (out, _) = step(&mut s);
+            let x = &out.scheduled[0];
+            (x.start_pos, x.tokens.len(), x.sample)
+        })
+        .collect();
+    assert_eq!(starts, vec![(0, 4, false), (4, 4, false), (8, 2, true)]);
+
+    // Off: 3 + 3 tokens do not fit a budget of 4 together, so the second waits a step; a
+    // 10-token prompt that can never fit goes alone, in budget-sized chunks.
+    let off = SchedulerConfig {
+        chunked_prefill: false,
+        prefix_caching: false,
+        ..config
+    };
+    let mut s = Scheduler::new(off, 64, 4).expect("valid");
+    s.add_request(req(1, &[1; 3], 1, 0)).expect("ok");
+    s.add_request(req(2, &[2; 3], 1, 0)).expect("ok");
+    s.add_request(req(3, &[3; 10], 1, 0)).expect("ok");
+    let order: Vec<Vec<RequestId>> = (0..5).map(|_| ids(&step(&mut s).0)).collect();
+    assert_eq!(order, vec![vec![1], vec![2], vec![3], vec![3], vec![3]]);
+    assert!(!s.has_unfinished());
+}
+
+#[test]
+fn update_ignores_requests_finished_after_schedule() {
+    let mut s = Scheduler::new(cfg(), 16, 4).expect("valid");
+    s.add_request(req(1, &[1, 2], 3, 0)).expect("ok");
+    s.add_request(req(2, &[3, 4], 3, 0)).expect("ok");
+    let out = s.schedule();
+    s.finish(&[1], FinishReason::Abort);
+    let done = s.update(&out, &[(1, 9), (2, 9)]);
+    assert!(done.is_empty());
+    assert_eq!(s.status(1), None);
+    assert_eq!(s.generated(2), Some(&[9][..]));
+    assert_eq!(s.stats().running, 1);
+}
+
+#[test]
+fn missing_sample_recomputes_last_position() {
+    let mut s = Scheduler::new(cfg(), 16, 4).expect("valid");
+    s.add_request(req(1, &[1, 2, 3], 3, 0)).expect("ok");
+    let out = s.schedule();
+    s.update(&out, &[]);
+    let out = s.schedule();
+    assert_eq!(
+        (out.scheduled[0].start_pos, out.scheduled[0].sample),
+        (2, true)
+    );
+}
+
+#[test]
+fn rebuild_pool_preempts_and_drops_what_cannot_fit() {
+    let mut s = Scheduler::new(cfg(), 16, 4).expect("valid");
+    s.add_request(req(1, &[1; 4], 2, 0)).expect("ok");
+    s.add_request(req(2, &[2; 30], 4, 0)).expect("ok");
+    step(&mut s);
+    assert_eq!(s.stats().running, 2);
+    assert!(s.rebuild_pool(0, 4).is_err());
+    let aborted = s.rebuild_pool(4, 2).expect("valid");
+    assert_eq!(aborted, vec![2], "33 tokens cannot fit 8 slots");
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.running,
+            st.waiting,
+            st.kv_total_blocks,
+            st.kv_used_blocks
+        ),
+        (0, 1, 4, 0)
+    );
+    assert_eq!(s.generated(1), Some(&[7][..]));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled[0].tokens, vec![1, 1, 1, 1, 7]);
+    assert!(out.scheduled[0].block_table.iter().all(|&b| b < 4));
+}
