@@ -1,5 +1,6 @@
-//! Single-stream benchmarks in llama-bench's shape: prompt processing of N tokens (pp N) and
-//! decoding of N tokens after a one-token prompt (tg N), median of several repetitions.
+//! `tpslab bench`: its arguments, and the single-stream mode in llama-bench's shape (prompt
+//! processing of N tokens, pp N, and decoding of N tokens after a one-token prompt, tg N; median
+//! of several repetitions). The serving mode is in `serve_bench`.
 
 use anyhow::{Result, bail};
 use clap::Args;
@@ -12,20 +13,47 @@ use crate::cli::ModelArgs;
 
 const PROMPT_TEXT: &str = include_str!("../assets/prompts/bench.txt");
 
+/// Two modes: the serving benchmark (default: many concurrent requests through the engine,
+/// vLLM's figures), or single-stream prompt/decode speed when `--pp` or `--tg` is given.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt lengths to measure prompt processing at (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "128,512")]
-    pub pp: Vec<usize>,
-    /// Tokens to decode for the decode measurement (comma separated; 0 = skip).
-    #[arg(long, value_delimiter = ',', default_value = "128")]
-    pub tg: Vec<usize>,
-    /// Repetitions of each test; the median is reported.
+    /// Concurrency levels to measure (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub concurrency: Vec<usize>,
+    /// Poisson arrivals at this many requests per second (default: all at once).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Requests per level (default: as many as the concurrency, so all start together).
+    #[arg(long)]
+    pub num_requests: Option<usize>,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Scheduler cap on sequences per step (default: at least the concurrency).
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Scheduler token budget per step.
+    #[arg(long)]
+    pub max_batched_tokens: Option<usize>,
+    /// KV cache memory in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_budget_mb: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Single-stream mode: prompt lengths to measure prompt processing at (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub pp: Option<Vec<usize>>,
+    /// Single-stream mode: tokens to decode (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub tg: Option<Vec<usize>>,
+    /// Single-stream mode: repetitions of each test; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub reps: u32,
-    /// Also write the results as JSON to this file.
+    /// Also write every figure and the settings as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
 }
@@ -40,6 +68,7 @@ struct Row {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    date: String,
     model: String,
     precision: String,
     threads: usize,
@@ -62,46 +91,84 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if a.pp.is_none() && a.tg.is_none() {
+        return crate::serve_bench::run(a);
+    }
     let (lm, pool) = a.model.load()?;
     let ctx = lm.model.cfg.context_len;
-    if let Some(&n) = a.pp.iter().chain(&a.tg).find(|&&n| n + 1 >= ctx) {
+    if let Some(&n) =
+        a.pp.iter()
+            .flatten()
+            .chain(a.tg.iter().flatten())
+            .find(|&&n| n + 1 >= ctx)
+    {
         bail!("{n} tokens do not fit the model's context of {ctx}");
     }
     let greedy = SamplingParams::greedy();
     let mut rows = Vec::new();
     // One untimed warm-up so page faults and thread start-up don't land in the first figure.
-    generate(&lm, &pool, &prompt_tokens(&lm, 16)?, &greedy, fixed(4), &mut |_| {})?;
-    for &n in a.pp.iter().filter(|&&n| n > 0) {
+    generate(
+        &lm,
+        &pool,
+        &prompt_tokens(&lm, 16)?,
+        &greedy,
+        fixed(4),
+        &mut |_| {},
+    )?;
+    for &n in a.pp.iter().flatten().filter(|&&n| n > 0) {
         let prompt = prompt_tokens(&lm, n)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
             let out = generate(&lm, &pool, &prompt, &greedy, fixed(1), &mut |_| {})?;
             all.push(out.prefill_tokens_per_s);
         }
-        rows.push(Row { test: format!("pp{n}"), n_tokens: n, tokens_per_s: median(&mut all.clone()), all_tokens_per_s: all });
+        rows.push(Row {
+            test: format!("pp{n}"),
+            n_tokens: n,
+            tokens_per_s: median(&mut all.clone()),
+            all_tokens_per_s: all,
+        });
     }
-    for &n in a.tg.iter().filter(|&&n| n > 0) {
+    for &n in a.tg.iter().flatten().filter(|&&n| n > 0) {
         let prompt = prompt_tokens(&lm, 1)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
             let out = generate(&lm, &pool, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
             all.push(out.decode_tokens_per_s);
         }
-        rows.push(Row { test: format!("tg{n}"), n_tokens: n, tokens_per_s: median(&mut all.clone()), all_tokens_per_s: all });
+        rows.push(Row {
+            test: format!("tg{n}"),
+            n_tokens: n,
+            tokens_per_s: median(&mut all.clone()),
+            all_tokens_per_s: all,
+        });
     }
     let report = Report {
+        date: utc_now(),
         model: lm.path.display().to_string(),
         precision: lm.precision.clone(),
         threads: pool.n_threads(),
         rows,
         peak_rss_bytes: crate::mem::rss_bytes().map(|(_, peak)| peak),
     };
-    println!("model: {} ({}), {} threads, batch 1, greedy", report.model, report.precision, report.threads);
+    println!(
+        "model: {} ({}), {} threads, batch 1, greedy",
+        report.model, report.precision, report.threads
+    );
     println!("| test | tokens/s (median of {}) | runs |", a.reps);
     println!("|---|---|---|");
     for r in &report.rows {
-        let runs: Vec<String> = r.all_tokens_per_s.iter().map(|v| format!("{v:.1}")).collect();
-        println!("| {} | {:.1} | {} |", r.test, r.tokens_per_s, runs.join(", "));
+        let runs: Vec<String> = r
+            .all_tokens_per_s
+            .iter()
+            .map(|v| format!("{v:.1}"))
+            .collect();
+        println!(
+            "| {} | {:.1} | {} |",
+            r.test,
+            r.tokens_per_s,
+            runs.join(", ")
+        );
     }
     if let Some(p) = report.peak_rss_bytes {
         println!("peak RSS: {:.1} MiB", p as f64 / (1 << 20) as f64);
@@ -114,5 +181,33 @@ pub fn run(a: &BenchArgs) -> Result<()> {
 
 /// Exactly `n` generated tokens: end-of-sequence ignored, as benchmarks need fixed lengths.
 fn fixed(n: usize) -> StopCriteria {
-    StopCriteria { max_tokens: Some(n), ignore_eos: true, ..StopCriteria::default() }
+    StopCriteria {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..StopCriteria::default()
+    }
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM:SS UTC` (for reports; no date crate needed).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }

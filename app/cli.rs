@@ -13,7 +13,11 @@ use tpslab_engine::sampler::SamplingParams;
 use tpslab_kernels::ThreadPool;
 
 #[derive(Parser, Debug)]
-#[command(name = "tpslab", version, about = "Run LLMs locally and see what batching does to tokens per second")]
+#[command(
+    name = "tpslab",
+    version,
+    about = "Run LLMs locally and see what batching does to tokens per second"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -23,7 +27,7 @@ pub struct Cli {
 pub enum Command {
     /// Generate text for one prompt, streaming it to stdout.
     Generate(GenerateArgs),
-    /// Measure prompt processing and decode speed on one stream (llama-bench style).
+    /// Serving benchmark at several concurrency levels (or single-stream with --pp/--tg).
     Bench(crate::bench::BenchArgs),
 }
 

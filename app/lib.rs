@@ -2,9 +2,11 @@
 //!
 //! Modules:
 //! - [`cli`]: argument parsing and the subcommands (`generate`, `bench`).
-//! - [`bench`]: single-stream prompt-processing and decode benchmarks (llama-bench style).
+//! - [`bench`]: `tpslab bench` arguments and the single-stream mode (llama-bench style).
+//! - [`serve_bench`]: the serving benchmark over the engine (vLLM's figures per concurrency).
 //! - [`mem`]: process memory readings (RSS, peak RSS).
 
 pub mod bench;
 pub mod cli;
 pub mod mem;
+pub mod serve_bench;

@@ -6,7 +6,7 @@
 //! block table, so nothing is ever copied when a sequence grows.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::config::ModelConfig;
 
@@ -32,8 +32,10 @@ pub struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
     kv_dim: usize,
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
+    // Stored as raw f16 bits: `vec![0u16; n]` comes from calloc, so untouched blocks cost no
+    // resident memory until a sequence first writes them.
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
 }
 
 impl KvCache {
@@ -61,7 +63,7 @@ impl KvCache {
             })?;
         let alloc = || {
             (0..cfg.n_layers)
-                .map(|_| vec![f16::ZERO; per_layer])
+                .map(|_| vec![0u16; per_layer])
                 .collect::<Vec<_>>()
         };
         Ok(Self {
@@ -84,13 +86,20 @@ impl KvCache {
     /// Stores one token's K and V for `layer` in `slot`.
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
-        self.k[layer][r.clone()].convert_from_f32_slice(k);
-        self.v[layer][r].convert_from_f32_slice(v);
+        self.k[layer][r.clone()]
+            .reinterpret_cast_mut::<f16>()
+            .convert_from_f32_slice(k);
+        self.v[layer][r]
+            .reinterpret_cast_mut::<f16>()
+            .convert_from_f32_slice(v);
     }
 
     /// All K and V slots of one layer.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
-        (&self.k[layer], &self.v[layer])
+        (
+            self.k[layer].reinterpret_cast(),
+            self.v[layer].reinterpret_cast(),
+        )
     }
 }
 

@@ -18,6 +18,8 @@
 //! - [`block_pool`]: KV block pool (free list, ref counts, prefix-cache hashes) and per-request block tables.
 //! - [`scheduler`]: vLLM-v1-style continuous-batching scheduler (token budget, chunking, preemption).
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
+//! - [`engine`]: the engine thread (continuous batching) and its message-passing handle.
+//! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 pub mod gguf;
 pub mod library;
 pub mod config;
@@ -35,3 +37,5 @@ pub mod stop;
 pub mod block_pool;
 pub mod scheduler;
 pub mod metrics;
+pub mod engine;
+pub mod loadgen;

@@ -1,0 +1,189 @@
+//! The serving benchmark: `tpslab bench --concurrency 1,4,16,64`. For each level it starts the
+//! engine, drives it with the load generator, and reports vLLM's figures (TTFT, TPOT, ITL,
+//! E2EL percentiles, output throughput) plus both faces of TPS: per request and aggregate.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::loadgen::{self, LenDist, LoadSpec, PromptSet};
+use tpslab_engine::metrics::{BenchSummary, RequestTiming};
+
+use crate::bench::BenchArgs;
+
+/// One concurrency level: vLLM's result fields (flattened) plus ours.
+#[derive(Debug, Serialize)]
+struct LevelResult {
+    max_concurrency: usize,
+    request_rate: Option<f64>,
+    num_prompts: usize,
+    prompt_len: usize,
+    output_len: usize,
+    #[serde(flatten)]
+    summary: BenchSummary,
+    /// Output tokens produced after every request had its first token, over that span: the
+    /// steady decode rate (llama-batched-bench's S_TG when all requests start together).
+    decode_throughput: Option<f64>,
+    refused: usize,
+    peak_rss_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    date: String,
+    model: String,
+    precision: String,
+    threads: usize,
+    knobs: Knobs,
+    runs: Vec<LevelResult>,
+}
+
+/// Tokens per second after the last request got its first token, until the end of the run.
+fn decode_throughput(timings: &[RequestTiming]) -> Option<f64> {
+    let last_first = timings
+        .iter()
+        .filter_map(|t| t.token_times.first())
+        .copied()
+        .fold(f64::NAN, f64::max);
+    let end = timings
+        .iter()
+        .filter_map(|t| t.token_times.last())
+        .copied()
+        .fold(f64::NAN, f64::max);
+    let n = timings
+        .iter()
+        .flat_map(|t| &t.token_times)
+        .filter(|&&x| x > last_first)
+        .count();
+    (end > last_first && n > 0).then(|| n as f64 / (end - last_first))
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let (lm, _pool) = a.model.load()?;
+    let lm = Arc::new(lm);
+    let ctx = lm.model.cfg.context_len;
+    if a.prompt_len + a.output_len >= ctx {
+        bail!(
+            "prompt {} + output {} tokens do not fit the model's context of {ctx}",
+            a.prompt_len,
+            a.output_len
+        );
+    }
+    if a.concurrency.iter().any(|&c| c == 0) {
+        bail!("--concurrency levels must be at least 1");
+    }
+    let prompts = PromptSet::new(lm.raw_prompt(loadgen::PROMPT_TEXT)?)
+        .ok_or_else(|| anyhow::anyhow!("the prompt set tokenized to nothing"))?;
+    let mut knobs = Knobs::default();
+    if let Some(n) = a.max_num_seqs {
+        knobs.scheduler.max_num_seqs = n;
+    }
+    if let Some(n) = a.max_batched_tokens {
+        knobs.scheduler.max_num_batched_tokens = n;
+    }
+    knobs.kv = KvSettings {
+        budget_bytes: a.kv_budget_mb << 20,
+        block_size: a.block_size,
+    };
+    let mut runs = Vec::new();
+    let threads = if a.model.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |p| p.get())
+    } else {
+        a.model.threads
+    };
+    println!(
+        "model: {} ({}), {threads} threads, prompt {} tokens, output {} tokens, greedy, ignore-eos",
+        lm.path.display(),
+        lm.precision,
+        a.prompt_len,
+        a.output_len
+    );
+    for &c in &a.concurrency {
+        let n = a.num_requests.unwrap_or(c);
+        let mut k = knobs.clone();
+        // The batch cap must not hide the concurrency being measured.
+        k.scheduler.max_num_seqs = a.max_num_seqs.unwrap_or(k.scheduler.max_num_seqs.max(c));
+        let engine = EngineHandle::start(
+            Arc::clone(&lm),
+            EngineConfig {
+                threads: a.model.threads,
+                knobs: k,
+            },
+            None,
+        )?;
+        let spec = LoadSpec {
+            concurrency: Some(c),
+            rate: a.rate,
+            num_requests: n,
+            prompt_len: LenDist::Fixed(a.prompt_len),
+            output_len: LenDist::Fixed(a.output_len),
+            seed: 0,
+        };
+        let bar = ProgressBar::new(n as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "concurrency {prefix:>3} [{bar:30}] {pos}/{len} requests {elapsed}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_prefix(c.to_string());
+        let stop = AtomicBool::new(false);
+        let result = loadgen::run(&engine, &prompts, &spec, &stop, &mut |done, _| {
+            bar.set_position(done as u64)
+        });
+        bar.finish_and_clear();
+        let summary = BenchSummary::from_requests(&result.timings, result.duration_s, None);
+        runs.push(LevelResult {
+            max_concurrency: c,
+            request_rate: a.rate,
+            num_prompts: n,
+            prompt_len: a.prompt_len,
+            output_len: a.output_len,
+            decode_throughput: decode_throughput(&result.timings),
+            summary,
+            refused: result.refused.len(),
+            peak_rss_bytes: crate::mem::rss_bytes().map(|(_, p)| p),
+        });
+    }
+    println!(
+        "| concurrency | requests | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p99 ms | per-request TPS mean / p10 | aggregate output TPS | decode-only TPS | req/s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in &runs {
+        let s = &r.summary;
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        println!(
+            "| {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} | {} / {} | {:.1} | {} | {:.2} |",
+            r.max_concurrency,
+            s.completed,
+            s.mean_ttft_ms,
+            s.p99_ttft_ms,
+            s.mean_tpot_ms,
+            s.p99_tpot_ms,
+            s.p99_itl_ms,
+            f(s.mean_per_request_tps),
+            f(s.p10_per_request_tps),
+            s.output_throughput,
+            f(r.decode_throughput),
+            s.request_throughput,
+        );
+    }
+    if let Some((_, peak)) = crate::mem::rss_bytes() {
+        println!("peak RSS: {:.1} MiB", peak as f64 / (1 << 20) as f64);
+    }
+    if let Some(path) = &a.json {
+        let report = Report {
+            date: crate::bench::utc_now(),
+            model: lm.path.display().to_string(),
+            precision: lm.precision.clone(),
+            threads,
+            knobs,
+            runs,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,596 @@
+//! The engine thread and its handle: continuous batching of many requests over one model.
+//!
+//! The thread owns every piece of mutable engine state (model workspace, KV cache, scheduler,
+//! per-request samplers and detokenizers, metrics). Everything else talks to it by message:
+//! requests, cancels and knob changes in; events on each request's own channel, and a stats
+//! snapshot, out. One step = one `schedule()`, ONE batched forward for every scheduled token of
+//! every request, sampling, `update()`, stop checks, events.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tpslab_kernels::ThreadPool;
+
+use crate::detok::Detokenizer;
+use crate::generate::LoadedModel;
+use crate::kv::{Batch, KvCache};
+use crate::metrics::{
+    FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, StepStats, process_rss_bytes,
+};
+use crate::model::Workspace;
+use crate::sampler::{Sampler, SamplingParams};
+use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::stop::{FinishReason, StopChecker, StopCriteria};
+
+/// Settings that take a rebuild of the KV pool when they change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvSettings {
+    /// Memory for the KV pool, in bytes.
+    pub budget_bytes: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl Default for KvSettings {
+    fn default() -> Self {
+        Self {
+            budget_bytes: 512 << 20,
+            block_size: 16,
+        }
+    }
+}
+
+/// Every knob the user can turn while the engine runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Knobs {
+    pub scheduler: SchedulerConfig,
+    pub kv: KvSettings,
+}
+
+/// What a request needs besides its prompt.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCriteria,
+    pub priority: i32,
+}
+
+/// Token counts of a finished request (OpenAI's `usage`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a request's channel receives, in this order: `Started`, any number of `Token`s, then
+/// exactly one of `Finished` or `Refused`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The engine accepted the request.
+    Started { id: RequestId },
+    /// One generated token and the text that became final with it (may be empty).
+    Token {
+        id: RequestId,
+        token: u32,
+        text: String,
+    },
+    /// The request ended: `text` is any held-back tail.
+    Finished {
+        id: RequestId,
+        reason: FinishReason,
+        usage: Usage,
+        text: String,
+    },
+    /// The request was not accepted (queue full, prompt too long, bad parameters).
+    Refused { id: RequestId, reason: String },
+}
+
+impl Event {
+    pub fn id(&self) -> RequestId {
+        match self {
+            Event::Started { id }
+            | Event::Token { id, .. }
+            | Event::Finished { id, .. }
+            | Event::Refused { id, .. } => *id,
+        }
+    }
+}
+
+enum Command {
+    Submit {
+        id: RequestId,
+        req: Request,
+        events: Sender<Event>,
+    },
+    Cancel(RequestId),
+    SetKnobs(Knobs),
+    ResetMetrics,
+    Shutdown,
+}
+
+/// Engine-wide settings fixed at start.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Compute threads (0 = one per core).
+    pub threads: usize,
+    pub knobs: Knobs,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            knobs: Knobs::default(),
+        }
+    }
+}
+
+/// Called after every step that produced events (the UI passes `ctx.request_repaint`).
+pub type Notify = Box<dyn Fn() + Send>;
+
+/// The handle: cheap to clone, usable from any thread. Dropping the last one stops the engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    snapshot: Arc<Mutex<EngineSnapshot>>,
+    _guard: Arc<ShutdownGuard>,
+}
+
+struct ShutdownGuard {
+    tx: Sender<Command>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for ShutdownGuard {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the engine publishes after every step for anyone to read without waiting on it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineSnapshot {
+    pub live: LiveSnapshot,
+    pub knobs: Knobs,
+    pub threads: usize,
+    pub kv_bytes: usize,
+    pub weights_bytes: usize,
+    pub steps: u64,
+    /// Scheduler state now (not as of the last step): requests and KV blocks.
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_used_blocks: usize,
+    pub kv_total_blocks: usize,
+    /// Set when a knob change could not be applied.
+    pub last_error: Option<String>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread over a loaded model.
+    pub fn start(
+        model: Arc<LoadedModel>,
+        config: EngineConfig,
+        notify: Option<Notify>,
+    ) -> Result<Self, EngineError> {
+        let (tx, rx) = mpsc::channel();
+        let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
+        let state = EngineThread::new(model, &config, rx, Arc::clone(&snapshot), notify)?;
+        let thread = std::thread::Builder::new()
+            .name("tpslab-engine".into())
+            .spawn(move || state.run())
+            .map_err(|e| EngineError::Start(e.to_string()))?;
+        let guard = ShutdownGuard {
+            tx: tx.clone(),
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok(Self {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            snapshot,
+            _guard: Arc::new(guard),
+        })
+    }
+
+    /// Queues a request; its events arrive on `events`. Returns the request id at once; a
+    /// refusal (queue full, prompt too long) arrives as `Event::Refused`.
+    pub fn submit(&self, req: Request, events: Sender<Event>) -> RequestId {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Err(mpsc::SendError(Command::Submit { events, .. })) =
+            self.tx.send(Command::Submit { id, req, events })
+        {
+            let _ = events.send(Event::Refused {
+                id,
+                reason: "the engine has stopped".into(),
+            });
+        }
+        id
+    }
+
+    /// Cancels a request (ends with `FinishReason::Abort` and frees its KV blocks at once).
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Applies new knobs from the next step on (a KV change rebuilds the pool).
+    pub fn set_knobs(&self, knobs: Knobs) {
+        let _ = self.tx.send(Command::SetKnobs(knobs));
+    }
+
+    pub fn reset_metrics(&self) {
+        let _ = self.tx.send(Command::ResetMetrics);
+    }
+
+    /// The latest published stats (never waits on the engine's step).
+    pub fn stats(&self) -> EngineSnapshot {
+        self.snapshot.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot start the engine thread: {0}")]
+    Start(String),
+    #[error("KV cache: {0}")]
+    Kv(String),
+}
+
+/// Per-request state the engine keeps besides the scheduler's token bookkeeping.
+struct Live {
+    events: Sender<Event>,
+    sampler: Sampler,
+    detok: Detokenizer,
+    stop: StopChecker,
+    history: Vec<u32>,
+    prompt_len: usize,
+}
+
+struct EngineThread {
+    lm: Arc<LoadedModel>,
+    pool: ThreadPool,
+    rx: Receiver<Command>,
+    snapshot: Arc<Mutex<EngineSnapshot>>,
+    notify: Option<Notify>,
+    knobs: Knobs,
+    kv: KvCache,
+    ws: Workspace,
+    sched: Scheduler,
+    live: HashMap<RequestId, Live>,
+    metrics: LiveMetrics,
+    origin: Instant,
+    steps: u64,
+    last_error: Option<String>,
+    /// Prefix-cache (queries, hits) totals at the last step, for per-step deltas.
+    cache_seen: (u64, u64),
+}
+
+fn build_kv(lm: &LoadedModel, kv: &KvSettings) -> Result<KvCache, EngineError> {
+    let blocks = KvCache::blocks_for_budget(&lm.model.cfg, kv.block_size.max(1), kv.budget_bytes);
+    if blocks == 0 {
+        return Err(EngineError::Kv(format!(
+            "a budget of {} bytes holds no block of {} tokens",
+            kv.budget_bytes, kv.block_size
+        )));
+    }
+    KvCache::new(&lm.model.cfg, kv.block_size, blocks).map_err(|e| EngineError::Kv(e.to_string()))
+}
+
+impl EngineThread {
+    fn new(
+        lm: Arc<LoadedModel>,
+        config: &EngineConfig,
+        rx: Receiver<Command>,
+        snapshot: Arc<Mutex<EngineSnapshot>>,
+        notify: Option<Notify>,
+    ) -> Result<Self, EngineError> {
+        let kv = build_kv(&lm, &config.knobs.kv)?;
+        let sched = Scheduler::new(config.knobs.scheduler.clone(), kv.num_blocks, kv.block_size)
+            .map_err(|e| EngineError::Kv(e.to_string()))?;
+        let metrics =
+            LiveMetrics::new(LiveConfig::default()).map_err(|e| EngineError::Kv(e.to_string()))?;
+        Ok(Self {
+            pool: ThreadPool::new(config.threads),
+            lm,
+            rx,
+            snapshot,
+            notify,
+            knobs: config.knobs.clone(),
+            kv,
+            ws: Workspace::default(),
+            sched,
+            live: HashMap::new(),
+            metrics,
+            cache_seen: (0, 0),
+            origin: Instant::now(),
+            steps: 0,
+            last_error: None,
+        })
+    }
+
+    fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    fn run(mut self) {
+        loop {
+            // Idle: block until something arrives; busy: take what is there and step.
+            let first = if self.live.is_empty() {
+                match self.rx.recv_timeout(Duration::from_millis(250)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.publish();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                None
+            };
+            let mut cmds: Vec<Command> = first.into_iter().collect();
+            cmds.extend(self.rx.try_iter());
+            for c in cmds {
+                if !self.handle(c) {
+                    return;
+                }
+            }
+            if self.live.is_empty() {
+                self.publish();
+            } else {
+                self.step();
+            }
+        }
+    }
+
+    /// Applies one command; false means shut down.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit { id, req, events } => self.submit(id, req, events),
+            Command::Cancel(id) => self.end(id, FinishReason::Abort),
+            Command::SetKnobs(k) => self.set_knobs(k),
+            Command::ResetMetrics => self.metrics.reset(),
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn submit(&mut self, id: RequestId, req: Request, events: Sender<Event>) {
+        let ctx = self.lm.model.cfg.context_len;
+        let refuse = |reason: String| {
+            let _ = events.send(Event::Refused { id, reason });
+        };
+        if req.prompt.is_empty() {
+            return refuse("the prompt is empty".into());
+        }
+        if req.prompt.len() >= ctx {
+            return refuse(format!(
+                "the prompt has {} tokens; the model's context holds {ctx}",
+                req.prompt.len()
+            ));
+        }
+        if let Err(e) = req.sampling.validate() {
+            return refuse(e.to_string());
+        }
+        let room = ctx - req.prompt.len();
+        let max_tokens = req.stop.max_tokens.map_or(room, |m| m.clamp(1, room));
+        let mut stop = req.stop;
+        stop.max_tokens = Some(max_tokens);
+        let sr = SchedRequest {
+            id,
+            prompt: req.prompt.clone(),
+            max_tokens,
+            priority: req.priority,
+        };
+        if let Err(e) = self.sched.add_request(sr) {
+            self.metrics.on_refused(self.now());
+            return refuse(e.to_string());
+        }
+        let _ = events.send(Event::Started { id });
+        self.metrics.on_arrival(id, self.now(), req.prompt.len());
+        self.live.insert(
+            id,
+            Live {
+                events,
+                sampler: Sampler::new(&req.sampling),
+                detok: Detokenizer::new(true),
+                stop: StopChecker::new(stop),
+                prompt_len: req.prompt.len(),
+                history: req.prompt,
+            },
+        );
+    }
+
+    /// Ends a request (finished or cancelled): frees its blocks and sends its last event.
+    fn end(&mut self, id: RequestId, reason: FinishReason) {
+        self.sched.finish(&[id], reason);
+        if let Some(mut l) = self.live.remove(&id) {
+            let tail = l.stop.flush(&l.detok.finish());
+            let usage = Usage {
+                prompt_tokens: l.prompt_len,
+                completion_tokens: l.history.len() - l.prompt_len,
+            };
+            let _ = l.events.send(Event::Finished {
+                id,
+                reason,
+                usage,
+                text: tail.text,
+            });
+            let kind = if reason == FinishReason::Abort {
+                FinishKind::Aborted
+            } else {
+                FinishKind::Finished
+            };
+            self.metrics.on_finish(id, self.now(), kind);
+        }
+    }
+
+    fn set_knobs(&mut self, k: Knobs) {
+        self.last_error = None;
+        if k.kv != self.knobs.kv {
+            // A new pool: everything running is preempted (recomputed later), nothing is lost.
+            match build_kv(&self.lm, &k.kv) {
+                Ok(kv) => match self.sched.rebuild_pool(kv.num_blocks, kv.block_size) {
+                    Ok(dropped) => {
+                        self.kv = kv;
+                        self.knobs.kv = k.kv.clone();
+                        for id in dropped {
+                            self.end(id, FinishReason::Abort);
+                        }
+                    }
+                    Err(e) => self.last_error = Some(e.to_string()),
+                },
+                Err(e) => self.last_error = Some(e.to_string()),
+            }
+        }
+        match self.sched.set_config(k.scheduler.clone()) {
+            Ok(()) => self.knobs.scheduler = k.scheduler,
+            Err(e) => self.last_error = Some(e.to_string()),
+        }
+        self.publish();
+    }
+
+    fn step(&mut self) {
+        let t0 = Instant::now();
+        let out = self.sched.schedule();
+        if out.scheduled.is_empty() {
+            // Nothing fits (should not happen: add_request refuses what can never fit).
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        let batch = batch_from(&out);
+        let logits = match self
+            .lm
+            .model
+            .forward(&self.pool, &batch, &mut self.kv, &mut self.ws)
+        {
+            Ok(l) => l,
+            Err(e) => {
+                // A bad batch is an engine bug; fail the requests in it rather than the app.
+                let ids: Vec<RequestId> = out.scheduled.iter().map(|s| s.id).collect();
+                for id in ids {
+                    if let Some(l) = self.live.get(&id) {
+                        let _ = l.events.send(Event::Refused {
+                            id,
+                            reason: format!("engine error: {e}"),
+                        });
+                    }
+                    self.sched.finish(&[id], FinishReason::Abort);
+                    self.live.remove(&id);
+                }
+                return;
+            }
+        };
+        let vocab = self.lm.model.cfg.vocab;
+        let mut sampled = Vec::new();
+        let mut row = 0;
+        let mut scratch = Vec::with_capacity(vocab);
+        for s in out.scheduled.iter().filter(|s| s.sample) {
+            let r = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            if let Some(l) = self.live.get_mut(&s.id) {
+                scratch.clear();
+                scratch.extend_from_slice(r);
+                let tok = l
+                    .sampler
+                    .sample_with_prompt(&mut scratch, &l.history, l.prompt_len);
+                sampled.push((s.id, tok));
+            }
+        }
+        let length_done = self.sched.update(&out, &sampled);
+        let now = self.now();
+        let mut ended = Vec::new();
+        for &(id, tok) in &sampled {
+            let Some(l) = self.live.get_mut(&id) else {
+                continue;
+            };
+            l.history.push(tok);
+            let piece = l.detok.push(&self.lm.tokenizer, tok).unwrap_or_default();
+            let st = l.stop.push(tok, &piece);
+            self.metrics.on_token(id, now);
+            let _ = l.events.send(Event::Token {
+                id,
+                token: tok,
+                text: st.text,
+            });
+            if let Some(reason) = st.finish {
+                ended.push((id, reason));
+            }
+        }
+        for (id, reason) in length_done {
+            if !ended.iter().any(|(e, _)| *e == id) {
+                ended.push((id, reason));
+            }
+        }
+        for (id, reason) in ended {
+            self.end(id, reason);
+        }
+        self.steps += 1;
+        let st = self.sched.stats();
+        let prefill: usize = out
+            .scheduled
+            .iter()
+            .filter(|s| !s.sample || s.tokens.len() > 1)
+            .map(|s| s.tokens.len())
+            .sum();
+        self.metrics.on_step(StepStats {
+            t: now,
+            batch_size: out.scheduled.len(),
+            scheduled_tokens: batch.len(),
+            prefill_tokens: prefill,
+            decode_tokens: batch.len() - prefill,
+            kv_used_blocks: st.kv_used_blocks,
+            kv_total_blocks: st.kv_total_blocks,
+            running: st.running,
+            waiting: st.waiting,
+            preemptions_total: st.preemptions_total,
+            prefix_cache_queries: st.prefix_cache_queries
+                - self.cache_seen.0.min(st.prefix_cache_queries),
+            prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
+            rss_bytes: process_rss_bytes().map(|(cur, _)| cur),
+            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+        });
+        self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
+        self.publish();
+        if let Some(n) = &self.notify {
+            n();
+        }
+    }
+
+    fn publish(&mut self) {
+        let st = self.sched.stats();
+        let snap = EngineSnapshot {
+            running: st.running,
+            waiting: st.waiting,
+            kv_used_blocks: st.kv_used_blocks,
+            kv_total_blocks: st.kv_total_blocks,
+            live: self.metrics.snapshot(self.now()),
+            knobs: self.knobs.clone(),
+            threads: self.pool.n_threads(),
+            kv_bytes: self.kv.bytes(),
+            weights_bytes: self.lm.model.weights.bytes(),
+            steps: self.steps,
+            last_error: self.last_error.clone(),
+        };
+        if let Ok(mut s) = self.snapshot.lock() {
+            *s = snap;
+        }
+    }
+}
+
+/// The forward pass's input for one scheduler step.
+pub fn batch_from(out: &SchedulerOutput) -> Batch {
+    let mut b = Batch::default();
+    for s in &out.scheduled {
+        b.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
+    }
+    b
+}

@@ -1,0 +1,211 @@
+//! Load generator: drives an engine with many requests at a fixed concurrency or with Poisson
+//! arrivals at a rate, with exact prompt and output lengths (end-of-sequence ignored), and
+//! times every token on the client side as vLLM's benchmark does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{EngineHandle, Event, Request};
+use crate::metrics::RequestTiming;
+use crate::sampler::SamplingParams;
+use crate::scheduler::RequestId;
+use crate::stop::{FinishReason, StopCriteria};
+
+/// The bundled prompt text requests are cut from.
+pub const PROMPT_TEXT: &str = include_str!("../../assets/prompts/bench.txt");
+
+/// A length, fixed or drawn uniformly from a range (inclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum LenDist {
+    Fixed(usize),
+    Uniform { min: usize, max: usize },
+}
+
+impl LenDist {
+    fn draw(self, rng: &mut StdRng) -> usize {
+        match self {
+            LenDist::Fixed(n) => n,
+            LenDist::Uniform { min, max } => rng.random_range(min.min(max)..=max.max(min)),
+        }
+    }
+
+    pub fn max(self) -> usize {
+        match self {
+            LenDist::Fixed(n) => n,
+            LenDist::Uniform { min, max } => min.max(max),
+        }
+    }
+}
+
+/// How to load the engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadSpec {
+    /// Most requests in flight at once (`None` = no cap; then `rate` must be set).
+    pub concurrency: Option<usize>,
+    /// Poisson arrivals at this many requests per second (`None` = all at once, capped by
+    /// `concurrency`).
+    pub rate: Option<f64>,
+    pub num_requests: usize,
+    pub prompt_len: LenDist,
+    pub output_len: LenDist,
+    pub seed: u64,
+}
+
+/// Token ids cut from the bundled text, so prompts are real language of an exact length.
+#[derive(Debug, Clone)]
+pub struct PromptSet {
+    tokens: Vec<u32>,
+}
+
+impl PromptSet {
+    pub fn new(tokens: Vec<u32>) -> Option<Self> {
+        (!tokens.is_empty()).then_some(Self { tokens })
+    }
+
+    /// Prompt `i` of length `len`: a window of the text starting at an offset that differs per
+    /// request, so prompts don't share prefixes (no accidental prefix-cache hits).
+    pub fn prompt(&self, i: usize, len: usize) -> Vec<u32> {
+        let start = (i * 97) % self.tokens.len();
+        self.tokens
+            .iter()
+            .copied()
+            .cycle()
+            .skip(start)
+            .take(len)
+            .collect()
+    }
+}
+
+/// Everything measured in one load run.
+#[derive(Debug, Clone, Default)]
+pub struct LoadResult {
+    pub timings: Vec<RequestTiming>,
+    pub duration_s: f64,
+    pub refused: Vec<String>,
+    pub aborted: usize,
+}
+
+struct InFlight {
+    timing: RequestTiming,
+}
+
+/// Runs `spec` against `engine` until every request has ended or `stop` is set (then the
+/// requests still in flight are cancelled). `progress(done, total)` is called as requests end.
+pub fn run(
+    engine: &EngineHandle,
+    prompts: &PromptSet,
+    spec: &LoadSpec,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> LoadResult {
+    let (tx, rx) = mpsc::channel();
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    let origin = Instant::now();
+    let now = || origin.elapsed().as_secs_f64();
+    let cap = spec.concurrency.unwrap_or(usize::MAX).max(1);
+    let mut next_arrival = 0.0f64;
+    let mut submitted = 0usize;
+    let mut done = 0usize;
+    let mut flying: std::collections::HashMap<RequestId, InFlight> =
+        std::collections::HashMap::new();
+    let mut result = LoadResult::default();
+    let mut cancelled = false;
+    while done < spec.num_requests {
+        if stop.load(Ordering::Relaxed) && !cancelled {
+            cancelled = true;
+            for id in flying.keys() {
+                engine.cancel(*id);
+            }
+        }
+        // Submit whatever is due.
+        while !cancelled
+            && submitted < spec.num_requests
+            && flying.len() < cap
+            && now() >= next_arrival
+        {
+            let plen = spec.prompt_len.draw(&mut rng).max(1);
+            let olen = spec.output_len.draw(&mut rng).max(1);
+            let req = Request {
+                prompt: prompts.prompt(submitted, plen),
+                sampling: SamplingParams::greedy(),
+                stop: StopCriteria {
+                    max_tokens: Some(olen),
+                    ignore_eos: true,
+                    ..StopCriteria::default()
+                },
+                priority: 0,
+            };
+            let sent = now();
+            let id = engine.submit(req, tx.clone());
+            flying.insert(
+                id,
+                InFlight {
+                    timing: RequestTiming {
+                        sent,
+                        token_times: Vec::with_capacity(olen),
+                        prompt_tokens: plen,
+                        output_tokens: 0,
+                        finished: false,
+                    },
+                },
+            );
+            submitted += 1;
+            if let Some(rate) = spec.rate.filter(|r| *r > 0.0) {
+                // Exponential gaps: a Poisson process at `rate` requests per second.
+                let u: f64 = rng.random_range(f64::EPSILON..1.0);
+                next_arrival += -u.ln() / rate;
+            }
+        }
+        if cancelled && flying.is_empty() {
+            break;
+        }
+        let wait = if submitted < spec.num_requests && flying.len() < cap && !cancelled {
+            Duration::from_secs_f64((next_arrival - now()).clamp(0.0, 0.05))
+        } else {
+            Duration::from_millis(50)
+        };
+        let Ok(ev) = rx.recv_timeout(wait) else {
+            continue;
+        };
+        let t = now();
+        for ev in std::iter::once(ev).chain(rx.try_iter()) {
+            let id = ev.id();
+            match ev {
+                Event::Started { .. } => {}
+                Event::Token { .. } => {
+                    if let Some(f) = flying.get_mut(&id) {
+                        f.timing.token_times.push(t);
+                        f.timing.output_tokens += 1;
+                    }
+                }
+                Event::Finished { reason, .. } => {
+                    if let Some(f) = flying.remove(&id) {
+                        done += 1;
+                        if reason == FinishReason::Abort {
+                            result.aborted += 1;
+                        } else {
+                            let mut timing = f.timing;
+                            timing.finished = true;
+                            result.timings.push(timing);
+                        }
+                        progress(done, spec.num_requests);
+                    }
+                }
+                Event::Refused { reason, .. } => {
+                    if flying.remove(&id).is_some() {
+                        done += 1;
+                        result.refused.push(reason);
+                        progress(done, spec.num_requests);
+                    }
+                }
+            }
+        }
+    }
+    result.duration_s = now();
+    result
+}
