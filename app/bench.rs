@@ -94,7 +94,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if a.pp.is_none() && a.tg.is_none() {
         return crate::serve_bench::run(a);
     }
-    let (lm, pool) = a.model.load()?;
+    let lm = a.model.load()?;
+    let threads = a.model.threads;
     let ctx = lm.model.cfg.context_len;
     if let Some(&n) =
         a.pp.iter()
@@ -109,7 +110,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     // One untimed warm-up so page faults and thread start-up don't land in the first figure.
     generate(
         &lm,
-        &pool,
+        threads,
         &prompt_tokens(&lm, 16)?,
         &greedy,
         fixed(4),
@@ -119,7 +120,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, n)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate(&lm, &pool, &prompt, &greedy, fixed(1), &mut |_| {})?;
+            let out = generate(&lm, threads, &prompt, &greedy, fixed(1), &mut |_| {})?;
             all.push(out.prefill_tokens_per_s);
         }
         rows.push(Row {
@@ -133,7 +134,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, 1)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate(&lm, &pool, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
+            let out = generate(&lm, threads, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
             all.push(out.decode_tokens_per_s);
         }
         rows.push(Row {
@@ -147,7 +148,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         date: utc_now(),
         model: lm.path.display().to_string(),
         precision: lm.precision.clone(),
-        threads: pool.n_threads(),
+        threads: a.model.n_threads(),
         rows,
         peak_rss_bytes: crate::mem::rss_bytes().map(|(_, peak)| peak),
     };

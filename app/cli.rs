@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -10,7 +11,6 @@ use tpslab_engine::chat::ChatMessage;
 use tpslab_engine::generate::{LoadedModel, generate};
 use tpslab_engine::library;
 use tpslab_engine::sampler::SamplingParams;
-use tpslab_kernels::ThreadPool;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -43,11 +43,19 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn load(&self) -> Result<(LoadedModel, ThreadPool)> {
+    pub fn load(&self) -> Result<Arc<LoadedModel>> {
         let path = library::resolve_model(&self.model, &mut |msg| eprintln!("{msg}"))?;
         let lm = LoadedModel::load(&path)
             .with_context(|| format!("cannot load model {}", path.display()))?;
-        Ok((lm, ThreadPool::new(self.threads)))
+        Ok(Arc::new(lm))
+    }
+
+    /// The thread count actually used (0 resolved to the number of cores).
+    pub fn n_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |p| p.get()),
+            n => n,
+        }
     }
 }
 
@@ -136,7 +144,7 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
     if a.prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let (lm, pool) = a.model.load()?;
+    let lm = a.model.load()?;
     let prompt = if a.chat {
         let mut messages = Vec::new();
         if let Some(s) = &a.system {
@@ -159,7 +167,7 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
             let _ = out.flush();
         }
     };
-    let out = generate(&lm, &pool, &prompt, &sampling, stop, &mut on_text)?;
+    let out = generate(&lm, a.model.threads, &prompt, &sampling, stop, &mut on_text)?;
     if json {
         println!("{}", serde_json::to_string(&out)?);
     } else {
@@ -171,7 +179,7 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
             out.finish_reason,
             out.ttft_ms,
             out.decode_tokens_per_s,
-            pool.n_threads(),
+            a.model.n_threads(),
             lm.precision,
         );
     }

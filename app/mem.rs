@@ -5,7 +5,10 @@ pub fn rss_bytes() -> Option<(u64, u64)> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let field = |name: &str| {
         status.lines().find(|l| l.starts_with(name)).and_then(|l| {
-            l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).map(|kb| kb * 1024)
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|kb| kb * 1024)
         })
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))

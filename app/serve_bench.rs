@@ -62,8 +62,7 @@ fn decode_throughput(timings: &[RequestTiming]) -> Option<f64> {
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
-    let (lm, _pool) = a.model.load()?;
-    let lm = Arc::new(lm);
+    let lm = a.model.load()?;
     let ctx = lm.model.cfg.context_len;
     if a.prompt_len + a.output_len >= ctx {
         bail!(
@@ -89,11 +88,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         block_size: a.block_size,
     };
     let mut runs = Vec::new();
-    let threads = if a.model.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |p| p.get())
-    } else {
-        a.model.threads
-    };
+    let threads = a.model.n_threads();
     println!(
         "model: {} ({}), {threads} threads, prompt {} tokens, output {} tokens, greedy, ignore-eos",
         lm.path.display(),

@@ -2,21 +2,19 @@
 //! loop: the batch-of-one case of the engine, used by `tpslab generate` and the benchmarks.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use serde::Serialize;
-use tpslab_kernels::ThreadPool;
 
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
-use crate::kv::{Batch, KvCache, KvError};
-use crate::model::{Model, ModelError, Workspace};
-use crate::sampler::{Sampler, SamplingParams};
-use crate::stop::{FinishReason, StopChecker, StopCriteria};
+use crate::engine::{EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Request};
+use crate::kv::KvCache;
+use crate::model::{Model, ModelError};
+use crate::sampler::SamplingParams;
+use crate::stop::{FinishReason, StopCriteria};
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use crate::detok::Detokenizer;
 
-/// Prompt tokens computed per forward call during prefill: bounds activation memory.
-pub const PREFILL_CHUNK: usize = 512;
 /// KV block size of the single-request path (the engine's default too).
 pub const BLOCK_SIZE: usize = 16;
 
@@ -29,10 +27,14 @@ pub enum GenerateError {
     #[error(transparent)]
     Chat(#[from] ChatError),
     #[error(transparent)]
-    Kv(#[from] KvError),
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    Refused(String),
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error("the prompt has {prompt} tokens; the model's context holds {context}, leaving no room to generate")]
+    #[error(
+        "the prompt has {prompt} tokens; the model's context holds {context}, leaving no room to generate"
+    )]
     PromptTooLong { prompt: usize, context: usize },
 }
 
@@ -52,7 +54,13 @@ impl LoadedModel {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
         let precision = dominant_type(&file);
-        Ok(Self { path: path.to_path_buf(), model, tokenizer, template, precision })
+        Ok(Self {
+            path: path.to_path_buf(),
+            model,
+            tokenizer,
+            template,
+            precision,
+        })
     }
 
     /// Prompt tokens for raw text: no template, BOS only if the model's metadata asks for it.
@@ -82,7 +90,10 @@ fn dominant_type(file: &crate::gguf::GgufFile) -> String {
             None => by_type.push((t.ty, t.size)),
         }
     }
-    by_type.iter().max_by_key(|(_, n)| *n).map_or("unknown".into(), |(ty, _)| ty.name().into())
+    by_type
+        .iter()
+        .max_by_key(|(_, n)| *n)
+        .map_or("unknown".into(), |(ty, _)| ty.name().into())
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -100,76 +111,80 @@ pub struct GenerateOutput {
     pub e2e_ms: f64,
 }
 
-/// Generates for one prompt, calling `on_text` with each piece of text as it becomes final.
+/// Generates for one prompt, calling `on_text` with each piece of text as it becomes final: the
+/// batch-of-one case of the engine (an engine thread is started for the request).
 pub fn generate(
-    lm: &LoadedModel,
-    pool: &ThreadPool,
+    lm: &Arc<LoadedModel>,
+    threads: usize,
     prompt: &[u32],
     sampling: &SamplingParams,
     stop: StopCriteria,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateOutput, GenerateError> {
-    let start = Instant::now();
     let cfg = &lm.model.cfg;
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
     if prompt.len() >= cfg.context_len {
-        return Err(GenerateError::PromptTooLong { prompt: prompt.len(), context: cfg.context_len });
+        return Err(GenerateError::PromptTooLong {
+            prompt: prompt.len(),
+            context: cfg.context_len,
+        });
     }
     let room = cfg.context_len - prompt.len();
     let max_new = stop.max_tokens.map_or(room, |m| m.min(room));
-    let mut stop = stop;
-    stop.max_tokens = Some(max_new);
-    let total = prompt.len() + max_new;
-    let table: Vec<u32> = (0..total.div_ceil(BLOCK_SIZE) as u32).collect();
-    let mut kv = KvCache::new(cfg, BLOCK_SIZE, table.len())?;
-    let mut ws = Workspace::default();
-    let mut sampler = Sampler::new(sampling);
-    let mut checker = StopChecker::new(stop);
-    let mut detok = Detokenizer::new(true);
-
-    let mut history: Vec<u32> = prompt.to_vec();
+    // A pool that holds exactly this request.
+    let kv = KvSettings {
+        budget_bytes: KvCache::bytes_per_block(cfg, BLOCK_SIZE)
+            * (prompt.len() + max_new).div_ceil(BLOCK_SIZE),
+        block_size: BLOCK_SIZE,
+    };
+    let knobs = Knobs {
+        kv,
+        ..Knobs::default()
+    };
+    let engine = EngineHandle::start(Arc::clone(lm), EngineConfig { threads, knobs }, None)?;
+    let (tx, rx) = mpsc::channel();
+    let start = Instant::now();
+    let req = Request {
+        prompt: prompt.to_vec(),
+        sampling: sampling.clone(),
+        stop,
+        priority: 0,
+    };
+    engine.submit(req, tx);
+    let mut output = Vec::new();
     let mut text = String::new();
-    let mut first_token_at = None;
-    let mut last_token_at = start;
-    let mut pos = 0;
-    let mut finish = None;
-    let mut logits = Vec::new();
-    while finish.is_none() {
-        // Prefill in chunks, then one token per step; only the last position needs logits.
-        let end = if pos < prompt.len() { (pos + PREFILL_CHUNK).min(prompt.len()) } else { pos + 1 };
-        let mut batch = Batch::default();
-        batch.push_seq(table.clone(), pos, &history[pos..end], end == history.len());
-        let out = lm.model.forward(pool, &batch, &mut kv, &mut ws)?;
-        pos = end;
-        if pos < history.len() {
-            continue;
+    let (mut first, mut last) = (None, start);
+    let mut emit = |t: &str, text: &mut String| {
+        if !t.is_empty() {
+            on_text(t);
+            text.push_str(t);
         }
-        logits.clear();
-        logits.extend_from_slice(out);
-        let tok = sampler.sample_with_prompt(&mut logits, &history, prompt.len());
-        let now = Instant::now();
-        first_token_at.get_or_insert(now);
-        last_token_at = now;
-        history.push(tok);
-        let piece = detok.push(&lm.tokenizer, tok)?;
-        let step = checker.push(tok, &piece);
-        if !step.text.is_empty() {
-            on_text(&step.text);
-            text.push_str(&step.text);
+    };
+    let finish_reason = loop {
+        match rx.recv() {
+            Ok(Event::Started { .. }) => {}
+            Ok(Event::Token { token, text: t, .. }) => {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = now;
+                output.push(token);
+                emit(&t, &mut text);
+            }
+            Ok(Event::Finished {
+                reason, text: t, ..
+            }) => {
+                emit(&t, &mut text);
+                break reason;
+            }
+            Ok(Event::Refused { reason, .. }) => return Err(GenerateError::Refused(reason)),
+            Err(_) => return Err(GenerateError::Refused("the engine stopped".into())),
         }
-        finish = step.finish;
-    }
-    let tail = checker.flush(&detok.finish());
-    if !tail.text.is_empty() {
-        on_text(&tail.text);
-        text.push_str(&tail.text);
-    }
-    let output = history[prompt.len()..].to_vec();
-    let first = first_token_at.unwrap_or(last_token_at);
+    };
+    let first = first.unwrap_or(last);
     let ttft = first.duration_since(start).as_secs_f64();
-    let decode_s = last_token_at.duration_since(first).as_secs_f64();
+    let decode_s = last.duration_since(first).as_secs_f64();
     Ok(GenerateOutput {
         prompt_token_ids: prompt.to_vec(),
         ttft_ms: ttft * 1e3,
@@ -179,9 +194,9 @@ pub fn generate(
         } else {
             0.0
         },
-        e2e_ms: last_token_at.duration_since(start).as_secs_f64() * 1e3,
+        e2e_ms: last.duration_since(start).as_secs_f64() * 1e3,
         output_token_ids: output,
         text,
-        finish_reason: finish.unwrap_or(FinishReason::Length),
+        finish_reason,
     })
 }
