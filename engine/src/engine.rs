@@ -132,6 +132,9 @@ impl Default for EngineConfig {
     }
 }
 
+/// How often the stats snapshot is refreshed while the engine is busy.
+const PUBLISH_EVERY: Duration = Duration::from_millis(50);
+
 /// Called after every step that produced events (the UI passes `ctx.request_repaint`).
 pub type Notify = Box<dyn Fn() + Send>;
 
@@ -272,6 +275,9 @@ struct EngineThread {
     last_error: Option<String>,
     /// Prefix-cache (queries, hits) totals at the last step, for per-step deltas.
     cache_seen: (u64, u64),
+    last_publish: Instant,
+    /// Resident memory as of the last publish.
+    rss: Option<u64>,
 }
 
 fn build_kv(lm: &LoadedModel, kv: &KvSettings) -> Result<KvCache, EngineError> {
@@ -311,6 +317,8 @@ impl EngineThread {
             live: HashMap::new(),
             metrics,
             cache_seen: (0, 0),
+            last_publish: Instant::now(),
+            rss: None,
             origin: Instant::now(),
             steps: 0,
             last_error: None,
@@ -555,17 +563,23 @@ impl EngineThread {
             prefix_cache_queries: st.prefix_cache_queries
                 - self.cache_seen.0.min(st.prefix_cache_queries),
             prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
-            rss_bytes: process_rss_bytes().map(|(cur, _)| cur),
+            rss_bytes: self.rss,
             step_ms: t0.elapsed().as_secs_f64() * 1e3,
         });
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
-        self.publish();
+        // Percentiles and /proc reads cost ~0.1-1 ms: publish at most every PUBLISH_EVERY, and
+        // always when the engine goes idle so the last state is never stale.
+        if self.live.is_empty() || self.last_publish.elapsed() >= PUBLISH_EVERY {
+            self.publish();
+        }
         if let Some(n) = &self.notify {
             n();
         }
     }
 
     fn publish(&mut self) {
+        self.last_publish = Instant::now();
+        self.rss = process_rss_bytes().map(|(cur, _)| cur);
         let st = self.sched.stats();
         let snap = EngineSnapshot {
             running: st.running,
