@@ -1,24 +1,20 @@
 //! Attention on the CPU: paged (keys and values read through block tables, grouped-query heads),
 //! plus a plain contiguous reference that tests hold it against.
 //!
-//! Work is split over the pool by (token, kv-head group); each query head's scores are computed
-//! in one fixed order over its own sequence's positions, so a token's output never depends on
-//! the rest of the batch.
+//! The paged kernel itself lives in `tpslab_kernels::attn` (AVX2 with a portable fallback; each
+//! query's arithmetic is fixed, so a token's output never depends on the rest of the batch or
+//! the thread count); this module adapts the engine's [`Batch`] to it.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
-use tpslab_kernels::{SendPtr, ThreadPool};
+use tpslab_kernels::ThreadPool;
+use tpslab_kernels::attn::{self, AttnInput};
 
 use crate::kv::Batch;
 
-/// Shapes of one attention call.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-}
+pub use tpslab_kernels::attn::AttnShape;
+
+/// Most head dimensions a model may have (the kernel's limit).
+pub const MAX_HEAD_DIM: usize = attn::MAX_HEAD_DIM;
 
 /// `out[t]` = attention of the query rows `q[t]` over positions `0..=positions[t]` of token
 /// `t`'s sequence, K/V read from `k_cache`/`v_cache` through the batch's block tables.
@@ -34,101 +30,17 @@ pub fn paged_attention(
     v_cache: &[f16],
     out: &mut [f32],
 ) {
-    let AttnShape {
-        n_heads,
-        n_kv_heads,
-        head_dim: hd,
-        block_size,
-    } = shape;
-    let group = n_heads / n_kv_heads;
-    let kv_dim = n_kv_heads * hd;
-    let hidden = n_heads * hd;
-    let n_items = batch.len() * n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let outp = SendPtr(out.as_mut_ptr());
-    pool.run(&|tid, nth| {
-        let per = n_items.div_ceil(nth);
-        let (lo, hi) = (tid * per, ((tid + 1) * per).min(n_items));
-        for item in lo..hi {
-            let (t, g) = (item / n_kv_heads, item % n_kv_heads);
-            let table = &batch.block_tables[batch.seq_of[t]];
-            let slots = (0..=batch.positions[t]).map(|p| {
-                (table[p / block_size] as usize * block_size + p % block_size) * kv_dim + g * hd
-            });
-            for h in g * group..(g + 1) * group {
-                let qh = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
-                // SAFETY: each (t, h) output row is written by exactly one work item.
-                let oh = unsafe {
-                    std::slice::from_raw_parts_mut(outp.get().add(t * hidden + h * hd), hd)
-                };
-                attend(qh, scale, slots.clone(), k_cache, v_cache, oh);
-            }
-        }
-    });
-}
-
-/// Most head dimensions a model may have (stack buffers are this long).
-pub const MAX_HEAD_DIM: usize = 256;
-
-/// One query head over the K/V rows starting at `offsets`, in one pass with an online softmax,
-/// the way llama.cpp's CPU flash attention does it: the query is rounded to f16 like the keys,
-/// and each new maximum rescales what was accumulated so far. Unlike llama.cpp the output
-/// accumulator stays f32 (llama.cpp rounds it to f16 after every position).
-fn attend(
-    q: &[f32],
-    scale: f32,
-    offsets: impl Iterator<Item = usize>,
-    k_cache: &[f16],
-    v_cache: &[f16],
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let mut q16 = [0f32; MAX_HEAD_DIM];
-    let mut row = [0f32; MAX_HEAD_DIM];
-    let mut acc = [0f32; MAX_HEAD_DIM];
-    let (q16, row, acc) = (&mut q16[..hd], &mut row[..hd], &mut acc[..hd]);
-    for (d, &x) in q16.iter_mut().zip(q) {
-        *d = f16::from_f32(x).to_f32();
-    }
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for off in offsets {
-        k_cache[off..off + hd].convert_to_f32_slice(row);
-        let s = dot(q16, row) * scale;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if s > max {
-            ms = (max - s).exp();
-            max = s;
-            acc.iter_mut().for_each(|a| *a *= ms);
-        } else {
-            vs = (s - max).exp();
-        }
-        v_cache[off..off + hd].convert_to_f32_slice(row);
-        for (a, &v) in acc.iter_mut().zip(row.iter()) {
-            *a += v * vs;
-        }
-        sum = sum * ms + vs;
-    }
-    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-    for (o, &a) in out.iter_mut().zip(acc.iter()) {
-        *o = a * inv;
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent partial sums: lets the compiler vectorize while the order stays fixed.
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
+    let input = AttnInput {
+        shape,
+        positions: &batch.positions,
+        seq_of: &batch.seq_of,
+        tables: &batch.block_tables,
+        q,
+        q_stride,
+        k_cache,
+        v_cache,
+    };
+    attn::paged_attention(pool, &input, out);
 }
 
 /// Softmax with the maximum subtracted and the sum taken in f64 (as ggml does).

@@ -9,7 +9,9 @@
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
+//! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
 
+pub mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod dequant;

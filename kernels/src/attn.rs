@@ -1,0 +1,702 @@
+//! Paged attention on the CPU: causal attention of a batch of query tokens over f16 K/V caches
+//! read through per-sequence block tables, with grouped-query heads.
+//!
+//! Layout of the work: a *tile* is up to [`TILE_TOKENS`] consecutive batch tokens of one
+//! sequence; a work item is (tile, kv group). Each K and V row is converted from f16 once per
+//! item and used by every query of the item (tile tokens x the group's query heads), which is
+//! where the speed comes from at prefill (and, for the heads of a group, at decode).
+//!
+//! Arithmetic per query, the same whatever tile, batch or thread count (batch invariance):
+//! q is rounded to f16 (as llama.cpp does, for parity with it); positions `0..=pos` are taken in
+//! blocks of [`BLOCK`] counted from position 0; per block the scores are `dot(q16, k) * scale`
+//! (eight partial sums over the head, then a fixed tree), the block maximum rescales the f32
+//! accumulator and the running sum once, then `w = exp(s - max)` and `acc += w * v` in position
+//! order. Tiles share loads and conversions, never arithmetic; a query skips the blocks and
+//! positions past its own position.
+//!
+//! The AVX2 path (AVX2 + FMA + F16C) and the portable one compute the same scores bit for bit
+//! (f16 x f16 products are exact in f32, so FMA or not does not matter there); they differ in
+//! the exp and in fused vs separate multiply-add when accumulating V, so outputs agree only
+//! within rounding.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::{Backend, SendPtr, ThreadPool};
+
+/// Largest head dimension supported.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Positions per softmax block (block boundaries are multiples of this from position 0).
+pub const BLOCK: usize = 32;
+/// Most batch tokens in one tile.
+pub const TILE_TOKENS: usize = 8;
+/// Tiles are cut so that tokens x heads per group stays about this (accumulators in L1).
+const TILE_QUERIES: usize = 32;
+
+/// Shapes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// KV-cache slots per block of the block tables.
+    pub block_size: usize,
+}
+
+/// Inputs of one paged attention call over a batch of `positions.len()` query tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnInput<'a, T> {
+    pub shape: AttnShape,
+    /// Position of each token in its sequence; token `t` attends over `0..=positions[t]`.
+    pub positions: &'a [usize],
+    /// Index into `tables` of each token's sequence.
+    pub seq_of: &'a [usize],
+    /// Block table of each sequence: position `p` lives in slot
+    /// `table[p / block_size] * block_size + p % block_size`.
+    pub tables: &'a [T],
+    /// Query rows, `q_stride` floats apart, each `n_heads * head_dim` long.
+    pub q: &'a [f32],
+    pub q_stride: usize,
+    /// Caches of one layer: `n_kv_heads * head_dim` values per slot.
+    pub k_cache: &'a [f16],
+    pub v_cache: &'a [f16],
+}
+
+/// `out[t]` (`n_heads * head_dim` floats per token) = attention of token `t`'s query heads over
+/// positions `0..=positions[t]` of its sequence, on the fastest backend this CPU has.
+pub fn paged_attention<T: AsRef<[u32]> + Sync>(
+    pool: &ThreadPool,
+    input: &AttnInput<'_, T>,
+    out: &mut [f32],
+) {
+    paged_attention_with(Backend::detect(), pool, input, out);
+}
+
+/// One work item: tokens `t0..t0 + nt` (one sequence) and kv group `g`.
+#[derive(Clone, Copy)]
+struct Item {
+    cost: u64,
+    t0: usize,
+    nt: usize,
+    g: usize,
+}
+
+/// [`paged_attention`] on a chosen backend (panics if this CPU lacks it).
+pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
+    backend: Backend,
+    pool: &ThreadPool,
+    input: &AttnInput<'_, T>,
+    out: &mut [f32],
+) {
+    assert!(
+        backend.is_available(),
+        "{backend:?} is not supported by this CPU"
+    );
+    let AttnShape {
+        n_heads,
+        n_kv_heads,
+        head_dim: hd,
+        block_size,
+    } = input.shape;
+    assert!(
+        n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        "n_heads is not a multiple of n_kv_heads"
+    );
+    assert!(hd > 0 && hd <= MAX_HEAD_DIM, "head_dim {hd} out of range");
+    assert!(block_size > 0, "block_size is 0");
+    let n = input.positions.len();
+    let hidden = n_heads * hd;
+    assert_eq!(
+        input.seq_of.len(),
+        n,
+        "seq_of and positions differ in length"
+    );
+    assert_eq!(
+        out.len(),
+        n * hidden,
+        "out is not tokens x n_heads x head_dim"
+    );
+    if n == 0 {
+        return;
+    }
+    assert!(
+        input.q_stride >= hidden && input.q.len() >= (n - 1) * input.q_stride + hidden,
+        "q is too short for the batch"
+    );
+    assert_eq!(
+        input.k_cache.len(),
+        input.v_cache.len(),
+        "K and V caches differ"
+    );
+    // The SIMD kernels step through the head 8 floats at a time.
+    let backend = if hd.is_multiple_of(8) {
+        backend
+    } else {
+        Backend::Portable
+    };
+    let group = n_heads / n_kv_heads;
+    let tile_tokens = (TILE_QUERIES / group).clamp(1, TILE_TOKENS);
+
+    // Items, most expensive first, handed out dynamically: long prompts' late tiles cost the
+    // most, so no thread ends up with all of them (the result does not depend on who runs what).
+    let mut items = Vec::with_capacity(n.div_ceil(tile_tokens) * n_kv_heads);
+    let mut t0 = 0;
+    while t0 < n {
+        let seq = input.seq_of[t0];
+        let mut nt = 1;
+        while nt < tile_tokens && t0 + nt < n && input.seq_of[t0 + nt] == seq {
+            nt += 1;
+        }
+        let pos = &input.positions[t0..t0 + nt];
+        let max_pos = pos.iter().copied().max().unwrap_or(0);
+        // Query work (scores and V accumulation) plus converting K and V rows.
+        let cost = (group * pos.iter().map(|p| p + 1).sum::<usize>() + 2 * (max_pos + 1)) as u64;
+        items.extend((0..n_kv_heads).map(|g| Item { cost, t0, nt, g }));
+        t0 += nt;
+    }
+    items.sort_by_key(|it| std::cmp::Reverse(it.cost));
+
+    let next = AtomicUsize::new(0);
+    let outp = SendPtr(out.as_mut_ptr());
+    pool.run(&|_, _| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.reserve(tile_tokens * group, hd);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&item) = items.get(i) else { break };
+                run_item(backend, input, item, scratch, outp);
+            }
+        });
+    });
+}
+
+/// Per-thread buffers, reused across calls (pool workers are persistent).
+#[derive(Default)]
+struct Scratch {
+    /// Up to `BLOCK` converted K rows, and V rows, each `hd` long.
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Rounded queries and their accumulators, `hd` each.
+    q: Vec<f32>,
+    acc: Vec<f32>,
+    /// Running (max, sum) of each query.
+    state: Vec<(f32, f32)>,
+}
+
+impl Scratch {
+    fn reserve(&mut self, nq: usize, hd: usize) {
+        // Zero-filled once, so lanes past the last converted row hold finite values (they are
+        // masked out anyway).
+        for (buf, len) in [
+            (&mut self.k, BLOCK * hd),
+            (&mut self.v, BLOCK * hd),
+            (&mut self.q, nq * hd),
+            (&mut self.acc, nq * hd),
+        ] {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+        }
+        if self.state.len() < nq {
+            self.state.resize(nq, (0.0, 0.0));
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn run_item<T: AsRef<[u32]>>(
+    backend: Backend,
+    input: &AttnInput<'_, T>,
+    item: Item,
+    s: &mut Scratch,
+    out: SendPtr<f32>,
+) {
+    let AttnShape {
+        n_heads,
+        n_kv_heads,
+        head_dim: hd,
+        block_size: bs,
+    } = input.shape;
+    let group = n_heads / n_kv_heads;
+    let kv_dim = n_kv_heads * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let Item { t0, nt, g, .. } = item;
+    let positions = &input.positions[t0..t0 + nt];
+    let max_pos = positions.iter().copied().max().unwrap_or(0);
+    let table = input.tables[input.seq_of[t0]].as_ref();
+
+    for i in 0..nt {
+        let row = (t0 + i) * input.q_stride;
+        for j in 0..group {
+            let qi = i * group + j;
+            let src = &input.q[row + (g * group + j) * hd..][..hd];
+            round_to_f16(backend, src, &mut s.q[qi * hd..][..hd]);
+            s.acc[qi * hd..][..hd].fill(0.0);
+            s.state[qi] = (f32::NEG_INFINITY, 0.0);
+        }
+    }
+
+    // Cache offsets of the rows of this block and of the next (prefetched while this one is
+    // worked on: rows come from scattered blocks, which the hardware prefetcher cannot follow).
+    let cache_len = input.k_cache.len();
+    let mut offs = [0usize; BLOCK];
+    let mut next = [0usize; BLOCK];
+    let rows_at = |base: usize| BLOCK.min((max_pos + 1).saturating_sub(base));
+    row_offsets(
+        table,
+        bs,
+        kv_dim,
+        g * hd,
+        hd,
+        cache_len,
+        0,
+        &mut next[..rows_at(0)],
+    );
+    for base in (0..=max_pos).step_by(BLOCK) {
+        let rows = rows_at(base);
+        offs[..rows].copy_from_slice(&next[..rows]);
+        let next_rows = rows_at(base + BLOCK);
+        let next = &mut next[..next_rows];
+        row_offsets(table, bs, kv_dim, g * hd, hd, cache_len, base + BLOCK, next);
+        let (k, v) = (&mut s.k[..rows * hd], &mut s.v[..rows * hd]);
+        match backend {
+            // SAFETY: AVX2/F16C checked available; `hd % 8 == 0` on this backend.
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => unsafe {
+                x86::convert_rows(input.k_cache, input.v_cache, &offs[..rows], k, v);
+                x86::prefetch_rows(input.k_cache, input.v_cache, next, hd);
+            },
+            _ => {
+                for (r, &off) in offs[..rows].iter().enumerate() {
+                    let dst = r * hd..(r + 1) * hd;
+                    input.k_cache[off..off + hd].convert_to_f32_slice(&mut k[dst.clone()]);
+                    input.v_cache[off..off + hd].convert_to_f32_slice(&mut v[dst]);
+                }
+            }
+        }
+        for (i, &pos) in positions.iter().enumerate() {
+            if pos < base {
+                continue;
+            }
+            let nv = rows.min(pos + 1 - base);
+            for qi in i * group..(i + 1) * group {
+                let blk = Block {
+                    q: &s.q[qi * hd..][..hd],
+                    k: &s.k[..BLOCK * hd],
+                    v: &s.v[..BLOCK * hd],
+                    nv,
+                    scale,
+                };
+                let acc = &mut s.acc[qi * hd..][..hd];
+                match backend {
+                    Backend::Portable => block_portable(&blk, &mut s.state[qi], acc),
+                    // SAFETY: the backend was checked available (AVX2, FMA, F16C detected) and
+                    // `hd % 8 == 0` (checked when choosing it).
+                    #[cfg(target_arch = "x86_64")]
+                    Backend::Avx2 => unsafe { x86::block(&blk, &mut s.state[qi], acc) },
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Backend::Avx2 => unreachable!(),
+                }
+            }
+        }
+    }
+
+    let hidden = n_heads * hd;
+    for i in 0..nt {
+        for j in 0..group {
+            let qi = i * group + j;
+            let sum = s.state[qi].1;
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let at = (t0 + i) * hidden + (g * group + j) * hd;
+            // SAFETY: `out` holds `n * hidden` floats (checked by the caller) and each
+            // (token, head) row is written by exactly one item: the one of its tile and group.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.get().add(at), hd) };
+            for (o, &a) in o.iter_mut().zip(&s.acc[qi * hd..][..hd]) {
+                *o = a * inv;
+            }
+        }
+    }
+}
+
+/// One query against one block of converted K/V rows: rows `0..nv` are its positions.
+struct Block<'a> {
+    q: &'a [f32],
+    /// `BLOCK` rows of `q.len()` floats (rows past `nv` may hold anything finite).
+    k: &'a [f32],
+    v: &'a [f32],
+    nv: usize,
+    scale: f32,
+}
+
+fn round_to_f16(backend: Backend, src: &[f32], dst: &mut [f32]) {
+    match backend {
+        // SAFETY: AVX2/F16C checked available; `hd % 8 == 0` on this backend.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => unsafe { x86::round_to_f16(src, dst) },
+        _ => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = f16::from_f32(x).to_f32();
+            }
+        }
+    }
+}
+
+/// Cache offsets of the `out.len()` rows from position `base` (column `col` of each slot),
+/// walking the table without a division per row; panics if a row lies outside the cache.
+#[allow(clippy::too_many_arguments)]
+fn row_offsets(
+    table: &[u32],
+    bs: usize,
+    kv_dim: usize,
+    col: usize,
+    hd: usize,
+    cache_len: usize,
+    base: usize,
+    out: &mut [usize],
+) {
+    let (mut b, mut r) = (base / bs, base % bs);
+    for o in out {
+        let off = (table[b] as usize * bs + r) * kv_dim + col;
+        assert!(
+            off + hd <= cache_len,
+            "block table points outside the KV cache"
+        );
+        *o = off;
+        r += 1;
+        if r == bs {
+            (b, r) = (b + 1, 0);
+        }
+    }
+}
+
+/// `dot(q, k)` with eight partial sums and a fixed tree, the order the AVX2 path uses (so the
+/// two agree bit for bit on f16-valued inputs, whose products are exact).
+fn dot_portable(q: &[f32], k: &[f32]) -> f32 {
+    let mut a = [0f32; 8];
+    let (cq, ck) = (q.chunks_exact(8), k.chunks_exact(8));
+    let (rq, rk) = (cq.remainder(), ck.remainder());
+    for (x, y) in cq.zip(ck) {
+        for l in 0..8 {
+            a[l] += x[l] * y[l];
+        }
+    }
+    // Heads that are not a multiple of 8 only run here; their tail goes to lanes in order.
+    for (l, (x, y)) in rq.iter().zip(rk).enumerate() {
+        a[l] += x * y;
+    }
+    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+}
+
+fn block_portable(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
+    let hd = b.q.len();
+    let mut s = [0f32; BLOCK];
+    for (p, s) in s[..b.nv].iter_mut().enumerate() {
+        *s = dot_portable(b.q, &b.k[p * hd..][..hd]) * b.scale;
+    }
+    let m = s[..b.nv].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m > state.0 {
+        if state.0 > f32::NEG_INFINITY {
+            let r = (state.0 - m).exp();
+            acc.iter_mut().for_each(|a| *a *= r);
+            state.1 *= r;
+        }
+        state.0 = m;
+    }
+    let mut sum = 0f32;
+    for (p, &sp) in s[..b.nv].iter().enumerate() {
+        let w = (sp - state.0).exp();
+        sum += w;
+        for (a, &v) in acc.iter_mut().zip(&b.v[p * hd..][..hd]) {
+            *a += w * v;
+        }
+    }
+    state.1 += sum;
+}
+
+/// `x[i] = exp(x[i])` with the kernel's own exp (exposed so tests can check its accuracy): on
+/// AVX2 a vectorized range reduction and polynomial, within 2 ulp of the exact result; portable
+/// uses `f32::exp`.
+pub fn exp_in_place(backend: Backend, x: &mut [f32]) {
+    assert!(
+        backend.is_available(),
+        "{backend:?} is not supported by this CPU"
+    );
+    match backend {
+        // SAFETY: AVX2/FMA checked available.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => unsafe { x86::exp_slice(x) },
+        _ => x.iter_mut().for_each(|v| *v = v.exp()),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{BLOCK, Block};
+
+    /// Rounds `src` to f16 and back (round to nearest even, like `f16::from_f32`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn round_to_f16(src: &[f32], dst: &mut [f32]) {
+        assert!(src.len() == dst.len() && src.len().is_multiple_of(8));
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            // SAFETY: both chunks are 8 floats.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+    }
+
+    /// Converts the rows of `k_cache`/`v_cache` at `offs` (each `hd = k.len() / offs.len()`
+    /// long) into consecutive rows of `k`/`v`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn convert_rows(
+        k_cache: &[f16],
+        v_cache: &[f16],
+        offs: &[usize],
+        k: &mut [f32],
+        v: &mut [f32],
+    ) {
+        let hd = k.len() / offs.len().max(1);
+        assert!(hd.is_multiple_of(8) && k.len() == offs.len() * hd && v.len() == k.len());
+        assert!(k_cache.len() == v_cache.len());
+        for (r, &off) in offs.iter().enumerate() {
+            assert!(off + hd <= k_cache.len());
+            for c in (0..hd).step_by(8) {
+                // SAFETY: `off + c + 8 <= off + hd <= len` for both caches (f16 is a
+                // transparent u16, so 8 of them are 16 bytes); `r * hd + c + 8 <= k.len()`.
+                unsafe {
+                    let hk = _mm_loadu_si128(k_cache.as_ptr().add(off + c).cast());
+                    let hv = _mm_loadu_si128(v_cache.as_ptr().add(off + c).cast());
+                    _mm256_storeu_ps(k.as_mut_ptr().add(r * hd + c), _mm256_cvtph_ps(hk));
+                    _mm256_storeu_ps(v.as_mut_ptr().add(r * hd + c), _mm256_cvtph_ps(hv));
+                }
+            }
+        }
+    }
+
+    /// Asks for the cache lines of the rows at `offs` (`hd` halves each) ahead of use.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn prefetch_rows(k_cache: &[f16], v_cache: &[f16], offs: &[usize], hd: usize) {
+        for &off in offs {
+            // 32 halves = one 64-byte line; rows were bounds-checked by `row_offsets`, and a
+            // prefetch never faults anyway.
+            for c in (0..hd).step_by(32) {
+                let (k, v) = (k_cache.get(off + c), v_cache.get(off + c));
+                if let (Some(k), Some(v)) = (k, v) {
+                    let (k, v): (*const f16, *const f16) = (k, v);
+                    // A hint only (it reads nothing, hence safe): inside the caches all the same.
+                    _mm_prefetch::<_MM_HINT_T0>(k.cast());
+                    _mm_prefetch::<_MM_HINT_T0>(v.cast());
+                }
+            }
+        }
+    }
+
+    /// exp of 8 lanes: `n = round(x * log2 e)`, `r = x - n ln2` (ln2 split in two, FMA), Cephes'
+    /// degree-5 polynomial for `(e^r - 1 - r) / r^2`, then scaling by `2^n` in two halves so
+    /// results down into the subnormals round once, correctly. Inputs are clamped to
+    /// [-105, 88.8]: below, the result rounds to 0; above, it overflows to infinity. NaN stays NaN.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn exp8(x: __m256) -> __m256 {
+        // `max`/`min` return their second operand when either is NaN: keep x second.
+        let x = _mm256_max_ps(_mm256_set1_ps(-105.0), x);
+        let x = _mm256_min_ps(_mm256_set1_ps(88.8), x);
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        // 0.693359375 has few bits, so n * C1 is exact and r keeps its low bits.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        // e^r = 1 + (r + r^2 y): add the small terms first, then 1.
+        let y = _mm256_add_ps(
+            _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let ni = _mm256_cvtps_epi32(n);
+        let n1 = _mm256_srai_epi32::<1>(ni);
+        let n2 = _mm256_sub_epi32(ni, n1);
+        let bias = _mm256_set1_epi32(127);
+        let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
+        let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
+        _mm256_mul_ps(_mm256_mul_ps(y, s1), s2)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn exp_slice(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: `c` is 8 floats.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr()))) };
+        }
+        let rest = chunks.into_remainder();
+        let mut buf = [0f32; 8];
+        buf[..rest.len()].copy_from_slice(rest);
+        // SAFETY: `buf` is 8 floats.
+        unsafe { _mm256_storeu_ps(buf.as_mut_ptr(), exp8(_mm256_loadu_ps(buf.as_ptr()))) };
+        let n = rest.len();
+        rest.copy_from_slice(&buf[..n]);
+    }
+
+    /// Dots of `q` with 8 consecutive rows of `k` (`hd` apart), one per lane: eight partial
+    /// sums per row over the head, then `((0+1)+(2+3))+((4+5)+(6+7))` for every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot8(q: &[f32], k: &[f32]) -> __m256 {
+        let hd = q.len();
+        assert!(k.len() >= 8 * hd && hd.is_multiple_of(8));
+        let mut a = [_mm256_setzero_ps(); 8];
+        for c in (0..hd).step_by(8) {
+            // SAFETY: `c + 8 <= hd`, and row `j < 8` of `k` ends at `(j + 1) * hd <= k.len()`.
+            unsafe {
+                let qc = _mm256_loadu_ps(q.as_ptr().add(c));
+                for (j, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k.as_ptr().add(j * hd + c)), *a);
+                }
+            }
+        }
+        let h01 = _mm256_hadd_ps(a[0], a[1]);
+        let h23 = _mm256_hadd_ps(a[2], a[3]);
+        let h45 = _mm256_hadd_ps(a[4], a[5]);
+        let h67 = _mm256_hadd_ps(a[6], a[7]);
+        // Lanes: rows 0-3 then 4-7, low halves' sums in `lo`, high halves' in `hi`.
+        let h0123 = _mm256_hadd_ps(h01, h23);
+        let h4567 = _mm256_hadd_ps(h45, h67);
+        let lo = _mm256_permute2f128_ps::<0x20>(h0123, h4567);
+        let hi = _mm256_permute2f128_ps::<0x31>(h0123, h4567);
+        _mm256_add_ps(lo, hi)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hmax(x: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        _mm_cvtss_f32(m)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(x: __m256) -> f32 {
+        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+        _mm_cvtss_f32(r)
+    }
+
+    /// `acc[..8 R] += sum_p w[p] * v[p * hd..][..8 R]`, in position order, the accumulators in
+    /// registers for the whole block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn acc_v<const R: usize>(acc: &mut [f32], v: &[f32], hd: usize, w: &[f32]) {
+        assert!(acc.len() >= 8 * R && (w.is_empty() || v.len() >= (w.len() - 1) * hd + 8 * R));
+        // SAFETY: lane `r < R` of position `p < w.len()` reads `v[p * hd + 8 r..][..8]`, inside
+        // `v` by the assertion; the accumulators are `8 R` floats of `acc`.
+        unsafe {
+            let mut a: [__m256; R] =
+                std::array::from_fn(|r| _mm256_loadu_ps(acc.as_ptr().add(8 * r)));
+            for (p, &wp) in w.iter().enumerate() {
+                let wv = _mm256_set1_ps(wp);
+                let row = v.as_ptr().add(p * hd);
+                for (r, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * r)), *a);
+                }
+            }
+            for (r, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(acc.as_mut_ptr().add(8 * r), *a);
+            }
+        }
+    }
+
+    /// The AVX2 block step (see the module doc for the order of operations). Needs
+    /// `q.len() % 8 == 0`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn block(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
+        let hd = b.q.len();
+        assert!(hd.is_multiple_of(8) && b.k.len() >= BLOCK * hd && b.v.len() >= BLOCK * hd);
+        assert!(b.nv >= 1 && b.nv <= BLOCK && acc.len() == hd);
+        let ng = b.nv.div_ceil(8);
+        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let scale = _mm256_set1_ps(b.scale);
+        let nv = _mm256_set1_epi32(b.nv as i32);
+        let mut s = [neg_inf; BLOCK / 8];
+        for (j, s) in s[..ng].iter_mut().enumerate() {
+            let x = _mm256_mul_ps(dot8(b.q, &b.k[j * 8 * hd..]), scale);
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let lane = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * j as i32));
+            // Lanes at or past `nv` are other queries' (or no) positions: -inf, weight 0.
+            let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, lane));
+            *s = _mm256_blendv_ps(neg_inf, x, keep);
+        }
+        let m = hmax(_mm256_max_ps(
+            _mm256_max_ps(s[0], s[1]),
+            _mm256_max_ps(s[2], s[3]),
+        ));
+        if m > state.0 {
+            if state.0 > f32::NEG_INFINITY {
+                let r = _mm256_set1_ps(state.0 - m);
+                let r = exp8(r);
+                for c in acc.chunks_exact_mut(8) {
+                    // SAFETY: `c` is 8 floats.
+                    unsafe {
+                        _mm256_storeu_ps(
+                            c.as_mut_ptr(),
+                            _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), r),
+                        )
+                    };
+                }
+                state.1 *= _mm256_cvtss_f32(r);
+            }
+            state.0 = m;
+        }
+        let mv = _mm256_set1_ps(state.0);
+        let mut w = [_mm256_setzero_ps(); BLOCK / 8];
+        for (w, &s) in w[..ng].iter_mut().zip(&s) {
+            *w = exp8(_mm256_sub_ps(s, mv));
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(w[0], w[1]), _mm256_add_ps(w[2], w[3]));
+        state.1 += hsum(sum);
+        let mut wf = [0f32; BLOCK];
+        for (c, w) in wf.chunks_exact_mut(8).zip(&w) {
+            // SAFETY: `c` is 8 floats.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), *w) };
+        }
+        let w = &wf[..b.nv];
+        let mut d = 0;
+        while d < hd {
+            let (acc, v) = (&mut acc[d..], &b.v[d..]);
+            match (hd - d).min(64) / 8 {
+                8 => acc_v::<8>(acc, v, hd, w),
+                7 => acc_v::<7>(acc, v, hd, w),
+                6 => acc_v::<6>(acc, v, hd, w),
+                5 => acc_v::<5>(acc, v, hd, w),
+                4 => acc_v::<4>(acc, v, hd, w),
+                3 => acc_v::<3>(acc, v, hd, w),
+                2 => acc_v::<2>(acc, v, hd, w),
+                _ => acc_v::<1>(acc, v, hd, w),
+            }
+            d += 64;
+        }
+    }
+}
