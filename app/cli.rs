@@ -19,8 +19,14 @@ use tpslab_engine::sampler::SamplingParams;
     about = "Run LLMs locally and see what batching does to tokens per second"
 )]
 pub struct Cli {
+    /// With no subcommand, the window opens on this model (a GGUF file, or `default`).
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Compute threads for the window's engine (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -117,8 +123,12 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Generate(args) => run_generate(&args),
-        Command::Bench(args) => crate::bench::run(&args),
+        Some(Command::Generate(args)) => run_generate(&args),
+        Some(Command::Bench(args)) => crate::bench::run(&args),
+        None => crate::ui::run(crate::ui::AppOptions {
+            model: cli.model,
+            threads: cli.threads,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

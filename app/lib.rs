@@ -1,12 +1,14 @@
-//! TPS Lab app: the command line front end over the engine (the window joins it later).
+//! TPS Lab app: the desktop window and the command line front end over the engine.
 //!
 //! Modules:
 //! - [`cli`]: argument parsing and the subcommands (`generate`, `bench`).
 //! - [`bench`]: `tpslab bench` arguments and the single-stream mode (llama-bench style).
 //! - [`serve_bench`]: the serving benchmark over the engine (vLLM's figures per concurrency).
 //! - [`mem`]: process memory readings (RSS, peak RSS).
+//! - [`ui`]: the eframe window: chat, tuning dashboard, load generator, sweep.
 
 pub mod bench;
 pub mod cli;
 pub mod mem;
 pub mod serve_bench;
+pub mod ui;

@@ -1,4 +1,4 @@
-//! The `tpslab` binary: the command line (and, later, the window).
+//! The `tpslab` binary: the window (no subcommand) or the command line subcommands.
 
 fn main() -> std::process::ExitCode {
     tpslab::cli::main()

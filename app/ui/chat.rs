@@ -1,0 +1,441 @@
+//! The chat panel: conversations (saved), their streaming generations (runtime) and the panel UI.
+
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::time::Instant;
+
+use egui::{Key, Modifiers};
+use serde::{Deserialize, Serialize};
+use tpslab_engine::chat::ChatMessage;
+use tpslab_engine::engine::{Event, Request};
+use tpslab_engine::sampler::SamplingParams;
+use tpslab_engine::scheduler::RequestId;
+
+use super::Command;
+use super::backend::Backend;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// What the user sees under an answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AnswerStats {
+    pub tokens: usize,
+    pub ttft_ms: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub finish: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Message {
+    pub role: Role,
+    pub text: String,
+    pub stats: Option<AnswerStats>,
+}
+
+impl Default for Message {
+    fn default() -> Self {
+        Self {
+            role: Role::User,
+            text: String::new(),
+            stats: None,
+        }
+    }
+}
+
+/// One conversation with its own system prompt and sampling settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Conversation {
+    pub id: u64,
+    pub title: String,
+    pub system: String,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub messages: Vec<Message>,
+    /// The unsent text in the input box.
+    pub draft: String,
+}
+
+impl Default for Conversation {
+    fn default() -> Self {
+        Self {
+            id: 0,
+            title: "New chat".into(),
+            system: String::new(),
+            sampling: SamplingParams {
+                temperature: 0.7,
+                top_p: 0.9,
+                repetition_penalty: 1.1,
+                ..SamplingParams::default()
+            },
+            max_tokens: 256,
+            messages: Vec::new(),
+            draft: String::new(),
+        }
+    }
+}
+
+/// The saved chat state: every conversation and which one is open.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChatState {
+    pub conversations: Vec<Conversation>,
+    pub active: u64,
+    pub next_id: u64,
+    pub show_settings: bool,
+}
+
+impl Default for ChatState {
+    fn default() -> Self {
+        Self {
+            conversations: vec![Conversation {
+                id: 1,
+                title: "Chat 1".into(),
+                ..Conversation::default()
+            }],
+            active: 1,
+            next_id: 2,
+            show_settings: false,
+        }
+    }
+}
+
+impl ChatState {
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut Conversation> {
+        self.conversations.iter_mut().find(|c| c.id == id)
+    }
+
+    pub fn active_mut(&mut self) -> Option<&mut Conversation> {
+        let id = self.active;
+        self.get_mut(id)
+    }
+
+    pub fn new_conversation(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.conversations.push(Conversation {
+            id,
+            title: format!("Chat {id}"),
+            ..Conversation::default()
+        });
+        self.active = id;
+        id
+    }
+
+    pub fn delete(&mut self, id: u64) {
+        self.conversations.retain(|c| c.id != id);
+        if self.conversations.is_empty() {
+            self.new_conversation();
+        }
+        if !self.conversations.iter().any(|c| c.id == self.active) {
+            self.active = self.conversations.last().map_or(0, |c| c.id);
+        }
+    }
+}
+
+/// A generation in flight: its request, its event channel and the timing seen by the UI.
+pub struct Generation {
+    pub chat: u64,
+    pub id: RequestId,
+    rx: Receiver<Event>,
+    sent: Instant,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: usize,
+}
+
+impl Generation {
+    /// Submits the conversation (which must end with an empty assistant message) to the engine.
+    pub fn submit(backend: &Backend, conv: &Conversation) -> Result<Self, String> {
+        let mut messages = Vec::new();
+        if !conv.system.trim().is_empty() {
+            messages.push(ChatMessage::system(conv.system.clone()));
+        }
+        let history = conv.messages.split_last().map_or(&[][..], |(_, rest)| rest);
+        for m in history {
+            messages.push(match m.role {
+                Role::User => ChatMessage::user(m.text.clone()),
+                Role::Assistant => ChatMessage::assistant(m.text.clone()),
+            });
+        }
+        let prompt = backend
+            .lm
+            .chat_prompt(&messages)
+            .map_err(|e| e.to_string())?;
+        conv.sampling.validate().map_err(|e| e.to_string())?;
+        let (tx, rx) = mpsc::channel();
+        let req = Request {
+            prompt,
+            sampling: conv.sampling.clone(),
+            stop: backend.lm.default_stop(Some(conv.max_tokens.max(1))),
+            priority: 0,
+        };
+        let sent = Instant::now();
+        let id = backend.engine.submit(req, tx);
+        Ok(Self {
+            chat: conv.id,
+            id,
+            rx,
+            sent,
+            first: None,
+            last: None,
+            tokens: 0,
+        })
+    }
+
+    /// Moves every event waiting on the channel into the conversation's last message (tokens are
+    /// batched per frame). Returns true when the generation has ended.
+    pub fn drain(&mut self, conv: &mut Conversation) -> bool {
+        let Some(msg) = conv.messages.last_mut() else {
+            return true;
+        };
+        loop {
+            match self.rx.try_recv() {
+                Ok(Event::Started { .. }) => {}
+                Ok(Event::Token { text, .. }) => {
+                    let now = Instant::now();
+                    self.first.get_or_insert(now);
+                    self.last = Some(now);
+                    self.tokens += 1;
+                    msg.text.push_str(&text);
+                }
+                Ok(Event::Finished { reason, text, .. }) => {
+                    msg.text.push_str(&text);
+                    msg.stats = Some(self.stats(reason.as_str()));
+                    return true;
+                }
+                Ok(Event::Refused { reason, .. }) => {
+                    msg.stats = Some(self.stats(&format!("refused: {reason}")));
+                    return true;
+                }
+                Err(TryRecvError::Empty) => {
+                    msg.stats = Some(self.stats("streaming"));
+                    return false;
+                }
+                Err(TryRecvError::Disconnected) => {
+                    msg.stats = Some(self.stats("engine stopped"));
+                    return true;
+                }
+            }
+        }
+    }
+
+    fn stats(&self, finish: &str) -> AnswerStats {
+        let ttft_ms = self.first.map(|f| (f - self.sent).as_secs_f64() * 1e3);
+        let decode_tps = match (self.first, self.last) {
+            (Some(f), Some(l)) if self.tokens >= 2 && l > f => {
+                Some((self.tokens - 1) as f64 / (l - f).as_secs_f64())
+            }
+            _ => None,
+        };
+        AnswerStats {
+            tokens: self.tokens,
+            ttft_ms,
+            decode_tps,
+            finish: finish.to_owned(),
+        }
+    }
+}
+
+/// What the chat panel needs to know besides the saved state.
+pub struct ChatView<'a> {
+    pub ready: bool,
+    /// Conversations with a generation in flight.
+    pub busy: &'a [u64],
+}
+
+/// The conversation list (left side).
+pub fn list_ui(ui: &mut egui::Ui, state: &mut ChatState, cmds: &mut Vec<Command>) {
+    ui.horizontal(|ui| {
+        ui.heading("Chats");
+        if ui.button("New chat").clicked() {
+            cmds.push(Command::NewChat);
+        }
+    });
+    ui.separator();
+    egui::ScrollArea::vertical().show(ui, |ui| {
+        for c in &state.conversations {
+            ui.horizontal(|ui| {
+                if ui
+                    .selectable_label(c.id == state.active, c.title.as_str())
+                    .clicked()
+                {
+                    cmds.push(Command::SelectChat(c.id));
+                }
+                if ui
+                    .small_button("🗑")
+                    .on_hover_text(format!("Delete {}", c.title))
+                    .clicked()
+                {
+                    cmds.push(Command::DeleteChat(c.id));
+                }
+            });
+        }
+    });
+}
+
+/// The open conversation: settings, messages, the input box.
+pub fn conversation_ui(
+    ui: &mut egui::Ui,
+    state: &mut ChatState,
+    view: &ChatView<'_>,
+    cmds: &mut Vec<Command>,
+) {
+    let show_settings = &mut state.show_settings;
+    let Some(conv) = state
+        .conversations
+        .iter_mut()
+        .find(|c| c.id == state.active)
+    else {
+        ui.label("No conversation open.");
+        return;
+    };
+    let busy = view.busy.contains(&conv.id);
+    ui.horizontal(|ui| {
+        let label = ui.label("Title");
+        ui.text_edit_singleline(&mut conv.title)
+            .labelled_by(label.id);
+        ui.toggle_value(show_settings, "Chat settings");
+    });
+    if *show_settings {
+        settings_ui(ui, conv);
+    }
+    ui.separator();
+
+    // Input box at the bottom, messages fill the rest.
+    egui::Panel::bottom(("chat_input", conv.id))
+        .resizable(false)
+        .show(ui, |ui| input_ui(ui, conv, busy, view.ready, cmds));
+    egui::CentralPanel::default().show(ui, |ui| {
+        egui::ScrollArea::vertical()
+            .auto_shrink(false)
+            .stick_to_bottom(true)
+            .show(ui, |ui| messages_ui(ui, conv, busy, cmds));
+    });
+}
+
+fn settings_ui(ui: &mut egui::Ui, conv: &mut Conversation) {
+    egui::Grid::new(("chat_settings", conv.id))
+        .num_columns(2)
+        .show(ui, |ui| {
+            let l = ui.label("System prompt");
+            ui.add(egui::TextEdit::multiline(&mut conv.system).desired_rows(2))
+                .labelled_by(l.id);
+            ui.end_row();
+            let s = &mut conv.sampling;
+            let l = ui.label("Temperature");
+            ui.add(egui::Slider::new(&mut s.temperature, 0.0..=2.0))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Top-p");
+            ui.add(egui::Slider::new(&mut s.top_p, 0.0..=1.0))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Top-k");
+            ui.add(egui::Slider::new(&mut s.top_k, 0..=200))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Min-p");
+            ui.add(egui::Slider::new(&mut s.min_p, 0.0..=1.0))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Repetition penalty");
+            ui.add(egui::Slider::new(&mut s.repetition_penalty, 0.5..=2.0))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Max tokens");
+            ui.add(egui::Slider::new(&mut conv.max_tokens, 1..=2048))
+                .labelled_by(l.id);
+            ui.end_row();
+        });
+}
+
+fn messages_ui(ui: &mut egui::Ui, conv: &Conversation, busy: bool, cmds: &mut Vec<Command>) {
+    let n = conv.messages.len();
+    for (i, m) in conv.messages.iter().enumerate() {
+        let who = match m.role {
+            Role::User => "You",
+            Role::Assistant => "Assistant",
+        };
+        ui.horizontal(|ui| {
+            ui.strong(who);
+            if ui.small_button("Copy").clicked() {
+                ui.ctx().copy_text(m.text.clone());
+            }
+        });
+        // Plain text for this cut (markdown rendering comes later).
+        ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
+        if let Some(s) = &m.stats {
+            ui.label(egui::RichText::new(answer_stats_text(s)).small().weak());
+        }
+        let last_answer = i + 1 == n && m.role == Role::Assistant;
+        if last_answer && !busy && ui.button("Regenerate").clicked() {
+            cmds.push(Command::Regenerate { chat: conv.id });
+        }
+        ui.add_space(6.0);
+    }
+}
+
+/// "42 tokens · TTFT 120 ms · 35.1 tok/s · stop"
+pub fn answer_stats_text(s: &AnswerStats) -> String {
+    let ttft = s
+        .ttft_ms
+        .map_or("TTFT –".into(), |t| format!("TTFT {t:.0} ms"));
+    let tps = s
+        .decode_tps
+        .map_or("– tok/s".into(), |t| format!("{t:.1} tok/s"));
+    format!("{} tokens · {ttft} · {tps} · {}", s.tokens, s.finish)
+}
+
+fn input_ui(
+    ui: &mut egui::Ui,
+    conv: &mut Conversation,
+    busy: bool,
+    ready: bool,
+    cmds: &mut Vec<Command>,
+) {
+    let input_id = egui::Id::unique(("chat_draft", conv.id));
+    // Enter sends, Shift+Enter is a newline: take the plain Enter before the TextEdit sees it.
+    let focused = ui.memory(|m| m.has_focus(input_id));
+    let enter = focused
+        && ui.input_mut(|i| !i.modifiers.shift && i.consume_key(Modifiers::NONE, Key::Enter));
+    if busy && ui.input(|i| i.key_pressed(Key::Escape)) {
+        cmds.push(Command::Stop { chat: conv.id });
+    }
+    ui.add_space(4.0);
+    ui.horizontal(|ui| {
+        let label = ui.label("Message");
+        let edit = egui::TextEdit::multiline(&mut conv.draft)
+            .id(input_id)
+            .desired_rows(2)
+            .desired_width(ui.available_width() - 90.0)
+            .hint_text("Type a message (Enter sends, Shift+Enter: new line)");
+        ui.add(edit).labelled_by(label.id);
+        ui.vertical(|ui| {
+            if busy {
+                if ui
+                    .button("Stop")
+                    .on_hover_text("Stop generating (Esc)")
+                    .clicked()
+                {
+                    cmds.push(Command::Stop { chat: conv.id });
+                }
+            } else {
+                let can_send = ready && !conv.draft.trim().is_empty();
+                let send = ui.add_enabled(can_send, egui::Button::new("Send"));
+                if (send.clicked() || enter) && can_send {
+                    cmds.push(Command::Send {
+                        chat: conv.id,
+                        text: std::mem::take(&mut conv.draft),
+                    });
+                }
+            }
+        });
+    });
+    ui.add_space(4.0);
+}

@@ -1,0 +1,579 @@
+//! The tuning dashboard: knobs, load generator and sweep controls, live plots from a UI-owned
+//! history of engine snapshots, and cost per million output tokens.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use egui_plot::{Legend, Line, Plot, PlotPoints, Points, Text, VLine};
+use serde::{Deserialize, Serialize};
+use tpslab_engine::engine::{EngineSnapshot, Knobs};
+use tpslab_engine::metrics::cost_per_million_output_tokens;
+use tpslab_engine::scheduler::Policy;
+
+use super::Command;
+use super::load::{LoadOutcome, LoadSettings, SweepPoint};
+
+/// Dashboard settings (saved).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DashSettings {
+    /// The knobs as the user set them; sent to the engine on change and at start.
+    pub knobs: Knobs,
+    pub load: LoadSettings,
+    /// The user's machine price, $ per hour.
+    pub price_per_hour: f64,
+}
+
+impl Default for DashSettings {
+    fn default() -> Self {
+        Self {
+            knobs: Knobs::default(),
+            load: LoadSettings::default(),
+            price_per_hour: 1.0,
+        }
+    }
+}
+
+/// One sample of the live figures, taken by the UI.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Seconds since the history started.
+    pub t: f64,
+    pub output_tps: f64,
+    pub per_req_mean: Option<f64>,
+    pub per_req_p10: Option<f64>,
+    pub ttft_p50: Option<f64>,
+    pub ttft_p99: Option<f64>,
+    pub batch: usize,
+    pub queue: usize,
+    pub kv_used: usize,
+    pub kv_total: usize,
+    pub rss_mib: Option<f64>,
+}
+
+/// A knob change, drawn as a vertical line.
+#[derive(Debug, Clone)]
+pub struct Mark {
+    pub t: f64,
+    pub text: String,
+}
+
+/// The UI's own bounded history of engine snapshots (the engine keeps no plot history for us).
+pub struct History {
+    origin: Instant,
+    last: Option<Instant>,
+    pub samples: VecDeque<Sample>,
+    pub marks: VecDeque<Mark>,
+}
+
+/// 10 samples a second for 10 minutes.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+const MAX_SAMPLES: usize = 6000;
+const MAX_MARKS: usize = 200;
+
+impl Default for History {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            last: None,
+            samples: VecDeque::new(),
+            marks: VecDeque::new(),
+        }
+    }
+}
+
+impl History {
+    pub fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    /// Records `snap` if ~100 ms have passed since the last sample.
+    pub fn sample(&mut self, snap: &EngineSnapshot) {
+        let now = Instant::now();
+        if self.last.is_some_and(|l| now - l < SAMPLE_EVERY) {
+            return;
+        }
+        self.last = Some(now);
+        let live = &snap.live;
+        let step = live.latest_step.as_ref();
+        let rss = step
+            .and_then(|s| s.rss_bytes)
+            .or_else(|| crate::mem::rss_bytes().map(|(cur, _)| cur));
+        self.samples.push_back(Sample {
+            t: self.now(),
+            output_tps: live.output_tps,
+            per_req_mean: live.per_request_tps_mean,
+            per_req_p10: live.per_request_tps_p10,
+            ttft_p50: live.ttft_p50_ms,
+            ttft_p99: live.ttft_p99_ms,
+            batch: step.map_or(0, |s| s.batch_size),
+            queue: snap.waiting,
+            kv_used: snap.kv_used_blocks,
+            kv_total: snap.kv_total_blocks,
+            rss_mib: rss.map(|b| b as f64 / (1 << 20) as f64),
+        });
+        while self.samples.len() > MAX_SAMPLES {
+            self.samples.pop_front();
+        }
+    }
+
+    pub fn mark(&mut self, text: String) {
+        self.marks.push_back(Mark {
+            t: self.now(),
+            text,
+        });
+        while self.marks.len() > MAX_MARKS {
+            self.marks.pop_front();
+        }
+    }
+
+    fn series(&self, f: impl Fn(&Sample) -> Option<f64>) -> Vec<[f64; 2]> {
+        self.samples
+            .iter()
+            .filter_map(|s| f(s).map(|y| [s.t, y]))
+            .collect()
+    }
+}
+
+/// What the dashboard shows besides its settings.
+pub struct DashView<'a> {
+    pub snapshot: Option<&'a EngineSnapshot>,
+    pub precision: &'a str,
+    pub history: &'a History,
+    pub load_running: Option<(&'a str, usize, bool)>,
+    pub last_load: Option<&'a LoadOutcome>,
+    pub sweep_running: bool,
+    pub sweep_levels: &'a [usize],
+    pub sweep_points: &'a [SweepPoint],
+}
+
+/// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 → output 64 tok · Q4_1"
+pub fn settings_label(knobs: &Knobs, load: &str, precision: &str) -> String {
+    format!(
+        "batch cap {} · budget {} tok · {load} · {precision}",
+        knobs.scheduler.max_num_seqs, knobs.scheduler.max_num_batched_tokens
+    )
+}
+
+pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
+    egui::Panel::left("dash_controls")
+        .resizable(true)
+        .default_size(300.0)
+        .show(ui, |ui| {
+            egui::ScrollArea::vertical().show(ui, |ui| {
+                knobs_ui(ui, s, view, cmds);
+                ui.separator();
+                load_ui(ui, s, view, cmds);
+                ui.separator();
+                cost_ui(ui, s, view);
+                ui.separator();
+                sweep_ui(ui, s, view, cmds);
+            });
+        });
+    egui::CentralPanel::default().show(ui, |ui| {
+        egui::ScrollArea::vertical().show(ui, |ui| plots_ui(ui, s, view));
+    });
+}
+
+fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
+    ui.heading("Knobs");
+    let before = s.knobs.clone();
+    let k = &mut s.knobs.scheduler;
+    let mut commit = false;
+    egui::Grid::new("knobs_grid").num_columns(2).show(ui, |ui| {
+        let l = ui.label("Max batch size");
+        let r = ui
+            .add(egui::DragValue::new(&mut k.max_num_seqs).range(1..=512))
+            .labelled_by(l.id);
+        commit |= r.changed() && !r.dragged();
+        commit |= r.drag_stopped();
+        ui.end_row();
+        let l = ui.label("Token budget");
+        let r = ui
+            .add(
+                egui::DragValue::new(&mut k.max_num_batched_tokens)
+                    .range(16..=65536)
+                    .speed(16),
+            )
+            .labelled_by(l.id);
+        commit |= r.changed() && !r.dragged();
+        commit |= r.drag_stopped();
+        ui.end_row();
+        commit |= ui
+            .checkbox(&mut k.chunked_prefill, "Chunked prefill")
+            .changed();
+        ui.end_row();
+        commit |= ui
+            .checkbox(&mut k.prefix_caching, "Prefix caching")
+            .changed();
+        ui.end_row();
+        ui.label("Policy");
+        ui.horizontal(|ui| {
+            commit |= ui
+                .radio_value(&mut k.policy, Policy::Fcfs, "FCFS")
+                .changed();
+            commit |= ui
+                .radio_value(&mut k.policy, Policy::Priority, "Priority")
+                .changed();
+        });
+        ui.end_row();
+    });
+    // KV settings rebuild the pool: edited freely, applied with a button.
+    ui.label("KV cache (applying rebuilds the pool)");
+    let kv = &mut s.knobs.kv;
+    let mut mib = (kv.budget_bytes >> 20).max(1);
+    egui::Grid::new("kv_grid").num_columns(2).show(ui, |ui| {
+        let l = ui.label("KV budget (MiB)");
+        if ui
+            .add(egui::DragValue::new(&mut mib).range(1..=65536))
+            .labelled_by(l.id)
+            .changed()
+        {
+            kv.budget_bytes = mib << 20;
+        }
+        ui.end_row();
+        let l = ui.label("Block size");
+        egui::ComboBox::from_id_salt("kv_block_size")
+            .selected_text(kv.block_size.to_string())
+            .show_ui(ui, |ui| {
+                for b in [8usize, 16, 32, 64] {
+                    ui.selectable_value(&mut kv.block_size, b, b.to_string());
+                }
+            })
+            .response
+            .labelled_by(l.id);
+        ui.end_row();
+    });
+    let engine_kv = view.snapshot.map(|sn| sn.knobs.kv.clone());
+    let kv_pending = engine_kv.as_ref().is_some_and(|e| *e != s.knobs.kv);
+    if ui
+        .add_enabled(kv_pending, egui::Button::new("Apply KV settings"))
+        .clicked()
+    {
+        cmds.push(Command::SetKnobs(s.knobs.clone()));
+    } else if commit && s.knobs.scheduler != before.scheduler {
+        // Scheduler knobs apply at once; an unapplied KV edit stays a draft.
+        cmds.push(Command::SetKnobs(Knobs {
+            scheduler: s.knobs.scheduler.clone(),
+            kv: engine_kv.unwrap_or_else(|| s.knobs.kv.clone()),
+        }));
+    }
+    if let Some(sn) = view.snapshot {
+        ui.label(
+            egui::RichText::new(format!(
+                "engine: batch cap {}, budget {}, KV {} blocks × {} tok",
+                sn.knobs.scheduler.max_num_seqs,
+                sn.knobs.scheduler.max_num_batched_tokens,
+                sn.kv_total_blocks,
+                sn.knobs.kv.block_size
+            ))
+            .small(),
+        );
+    }
+    if ui.button("Reset metrics").clicked() {
+        cmds.push(Command::ResetMetrics);
+    }
+}
+
+fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
+    ui.heading("Load generator");
+    let l = &mut s.load;
+    let idle = view.load_running.is_none() && !view.sweep_running;
+    ui.add_enabled_ui(idle, |ui| {
+        egui::Grid::new("load_grid").num_columns(2).show(ui, |ui| {
+            let lb = ui.label("Concurrency");
+            ui.add(egui::DragValue::new(&mut l.concurrency).range(1..=256))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Rate (req/s, 0 = closed loop)");
+            ui.add(
+                egui::DragValue::new(&mut l.rate)
+                    .range(0.0..=1000.0)
+                    .speed(0.1),
+            )
+            .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Prompt length");
+            ui.add(egui::DragValue::new(&mut l.prompt_len).range(1..=4096))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Output length");
+            ui.add(egui::DragValue::new(&mut l.output_len).range(1..=4096))
+                .labelled_by(lb.id);
+            ui.end_row();
+        });
+    });
+    match view.load_running {
+        Some((label, done, stopping)) => {
+            ui.horizontal(|ui| {
+                if ui
+                    .add_enabled(!stopping, egui::Button::new("Stop load"))
+                    .clicked()
+                {
+                    cmds.push(Command::StopLoad);
+                }
+                ui.spinner();
+            });
+            let what = if stopping { "stopping" } else { "running" };
+            ui.label(format!("Load {what}: {label}; {done} requests done"));
+        }
+        None => {
+            let can = view.snapshot.is_some() && !view.sweep_running;
+            if ui
+                .add_enabled(can, egui::Button::new("Start load"))
+                .clicked()
+            {
+                cmds.push(Command::StartLoad);
+            }
+        }
+    }
+    if let Some(sn) = view.snapshot {
+        let live = &sn.live;
+        ui.label(format!(
+            "Live: {:.1} tok/s aggregate · per request {} · {} running, {} waiting",
+            live.output_tps,
+            fmt_opt(live.per_request_tps_mean, "tok/s"),
+            sn.running,
+            sn.waiting
+        ));
+    }
+    if let Some(o) = view.last_load {
+        let sm = &o.summary;
+        ui.label(format!(
+            "Last load ({}): {} requests in {:.1} s, {:.1} tok/s aggregate, per request mean {} / P10 {}, TTFT P50 {:.0} ms; {} aborted, {} refused",
+            o.label,
+            sm.completed,
+            sm.duration,
+            sm.output_throughput,
+            fmt_opt(sm.mean_per_request_tps, "tok/s"),
+            fmt_opt(sm.p10_per_request_tps, "tok/s"),
+            sm.median_ttft_ms,
+            o.aborted,
+            o.refused
+        ));
+    }
+}
+
+fn fmt_opt(v: Option<f64>, unit: &str) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{v:.1} {unit}"))
+}
+
+fn cost_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>) {
+    ui.heading("Cost");
+    ui.horizontal(|ui| {
+        let l = ui.label("Price per hour ($)");
+        ui.add(
+            egui::DragValue::new(&mut s.price_per_hour)
+                .range(0.0..=10000.0)
+                .speed(0.01),
+        )
+        .labelled_by(l.id);
+    });
+    let rate = view.snapshot.map_or(0.0, |sn| sn.live.output_tps);
+    match cost_per_million_output_tokens(s.price_per_hour, rate) {
+        Some(c) => ui.label(format!("${c:.2} per 1M output tokens at {rate:.1} tok/s")),
+        None => ui.label("Cost per 1M output tokens: – (nothing generated in the window)"),
+    };
+}
+
+fn sweep_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
+    ui.heading("Sweep");
+    let l = &mut s.load;
+    let idle = view.load_running.is_none() && !view.sweep_running;
+    ui.add_enabled_ui(idle, |ui| {
+        egui::Grid::new("sweep_grid").num_columns(2).show(ui, |ui| {
+            let lb = ui.label("Max concurrency");
+            ui.add(egui::DragValue::new(&mut l.sweep_max).range(1..=256))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Requests per slot");
+            ui.add(egui::DragValue::new(&mut l.sweep_requests_per_slot).range(1..=32))
+                .labelled_by(lb.id);
+            ui.end_row();
+        });
+    });
+    if view.sweep_running {
+        ui.horizontal(|ui| {
+            if ui.button("Stop sweep").clicked() {
+                cmds.push(Command::StopSweep);
+            }
+            ui.spinner();
+            ui.label(format!(
+                "level {} of {}",
+                (view.sweep_points.len() + 1).min(view.sweep_levels.len()),
+                view.sweep_levels.len()
+            ));
+        });
+    } else if ui
+        .add_enabled(
+            idle && view.snapshot.is_some(),
+            egui::Button::new("Run sweep"),
+        )
+        .clicked()
+    {
+        cmds.push(Command::StartSweep);
+    }
+    ui.horizontal(|ui| {
+        let lb = ui.label("Save to");
+        ui.text_edit_singleline(&mut l.sweep_path)
+            .labelled_by(lb.id);
+    });
+    if ui
+        .add_enabled(
+            !view.sweep_points.is_empty(),
+            egui::Button::new("Save JSON + CSV"),
+        )
+        .clicked()
+    {
+        cmds.push(Command::SaveSweep);
+    }
+    for p in view.sweep_points {
+        ui.label(format!(
+            "c={}: {:.1} tok/s aggregate, {} per request (P10 {})",
+            p.concurrency,
+            p.output_throughput,
+            fmt_opt(p.mean_per_request_tps, "tok/s"),
+            fmt_opt(p.p10_per_request_tps, "tok/s")
+        ));
+    }
+}
+
+fn marks(plot_ui: &mut egui_plot::PlotUi<'_>, history: &History) {
+    for m in &history.marks {
+        plot_ui.vline(VLine::new(m.text.clone(), m.t).color(egui::Color32::GRAY));
+    }
+}
+
+fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
+    let h = view.history;
+    let knobs = view.snapshot.map_or(&s.knobs, |sn| &sn.knobs);
+    let load = view
+        .load_running
+        .map_or("no load generator", |(label, _, _)| label);
+    let label = settings_label(knobs, load, view.precision);
+    let height = 170.0;
+    ui.label(egui::RichText::new(format!("Taken under: {label}")).small());
+    if let Some(last) = h.marks.back() {
+        ui.label(
+            egui::RichText::new(format!("Last change: {}", last.text))
+                .small()
+                .weak(),
+        );
+    }
+
+    ui.strong(format!("Tokens per second — {label}"));
+    Plot::new("plot_tps")
+        .height(height)
+        .legend(Legend::default())
+        .y_axis_label("tok/s")
+        .include_y(0.0)
+        .show(ui, |p| {
+            p.line(Line::new(
+                "aggregate output TPS",
+                PlotPoints::from(h.series(|s| Some(s.output_tps))),
+            ));
+            p.line(Line::new(
+                "per-request TPS (mean)",
+                PlotPoints::from(h.series(|s| s.per_req_mean)),
+            ));
+            p.line(Line::new(
+                "per-request TPS (P10)",
+                PlotPoints::from(h.series(|s| s.per_req_p10)),
+            ));
+            marks(p, h);
+        });
+
+    ui.strong(format!("Time to first token — {label}"));
+    Plot::new("plot_ttft")
+        .height(height)
+        .legend(Legend::default())
+        .y_axis_label("ms")
+        .include_y(0.0)
+        .show(ui, |p| {
+            p.line(Line::new(
+                "TTFT P50",
+                PlotPoints::from(h.series(|s| s.ttft_p50)),
+            ));
+            p.line(Line::new(
+                "TTFT P99",
+                PlotPoints::from(h.series(|s| s.ttft_p99)),
+            ));
+            marks(p, h);
+        });
+
+    ui.strong(format!("Batch size and queue depth — {label}"));
+    Plot::new("plot_batch")
+        .height(height)
+        .legend(Legend::default())
+        .include_y(0.0)
+        .show(ui, |p| {
+            p.line(Line::new(
+                "batch size",
+                PlotPoints::from(h.series(|s| Some(s.batch as f64))),
+            ));
+            p.line(Line::new(
+                "queue depth",
+                PlotPoints::from(h.series(|s| Some(s.queue as f64))),
+            ));
+            marks(p, h);
+        });
+
+    ui.strong(format!("KV blocks and memory — {label}"));
+    Plot::new("plot_kv")
+        .height(height)
+        .legend(Legend::default())
+        .include_y(0.0)
+        .show(ui, |p| {
+            p.line(Line::new(
+                "KV blocks used",
+                PlotPoints::from(h.series(|s| Some(s.kv_used as f64))),
+            ));
+            p.line(Line::new(
+                "KV blocks total",
+                PlotPoints::from(h.series(|s| Some(s.kv_total as f64))),
+            ));
+            p.line(Line::new(
+                "process RSS (MiB)",
+                PlotPoints::from(h.series(|s| s.rss_mib)),
+            ));
+            marks(p, h);
+        });
+
+    if !view.sweep_points.is_empty() {
+        sweep_plot_ui(ui, view.sweep_points);
+    }
+}
+
+fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint]) {
+    let first = &points[0];
+    ui.strong(format!(
+        "Sweep: aggregate vs per-request TPS — prompt {} → output {} tok · {}",
+        first.prompt_len, first.output_len, first.precision
+    ));
+    let xy: Vec<[f64; 2]> = points
+        .iter()
+        .filter_map(|p| p.mean_per_request_tps.map(|x| [x, p.output_throughput]))
+        .collect();
+    Plot::new("plot_sweep")
+        .height(260.0)
+        .x_axis_label("per-request TPS (mean)")
+        .y_axis_label("aggregate TPS")
+        .include_y(0.0)
+        .include_x(0.0)
+        .show(ui, |p| {
+            p.line(Line::new("trade-off", PlotPoints::from(xy.clone())));
+            p.points(Points::new("levels", PlotPoints::from(xy)).radius(4.0));
+            for pt in points {
+                if let Some(x) = pt.mean_per_request_tps {
+                    p.text(
+                        Text::new(
+                            format!("c={}", pt.concurrency),
+                            egui_plot::PlotPoint::new(x, pt.output_throughput),
+                            format!("  c={}", pt.concurrency),
+                        )
+                        .anchor(egui::Align2::LEFT_BOTTOM),
+                    );
+                }
+            }
+        });
+}

@@ -1,0 +1,305 @@
+//! Load generator and concurrency sweep, each on its own thread with a stop flag; the UI polls
+//! their results every frame and never waits on them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+
+use serde::{Deserialize, Serialize};
+use tpslab_engine::engine::EngineHandle;
+use tpslab_engine::loadgen::{self, LenDist, LoadSpec, PromptSet};
+use tpslab_engine::metrics::BenchSummary;
+
+/// The load the user asks for (saved).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoadSettings {
+    pub concurrency: usize,
+    /// Poisson arrivals per second; 0 = closed loop at `concurrency`.
+    pub rate: f64,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    /// Highest concurrency level of a sweep (levels 1, 2, 4, ... up to it).
+    pub sweep_max: usize,
+    /// Requests per sweep level, per unit of concurrency.
+    pub sweep_requests_per_slot: usize,
+    /// Where sweep results are saved (`.json` and `.csv` beside each other).
+    pub sweep_path: String,
+}
+
+impl Default for LoadSettings {
+    fn default() -> Self {
+        let sweep_path = tpslab_engine::library::home_dir()
+            .map(|h| h.join("sweeps").join("sweep"))
+            .unwrap_or_else(|_| PathBuf::from("sweep"));
+        Self {
+            concurrency: 8,
+            rate: 0.0,
+            prompt_len: 128,
+            output_len: 64,
+            sweep_max: 64,
+            sweep_requests_per_slot: 2,
+            sweep_path: sweep_path.display().to_string(),
+        }
+    }
+}
+
+impl LoadSettings {
+    /// "8 × 128→64 tok" (or "2.0 req/s × ...").
+    pub fn label(&self) -> String {
+        let shape = if self.rate > 0.0 {
+            format!("{:.1} req/s, ≤{}", self.rate, self.concurrency)
+        } else {
+            format!("{} concurrent", self.concurrency)
+        };
+        format!(
+            "{shape}, prompt {} → output {} tok",
+            self.prompt_len, self.output_len
+        )
+    }
+
+    fn spec(&self, concurrency: usize, num_requests: usize, seed: u64) -> LoadSpec {
+        LoadSpec {
+            concurrency: Some(concurrency.max(1)),
+            rate: (self.rate > 0.0).then_some(self.rate),
+            num_requests,
+            prompt_len: LenDist::Fixed(self.prompt_len.max(1)),
+            output_len: LenDist::Fixed(self.output_len.max(1)),
+            seed,
+        }
+    }
+}
+
+/// A load run in progress: the flag that stops it and the figures it reports.
+pub struct LoadRun {
+    pub label: String,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicUsize>,
+    rx: Receiver<LoadOutcome>,
+}
+
+/// What a finished (or stopped) load run measured.
+#[derive(Debug, Clone)]
+pub struct LoadOutcome {
+    pub label: String,
+    pub summary: BenchSummary,
+    pub refused: usize,
+    pub aborted: usize,
+}
+
+impl LoadRun {
+    /// Starts a closed-loop (or Poisson) load that runs until stopped.
+    pub fn start(
+        engine: &EngineHandle,
+        prompts: &PromptSet,
+        settings: &LoadSettings,
+        ctx: &egui::Context,
+    ) -> Result<Self, String> {
+        // "Until stopped": enough requests for hours at any rate this machine reaches.
+        let spec = settings.spec(settings.concurrency, 1_000_000, 0);
+        let label = settings.label();
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel();
+        let (engine, prompts, ctx) = (engine.clone(), prompts.clone(), ctx.clone());
+        let (t_stop, t_done, t_label) = (Arc::clone(&stop), Arc::clone(&done), label.clone());
+        std::thread::Builder::new()
+            .name("tpslab-load".into())
+            .spawn(move || {
+                let result = loadgen::run(&engine, &prompts, &spec, &t_stop, &mut |d, _| {
+                    t_done.store(d, Ordering::Relaxed);
+                });
+                let summary = BenchSummary::from_requests(&result.timings, result.duration_s, None);
+                let _ = tx.send(LoadOutcome {
+                    label: t_label,
+                    summary,
+                    refused: result.refused.len(),
+                    aborted: result.aborted,
+                });
+                ctx.request_repaint();
+            })
+            .map_err(|e| format!("cannot start the load thread: {e}"))?;
+        Ok(Self {
+            label,
+            stop,
+            done,
+            rx,
+        })
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    pub fn done(&self) -> usize {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// The outcome once the thread has ended.
+    pub fn poll(&self) -> Option<LoadOutcome> {
+        match self.rx.try_recv() {
+            Ok(o) => Some(o),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(LoadOutcome {
+                label: self.label.clone(),
+                summary: BenchSummary::from_requests(&[], 0.0, None),
+                refused: 0,
+                aborted: 0,
+            }),
+        }
+    }
+}
+
+/// One level of a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    pub concurrency: usize,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub precision: String,
+    pub completed: usize,
+    pub duration_s: f64,
+    pub output_throughput: f64,
+    pub mean_per_request_tps: Option<f64>,
+    pub p10_per_request_tps: Option<f64>,
+    pub median_ttft_ms: f64,
+    pub p99_ttft_ms: f64,
+}
+
+/// A sweep in progress: levels arrive one by one.
+pub struct SweepRun {
+    pub levels: Vec<usize>,
+    stop: Arc<AtomicBool>,
+    rx: Receiver<SweepPoint>,
+    pub finished: bool,
+}
+
+/// Concurrency levels 1, 2, 4, ... up to `max` (and `max` itself if it is not a power of two).
+pub fn sweep_levels(max: usize) -> Vec<usize> {
+    let max = max.max(1);
+    let mut levels: Vec<usize> = std::iter::successors(Some(1usize), |l| l.checked_mul(2))
+        .take_while(|l| *l <= max)
+        .collect();
+    if levels.last() != Some(&max) {
+        levels.push(max);
+    }
+    levels
+}
+
+impl SweepRun {
+    pub fn start(
+        engine: &EngineHandle,
+        prompts: &PromptSet,
+        settings: &LoadSettings,
+        precision: &str,
+        ctx: &egui::Context,
+    ) -> Result<Self, String> {
+        let levels = sweep_levels(settings.sweep_max);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let (engine, prompts, ctx) = (engine.clone(), prompts.clone(), ctx.clone());
+        let (t_stop, t_levels, settings) = (Arc::clone(&stop), levels.clone(), settings.clone());
+        let precision = precision.to_owned();
+        std::thread::Builder::new()
+            .name("tpslab-sweep".into())
+            .spawn(move || {
+                for (i, &c) in t_levels.iter().enumerate() {
+                    if t_stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let n = c * settings.sweep_requests_per_slot.max(1);
+                    let spec = settings.spec(c, n, i as u64);
+                    let r = loadgen::run(&engine, &prompts, &spec, &t_stop, &mut |_, _| {});
+                    if t_stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let s = BenchSummary::from_requests(&r.timings, r.duration_s, None);
+                    let point = SweepPoint {
+                        concurrency: c,
+                        prompt_len: settings.prompt_len,
+                        output_len: settings.output_len,
+                        precision: precision.clone(),
+                        completed: s.completed,
+                        duration_s: s.duration,
+                        output_throughput: s.output_throughput,
+                        mean_per_request_tps: s.mean_per_request_tps,
+                        p10_per_request_tps: s.p10_per_request_tps,
+                        median_ttft_ms: s.median_ttft_ms,
+                        p99_ttft_ms: s.p99_ttft_ms,
+                    };
+                    if tx.send(point).is_err() {
+                        break;
+                    }
+                    ctx.request_repaint();
+                }
+                ctx.request_repaint();
+            })
+            .map_err(|e| format!("cannot start the sweep thread: {e}"))?;
+        Ok(Self {
+            levels,
+            stop,
+            rx,
+            finished: false,
+        })
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Moves any new points into `points`; marks the run finished when the thread has ended.
+    pub fn poll(&mut self, points: &mut Vec<SweepPoint>) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(p) => points.push(p),
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.finished = true;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Writes `points` as `<base>.json` and `<base>.csv`; returns the two paths.
+pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<(PathBuf, PathBuf), String> {
+    if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let json_path = base.with_extension("json");
+    let csv_path = base.with_extension("csv");
+    let json = serde_json::to_string_pretty(points).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, json)
+        .map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let mut csv = String::from(
+        "concurrency,prompt_len,output_len,precision,completed,duration_s,output_throughput,\
+         mean_per_request_tps,p10_per_request_tps,median_ttft_ms,p99_ttft_ms\n",
+    );
+    for p in points {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{:.3},{:.3},{},{},{:.3},{:.3}\n",
+            p.concurrency,
+            p.prompt_len,
+            p.output_len,
+            p.precision,
+            p.completed,
+            p.duration_s,
+            p.output_throughput,
+            opt(p.mean_per_request_tps),
+            opt(p.p10_per_request_tps),
+            p.median_ttft_ms,
+            p.p99_ttft_ms
+        ));
+    }
+    std::fs::write(&csv_path, csv)
+        .map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
+    Ok((json_path, csv_path))
+}

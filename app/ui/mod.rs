@@ -1,0 +1,521 @@
+//! The desktop window: the app shell (saved state, runtime handles, status bar, errors) and the
+//! commands the panels return, applied once per frame.
+//!
+//! Modules:
+//! - [`backend`]: loading the model and starting the engine on a worker thread.
+//! - [`chat`]: conversations, their streaming generations and the chat panel.
+//! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
+//! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
+
+pub mod backend;
+pub mod chat;
+pub mod dashboard;
+pub mod load;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tpslab_engine::engine::{EngineSnapshot, Knobs};
+
+use backend::ModelSlot;
+use chat::{ChatState, ChatView, Generation, Message, Role};
+use dashboard::{DashSettings, DashView, History};
+use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun};
+
+/// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Send { chat: u64, text: String },
+    Stop { chat: u64 },
+    Regenerate { chat: u64 },
+    NewChat,
+    SelectChat(u64),
+    DeleteChat(u64),
+    SetKnobs(Knobs),
+    ResetMetrics,
+    StartLoad,
+    StopLoad,
+    StartSweep,
+    StopSweep,
+    SaveSweep,
+    DismissError(usize),
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tab {
+    #[default]
+    Chat,
+    Dashboard,
+}
+
+/// Everything that persists across restarts (eframe storage). `#[serde(default)]` everywhere, so
+/// state saved by an older version still loads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AppState {
+    pub tab: Tab,
+    pub chat: ChatState,
+    pub dash: DashSettings,
+}
+
+/// Where the model comes from and how many threads run it (not saved: command line).
+#[derive(Debug, Clone)]
+pub struct AppOptions {
+    /// A GGUF path, or `default`.
+    pub model: String,
+    /// Compute threads (0 = one per core).
+    pub threads: usize,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            model: "default".into(),
+            threads: 0,
+        }
+    }
+}
+
+/// Runtime handles: never saved.
+#[derive(Default)]
+struct Runtime {
+    model: Option<ModelSlot>,
+    gens: Vec<Generation>,
+    history: History,
+    load: Option<LoadRun>,
+    last_load: Option<LoadOutcome>,
+    sweep: Option<SweepRun>,
+    sweep_points: Vec<SweepPoint>,
+    errors: Vec<String>,
+    notice: Option<String>,
+    snapshot: Option<EngineSnapshot>,
+}
+
+/// The app: saved state plus runtime handles.
+pub struct TpsApp {
+    pub state: AppState,
+    options: AppOptions,
+    rt: Runtime,
+}
+
+const STATE_KEY: &str = eframe::APP_KEY;
+
+impl TpsApp {
+    /// A fresh app; the model starts loading on the first frame.
+    pub fn new(state: AppState, options: AppOptions) -> Self {
+        Self {
+            state,
+            options,
+            rt: Runtime::default(),
+        }
+    }
+
+    /// The app restored from eframe's storage (or fresh if there is none or it doesn't parse).
+    pub fn from_creation_context(cc: &eframe::CreationContext<'_>, options: AppOptions) -> Self {
+        let state = cc
+            .storage
+            .and_then(|s| eframe::get_value::<AppState>(s, STATE_KEY))
+            .unwrap_or_default();
+        Self::new(state, options)
+    }
+
+    /// The running engine, once the model is loaded.
+    pub fn engine(&self) -> Option<&tpslab_engine::engine::EngineHandle> {
+        self.backend().map(|b| &b.engine)
+    }
+
+    fn backend(&self) -> Option<&backend::Backend> {
+        self.rt.model.as_ref().and_then(ModelSlot::backend)
+    }
+
+    /// Errors shown in the window.
+    pub fn errors(&self) -> &[String] {
+        &self.rt.errors
+    }
+
+    /// One frame of the whole window.
+    pub fn app_ui(&mut self, ui: &mut egui::Ui) {
+        self.poll(ui.ctx());
+        let mut cmds = Vec::new();
+        egui::Panel::top("top_bar").show(ui, |ui| self.top_bar_ui(ui));
+        egui::Panel::bottom("status_bar").show(ui, |ui| self.status_bar_ui(ui));
+        if !self.rt.errors.is_empty() || self.rt.notice.is_some() {
+            egui::Panel::top("errors").show(ui, |ui| self.errors_ui(ui, &mut cmds));
+        }
+        match self.state.tab {
+            Tab::Chat => self.chat_tab_ui(ui, &mut cmds),
+            Tab::Dashboard => self.dashboard_tab_ui(ui, &mut cmds),
+        }
+        for cmd in cmds {
+            self.apply(cmd, ui.ctx());
+        }
+        // Live plots move while anything runs; the engine's own callback wakes us per step.
+        if self.state.tab == Tab::Dashboard || self.rt.load.is_some() || self.rt.sweep.is_some() {
+            ui.ctx().request_repaint_after(Duration::from_millis(100));
+        }
+    }
+
+    /// Reads every worker's news without waiting: model load, token events, load and sweep runs,
+    /// and samples the engine's stats into the plot history.
+    fn poll(&mut self, ctx: &egui::Context) {
+        let slot = self.rt.model.get_or_insert_with(|| {
+            ModelSlot::start_loading(
+                self.options.model.clone(),
+                self.options.threads,
+                self.state.dash.knobs.clone(),
+                ctx.clone(),
+            )
+        });
+        slot.poll();
+        let chats = &mut self.state.chat;
+        self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
+            Some(conv) => !g.drain(conv),
+            None => false,
+        });
+        if let Some(outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
+            self.rt.last_load = Some(outcome);
+            self.rt.load = None;
+        }
+        if let Some(sweep) = &mut self.rt.sweep {
+            sweep.poll(&mut self.rt.sweep_points);
+            if sweep.finished {
+                self.rt.sweep = None;
+            }
+        }
+        let snap = self.backend().map(|b| b.engine.stats());
+        if let Some(s) = &snap {
+            self.rt.history.sample(s);
+        }
+        self.rt.snapshot = snap;
+    }
+
+    fn top_bar_ui(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            ui.strong("TPS Lab");
+            ui.separator();
+            ui.selectable_value(&mut self.state.tab, Tab::Chat, "Chat");
+            ui.selectable_value(&mut self.state.tab, Tab::Dashboard, "Dashboard");
+            ui.separator();
+            egui::widgets::global_theme_preference_buttons(ui);
+        });
+    }
+
+    fn status_bar_ui(&self, ui: &mut egui::Ui) {
+        ui.horizontal_wrapped(|ui| match &self.rt.model {
+            None | Some(ModelSlot::NotStarted) => {
+                ui.label("Model: not loaded");
+            }
+            Some(ModelSlot::Loading { status, .. }) => {
+                ui.spinner();
+                ui.label(format!("Model: {status}"));
+            }
+            Some(ModelSlot::Failed(e)) => {
+                ui.colored_label(
+                    ui.visuals().error_fg_color,
+                    format!("Model failed to load: {e}"),
+                );
+            }
+            Some(ModelSlot::Ready(b)) => {
+                ui.label(format!("Model: {}", b.model_name()));
+                ui.separator();
+                ui.label(format!("Precision: {}", b.lm.precision));
+                ui.separator();
+                ui.label(format!("Backend: CPU {} threads", b.threads));
+                ui.separator();
+                let mib = |b: f64| b / (1u64 << 20) as f64;
+                let rss = crate::mem::rss_bytes().map_or("–".to_string(), |(cur, _)| {
+                    format!("{:.0} MiB", mib(cur as f64))
+                });
+                if let Some(s) = &self.rt.snapshot {
+                    ui.label(format!(
+                        "Memory: RSS {rss} (weights {:.0} MiB, KV {:.0} MiB)",
+                        mib(s.weights_bytes as f64),
+                        mib(s.kv_bytes as f64)
+                    ));
+                    ui.separator();
+                    let state = if s.running + s.waiting == 0 {
+                        "idle".to_string()
+                    } else {
+                        format!("busy: {} running, {} waiting", s.running, s.waiting)
+                    };
+                    ui.label(format!("Engine: {state}"));
+                }
+            }
+        });
+    }
+
+    fn errors_ui(&self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
+        for (i, e) in self.rt.errors.iter().enumerate() {
+            ui.horizontal(|ui| {
+                ui.colored_label(ui.visuals().error_fg_color, format!("Error: {e}"));
+                if ui.small_button("Dismiss").clicked() {
+                    cmds.push(Command::DismissError(i));
+                }
+            });
+        }
+        if let Some(n) = &self.rt.notice {
+            ui.label(n);
+        }
+    }
+
+    fn chat_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
+        let busy: Vec<u64> = self.rt.gens.iter().map(|g| g.chat).collect();
+        let ready = self.backend().is_some();
+        egui::Panel::left("chat_list")
+            .resizable(true)
+            .default_size(180.0)
+            .show(ui, |ui| chat::list_ui(ui, &mut self.state.chat, cmds));
+        egui::CentralPanel::default().show(ui, |ui| {
+            let view = ChatView { ready, busy: &busy };
+            chat::conversation_ui(ui, &mut self.state.chat, &view, cmds);
+        });
+    }
+
+    fn dashboard_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
+        let precision = self
+            .backend()
+            .map_or("–".to_string(), |b| b.lm.precision.clone());
+        let view = DashView {
+            snapshot: self.rt.snapshot.as_ref(),
+            precision: &precision,
+            history: &self.rt.history,
+            load_running: self
+                .rt
+                .load
+                .as_ref()
+                .map(|l| (l.label.as_str(), l.done(), l.stopping())),
+            last_load: self.rt.last_load.as_ref(),
+            sweep_running: self.rt.sweep.is_some(),
+            sweep_levels: self.rt.sweep.as_ref().map_or(&[][..], |s| &s.levels),
+            sweep_points: &self.rt.sweep_points,
+        };
+        egui::CentralPanel::default().show(ui, |ui| {
+            dashboard::ui(ui, &mut self.state.dash, &view, cmds);
+        });
+    }
+
+    /// Applies one command; failures become errors shown in the window.
+    pub fn apply(&mut self, cmd: Command, ctx: &egui::Context) {
+        if let Err(e) = self.try_apply(cmd, ctx) {
+            self.rt.errors.push(e);
+        }
+    }
+
+    fn try_apply(&mut self, cmd: Command, ctx: &egui::Context) -> Result<(), String> {
+        match cmd {
+            Command::Send { chat, text } => {
+                let conv = self
+                    .state
+                    .chat
+                    .get_mut(chat)
+                    .ok_or("no such conversation")?;
+                if conv.messages.is_empty() && conv.title.starts_with("Chat ") {
+                    conv.title = text.chars().take(32).collect();
+                }
+                conv.messages.push(Message {
+                    role: Role::User,
+                    text,
+                    stats: None,
+                });
+                self.start_answer(chat)
+            }
+            Command::Regenerate { chat } => {
+                let conv = self
+                    .state
+                    .chat
+                    .get_mut(chat)
+                    .ok_or("no such conversation")?;
+                if conv
+                    .messages
+                    .last()
+                    .is_some_and(|m| m.role == Role::Assistant)
+                {
+                    conv.messages.pop();
+                }
+                self.start_answer(chat)
+            }
+            Command::Stop { chat } => {
+                if let Some(engine) = self.engine() {
+                    for g in self.rt.gens.iter().filter(|g| g.chat == chat) {
+                        engine.cancel(g.id);
+                    }
+                }
+                Ok(())
+            }
+            Command::NewChat => {
+                self.state.chat.new_conversation();
+                Ok(())
+            }
+            Command::SelectChat(id) => {
+                self.state.chat.active = id;
+                Ok(())
+            }
+            Command::DeleteChat(id) => {
+                self.apply(Command::Stop { chat: id }, ctx);
+                self.rt.gens.retain(|g| g.chat != id);
+                self.state.chat.delete(id);
+                Ok(())
+            }
+            Command::SetKnobs(knobs) => {
+                let engine = self.engine().ok_or("the model is not loaded yet")?;
+                let old = engine.stats().knobs;
+                engine.set_knobs(knobs.clone());
+                self.rt.history.mark(describe_knob_change(&old, &knobs));
+                Ok(())
+            }
+            Command::ResetMetrics => {
+                self.engine()
+                    .ok_or("the model is not loaded yet")?
+                    .reset_metrics();
+                Ok(())
+            }
+            Command::StartLoad => {
+                let b = self.backend().ok_or("the model is not loaded yet")?;
+                let run = LoadRun::start(&b.engine, &b.prompts, &self.state.dash.load, ctx)?;
+                self.rt.history.mark(format!("load started: {}", run.label));
+                self.rt.load = Some(run);
+                Ok(())
+            }
+            Command::StopLoad => {
+                if let Some(l) = &self.rt.load {
+                    l.stop();
+                    self.rt.history.mark("load stopped".into());
+                }
+                Ok(())
+            }
+            Command::StartSweep => {
+                let b = self.backend().ok_or("the model is not loaded yet")?;
+                let run = SweepRun::start(
+                    &b.engine,
+                    &b.prompts,
+                    &self.state.dash.load,
+                    &b.lm.precision,
+                    ctx,
+                )?;
+                self.rt.sweep_points.clear();
+                self.rt.sweep = Some(run);
+                Ok(())
+            }
+            Command::StopSweep => {
+                if let Some(s) = &self.rt.sweep {
+                    s.stop();
+                }
+                Ok(())
+            }
+            Command::SaveSweep => {
+                let base = PathBuf::from(&self.state.dash.load.sweep_path);
+                let (j, c) = load::save_sweep(&base, &self.rt.sweep_points)?;
+                self.rt.notice = Some(format!("Sweep saved: {} and {}", j.display(), c.display()));
+                Ok(())
+            }
+            Command::DismissError(i) => {
+                if i < self.rt.errors.len() {
+                    self.rt.errors.remove(i);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Appends an empty answer to `chat` and submits the conversation.
+    fn start_answer(&mut self, chat: u64) -> Result<(), String> {
+        let conv = self
+            .state
+            .chat
+            .get_mut(chat)
+            .ok_or("no such conversation")?;
+        conv.messages.push(Message {
+            role: Role::Assistant,
+            text: String::new(),
+            stats: None,
+        });
+        let Some(backend) = self.rt.model.as_ref().and_then(ModelSlot::backend) else {
+            conv.messages.pop();
+            return Err("the model is not loaded yet".into());
+        };
+        match Generation::submit(backend, conv) {
+            Ok(g) => {
+                self.rt.gens.push(g);
+                Ok(())
+            }
+            Err(e) => {
+                conv.messages.pop();
+                Err(format!("cannot send: {e}"))
+            }
+        }
+    }
+}
+
+/// "batch cap 64 → 8, prefix caching off" for the plot markers.
+fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
+    let (o, n) = (&old.scheduler, &new.scheduler);
+    let mut parts = Vec::new();
+    if o.max_num_seqs != n.max_num_seqs {
+        parts.push(format!("batch cap {} → {}", o.max_num_seqs, n.max_num_seqs));
+    }
+    if o.max_num_batched_tokens != n.max_num_batched_tokens {
+        parts.push(format!(
+            "token budget {} → {}",
+            o.max_num_batched_tokens, n.max_num_batched_tokens
+        ));
+    }
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    if o.chunked_prefill != n.chunked_prefill {
+        parts.push(format!("chunked prefill {}", onoff(n.chunked_prefill)));
+    }
+    if o.prefix_caching != n.prefix_caching {
+        parts.push(format!("prefix caching {}", onoff(n.prefix_caching)));
+    }
+    if o.policy != n.policy {
+        parts.push(format!("policy {:?}", n.policy));
+    }
+    if old.kv != new.kv {
+        parts.push(format!(
+            "KV {} MiB × {} tok blocks",
+            new.kv.budget_bytes >> 20,
+            new.kv.block_size
+        ));
+    }
+    if parts.is_empty() {
+        "knobs re-applied".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+impl eframe::App for TpsApp {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.app_ui(ui);
+    }
+
+    fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        eframe::set_value(storage, STATE_KEY, &self.state);
+    }
+
+    fn on_exit(&mut self) {
+        if let Some(l) = &self.rt.load {
+            l.stop();
+        }
+        if let Some(s) = &self.rt.sweep {
+            s.stop();
+        }
+    }
+}
+
+/// Opens the window (blocks until it is closed).
+pub fn run(options: AppOptions) -> anyhow::Result<()> {
+    let native = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_title("TPS Lab")
+            .with_inner_size([1280.0, 800.0])
+            .with_min_inner_size([640.0, 400.0]),
+        ..Default::default()
+    };
+    eframe::run_native(
+        "TPS Lab",
+        native,
+        Box::new(move |cc| Ok(Box::new(TpsApp::from_creation_context(cc, options)))),
+    )
+    .map_err(|e| anyhow::anyhow!("cannot open the window: {e}"))
+}

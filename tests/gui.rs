@@ -1,0 +1,221 @@
+//! The window driven by its labels (AccessKit) with egui_kittest: no GPU, no display, the real
+//! default model through the real engine. Waits are bounded loops of frames, never timing checks.
+
+use std::time::{Duration, Instant};
+
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use tpslab::ui::chat::{Conversation, Role};
+use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab_engine::sampler::SamplingParams;
+
+fn harness(state: AppState) -> Harness<'static, TpsApp> {
+    let app = TpsApp::new(
+        state,
+        AppOptions {
+            model: "default".into(),
+            threads: 1,
+        },
+    );
+    Harness::builder()
+        .with_size([1400.0, 1000.0])
+        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
+}
+
+/// Runs frames until `done` holds, failing after `secs` seconds with `what` and the app's errors.
+fn wait_until(
+    h: &mut Harness<'static, TpsApp>,
+    what: &str,
+    secs: u64,
+    mut done: impl FnMut(&mut Harness<'static, TpsApp>) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        h.step();
+        if done(h) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; errors shown: {:?}",
+            h.state().errors()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_for_model(h: &mut Harness<'static, TpsApp>) {
+    // The first run may fetch the default model with pip.
+    wait_until(h, "the model to load", 600, |h| {
+        h.state().engine().is_some()
+    });
+    wait_until(h, "the status bar", 10, |h| {
+        h.query_by_label_contains("Backend: CPU 1 threads")
+            .is_some()
+    });
+}
+
+/// The open conversation's last message: (role, text, finish reason so far).
+fn last_message(h: &Harness<'static, TpsApp>) -> Option<(Role, String, String)> {
+    let chat = &h.state().state.chat;
+    let conv = chat.conversations.iter().find(|c| c.id == chat.active)?;
+    let m = conv.messages.last()?;
+    let finish = m.stats.as_ref().map_or(String::new(), |s| s.finish.clone());
+    Some((m.role, m.text.clone(), finish))
+}
+
+fn type_message(h: &mut Harness<'static, TpsApp>, text: &str) {
+    h.get_by_label("Message").focus();
+    h.step();
+    h.get_by_label("Message").type_text(text);
+    h.step();
+}
+
+#[test]
+fn chat_streams_an_answer_and_stops() {
+    // Greedy, so the answers are the same on every run.
+    let mut state = AppState::default();
+    state.chat.conversations = vec![Conversation {
+        id: 1,
+        title: "Chat 1".into(),
+        sampling: SamplingParams::greedy(),
+        max_tokens: 48,
+        ..Conversation::default()
+    }];
+    let mut h = harness(state);
+    wait_for_model(&mut h);
+
+    type_message(&mut h, "What is the capital of France?");
+    h.get_by_label("Send").click();
+    wait_until(&mut h, "a streamed answer to finish", 120, |h| {
+        last_message(h).is_some_and(|(role, text, finish)| {
+            role == Role::Assistant
+                && !text.is_empty()
+                && finish != "streaming"
+                && !finish.is_empty()
+        })
+    });
+    let (_, answer, finish) = last_message(&h).expect("an answer");
+    assert!(finish == "stop" || finish == "length", "finish: {finish}");
+    assert!(answer.contains("Paris"), "answer: {answer}");
+    // The answer is on screen with its figures under it.
+    wait_until(&mut h, "the answer on screen", 10, |h| {
+        h.query_by_label_contains("Paris").is_some()
+            && h.query_by_label_contains("tokens · TTFT").is_some()
+    });
+
+    // A long answer, stopped as soon as it streams.
+    h.state_mut().state.chat.conversations[0].max_tokens = 1024;
+    type_message(
+        &mut h,
+        "Write a very long story about a dragon who learns to bake bread.",
+    );
+    h.get_by_label("Send").click();
+    wait_until(&mut h, "the second answer to start streaming", 120, |h| {
+        last_message(h).is_some_and(|(role, text, _)| role == Role::Assistant && !text.is_empty())
+    });
+    h.get_by_label("Stop").click();
+    wait_until(&mut h, "the generation to stop", 60, |h| {
+        last_message(h).is_some_and(|(_, _, finish)| finish != "streaming")
+    });
+    let (_, _, finish) = last_message(&h).expect("an answer");
+    assert_eq!(finish, "abort");
+    // Idle again: Send is back and Regenerate is offered.
+    wait_until(&mut h, "the input to be idle", 10, |h| {
+        h.query_by_label("Regenerate").is_some() && h.query_by_label("Stop").is_none()
+    });
+}
+
+#[test]
+fn dashboard_knobs_load_generator_and_sweep() {
+    let dir = std::env::temp_dir().join(format!("tpslab-gui-test-{}", std::process::id()));
+    let mut state = AppState::default();
+    state.dash.load.prompt_len = 16;
+    state.dash.load.output_len = 8;
+    state.dash.load.sweep_max = 2;
+    state.dash.load.sweep_requests_per_slot = 1;
+    state.dash.load.sweep_path = dir.join("sweep").display().to_string();
+    let mut h = harness(state);
+    wait_for_model(&mut h);
+    h.get_by_label("Dashboard").click();
+    h.step();
+
+    // A knob reaches the running engine.
+    assert!(
+        h.state()
+            .engine()
+            .expect("engine")
+            .stats()
+            .knobs
+            .scheduler
+            .prefix_caching
+    );
+    h.get_by_label("Prefix caching").click();
+    h.get_by_label("Max batch size").set_value_accesskit(8.0);
+    wait_until(&mut h, "the engine to report the new knobs", 30, |h| {
+        let k = h.state().engine().expect("engine").stats().knobs.scheduler;
+        !k.prefix_caching && k.max_num_seqs == 8
+    });
+    wait_until(
+        &mut h,
+        "the plots to be labelled with the new batch cap",
+        10,
+        |h| h.query_by_label_contains("batch cap 8 · budget").is_some(),
+    );
+
+    // Load generator: start, see figures, stop.
+    h.get_by_label("Concurrency").set_value_accesskit(3.0);
+    h.step();
+    h.get_by_label("Start load").click();
+    wait_until(&mut h, "the load to run", 30, |h| {
+        h.query_by_label_contains("Load running: 3 concurrent")
+            .is_some()
+    });
+    wait_until(&mut h, "load requests to finish", 120, |h| {
+        h.state()
+            .engine()
+            .expect("engine")
+            .stats()
+            .live
+            .counters
+            .requests_finished
+            >= 3
+    });
+    h.get_by_label("Stop load").click();
+    wait_until(&mut h, "the load run's summary", 60, |h| {
+        h.query_by_label_contains("Last load (3 concurrent")
+            .is_some()
+    });
+    assert!(h.query_by_label("Start load").is_some());
+
+    // A short sweep: one labelled point per level, saved as JSON and CSV.
+    h.get_by_label("Run sweep").click();
+    wait_until(&mut h, "the sweep's points", 180, |h| {
+        h.query_by_label_contains("c=1:").is_some()
+            && h.query_by_label_contains("c=2:").is_some()
+            && h.query_by_label("Run sweep").is_some()
+    });
+    h.get_by_label("Save JSON + CSV").click();
+    wait_until(&mut h, "the save notice", 10, |h| {
+        h.query_by_label_contains("Sweep saved").is_some()
+    });
+    let csv = std::fs::read_to_string(dir.join("sweep.csv")).expect("sweep.csv");
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).expect("json"))
+            .expect("valid json");
+    assert_eq!(json.as_array().map(Vec::len), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn saved_state_loads_from_older_or_partial_json() {
+    // Fields missing from old saves take their defaults.
+    let s: AppState = serde_json::from_str(r#"{"tab":"Dashboard","chat":{"active":1}}"#)
+        .expect("partial state parses");
+    assert_eq!(s.chat.conversations.len(), 1);
+    assert_eq!(s.dash, tpslab::ui::dashboard::DashSettings::default());
+    let round: AppState =
+        serde_json::from_str(&serde_json::to_string(&s).expect("serializes")).expect("parses");
+    assert_eq!(round, s);
+}
