@@ -268,7 +268,7 @@ pub fn list_ui(ui: &mut egui::Ui, state: &mut ChatState, cmds: &mut Vec<Command>
                     cmds.push(Command::SelectChat(c.id));
                 }
                 if ui
-                    .small_button("🗑")
+                    .small_button("Delete")
                     .on_hover_text(format!("Delete {}", c.title))
                     .clicked()
                 {

@@ -147,7 +147,7 @@ pub struct DashView<'a> {
     pub sweep_points: &'a [SweepPoint],
 }
 
-/// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 → output 64 tok · Q4_1"
+/// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1"
 pub fn settings_label(knobs: &Knobs, load: &str, precision: &str) -> String {
     format!(
         "batch cap {} · budget {} tok · {load} · {precision}",
@@ -547,7 +547,7 @@ fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
 fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint]) {
     let first = &points[0];
     ui.strong(format!(
-        "Sweep: aggregate vs per-request TPS — prompt {} → output {} tok · {}",
+        "Sweep: aggregate vs per-request TPS — prompt {} -> output {} tok · {}",
         first.prompt_len, first.output_len, first.precision
     ));
     let xy: Vec<[f64; 2]> = points

@@ -46,15 +46,15 @@ impl Default for LoadSettings {
 }
 
 impl LoadSettings {
-    /// "8 × 128→64 tok" (or "2.0 req/s × ...").
+    /// "8 × 128->64 tok" (or "2.0 req/s × ...").
     pub fn label(&self) -> String {
         let shape = if self.rate > 0.0 {
-            format!("{:.1} req/s, ≤{}", self.rate, self.concurrency)
+            format!("{:.1} req/s, <={}", self.rate, self.concurrency)
         } else {
             format!("{} concurrent", self.concurrency)
         };
         format!(
-            "{shape}, prompt {} → output {} tok",
+            "{shape}, prompt {} -> output {} tok",
             self.prompt_len, self.output_len
         )
     }

@@ -197,7 +197,13 @@ impl TpsApp {
             ui.selectable_value(&mut self.state.tab, Tab::Chat, "Chat");
             ui.selectable_value(&mut self.state.tab, Tab::Dashboard, "Dashboard");
             ui.separator();
-            egui::widgets::global_theme_preference_buttons(ui);
+            // Text buttons: the icon buttons need glyphs the bundled fonts lack.
+            let mut pref = ui.options(|o| o.theme_preference);
+            ui.label("Theme");
+            ui.selectable_value(&mut pref, egui::ThemePreference::Dark, "Dark");
+            ui.selectable_value(&mut pref, egui::ThemePreference::Light, "Light");
+            ui.selectable_value(&mut pref, egui::ThemePreference::System, "System");
+            ui.ctx().set_theme(pref);
         });
     }
 
@@ -447,16 +453,16 @@ impl TpsApp {
     }
 }
 
-/// "batch cap 64 → 8, prefix caching off" for the plot markers.
+/// "batch cap 64 -> 8, prefix caching off" for the plot markers.
 fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
     let (o, n) = (&old.scheduler, &new.scheduler);
     let mut parts = Vec::new();
     if o.max_num_seqs != n.max_num_seqs {
-        parts.push(format!("batch cap {} → {}", o.max_num_seqs, n.max_num_seqs));
+        parts.push(format!("batch cap {} -> {}", o.max_num_seqs, n.max_num_seqs));
     }
     if o.max_num_batched_tokens != n.max_num_batched_tokens {
         parts.push(format!(
-            "token budget {} → {}",
+            "token budget {} -> {}",
             o.max_num_batched_tokens, n.max_num_batched_tokens
         ));
     }
