@@ -1,7 +1,7 @@
 //! Paged attention on SmolLM2-135M's shapes (9 query heads, 3 kv heads, head dim 64, KV blocks
 //! of 16): one sequence's prefill of 128 and 512 tokens, and decode of 64 sequences at context
 //! 256. Each iteration runs all 30 layers (distinct caches, so the KV footprint is the real
-//! model's); divide by 30 for the time per layer. `old` is the engine's previous implementation
+//! model's; `TPSLAB_BENCH_LAYERS` changes the count); divide by it for the time per layer. `old` is the engine's previous implementation
 //! (per query head, per position: convert the K/V row, scalar exp), copied here for comparison.
 
 use std::hint::black_box;
