@@ -108,8 +108,7 @@ fn chat_streams_an_answer_and_stops() {
     assert!(answer.contains("Paris"), "answer: {answer}");
     // The answer is on screen with its figures under it.
     wait_until(&mut h, "the answer on screen", 10, |h| {
-        has(h, "Paris")
-            && has(h, "tokens · TTFT")
+        has(h, "Paris") && has(h, "tokens · TTFT")
     });
 
     // A long answer, stopped as soon as it streams.
@@ -118,7 +117,8 @@ fn chat_streams_an_answer_and_stops() {
         &mut h,
         "Write a very long story about a dragon who learns to bake bread.",
     );
-    h.get_by_label("Send").click();
+    // Enter sends (the input box still has focus).
+    h.key_press(egui::Key::Enter);
     wait_until(&mut h, "the second answer to start streaming", 120, |h| {
         last_message(h).is_some_and(|(role, text, _)| role == Role::Assistant && !text.is_empty())
     });
@@ -199,14 +199,10 @@ fn dashboard_knobs_load_generator_and_sweep() {
     // A short sweep: one labelled point per level, saved as JSON and CSV.
     h.get_by_label("Run sweep").click();
     wait_until(&mut h, "the sweep's points", 180, |h| {
-        has(h, "c=1:")
-            && has(h, "c=2:")
-            && h.query_by_label("Run sweep").is_some()
+        has(h, "c=1:") && has(h, "c=2:") && h.query_by_label("Run sweep").is_some()
     });
     h.get_by_label("Save JSON + CSV").click();
-    wait_until(&mut h, "the save notice", 10, |h| {
-        has(h, "Sweep saved")
-    });
+    wait_until(&mut h, "the save notice", 10, |h| has(h, "Sweep saved"));
     let csv = std::fs::read_to_string(dir.join("sweep.csv")).expect("sweep.csv");
     assert_eq!(csv.lines().count(), 3, "{csv}");
     let json: serde_json::Value =

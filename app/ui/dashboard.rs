@@ -270,6 +270,9 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
             .small(),
         );
     }
+    if let Some(e) = view.snapshot.and_then(|sn| sn.last_error.as_ref()) {
+        ui.colored_label(ui.visuals().error_fg_color, format!("Engine: {e}"));
+    }
     if ui.button("Reset metrics").clicked() {
         cmds.push(Command::ResetMetrics);
     }
