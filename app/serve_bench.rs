@@ -144,14 +144,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         });
     }
     println!(
-        "| concurrency | requests | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p99 ms | per-request TPS mean / p10 | aggregate output TPS | decode-only TPS | req/s |"
+        "| concurrency | requests | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p99 ms | per-request TPS mean / p10 | aggregate output TPS | decode-only TPS | req/s | peak RSS MiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &runs {
         let s = &r.summary;
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
-            "| {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} | {} / {} | {:.1} | {} | {:.2} |",
+            "| {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} | {} / {} | {:.1} | {} | {:.2} | {} |",
             r.max_concurrency,
             s.completed,
             s.mean_ttft_ms,
@@ -164,6 +164,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             s.output_throughput,
             f(r.decode_throughput),
             s.request_throughput,
+            r.peak_rss_bytes.map_or("-".to_string(), |b| format!(
+                "{:.0}",
+                b as f64 / (1 << 20) as f64
+            )),
         );
     }
     if let Some((_, peak)) = crate::mem::rss_bytes() {
