@@ -73,7 +73,7 @@ impl ModelConfig {
             None => n_heads,
         };
         let context_len = bounded("context_length", MAX_CONTEXT)?;
-        if hidden % n_heads != 0 || n_heads % n_kv_heads != 0 {
+        if !hidden.is_multiple_of(n_heads) || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(ConfigError::Shape(format!(
                 "hidden {hidden}, {n_heads} heads and {n_kv_heads} kv heads do not divide"
             )));
@@ -88,7 +88,7 @@ impl ModelConfig {
             Some(_) => bounded("rope.dimension_count", MAX_DIM)?,
             None => head_dim,
         };
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(ConfigError::Shape(format!(
                 "rope dimension {rope_dim} for head {head_dim}"
             )));

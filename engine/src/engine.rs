@@ -116,20 +116,11 @@ enum Command {
 }
 
 /// Engine-wide settings fixed at start.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct EngineConfig {
     /// Compute threads (0 = one per core).
     pub threads: usize,
     pub knobs: Knobs,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            threads: 0,
-            knobs: Knobs::default(),
-        }
-    }
 }
 
 /// How often the stats snapshot is refreshed while the engine is busy.
@@ -499,11 +490,14 @@ impl EngineThread {
         };
         let vocab = self.lm.model.cfg.vocab;
         let mut sampled = Vec::new();
-        let mut row = 0;
         let mut scratch = Vec::with_capacity(vocab);
-        for s in out.scheduled.iter().filter(|s| s.sample) {
-            let r = &logits[row * vocab..(row + 1) * vocab];
-            row += 1;
+        // Logits rows come back in the order of the sampling entries.
+        for (s, r) in out
+            .scheduled
+            .iter()
+            .filter(|s| s.sample)
+            .zip(logits.chunks_exact(vocab))
+        {
             if let Some(l) = self.live.get_mut(&s.id) {
                 scratch.clear();
                 scratch.extend_from_slice(r);

@@ -22,21 +22,39 @@ const MAX_PREALLOC: usize = 1 << 16;
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     #[error("cannot open model file {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot read model file {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is empty (0 bytes): not a GGUF model file")]
     Empty { path: PathBuf },
     #[error("{path} is not a GGUF file (magic bytes {found:02x?}, expected \"GGUF\")")]
     BadMagic { path: PathBuf, found: Vec<u8> },
     #[error("{path}: unsupported GGUF version {version} (supported: 2, 3)")]
     Version { path: PathBuf, version: u32 },
-    #[error("{path} is truncated or corrupt: {what} at byte {offset} needs {needed} bytes, only {left} left")]
-    Truncated { path: PathBuf, what: String, offset: u64, needed: u64, left: u64 },
+    #[error(
+        "{path} is truncated or corrupt: {what} at byte {offset} needs {needed} bytes, only {left} left"
+    )]
+    Truncated {
+        path: PathBuf,
+        what: String,
+        offset: u64,
+        needed: u64,
+        left: u64,
+    },
     #[error("{path} is corrupt: {what}")]
     Corrupt { path: PathBuf, what: String },
     #[error("{path}: tensor '{tensor}' has unsupported type id {type_id}")]
-    UnknownTensorType { path: PathBuf, tensor: String, type_id: u32 },
+    UnknownTensorType {
+        path: PathBuf,
+        tensor: String,
+        type_id: u32,
+    },
     #[error("model file has no tensor named '{0}'")]
     MissingTensor(String),
     #[error("metadata key '{key}' is missing")]
@@ -285,10 +303,12 @@ impl Cursor<'_> {
     fn bytes<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
         self.need(what, N as u64)?;
         let mut buf = [0u8; N];
-        self.inner.read_exact(&mut buf).map_err(|source| GgufError::Io {
-            path: self.path.to_path_buf(),
-            source,
-        })?;
+        self.inner
+            .read_exact(&mut buf)
+            .map_err(|source| GgufError::Io {
+                path: self.path.to_path_buf(),
+                source,
+            })?;
         self.pos += N as u64;
         Ok(buf)
     }
@@ -306,10 +326,12 @@ impl Cursor<'_> {
         self.need(what, n)?;
         // `need` bounded n by the real file size, so this allocation is backed by real bytes.
         let mut buf = vec![0u8; usize::try_from(n).map_err(|_| self.corrupt("string length"))?];
-        self.inner.read_exact(&mut buf).map_err(|source| GgufError::Io {
-            path: self.path.to_path_buf(),
-            source,
-        })?;
+        self.inner
+            .read_exact(&mut buf)
+            .map_err(|source| GgufError::Io {
+                path: self.path.to_path_buf(),
+                source,
+            })?;
         self.pos += n;
         Ok(match String::from_utf8(buf) {
             Ok(s) => s,
@@ -318,7 +340,10 @@ impl Cursor<'_> {
     }
 
     fn corrupt(&self, what: impl Into<String>) -> GgufError {
-        GgufError::Corrupt { path: self.path.to_path_buf(), what: what.into() }
+        GgufError::Corrupt {
+            path: self.path.to_path_buf(),
+            what: what.into(),
+        }
     }
 
     /// Smallest number of bytes one value of this type can take: used to bound array counts.
@@ -356,9 +381,14 @@ impl Cursor<'_> {
                 let item_ty = self.u32(key)?;
                 let n = self.u64(key)?;
                 let min = Self::min_size(item_ty).ok_or_else(|| {
-                    self.corrupt(format!("metadata '{key}': unknown array item type {item_ty}"))
+                    self.corrupt(format!(
+                        "metadata '{key}': unknown array item type {item_ty}"
+                    ))
                 })?;
-                self.need(&format!("array '{key}' of {n} items"), n.saturating_mul(min))?;
+                self.need(
+                    &format!("array '{key}' of {n} items"),
+                    n.saturating_mul(min),
+                )?;
                 let n = usize::try_from(n).map_err(|_| self.corrupt("array length"))?;
                 let mut items = Vec::with_capacity(n.min(MAX_PREALLOC));
                 for _ in 0..n {
@@ -378,35 +408,59 @@ impl GgufFile {
     /// Parses and validates the header of `path`. Tensor data is not read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let file = File::open(path)
-            .map_err(|source| GgufError::Open { path: path.to_path_buf(), source })?;
+        let file = File::open(path).map_err(|source| GgufError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let len = file
             .metadata()
-            .map_err(|source| GgufError::Io { path: path.to_path_buf(), source })?
+            .map_err(|source| GgufError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
             .len();
         if len == 0 {
-            return Err(GgufError::Empty { path: path.to_path_buf() });
+            return Err(GgufError::Empty {
+                path: path.to_path_buf(),
+            });
         }
-        let mut c = Cursor { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len, path };
+        let mut c = Cursor {
+            inner: BufReader::with_capacity(1 << 16, file),
+            pos: 0,
+            len,
+            path,
+        };
         if len < 4 {
             let mut found = Vec::new();
             let _ = c.inner.read_to_end(&mut found);
-            return Err(GgufError::BadMagic { path: path.to_path_buf(), found });
+            return Err(GgufError::BadMagic {
+                path: path.to_path_buf(),
+                found,
+            });
         }
         let magic = c.bytes::<4>("magic")?;
         if magic != MAGIC {
-            return Err(GgufError::BadMagic { path: path.to_path_buf(), found: magic.to_vec() });
+            return Err(GgufError::BadMagic {
+                path: path.to_path_buf(),
+                found: magic.to_vec(),
+            });
         }
         let version = c.u32("version")?;
         if !(2..=3).contains(&version) {
-            return Err(GgufError::Version { path: path.to_path_buf(), version });
+            return Err(GgufError::Version {
+                path: path.to_path_buf(),
+                version,
+            });
         }
         let n_tensors = c.u64("tensor count")?;
         let n_kv = c.u64("metadata count")?;
         // Each key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor
         // entry at least 8 (name length) + 4 (rank) + 4 (type) + 8 (offset) bytes.
         c.need(&format!("{n_kv} metadata entries"), n_kv.saturating_mul(13))?;
-        c.need(&format!("{n_tensors} tensor entries"), n_tensors.saturating_mul(24))?;
+        c.need(
+            &format!("{n_tensors} tensor entries"),
+            n_tensors.saturating_mul(24),
+        )?;
 
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -422,7 +476,9 @@ impl GgufFile {
             None => DEFAULT_ALIGNMENT,
             Some(v) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
-                _ => return Err(c.corrupt(format!("general.alignment {v:?} is not a power of two"))),
+                _ => {
+                    return Err(c.corrupt(format!("general.alignment {v:?} is not a power of two")));
+                }
             },
         };
 
@@ -449,8 +505,10 @@ impl GgufFile {
             let n_elem = dims
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| c.corrupt(format!("tensor '{name}' dimensions {dims:?} overflow")))?;
-            if dims[0] % ty.block_size() != 0 {
+                .ok_or_else(|| {
+                    c.corrupt(format!("tensor '{name}' dimensions {dims:?} overflow"))
+                })?;
+            if !dims[0].is_multiple_of(ty.block_size()) {
                 return Err(c.corrupt(format!(
                     "tensor '{name}': first dimension {} is not a multiple of the {ty} block size {}",
                     dims[0],
@@ -460,13 +518,19 @@ impl GgufFile {
             let size = (n_elem / ty.block_size())
                 .checked_mul(ty.type_size())
                 .ok_or_else(|| c.corrupt(format!("tensor '{name}' size overflows")))?;
-            if offset % alignment != 0 {
+            if !offset.is_multiple_of(alignment) {
                 return Err(c.corrupt(format!("tensor '{name}' offset {offset} is not aligned")));
             }
             if !names.insert(name.clone()) {
                 return Err(c.corrupt(format!("tensor '{name}' appears twice")));
             }
-            tensors.push(TensorInfo { name, dims, ty, offset, size });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+                size,
+            });
         }
 
         let data_offset = c.pos.div_ceil(alignment) * alignment;
@@ -483,7 +547,14 @@ impl GgufFile {
                 });
             }
         }
-        Ok(Self { path: path.to_path_buf(), version, metadata, tensors, data_offset, file_len: len })
+        Ok(Self {
+            path: path.to_path_buf(),
+            version,
+            metadata,
+            tensors,
+            data_offset,
+            file_len: len,
+        })
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -492,7 +563,10 @@ impl GgufFile {
 
     /// Reads the bytes of one tensor. The size was validated against the file in `open`.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
-        let io = |source| GgufError::Io { path: self.path.clone(), source };
+        let io = |source| GgufError::Io {
+            path: self.path.clone(),
+            source,
+        };
         let mut f = File::open(&self.path).map_err(io)?;
         // Checked again: the file may have changed since `open`.
         let len = f.metadata().map_err(io)?.len();
@@ -521,24 +595,48 @@ impl GgufFile {
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
-        let v = self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
-        v.as_u64().ok_or(GgufError::WrongType { key: key.into(), expected: "unsigned integer" })
+        let v = self
+            .get(key)
+            .ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
+        v.as_u64().ok_or(GgufError::WrongType {
+            key: key.into(),
+            expected: "unsigned integer",
+        })
     }
 
     pub fn get_f64(&self, key: &str) -> Result<f64, GgufError> {
-        let v = self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
-        v.as_f64().ok_or(GgufError::WrongType { key: key.into(), expected: "number" })
+        let v = self
+            .get(key)
+            .ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
+        v.as_f64().ok_or(GgufError::WrongType {
+            key: key.into(),
+            expected: "number",
+        })
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
-        let v = self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
-        v.as_str().ok_or(GgufError::WrongType { key: key.into(), expected: "string" })
+        let v = self
+            .get(key)
+            .ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
+        v.as_str().ok_or(GgufError::WrongType {
+            key: key.into(),
+            expected: "string",
+        })
     }
 
     /// An array of strings (the tokenizer's vocabulary and merges).
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
-        let v = self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
-        let wrong = || GgufError::WrongType { key: key.into(), expected: "array of strings" };
-        v.as_array().ok_or_else(wrong)?.iter().map(|x| x.as_str().ok_or_else(wrong)).collect()
+        let v = self
+            .get(key)
+            .ok_or_else(|| GgufError::MissingKey { key: key.into() })?;
+        let wrong = || GgufError::WrongType {
+            key: key.into(),
+            expected: "array of strings",
+        };
+        v.as_array()
+            .ok_or_else(wrong)?
+            .iter()
+            .map(|x| x.as_str().ok_or_else(wrong))
+            .collect()
     }
 }
