@@ -458,7 +458,10 @@ fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
     let (o, n) = (&old.scheduler, &new.scheduler);
     let mut parts = Vec::new();
     if o.max_num_seqs != n.max_num_seqs {
-        parts.push(format!("batch cap {} -> {}", o.max_num_seqs, n.max_num_seqs));
+        parts.push(format!(
+            "batch cap {} -> {}",
+            o.max_num_seqs, n.max_num_seqs
+        ));
     }
     if o.max_num_batched_tokens != n.max_num_batched_tokens {
         parts.push(format!(

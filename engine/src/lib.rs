@@ -20,22 +20,22 @@
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 //! - [`engine`]: the engine thread (continuous batching) and its message-passing handle.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
-pub mod gguf;
-pub mod library;
-pub mod config;
-pub mod weights;
-pub mod kv;
-pub mod ops;
 pub mod attention;
-pub mod model;
-pub mod generate;
-pub mod tokenizer;
-pub mod chat;
-pub mod detok;
-pub mod sampler;
-pub mod stop;
 pub mod block_pool;
-pub mod scheduler;
-pub mod metrics;
+pub mod chat;
+pub mod config;
+pub mod detok;
 pub mod engine;
+pub mod generate;
+pub mod gguf;
+pub mod kv;
+pub mod library;
 pub mod loadgen;
+pub mod metrics;
+pub mod model;
+pub mod ops;
+pub mod sampler;
+pub mod scheduler;
+pub mod stop;
+pub mod tokenizer;
+pub mod weights;

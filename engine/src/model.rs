@@ -69,16 +69,28 @@ impl Model {
         }
         for i in 0..n {
             if batch.tokens[i] as usize >= self.cfg.vocab {
-                return bad(format!("token id {} is outside the vocabulary", batch.tokens[i]));
+                return bad(format!(
+                    "token id {} is outside the vocabulary",
+                    batch.tokens[i]
+                ));
             }
             if batch.positions[i] >= self.cfg.context_len {
-                return bad(format!("position {} is past the context length", batch.positions[i]));
+                return bad(format!(
+                    "position {} is past the context length",
+                    batch.positions[i]
+                ));
             }
             let table = batch.block_tables.get(batch.seq_of[i]);
             let need = batch.positions[i] / kv.block_size;
             match table {
-                Some(t) if need < t.len() && t[..=need].iter().all(|&b| (b as usize) < kv.num_blocks) => {}
-                _ => return bad(format!("token {i}: block table does not cover its position")),
+                Some(t)
+                    if need < t.len()
+                        && t[..=need].iter().all(|&b| (b as usize) < kv.num_blocks) => {}
+                _ => {
+                    return bad(format!(
+                        "token {i}: block table does not cover its position"
+                    ));
+                }
             }
         }
         if batch.logit_rows.iter().any(|&r| r >= n) {
@@ -105,13 +117,21 @@ impl Model {
 
         let x = sized(&mut ws.x, n * hidden);
         for (i, &t) in batch.tokens.iter().enumerate() {
-            self.weights.embed.row(t as usize, &mut x[i * hidden..(i + 1) * hidden]);
+            self.weights
+                .embed
+                .row(t as usize, &mut x[i * hidden..(i + 1) * hidden]);
         }
         let cos = sized(&mut ws.cos, n * half);
         let sin = sized(&mut ws.sin, n * half);
         for (i, &p) in batch.positions.iter().enumerate() {
             let r = i * half..(i + 1) * half;
-            ops::rope_cache(p, c.rope_dim, c.rope_theta, &mut cos[r.clone()], &mut sin[r]);
+            ops::rope_cache(
+                p,
+                c.rope_dim,
+                c.rope_theta,
+                &mut cos[r.clone()],
+                &mut sin[r],
+            );
         }
         let shape = AttnShape {
             n_heads: c.n_heads,
@@ -127,7 +147,10 @@ impl Model {
             l.wqkv.forward(pool, h, n, qkv);
             for i in 0..n {
                 let row = &mut qkv[i * qkv_w..(i + 1) * qkv_w];
-                let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+                let (cs, sn) = (
+                    &cos[i * half..(i + 1) * half],
+                    &sin[i * half..(i + 1) * half],
+                );
                 let (q, rest) = row.split_at_mut(hidden);
                 let (k, v) = rest.split_at_mut(kv_dim);
                 ops::rope(q, hd, c.rope_style, cs, sn);
@@ -155,7 +178,8 @@ impl Model {
         let r = batch.logit_rows.len();
         let last = sized(&mut ws.last, r * hidden);
         for (j, &row) in batch.logit_rows.iter().enumerate() {
-            last[j * hidden..(j + 1) * hidden].copy_from_slice(&x[row * hidden..(row + 1) * hidden]);
+            last[j * hidden..(j + 1) * hidden]
+                .copy_from_slice(&x[row * hidden..(row + 1) * hidden]);
         }
         let last_norm = sized(&mut ws.last_norm, r * hidden);
         ops::rms_norm(last, &self.weights.out_norm, c.rms_eps, last_norm);

@@ -11,7 +11,11 @@ pub enum WeightError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
-    Shape { name: String, found: Vec<u64>, expected: Vec<u64> },
+    Shape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
     #[error("tensor '{name}' has type {ty}, which this engine cannot compute with yet")]
     Type { name: String, ty: GgmlType },
 }
@@ -41,7 +45,12 @@ pub struct Linear {
 
 impl Linear {
     pub fn view(&self) -> QMatrix<'_> {
-        QMatrix { ty: self.ty, n: self.n, k: self.k, data: &self.data }
+        QMatrix {
+            ty: self.ty,
+            n: self.n,
+            k: self.k,
+            data: &self.data,
+        }
     }
 
     /// `y[m][n] = x[m][k] . W[n][k] + b[n]`.
@@ -168,14 +177,27 @@ impl Weights {
                 w_down: linear(f, &p("ffn_down.weight"), ffn, h)?,
             });
         }
-        Ok(Self { embed, layers, out_norm, lm_head })
+        Ok(Self {
+            embed,
+            layers,
+            out_norm,
+            lm_head,
+        })
     }
 }
 
 fn info<'a>(f: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo, WeightError> {
-    let t = f.tensor(name).ok_or_else(|| GgufError::MissingTensor(name.into()))?;
+    let t = f
+        .tensor(name)
+        .ok_or_else(|| GgufError::MissingTensor(name.into()))?;
     // A trailing dimension of 1 is the same shape.
-    let found: Vec<u64> = t.dims.iter().copied().rev().skip_while(|&d| d == 1).collect();
+    let found: Vec<u64> = t
+        .dims
+        .iter()
+        .copied()
+        .rev()
+        .skip_while(|&d| d == 1)
+        .collect();
     let want: Vec<u64> = dims.iter().copied().rev().skip_while(|&d| d == 1).collect();
     if found != want {
         return Err(WeightError::Shape {
@@ -190,14 +212,26 @@ fn info<'a>(f: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo,
 /// A matrix with `k` inputs (ggml dim 0) and `n` outputs (ggml dim 1).
 fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear, WeightError> {
     let t = info(f, name, &[k, n])?;
-    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type { name: name.into(), ty: t.ty })?;
+    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
+        name: name.into(),
+        ty: t.ty,
+    })?;
     let data = f.read_tensor(t)?;
-    Ok(Linear { ty, n: n as usize, k: k as usize, data, bias: None })
+    Ok(Linear {
+        ty,
+        n: n as usize,
+        k: k as usize,
+        data,
+        bias: None,
+    })
 }
 
 fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
     let t = info(f, name, &[n])?;
-    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type { name: name.into(), ty: t.ty })?;
+    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
+        name: name.into(),
+        ty: t.ty,
+    })?;
     let data = f.read_tensor(t)?;
     let mut out = vec![0f32; n as usize];
     tpslab_kernels::dequantize_row(ty, &data, &mut out);

@@ -30,7 +30,11 @@ impl W {
         self
     }
     fn header(version: u32, n_tensors: u64, n_kv: u64) -> Self {
-        W::default().raw(b"GGUF").u32(version).u64(n_tensors).u64(n_kv)
+        W::default()
+            .raw(b"GGUF")
+            .u32(version)
+            .u64(n_tensors)
+            .u64(n_kv)
     }
 }
 
@@ -97,7 +101,11 @@ fn missing_and_empty_files() {
 #[test]
 fn wrong_magic_is_refused() {
     let d = tmpdir("magic");
-    let (e, msg) = open_err(&write(&d, "m.gguf", b"PK\x03\x04 this is a zip, not a model"));
+    let (e, msg) = open_err(&write(
+        &d,
+        "m.gguf",
+        b"PK\x03\x04 this is a zip, not a model",
+    ));
     assert!(matches!(e, GgufError::BadMagic { .. }), "{msg}");
     let (e, _) = open_err(&write(&d, "short.gguf", b"GG"));
     assert!(matches!(e, GgufError::BadMagic { .. }));
@@ -110,7 +118,10 @@ fn unsupported_versions_are_refused_by_number() {
         let mut bytes = tiny_valid();
         bytes[4..8].copy_from_slice(&v.to_le_bytes());
         let (e, msg) = open_err(&write(&d, &format!("v{v}.gguf"), &bytes));
-        assert!(matches!(e, GgufError::Version { version, .. } if version == v), "{msg}");
+        assert!(
+            matches!(e, GgufError::Version { version, .. } if version == v),
+            "{msg}"
+        );
         assert!(msg.contains(&v.to_string()), "{msg}");
     }
 }
@@ -121,7 +132,10 @@ fn truncated_header_is_refused() {
     let full = tiny_valid();
     for n in [5usize, 8, 12, 20, 30] {
         let (e, msg) = open_err(&write(&d, &format!("t{n}.gguf"), &full[..n]));
-        assert!(matches!(e, GgufError::Truncated { .. }), "cut at {n}: {msg}");
+        assert!(
+            matches!(e, GgufError::Truncated { .. }),
+            "cut at {n}: {msg}"
+        );
     }
 }
 
@@ -146,7 +160,12 @@ fn absurd_string_lengths_are_refused() {
     let (e, msg) = open_err(&write(&d, "key.gguf", &key));
     assert!(matches!(e, GgufError::Truncated { .. }), "{msg}");
     // String value longer than the file.
-    let val = W::header(3, 0, 1).str("k").u32(8).u64(1_000_000).raw(b"short").0;
+    let val = W::header(3, 0, 1)
+        .str("k")
+        .u32(8)
+        .u64(1_000_000)
+        .raw(b"short")
+        .0;
     let (e, msg) = open_err(&write(&d, "val.gguf", &val));
     assert!(matches!(e, GgufError::Truncated { .. }), "{msg}");
 }
@@ -162,15 +181,25 @@ fn bad_tensor_entries_are_refused() {
         w.u32(ty).u64(off).raw(&[0u8; 64]).0
     };
     let (e, msg) = open_err(&write(&d, "type.gguf", &tensor(&[8], 99, 0)));
-    assert!(matches!(e, GgufError::UnknownTensorType { type_id: 99, .. }), "{msg}");
+    assert!(
+        matches!(e, GgufError::UnknownTensorType { type_id: 99, .. }),
+        "{msg}"
+    );
     let (e, msg) = open_err(&write(&d, "rank.gguf", &tensor(&[1, 1, 1, 1, 1], 0, 0)));
     assert!(matches!(e, GgufError::Corrupt { .. }), "{msg}");
-    let (e, msg) = open_err(&write(&d, "overflow.gguf", &tensor(&[1 << 40, 1 << 40], 0, 0)));
+    let (e, msg) = open_err(&write(
+        &d,
+        "overflow.gguf",
+        &tensor(&[1 << 40, 1 << 40], 0, 0),
+    ));
     assert!(matches!(e, GgufError::Corrupt { .. }), "{msg}");
     let (e, msg) = open_err(&write(&d, "huge.gguf", &tensor(&[1 << 30], 0, 0)));
     assert!(matches!(e, GgufError::Truncated { .. }), "{msg}");
     let (e, msg) = open_err(&write(&d, "offset.gguf", &tensor(&[8], 0, u64::MAX - 31)));
-    assert!(matches!(e, GgufError::Truncated { .. } | GgufError::Corrupt { .. }), "{msg}");
+    assert!(
+        matches!(e, GgufError::Truncated { .. } | GgufError::Corrupt { .. }),
+        "{msg}"
+    );
     // A Q4_0 tensor whose row is not a whole number of 32-element blocks.
     let (e, msg) = open_err(&write(&d, "block.gguf", &tensor(&[33], 2, 0)));
     assert!(matches!(e, GgufError::Corrupt { .. }), "{msg}");
@@ -184,8 +213,17 @@ fn real_model_cut_short_is_refused_at_each_stage() {
     assert_eq!(ok.tensors.len(), 272);
     let d = tmpdir("real");
     // Inside the metadata (vocabulary), inside the tensor table, inside the tensor data.
-    for cut in [64usize, 600_000, ok.data_offset as usize - 100, bytes.len() / 2, bytes.len() - 1] {
+    for cut in [
+        64usize,
+        600_000,
+        ok.data_offset as usize - 100,
+        bytes.len() / 2,
+        bytes.len() - 1,
+    ] {
         let (e, msg) = open_err(&write(&d, "cut.gguf", &bytes[..cut]));
-        assert!(matches!(e, GgufError::Truncated { .. }), "cut at {cut}: {msg}");
+        assert!(
+            matches!(e, GgufError::Truncated { .. }),
+            "cut at {cut}: {msg}"
+        );
     }
 }
