@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Single-stream speed of tpslab against llama.cpp's llama-bench on the same file, machine and
 # thread count, run back to back so both see the same machine state.
-#   LLAMA_BIN=/path/to/llama.cpp/build/bin scripts/bench-vs-llamacpp.sh [MODEL.gguf]
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin tests/bench/bench-vs-llamacpp.sh [MODEL.gguf]
 # llama.cpp is not part of this repo: build it yourself (any recent release) and point LLAMA_BIN
 # at its bin/ folder.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 : "${LLAMA_BIN:?set LLAMA_BIN to a llama.cpp build/bin folder}"
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Batched (serving) speed of tpslab against llama.cpp's llama-batched-bench on the same file,
 # machine and thread count: prompt 128, output 128, 1/4/16/64 sequences, back to back.
-#   LLAMA_BIN=/path/to/llama.cpp/build/bin scripts/batched-vs-llamacpp.sh [MODEL.gguf]
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin tests/bench/batched-vs-llamacpp.sh [MODEL.gguf]
 # llama.cpp is not part of this repo: build it yourself and point LLAMA_BIN at its bin/ folder.
 # Compare like with like: llama-batched-bench's whole-run output rate is B*TG/T (its T includes
 # prefill), our `output_throughput`; its decode-only S_TG is our `decode_throughput`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 : "${LLAMA_BIN:?set LLAMA_BIN to a llama.cpp build/bin folder}"
 THREADS=${THREADS:-2}
 LEVELS=${LEVELS:-1,4,16,64}
