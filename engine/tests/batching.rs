@@ -258,3 +258,62 @@ fn record(ended: &mut HashMap<u64, &'static str>, ev: Event) {
         ev.id()
     );
 }
+
+#[test]
+fn kv_rebuild_while_running_loses_nothing() {
+    let lm = model();
+    let alone_engine = engine(Knobs::default());
+    let alone: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|t| run_all(&alone_engine, &lm, &[t]).remove(0))
+        .collect();
+    drop(alone_engine);
+
+    let e = engine(Knobs::default());
+    let (tx, rx) = mpsc::channel();
+    let ids: Vec<u64> = PROMPTS
+        .iter()
+        .map(|t| e.submit(request(&lm, t, 0), tx.clone()))
+        .collect();
+    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut done = 0;
+    let mut rebuilt = false;
+    while done < ids.len() {
+        match rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("engine answers")
+        {
+            Event::Token { id, token, .. } => {
+                out.entry(id).or_default().push(token);
+                // Mid-generation: a new pool with another block size; running requests are
+                // recomputed in it.
+                if !rebuilt && out.values().map(Vec::len).sum::<usize>() >= 8 {
+                    let mut k = Knobs::default();
+                    k.kv = KvSettings {
+                        budget_bytes: 64 << 20,
+                        block_size: 8,
+                    };
+                    e.set_knobs(k);
+                    rebuilt = true;
+                }
+            }
+            Event::Finished { reason, .. } => {
+                assert_eq!(reason, FinishReason::Length);
+                done += 1;
+            }
+            Event::Refused { reason, .. } => panic!("refused: {reason}"),
+            Event::Started { .. } => {}
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(out.get(id), Some(&alone[i]), "prompt {:?}", PROMPTS[i]);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let s = e.stats();
+    assert_eq!(
+        s.knobs.kv.block_size, 8,
+        "the rebuild did not take: {:?}",
+        s.last_error
+    );
+    assert_eq!(s.kv_used_blocks, 0);
+}
