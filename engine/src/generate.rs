@@ -8,7 +8,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Request};
+use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::model::{Model, ModelError};
 use crate::sampler::SamplingParams;
@@ -50,10 +52,18 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     pub fn load(path: &Path) -> Result<Self, GenerateError> {
-        let (model, file) = Model::load(path)?;
+        let mut file = GgufFile::open(path).map_err(ModelError::from)?;
+        let cfg = ModelConfig::from_gguf(&file).map_err(ModelError::from)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
         let precision = dominant_type(&file);
+        // The vocabulary and merges (~100k strings) are in the tokenizer now; freeing them and
+        // the tokenizer's build-time garbage before the weights arrive keeps the peak RSS down.
+        file.metadata
+            .retain(|k, _| !k.starts_with("tokenizer.ggml."));
+        crate::library::release_free_memory();
+        let model = Model::from_file(&file, cfg)?;
+        crate::library::release_free_memory();
         Ok(Self {
             path: path.to_path_buf(),
             model,

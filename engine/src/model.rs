@@ -61,6 +61,12 @@ impl Model {
         Ok((Self { cfg, weights }, file))
     }
 
+    /// The model of an already opened file whose configuration was resolved.
+    pub fn from_file(file: &GgufFile, cfg: ModelConfig) -> Result<Self, ModelError> {
+        let weights = Weights::load(file, &cfg)?;
+        Ok(Self { cfg, weights })
+    }
+
     fn check(&self, batch: &Batch, kv: &KvCache) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Batch(m));
         let n = batch.len();
