@@ -303,14 +303,18 @@ impl Cursor<'_> {
     fn bytes<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
         self.need(what, N as u64)?;
         let mut buf = [0u8; N];
-        self.inner
-            .read_exact(&mut buf)
-            .map_err(|source| GgufError::Io {
-                path: self.path.to_path_buf(),
-                source,
-            })?;
-        self.pos += N as u64;
+        self.fill(&mut buf)?;
         Ok(buf)
+    }
+
+    /// Reads exactly `buf.len()` bytes (already checked with `need`) and advances.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), GgufError> {
+        self.inner.read_exact(buf).map_err(|source| GgufError::Io {
+            path: self.path.to_path_buf(),
+            source,
+        })?;
+        self.pos += buf.len() as u64;
+        Ok(())
     }
 
     fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
@@ -326,13 +330,7 @@ impl Cursor<'_> {
         self.need(what, n)?;
         // `need` bounded n by the real file size, so this allocation is backed by real bytes.
         let mut buf = vec![0u8; usize::try_from(n).map_err(|_| self.corrupt("string length"))?];
-        self.inner
-            .read_exact(&mut buf)
-            .map_err(|source| GgufError::Io {
-                path: self.path.to_path_buf(),
-                source,
-            })?;
-        self.pos += n;
+        self.fill(&mut buf)?;
         Ok(match String::from_utf8(buf) {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

