@@ -10,10 +10,14 @@
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 //! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
+//! - `cuda` (feature `cuda`, on by default): the GPU kernels (`kernels/cuda/*.cu`, embedded as the
+//!   PTX in `kernels/ptx/`) behind safe wrappers on cudarc; libcuda is loaded at run time.
 
 pub mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dequant;
 mod matmul;
 pub mod pool;

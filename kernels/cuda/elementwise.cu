@@ -1,0 +1,141 @@
+// Per-token kernels of the forward pass: embedding lookup, RMSNorm (fused with the residual add),
+// RoPE fused with the KV-cache write, SwiGLU, bias, greedy argmax, dequantization to f16.
+#include "common.cuh"
+
+// out[i][:] = row tokens[i] of the embedding table (any weight type), as f32.
+extern "C" __global__ void embed_rows(const uint8_t* table, int wtype, int k, long long row_bytes,
+                                      const int* tokens, float* out) {
+    const int i = blockIdx.x;
+    const uint8_t* row = table + (long long)tokens[i] * row_bytes;
+    for (int e = threadIdx.x; e < k; e += blockDim.x) out[(long long)i * k + e] = dequant_elem(wtype, row, e);
+}
+
+// out[r] = x[rows ? rows[r] : r] * rsqrt(mean(x^2) + eps) * w. One block per output row.
+extern "C" __global__ void rms_norm(const float* x, const int* rows, const float* w, float* out,
+                                    int dim, float eps) {
+    const int r = blockIdx.x;
+    const float* xr = x + (long long)(rows ? rows[r] : r) * dim;
+    float ss = 0.0f;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) ss += xr[e] * xr[e];
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) out[(long long)r * dim + e] = xr[e] * scale * w[e];
+}
+
+// x += delta; out = rms_norm(x) * w. One block per row.
+extern "C" __global__ void add_rms_norm(float* x, const float* delta, const float* w, float* out,
+                                        int dim, float eps) {
+    const long long base = (long long)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+        const float v = x[base + e] + delta[base + e];
+        x[base + e] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) out[base + e] = x[base + e] * scale * w[e];
+}
+
+// x += y over n elements.
+extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+// y[r][c] += b[c] for rows of n.
+extern "C" __global__ void add_bias(float* y, const float* b, int n, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        y[i] += b[i % n];
+}
+
+// out[r][c] = silu(gu[r][c]) * gu[r][ffn + c].
+extern "C" __global__ void swiglu(const float* gu, float* out, int ffn, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / ffn, c = i % ffn;
+        const float g = gu[r * 2 * ffn + c], u = gu[r * 2 * ffn + ffn + c];
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+// Rotates Q and K of token blockIdx.x in place (rows of qkv: [q | k | v]) and stores K and V
+// as f16 in KV slot slots[i]. theta_i = pos * theta_scale^i, multiplied up as ggml does.
+extern "C" __global__ void rope_store(float* qkv, int stride, const int* pos, const int* slots,
+                                      __half* kc, __half* vc, int n_heads, int n_kv_heads,
+                                      int head_dim, int rope_dim, float theta_scale, int neox) {
+    const int i = blockIdx.x;
+    float* row = qkv + (long long)i * stride;
+    const int half = rope_dim / 2;
+    const int pairs = (n_heads + n_kv_heads) * half;
+    const float p = (float)pos[i];
+    for (int t = threadIdx.x; t < pairs; t += blockDim.x) {
+        const int head = t / half, j = t % half;
+        float theta = p;
+        for (int s = 0; s < j; s++) theta *= theta_scale;
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        float* h = row + head * head_dim;
+        const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+        const float x0 = h[a], x1 = h[b];
+        h[a] = x0 * cs - x1 * sn;
+        h[b] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+    const int kv_dim = n_kv_heads * head_dim;
+    const long long slot = slots[i];
+    const float* k = row + n_heads * head_dim;
+    const float* v = k + kv_dim;
+    for (int e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+        kc[slot * kv_dim + e] = __float2half_rn(k[e]);
+        vc[slot * kv_dim + e] = __float2half_rn(v[e]);
+    }
+}
+
+// out[r] = the lowest index of the largest logit of row r (NaN counts as -inf).
+extern "C" __global__ void argmax_rows(const float* logits, int vocab, unsigned* out) {
+    const float* row = logits + (long long)blockIdx.x * vocab;
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int e = threadIdx.x; e < vocab; e += blockDim.x) {
+        const float v = row[e];
+        if (v > best) { best = v; idx = e; }
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = best; si[warp] = idx; }
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        best = lane < nw ? sv[lane] : -INFINITY;
+        idx = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+        }
+        if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (unsigned)idx;
+    }
+}
+
+// y = x as f16 (activations for the tensor-core path).
+extern "C" __global__ void f32_to_f16(const float* x, __half* y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = __float2half_rn(x[i]);
+}
+
+// out[n][k] = the whole matrix as f16 (quantized weights for the tensor-core path).
+extern "C" __global__ void dequant_f16(const uint8_t* w, int wtype, int k, long long row_bytes,
+                                       long long total, __half* out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / k;
+        out[i] = __float2half_rn(dequant_elem(wtype, w + r * row_bytes, (int)(i % k)));
+    }
+}

@@ -1,0 +1,661 @@
+//! The CUDA kernels (`kernels/cuda/*.cu`, compiled ahead to the PTX in `kernels/ptx/`, embedded
+//! here) behind safe wrappers on cudarc. Nothing here links a CUDA library: libcuda and cuBLAS are
+//! loaded at run time, and [`probe`] checks for the driver first, so a machine without one gets
+//! an error to show instead of a panic.
+//!
+//! Buffers are [`DBuf`]s (device bytes); the operations take device addresses ([`DBuf::ptr`] plus
+//! byte offsets), so callers can address layers and rows inside one allocation. Everything runs
+//! on one stream in order; [`Gpu::sync`] waits for it.
+
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::WType;
+
+const PTX_ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
+const PTX_MATVEC: &str = include_str!("../ptx/matvec.ptx");
+const PTX_ATTENTION: &str = include_str!("../ptx/attention.ptx");
+
+/// Largest activation batch the matrix-vector kernels take in one launch.
+const MMV_MAX_ROWS: usize = 8;
+/// Up to this many rows, quantized weights go through the matrix-vector kernels (in launches of
+/// 8 rows, each reading the weights once); past it, they are dequantized to f16 for cuBLAS.
+const MMV_QUANT_ROWS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaError(pub String);
+
+impl std::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        Self(format!("CUDA driver: {e}"))
+    }
+}
+
+impl From<cudarc::cublas::result::CublasError> for CudaError {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        Self(format!("cuBLAS: {e:?}"))
+    }
+}
+
+type Result<T> = std::result::Result<T, CudaError>;
+
+/// The type id the kernels use for a weight type (`WT_*` in `common.cuh`).
+pub fn wtype_id(ty: WType) -> i32 {
+    match ty {
+        WType::F32 => 0,
+        WType::F16 => 1,
+        WType::BF16 => 2,
+        WType::Q4_0 => 3,
+        WType::Q4_1 => 4,
+        WType::Q8_0 => 5,
+        WType::Q4K => 6,
+        WType::Q6K => 7,
+    }
+}
+
+fn mmv_name(ty: WType) -> &'static str {
+    match ty {
+        WType::F32 => "f32",
+        WType::F16 => "f16",
+        WType::BF16 => "bf16",
+        WType::Q4_0 => "q4_0",
+        WType::Q4_1 => "q4_1",
+        WType::Q8_0 => "q8_0",
+        WType::Q4K => "q4_k",
+        WType::Q6K => "q6_k",
+    }
+}
+
+const ALL_TYPES: [WType; 8] = [
+    WType::F32,
+    WType::F16,
+    WType::BF16,
+    WType::Q4_0,
+    WType::Q4_1,
+    WType::Q8_0,
+    WType::Q4K,
+    WType::Q6K,
+];
+
+/// Whether a driver and at least one device are present: `Ok(device count)`, or why not.
+pub fn probe() -> Result<usize> {
+    // SAFETY: only tries to open the library; without this check cudarc panics on first use.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError("no CUDA driver found (libcuda is not installed)".into()));
+    }
+    let n = CudaContext::device_count()?;
+    if n <= 0 {
+        return Err(CudaError("the CUDA driver reports no GPU".into()));
+    }
+    Ok(n as usize)
+}
+
+/// Device memory. Freed when dropped.
+pub struct DBuf {
+    slice: CudaSlice<u8>,
+    ptr: u64,
+}
+
+impl DBuf {
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+}
+
+/// A weight matrix in device memory: `n` rows of `k` elements in the ggml layout of `ty`.
+#[derive(Debug, Clone, Copy)]
+pub struct DevMatrix {
+    pub ty: WType,
+    pub n: usize,
+    pub k: usize,
+    pub ptr: u64,
+}
+
+impl DevMatrix {
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.k)
+    }
+}
+
+/// Shape of attention for the RoPE and attention kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnGeom {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+/// Reusable f16 buffers of the tensor-core path, grown on demand.
+#[derive(Default)]
+pub struct GemmScratch {
+    x: Option<DBuf>,
+    w: Option<DBuf>,
+}
+
+impl GemmScratch {
+    pub fn bytes(&self) -> usize {
+        self.x.as_ref().map_or(0, DBuf::len) + self.w.as_ref().map_or(0, DBuf::len)
+    }
+}
+
+enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+struct Kernels {
+    embed_rows: CudaFunction,
+    rms_norm: CudaFunction,
+    add_rms_norm: CudaFunction,
+    add_inplace: CudaFunction,
+    add_bias: CudaFunction,
+    swiglu: CudaFunction,
+    rope_store: CudaFunction,
+    argmax_rows: CudaFunction,
+    f32_to_f16: CudaFunction,
+    dequant_f16: CudaFunction,
+    /// `[type id][0..4]` for 1, 2, 4, 8 rows.
+    mmv: Vec<[CudaFunction; 4]>,
+    /// By head_dim / 32 (index 1..=8; 7 missing).
+    attn: Vec<Option<CudaFunction>>,
+}
+
+/// One GPU: its context, stream, cuBLAS handle and loaded kernels.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    name: String,
+    ordinal: usize,
+}
+
+fn load(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+    m.load_function(name)
+        .map_err(|e| CudaError(format!("kernel {name} missing from the PTX: {e}")))
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads the kernels (the driver compiles the PTX for the GPU).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let n = probe()?;
+        if ordinal >= n {
+            return Err(CudaError(format!(
+                "there is no GPU cuda:{ordinal} ({n} found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream, in order: no per-buffer events needed.
+        // SAFETY: every buffer is used on this one stream only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        // SAFETY: as for the driver; cuBLAS is looked up at run time.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError(
+                "cuBLAS (libcublas.so.13) not found: add the CUDA libraries to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let blas = CudaBlas::new(stream.clone())?;
+        let ew = ctx.load_module(Ptx::from_src(PTX_ELEMENTWISE))?;
+        let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
+        let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
+        let mut mmv = Vec::new();
+        for ty in ALL_TYPES {
+            let f = |r: usize| load(&mv, &format!("mmv_{}_{r}", mmv_name(ty)));
+            mmv.push([f(1)?, f(2)?, f(4)?, f(8)?]);
+        }
+        let mut attn = vec![None];
+        for hdl in 1..=8 {
+            attn.push(if hdl == 7 {
+                None
+            } else {
+                Some(load(&at, &format!("paged_attention_{hdl}"))?)
+            });
+        }
+        let k = Kernels {
+            embed_rows: load(&ew, "embed_rows")?,
+            rms_norm: load(&ew, "rms_norm")?,
+            add_rms_norm: load(&ew, "add_rms_norm")?,
+            add_inplace: load(&ew, "add_inplace")?,
+            add_bias: load(&ew, "add_bias")?,
+            swiglu: load(&ew, "swiglu")?,
+            rope_store: load(&ew, "rope_store")?,
+            argmax_rows: load(&ew, "argmax_rows")?,
+            f32_to_f16: load(&ew, "f32_to_f16")?,
+            dequant_f16: load(&ew, "dequant_f16")?,
+            mmv,
+            attn,
+        };
+        let name = ctx.name()?;
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            k,
+            name,
+            ordinal,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Makes this GPU's context current on the calling thread (needed once per thread).
+    pub fn bind(&self) -> Result<()> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+
+    /// (free, total) device memory in bytes, from the driver (cuMemGetInfo).
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// Waits for all work queued so far; reports an error a kernel raised.
+    pub fn sync(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    fn wrap(&self, slice: CudaSlice<u8>) -> DBuf {
+        let ptr = {
+            let (ptr, _guard) = slice.device_ptr(&self.stream);
+            ptr
+        };
+        DBuf { slice, ptr }
+    }
+
+    /// `bytes` of zeroed device memory.
+    pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
+        let s = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| {
+            CudaError(format!("cannot allocate {bytes} bytes of GPU memory: {e}"))
+        })?;
+        Ok(self.wrap(s))
+    }
+
+    /// A copy of `data` in device memory.
+    pub fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<DBuf> {
+        let bytes = std::mem::size_of_val(data);
+        let buf = self.alloc(bytes)?;
+        self.htod(buf.ptr(), data)?;
+        Ok(buf)
+    }
+
+    /// Copies `src` to device address `dst` (queued on the stream).
+    pub fn htod<T>(&self, dst: u64, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: callers pass an address inside one of their buffers with room for `src`.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream())?;
+        }
+        // Pageable host memory: the copy has been staged when the call returns, but make the
+        // ordering explicit for the caller's next reuse of `src`.
+        Ok(())
+    }
+
+    /// Copies device memory at `src` into `dst` and waits for it.
+    pub fn dtoh<T>(&self, src: u64, dst: &mut [T]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `src` holds at least `dst.len()` elements (callers' contract).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())?;
+        }
+        self.sync()
+    }
+
+    /// Sets `bytes` bytes at `dst` to `value` (e.g. 0xff to poison outputs in tests).
+    pub fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        // SAFETY: `dst..dst + bytes` lies in one of the caller's buffers.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(dst, value, bytes, self.stream.cu_stream())?;
+        }
+        Ok(())
+    }
+
+    fn run(&self, f: &CudaFunction, grid: (u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::P(x) => b.arg(x),
+                Arg::I(x) => b.arg(x),
+                Arg::L(x) => b.arg(x),
+                Arg::F(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every kernel's arguments are pushed in its declared order and types; buffer
+        // sizes are the callers' contract (checked by the engine before each step).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn grid_for(n: usize) -> u32 {
+        n.div_ceil(256).min(65_535 * 8) as u32
+    }
+
+    /// `out[i] = table[tokens[i]]` as f32 (`tokens`: `n` i32 on the device).
+    pub fn embed(&self, table: &DevMatrix, tokens: u64, n: usize, out: u64) -> Result<()> {
+        let a = [
+            Arg::P(table.ptr),
+            Arg::I(wtype_id(table.ty)),
+            Arg::I(table.k as i32),
+            Arg::L(table.row_bytes() as i64),
+            Arg::P(tokens),
+            Arg::P(out),
+        ];
+        self.run(&self.k.embed_rows, (n as u32, 1), 256, &a)
+    }
+
+    /// `out[r] = rms_norm(x[rows[r]]) * w` for `n` rows (`rows`: i32 indices, or all in order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        rows: Option<u64>,
+        n: usize,
+        w: u64,
+        out: u64,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let a = [
+            Arg::P(x),
+            Arg::P(rows.unwrap_or(0)),
+            Arg::P(w),
+            Arg::P(out),
+            Arg::I(dim as i32),
+            Arg::F(eps),
+        ];
+        self.run(&self.k.rms_norm, (n as u32, 1), 256, &a)
+    }
+
+    /// `x += delta; out = rms_norm(x) * w`, for `n` rows of `dim`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &self,
+        x: u64,
+        delta: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let a = [
+            Arg::P(x),
+            Arg::P(delta),
+            Arg::P(w),
+            Arg::P(out),
+            Arg::I(dim as i32),
+            Arg::F(eps),
+        ];
+        self.run(&self.k.add_rms_norm, (n as u32, 1), 256, &a)
+    }
+
+    /// `x += y` over `n` floats.
+    pub fn add(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let a = [Arg::P(x), Arg::P(y), Arg::L(n as i64)];
+        self.run(&self.k.add_inplace, (Self::grid_for(n), 1), 256, &a)
+    }
+
+    /// Adds bias `b` (`n` floats) to each of `rows` rows of `y`.
+    pub fn add_bias(&self, y: u64, b: u64, n: usize, rows: usize) -> Result<()> {
+        let a = [
+            Arg::P(y),
+            Arg::P(b),
+            Arg::I(n as i32),
+            Arg::L((n * rows) as i64),
+        ];
+        self.run(&self.k.add_bias, (Self::grid_for(n * rows), 1), 256, &a)
+    }
+
+    /// `out[r] = silu(gate) * up` where each row of `gu` is `[gate | up]` of `ffn` each.
+    pub fn swiglu(&self, gu: u64, out: u64, ffn: usize, rows: usize) -> Result<()> {
+        let a = [
+            Arg::P(gu),
+            Arg::P(out),
+            Arg::I(ffn as i32),
+            Arg::L((ffn * rows) as i64),
+        ];
+        self.run(&self.k.swiglu, (Self::grid_for(ffn * rows), 1), 256, &a)
+    }
+
+    /// RoPE on Q and K of `n` tokens in place (rows of `qkv`, `stride` floats apart) and their K
+    /// and V stored as f16 in KV slots `slots` of one layer's caches `kc`, `vc`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_store(
+        &self,
+        qkv: u64,
+        stride: usize,
+        pos: u64,
+        slots: u64,
+        kc: u64,
+        vc: u64,
+        n: usize,
+        g: &AttnGeom,
+        rope_dim: usize,
+        theta_base: f32,
+        neox: bool,
+    ) -> Result<()> {
+        let a = [
+            Arg::P(qkv),
+            Arg::I(stride as i32),
+            Arg::P(pos),
+            Arg::P(slots),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::I(g.n_heads as i32),
+            Arg::I(g.n_kv_heads as i32),
+            Arg::I(g.head_dim as i32),
+            Arg::I(rope_dim as i32),
+            Arg::F(theta_base.powf(-2.0 / rope_dim as f32)),
+            Arg::I(i32::from(neox)),
+        ];
+        self.run(&self.k.rope_store, (n as u32, 1), 256, &a)
+    }
+
+    /// Whether the attention kernel takes this head size.
+    pub fn supports_head_dim(head_dim: usize) -> bool {
+        head_dim.is_multiple_of(32) && matches!(head_dim / 32, 1..=6 | 8)
+    }
+
+    /// Paged attention of `n` tokens: token `i` (position `pos[i]`) attends to positions
+    /// `0..=pos[i]` of its sequence, whose block table starts at `bt[bt_off[i]]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &self,
+        qkv: u64,
+        stride: usize,
+        kc: u64,
+        vc: u64,
+        pos: u64,
+        bt_off: u64,
+        bt: u64,
+        out: u64,
+        n: usize,
+        g: &AttnGeom,
+    ) -> Result<()> {
+        let f = self
+            .k
+            .attn
+            .get(g.head_dim / 32)
+            .and_then(Option::as_ref)
+            .filter(|_| Self::supports_head_dim(g.head_dim))
+            .ok_or_else(|| CudaError(format!("no attention kernel for head size {}", g.head_dim)))?;
+        let group = g.n_heads / g.n_kv_heads.max(1);
+        let y = g.n_kv_heads * group.div_ceil(8);
+        let a = [
+            Arg::P(qkv),
+            Arg::I(stride as i32),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(pos),
+            Arg::P(bt_off),
+            Arg::P(bt),
+            Arg::P(out),
+            Arg::I(g.n_heads as i32),
+            Arg::I(g.n_kv_heads as i32),
+            Arg::I(g.block_size as i32),
+            Arg::F(1.0 / (g.head_dim as f32).sqrt()),
+        ];
+        self.run(f, (n as u32, y as u32), 128, &a)
+    }
+
+    /// `out[r]` (u32) = index of the largest of `vocab` logits in row `r`, for `rows` rows.
+    pub fn argmax(&self, logits: u64, rows: usize, vocab: usize, out: u64) -> Result<()> {
+        let a = [Arg::P(logits), Arg::I(vocab as i32), Arg::P(out)];
+        self.run(&self.k.argmax_rows, (rows as u32, 1), 1024, &a)
+    }
+
+    /// `y[m][n] = x[m][k] . W[n][k]^T` (f32 in and out).
+    pub fn matmul(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let dense = matches!(w.ty, WType::F16 | WType::BF16);
+        let small = m <= MMV_MAX_ROWS || (!dense && m <= MMV_QUANT_ROWS) || w.ty == WType::F32;
+        if small {
+            return self.matvec(w, x, m, y);
+        }
+        self.gemm_f16(w, x, m, y, scratch)
+    }
+
+    /// The matrix-vector kernels over `m` rows, 8 rows per launch.
+    pub fn matvec(&self, w: &DevMatrix, x: u64, m: usize, y: u64) -> Result<()> {
+        let fs = &self.k.mmv[wtype_id(w.ty) as usize];
+        let mut done = 0;
+        while done < m {
+            let rows = (m - done).min(MMV_MAX_ROWS);
+            let f = match rows {
+                1 => &fs[0],
+                2 => &fs[1],
+                3 | 4 => &fs[2],
+                _ => &fs[3],
+            };
+            let a = [
+                Arg::P(w.ptr),
+                Arg::L(w.row_bytes() as i64),
+                Arg::P(x + (done * w.k * 4) as u64),
+                Arg::P(y + (done * w.n * 4) as u64),
+                Arg::I(w.n as i32),
+                Arg::I(w.k as i32),
+                Arg::I(rows as i32),
+                Arg::I(w.n as i32),
+            ];
+            self.run(f, (w.n.div_ceil(4) as u32, 1), 128, &a)?;
+            done += rows;
+        }
+        Ok(())
+    }
+
+    fn ensure(&self, slot: &mut Option<DBuf>, bytes: usize) -> Result<u64> {
+        if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+            *slot = None;
+            *slot = Some(self.alloc(bytes)?);
+        }
+        Ok(slot.as_ref().map_or(0, DBuf::ptr))
+    }
+
+    /// The tensor-core path: activations to f16, weights to f16 unless they are, cuBLAS GEMM
+    /// with f32 accumulation and f32 output.
+    pub fn gemm_f16(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let (n, k) = (w.n, w.k);
+        let xh = self.ensure(&mut scratch.x, m * k * 2)?;
+        self.run(
+            &self.k.f32_to_f16,
+            (Self::grid_for(m * k), 1),
+            256,
+            &[Arg::P(x), Arg::P(xh), Arg::L((m * k) as i64)],
+        )?;
+        let wh = if w.ty == WType::F16 {
+            w.ptr
+        } else {
+            let wh = self.ensure(&mut scratch.w, n * k * 2)?;
+            let a = [
+                Arg::P(w.ptr),
+                Arg::I(wtype_id(w.ty)),
+                Arg::I(k as i32),
+                Arg::L(w.row_bytes() as i64),
+                Arg::L((n * k) as i64),
+                Arg::P(wh),
+            ];
+            self.run(&self.k.dequant_f16, (Self::grid_for(n * k), 1), 256, &a)?;
+            wh
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major: Y^T (n x m) = W (k x n)^T . X^T (k x m).
+        // SAFETY: the pointers address buffers of the stated shapes.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                (&raw const alpha).cast(),
+                wh as *const _,
+                cudaDataType::CUDA_R_16F,
+                k as i32,
+                xh as *const _,
+                cudaDataType::CUDA_R_16F,
+                k as i32,
+                (&raw const beta).cast(),
+                y as *mut _,
+                cudaDataType::CUDA_R_32F,
+                n as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
+    }
+}

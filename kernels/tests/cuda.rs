@@ -1,0 +1,364 @@
+//! Every CUDA kernel against a plain CPU reference in f64, on fresh random inputs each run (the
+//! seed is printed). Outputs are poisoned (NaN) before each launch, so an unwritten element fails.
+//! Without a GPU or driver each test prints why and passes: CI machines have none.
+//!
+//! Tolerances (relative L2 error ||gpu - ref|| / ||ref||): f32 kernels 1e-5; matrix-vector kernels
+//! (exact dequantization, f32 accumulation) 1e-4; the cuBLAS path (f16 activations and weights,
+//! f32 accumulation) 5e-3; attention over f16 K/V 1e-3 (the reference reads the same f16 values).
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used)]
+
+use half::f16;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use tpslab_kernels::cuda::{AttnGeom, DevMatrix, GemmScratch, Gpu};
+use tpslab_kernels::{WType, dequantize_row};
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn rng() -> StdRng {
+    let seed: u64 = rand::rng().random();
+    println!("seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output {g}");
+        num += (g as f64 - w).powi(2);
+        den += w * w;
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn floats(r: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
+}
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// A random `n x k` matrix of type `ty` with sane block scales.
+fn random_matrix(r: &mut StdRng, ty: WType, n: usize, k: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(k);
+    let mut d = vec![0u8; n * rb];
+    match ty {
+        WType::F32 => {
+            for (c, v) in d.chunks_exact_mut(4).zip(floats(r, n * k)) {
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        WType::F16 => {
+            for (c, v) in d.chunks_exact_mut(2).zip(floats(r, n * k)) {
+                c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+        }
+        WType::BF16 => {
+            for (c, v) in d.chunks_exact_mut(2).zip(floats(r, n * k)) {
+                c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        _ => {
+            r.fill(&mut d[..]);
+            let ts = ty.type_size();
+            for blk in d.chunks_exact_mut(ts) {
+                match ty {
+                    WType::Q4_0 | WType::Q8_0 => put_f16(blk, 0, r.random_range(-0.1..0.1)),
+                    WType::Q4_1 | WType::Q4K => {
+                        put_f16(blk, 0, r.random_range(-0.1..0.1));
+                        put_f16(blk, 2, r.random_range(-0.1..0.1));
+                    }
+                    WType::Q6K => put_f16(blk, 208, r.random_range(-0.01..0.01)),
+                    _ => unreachable!(),
+                }
+            }
+        }
+    }
+    d
+}
+
+fn dequant(ty: WType, data: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let rb = ty.row_bytes(k);
+    let mut out = vec![0f32; n * k];
+    for i in 0..n {
+        dequantize_row(ty, &data[i * rb..(i + 1) * rb], &mut out[i * k..(i + 1) * k]);
+    }
+    out
+}
+
+fn download(g: &Gpu, ptr: u64, n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    g.dtoh(ptr, &mut v).unwrap();
+    v
+}
+
+const TYPES: [WType; 8] = [
+    WType::F32,
+    WType::F16,
+    WType::BF16,
+    WType::Q4_0,
+    WType::Q4_1,
+    WType::Q8_0,
+    WType::Q4K,
+    WType::Q6K,
+];
+
+#[test]
+fn matmul_every_type_and_batch_size() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    let mut scratch = GemmScratch::default();
+    for ty in TYPES {
+        let (n, k) = (200 + r.random_range(0..60), 256 * r.random_range(1..5));
+        let w = random_matrix(&mut r, ty, n, k);
+        let wf = dequant(ty, &w, n, k);
+        let wd = g.upload(&w).unwrap();
+        let mat = DevMatrix { ty, n, k, ptr: wd.ptr() };
+        for m in [1, 2, 3, 5, 8, 13, 40, 80] {
+            let x = floats(&mut r, m * k);
+            let xd = g.upload(&x).unwrap();
+            let yd = g.alloc(m * n * 4).unwrap();
+            g.memset(yd.ptr(), 0xff, m * n * 4).unwrap();
+            g.matmul(&mat, xd.ptr(), m, yd.ptr(), &mut scratch).unwrap();
+            let got = download(&g, yd.ptr(), m * n);
+            let want: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    (0..k)
+                        .map(|e| x[row * k + e] as f64 * wf[col * k + e] as f64)
+                        .sum()
+                })
+                .collect();
+            let err = rel_err(&got, &want);
+            let tensor_cores = m > 64 || (m > 8 && matches!(ty, WType::F16 | WType::BF16));
+            let tol = if tensor_cores { 5e-3 } else { 1e-4 };
+            assert!(err < tol, "{ty:?} n={n} k={k} m={m}: rel err {err:e} > {tol:e}");
+        }
+    }
+}
+
+#[test]
+fn embedding_rows_of_every_type() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    for ty in TYPES {
+        let (n, k) = (300, 512);
+        let w = random_matrix(&mut r, ty, n, k);
+        let wf = dequant(ty, &w, n, k);
+        let wd = g.upload(&w).unwrap();
+        let tokens: Vec<i32> = (0..17).map(|_| r.random_range(0..n as i32)).collect();
+        let td = g.upload(&tokens).unwrap();
+        let out = g.alloc(tokens.len() * k * 4).unwrap();
+        g.memset(out.ptr(), 0xff, tokens.len() * k * 4).unwrap();
+        let mat = DevMatrix { ty, n, k, ptr: wd.ptr() };
+        g.embed(&mat, td.ptr(), tokens.len(), out.ptr()).unwrap();
+        let got = download(&g, out.ptr(), tokens.len() * k);
+        let want: Vec<f64> = tokens
+            .iter()
+            .flat_map(|&t| wf[t as usize * k..(t as usize + 1) * k].iter().map(|&v| v as f64))
+            .collect();
+        assert!(rel_err(&got, &want) < 1e-6, "{ty:?}");
+    }
+}
+
+#[test]
+fn norms_swiglu_bias_add_argmax() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    let (rows, dim, eps) = (7, 576, 1e-5f32);
+    let x = floats(&mut r, rows * dim);
+    let delta = floats(&mut r, rows * dim);
+    let w = floats(&mut r, dim);
+    let (xd, dd, wd) = (g.upload(&x).unwrap(), g.upload(&delta).unwrap(), g.upload(&w).unwrap());
+    let out = g.alloc(rows * dim * 4).unwrap();
+    let norm = |v: &[f32]| -> Vec<f64> {
+        let ms = v.iter().map(|&a| (a as f64).powi(2)).sum::<f64>() / dim as f64;
+        let s = 1.0 / (ms + eps as f64).sqrt();
+        v.iter().zip(&w).map(|(&a, &b)| a as f64 * s * b as f64).collect()
+    };
+    // Selected rows, in a different order.
+    let sel: Vec<i32> = vec![5, 0, 3];
+    let sd = g.upload(&sel).unwrap();
+    g.memset(out.ptr(), 0xff, rows * dim * 4).unwrap();
+    g.rms_norm(xd.ptr(), Some(sd.ptr()), sel.len(), wd.ptr(), out.ptr(), dim, eps).unwrap();
+    let want: Vec<f64> = sel.iter().flat_map(|&i| norm(&x[i as usize * dim..][..dim])).collect();
+    assert!(rel_err(&download(&g, out.ptr(), sel.len() * dim), &want) < 1e-5);
+
+    g.add_rms_norm(xd.ptr(), dd.ptr(), wd.ptr(), out.ptr(), rows, dim, eps).unwrap();
+    let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    let want: Vec<f64> = sum.chunks(dim).flat_map(norm).collect();
+    assert!(rel_err(&download(&g, out.ptr(), rows * dim), &want) < 1e-5);
+    let want_sum: Vec<f64> = sum.iter().map(|&v| v as f64).collect();
+    assert!(rel_err(&download(&g, xd.ptr(), rows * dim), &want_sum) < 1e-6);
+
+    // SwiGLU over rows of [gate | up].
+    let ffn = 1536;
+    let gu = floats(&mut r, rows * 2 * ffn);
+    let gud = g.upload(&gu).unwrap();
+    let act = g.alloc(rows * ffn * 4).unwrap();
+    g.memset(act.ptr(), 0xff, rows * ffn * 4).unwrap();
+    g.swiglu(gud.ptr(), act.ptr(), ffn, rows).unwrap();
+    let want: Vec<f64> = gu
+        .chunks(2 * ffn)
+        .flat_map(|row| {
+            (0..ffn).map(move |c| {
+                let (gg, u) = (row[c] as f64, row[ffn + c] as f64);
+                gg / (1.0 + (-gg).exp()) * u
+            })
+        })
+        .collect();
+    assert!(rel_err(&download(&g, act.ptr(), rows * ffn), &want) < 1e-5);
+
+    // Bias and add.
+    let b = floats(&mut r, dim);
+    let bd = g.upload(&b).unwrap();
+    let yd = g.upload(&x).unwrap();
+    g.add_bias(yd.ptr(), bd.ptr(), dim, rows).unwrap();
+    g.add(yd.ptr(), dd.ptr(), rows * dim).unwrap();
+    let want: Vec<f64> = (0..rows * dim)
+        .map(|i| x[i] as f64 + b[i % dim] as f64 + delta[i] as f64)
+        .collect();
+    assert!(rel_err(&download(&g, yd.ptr(), rows * dim), &want) < 1e-6);
+
+    // Argmax, with a planted tie (the lower index wins) and a NaN.
+    let vocab = 49_152;
+    let mut logits = floats(&mut r, 3 * vocab);
+    logits[vocab + 100] = 5.0;
+    logits[vocab + 40_000] = 5.0;
+    logits[2 * vocab + 7] = f32::NAN;
+    let ld = g.upload(&logits).unwrap();
+    let od = g.alloc(3 * 4).unwrap();
+    g.argmax(ld.ptr(), 3, vocab, od.ptr()).unwrap();
+    let mut got = [0u32; 3];
+    g.dtoh(od.ptr(), &mut got).unwrap();
+    for (row, &t) in got.iter().enumerate() {
+        let l = &logits[row * vocab..(row + 1) * vocab];
+        let best = (0..vocab)
+            .filter(|&i| !l[i].is_nan())
+            .fold(0, |b, i| if l[i] > l[b] { i } else { b });
+        assert_eq!(t as usize, best, "row {row}");
+    }
+    assert_eq!(got[1], 100);
+}
+
+/// Reference RoPE (as the engine's CPU ops do it) and attention in f64.
+#[test]
+fn rope_store_and_paged_attention() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    for (n_heads, n_kv_heads, hd, neox) in [(9, 3, 64, false), (32, 8, 128, true), (16, 16, 32, false), (14, 2, 64, true), (12, 12, 256, false)] {
+        let geom = AttnGeom { n_heads, n_kv_heads, head_dim: hd, block_size: 16 };
+        let (hidden, kv_dim) = (n_heads * hd, n_kv_heads * hd);
+        let stride = hidden + 2 * kv_dim;
+        // Three sequences: a 37-token prefill, a decode at position 80 and one at 5, over
+        // shuffled blocks of a 40-block pool.
+        let num_blocks = 40;
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, r.random_range(0..=i));
+        }
+        let tables = [ids[0..3].to_vec(), ids[3..9].to_vec(), ids[9..10].to_vec()];
+        let mut toks: Vec<(usize, usize)> = (0..37).map(|p| (0, p)).collect();
+        toks.push((1, 80));
+        toks.push((2, 5));
+        let n = toks.len();
+        let slot = |s: usize, p: usize| tables[s][p / 16] as usize * 16 + p % 16;
+        // Earlier positions of sequences 1 and 2 are already in the cache (random values).
+        let slots_total = num_blocks * 16;
+        let mut kc: Vec<f16> = (0..slots_total * kv_dim).map(|_| f16::from_f32(r.random_range(-1.0..1.0))).collect();
+        let mut vc: Vec<f16> = (0..slots_total * kv_dim).map(|_| f16::from_f32(r.random_range(-1.0..1.0))).collect();
+        let qkv = floats(&mut r, n * stride);
+        let pos: Vec<i32> = toks.iter().map(|&(_, p)| p as i32).collect();
+        let slots: Vec<i32> = toks.iter().map(|&(s, p)| slot(s, p) as i32).collect();
+        let mut bt: Vec<i32> = Vec::new();
+        let mut starts = Vec::new();
+        for t in &tables {
+            starts.push(bt.len() as i32);
+            bt.extend(t);
+        }
+        let bt_off: Vec<i32> = toks.iter().map(|&(s, _)| starts[s]).collect();
+        let (qd, pd, sd, bd, od) = (g.upload(&qkv).unwrap(), g.upload(&pos).unwrap(), g.upload(&slots).unwrap(), g.upload(&bt).unwrap(), g.upload(&bt_off).unwrap());
+        let kd = g.upload(&kc).unwrap();
+        let vd = g.upload(&vc).unwrap();
+        let theta = 10_000.0f32;
+        g.rope_store(qd.ptr(), stride, pd.ptr(), sd.ptr(), kd.ptr(), vd.ptr(), n, &geom, hd, theta, neox).unwrap();
+        let out = g.alloc(n * hidden * 4).unwrap();
+        g.memset(out.ptr(), 0xff, n * hidden * 4).unwrap();
+        g.paged_attention(qd.ptr(), stride, kd.ptr(), vd.ptr(), pd.ptr(), od.ptr(), bd.ptr(), out.ptr(), n, &geom).unwrap();
+
+        // Reference: rope in f32 as the CPU engine does, then store, then attention in f64.
+        let mut q_ref = qkv.clone();
+        let half = hd / 2;
+        let scale = theta.powf(-2.0 / hd as f32);
+        for (i, &(_, p)) in toks.iter().enumerate() {
+            let row = &mut q_ref[i * stride..(i + 1) * stride];
+            let mut th = p as f32;
+            let (mut cs, mut sn) = (vec![0f32; half], vec![0f32; half]);
+            for j in 0..half {
+                cs[j] = th.cos();
+                sn[j] = th.sin();
+                th *= scale;
+            }
+            for head in row[..hidden + kv_dim].chunks_exact_mut(hd) {
+                for j in 0..half {
+                    let (a, b) = if neox { (j, j + half) } else { (2 * j, 2 * j + 1) };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cs[j] - x1 * sn[j];
+                    head[b] = x0 * sn[j] + x1 * cs[j];
+                }
+            }
+            let s = slots[i] as usize;
+            for e in 0..kv_dim {
+                kc[s * kv_dim + e] = f16::from_f32(row[hidden + e]);
+                vc[s * kv_dim + e] = f16::from_f32(row[hidden + kv_dim + e]);
+            }
+        }
+        let mut kc_got = vec![f16::ZERO; kc.len()];
+        g.dtoh(kd.ptr(), &mut kc_got).unwrap();
+        let bad = kc.iter().zip(&kc_got).filter(|(a, b)| (a.to_f32() - b.to_f32()).abs() > 2e-3).count();
+        assert_eq!(bad, 0, "K cache after rope_store differs in {bad} values (hd {hd})");
+        let mut want = vec![0f64; n * hidden];
+        let group = n_heads / n_kv_heads;
+        for (i, &(s, p)) in toks.iter().enumerate() {
+            for h in 0..n_heads {
+                let kvh = h / group;
+                let q = &q_ref[i * stride + h * hd..][..hd];
+                let scores: Vec<f64> = (0..=p)
+                    .map(|j| {
+                        let k = &kc[slot(s, j) * kv_dim + kvh * hd..][..hd];
+                        q.iter().zip(k).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>() / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[i * hidden + h * hd + d] = (0..=p)
+                        .map(|j| e[j] / z * vc[slot(s, j) * kv_dim + kvh * hd + d].to_f64())
+                        .sum();
+                }
+            }
+        }
+        let err = rel_err(&download(&g, out.ptr(), n * hidden), &want);
+        assert!(err < 1e-3, "heads {n_heads}/{n_kv_heads} hd {hd}: rel err {err:e}");
+    }
+}
+
+#[test]
+fn no_driver_is_an_error_not_a_panic() {
+    // On a machine with a GPU this opens it; on one without, it must say why.
+    match tpslab_kernels::cuda::probe() {
+        Ok(n) => assert!(n > 0),
+        Err(e) => assert!(!e.0.is_empty()),
+    }
+}
