@@ -8,6 +8,7 @@ use serde::Serialize;
 use tpslab_engine::generate::{LoadedModel, generate};
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::StopCriteria;
+use tpslab_engine::synthetic;
 
 use crate::cli::ModelArgs;
 
@@ -76,8 +77,12 @@ struct Report {
     peak_rss_bytes: Option<u64>,
 }
 
-/// `n` prompt tokens cut from the bundled text (repeated if it is too short).
+/// `n` prompt tokens cut from the bundled text (repeated if it is too short); seeded random ids
+/// for a synthetic model, which has no real vocabulary to cut text into.
 fn prompt_tokens(lm: &LoadedModel, n: usize) -> Result<Vec<u32>> {
+    if lm.is_synthetic() {
+        return Ok(synthetic::random_tokens(lm.model.cfg.vocab, n, 0));
+    }
     let base = lm.raw_prompt(PROMPT_TEXT)?;
     if base.is_empty() {
         bail!("the benchmark prompt tokenized to nothing");

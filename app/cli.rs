@@ -11,6 +11,7 @@ use tpslab_engine::chat::ChatMessage;
 use tpslab_engine::generate::{LoadedModel, generate};
 use tpslab_engine::library;
 use tpslab_engine::sampler::SamplingParams;
+use tpslab_engine::synthetic;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -43,13 +44,57 @@ pub struct ModelArgs {
     /// A GGUF file, or `default` for the built-in default model (fetched on first use).
     #[arg(long, default_value = "default")]
     pub model: String,
+    /// Instead of a model file: a model of this architecture's exact shape with seeded random
+    /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b), for measuring speed where
+    /// no model file can travel. Its output is noise.
+    #[arg(long, value_name = "ARCH", conflicts_with = "model")]
+    pub synthetic: Option<String>,
+    /// Weight precision of --synthetic: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k (default
+    /// f16, as vLLM's dummy weights in half precision). K-quants fall back to q4_1 / q8_0 for
+    /// rows that are not whole 256-element blocks, as llama.cpp's quantizer does.
+    #[arg(long, value_name = "T", requires = "synthetic")]
+    pub precision: Option<String>,
+    /// Seed of the --synthetic weights: the same seed builds the same bytes.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "synthetic")]
+    pub synthetic_seed: u64,
+    /// Compute device: cpu, cuda, cuda:N or auto (default auto)
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: String,
     /// Compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
+/// Checks a `--device` value's form (`cpu`, `cuda`, `cuda:N`, `auto`) and lower-cases it.
+pub fn parse_device(s: &str) -> Result<String, String> {
+    let d = s.trim().to_ascii_lowercase();
+    let ok = match d.split_once(':') {
+        None => matches!(d.as_str(), "cpu" | "cuda" | "auto"),
+        Some((kind, n)) => kind == "cuda" && n.parse::<u32>().is_ok(),
+    };
+    if ok {
+        Ok(d)
+    } else {
+        Err(format!("'{s}' is not a device (cpu, cuda, cuda:N or auto)"))
+    }
+}
+
 impl ModelArgs {
     pub fn load(&self) -> Result<Arc<LoadedModel>> {
+        if let Some(arch) = &self.synthetic {
+            let ty = synthetic::parse_precision(self.precision.as_deref().unwrap_or("f16"))?;
+            let start = std::time::Instant::now();
+            let lm = LoadedModel::synthetic(arch, ty, self.synthetic_seed, self.n_threads())?;
+            eprintln!(
+                "built {} with random {} weights (seed {}): {:.0} MiB in {:.2} s",
+                lm.path.display(),
+                lm.precision,
+                self.synthetic_seed,
+                lm.model.weights.bytes() as f64 / (1 << 20) as f64,
+                start.elapsed().as_secs_f64()
+            );
+            return Ok(Arc::new(lm));
+        }
         let path = library::resolve_model(&self.model, &mut |msg| eprintln!("{msg}"))?;
         let lm = LoadedModel::load(&path)
             .with_context(|| format!("cannot load model {}", path.display()))?;
@@ -155,6 +200,12 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
         bail!("the prompt is empty");
     }
     let lm = a.model.load()?;
+    if lm.is_synthetic() {
+        eprintln!(
+            "note: {} has random weights; the text is noise",
+            lm.path.display()
+        );
+    }
     let prompt = if a.chat {
         let mut messages = Vec::new();
         if let Some(s) = &a.system {

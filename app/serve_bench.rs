@@ -9,8 +9,10 @@ use anyhow::{Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::metrics::{BenchSummary, RequestTiming};
+use tpslab_engine::synthetic;
 
 use crate::bench::BenchArgs;
 
@@ -61,6 +63,47 @@ fn decode_throughput(timings: &[RequestTiming]) -> Option<f64> {
     (end > last_first && n > 0).then(|| n as f64 / (end - last_first))
 }
 
+/// The bundled text's tokens; seeded random ids for a synthetic model, which has no real
+/// vocabulary to cut text into.
+fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
+    let tokens = match lm.is_synthetic() {
+        true => synthetic::random_tokens(lm.model.cfg.vocab, 1 << 14, 0),
+        false => lm.raw_prompt(loadgen::PROMPT_TEXT)?,
+    };
+    PromptSet::new(tokens).ok_or_else(|| anyhow::anyhow!("the prompt set tokenized to nothing"))
+}
+
+/// One markdown row per concurrency level.
+fn print_table(runs: &[LevelResult]) {
+    println!(
+        "| concurrency | requests | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p99 ms | per-request TPS mean / p10 | aggregate output TPS | decode-only TPS | req/s | peak RSS MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        let s = &r.summary;
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        println!(
+            "| {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} | {} / {} | {:.1} | {} | {:.2} | {} |",
+            r.max_concurrency,
+            s.completed,
+            s.mean_ttft_ms,
+            s.p99_ttft_ms,
+            s.mean_tpot_ms,
+            s.p99_tpot_ms,
+            s.p99_itl_ms,
+            f(s.mean_per_request_tps),
+            f(s.p10_per_request_tps),
+            s.output_throughput,
+            f(r.decode_throughput),
+            s.request_throughput,
+            r.peak_rss_bytes.map_or("-".to_string(), |b| format!(
+                "{:.0}",
+                b as f64 / (1 << 20) as f64
+            )),
+        );
+    }
+}
+
 pub fn run(a: &BenchArgs) -> Result<()> {
     let lm = a.model.load()?;
     let ctx = lm.model.cfg.context_len;
@@ -71,11 +114,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             a.output_len
         );
     }
-    if a.concurrency.iter().any(|&c| c == 0) {
+    if a.concurrency.contains(&0) {
         bail!("--concurrency levels must be at least 1");
     }
-    let prompts = PromptSet::new(lm.raw_prompt(loadgen::PROMPT_TEXT)?)
-        .ok_or_else(|| anyhow::anyhow!("the prompt set tokenized to nothing"))?;
+    let prompts = prompt_set(&lm)?;
     let mut knobs = Knobs::default();
     if let Some(n) = a.max_num_seqs {
         knobs.scheduler.max_num_seqs = n;
@@ -143,33 +185,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             peak_rss_bytes: crate::mem::rss_bytes().map(|(_, p)| p),
         });
     }
-    println!(
-        "| concurrency | requests | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p99 ms | per-request TPS mean / p10 | aggregate output TPS | decode-only TPS | req/s | peak RSS MiB |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for r in &runs {
-        let s = &r.summary;
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-        println!(
-            "| {} | {} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1} | {} / {} | {:.1} | {} | {:.2} | {} |",
-            r.max_concurrency,
-            s.completed,
-            s.mean_ttft_ms,
-            s.p99_ttft_ms,
-            s.mean_tpot_ms,
-            s.p99_tpot_ms,
-            s.p99_itl_ms,
-            f(s.mean_per_request_tps),
-            f(s.p10_per_request_tps),
-            s.output_throughput,
-            f(r.decode_throughput),
-            s.request_throughput,
-            r.peak_rss_bytes.map_or("-".to_string(), |b| format!(
-                "{:.0}",
-                b as f64 / (1 << 20) as f64
-            )),
-        );
-    }
+    print_table(&runs);
     if let Some((_, peak)) = crate::mem::rss_bytes() {
         println!("peak RSS: {:.1} MiB", peak as f64 / (1 << 20) as f64);
     }

@@ -286,3 +286,49 @@ fn bad_flags_and_prompts_are_refused() {
     let long = "word ".repeat(9000);
     fails_with(&["generate", "--model", m, "--prompt", &long], "context");
 }
+
+/// `--synthetic` needs no model file: the serving bench runs on random weights and writes its
+/// report; bad names and a clashing `--model` are one clear error.
+#[test]
+fn synthetic_bench_runs_without_a_model_file() {
+    let json = std::env::temp_dir().join(format!("tpslab-synth-{}.json", std::process::id()));
+    let out = tpslab(&[
+        "bench",
+        "--synthetic",
+        "smollm2-135m",
+        "--precision",
+        "q4_0",
+        "--concurrency",
+        "2",
+        "--prompt-len",
+        "8",
+        "--output-len",
+        "4",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json");
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(report["model"], "synthetic:smollm2-135m");
+    assert_eq!(report["precision"], "Q4_0");
+    // Every request produced exactly its 4 tokens (no end-of-sequence on random weights).
+    assert_eq!(report["runs"][0]["completed"], 2);
+    assert_eq!(report["runs"][0]["total_output_tokens"], 8);
+
+    let synth = ["generate", "--prompt", "hi", "--synthetic"];
+    fails_with(&[&synth[..], &["llama-9"]].concat(), "llama-3-8b");
+    fails_with(
+        &[&synth[..], &["smollm2-135m", "--precision", "q2_k"]].concat(),
+        "precision",
+    );
+    fails_with(
+        &[&synth[..], &["smollm2-135m", "--model", "x.gguf"]].concat(),
+        "cannot be used with",
+    );
+}

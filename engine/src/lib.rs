@@ -20,6 +20,7 @@
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 //! - [`engine`]: the engine thread (continuous batching) and its message-passing handle.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
+//! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
 pub mod attention;
 pub mod block_pool;
 pub mod chat;
@@ -37,5 +38,6 @@ pub mod ops;
 pub mod sampler;
 pub mod scheduler;
 pub mod stop;
+pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
