@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
-use tpslab_engine::generate::{LoadedModel, generate};
+use tpslab_engine::generate::{LoadedModel, generate_on};
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::StopCriteria;
 use tpslab_engine::synthetic;
@@ -113,8 +113,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let greedy = SamplingParams::greedy();
     let mut rows = Vec::new();
     // One untimed warm-up so page faults and thread start-up don't land in the first figure.
-    generate(
+    let dev = a.model.device;
+    generate_on(
         &lm,
+        dev,
         threads,
         &prompt_tokens(&lm, 16)?,
         &greedy,
@@ -125,7 +127,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, n)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate(&lm, threads, &prompt, &greedy, fixed(1), &mut |_| {})?;
+            let out = generate_on(&lm, dev, threads, &prompt, &greedy, fixed(1), &mut |_| {})?;
             all.push(out.prefill_tokens_per_s);
         }
         rows.push(Row {
@@ -139,7 +141,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, 1)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate(&lm, threads, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
+            let out = generate_on(&lm, dev, threads, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
             all.push(out.decode_tokens_per_s);
         }
         rows.push(Row {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::chat::ChatMessage;
-use tpslab_engine::generate::{LoadedModel, generate};
+use tpslab_engine::generate::{LoadedModel, generate_on};
 use tpslab_engine::library;
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::synthetic;
@@ -57,26 +58,18 @@ pub struct ModelArgs {
     /// Seed of the --synthetic weights: the same seed builds the same bytes.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "synthetic")]
     pub synthetic_seed: u64,
-    /// Compute device: cpu, cuda, cuda:N or auto (default auto)
+    /// Compute device: cpu, cuda, cuda:N, or auto (the first GPU when a CUDA driver and GPU
+    /// are present, else the CPU).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
-    pub device: String,
+    pub device: DeviceChoice,
     /// Compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
-/// Checks a `--device` value's form (`cpu`, `cuda`, `cuda:N`, `auto`) and lower-cases it.
-pub fn parse_device(s: &str) -> Result<String, String> {
-    let d = s.trim().to_ascii_lowercase();
-    let ok = match d.split_once(':') {
-        None => matches!(d.as_str(), "cpu" | "cuda" | "auto"),
-        Some((kind, n)) => kind == "cuda" && n.parse::<u32>().is_ok(),
-    };
-    if ok {
-        Ok(d)
-    } else {
-        Err(format!("'{s}' is not a device (cpu, cuda, cuda:N or auto)"))
-    }
+/// Parses a `--device` value (`cpu`, `cuda`, `cuda:N`, `auto`).
+pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    s.parse()
 }
 
 impl ModelArgs {
@@ -228,7 +221,7 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
             let _ = out.flush();
         }
     };
-    let out = generate(&lm, a.model.threads, &prompt, &sampling, stop, &mut on_text)?;
+    let out = generate_on(&lm, a.model.device, a.model.threads, &prompt, &sampling, stop, &mut on_text)?;
     if json {
         println!("{}", serde_json::to_string(&out)?);
     } else {

@@ -39,6 +39,9 @@ struct Report {
     model: String,
     precision: String,
     threads: usize,
+    /// The device that ran the model ("CPU, 2 threads", "CUDA cuda:0 NVIDIA H200").
+    device: String,
+    weights_bytes: usize,
     knobs: Knobs,
     runs: Vec<LevelResult>,
 }
@@ -130,6 +133,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         block_size: a.block_size,
     };
     let mut runs = Vec::new();
+    let mut device = String::new();
     let threads = a.model.n_threads();
     println!(
         "model: {} ({}), {threads} threads, prompt {} tokens, output {} tokens, greedy, ignore-eos",
@@ -148,9 +152,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             EngineConfig {
                 threads: a.model.threads,
                 knobs: k,
+                device: a.model.device,
+                gpu_kv_fraction: 0.0,
             },
             None,
         )?;
+        if device.is_empty() {
+            let st = engine.stats();
+            device = st.device;
+            if let Some(note) = st.device_note {
+                eprintln!("{note}");
+            }
+            println!("device: {device}");
+        }
         let spec = LoadSpec {
             concurrency: Some(c),
             rate: a.rate,
@@ -195,6 +209,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             model: lm.path.display().to_string(),
             precision: lm.precision.clone(),
             threads,
+            device,
+            weights_bytes: lm.model.weights.bytes(),
             knobs,
             runs,
         };

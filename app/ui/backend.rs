@@ -132,7 +132,11 @@ fn load(
     let repaint_ctx = ctx.clone();
     let engine = EngineHandle::start(
         Arc::clone(&lm),
-        EngineConfig { threads, knobs },
+        EngineConfig {
+            threads,
+            knobs,
+            ..EngineConfig::default()
+        },
         Some(Box::new(move || repaint_ctx.request_repaint())),
     )
     .map_err(|e| e.to_string())?;

@@ -13,15 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tpslab_kernels::ThreadPool;
 
+use crate::backend::{Backend, DeviceChoice, MemoryUse};
 use crate::detok::Detokenizer;
 use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
 use crate::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, StepStats, process_rss_bytes,
 };
-use crate::model::Workspace;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::stop::{FinishReason, StopChecker, StopCriteria};
@@ -121,6 +120,11 @@ pub struct EngineConfig {
     /// Compute threads (0 = one per core).
     pub threads: usize,
     pub knobs: Knobs,
+    /// Where the model runs.
+    pub device: DeviceChoice,
+    /// On a GPU, when above 0: the KV budget is this fraction of the memory left free after the
+    /// weights (vLLM's `gpu_memory_utilization` in spirit), instead of `knobs.kv.budget_bytes`.
+    pub gpu_kv_fraction: f32,
 }
 
 /// How often the stats snapshot is refreshed while the engine is busy.
@@ -160,6 +164,12 @@ pub struct EngineSnapshot {
     pub threads: usize,
     pub kv_bytes: usize,
     pub weights_bytes: usize,
+    /// The device running the model ("CPU, 2 threads", "CUDA cuda:0 NVIDIA H200").
+    pub device: String,
+    /// Why the engine is on the CPU when a GPU was asked for with `auto`.
+    pub device_note: Option<String>,
+    /// Weights, KV pool, activations and device memory (on a GPU).
+    pub memory: MemoryUse,
     pub steps: u64,
     /// Scheduler state now (not as of the last step): requests and KV blocks.
     pub running: usize,
@@ -179,7 +189,9 @@ impl EngineHandle {
     ) -> Result<Self, EngineError> {
         let (tx, rx) = mpsc::channel();
         let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
-        let state = EngineThread::new(model, &config, rx, Arc::clone(&snapshot), notify)?;
+        let mut state = EngineThread::new(model, &config, rx, Arc::clone(&snapshot), notify)?;
+        // The first snapshot (device, memory, pool) is there before `start` returns.
+        state.publish();
         let thread = std::thread::Builder::new()
             .name("tpslab-engine".into())
             .spawn(move || state.run())
@@ -237,6 +249,8 @@ pub enum EngineError {
     Start(String),
     #[error("KV cache: {0}")]
     Kv(String),
+    #[error("{0}")]
+    Device(String),
 }
 
 /// Per-request state the engine keeps besides the scheduler's token bookkeeping.
@@ -251,13 +265,12 @@ struct Live {
 
 struct EngineThread {
     lm: Arc<LoadedModel>,
-    pool: ThreadPool,
+    backend: Box<dyn Backend>,
+    device_note: Option<String>,
     rx: Receiver<Command>,
     snapshot: Arc<Mutex<EngineSnapshot>>,
     notify: Option<Notify>,
     knobs: Knobs,
-    kv: KvCache,
-    ws: Workspace,
     sched: Scheduler,
     live: HashMap<RequestId, Live>,
     metrics: LiveMetrics,
@@ -271,7 +284,7 @@ struct EngineThread {
     rss: Option<u64>,
 }
 
-fn build_kv(lm: &LoadedModel, kv: &KvSettings) -> Result<KvCache, EngineError> {
+fn kv_blocks(lm: &LoadedModel, kv: &KvSettings) -> Result<usize, EngineError> {
     let blocks = KvCache::blocks_for_budget(&lm.model.cfg, kv.block_size.max(1), kv.budget_bytes);
     if blocks == 0 {
         return Err(EngineError::Kv(format!(
@@ -279,7 +292,7 @@ fn build_kv(lm: &LoadedModel, kv: &KvSettings) -> Result<KvCache, EngineError> {
             kv.budget_bytes, kv.block_size
         )));
     }
-    KvCache::new(&lm.model.cfg, kv.block_size, blocks).map_err(|e| EngineError::Kv(e.to_string()))
+    Ok(blocks)
 }
 
 impl EngineThread {
@@ -290,20 +303,38 @@ impl EngineThread {
         snapshot: Arc<Mutex<EngineSnapshot>>,
         notify: Option<Notify>,
     ) -> Result<Self, EngineError> {
-        let kv = build_kv(&lm, &config.knobs.kv)?;
-        let sched = Scheduler::new(config.knobs.scheduler.clone(), kv.num_blocks, kv.block_size)
-            .map_err(|e| EngineError::Kv(e.to_string()))?;
+        kv_blocks(&lm, &config.knobs.kv)?;
+        let opened = crate::backend::open(
+            Arc::clone(&lm),
+            config.device,
+            config.threads,
+            config.knobs.kv.block_size,
+            config.knobs.kv.budget_bytes,
+            config.gpu_kv_fraction,
+        )
+        .map_err(EngineError::Device)?;
+        let backend = opened.backend;
+        let mut knobs = config.knobs.clone();
+        if config.gpu_kv_fraction > 0.0 {
+            // The pool actually built (a GPU sizes it from its free memory).
+            knobs.kv.budget_bytes = backend.memory().kv;
+        }
+        let sched = Scheduler::new(
+            config.knobs.scheduler.clone(),
+            backend.num_blocks(),
+            backend.block_size(),
+        )
+        .map_err(|e| EngineError::Kv(e.to_string()))?;
         let metrics =
             LiveMetrics::new(LiveConfig::default()).map_err(|e| EngineError::Kv(e.to_string()))?;
         Ok(Self {
-            pool: ThreadPool::new(config.threads),
+            backend,
+            device_note: opened.note,
             lm,
             rx,
             snapshot,
             notify,
-            knobs: config.knobs.clone(),
-            kv,
-            ws: Workspace::default(),
+            knobs,
             sched,
             live: HashMap::new(),
             metrics,
@@ -436,18 +467,8 @@ impl EngineThread {
         self.last_error = None;
         if k.kv != self.knobs.kv {
             // A new pool: everything running is preempted (recomputed later), nothing is lost.
-            match build_kv(&self.lm, &k.kv) {
-                Ok(kv) => match self.sched.rebuild_pool(kv.num_blocks, kv.block_size) {
-                    Ok(dropped) => {
-                        self.kv = kv;
-                        self.knobs.kv = k.kv.clone();
-                        for id in dropped {
-                            self.end(id, FinishReason::Abort);
-                        }
-                    }
-                    Err(e) => self.last_error = Some(e.to_string()),
-                },
-                Err(e) => self.last_error = Some(e.to_string()),
+            if let Err(e) = self.rebuild_kv(&k.kv) {
+                self.last_error = Some(e);
             }
         }
         match self.sched.set_config(k.scheduler.clone()) {
@@ -455,6 +476,32 @@ impl EngineThread {
             Err(e) => self.last_error = Some(e.to_string()),
         }
         self.publish();
+    }
+
+    /// A new KV pool of the given settings: the scheduler's block pool and the backend's storage
+    /// together (everything running is preempted and recomputed later; nothing is lost). On a
+    /// failure the old geometry is restored.
+    fn rebuild_kv(&mut self, kv: &KvSettings) -> Result<(), String> {
+        let blocks = kv_blocks(&self.lm, kv).map_err(|e| e.to_string())?;
+        let old = (self.backend.block_size(), self.backend.num_blocks());
+        let dropped = self
+            .sched
+            .rebuild_pool(blocks, kv.block_size)
+            .map_err(|e| e.to_string())?;
+        for id in dropped {
+            self.end(id, FinishReason::Abort);
+        }
+        if let Err(e) = self.backend.rebuild_kv(kv.block_size, blocks) {
+            let restored = self.backend.rebuild_kv(old.0, old.1).is_ok()
+                && self.sched.rebuild_pool(old.1, old.0).is_ok();
+            return Err(if restored {
+                format!("{e}; kept the previous KV pool")
+            } else {
+                format!("{e}; the previous KV pool could not be restored either")
+            });
+        }
+        self.knobs.kv = kv.clone();
+        Ok(())
     }
 
     fn step(&mut self) {
@@ -466,11 +513,13 @@ impl EngineThread {
             return;
         }
         let batch = batch_from(&out);
-        let logits = match self
-            .lm
-            .model
-            .forward(&self.pool, &batch, &mut self.kv, &mut self.ws)
-        {
+        let full: Vec<bool> = out
+            .scheduled
+            .iter()
+            .filter(|s| s.sample)
+            .map(|s| self.live.get(&s.id).is_none_or(|l| l.sampler.needs_logits()))
+            .collect();
+        let step = match self.backend.forward(&batch, &full) {
             Ok(l) => l,
             Err(e) => {
                 // A bad batch is an engine bug; fail the requests in it rather than the app.
@@ -491,19 +540,23 @@ impl EngineThread {
         let vocab = self.lm.model.cfg.vocab;
         let mut sampled = Vec::new();
         let mut scratch = Vec::with_capacity(vocab);
-        // Logits rows come back in the order of the sampling entries.
-        for (s, r) in out
-            .scheduled
-            .iter()
-            .filter(|s| s.sample)
-            .zip(logits.chunks_exact(vocab))
-        {
+        // Rows come back in the order of the sampling entries: a greedy token where the backend
+        // computed it and the sampler needs no more, else a logits row (packed in order).
+        let mut rows = step.logits.chunks_exact(vocab);
+        for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
+            let greedy = (!step.argmax.is_empty() && !full[j]).then(|| step.argmax[j]);
+            let row = if greedy.is_none() { rows.next() } else { None };
             if let Some(l) = self.live.get_mut(&s.id) {
-                scratch.clear();
-                scratch.extend_from_slice(r);
-                let tok = l
-                    .sampler
-                    .sample_with_prompt(&mut scratch, &l.history, l.prompt_len);
+                let tok = match (greedy, row) {
+                    (Some(t), _) => t,
+                    (None, Some(r)) => {
+                        scratch.clear();
+                        scratch.extend_from_slice(r);
+                        l.sampler
+                            .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
+                    }
+                    (None, None) => continue,
+                };
                 sampled.push((s.id, tok));
             }
         }
@@ -575,6 +628,7 @@ impl EngineThread {
         self.last_publish = Instant::now();
         self.rss = process_rss_bytes().map(|(cur, _)| cur);
         let st = self.sched.stats();
+        let mem = self.backend.memory();
         let snap = EngineSnapshot {
             running: st.running,
             waiting: st.waiting,
@@ -582,9 +636,12 @@ impl EngineThread {
             kv_total_blocks: st.kv_total_blocks,
             live: self.metrics.snapshot(self.now()),
             knobs: self.knobs.clone(),
-            threads: self.pool.n_threads(),
-            kv_bytes: self.kv.bytes(),
-            weights_bytes: self.lm.model.weights.bytes(),
+            threads: self.backend.threads(),
+            kv_bytes: mem.kv,
+            weights_bytes: mem.weights,
+            device: self.backend.describe(),
+            device_note: self.device_note.clone(),
+            memory: mem,
             steps: self.steps,
             last_error: self.last_error.clone(),
         };

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::backend::DeviceChoice;
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
 use crate::config::ModelConfig;
 use crate::engine::{EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Request};
@@ -121,10 +122,23 @@ pub struct GenerateOutput {
     pub e2e_ms: f64,
 }
 
-/// Generates for one prompt, calling `on_text` with each piece of text as it becomes final: the
-/// batch-of-one case of the engine (an engine thread is started for the request).
+/// Generates for one prompt on the CPU, calling `on_text` with each piece of text as it becomes
+/// final: the batch-of-one case of the engine (an engine thread is started for the request).
 pub fn generate(
     lm: &Arc<LoadedModel>,
+    threads: usize,
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    stop: StopCriteria,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateOutput, GenerateError> {
+    generate_on(lm, DeviceChoice::Cpu, threads, prompt, sampling, stop, on_text)
+}
+
+/// As [`generate`], on `device`.
+pub fn generate_on(
+    lm: &Arc<LoadedModel>,
+    device: DeviceChoice,
     threads: usize,
     prompt: &[u32],
     sampling: &SamplingParams,
@@ -153,7 +167,13 @@ pub fn generate(
         kv,
         ..Knobs::default()
     };
-    let engine = EngineHandle::start(Arc::clone(lm), EngineConfig { threads, knobs }, None)?;
+    let config = EngineConfig {
+        threads,
+        knobs,
+        device,
+        gpu_kv_fraction: 0.0,
+    };
+    let engine = EngineHandle::start(Arc::clone(lm), config, None)?;
     let (tx, rx) = mpsc::channel();
     let start = Instant::now();
     let req = Request {

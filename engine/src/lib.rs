@@ -9,6 +9,8 @@
 //! - [`ops`]: per-row ops (RMSNorm, RoPE, SwiGLU).
 //! - [`attention`]: paged attention on the CPU and its plain reference.
 //! - [`model`]: the batched Llama-family forward pass.
+//! - [`backend`]: the device seam (model forward + KV pool) under the engine; the CPU backend.
+//! - `cuda_model` (feature `cuda`): the same forward pass and KV pool on a GPU.
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
 //! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
@@ -22,9 +24,12 @@
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
 pub mod attention;
+pub mod backend;
 pub mod block_pool;
 pub mod chat;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda_model;
 pub mod detok;
 pub mod engine;
 pub mod generate;

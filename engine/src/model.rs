@@ -46,6 +46,29 @@ pub struct Workspace {
     pub logits: Vec<f32>,
 }
 
+impl Workspace {
+    /// Bytes held by the activation buffers.
+    pub fn bytes(&self) -> usize {
+        [
+            &self.x,
+            &self.h,
+            &self.qkv,
+            &self.attn,
+            &self.tmp,
+            &self.gu,
+            &self.act,
+            &self.cos,
+            &self.sin,
+            &self.last,
+            &self.last_norm,
+            &self.logits,
+        ]
+        .iter()
+        .map(|v| v.capacity() * 4)
+        .sum()
+    }
+}
+
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
         v.resize(n, 0.0);
@@ -67,44 +90,6 @@ impl Model {
         Ok(Self { cfg, weights })
     }
 
-    fn check(&self, batch: &Batch, kv: &KvCache) -> Result<(), ModelError> {
-        let bad = |m: String| Err(ModelError::Batch(m));
-        let n = batch.len();
-        if batch.positions.len() != n || batch.seq_of.len() != n {
-            return bad("tokens, positions and sequence indices differ in length".into());
-        }
-        for i in 0..n {
-            if batch.tokens[i] as usize >= self.cfg.vocab {
-                return bad(format!(
-                    "token id {} is outside the vocabulary",
-                    batch.tokens[i]
-                ));
-            }
-            if batch.positions[i] >= self.cfg.context_len {
-                return bad(format!(
-                    "position {} is past the context length",
-                    batch.positions[i]
-                ));
-            }
-            let table = batch.block_tables.get(batch.seq_of[i]);
-            let need = batch.positions[i] / kv.block_size;
-            match table {
-                Some(t)
-                    if need < t.len()
-                        && t[..=need].iter().all(|&b| (b as usize) < kv.num_blocks) => {}
-                _ => {
-                    return bad(format!(
-                        "token {i}: block table does not cover its position"
-                    ));
-                }
-            }
-        }
-        if batch.logit_rows.iter().any(|&r| r >= n) {
-            return bad("a logits row is outside the batch".into());
-        }
-        Ok(())
-    }
-
     /// Runs every token of `batch` through the model, writing their K/V into `kv`, and returns
     /// the logits of `batch.logit_rows` (`logit_rows.len() * vocab` floats, in that order).
     pub fn forward<'w>(
@@ -114,7 +99,7 @@ impl Model {
         kv: &mut KvCache,
         ws: &'w mut Workspace,
     ) -> Result<&'w [f32], ModelError> {
-        self.check(batch, kv)?;
+        check_batch(&self.cfg, batch, kv.num_blocks, kv.block_size)?;
         let c = &self.cfg;
         let n = batch.len();
         let (hidden, kv_dim, hd) = (c.hidden, c.kv_dim(), c.head_dim);
@@ -193,4 +178,48 @@ impl Model {
         self.weights.lm_head().forward(pool, last_norm, r, logits);
         Ok(&ws.logits[..r * c.vocab])
     }
+}
+
+/// Checks a batch against the model and a KV pool of `num_blocks` blocks of `block_size` before
+/// any backend touches memory with it: token ids, positions, block tables, logits rows.
+pub fn check_batch(
+    cfg: &ModelConfig,
+    batch: &Batch,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::Batch(m));
+    let n = batch.len();
+    if batch.positions.len() != n || batch.seq_of.len() != n {
+        return bad("tokens, positions and sequence indices differ in length".into());
+    }
+    for i in 0..n {
+        if batch.tokens[i] as usize >= cfg.vocab {
+            return bad(format!(
+                "token id {} is outside the vocabulary",
+                batch.tokens[i]
+            ));
+        }
+        if batch.positions[i] >= cfg.context_len {
+            return bad(format!(
+                "position {} is past the context length",
+                batch.positions[i]
+            ));
+        }
+        let table = batch.block_tables.get(batch.seq_of[i]);
+        let need = batch.positions[i] / block_size;
+        match table {
+            Some(t)
+                if need < t.len() && t[..=need].iter().all(|&b| (b as usize) < num_blocks) => {}
+            _ => {
+                return bad(format!(
+                    "token {i}: block table does not cover its position"
+                ));
+            }
+        }
+    }
+    if batch.logit_rows.iter().any(|&r| r >= n) {
+        return bad("a logits row is outside the batch".into());
+    }
+    Ok(())
 }

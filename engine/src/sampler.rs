@@ -185,6 +185,16 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether this sampler reads the whole logits row; `false` means the row's argmax is all it
+    /// uses (greedy, no penalties), so a GPU backend need not copy the row back.
+    pub fn needs_logits(&self) -> bool {
+        let p = &self.params;
+        let greedy = p.temperature == 0.0 || p.top_k == 1;
+        let penalties =
+            p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+        !greedy || penalties
+    }
+
     /// Picks the next token. `history` is prompt + generated tokens; every token in it counts for
     /// all penalties (llama.cpp style). Modifies `logits` in place (penalties, NaN -> -inf).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {

@@ -79,7 +79,15 @@ fn run_all(engine: &EngineHandle, lm: &LoadedModel, texts: &[&str]) -> Vec<Vec<u
 }
 
 fn engine(knobs: Knobs) -> EngineHandle {
-    EngineHandle::start(model(), EngineConfig { threads: 2, knobs }, None).expect("engine")
+    EngineHandle::start(
+        model(),
+        EngineConfig {
+            threads: 2,
+            knobs,
+            ..EngineConfig::default()
+        },
+        None,
+    ).expect("engine")
 }
 
 fn kv_blocks(budget: &KvSettings) -> usize {

@@ -24,6 +24,7 @@ __device__ __forceinline__ void row_dot(const uint8_t* w, const float* x, int k,
             dot4<M>(acc, x, k, 4LL * u, m, wv.x, wv.y, wv.z, wv.w);
         }
     } else if (T == WT_F16 || T == WT_BF16) {
+#pragma unroll 4
         for (int u = lane; u < k / 8; u += 32) {
             const uint4 raw = ((const uint4*)w)[u];
             const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -40,6 +41,7 @@ __device__ __forceinline__ void row_dot(const uint8_t* w, const float* x, int k,
     } else if (T == WT_Q4_0 || T == WT_Q4_1 || T == WT_Q8_0) {
         constexpr int bytes = wt_bytes(T);
         constexpr int qoff = T == WT_Q4_1 ? 4 : 2;
+#pragma unroll 2
         for (int u = lane; u < k / 32; u += 32) {
             const uint8_t* b = w + (long long)u * bytes;
             const float d = h2f(ld16(b));
@@ -79,27 +81,36 @@ __device__ __forceinline__ void row_dot(const uint8_t* w, const float* x, int k,
             }
         }
     } else if (T == WT_Q4K) {
-        // The whole warp takes one 256-element super-block; lane l reads 4 bytes of nibbles.
-        const int j = lane >> 3, off = 4 * (lane & 7);
-        for (int u = 0; u < k / 256; u++) {
+        // Each half-warp takes one 256-element super-block; lane h (0..15) reads 8 bytes of
+        // nibbles: elements 64j + off + 0..7 (low nibbles) and 64j + 32 + off + 0..7 (high).
+        const int hl = lane & 15, j = hl >> 2, off = 8 * (hl & 3);
+#pragma unroll 2
+        for (int u = lane >> 4; u < k / 256; u += 2) {
             const uint8_t* b = w + (long long)u * 144;
             const float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
             int sc1, m1, sc2, m2;
             scale_min_k4(2 * j, b + 4, &sc1, &m1);
             scale_min_k4(2 * j + 1, b + 4, &sc2, &m2);
-            const uint32_t qw = *(const uint32_t*)(b + 16 + 32 * j + off);
+            const uint2 qq = *(const uint2*)(b + 16 + 32 * j + off);
             const long long e0 = 256LL * u + 64 * j + off;
 #pragma unroll
             for (int r = 0; r < M; r++) {
                 if (r < m) {
-                    const float4 lo = *(const float4*)(x + r * (long long)k + e0);
-                    const float4 hi = *(const float4*)(x + r * (long long)k + e0 + 32);
-                    const float sl = lo.x * (float)(qw & 15) + lo.y * (float)((qw >> 8) & 15)
-                                   + lo.z * (float)((qw >> 16) & 15) + lo.w * (float)((qw >> 24) & 15);
-                    const float sh = hi.x * (float)((qw >> 4) & 15) + hi.y * (float)((qw >> 12) & 15)
-                                   + hi.z * (float)((qw >> 20) & 15) + hi.w * (float)(qw >> 28);
-                    acc[r] += d * ((float)sc1 * sl + (float)sc2 * sh)
-                            - dmin * ((float)m1 * (lo.x + lo.y + lo.z + lo.w) + (float)m2 * (hi.x + hi.y + hi.z + hi.w));
+                    const float* xr = x + r * (long long)k + e0;
+                    float sl = 0.0f, sh = 0.0f, xl = 0.0f, xh = 0.0f;
+#pragma unroll
+                    for (int hq = 0; hq < 2; hq++) {
+                        const uint32_t qw = hq ? qq.y : qq.x;
+                        const float4 lo = *(const float4*)(xr + 4 * hq);
+                        const float4 hi = *(const float4*)(xr + 32 + 4 * hq);
+                        sl += lo.x * (float)(qw & 15) + lo.y * (float)((qw >> 8) & 15)
+                            + lo.z * (float)((qw >> 16) & 15) + lo.w * (float)((qw >> 24) & 15);
+                        sh += hi.x * (float)((qw >> 4) & 15) + hi.y * (float)((qw >> 12) & 15)
+                            + hi.z * (float)((qw >> 20) & 15) + hi.w * (float)(qw >> 28);
+                        xl += lo.x + lo.y + lo.z + lo.w;
+                        xh += hi.x + hi.y + hi.z + hi.w;
+                    }
+                    acc[r] += d * ((float)sc1 * sl + (float)sc2 * sh) - dmin * ((float)m1 * xl + (float)m2 * xh);
                 }
             }
         }

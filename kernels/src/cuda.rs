@@ -25,9 +25,10 @@ const PTX_ATTENTION: &str = include_str!("../ptx/attention.ptx");
 
 /// Largest activation batch the matrix-vector kernels take in one launch.
 const MMV_MAX_ROWS: usize = 8;
-/// Up to this many rows, quantized weights go through the matrix-vector kernels (in launches of
-/// 8 rows, each reading the weights once); past it, they are dequantized to f16 for cuBLAS.
-const MMV_QUANT_ROWS: usize = 64;
+/// Up to this many rows, quantized weights go through the matrix-vector kernels; past it, they
+/// are dequantized to f16 for cuBLAS (measured on an H200: launches of 8 rows re-read the
+/// activations per output row and fall far behind dequantize + GEMM at 16 rows and more).
+const MMV_QUANT_ROWS: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaError(pub String);
@@ -624,10 +625,10 @@ impl Gpu {
                 Arg::I(wtype_id(w.ty)),
                 Arg::I(k as i32),
                 Arg::L(w.row_bytes() as i64),
-                Arg::L((n * k) as i64),
+                Arg::L((n * k / 32) as i64),
                 Arg::P(wh),
             ];
-            self.run(&self.k.dequant_f16, (Self::grid_for(n * k), 1), 256, &a)?;
+            self.run(&self.k.dequant_f16, (Self::grid_for(n * k / 32), 1), 256, &a)?;
             wh
         };
         let (alpha, beta) = (1.0f32, 0.0f32);

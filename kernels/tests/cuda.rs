@@ -3,8 +3,8 @@
 //! Without a GPU or driver each test prints why and passes: CI machines have none.
 //!
 //! Tolerances (relative L2 error ||gpu - ref|| / ||ref||): f32 kernels 1e-5; matrix-vector kernels
-//! (exact dequantization, f32 accumulation) 1e-4; the cuBLAS path (f16 activations and weights,
-//! f32 accumulation) 5e-3; attention over f16 K/V 1e-3 (the reference reads the same f16 values).
+//! (exact dequantization, f32 accumulation, up to 8 rows) 1e-4; the cuBLAS path past 8 rows (f16
+//! activations and weights, f32 accumulation) 5e-3; attention over f16 K/V 1e-3 (the reference reads the same f16 values).
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used)]
 
@@ -140,7 +140,7 @@ fn matmul_every_type_and_batch_size() {
                 })
                 .collect();
             let err = rel_err(&got, &want);
-            let tensor_cores = m > 64 || (m > 8 && matches!(ty, WType::F16 | WType::BF16));
+            let tensor_cores = m > 8 && ty != WType::F32;
             let tol = if tensor_cores { 5e-3 } else { 1e-4 };
             assert!(err < tol, "{ty:?} n={n} k={k} m={m}: rel err {err:e} > {tol:e}");
         }

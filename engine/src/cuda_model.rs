@@ -1,0 +1,421 @@
+//! The Llama-family forward pass on a GPU: the same weights (uploaded in their file format), the
+//! same batch and paged-KV contract as the CPU [`crate::model::Model`], with the kernels of
+//! `tpslab_kernels::cuda`. Per step: one upload of the batch's integers, the layers' kernels in
+//! order on one stream, one download of the greedy tokens (and of logits rows only where a
+//! sampler needs them).
+
+use std::sync::Arc;
+
+use tpslab_kernels::cuda::{AttnGeom, CudaError, DBuf, DevMatrix, GemmScratch, Gpu};
+
+use crate::backend::{Backend, MemoryUse, StepOutput};
+use crate::config::{ModelConfig, RopeStyle};
+use crate::generate::LoadedModel;
+use crate::kv::{Batch, KvCache};
+use crate::model::{ModelError, check_batch};
+use crate::weights::{Linear, Weights};
+
+fn gpu_err(e: CudaError) -> ModelError {
+    ModelError::Batch(format!("GPU: {e}"))
+}
+
+struct DevLinear {
+    m: DevMatrix,
+    bias: Option<DBuf>,
+    _data: DBuf,
+}
+
+impl DevLinear {
+    fn upload(gpu: &Gpu, l: &Linear) -> Result<Self, CudaError> {
+        let data = gpu.upload(&l.data)?;
+        let bias = l.bias.as_ref().map(|b| gpu.upload(b)).transpose()?;
+        Ok(Self {
+            m: DevMatrix {
+                ty: l.ty,
+                n: l.n,
+                k: l.k,
+                ptr: data.ptr(),
+            },
+            bias,
+            _data: data,
+        })
+    }
+
+    fn forward(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<(), CudaError> {
+        gpu.matmul(&self.m, x, m, y, scratch)?;
+        if let Some(b) = &self.bias {
+            gpu.add_bias(y, b.ptr(), self.m.n, m)?;
+        }
+        Ok(())
+    }
+}
+
+struct DevLayer {
+    attn_norm: DBuf,
+    wqkv: DevLinear,
+    wo: DevLinear,
+    ffn_norm: DBuf,
+    w_gate_up: DevLinear,
+    w_down: DevLinear,
+}
+
+struct DevWeights {
+    embed: DevLinear,
+    layers: Vec<DevLayer>,
+    out_norm: DBuf,
+    lm_head: Option<DevLinear>,
+    bytes: usize,
+}
+
+impl DevWeights {
+    fn upload(gpu: &Gpu, w: &Weights) -> Result<Self, CudaError> {
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            layers.push(DevLayer {
+                attn_norm: gpu.upload(&l.attn_norm)?,
+                wqkv: DevLinear::upload(gpu, &l.wqkv)?,
+                wo: DevLinear::upload(gpu, &l.wo)?,
+                ffn_norm: gpu.upload(&l.ffn_norm)?,
+                w_gate_up: DevLinear::upload(gpu, &l.w_gate_up)?,
+                w_down: DevLinear::upload(gpu, &l.w_down)?,
+            });
+        }
+        Ok(Self {
+            embed: DevLinear::upload(gpu, &w.embed)?,
+            layers,
+            out_norm: gpu.upload(&w.out_norm)?,
+            lm_head: w
+                .lm_head
+                .as_ref()
+                .map(|l| DevLinear::upload(gpu, l))
+                .transpose()?,
+            bytes: w.bytes(),
+        })
+    }
+
+    fn lm_head(&self) -> &DevLinear {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// Activation buffers for up to `cap` tokens and `cap` logits rows, one allocation.
+struct DevWorkspace {
+    cap: usize,
+    buf: Option<DBuf>,
+    ints: Option<DBuf>,
+    offs: [usize; 9],
+    /// Logits of up to `rows_cap` rows (only the sampled rows have logits, so this is sized by
+    /// the number of sequences, not tokens: a 128k vocabulary is 0.5 MB a row).
+    rows_cap: usize,
+    logits: Option<DBuf>,
+}
+
+/// Floats per token of each activation buffer: x, h, qkv, attn, tmp, gu, act, last.
+fn act_sizes(c: &ModelConfig) -> [usize; 8] {
+    let qkv = c.hidden + 2 * c.kv_dim();
+    [c.hidden, c.hidden, qkv, c.hidden, c.hidden, 2 * c.ffn, c.ffn, c.hidden]
+}
+
+/// The model and its paged KV pool on one GPU.
+pub struct CudaBackend {
+    gpu: Gpu,
+    cfg: ModelConfig,
+    w: DevWeights,
+    kv: DBuf,
+    block_size: usize,
+    num_blocks: usize,
+    ws: DevWorkspace,
+    scratch: GemmScratch,
+    staging: Vec<i32>,
+    logits: Vec<f32>,
+    argmax: Vec<u32>,
+}
+
+impl CudaBackend {
+    /// Uploads the model to GPU `ordinal` and sizes the KV pool: `kv_budget` bytes, or with
+    /// `fraction > 0` that fraction of the memory left free after the weights.
+    pub fn new(
+        lm: &Arc<LoadedModel>,
+        ordinal: usize,
+        block_size: usize,
+        kv_budget: usize,
+        fraction: f32,
+    ) -> Result<Self, String> {
+        let cfg = lm.model.cfg.clone();
+        if !Gpu::supports_head_dim(cfg.head_dim) {
+            return Err(format!(
+                "the CUDA attention kernel does not take head size {}",
+                cfg.head_dim
+            ));
+        }
+        let gpu = Gpu::new(ordinal).map_err(|e| e.to_string())?;
+        let w = DevWeights::upload(&gpu, &lm.model.weights)
+            .map_err(|e| format!("uploading the weights to {}: {e}", gpu.name()))?;
+        let budget = if fraction > 0.0 {
+            let (free, _) = gpu.mem_info().map_err(|e| e.to_string())?;
+            (free as f64 * f64::from(fraction.min(0.95))) as usize
+        } else {
+            kv_budget
+        };
+        let blocks = KvCache::blocks_for_budget(&cfg, block_size.max(1), budget);
+        let mut me = Self {
+            kv: gpu.alloc(1).map_err(|e| e.to_string())?,
+            gpu,
+            cfg,
+            w,
+            block_size,
+            num_blocks: 0,
+            ws: DevWorkspace {
+                cap: 0,
+                buf: None,
+                ints: None,
+                offs: [0; 9],
+                rows_cap: 0,
+                logits: None,
+            },
+            scratch: GemmScratch::default(),
+            staging: Vec::new(),
+            logits: Vec::new(),
+            argmax: Vec::new(),
+        };
+        me.rebuild_kv(block_size, blocks)?;
+        me.warm_up()?;
+        Ok(me)
+    }
+
+    /// A profile run as vLLM does at start: one prefill long enough for the GEMM path and one
+    /// decode, so cuBLAS's initialisation, the buffers and the driver's first launches are paid
+    /// here and not in the first request's TTFT. It also fails early if a kernel cannot run.
+    fn warm_up(&mut self) -> Result<(), String> {
+        let n = (self.num_blocks * self.block_size)
+            .min(64)
+            .min(self.cfg.context_len);
+        if n < 2 {
+            return Ok(());
+        }
+        let blocks: Vec<u32> = (0..n.div_ceil(self.block_size) as u32).collect();
+        let mut prefill = Batch::default();
+        prefill.push_seq(blocks.clone(), 0, &vec![0u32; n - 1], true);
+        let mut decode = Batch::default();
+        decode.push_seq(blocks, n - 1, &[0], true);
+        let name = self.gpu.name().to_string();
+        for (b, full) in [(prefill, false), (decode, true)] {
+            if let Err(e) = self.forward(&b, &[full]) {
+                return Err(format!("warm-up step on {name}: {e}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure_workspace(&mut self, n: usize, rows: usize) -> Result<(), CudaError> {
+        if rows > self.ws.rows_cap {
+            let cap = rows.max(self.ws.rows_cap * 2).max(8);
+            self.ws.logits = None;
+            self.ws.logits = Some(self.gpu.alloc(cap * self.cfg.vocab * 4)?);
+            self.ws.rows_cap = cap;
+        }
+        if n <= self.ws.cap {
+            return Ok(());
+        }
+        let cap = n.max(self.ws.cap * 2).max(16);
+        let mut offs = [0usize; 9];
+        let mut at = 0;
+        for (i, s) in act_sizes(&self.cfg).iter().enumerate() {
+            offs[i] = at;
+            // 256-byte aligned sub-buffers.
+            at += (s * cap * 4).div_ceil(256) * 256;
+        }
+        offs[8] = at;
+        self.ws.buf = None;
+        self.ws.buf = Some(self.gpu.alloc(at)?);
+        self.ws.offs = offs;
+        self.ws.cap = cap;
+        Ok(())
+    }
+
+    fn ints(&mut self, len: usize) -> Result<u64, CudaError> {
+        if self.ws.ints.as_ref().is_none_or(|b| b.len() < len * 4) {
+            self.ws.ints = None;
+            self.ws.ints = Some(self.gpu.alloc((len * 4).max(4096) * 2)?);
+        }
+        Ok(self.ws.ints.as_ref().map_or(0, DBuf::ptr))
+    }
+
+    fn run(&mut self, batch: &Batch) -> Result<usize, CudaError> {
+        let c = self.cfg.clone();
+        let n = batch.len();
+        let r = batch.logit_rows.len();
+        self.gpu.bind()?;
+        self.ensure_workspace(n, r)?;
+        // Integers: tokens, positions, slots, block-table offsets, logits rows, block tables.
+        let st = &mut self.staging;
+        st.clear();
+        st.extend(batch.tokens.iter().map(|&t| t as i32));
+        st.extend(batch.positions.iter().map(|&p| p as i32));
+        st.extend((0..n).map(|i| batch.slot(i, self.block_size) as i32));
+        let mut starts = Vec::with_capacity(batch.block_tables.len());
+        let mut acc = 0;
+        for t in &batch.block_tables {
+            starts.push(acc as i32);
+            acc += t.len();
+        }
+        st.extend(batch.seq_of.iter().map(|&s| starts[s]));
+        st.extend(batch.logit_rows.iter().map(|&x| x as i32));
+        for t in &batch.block_tables {
+            st.extend(t.iter().map(|&b| b as i32));
+        }
+        let total = self.staging.len();
+        let ints = self.ints(total)?;
+        self.gpu.htod(ints, &self.staging)?;
+        let at = |k: usize| ints + 4 * k as u64;
+        let (tokens, pos, slots, bt_off, rows, bt) =
+            (at(0), at(n), at(2 * n), at(3 * n), at(4 * n), at(4 * n + r));
+
+        let base = self.ws.buf.as_ref().map_or(0, DBuf::ptr);
+        let o = |i: usize| base + self.ws.offs[i] as u64;
+        let (x, h, qkv, attn, tmp, gu, act, last) =
+            (o(0), o(1), o(2), o(3), o(4), o(5), o(6), o(7));
+        let logits = self.ws.logits.as_ref().map_or(0, DBuf::ptr);
+        let g = &self.gpu;
+        let sc = &mut self.scratch;
+        let geom = AttnGeom {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+        };
+        let stride = c.hidden + 2 * c.kv_dim();
+        let per = (self.num_blocks * self.block_size * c.kv_dim() * 2) as u64;
+        g.embed(&self.w.embed.m, tokens, n, x)?;
+        for (li, l) in self.w.layers.iter().enumerate() {
+            if li == 0 {
+                g.rms_norm(x, None, n, l.attn_norm.ptr(), h, c.hidden, c.rms_eps)?;
+            } else {
+                g.add_rms_norm(x, tmp, l.attn_norm.ptr(), h, n, c.hidden, c.rms_eps)?;
+            }
+            l.wqkv.forward(g, h, n, qkv, sc)?;
+            let kc = self.kv.ptr() + 2 * li as u64 * per;
+            let vc = kc + per;
+            let neox = c.rope_style == RopeStyle::Neox;
+            g.rope_store(
+                qkv,
+                stride,
+                pos,
+                slots,
+                kc,
+                vc,
+                n,
+                &geom,
+                c.rope_dim,
+                c.rope_theta,
+                neox,
+            )?;
+            g.paged_attention(qkv, stride, kc, vc, pos, bt_off, bt, attn, n, &geom)?;
+            l.wo.forward(g, attn, n, tmp, sc)?;
+            g.add_rms_norm(x, tmp, l.ffn_norm.ptr(), h, n, c.hidden, c.rms_eps)?;
+            l.w_gate_up.forward(g, h, n, gu, sc)?;
+            g.swiglu(gu, act, c.ffn, n)?;
+            l.w_down.forward(g, act, n, tmp, sc)?;
+        }
+        g.add(x, tmp, n * c.hidden)?;
+        if r > 0 {
+            g.rms_norm(x, Some(rows), r, self.w.out_norm.ptr(), last, c.hidden, c.rms_eps)?;
+            self.w.lm_head().forward(g, last, r, logits, sc)?;
+            // The argmax goes into the (now free) `tmp` buffer.
+            g.argmax(logits, r, c.vocab, tmp)?;
+            self.argmax.resize(r, 0);
+            g.dtoh(tmp, &mut self.argmax)?;
+        } else {
+            self.argmax.clear();
+            g.sync()?;
+        }
+        Ok(logits as usize)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn describe(&self) -> String {
+        format!("CUDA cuda:{} {}", self.gpu.ordinal(), self.gpu.name())
+    }
+
+    fn forward(
+        &mut self,
+        batch: &Batch,
+        full_logits: &[bool],
+    ) -> Result<StepOutput<'_>, ModelError> {
+        check_batch(&self.cfg, batch, self.num_blocks, self.block_size)?;
+        if batch.is_empty() {
+            return Err(ModelError::Batch("empty batch".into()));
+        }
+        let logits = self.run(batch).map_err(gpu_err)? as u64;
+        let vocab = self.cfg.vocab;
+        self.logits.clear();
+        for j in 0..batch.logit_rows.len() {
+            if full_logits.get(j).copied().unwrap_or(true) {
+                let at = self.logits.len();
+                self.logits.resize(at + vocab, 0.0);
+                self.gpu
+                    .dtoh(logits + (j * vocab * 4) as u64, &mut self.logits[at..])
+                    .map_err(gpu_err)?;
+            }
+        }
+        Ok(StepOutput {
+            logits: &self.logits,
+            argmax: &self.argmax,
+        })
+    }
+
+    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String> {
+        if num_blocks == 0 {
+            return Err("the KV budget holds no block".into());
+        }
+        let bytes = KvCache::bytes_per_block(&self.cfg, block_size)
+            .checked_mul(num_blocks)
+            .ok_or("KV pool size overflows")?;
+        // Free the old pool before taking the new one.
+        self.kv = self.gpu.alloc(1).map_err(|e| e.to_string())?;
+        self.kv = self
+            .gpu
+            .alloc(bytes)
+            .map_err(|e| format!("KV pool of {num_blocks} blocks: {e}"))?;
+        self.block_size = block_size;
+        self.num_blocks = num_blocks;
+        Ok(())
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn memory(&self) -> MemoryUse {
+        let (used, total) = match self.gpu.mem_info() {
+            Ok((free, total)) => (Some((total - free) as u64), Some(total as u64)),
+            Err(_) => (None, None),
+        };
+        MemoryUse {
+            weights: self.w.bytes,
+            kv: self.kv.len(),
+            activations: self.ws.buf.as_ref().map_or(0, DBuf::len)
+                + self.ws.ints.as_ref().map_or(0, DBuf::len)
+                + self.ws.logits.as_ref().map_or(0, DBuf::len)
+                + self.scratch.bytes(),
+            device_used: used,
+            device_total: total,
+        }
+    }
+
+    fn threads(&self) -> usize {
+        0
+    }
+}

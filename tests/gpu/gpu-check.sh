@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves.
+#
+#   tests/gpu/gpu-check.sh build   # here (no GPU needed): release binary + GPU test binaries,
+#                                  # stripped, into .gpu/ (git-ignored), which the device call carries
+#   tests/gpu/gpu-check.sh run     # on the GPU machine, in one call: GPU tests (CUDA vs CPU on
+#                                  # fresh random inputs), device bandwidth, then the benchmark:
+#                                  # synthetic smollm2-135m and llama-3-8b, F16 and Q4_K, at
+#                                  # concurrency 1,16,64,256; logs and JSON under $OUT, table last.
+#
+# The device call: run(command="bash tests/gpu/gpu-check.sh run", carry=[".gpu"], timeout_s=...).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode="${1:-}"
+carry=.gpu
+
+build() {
+  set -e
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  rm -rf "$carry" && mkdir -p "$carry"
+  cargo build --release --bin tpslab
+  local tdir="${CARGO_TARGET_DIR:-target}"
+  cp "$tdir/release/tpslab" "$carry/tpslab"
+  for spec in "tpslab-kernels cuda" "tpslab-engine cuda_model"; do
+    set -- $spec
+    local exe
+    exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+      python3 -c 'import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])' | tail -1)
+    cp "$exe" "$carry/test-$2"
+  done
+  strip "$carry"/*
+  ls -la "$carry"
+  du -sh "$carry"
+}
+
+run() {
+  local out="${OUT:-/tmp/gpu-out}"
+  mkdir -p "$out"
+  # cuBLAS from the image's pip CUDA libraries.
+  local nv
+  nv=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])' 2>/dev/null)
+  for d in "$nv"/cu13/lib "$nv"/*/lib; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/smi.txt"
+  echo "== GPU tests"
+  for t in "$carry"/test-*; do
+    "$t" --test-threads=1 --nocapture 2>&1 | tee "$out/$(basename "$t").log" | grep -E "^test |seed|skipped|result|panicked|rel err" 
+  done
+  echo "== device bandwidth (torch device-to-device copy, bytes read + written)"
+  python3 - <<'EOF' 2>&1 | tee "$out/bandwidth.txt"
+import torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+ts = []
+for _ in range(10):
+    s.record(); y.copy_(x); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); ms = ts[len(ts) // 2]
+print(f"bandwidth_gbs {2 * x.numel() / ms / 1e6:.0f}")
+EOF
+  echo "== benchmark"
+  for arch in smollm2-135m llama-3-8b; do
+    for prec in f16 q4_k; do
+      local tag="$arch-$prec"
+      timeout 100 "$carry/tpslab" bench --synthetic "$arch" --precision "$prec" --device cuda \
+        --concurrency 1,16,64,256 --prompt-len 128 --output-len 128 --kv-budget-mb 20480 \
+        --max-batched-tokens 8192 --json "$out/$tag.json" > "$out/$tag.log" 2>&1
+      echo "$tag: exit $?"; tail -12 "$out/$tag.log"
+    done
+  done
+  echo "== table"
+  python3 - "$out" <<'EOF'
+import json, sys, os, re
+out = sys.argv[1]
+bw = None
+try:
+    bw = float(re.search(r"bandwidth_gbs (\d+)", open(f"{out}/bandwidth.txt").read()).group(1))
+except Exception:
+    pass
+print(f"device copy bandwidth: {bw} GB/s")
+print(f"{'model':<14}{'prec':<6}{'weights GB':>11}{'floor tok/s':>12} | " + " | ".join(f"c={c:<4} agg / per-req / TTFT p50" for c in (1, 16, 64, 256)))
+for arch in ("smollm2-135m", "llama-3-8b"):
+    for prec in ("f16", "q4_k"):
+        p = f"{out}/{arch}-{prec}.json"
+        if not os.path.exists(p):
+            print(f"{arch:<14}{prec:<6} (no result)"); continue
+        j = json.load(open(p))
+        wb = j.get("weights_bytes") or 0
+        floor = bw * 1e9 / wb if bw and wb else float("nan")
+        cells = []
+        for r in j.get("runs", []):
+            agg = r.get("output_throughput", float("nan"))
+            tpot = r.get("median_tpot_ms") or float("nan")
+            ttft = r.get("median_ttft_ms", float("nan"))
+            cells.append(f"{agg:8.0f} / {1000 / tpot if tpot == tpot and tpot else float('nan'):6.0f} / {ttft:6.1f}ms")
+        print(f"{arch:<14}{prec:<6}{wb / 1e9:>11.2f}{floor:>12.0f} | " + " | ".join(cells))
+EOF
+}
+
+case "$mode" in
+  build) build ;;
+  run) run ;;
+  *) echo "usage: $0 build|run" >&2; exit 2 ;;
+esac
