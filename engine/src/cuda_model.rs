@@ -4,9 +4,10 @@
 //! order on one stream, one download of the greedy tokens (and of logits rows only where a
 //! sampler needs them).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tpslab_kernels::cuda::{AttnGeom, CudaError, DBuf, DevMatrix, GemmScratch, Gpu};
+use tpslab_kernels::cuda::{AttnGeom, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
 
 use crate::backend::{Backend, MemoryUse, StepOutput};
 use crate::config::{ModelConfig, RopeStyle};
@@ -136,7 +137,15 @@ pub struct CudaBackend {
     staging: Vec<i32>,
     logits: Vec<f32>,
     argmax: Vec<u32>,
+    /// Decode-step graphs by batch size, with the buffer addresses they captured.
+    graphs: HashMap<usize, ([u64; 6], Graph)>,
+    /// Batch sizes run once (buffers sized): the next step of that size is captured.
+    graph_seen: HashSet<usize>,
+    use_graphs: bool,
 }
+
+/// Largest decode batch replayed as a CUDA graph (as vLLM's default capture sizes end at 512).
+pub const GRAPH_MAX_BATCH: usize = 512;
 
 impl CudaBackend {
     /// Uploads the model to GPU `ordinal` and sizes the KV pool: `kv_budget` bytes, or with
@@ -184,6 +193,10 @@ impl CudaBackend {
             staging: Vec::new(),
             logits: Vec::new(),
             argmax: Vec::new(),
+            graphs: HashMap::new(),
+            graph_seen: HashSet::new(),
+            // TPSLAB_CUDA_GRAPHS=0 turns graphs off (to measure what they pay).
+            use_graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0"),
         };
         me.rebuild_kv(block_size, blocks)?;
         me.warm_up()?;
@@ -243,18 +256,16 @@ impl CudaBackend {
     fn ints(&mut self, len: usize) -> Result<u64, CudaError> {
         if self.ws.ints.as_ref().is_none_or(|b| b.len() < len * 4) {
             self.ws.ints = None;
-            self.ws.ints = Some(self.gpu.alloc((len * 4).max(4096) * 2)?);
+            // Generous, so that growing block tables rarely move it (which stales the graphs).
+            self.ws.ints = Some(self.gpu.alloc((len * 4 * 2).max(1 << 20))?);
         }
         Ok(self.ws.ints.as_ref().map_or(0, DBuf::ptr))
     }
 
-    fn run(&mut self, batch: &Batch) -> Result<usize, CudaError> {
-        let c = self.cfg.clone();
+    /// Uploads the batch's integers: tokens, positions, slots, block-table offsets, logits rows,
+    /// block tables (in that order, one copy).
+    fn upload_ints(&mut self, batch: &Batch) -> Result<u64, CudaError> {
         let n = batch.len();
-        let r = batch.logit_rows.len();
-        self.gpu.bind()?;
-        self.ensure_workspace(n, r)?;
-        // Integers: tokens, positions, slots, block-table offsets, logits rows, block tables.
         let st = &mut self.staging;
         st.clear();
         st.extend(batch.tokens.iter().map(|&t| t as i32));
@@ -274,10 +285,75 @@ impl CudaBackend {
         let total = self.staging.len();
         let ints = self.ints(total)?;
         self.gpu.htod(ints, &self.staging)?;
+        Ok(ints)
+    }
+
+    /// Addresses every launch of a step depends on; a graph captured under other ones is stale.
+    fn signature(&self, ints: u64) -> [u64; 6] {
+        let (sx, sw) = self.scratch.ptrs();
+        [
+            ints,
+            self.ws.buf.as_ref().map_or(0, DBuf::ptr),
+            self.ws.logits.as_ref().map_or(0, DBuf::ptr),
+            self.kv.ptr(),
+            sx,
+            sw,
+        ]
+    }
+
+    /// Runs the step; returns the device address of its logits. Pure decode steps (one token
+    /// per sequence, every one sampled) of up to [`GRAPH_MAX_BATCH`] sequences replay a CUDA
+    /// graph captured the second time that batch size is seen (the first run sizes every buffer,
+    /// so the capture allocates nothing).
+    fn run(&mut self, batch: &Batch) -> Result<u64, CudaError> {
+        let n = batch.len();
+        let r = batch.logit_rows.len();
+        self.gpu.bind()?;
+        self.ensure_workspace(n, r)?;
+        let ints = self.upload_ints(batch)?;
+        let decode = self.use_graphs
+            && n == r
+            && n == batch.block_tables.len()
+            && n <= GRAPH_MAX_BATCH;
+        if decode {
+            let sig = self.signature(ints);
+            if self.graphs.values().any(|(s, _)| *s != sig) {
+                // A buffer moved (it grew): every graph holds old addresses.
+                self.graphs.clear();
+                self.graph_seen.clear();
+            }
+            if let Some((_, g)) = self.graphs.get(&n) {
+                self.gpu.launch_graph(g)?;
+            } else if self.graph_seen.contains(&n) {
+                self.gpu.begin_capture()?;
+                let launched = self.launch(n, r, ints);
+                let graph = self.gpu.end_capture();
+                launched?;
+                let graph = graph?;
+                self.gpu.launch_graph(&graph)?;
+                self.graphs.insert(n, (sig, graph));
+            } else {
+                self.launch(n, r, ints)?;
+                self.graph_seen.insert(n);
+            }
+        } else {
+            self.launch(n, r, ints)?;
+        }
+        let logits = self.ws.logits.as_ref().map_or(0, DBuf::ptr);
+        // The greedy tokens were written into the (free by then) `tmp` buffer.
+        self.argmax.resize(r, 0);
+        let tmp = self.ws.buf.as_ref().map_or(0, DBuf::ptr) + self.ws.offs[4] as u64;
+        self.gpu.dtoh(tmp, &mut self.argmax)?;
+        Ok(logits)
+    }
+
+    /// Queues every kernel of one step (no host copies, no synchronization, no allocation
+    /// once the buffers have grown to this batch: safe to capture).
+    fn launch(&mut self, n: usize, r: usize, ints: u64) -> Result<(), CudaError> {
+        let c = &self.cfg;
         let at = |k: usize| ints + 4 * k as u64;
         let (tokens, pos, slots, bt_off, rows, bt) =
             (at(0), at(n), at(2 * n), at(3 * n), at(4 * n), at(4 * n + r));
-
         let base = self.ws.buf.as_ref().map_or(0, DBuf::ptr);
         let o = |i: usize| base + self.ws.offs[i] as u64;
         let (x, h, qkv, attn, tmp, gu, act, last) =
@@ -293,6 +369,7 @@ impl CudaBackend {
         };
         let stride = c.hidden + 2 * c.kv_dim();
         let per = (self.num_blocks * self.block_size * c.kv_dim() * 2) as u64;
+        let neox = c.rope_style == RopeStyle::Neox;
         g.embed(&self.w.embed.m, tokens, n, x)?;
         for (li, l) in self.w.layers.iter().enumerate() {
             if li == 0 {
@@ -303,7 +380,6 @@ impl CudaBackend {
             l.wqkv.forward(g, h, n, qkv, sc)?;
             let kc = self.kv.ptr() + 2 * li as u64 * per;
             let vc = kc + per;
-            let neox = c.rope_style == RopeStyle::Neox;
             g.rope_store(
                 qkv,
                 stride,
@@ -328,15 +404,9 @@ impl CudaBackend {
         if r > 0 {
             g.rms_norm(x, Some(rows), r, self.w.out_norm.ptr(), last, c.hidden, c.rms_eps)?;
             self.w.lm_head().forward(g, last, r, logits, sc)?;
-            // The argmax goes into the (now free) `tmp` buffer.
             g.argmax(logits, r, c.vocab, tmp)?;
-            self.argmax.resize(r, 0);
-            g.dtoh(tmp, &mut self.argmax)?;
-        } else {
-            self.argmax.clear();
-            g.sync()?;
         }
-        Ok(logits as usize)
+        Ok(())
     }
 }
 
@@ -354,7 +424,7 @@ impl Backend for CudaBackend {
         if batch.is_empty() {
             return Err(ModelError::Batch("empty batch".into()));
         }
-        let logits = self.run(batch).map_err(gpu_err)? as u64;
+        let logits = self.run(batch).map_err(gpu_err)?;
         let vocab = self.cfg.vocab;
         self.logits.clear();
         for j in 0..batch.logit_rows.len() {
@@ -379,6 +449,9 @@ impl Backend for CudaBackend {
         let bytes = KvCache::bytes_per_block(&self.cfg, block_size)
             .checked_mul(num_blocks)
             .ok_or("KV pool size overflows")?;
+        // Graphs captured the old pool's address and block size.
+        self.graphs.clear();
+        self.graph_seen.clear();
         // Free the old pool before taking the new one.
         self.kv = self.gpu.alloc(1).map_err(|e| e.to_string())?;
         self.kv = self

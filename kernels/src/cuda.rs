@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -29,6 +30,15 @@ const MMV_MAX_ROWS: usize = 8;
 /// are dequantized to f16 for cuBLAS (measured on an H200: launches of 8 rows re-read the
 /// activations per output row and fall far behind dequantize + GEMM at 16 rows and more).
 const MMV_QUANT_ROWS: usize = 8;
+/// cuBLAS workspace (its recommendation for Hopper is 32 MiB).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// A captured sequence of launches, replayed with one call ([`Gpu::launch_graph`]).
+pub struct Graph(CudaGraph);
+
+// SAFETY: a graph is only launched on its `Gpu`'s stream, by whichever single thread owns the
+// `Gpu` (the engine thread); CUDA graph handles may be used from any thread of the context.
+unsafe impl Send for Graph {}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaError(pub String);
@@ -160,6 +170,14 @@ impl GemmScratch {
     pub fn bytes(&self) -> usize {
         self.x.as_ref().map_or(0, DBuf::len) + self.w.as_ref().map_or(0, DBuf::len)
     }
+
+    /// The buffers' addresses (a graph that captured them is stale once they move).
+    pub fn ptrs(&self) -> (u64, u64) {
+        (
+            self.x.as_ref().map_or(0, DBuf::ptr),
+            self.w.as_ref().map_or(0, DBuf::ptr),
+        )
+    }
 }
 
 enum Arg {
@@ -191,6 +209,7 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    _workspace: CudaSlice<u8>,
     k: Kernels,
     name: String,
     ordinal: usize,
@@ -214,7 +233,8 @@ impl Gpu {
         // One stream, in order: no per-buffer events needed.
         // SAFETY: every buffer is used on this one stream only.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own (the legacy default stream cannot be captured into a graph).
+        let stream = ctx.new_stream()?;
         // SAFETY: as for the driver; cuBLAS is looked up at run time.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(CudaError(
@@ -223,6 +243,22 @@ impl Gpu {
             ));
         }
         let blas = CudaBlas::new(stream.clone())?;
+        // A fixed cuBLAS workspace, so GEMMs captured into a graph allocate nothing.
+        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
+        {
+            let (ws, _guard) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace lives as long as the handle (both owned by `Gpu`).
+            let st = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ws as *mut _,
+                    CUBLAS_WORKSPACE,
+                )
+            };
+            if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError(format!("cuBLAS workspace: {st:?}")));
+            }
+        }
         let ew = ctx.load_module(Ptx::from_src(PTX_ELEMENTWISE))?;
         let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
         let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
@@ -258,6 +294,7 @@ impl Gpu {
             ctx,
             stream,
             blas,
+            _workspace: workspace,
             k,
             name,
             ordinal,
@@ -335,6 +372,27 @@ impl Gpu {
             cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())?;
         }
         self.sync()
+    }
+
+    /// Starts recording this thread's launches on the stream into a graph instead of running
+    /// them. Nothing may allocate, copy to the host or synchronize until [`Gpu::end_capture`].
+    pub fn begin_capture(&self) -> Result<()> {
+        Ok(self
+            .stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?)
+    }
+
+    /// Ends a capture and instantiates the graph.
+    pub fn end_capture(&self) -> Result<Graph> {
+        match self.stream.end_capture(CUgraphInstantiate_flags(0))? {
+            Some(g) => Ok(Graph(g)),
+            None => Err(CudaError("the graph capture recorded nothing".into())),
+        }
+    }
+
+    /// Replays a captured graph on the stream.
+    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
+        Ok(g.0.launch()?)
     }
 
     /// Sets `bytes` bytes at `dst` to `value` (e.g. 0xff to poison outputs in tests).
@@ -568,11 +626,13 @@ impl Gpu {
         let mut done = 0;
         while done < m {
             let rows = (m - done).min(MMV_MAX_ROWS);
-            let f = match rows {
-                1 => &fs[0],
-                2 => &fs[1],
-                3 | 4 => &fs[2],
-                _ => &fs[3],
+            // Kernel for up to 1, 2, 4 or 8 rows, and the weight rows each of its warps takes
+            // (`RowsPerWarp` in matvec.cu).
+            let (f, per_warp) = match rows {
+                1 => (&fs[0], 1),
+                2 => (&fs[1], 1),
+                3 | 4 => (&fs[2], 1),
+                _ => (&fs[3], 1),
             };
             let a = [
                 Arg::P(w.ptr),
@@ -584,7 +644,7 @@ impl Gpu {
                 Arg::I(rows as i32),
                 Arg::I(w.n as i32),
             ];
-            self.run(f, (w.n.div_ceil(4) as u32, 1), 128, &a)?;
+            self.run(f, (w.n.div_ceil(4 * per_warp) as u32, 1), 128, &a)?;
             done += rows;
         }
         Ok(())

@@ -38,8 +38,11 @@ for l in sys.stdin:
 }
 
 run() {
-  local out="${OUT:-/tmp/gpu-out}"
-  mkdir -p "$out"
+  # Everything is written here and packed into one file under $OUT at the end (the device
+  # tool brings back at most 8 files).
+  local out=/tmp/gpu-out
+  rm -rf "$out" && mkdir -p "$out"
+  trap "tar czf '${OUT:-/tmp}/gpu-check.tgz' -C '$out' ." EXIT
   # cuBLAS from the image's pip CUDA libraries.
   local nv
   nv=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])' 2>/dev/null)
@@ -63,15 +66,21 @@ ts.sort(); ms = ts[len(ts) // 2]
 print(f"bandwidth_gbs {2 * x.numel() / ms / 1e6:.0f}")
 EOF
   echo "== benchmark"
+  bench() { # tag, concurrency levels, then extra arguments
+    local tag="$1" conc="$2"; shift 2
+    timeout 100 "$carry/tpslab" bench --device cuda --concurrency "$conc" --prompt-len 128 \
+      --output-len 128 --kv-budget-mb 20480 --max-batched-tokens 8192 --json "$out/$tag.json" \
+      "$@" > "$out/$tag.log" 2>&1
+    echo "$tag: exit $?"; tail -7 "$out/$tag.log"
+  }
   for arch in smollm2-135m llama-3-8b; do
     for prec in f16 q4_k; do
-      local tag="$arch-$prec"
-      timeout 100 "$carry/tpslab" bench --synthetic "$arch" --precision "$prec" --device cuda \
-        --concurrency 1,16,64,256 --prompt-len 128 --output-len 128 --kv-budget-mb 20480 \
-        --max-batched-tokens 8192 --json "$out/$tag.json" > "$out/$tag.log" 2>&1
-      echo "$tag: exit $?"; tail -12 "$out/$tag.log"
+      bench "$arch-$prec" 1,16,64,256 --synthetic "$arch" --precision "$prec"
     done
   done
+  # Do CUDA graphs pay? The same decode without them.
+  TPSLAB_CUDA_GRAPHS=0 bench smollm2-135m-f16-nographs 1,16 --synthetic smollm2-135m --precision f16
+  TPSLAB_CUDA_GRAPHS=0 bench llama-3-8b-q4_k-nographs 1,16 --synthetic llama-3-8b --precision q4_k
   echo "== table"
   python3 - "$out" <<'EOF'
 import json, sys, os, re
@@ -81,23 +90,22 @@ try:
     bw = float(re.search(r"bandwidth_gbs (\d+)", open(f"{out}/bandwidth.txt").read()).group(1))
 except Exception:
     pass
-print(f"device copy bandwidth: {bw} GB/s")
-print(f"{'model':<14}{'prec':<6}{'weights GB':>11}{'floor tok/s':>12} | " + " | ".join(f"c={c:<4} agg / per-req / TTFT p50" for c in (1, 16, 64, 256)))
-for arch in ("smollm2-135m", "llama-3-8b"):
-    for prec in ("f16", "q4_k"):
-        p = f"{out}/{arch}-{prec}.json"
-        if not os.path.exists(p):
-            print(f"{arch:<14}{prec:<6} (no result)"); continue
-        j = json.load(open(p))
-        wb = j.get("weights_bytes") or 0
-        floor = bw * 1e9 / wb if bw and wb else float("nan")
-        cells = []
-        for r in j.get("runs", []):
-            agg = r.get("output_throughput", float("nan"))
-            tpot = r.get("median_tpot_ms") or float("nan")
-            ttft = r.get("median_ttft_ms", float("nan"))
-            cells.append(f"{agg:8.0f} / {1000 / tpot if tpot == tpot and tpot else float('nan'):6.0f} / {ttft:6.1f}ms")
-        print(f"{arch:<14}{prec:<6}{wb / 1e9:>11.2f}{floor:>12.0f} | " + " | ".join(cells))
+print(f"device copy bandwidth: {bw} GB/s; floor = weight bytes / bandwidth for one decode step")
+print(f"{'run':<26}{'weights GB':>10}{'floor tok/s':>12} | c: aggregate output tok/s / per-request decode tok/s / TTFT p50 ms")
+tags = [f"{a}-{p}" for a in ("smollm2-135m", "llama-3-8b") for p in ("f16", "q4_k")]
+tags += ["smollm2-135m-f16-nographs", "llama-3-8b-q4_k-nographs"]
+for tag in tags:
+    p = f"{out}/{tag}.json"
+    if not os.path.exists(p):
+        print(f"{tag:<26} (no result)"); continue
+    j = json.load(open(p))
+    wb = j.get("weights_bytes") or 0
+    floor = bw * 1e9 / wb if bw and wb else float("nan")
+    cells = []
+    for r in j.get("runs", []):
+        tpot = r.get("median_tpot_ms") or float("nan")
+        cells.append(f"c={r['max_concurrency']}: {r['output_throughput']:.0f} / {1000 / tpot:.0f} / {r['median_ttft_ms']:.1f}")
+    print(f"{tag:<26}{wb / 1e9:>10.2f}{floor:>12.0f} | " + " | ".join(cells))
 EOF
 }
 
