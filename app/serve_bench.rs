@@ -153,7 +153,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 threads: a.model.threads,
                 knobs: k,
                 device: a.model.device,
-                gpu_kv_fraction: 0.0,
+                gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
             },
             None,
         )?;
