@@ -4,6 +4,8 @@
 //! Modules:
 //! - (this file) the public API: weight types, [`QMatrix`], [`matmul`], [`dequantize_row`].
 //! - `dequant`: weight blocks (ggml layouts) back to f32, the plain reference for every type.
+//! - `quantize`: weight quantization, f32 rows to ggml block bytes, byte-exact with ggml's
+//!   reference quantizers (`quantize_row_*_ref`, the K-quants' scale searches included).
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
 //!   portable and written to do exactly the float operations ggml's AVX2 code does.
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
@@ -22,10 +24,12 @@ mod dequant;
 mod matmul;
 pub mod pool;
 pub mod quant;
+pub mod quantize;
 
 pub use dequant::dequantize_row;
 pub use matmul::{Backend, matmul, matmul_with, quantize_activations, reference_matmul};
 pub use pool::ThreadPool;
+pub use quantize::quantize_row;
 
 /// Weight element types, with ggml's block layouts (so GGUF tensor bytes are used as they are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
