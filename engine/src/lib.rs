@@ -2,6 +2,7 @@
 //!
 //! Modules:
 //! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
+//! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
 //! - [`library`]: the model library folder and fetching the default model.
 //! - [`config`]: model shape resolved from GGUF metadata (every Llama-family architecture).
 //! - [`weights`]: the weight set by tensor name; [`weights::Linear`] dense or quantized.
@@ -34,6 +35,7 @@ pub mod detok;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_write;
 pub mod kv;
 pub mod library;
 pub mod loadgen;
