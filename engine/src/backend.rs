@@ -50,12 +50,28 @@ impl std::fmt::Display for DeviceChoice {
     }
 }
 
-/// One step's output. Row `j` of the batch's `logit_rows` has its full logits in `logits` (rows
-/// packed in order) when `argmax` is empty or the caller asked for them; otherwise `argmax[j]` is
-/// its greedy token and no logits were copied.
+/// What the sampler of one logits row needs from a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowNeed {
+    /// The greedy token only.
+    Argmax,
+    /// The `k` largest logits (ids and values) suffice (top-k sampling without penalties).
+    TopK(usize),
+    /// The whole row.
+    Full,
+}
+
+/// One step's output. When `argmax` is empty (a backend that computes logits on the host) every
+/// logits row is in `logits`, packed in order. Otherwise, by each row's [`RowNeed`]: `Argmax`
+/// rows have only `argmax[j]`; `TopK` rows have `topk_k` candidates each in `topk_ids` /
+/// `topk_vals` (packed in order of those rows; at least their k, unordered); `Full` rows are
+/// packed in `logits`.
 pub struct StepOutput<'a> {
     pub logits: &'a [f32],
     pub argmax: &'a [u32],
+    pub topk_k: usize,
+    pub topk_ids: &'a [u32],
+    pub topk_vals: &'a [f32],
 }
 
 /// Memory a backend holds, in bytes, parts apart.
@@ -73,13 +89,10 @@ pub struct MemoryUse {
 pub trait Backend: Send {
     /// For labels: "CPU, 2 threads" or "CUDA cuda:0 NVIDIA H200".
     fn describe(&self) -> String;
-    /// Runs the batch (writing its K/V), returning logits or greedy tokens of its logits rows.
-    /// `full_logits[j]` says whether logits row `j` is needed in full.
-    fn forward(
-        &mut self,
-        batch: &Batch,
-        full_logits: &[bool],
-    ) -> Result<StepOutput<'_>, ModelError>;
+    /// Runs the batch (writing its K/V), returning what each logits row's sampler needs
+    /// (`needs[j]` for row `j`; see [`StepOutput`]).
+    fn forward(&mut self, batch: &Batch, needs: &[RowNeed])
+    -> Result<StepOutput<'_>, ModelError>;
     /// Replaces the KV pool (everything in it is dropped).
     fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String>;
     fn num_blocks(&self) -> usize;
@@ -119,11 +132,7 @@ impl Backend for CpuBackend {
         format!("CPU, {} threads", self.pool.n_threads())
     }
 
-    fn forward(
-        &mut self,
-        batch: &Batch,
-        _full_logits: &[bool],
-    ) -> Result<StepOutput<'_>, ModelError> {
+    fn forward(&mut self, batch: &Batch, _: &[RowNeed]) -> Result<StepOutput<'_>, ModelError> {
         let logits = self
             .lm
             .model
@@ -131,6 +140,9 @@ impl Backend for CpuBackend {
         Ok(StepOutput {
             logits,
             argmax: &[],
+            topk_k: 0,
+            topk_ids: &[],
+            topk_vals: &[],
         })
     }
 

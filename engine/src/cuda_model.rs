@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tpslab_kernels::cuda::{AttnGeom, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
 
-use crate::backend::{Backend, MemoryUse, StepOutput};
+use crate::backend::{Backend, MemoryUse, RowNeed, StepOutput};
 use crate::config::{ModelConfig, RopeStyle};
 use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
@@ -137,6 +137,10 @@ pub struct CudaBackend {
     staging: Vec<i32>,
     logits: Vec<f32>,
     argmax: Vec<u32>,
+    /// Top-k candidates on the device (ids then values) and copied back.
+    topk_buf: Option<DBuf>,
+    topk_ids: Vec<u32>,
+    topk_vals: Vec<f32>,
     /// Decode-step graphs by batch size, with the buffer addresses they captured.
     graphs: HashMap<usize, ([u64; 6], Graph)>,
     /// Batch sizes run once (buffers sized): the next step of that size is captured.
@@ -193,6 +197,9 @@ impl CudaBackend {
             staging: Vec::new(),
             logits: Vec::new(),
             argmax: Vec::new(),
+            topk_buf: None,
+            topk_ids: Vec::new(),
+            topk_vals: Vec::new(),
             graphs: HashMap::new(),
             graph_seen: HashSet::new(),
             // TPSLAB_CUDA_GRAPHS=0 turns graphs off (to measure what they pay).
@@ -220,7 +227,8 @@ impl CudaBackend {
         decode.push_seq(blocks, n - 1, &[0], true);
         let name = self.gpu.name().to_string();
         for (b, full) in [(prefill, false), (decode, true)] {
-            if let Err(e) = self.forward(&b, &[full]) {
+            let need = if full { RowNeed::Full } else { RowNeed::Argmax };
+            if let Err(e) = self.forward(&b, &[need]) {
                 return Err(format!("warm-up step on {name}: {e}"));
             }
         }
@@ -415,30 +423,63 @@ impl Backend for CudaBackend {
         format!("CUDA cuda:{} {}", self.gpu.ordinal(), self.gpu.name())
     }
 
-    fn forward(
-        &mut self,
-        batch: &Batch,
-        full_logits: &[bool],
-    ) -> Result<StepOutput<'_>, ModelError> {
+    fn forward(&mut self, batch: &Batch, needs: &[RowNeed]) -> Result<StepOutput<'_>, ModelError> {
         check_batch(&self.cfg, batch, self.num_blocks, self.block_size)?;
         if batch.is_empty() {
             return Err(ModelError::Batch("empty batch".into()));
         }
         let logits = self.run(batch).map_err(gpu_err)?;
-        let vocab = self.cfg.vocab;
-        self.logits.clear();
-        for j in 0..batch.logit_rows.len() {
-            if full_logits.get(j).copied().unwrap_or(true) {
-                let at = self.logits.len();
-                self.logits.resize(at + vocab, 0.0);
+        let (vocab, r) = (self.cfg.vocab, batch.logit_rows.len());
+        let need = |j: usize| needs.get(j).copied().unwrap_or(RowNeed::Full);
+        // Top-k rows: the largest k of all of them, selected on the device for every row (one
+        // launch), copied back only for the rows that asked.
+        let kmax = (0..r)
+            .filter_map(|j| match need(j) {
+                RowNeed::TopK(k) => Some(k.min(vocab)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        self.topk_ids.clear();
+        self.topk_vals.clear();
+        if kmax > 0 {
+            let bytes = r * kmax * 4;
+            if self.topk_buf.as_ref().is_none_or(|b| b.len() < 2 * bytes) {
+                self.topk_buf = None;
+                self.topk_buf = Some(self.gpu.alloc(2 * bytes).map_err(gpu_err)?);
+            }
+            let ids = self.topk_buf.as_ref().map_or(0, DBuf::ptr);
+            let vals = ids + bytes as u64;
+            self.gpu
+                .topk(logits, r, vocab, kmax, ids, vals)
+                .map_err(gpu_err)?;
+            for j in (0..r).filter(|&j| matches!(need(j), RowNeed::TopK(_))) {
+                let at = self.topk_ids.len();
+                self.topk_ids.resize(at + kmax, 0);
+                self.topk_vals.resize(at + kmax, 0.0);
+                let off = (j * kmax * 4) as u64;
                 self.gpu
-                    .dtoh(logits + (j * vocab * 4) as u64, &mut self.logits[at..])
+                    .dtoh(ids + off, &mut self.topk_ids[at..])
+                    .map_err(gpu_err)?;
+                self.gpu
+                    .dtoh(vals + off, &mut self.topk_vals[at..])
                     .map_err(gpu_err)?;
             }
+        }
+        self.logits.clear();
+        for j in (0..r).filter(|&j| need(j) == RowNeed::Full) {
+            let at = self.logits.len();
+            self.logits.resize(at + vocab, 0.0);
+            self.gpu
+                .dtoh(logits + (j * vocab * 4) as u64, &mut self.logits[at..])
+                .map_err(gpu_err)?;
         }
         Ok(StepOutput {
             logits: &self.logits,
             argmax: &self.argmax,
+            topk_k: kmax,
+            topk_ids: &self.topk_ids,
+            topk_vals: &self.topk_vals,
         })
     }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, DeviceChoice, MemoryUse};
+use crate::backend::{Backend, DeviceChoice, MemoryUse, RowNeed};
 use crate::detok::Detokenizer;
 use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
@@ -513,13 +513,17 @@ impl EngineThread {
             return;
         }
         let batch = batch_from(&out);
-        let full: Vec<bool> = out
+        let needs: Vec<RowNeed> = out
             .scheduled
             .iter()
             .filter(|s| s.sample)
-            .map(|s| self.live.get(&s.id).is_none_or(|l| l.sampler.needs_logits()))
+            .map(|s| match self.live.get(&s.id) {
+                Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
+                Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
+                None => RowNeed::Argmax,
+            })
             .collect();
-        let step = match self.backend.forward(&batch, &full) {
+        let step = match self.backend.forward(&batch, &needs) {
             Ok(l) => l,
             Err(e) => {
                 // A bad batch is an engine bug; fail the requests in it rather than the app.
@@ -540,25 +544,34 @@ impl EngineThread {
         let vocab = self.lm.model.cfg.vocab;
         let mut sampled = Vec::new();
         let mut scratch = Vec::with_capacity(vocab);
-        // Rows come back in the order of the sampling entries: a greedy token where the backend
-        // computed it and the sampler needs no more, else a logits row (packed in order).
+        // Rows come back in the order of the sampling entries, each as its sampler asked (see
+        // `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
         let mut rows = step.logits.chunks_exact(vocab);
+        let kk = step.topk_k.max(1);
+        let mut cands = step.topk_ids.chunks_exact(kk).zip(step.topk_vals.chunks_exact(kk));
+        let on_host = step.argmax.is_empty();
         for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
-            let greedy = (!step.argmax.is_empty() && !full[j]).then(|| step.argmax[j]);
-            let row = if greedy.is_none() { rows.next() } else { None };
-            if let Some(l) = self.live.get_mut(&s.id) {
-                let tok = match (greedy, row) {
-                    (Some(t), _) => t,
-                    (None, Some(r)) => {
-                        scratch.clear();
-                        scratch.extend_from_slice(r);
-                        l.sampler
-                            .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
-                    }
-                    (None, None) => continue,
-                };
-                sampled.push((s.id, tok));
-            }
+            let need = if on_host { RowNeed::Full } else { needs[j] };
+            let (greedy, cand, row) = match need {
+                RowNeed::Argmax => (step.argmax.get(j).copied(), None, None),
+                RowNeed::TopK(_) => (None, cands.next(), None),
+                RowNeed::Full => (None, None, rows.next()),
+            };
+            let Some(l) = self.live.get_mut(&s.id) else {
+                continue;
+            };
+            let tok = match (greedy, cand, row) {
+                (Some(t), _, _) => t,
+                (_, Some((ids, vals)), _) => l.sampler.sample_candidates(ids, vals),
+                (_, _, Some(r)) => {
+                    scratch.clear();
+                    scratch.extend_from_slice(r);
+                    l.sampler
+                        .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
+                }
+                _ => continue,
+            };
+            sampled.push((s.id, tok));
         }
         let length_done = self.sched.update(&out, &sampled);
         let now = self.now();

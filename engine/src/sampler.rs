@@ -185,6 +185,36 @@ impl Sampler {
         &self.params
     }
 
+    /// `Some(k)` when the `k` largest logits are all this sampler reads (top-k sampling with a
+    /// temperature and no penalties), so a GPU backend can send those alone.
+    pub fn top_k_only(&self) -> Option<usize> {
+        let p = &self.params;
+        let penalties =
+            p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+        (p.temperature > 0.0 && p.top_k > 1 && !penalties).then_some(p.top_k as usize)
+    }
+
+    /// Samples from candidates (ids and their logits) that hold at least the top-k of the row,
+    /// as [`Sampler::sample`] would from the full row: top-k, min-p, top-p, temperature. The
+    /// candidates are put in id order first, so a seeded run repeats whatever order they came in.
+    pub fn sample_candidates(&mut self, ids: &[u32], vals: &[f32]) -> u32 {
+        let mut pairs: Vec<(u32, f32)> = ids.iter().copied().zip(vals.iter().copied()).collect();
+        pairs.sort_unstable_by_key(|&(id, _)| id);
+        let compact: Vec<f32> = pairs
+            .iter()
+            .map(|&(_, v)| if v.is_nan() { f32::NEG_INFINITY } else { v })
+            .collect();
+        if compact.is_empty() {
+            return 0;
+        }
+        let j = if self.params.temperature == 0.0 || self.params.top_k == 1 {
+            argmax(&compact)
+        } else {
+            self.sample_stochastic(&compact)
+        };
+        pairs.get(j as usize).map_or(0, |&(id, _)| id)
+    }
+
     /// Whether this sampler reads the whole logits row; `false` means the row's argmax is all it
     /// uses (greedy, no penalties), so a GPU backend need not copy the row back.
     pub fn needs_logits(&self) -> bool {

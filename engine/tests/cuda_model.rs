@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use tpslab_engine::backend::{Backend, CpuBackend, DeviceChoice};
+use tpslab_engine::backend::{Backend, CpuBackend, DeviceChoice, RowNeed};
 use tpslab_engine::cuda_model::CudaBackend;
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
 use tpslab_engine::generate::LoadedModel;
@@ -53,8 +53,8 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize) -> f64 {
     for step in 0..=steps {
         let mut b = Batch::default();
         b.push_seq(table.clone(), pos, &toks, true);
-        let want = cpu.forward(&b, &[true]).unwrap().logits.to_vec();
-        let out = gpu.forward(&b, &[true]).unwrap();
+        let want = cpu.forward(&b, &[RowNeed::Full]).unwrap().logits.to_vec();
+        let out = gpu.forward(&b, &[RowNeed::Full]).unwrap();
         assert_eq!(out.logits.len(), want.len());
         assert!(out.logits.iter().all(|v| v.is_finite()), "non-finite GPU logits");
         let err = rel_err(out.logits, &want);
@@ -99,6 +99,65 @@ fn real_default_model_logits_match_cpu() {
     assert!(err < 3e-2, "logits rel err {err:e}");
 }
 
+/// Submits the requests together and returns each one's tokens.
+fn run_requests(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<Vec<u32>> {
+    let (tx, rx) = mpsc::channel();
+    let ids: Vec<_> = reqs.into_iter().map(|r| engine.submit(r, tx.clone())).collect();
+    let mut out = vec![Vec::new(); ids.len()];
+    let mut done = 0;
+    while done < ids.len() {
+        match rx.recv().expect("event") {
+            Event::Token { id, token, .. } => {
+                out[ids.iter().position(|&x| x == id).unwrap()].push(token)
+            }
+            Event::Finished { .. } => done += 1,
+            Event::Refused { reason, .. } => panic!("refused: {reason}"),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Top-k sampling with the candidates chosen on the device: seeded requests repeat exactly, stay
+/// in the vocabulary, and a request that needs whole rows (a penalty) runs beside them.
+#[test]
+fn top_k_sampling_on_the_device_repeats_with_a_seed() {
+    if !have_gpu() {
+        return;
+    }
+    let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::Q8_0, 5, 0).unwrap());
+    let engine = EngineHandle::start(
+        Arc::clone(&lm),
+        EngineConfig {
+            device: DeviceChoice::Cuda(0),
+            ..EngineConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    let req = |penalty: f32| Request {
+        prompt: (0..30).map(|i| (i * 31 + 7) % 49_152).collect(),
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            repetition_penalty: penalty,
+            seed: Some(9),
+            ..SamplingParams::default()
+        },
+        stop: StopCriteria {
+            max_tokens: Some(20),
+            ignore_eos: true,
+            ..StopCriteria::default()
+        },
+        ..Request::default()
+    };
+    let a = run_requests(&engine, vec![req(1.0), req(1.2)]);
+    let b = run_requests(&engine, vec![req(1.0), req(1.2)]);
+    assert_eq!(a, b, "seeded top-k runs differ");
+    assert!(a.iter().flatten().all(|&t| (t as usize) < lm.model.cfg.vocab));
+    assert!(a.iter().all(|t| t.len() == 20));
+}
+
 /// Greedy tokens of requests run alone and all together on the GPU are identical (the kernels
 /// compute each row independently, as long as every step stays on the matrix-vector path: the
 /// token budget keeps steps at 8 tokens), and the KV pool is whole afterwards.
@@ -127,39 +186,18 @@ fn engine_on_cuda_is_batch_invariant() {
     let prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|r| (0..(20 + 9 * r)).map(|i| (i * 97 + r * 1009) % 49_152).collect())
         .collect();
+    let req = |i: usize| Request {
+        prompt: prompts[i].clone(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: Some(24),
+            ignore_eos: true,
+            ..StopCriteria::default()
+        },
+        ..Request::default()
+    };
     let run = |engine: &EngineHandle, which: &[usize]| -> Vec<Vec<u32>> {
-        let (tx, rx) = mpsc::channel();
-        let ids: Vec<_> = which
-            .iter()
-            .map(|&i| {
-                engine.submit(
-                    Request {
-                        prompt: prompts[i].clone(),
-                        sampling: SamplingParams::greedy(),
-                        stop: StopCriteria {
-                            max_tokens: Some(24),
-                            ignore_eos: true,
-                            ..StopCriteria::default()
-                        },
-                        ..Request::default()
-                    },
-                    tx.clone(),
-                )
-            })
-            .collect();
-        let mut out = vec![Vec::new(); ids.len()];
-        let mut done = 0;
-        while done < ids.len() {
-            match rx.recv().expect("event") {
-                Event::Token { id, token, .. } => {
-                    out[ids.iter().position(|&x| x == id).unwrap()].push(token)
-                }
-                Event::Finished { .. } => done += 1,
-                Event::Refused { reason, .. } => panic!("refused: {reason}"),
-                _ => {}
-            }
-        }
-        out
+        run_requests(engine, which.iter().map(|&i| req(i)).collect())
     };
     let engine = start();
     assert!(engine.stats().device.starts_with("CUDA"), "{}", engine.stats().device);

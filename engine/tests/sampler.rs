@@ -304,3 +304,40 @@ fn params_default_serde_and_validation() {
     assert_eq!(Sampler::new(&bad).sample(&mut [0.0, 1.0, 0.5], &[]), 1);
     assert_eq!(Sampler::new(&bad).params().temperature, 0.0);
 }
+
+/// What a GPU backend sends for top-k rows: the k largest logits (or more), unordered. Sampling
+/// from them stays inside the top-k set, repeats with a seed whatever order they arrive in, and
+/// follows the same softmax as sampling from the whole row.
+#[test]
+fn sampling_from_top_k_candidates() {
+    let logits: Vec<f32> = (0..500).map(|i| ((i * 7919) % 613) as f32 / 60.0).collect();
+    let top: Vec<usize> = ranked(&logits).into_iter().take(64).collect();
+    let mut p = params(0.9);
+    p.top_k = 40;
+    p.seed = Some(11);
+    let mut s = Sampler::new(&p);
+    assert_eq!(s.top_k_only(), Some(40));
+    let ids: Vec<u32> = top.iter().map(|&i| i as u32).collect();
+    let vals: Vec<f32> = top.iter().map(|&i| logits[i]).collect();
+    let mut rev_ids = ids.clone();
+    rev_ids.reverse();
+    let mut rev_vals = vals.clone();
+    rev_vals.reverse();
+    let mut s2 = Sampler::new(&p);
+    let allowed: Vec<usize> = ranked(&logits).into_iter().take(40).collect();
+    let mut hits = vec![0usize; logits.len()];
+    for _ in 0..4000 {
+        let a = s.sample_candidates(&ids, &vals);
+        let b = s2.sample_candidates(&rev_ids, &rev_vals);
+        assert_eq!(a, b, "candidate order changed a seeded draw");
+        assert!(allowed.contains(&(a as usize)), "{a} is outside the top-40");
+        hits[a as usize] += 1;
+    }
+    // The most likely token is drawn most often, as from the full row.
+    let best = argmax(&logits) as usize;
+    assert_eq!(hits.iter().enumerate().max_by_key(|&(_, h)| *h).map(|(i, _)| i), Some(best));
+    // Penalties or greedy need more than the candidates.
+    p.repetition_penalty = 1.1;
+    assert_eq!(Sampler::new(&p).top_k_only(), None);
+    assert_eq!(Sampler::new(&params(0.0)).top_k_only(), None);
+}

@@ -193,3 +193,59 @@ extern "C" __global__ void dequant_f16(const uint8_t* w, int wtype, int k, long 
         }
     }
 }
+
+// A float's bits as an unsigned key with the same order (NaN lowest).
+__device__ __forceinline__ unsigned order_key(float f) {
+    if (f != f) return 0u;
+    const unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The k largest logits of each row (k <= vocab), unordered, as ids and values: a radix select of
+// the k-th largest key (four passes of 8 bits with a shared histogram), then one pass collecting
+// every element above it and as many equal to it as are needed. One block per row.
+extern "C" __global__ void topk_rows(const float* logits, int vocab, int k, unsigned* ids,
+                                     float* vals) {
+    const float* x = logits + (long long)blockIdx.x * vocab;
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_mask, s_remaining, s_count, s_ties;
+    if (threadIdx.x == 0) {
+        s_prefix = 0u; s_mask = 0u; s_remaining = (unsigned)k; s_count = 0u; s_ties = 0u;
+    }
+    __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u;
+        __syncthreads();
+        const unsigned prefix = s_prefix, mask = s_mask;
+        for (int e = threadIdx.x; e < vocab; e += blockDim.x) {
+            const unsigned key = order_key(x[e]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned rem = s_remaining, cum = 0u;
+            int digit = 0;
+            for (int b = 255; b >= 0; b--) {
+                if (cum + hist[b] >= rem) { digit = b; rem -= cum; break; }
+                cum += hist[b];
+            }
+            s_remaining = rem;
+            s_prefix = prefix | ((unsigned)digit << shift);
+            s_mask = mask | (255u << shift);
+        }
+        __syncthreads();
+    }
+    const unsigned thr = s_prefix, ties = s_remaining;
+    const long long base = (long long)blockIdx.x * k;
+    for (int e = threadIdx.x; e < vocab; e += blockDim.x) {
+        const float v = x[e];
+        const unsigned key = order_key(v);
+        bool take = key > thr;
+        if (key == thr) take = atomicAdd(&s_ties, 1u) < ties;
+        if (take) {
+            const unsigned at = atomicAdd(&s_count, 1u);
+            ids[base + at] = (unsigned)e;
+            vals[base + at] = v;
+        }
+    }
+}

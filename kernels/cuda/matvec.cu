@@ -107,6 +107,8 @@ __device__ __forceinline__ void rows_dot(const uint8_t* w, long long row_bytes, 
     } else if (T == WT_Q4K) {
         // Each half-warp takes one 256-element super-block; lane h (0..15) reads 8 bytes of
         // nibbles: elements 64j + off + 0..7 (low nibbles) and 64j + 32 + off + 0..7 (high).
+        // (A quarter-warp with 16 bytes a lane, decoding scales half as often, measured slower
+        // on an H200: llama-3-8b Q4_K at one sequence 133 vs 161 tok/s.)
         const int hl = lane & 15, j = hl >> 2, off = 8 * (hl & 3);
 #pragma unroll 2
         for (int u = lane >> 4; u < k / 256; u += 2) {

@@ -30,6 +30,9 @@ const MMV_MAX_ROWS: usize = 8;
 /// are dequantized to f16 for cuBLAS (measured on an H200: launches of 8 rows re-read the
 /// activations per output row and fall far behind dequantize + GEMM at 16 rows and more).
 const MMV_QUANT_ROWS: usize = 8;
+/// From this many tokens in a step, attention uses the wide kernel (measured on an H200: the
+/// lanes-over-keys kernel won at 1-64 decodes, the wide one at 256 decodes and in prefill).
+pub const WIDE_ATTN_TOKENS: usize = 128;
 /// cuBLAS workspace (its recommendation for Hopper is 32 MiB).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
@@ -196,12 +199,14 @@ struct Kernels {
     swiglu: CudaFunction,
     rope_store: CudaFunction,
     argmax_rows: CudaFunction,
+    topk_rows: CudaFunction,
     f32_to_f16: CudaFunction,
     dequant_f16: CudaFunction,
     /// `[type id][0..4]` for 1, 2, 4, 8 rows.
     mmv: Vec<[CudaFunction; 4]>,
-    /// By head_dim / 32 (index 1..=8; 7 missing).
+    /// By head_dim / 32 (index 1..=8; 7 missing): lanes over keys, and the wide variant.
     attn: Vec<Option<CudaFunction>>,
+    attn_wide: Vec<Option<CudaFunction>>,
 }
 
 /// One GPU: its context, stream, cuBLAS handle and loaded kernels.
@@ -267,13 +272,17 @@ impl Gpu {
             let f = |r: usize| load(&mv, &format!("mmv_{}_{r}", mmv_name(ty)));
             mmv.push([f(1)?, f(2)?, f(4)?, f(8)?]);
         }
-        let mut attn = vec![None];
+        let (mut attn, mut attn_wide) = (vec![None], vec![None]);
         for hdl in 1..=8 {
-            attn.push(if hdl == 7 {
-                None
-            } else {
-                Some(load(&at, &format!("paged_attention_{hdl}"))?)
-            });
+            let f = |name: &str| -> Result<Option<CudaFunction>> {
+                Ok(if hdl == 7 {
+                    None
+                } else {
+                    Some(load(&at, &format!("{name}_{hdl}"))?)
+                })
+            };
+            attn.push(f("paged_attention")?);
+            attn_wide.push(f("paged_attention_wide")?);
         }
         let k = Kernels {
             embed_rows: load(&ew, "embed_rows")?,
@@ -284,10 +293,12 @@ impl Gpu {
             swiglu: load(&ew, "swiglu")?,
             rope_store: load(&ew, "rope_store")?,
             argmax_rows: load(&ew, "argmax_rows")?,
+            topk_rows: load(&ew, "topk_rows")?,
             f32_to_f16: load(&ew, "f32_to_f16")?,
             dequant_f16: load(&ew, "dequant_f16")?,
             mmv,
             attn,
+            attn_wide,
         };
         let name = ctx.name()?;
         Ok(Self {
@@ -556,7 +567,8 @@ impl Gpu {
     }
 
     /// Paged attention of `n` tokens: token `i` (position `pos[i]`) attends to positions
-    /// `0..=pos[i]` of its sequence, whose block table starts at `bt[bt_off[i]]`.
+    /// `0..=pos[i]` of its sequence, whose block table starts at `bt[bt_off[i]]`. From
+    /// [`WIDE_ATTN_TOKENS`] tokens on, the wide kernel (one key per warp step) runs.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &self,
@@ -571,9 +583,28 @@ impl Gpu {
         n: usize,
         g: &AttnGeom,
     ) -> Result<()> {
-        let f = self
-            .k
-            .attn
+        let wide = n >= WIDE_ATTN_TOKENS;
+        self.paged_attention_with(wide, qkv, stride, kc, vc, pos, bt_off, bt, out, n, g)
+    }
+
+    /// [`Gpu::paged_attention`] with the kernel variant chosen by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_with(
+        &self,
+        wide: bool,
+        qkv: u64,
+        stride: usize,
+        kc: u64,
+        vc: u64,
+        pos: u64,
+        bt_off: u64,
+        bt: u64,
+        out: u64,
+        n: usize,
+        g: &AttnGeom,
+    ) -> Result<()> {
+        let table = if wide { &self.k.attn_wide } else { &self.k.attn };
+        let f = table
             .get(g.head_dim / 32)
             .and_then(Option::as_ref)
             .filter(|_| Self::supports_head_dim(g.head_dim))
@@ -601,6 +632,30 @@ impl Gpu {
     pub fn argmax(&self, logits: u64, rows: usize, vocab: usize, out: u64) -> Result<()> {
         let a = [Arg::P(logits), Arg::I(vocab as i32), Arg::P(out)];
         self.run(&self.k.argmax_rows, (rows as u32, 1), 1024, &a)
+    }
+
+    /// The `k` largest of `vocab` logits in each of `rows` rows, unordered: `k` u32 ids at `ids`
+    /// and `k` f32 values at `vals` per row (ties at the k-th value: any of them).
+    pub fn topk(
+        &self,
+        logits: u64,
+        rows: usize,
+        vocab: usize,
+        k: usize,
+        ids: u64,
+        vals: u64,
+    ) -> Result<()> {
+        if k == 0 || k > vocab {
+            return Err(CudaError(format!("top-k of {k} out of {vocab}")));
+        }
+        let a = [
+            Arg::P(logits),
+            Arg::I(vocab as i32),
+            Arg::I(k as i32),
+            Arg::P(ids),
+            Arg::P(vals),
+        ];
+        self.run(&self.k.topk_rows, (rows as u32, 1), 1024, &a)
     }
 
     /// `y[m][n] = x[m][k] . W[n][k]^T` (f32 in and out).

@@ -251,6 +251,44 @@ fn norms_swiglu_bias_add_argmax() {
     assert_eq!(got[1], 100);
 }
 
+#[test]
+fn topk_matches_a_sort() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    let (rows, vocab) = (5, 49_152);
+    let mut logits = floats(&mut r, rows * vocab);
+    // Ties across the cut in row 1, a NaN and -inf in row 2.
+    for i in 0..10 {
+        logits[vocab + 1000 + i] = 7.0;
+    }
+    logits[2 * vocab + 3] = f32::NAN;
+    logits[2 * vocab + 4] = f32::NEG_INFINITY;
+    let ld = g.upload(&logits).unwrap();
+    for k in [1, 5, 40, 64, 200] {
+        let (idd, vd) = (g.alloc(rows * k * 4).unwrap(), g.alloc(rows * k * 4).unwrap());
+        g.memset(idd.ptr(), 0xff, rows * k * 4).unwrap();
+        g.topk(ld.ptr(), rows, vocab, k, idd.ptr(), vd.ptr()).unwrap();
+        let mut ids = vec![0u32; rows * k];
+        let mut vals = vec![0f32; rows * k];
+        g.dtoh(idd.ptr(), &mut ids).unwrap();
+        g.dtoh(vd.ptr(), &mut vals).unwrap();
+        for row in 0..rows {
+            let l = &logits[row * vocab..(row + 1) * vocab];
+            let (ids, vals) = (&ids[row * k..(row + 1) * k], &vals[row * k..(row + 1) * k]);
+            let mut seen = std::collections::HashSet::new();
+            for (&i, &v) in ids.iter().zip(vals) {
+                assert!((i as usize) < vocab && seen.insert(i), "row {row} k {k}: bad or repeated id {i}");
+                assert_eq!(l[i as usize].to_bits(), v.to_bits());
+            }
+            let mut want: Vec<f32> = l.iter().copied().filter(|v| !v.is_nan()).collect();
+            want.sort_by(|a, b| b.total_cmp(a));
+            let mut got = vals.to_vec();
+            got.sort_by(|a, b| b.total_cmp(a));
+            assert_eq!(got, want[..k].to_vec(), "row {row} k {k}");
+        }
+    }
+}
+
 /// Reference RoPE (as the engine's CPU ops do it) and attention in f64.
 #[test]
 fn rope_store_and_paged_attention() {
@@ -293,8 +331,11 @@ fn rope_store_and_paged_attention() {
         let theta = 10_000.0f32;
         g.rope_store(qd.ptr(), stride, pd.ptr(), sd.ptr(), kd.ptr(), vd.ptr(), n, &geom, hd, theta, neox).unwrap();
         let out = g.alloc(n * hidden * 4).unwrap();
+        let out_wide = g.alloc(n * hidden * 4).unwrap();
         g.memset(out.ptr(), 0xff, n * hidden * 4).unwrap();
-        g.paged_attention(qd.ptr(), stride, kd.ptr(), vd.ptr(), pd.ptr(), od.ptr(), bd.ptr(), out.ptr(), n, &geom).unwrap();
+        g.memset(out_wide.ptr(), 0xff, n * hidden * 4).unwrap();
+        g.paged_attention_with(false, qd.ptr(), stride, kd.ptr(), vd.ptr(), pd.ptr(), od.ptr(), bd.ptr(), out.ptr(), n, &geom).unwrap();
+        g.paged_attention_with(true, qd.ptr(), stride, kd.ptr(), vd.ptr(), pd.ptr(), od.ptr(), bd.ptr(), out_wide.ptr(), n, &geom).unwrap();
 
         // Reference: rope in f32 as the CPU engine does, then store, then attention in f64.
         let mut q_ref = qkv.clone();
@@ -349,8 +390,10 @@ fn rope_store_and_paged_attention() {
                 }
             }
         }
-        let err = rel_err(&download(&g, out.ptr(), n * hidden), &want);
-        assert!(err < 1e-3, "heads {n_heads}/{n_kv_heads} hd {hd}: rel err {err:e}");
+        for (name, buf) in [("lanes over keys", &out), ("wide", &out_wide)] {
+            let err = rel_err(&download(&g, buf.ptr(), n * hidden), &want);
+            assert!(err < 1e-3, "{name}: heads {n_heads}/{n_kv_heads} hd {hd}: rel err {err:e}");
+        }
     }
 }
 
