@@ -27,6 +27,11 @@ pub struct Cli {
     /// Compute threads for the window's engine (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Compute device for the window's engine: cpu, cuda, cuda:N, or auto (the first GPU when a
+    /// CUDA driver and GPU are present, else the CPU). Without it, the device last chosen in the
+    /// window, and auto the first time.
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<DeviceChoice>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -166,6 +171,7 @@ pub fn main() -> ExitCode {
         None => crate::ui::run(crate::ui::AppOptions {
             model: cli.model,
             threads: cli.threads,
+            device: cli.device,
         }),
     };
     match result {
@@ -221,7 +227,15 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
             let _ = out.flush();
         }
     };
-    let out = generate_on(&lm, a.model.device, a.model.threads, &prompt, &sampling, stop, &mut on_text)?;
+    let out = generate_on(
+        &lm,
+        a.model.device,
+        a.model.threads,
+        &prompt,
+        &sampling,
+        stop,
+        &mut on_text,
+    )?;
     if json {
         println!("{}", serde_json::to_string(&out)?);
     } else {

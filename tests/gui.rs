@@ -5,16 +5,24 @@ use std::time::{Duration, Instant};
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
+use tpslab::ui::backend::DevicePref;
 use tpslab::ui::chat::{Conversation, Role};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::sampler::SamplingParams;
 
+/// The window on the CPU (the same figures and answers on every machine).
 fn harness(state: AppState) -> Harness<'static, TpsApp> {
+    harness_on(state, DeviceChoice::Cpu)
+}
+
+fn harness_on(state: AppState, device: DeviceChoice) -> Harness<'static, TpsApp> {
     let app = TpsApp::new(
         state,
         AppOptions {
             model: "default".into(),
             threads: 1,
+            device: Some(device),
         },
     );
     Harness::builder()
@@ -57,7 +65,7 @@ fn wait_for_model(h: &mut Harness<'static, TpsApp>) {
         h.state().engine().is_some()
     });
     wait_until(h, "the status bar", 10, |h| {
-        h.query_by_label_contains("Backend: CPU 1 threads")
+        h.query_by_label_contains("Backend: CPU, 1 threads")
             .is_some()
     });
 }
@@ -219,7 +227,87 @@ fn saved_state_loads_from_older_or_partial_json() {
         .expect("partial state parses");
     assert_eq!(s.chat.conversations.len(), 1);
     assert_eq!(s.dash, tpslab::ui::dashboard::DashSettings::default());
+    assert_eq!(s.device, DevicePref::Auto);
+    let s: AppState = serde_json::from_str(r#"{"device":{"Cuda":1}}"#).expect("device parses");
+    assert_eq!(s.device, DevicePref::Cuda(1));
     let round: AppState =
         serde_json::from_str(&serde_json::to_string(&s).expect("serializes")).expect("parses");
     assert_eq!(round, s);
+}
+
+/// Runs frames until the engine is up or its start failed (shown in the status bar).
+fn wait_for_engine_or_failure(h: &mut Harness<'static, TpsApp>) {
+    // The first run may fetch the default model with pip.
+    wait_until(h, "the engine to start or fail", 600, |h| {
+        h.state().engine().is_some() || has(h, "Engine not running")
+    });
+}
+
+/// True when this machine has a GPU the engine took (then the CPU-fallback checks don't apply).
+fn on_gpu(h: &Harness<'static, TpsApp>) -> bool {
+    h.state()
+        .engine()
+        .is_some_and(|e| e.stats().device.starts_with("CUDA"))
+}
+
+#[test]
+fn device_auto_without_a_gpu_runs_on_the_cpu_and_says_why() {
+    let mut h = harness_on(AppState::default(), DeviceChoice::Auto);
+    wait_for_engine_or_failure(&mut h);
+    if on_gpu(&h) {
+        wait_until(&mut h, "the GPU backend and VRAM", 10, |h| {
+            has(h, "Backend: CUDA") && has(h, "VRAM")
+        });
+        return;
+    }
+    // The fallback note and the CPU backend are in the status bar, memory parts apart.
+    wait_until(&mut h, "the fallback note and the CPU backend", 10, |h| {
+        has(h, "using CPU") && has(h, "Backend: CPU, 1 threads") && has(h, "activations")
+    });
+    let note = h.state().engine().expect("engine").stats().device_note;
+    eprintln!("note: {note:?}");
+    assert!(note.is_some_and(|n| n.ends_with("; using CPU")));
+
+    // Choosing CPU restarts the engine on a worker, without the note; the choice is saved.
+    h.get_by_label("CPU").click();
+    wait_until(&mut h, "the engine restarted on the CPU", 60, |h| {
+        h.state()
+            .engine()
+            .is_some_and(|e| e.stats().device_note.is_none())
+            && has(h, "Backend: CPU, 1 threads")
+            && !has(h, "using CPU")
+    });
+    assert_eq!(h.state().state.device, DevicePref::Cpu);
+
+    // Choosing CUDA here fails: the reason is shown, the CPU engine runs on, the choice reverts.
+    h.get_by_label("CUDA").click();
+    wait_until(&mut h, "the CUDA start error", 60, |h| {
+        has(h, "cannot start the engine on cuda:0: ")
+            && has(h, "the engine runs on as before (cpu)")
+            && h.state().engine().is_some()
+    });
+    assert_eq!(h.state().state.device, DevicePref::Cpu);
+    assert!(has(&h, "Backend: CPU, 1 threads"));
+}
+
+#[test]
+fn device_cuda_without_a_gpu_shows_the_error_and_the_window_carries_on() {
+    let mut h = harness_on(AppState::default(), DeviceChoice::Cuda(0));
+    wait_for_engine_or_failure(&mut h);
+    if on_gpu(&h) {
+        return;
+    }
+    // Shown once, with its reason, in the status bar.
+    let shown = h
+        .query_all_by_label_contains("Engine not running: cannot start the engine on cuda:0: ")
+        .count();
+    assert_eq!(shown, 1);
+    // The window still works: tabs switch, and the CPU can be chosen instead.
+    h.get_by_label("Dashboard").click();
+    h.step();
+    assert!(h.query_by_label("Knobs").is_some());
+    h.get_by_label("CPU").click();
+    wait_until(&mut h, "the engine to start on the CPU", 600, |h| {
+        h.state().engine().is_some() && has(h, "Backend: CPU, 1 threads")
+    });
 }

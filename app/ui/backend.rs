@@ -1,13 +1,53 @@
-//! The bridge to the engine: loading the model and starting the engine on a worker thread.
+//! The bridge to the engine: loading the model and starting (or restarting) the engine on a
+//! worker thread, on the device the user chose.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 
+use serde::{Deserialize, Serialize};
+use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::library;
 use tpslab_engine::loadgen::{self, PromptSet};
+
+/// The device choice as saved with the window's state (the engine's [`DeviceChoice`] is not
+/// serde). The default is `Auto`: the GPU where there is one, else the CPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DevicePref {
+    #[default]
+    Auto,
+    Cpu,
+    /// GPU by CUDA ordinal.
+    Cuda(usize),
+}
+
+impl From<DeviceChoice> for DevicePref {
+    fn from(d: DeviceChoice) -> Self {
+        match d {
+            DeviceChoice::Auto => Self::Auto,
+            DeviceChoice::Cpu => Self::Cpu,
+            DeviceChoice::Cuda(n) => Self::Cuda(n),
+        }
+    }
+}
+
+impl From<DevicePref> for DeviceChoice {
+    fn from(d: DevicePref) -> Self {
+        match d {
+            DevicePref::Auto => Self::Auto,
+            DevicePref::Cpu => Self::Cpu,
+            DevicePref::Cuda(n) => Self::Cuda(n),
+        }
+    }
+}
+
+impl std::fmt::Display for DevicePref {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        DeviceChoice::from(*self).fmt(f)
+    }
+}
 
 /// A loaded model with its running engine: everything the panels need to submit work.
 pub struct Backend {
@@ -16,6 +56,7 @@ pub struct Backend {
     /// Prompts the load generator cuts its requests from.
     pub prompts: PromptSet,
     pub path: PathBuf,
+    /// Compute threads as asked (0 = one per core).
     pub threads: usize,
 }
 
@@ -35,9 +76,23 @@ pub enum ModelSlot {
     Loading {
         rx: Receiver<LoadMsg>,
         status: String,
+        /// While the engine restarts on another device: the running one, kept until the new one
+        /// is up, and kept on if it fails to start.
+        previous: Option<Box<Backend>>,
     },
     Ready(Box<Backend>),
     Failed(String),
+}
+
+/// What [`ModelSlot::poll`] saw happen this frame.
+#[derive(Debug, PartialEq)]
+pub enum SlotNews {
+    Nothing,
+    Ready,
+    /// Loading or starting failed; the slot holds the reason.
+    Failed,
+    /// The engine could not restart on another device; the previous one runs on.
+    RestartFailed(String),
 }
 
 /// What the loading worker sends: progress lines, then exactly one result.
@@ -59,96 +114,168 @@ impl ModelSlot {
     pub fn start_loading(
         spec: String,
         threads: usize,
+        device: DeviceChoice,
         knobs: Knobs,
         ctx: egui::Context,
     ) -> ModelSlot {
-        let (tx, rx) = mpsc::channel();
-        let worker = std::thread::Builder::new()
-            .name("tpslab-model-load".into())
-            .spawn(move || {
-                let progress_tx = tx.clone();
-                let progress_ctx = ctx.clone();
-                let mut progress = move |msg: &str| {
-                    let _ = progress_tx.send(LoadMsg::Progress(msg.to_owned()));
-                    progress_ctx.request_repaint();
-                };
-                let result = load(&spec, threads, knobs, &ctx, &mut progress);
-                // Send the result first, then wake the UI (it reads the result in the next frame).
-                let _ = tx.send(LoadMsg::Done(result));
-                ctx.request_repaint();
-            });
-        match worker {
-            Ok(_) => ModelSlot::Loading {
-                rx,
-                status: "loading the model ...".into(),
+        spawn_worker(
+            ctx,
+            "loading the model ...".into(),
+            None,
+            move |ctx, progress| {
+                let path = library::resolve_model(&spec, progress).map_err(|e| e.to_string())?;
+                progress(&format!("loading {} ...", path.display()));
+                let lm = LoadedModel::load(&path)
+                    .map_err(|e| format!("cannot load model {}: {e}", path.display()))?;
+                let lm = Arc::new(lm);
+                let prompts = lm
+                    .raw_prompt(loadgen::PROMPT_TEXT)
+                    .ok()
+                    .and_then(PromptSet::new)
+                    .ok_or_else(|| "cannot tokenize the load-test prompt text".to_string())?;
+                progress(&format!("starting the engine on {device} ..."));
+                let engine = start_engine(&lm, threads, device, knobs, ctx)?;
+                Ok(Box::new(Backend {
+                    lm,
+                    engine,
+                    prompts,
+                    path,
+                    threads,
+                }))
             },
-            Err(e) => ModelSlot::Failed(format!("cannot start the loading thread: {e}")),
-        }
+        )
     }
 
-    /// Reads the worker's messages (never blocks). Returns true when the model just became ready.
-    pub fn poll(&mut self) -> bool {
-        let ModelSlot::Loading { rx, status } = self else {
-            return false;
+    /// Starts a new engine for `previous`'s model on `device` on a worker thread (the model
+    /// stays loaded). `previous` keeps running until the new engine is up; if that fails, it
+    /// stays and [`poll`](Self::poll) reports why.
+    pub fn restart(
+        previous: Box<Backend>,
+        device: DeviceChoice,
+        knobs: Knobs,
+        ctx: egui::Context,
+    ) -> ModelSlot {
+        let (lm, prompts, path, threads) = (
+            Arc::clone(&previous.lm),
+            previous.prompts.clone(),
+            previous.path.clone(),
+            previous.threads,
+        );
+        let status = format!("starting the engine on {device} ...");
+        spawn_worker(ctx, status, Some(previous), move |ctx, _| {
+            let engine = start_engine(&lm, threads, device, knobs, ctx)?;
+            Ok(Box::new(Backend {
+                lm,
+                engine,
+                prompts,
+                path,
+                threads,
+            }))
+        })
+    }
+
+    /// Reads the worker's messages (never blocks).
+    pub fn poll(&mut self) -> SlotNews {
+        let ModelSlot::Loading {
+            rx,
+            status,
+            previous,
+        } = self
+        else {
+            return SlotNews::Nothing;
         };
-        loop {
+        let result = loop {
             match rx.try_recv() {
                 Ok(LoadMsg::Progress(p)) => *status = p,
-                Ok(LoadMsg::Done(Ok(b))) => {
-                    *self = ModelSlot::Ready(b);
-                    return true;
-                }
-                Ok(LoadMsg::Done(Err(e))) => {
-                    *self = ModelSlot::Failed(e);
-                    return false;
-                }
-                Err(TryRecvError::Empty) => return false,
+                Ok(LoadMsg::Done(r)) => break r,
+                Err(TryRecvError::Empty) => return SlotNews::Nothing,
                 Err(TryRecvError::Disconnected) => {
-                    *self = ModelSlot::Failed("the loading thread ended without a result".into());
-                    return false;
+                    break Err("the loading thread ended without a result".into());
                 }
+            }
+        };
+        let previous = previous.take();
+        match (result, previous) {
+            (Ok(b), previous) => {
+                *self = ModelSlot::Ready(b);
+                if let Some(old) = previous {
+                    // Dropping the old engine joins its thread (up to one step): not on the UI
+                    // thread. If no thread can start, the closure drops it here instead.
+                    let _ = std::thread::Builder::new()
+                        .name("tpslab-engine-drop".into())
+                        .spawn(move || drop(old));
+                }
+                SlotNews::Ready
+            }
+            (Err(e), Some(old)) => {
+                *self = ModelSlot::Ready(old);
+                SlotNews::RestartFailed(e)
+            }
+            (Err(e), None) => {
+                *self = ModelSlot::Failed(e);
+                SlotNews::Failed
             }
         }
     }
 }
 
-fn load(
-    spec: &str,
+/// Runs `work` on a worker thread: its progress lines and then its result come back through the
+/// slot's channel, each followed by a repaint.
+fn spawn_worker(
+    ctx: egui::Context,
+    status: String,
+    previous: Option<Box<Backend>>,
+    work: impl FnOnce(&egui::Context, &mut dyn FnMut(&str)) -> Result<Box<Backend>, String>
+    + Send
+    + 'static,
+) -> ModelSlot {
+    let (tx, rx) = mpsc::channel();
+    let failed_tx = tx.clone();
+    let worker = std::thread::Builder::new()
+        .name("tpslab-model-load".into())
+        .spawn(move || {
+            let progress_tx = tx.clone();
+            let progress_ctx = ctx.clone();
+            let mut progress = move |msg: &str| {
+                let _ = progress_tx.send(LoadMsg::Progress(msg.to_owned()));
+                progress_ctx.request_repaint();
+            };
+            let result = work(&ctx, &mut progress);
+            // Send the result first, then wake the UI (it reads the result in the next frame).
+            let _ = tx.send(LoadMsg::Done(result));
+            ctx.request_repaint();
+        });
+    if let Err(e) = worker {
+        // Reported through the channel like any failure, so `poll` handles it in one place.
+        let msg = format!("cannot start the loading thread: {e}");
+        let _ = failed_tx.send(LoadMsg::Done(Err(msg)));
+    }
+    ModelSlot::Loading {
+        rx,
+        status,
+        previous,
+    }
+}
+
+/// Starts the engine over `lm` on `device`; the engine's per-step callback wakes the UI.
+fn start_engine(
+    lm: &Arc<LoadedModel>,
     threads: usize,
+    device: DeviceChoice,
     knobs: Knobs,
     ctx: &egui::Context,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Box<Backend>, String> {
-    let path = library::resolve_model(spec, progress).map_err(|e| e.to_string())?;
-    progress(&format!("loading {} ...", path.display()));
-    let lm = LoadedModel::load(&path)
-        .map_err(|e| format!("cannot load model {}: {e}", path.display()))?;
-    let lm = Arc::new(lm);
-    let prompts = lm
-        .raw_prompt(loadgen::PROMPT_TEXT)
-        .ok()
-        .and_then(PromptSet::new)
-        .ok_or_else(|| "cannot tokenize the load-test prompt text".to_string())?;
+) -> Result<EngineHandle, String> {
     let repaint_ctx = ctx.clone();
-    let engine = EngineHandle::start(
-        Arc::clone(&lm),
+    EngineHandle::start(
+        Arc::clone(lm),
         EngineConfig {
             threads,
             knobs,
-            ..EngineConfig::default()
+            device,
+            // The dashboard's KV budget knob sizes the pool on every device.
+            gpu_kv_fraction: 0.0,
         },
         Some(Box::new(move || repaint_ctx.request_repaint())),
     )
-    .map_err(|e| e.to_string())?;
-    let threads = match threads {
-        0 => std::thread::available_parallelism().map_or(1, |p| p.get()),
-        n => n,
-    };
-    Ok(Box::new(Backend {
-        lm,
-        engine,
-        prompts,
-        path,
-        threads,
-    }))
+    .map_err(|e| format!("cannot start the engine on {device}: {e}"))
 }

@@ -49,6 +49,8 @@ pub struct Sample {
     pub kv_used: usize,
     pub kv_total: usize,
     pub rss_mib: Option<f64>,
+    /// Device memory in use (on a GPU).
+    pub vram_mib: Option<f64>,
 }
 
 /// A knob change, drawn as a vertical line.
@@ -111,6 +113,7 @@ impl History {
             kv_used: snap.kv_used_blocks,
             kv_total: snap.kv_total_blocks,
             rss_mib: rss.map(|b| b as f64 / (1 << 20) as f64),
+            vram_mib: snap.memory.device_used.map(|b| b as f64 / (1 << 20) as f64),
         });
         while self.samples.len() > MAX_SAMPLES {
             self.samples.pop_front();
@@ -139,6 +142,8 @@ impl History {
 pub struct DashView<'a> {
     pub snapshot: Option<&'a EngineSnapshot>,
     pub precision: &'a str,
+    /// The backend the engine reports ("CPU, 2 threads").
+    pub device: &'a str,
     pub history: &'a History,
     pub load_running: Option<(&'a str, usize, bool)>,
     pub last_load: Option<&'a LoadOutcome>,
@@ -147,10 +152,11 @@ pub struct DashView<'a> {
     pub sweep_points: &'a [SweepPoint],
 }
 
-/// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1"
-pub fn settings_label(knobs: &Knobs, load: &str, precision: &str) -> String {
+/// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
+/// threads"
+pub fn settings_label(knobs: &Knobs, load: &str, precision: &str, device: &str) -> String {
     format!(
-        "batch cap {} · budget {} tok · {load} · {precision}",
+        "batch cap {} · budget {} tok · {load} · {precision} · {device}",
         knobs.scheduler.max_num_seqs, knobs.scheduler.max_num_batched_tokens
     )
 }
@@ -453,7 +459,7 @@ fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
     let load = view
         .load_running
         .map_or("no load generator", |(label, _, _)| label);
-    let label = settings_label(knobs, load, view.precision);
+    let label = settings_label(knobs, load, view.precision, view.device);
     let height = 170.0;
     ui.label(egui::RichText::new(format!("Taken under: {label}")).small());
     if let Some(last) = h.marks.back() {
@@ -521,10 +527,27 @@ fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
             marks(p, h);
         });
 
-    ui.strong(format!("KV blocks and memory — {label}"));
+    memory_plot_ui(ui, h, &label, height);
+
+    if !view.sweep_points.is_empty() {
+        sweep_plot_ui(ui, view.sweep_points);
+    }
+}
+
+/// KV blocks and memory: process RSS, and on a GPU the device's memory in use (the title says
+/// which memory is drawn).
+fn memory_plot_ui(ui: &mut egui::Ui, h: &History, label: &str, height: f32) {
+    let vram = h.series(|s| s.vram_mib);
+    let memory = if vram.is_empty() {
+        "process RSS (MiB)"
+    } else {
+        "process RSS and VRAM used (MiB)"
+    };
+    ui.strong(format!("KV blocks and memory: {memory} — {label}"));
     Plot::new("plot_kv")
         .height(height)
         .legend(Legend::default())
+        .y_axis_label("blocks / MiB")
         .include_y(0.0)
         .show(ui, |p| {
             p.line(Line::new(
@@ -539,12 +562,11 @@ fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
                 "process RSS (MiB)",
                 PlotPoints::from(h.series(|s| s.rss_mib)),
             ));
+            if !vram.is_empty() {
+                p.line(Line::new("VRAM used (MiB)", PlotPoints::from(vram)));
+            }
             marks(p, h);
         });
-
-    if !view.sweep_points.is_empty() {
-        sweep_plot_ui(ui, view.sweep_points);
-    }
 }
 
 fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint]) {

@@ -2,23 +2,26 @@
 //! commands the panels return, applied once per frame.
 //!
 //! Modules:
-//! - [`backend`]: loading the model and starting the engine on a worker thread.
+//! - [`backend`]: loading the model and starting (or restarting) the engine on a worker thread.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
+//! - [`status`]: the status bar (backend, memory) and the device selector.
 
 pub mod backend;
 pub mod chat;
 pub mod dashboard;
 pub mod load;
+pub mod status;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
 
-use backend::ModelSlot;
+use backend::{DevicePref, ModelSlot, SlotNews};
 use chat::{ChatState, ChatView, Generation, Message, Role};
 use dashboard::{DashSettings, DashView, History};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun};
@@ -40,6 +43,7 @@ pub enum Command {
     StopSweep,
     SaveSweep,
     DismissError(usize),
+    SetDevice(DevicePref),
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,15 +61,19 @@ pub struct AppState {
     pub tab: Tab,
     pub chat: ChatState,
     pub dash: DashSettings,
+    /// The device the engine runs on, as last chosen (command line or the top bar).
+    pub device: DevicePref,
 }
 
-/// Where the model comes from and how many threads run it (not saved: command line).
+/// Where the model comes from and what runs it (not saved: command line).
 #[derive(Debug, Clone)]
 pub struct AppOptions {
     /// A GGUF path, or `default`.
     pub model: String,
     /// Compute threads (0 = one per core).
     pub threads: usize,
+    /// `--device`: overrides (and replaces) the saved choice; `None` keeps the saved one.
+    pub device: Option<DeviceChoice>,
 }
 
 impl Default for AppOptions {
@@ -73,6 +81,7 @@ impl Default for AppOptions {
         Self {
             model: "default".into(),
             threads: 0,
+            device: None,
         }
     }
 }
@@ -90,6 +99,9 @@ struct Runtime {
     errors: Vec<String>,
     notice: Option<String>,
     snapshot: Option<EngineSnapshot>,
+    /// While the engine (re)starts on a newly chosen device: the device chosen before, for the
+    /// plot marker, and to go back to if the running engine stays because the new one failed.
+    device_before: Option<DevicePref>,
 }
 
 /// The app: saved state plus runtime handles.
@@ -103,7 +115,10 @@ const STATE_KEY: &str = eframe::APP_KEY;
 
 impl TpsApp {
     /// A fresh app; the model starts loading on the first frame.
-    pub fn new(state: AppState, options: AppOptions) -> Self {
+    pub fn new(mut state: AppState, options: AppOptions) -> Self {
+        if let Some(d) = options.device {
+            state.device = d.into();
+        }
         Self {
             state,
             options,
@@ -138,8 +153,8 @@ impl TpsApp {
     pub fn app_ui(&mut self, ui: &mut egui::Ui) {
         self.poll(ui.ctx());
         let mut cmds = Vec::new();
-        egui::Panel::top("top_bar").show(ui, |ui| self.top_bar_ui(ui));
-        egui::Panel::bottom("status_bar").show(ui, |ui| self.status_bar_ui(ui));
+        egui::Panel::top("top_bar").show(ui, |ui| self.top_bar_ui(ui, &mut cmds));
+        egui::Panel::bottom("status_bar").show(ui, |ui| status::ui(ui, &self.status_view()));
         if !self.rt.errors.is_empty() || self.rt.notice.is_some() {
             egui::Panel::top("errors").show(ui, |ui| self.errors_ui(ui, &mut cmds));
         }
@@ -163,11 +178,29 @@ impl TpsApp {
             ModelSlot::start_loading(
                 self.options.model.clone(),
                 self.options.threads,
+                self.state.device.into(),
                 self.state.dash.knobs.clone(),
                 ctx.clone(),
             )
         });
-        slot.poll();
+        match slot.poll() {
+            SlotNews::Nothing => {}
+            SlotNews::Ready => {
+                if let Some(before) = self.rt.device_before.take() {
+                    let now = self.state.device;
+                    self.rt.history.mark(format!("device {before} -> {now}"));
+                }
+            }
+            // Shown in the status bar; the choice stays, to retry or change.
+            SlotNews::Failed => self.rt.device_before = None,
+            SlotNews::RestartFailed(e) => {
+                let back = self.rt.device_before.take().unwrap_or_default();
+                self.rt
+                    .errors
+                    .push(format!("{e}; the engine runs on as before ({back})"));
+                self.state.device = back;
+            }
+        }
         let chats = &mut self.state.chat;
         self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
             Some(conv) => !g.drain(conv),
@@ -190,7 +223,7 @@ impl TpsApp {
         self.rt.snapshot = snap;
     }
 
-    fn top_bar_ui(&mut self, ui: &mut egui::Ui) {
+    fn top_bar_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
         ui.horizontal(|ui| {
             ui.strong("TPS Lab");
             ui.separator();
@@ -204,51 +237,29 @@ impl TpsApp {
             ui.selectable_value(&mut pref, egui::ThemePreference::Light, "Light");
             ui.selectable_value(&mut pref, egui::ThemePreference::System, "System");
             ui.ctx().set_theme(pref);
+            ui.separator();
+            status::device_ui(ui, &self.status_view(), cmds);
         });
     }
 
-    fn status_bar_ui(&self, ui: &mut egui::Ui) {
-        ui.horizontal_wrapped(|ui| match &self.rt.model {
-            None | Some(ModelSlot::NotStarted) => {
-                ui.label("Model: not loaded");
-            }
-            Some(ModelSlot::Loading { status, .. }) => {
-                ui.spinner();
-                ui.label(format!("Model: {status}"));
-            }
-            Some(ModelSlot::Failed(e)) => {
-                ui.colored_label(
-                    ui.visuals().error_fg_color,
-                    format!("Model failed to load: {e}"),
-                );
-            }
-            Some(ModelSlot::Ready(b)) => {
-                ui.label(format!("Model: {}", b.model_name()));
-                ui.separator();
-                ui.label(format!("Precision: {}", b.lm.precision));
-                ui.separator();
-                ui.label(format!("Backend: CPU {} threads", b.threads));
-                ui.separator();
-                let mib = |b: f64| b / (1u64 << 20) as f64;
-                let rss = crate::mem::rss_bytes().map_or("–".to_string(), |(cur, _)| {
-                    format!("{:.0} MiB", mib(cur as f64))
-                });
-                if let Some(s) = &self.rt.snapshot {
-                    ui.label(format!(
-                        "Memory: RSS {rss} (weights {:.0} MiB, KV {:.0} MiB)",
-                        mib(s.weights_bytes as f64),
-                        mib(s.kv_bytes as f64)
-                    ));
-                    ui.separator();
-                    let state = if s.running + s.waiting == 0 {
-                        "idle".to_string()
-                    } else {
-                        format!("busy: {} running, {} waiting", s.running, s.waiting)
-                    };
-                    ui.label(format!("Engine: {state}"));
-                }
-            }
-        });
+    fn status_view(&self) -> status::StatusView<'_> {
+        status::StatusView {
+            model: self.rt.model.as_ref(),
+            snapshot: self.rt.snapshot.as_ref(),
+            device: self.state.device,
+            device_locked: self.device_locked(),
+        }
+    }
+
+    /// Why the engine cannot be restarted on another device now: a restart would end what runs.
+    fn device_locked(&self) -> Option<&'static str> {
+        if matches!(self.rt.model, Some(ModelSlot::Loading { .. })) {
+            Some("The engine is starting")
+        } else if !self.rt.gens.is_empty() || self.rt.load.is_some() || self.rt.sweep.is_some() {
+            Some("Stop the running answers, load or sweep first: switching restarts the engine")
+        } else {
+            None
+        }
     }
 
     fn errors_ui(&self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
@@ -282,9 +293,11 @@ impl TpsApp {
         let precision = self
             .backend()
             .map_or("–".to_string(), |b| b.lm.precision.clone());
+        let device = self.rt.snapshot.as_ref().map_or("–", |s| s.device.as_str());
         let view = DashView {
             snapshot: self.rt.snapshot.as_ref(),
             precision: &precision,
+            device,
             history: &self.rt.history,
             load_running: self
                 .rt
@@ -310,37 +323,8 @@ impl TpsApp {
 
     fn try_apply(&mut self, cmd: Command, ctx: &egui::Context) -> Result<(), String> {
         match cmd {
-            Command::Send { chat, text } => {
-                let conv = self
-                    .state
-                    .chat
-                    .get_mut(chat)
-                    .ok_or("no such conversation")?;
-                if conv.messages.is_empty() && conv.title.starts_with("Chat ") {
-                    conv.title = text.chars().take(32).collect();
-                }
-                conv.messages.push(Message {
-                    role: Role::User,
-                    text,
-                    stats: None,
-                });
-                self.start_answer(chat)
-            }
-            Command::Regenerate { chat } => {
-                let conv = self
-                    .state
-                    .chat
-                    .get_mut(chat)
-                    .ok_or("no such conversation")?;
-                if conv
-                    .messages
-                    .last()
-                    .is_some_and(|m| m.role == Role::Assistant)
-                {
-                    conv.messages.pop();
-                }
-                self.start_answer(chat)
-            }
+            Command::Send { chat, text } => self.send(chat, text),
+            Command::Regenerate { chat } => self.regenerate(chat),
             Command::Stop { chat } => {
                 if let Some(engine) = self.engine() {
                     for g in self.rt.gens.iter().filter(|g| g.chat == chat) {
@@ -421,7 +405,70 @@ impl TpsApp {
                 }
                 Ok(())
             }
+            Command::SetDevice(pref) => self.set_device(pref, ctx),
         }
+    }
+
+    /// Restarts the engine on `pref` on a worker: the running engine (if any) keeps its model
+    /// and runs until the new one is up; from a failed start, the model loads afresh.
+    fn set_device(&mut self, pref: DevicePref, ctx: &egui::Context) -> Result<(), String> {
+        if let Some(why) = self.device_locked() {
+            return Err(format!("cannot switch the device now: {why}"));
+        }
+        self.rt.device_before = Some(self.state.device);
+        self.state.device = pref;
+        let slot = match self.rt.model.take() {
+            Some(ModelSlot::Ready(b)) => {
+                // The engine's knobs as applied (an unapplied KV draft stays a draft).
+                let knobs = b.engine.stats().knobs;
+                ModelSlot::restart(b, pref.into(), knobs, ctx.clone())
+            }
+            _ => ModelSlot::start_loading(
+                self.options.model.clone(),
+                self.options.threads,
+                pref.into(),
+                self.state.dash.knobs.clone(),
+                ctx.clone(),
+            ),
+        };
+        self.rt.model = Some(slot);
+        self.rt.snapshot = None;
+        Ok(())
+    }
+
+    /// Adds the user's message to `chat` and starts the answer.
+    fn send(&mut self, chat: u64, text: String) -> Result<(), String> {
+        let conv = self
+            .state
+            .chat
+            .get_mut(chat)
+            .ok_or("no such conversation")?;
+        if conv.messages.is_empty() && conv.title.starts_with("Chat ") {
+            conv.title = text.chars().take(32).collect();
+        }
+        conv.messages.push(Message {
+            role: Role::User,
+            text,
+            stats: None,
+        });
+        self.start_answer(chat)
+    }
+
+    /// Drops the last answer of `chat` (if the last message is one) and answers again.
+    fn regenerate(&mut self, chat: u64) -> Result<(), String> {
+        let conv = self
+            .state
+            .chat
+            .get_mut(chat)
+            .ok_or("no such conversation")?;
+        if conv
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Role::Assistant)
+        {
+            conv.messages.pop();
+        }
+        self.start_answer(chat)
     }
 
     /// Appends an empty answer to `chat` and submits the conversation.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab_engine::backend::DeviceChoice;
 
 fn main() {
     let mut state = AppState::default();
@@ -18,6 +19,8 @@ fn main() {
         AppOptions {
             model: "default".into(),
             threads: 2,
+            // The figures in BENCHMARKS.md are CPU ones.
+            device: Some(DeviceChoice::Cpu),
         },
     );
     let mut h: Harness<'static, TpsApp> = Harness::builder()

@@ -1,0 +1,159 @@
+//! The device selector (top bar) and the status bar: the model, the backend the engine reports
+//! (with its fallback note) and memory, weights / KV / activations apart.
+
+use tpslab_engine::engine::EngineSnapshot;
+
+use super::Command;
+use super::backend::{DevicePref, ModelSlot};
+
+/// What the status bar and the device selector show.
+pub struct StatusView<'a> {
+    pub model: Option<&'a ModelSlot>,
+    pub snapshot: Option<&'a EngineSnapshot>,
+    /// The device the user chose (saved).
+    pub device: DevicePref,
+    /// Why the device cannot be switched right now, if it cannot.
+    pub device_locked: Option<&'static str>,
+}
+
+pub fn ui(ui: &mut egui::Ui, view: &StatusView<'_>) {
+    ui.horizontal_wrapped(|ui| match view.model {
+        None | Some(ModelSlot::NotStarted) => {
+            ui.label("Model: not loaded");
+        }
+        Some(ModelSlot::Loading { status, .. }) => {
+            ui.spinner();
+            ui.label(format!("Model: {status}"));
+        }
+        Some(ModelSlot::Failed(e)) => {
+            ui.colored_label(
+                ui.visuals().error_fg_color,
+                format!("Engine not running: {e}"),
+            );
+        }
+        Some(ModelSlot::Ready(b)) => {
+            ui.label(format!("Model: {}", b.model_name()));
+            ui.separator();
+            ui.label(format!("Precision: {}", b.lm.precision));
+            if let Some(s) = view.snapshot {
+                engine_ui(ui, s);
+            }
+        }
+    });
+}
+
+/// Backend, fallback note, memory and load, as the engine reports them.
+fn engine_ui(ui: &mut egui::Ui, s: &EngineSnapshot) {
+    ui.separator();
+    ui.label(format!("Backend: {}", s.device));
+    if let Some(note) = &s.device_note {
+        ui.colored_label(ui.visuals().warn_fg_color, note);
+    }
+    ui.separator();
+    let rss = crate::mem::rss_bytes().map(|(cur, _)| cur);
+    ui.label(memory_line(s, rss));
+    ui.separator();
+    let state = if s.running + s.waiting == 0 {
+        "idle".to_string()
+    } else {
+        format!("busy: {} running, {} waiting", s.running, s.waiting)
+    };
+    ui.label(format!("Engine: {state}"));
+}
+
+/// Auto / CPU / CUDA; choosing one restarts the engine on it (the model stays loaded). After a
+/// failed start the chosen one can be clicked again to retry. In the top bar, whose layout never
+/// shifts under the pointer as the status bar's does while the engine restarts.
+pub fn device_ui(ui: &mut egui::Ui, view: &StatusView<'_>, cmds: &mut Vec<Command>) {
+    let failed = matches!(view.model, Some(ModelSlot::Failed(_)));
+    let (cuda, cuda_text) = match view.device {
+        DevicePref::Cuda(n) if n > 0 => (DevicePref::Cuda(n), format!("cuda:{n}")),
+        _ => (DevicePref::Cuda(0), "CUDA".to_string()),
+    };
+    let options = [
+        (
+            DevicePref::Auto,
+            "Auto".to_string(),
+            "The first GPU when a CUDA driver and GPU are present, else the CPU",
+        ),
+        (DevicePref::Cpu, "CPU".to_string(), "The CPU kernels"),
+        (
+            cuda,
+            cuda_text,
+            "The GPU (an error if there is no CUDA driver or GPU)",
+        ),
+    ];
+    ui.label("Device");
+    let r = ui.add_enabled_ui(view.device_locked.is_none(), |ui| {
+        for (pref, text, hover) in options {
+            let r = ui
+                .selectable_label(view.device == pref, text)
+                .on_hover_text(format!("{hover}. Switching restarts the engine."));
+            if r.clicked() && (view.device != pref || failed) {
+                cmds.push(Command::SetDevice(pref));
+            }
+        }
+    });
+    if let Some(why) = view.device_locked {
+        r.response.on_disabled_hover_text(why);
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// "Memory: VRAM 1200 MiB / 143771 MiB used (...)" on a GPU, "Memory: RSS 300 MiB ..." on the CPU, then
+/// weights, KV pool and activations apart.
+pub fn memory_line(s: &EngineSnapshot, rss: Option<u64>) -> String {
+    let m = &s.memory;
+    let parts = format!(
+        "weights {}, KV {}, activations {}",
+        mib(m.weights as u64),
+        mib(m.kv as u64),
+        mib(m.activations as u64)
+    );
+    match (m.device_used, m.device_total) {
+        (Some(used), Some(total)) => {
+            format!("Memory: VRAM {} / {} used ({parts})", mib(used), mib(total))
+        }
+        _ => format!("Memory: RSS {} ({parts})", rss.map_or("–".to_string(), mib)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tpslab_engine::backend::MemoryUse;
+
+    fn snapshot(memory: MemoryUse) -> EngineSnapshot {
+        EngineSnapshot {
+            memory,
+            ..EngineSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn memory_line_names_vram_on_a_gpu_and_rss_on_the_cpu() {
+        let parts = MemoryUse {
+            weights: 100 << 20,
+            kv: 64 << 20,
+            activations: 3 << 20,
+            device_used: None,
+            device_total: None,
+        };
+        assert_eq!(
+            memory_line(&snapshot(parts), Some(300 << 20)),
+            "Memory: RSS 300 MiB (weights 100 MiB, KV 64 MiB, activations 3 MiB)"
+        );
+        let gpu = MemoryUse {
+            device_used: Some(1200 << 20),
+            device_total: Some(143_771 << 20),
+            ..parts
+        };
+        assert_eq!(
+            memory_line(&snapshot(gpu), Some(300 << 20)),
+            "Memory: VRAM 1200 MiB / 143771 MiB used (weights 100 MiB, KV 64 MiB, activations 3 MiB)"
+        );
+    }
+}
