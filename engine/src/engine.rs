@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, DeviceChoice, MemoryUse, RowNeed};
+use crate::backend::{Backend, DeviceChoice, MemoryUse, RowNeed, StepOutput};
 use crate::detok::Detokenizer;
 use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
@@ -541,38 +541,7 @@ impl EngineThread {
                 return;
             }
         };
-        let vocab = self.lm.model.cfg.vocab;
-        let mut sampled = Vec::new();
-        let mut scratch = Vec::with_capacity(vocab);
-        // Rows come back in the order of the sampling entries, each as its sampler asked (see
-        // `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
-        let mut rows = step.logits.chunks_exact(vocab);
-        let kk = step.topk_k.max(1);
-        let mut cands = step.topk_ids.chunks_exact(kk).zip(step.topk_vals.chunks_exact(kk));
-        let on_host = step.argmax.is_empty();
-        for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
-            let need = if on_host { RowNeed::Full } else { needs[j] };
-            let (greedy, cand, row) = match need {
-                RowNeed::Argmax => (step.argmax.get(j).copied(), None, None),
-                RowNeed::TopK(_) => (None, cands.next(), None),
-                RowNeed::Full => (None, None, rows.next()),
-            };
-            let Some(l) = self.live.get_mut(&s.id) else {
-                continue;
-            };
-            let tok = match (greedy, cand, row) {
-                (Some(t), _, _) => t,
-                (_, Some((ids, vals)), _) => l.sampler.sample_candidates(ids, vals),
-                (_, _, Some(r)) => {
-                    scratch.clear();
-                    scratch.extend_from_slice(r);
-                    l.sampler
-                        .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
-                }
-                _ => continue,
-            };
-            sampled.push((s.id, tok));
-        }
+        let sampled = sample_rows(&mut self.live, &out, &needs, &step, self.lm.model.cfg.vocab);
         let length_done = self.sched.update(&out, &sampled);
         let now = self.now();
         let mut ended = Vec::new();
@@ -662,6 +631,47 @@ impl EngineThread {
             *s = snap;
         }
     }
+}
+
+/// One token per sampling entry of the step, in order, each from what its sampler asked the
+/// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
+fn sample_rows(
+    live: &mut HashMap<RequestId, Live>,
+    out: &SchedulerOutput,
+    needs: &[RowNeed],
+    step: &StepOutput<'_>,
+    vocab: usize,
+) -> Vec<(RequestId, u32)> {
+    let mut sampled = Vec::new();
+    let mut scratch = Vec::with_capacity(vocab);
+    let mut rows = step.logits.chunks_exact(vocab);
+    let kk = step.topk_k.max(1);
+    let mut cands = step.topk_ids.chunks_exact(kk).zip(step.topk_vals.chunks_exact(kk));
+    let on_host = step.argmax.is_empty();
+    for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
+        let need = if on_host { RowNeed::Full } else { needs[j] };
+        let (greedy, cand, row) = match need {
+            RowNeed::Argmax => (step.argmax.get(j).copied(), None, None),
+            RowNeed::TopK(_) => (None, cands.next(), None),
+            RowNeed::Full => (None, None, rows.next()),
+        };
+        let Some(l) = live.get_mut(&s.id) else {
+            continue;
+        };
+        let tok = match (greedy, cand, row) {
+            (Some(t), _, _) => t,
+            (_, Some((ids, vals)), _) => l.sampler.sample_candidates(ids, vals),
+            (_, _, Some(r)) => {
+                scratch.clear();
+                scratch.extend_from_slice(r);
+                l.sampler
+                    .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
+            }
+            _ => continue,
+        };
+        sampled.push((s.id, tok));
+    }
+    sampled
 }
 
 /// The forward pass's input for one scheduler step.
