@@ -230,8 +230,24 @@ fn open_cuda(
     kv_budget: usize,
     fraction: f32,
 ) -> Result<Box<dyn Backend>, String> {
-    let b = crate::cuda_model::CudaBackend::new(lm, ordinal, block_size, kv_budget, fraction)?;
-    Ok(Box::new(b))
+    // cudarc resolves driver symbols lazily and panics on one an old driver lacks: turn that
+    // into an error (and a CPU fallback under `auto`) instead of taking the app down.
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::cuda_model::CudaBackend::new(lm, ordinal, block_size, kv_budget, fraction)
+    }));
+    match made {
+        Ok(b) => Ok(Box::new(b?)),
+        Err(p) => {
+            let why = p
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(format!(
+                "the CUDA driver could not be used ({why}); a driver for CUDA 13 is needed"
+            ))
+        }
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
