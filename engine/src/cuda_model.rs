@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tpslab_kernels::cuda::{AttnGeom, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
 
 use crate::backend::{Backend, MemoryUse, RowNeed, StepOutput};
 use crate::config::{ModelConfig, RopeStyle};
@@ -401,7 +401,18 @@ impl CudaBackend {
                 c.rope_theta,
                 neox,
             )?;
-            g.paged_attention(qkv, stride, kc, vc, pos, bt_off, bt, attn, n, &geom)?;
+            let io = AttnIo {
+                qkv,
+                stride,
+                kc,
+                vc,
+                pos,
+                bt_off,
+                bt,
+                out: attn,
+                n,
+            };
+            g.paged_attention(&io, &geom)?;
             l.wo.forward(g, attn, n, tmp, sc)?;
             g.add_rms_norm(x, tmp, l.ffn_norm.ptr(), h, n, c.hidden, c.rms_eps)?;
             l.w_gate_up.forward(g, h, n, gu, sc)?;

@@ -95,16 +95,6 @@ fn mmv_name(ty: WType) -> &'static str {
     }
 }
 
-const ALL_TYPES: [WType; 8] = [
-    WType::F32,
-    WType::F16,
-    WType::BF16,
-    WType::Q4_0,
-    WType::Q4_1,
-    WType::Q8_0,
-    WType::Q4K,
-    WType::Q6K,
-];
 
 /// Whether a driver and at least one device are present: `Ok(device count)`, or why not.
 pub fn probe() -> Result<usize> {
@@ -160,6 +150,22 @@ pub struct AttnGeom {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+}
+
+/// Device addresses and sizes of one attention launch: `n` tokens whose Q/K/V rows are `stride`
+/// floats apart in `qkv`, one layer's K and V caches, the tokens' positions, block-table offsets
+/// and the block tables (i32), and the output (`n` rows of `n_heads * head_dim` floats).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnIo {
+    pub qkv: u64,
+    pub stride: usize,
+    pub kc: u64,
+    pub vc: u64,
+    pub pos: u64,
+    pub bt_off: u64,
+    pub bt: u64,
+    pub out: u64,
+    pub n: usize,
 }
 
 /// Reusable f16 buffers of the tensor-core path, grown on demand.
@@ -268,7 +274,7 @@ impl Gpu {
         let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
         let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
         let mut mmv = Vec::new();
-        for ty in ALL_TYPES {
+        for ty in WType::ALL {
             let f = |r: usize| load(&mv, &format!("mmv_{}_{r}", mmv_name(ty)));
             mmv.push([f(1)?, f(2)?, f(4)?, f(8)?]);
         }
@@ -566,43 +572,15 @@ impl Gpu {
         head_dim.is_multiple_of(32) && matches!(head_dim / 32, 1..=6 | 8)
     }
 
-    /// Paged attention of `n` tokens: token `i` (position `pos[i]`) attends to positions
+    /// Paged attention of `io.n` tokens: token `i` (position `pos[i]`) attends to positions
     /// `0..=pos[i]` of its sequence, whose block table starts at `bt[bt_off[i]]`. From
     /// [`WIDE_ATTN_TOKENS`] tokens on, the wide kernel (one key per warp step) runs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn paged_attention(
-        &self,
-        qkv: u64,
-        stride: usize,
-        kc: u64,
-        vc: u64,
-        pos: u64,
-        bt_off: u64,
-        bt: u64,
-        out: u64,
-        n: usize,
-        g: &AttnGeom,
-    ) -> Result<()> {
-        let wide = n >= WIDE_ATTN_TOKENS;
-        self.paged_attention_with(wide, qkv, stride, kc, vc, pos, bt_off, bt, out, n, g)
+    pub fn paged_attention(&self, io: &AttnIo, g: &AttnGeom) -> Result<()> {
+        self.paged_attention_with(io.n >= WIDE_ATTN_TOKENS, io, g)
     }
 
     /// [`Gpu::paged_attention`] with the kernel variant chosen by the caller.
-    #[allow(clippy::too_many_arguments)]
-    pub fn paged_attention_with(
-        &self,
-        wide: bool,
-        qkv: u64,
-        stride: usize,
-        kc: u64,
-        vc: u64,
-        pos: u64,
-        bt_off: u64,
-        bt: u64,
-        out: u64,
-        n: usize,
-        g: &AttnGeom,
-    ) -> Result<()> {
+    pub fn paged_attention_with(&self, wide: bool, io: &AttnIo, g: &AttnGeom) -> Result<()> {
         let table = if wide { &self.k.attn_wide } else { &self.k.attn };
         let f = table
             .get(g.head_dim / 32)
@@ -612,20 +590,20 @@ impl Gpu {
         let group = g.n_heads / g.n_kv_heads.max(1);
         let y = g.n_kv_heads * group.div_ceil(8);
         let a = [
-            Arg::P(qkv),
-            Arg::I(stride as i32),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(pos),
-            Arg::P(bt_off),
-            Arg::P(bt),
-            Arg::P(out),
+            Arg::P(io.qkv),
+            Arg::I(io.stride as i32),
+            Arg::P(io.kc),
+            Arg::P(io.vc),
+            Arg::P(io.pos),
+            Arg::P(io.bt_off),
+            Arg::P(io.bt),
+            Arg::P(io.out),
             Arg::I(g.n_heads as i32),
             Arg::I(g.n_kv_heads as i32),
             Arg::I(g.block_size as i32),
             Arg::F(1.0 / (g.head_dim as f32).sqrt()),
         ];
-        self.run(f, (n as u32, y as u32), 128, &a)
+        self.run(f, (io.n as u32, y as u32), 128, &a)
     }
 
     /// `out[r]` (u32) = index of the largest of `vocab` logits in row `r`, for `rows` rows.

@@ -49,6 +49,18 @@ pub enum WType {
 }
 
 impl WType {
+    /// Every type, in the order of the kernels' type ids.
+    pub const ALL: [WType; 8] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q8_0,
+        Self::Q4K,
+        Self::Q6K,
+    ];
+
     /// Elements per block.
     pub fn block_size(self) -> usize {
         match self {

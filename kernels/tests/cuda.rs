@@ -10,7 +10,7 @@
 
 use half::f16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use tpslab_kernels::cuda::{AttnGeom, DevMatrix, GemmScratch, Gpu};
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, GemmScratch, Gpu};
 use tpslab_kernels::{WType, dequantize_row};
 
 fn gpu() -> Option<Gpu> {
@@ -102,16 +102,7 @@ fn download(g: &Gpu, ptr: u64, n: usize) -> Vec<f32> {
     v
 }
 
-const TYPES: [WType; 8] = [
-    WType::F32,
-    WType::F16,
-    WType::BF16,
-    WType::Q4_0,
-    WType::Q4_1,
-    WType::Q8_0,
-    WType::Q4K,
-    WType::Q6K,
-];
+const TYPES: [WType; 8] = WType::ALL;
 
 #[test]
 fn matmul_every_type_and_batch_size() {
@@ -334,8 +325,9 @@ fn rope_store_and_paged_attention() {
         let out_wide = g.alloc(n * hidden * 4).unwrap();
         g.memset(out.ptr(), 0xff, n * hidden * 4).unwrap();
         g.memset(out_wide.ptr(), 0xff, n * hidden * 4).unwrap();
-        g.paged_attention_with(false, qd.ptr(), stride, kd.ptr(), vd.ptr(), pd.ptr(), od.ptr(), bd.ptr(), out.ptr(), n, &geom).unwrap();
-        g.paged_attention_with(true, qd.ptr(), stride, kd.ptr(), vd.ptr(), pd.ptr(), od.ptr(), bd.ptr(), out_wide.ptr(), n, &geom).unwrap();
+        let io = |out: u64| AttnIo { qkv: qd.ptr(), stride, kc: kd.ptr(), vc: vd.ptr(), pos: pd.ptr(), bt_off: od.ptr(), bt: bd.ptr(), out, n };
+        g.paged_attention_with(false, &io(out.ptr()), &geom).unwrap();
+        g.paged_attention_with(true, &io(out_wide.ptr()), &geom).unwrap();
 
         // Reference: rope in f32 as the CPU engine does, then store, then attention in f64.
         let mut q_ref = qkv.clone();

@@ -8,16 +8,7 @@ use candle_core::quantized::k_quants::{
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tpslab_kernels::{QMatrix, WType};
 
-pub const ALL_TYPES: [WType; 8] = [
-    WType::F32,
-    WType::F16,
-    WType::BF16,
-    WType::Q4_0,
-    WType::Q4_1,
-    WType::Q8_0,
-    WType::Q4K,
-    WType::Q6K,
-];
+pub const ALL_TYPES: [WType; 8] = WType::ALL;
 
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
