@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use egui_plot::{Legend, Line, Plot, PlotPoints, Points, Text, VLine};
+use egui_plot::{Corner, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
 use tpslab_engine::metrics::cost_per_million_output_tokens;
@@ -447,10 +447,48 @@ fn sweep_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
     }
 }
 
+/// Knob changes as unnamed vertical lines (a named line would join the legend, one entry per
+/// change), each with its text at the foot of the line.
 fn marks(plot_ui: &mut egui_plot::PlotUi<'_>, history: &History) {
     for m in &history.marks {
-        plot_ui.vline(VLine::new(m.text.clone(), m.t).color(egui::Color32::GRAY));
+        plot_ui.vline(VLine::new("", m.t).color(egui::Color32::GRAY));
+        plot_ui.text(
+            Text::new("", egui_plot::PlotPoint::new(m.t, 0.0), m.text.as_str())
+                .color(egui::Color32::GRAY)
+                .anchor(egui::Align2::LEFT_BOTTOM),
+        );
     }
+}
+
+/// Height of one legend row and the legend's padding, in points (small text).
+const LEGEND_ROW: f32 = 15.0;
+const LEGEND_PAD: f32 = 12.0;
+
+/// A time plot whose legend sits in its top-left corner above the curves: the y range is
+/// stretched so the highest point stays below the band the legend's `entries` rows take.
+fn plot_with_legend<'a>(id: &str, height: f32, entries: usize, y_max: f64) -> Plot<'a> {
+    let band = ((entries as f32 * LEGEND_ROW + LEGEND_PAD) / height).clamp(0.0, 0.6);
+    let mut plot = Plot::new(id)
+        .height(height)
+        .legend(
+            Legend::default()
+                .position(Corner::LeftTop)
+                .text_style(egui::TextStyle::Small)
+                .follow_insertion_order(true),
+        )
+        .include_y(0.0);
+    if y_max > 0.0 {
+        plot = plot.include_y(y_max / f64::from(1.0 - band));
+    }
+    plot
+}
+
+/// The largest y over `series`.
+fn y_max(series: &[&[[f64; 2]]]) -> f64 {
+    series
+        .iter()
+        .flat_map(|s| s.iter().map(|p| p[1]))
+        .fold(0.0, f64::max)
 }
 
 fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
@@ -471,61 +509,37 @@ fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
     }
 
     ui.strong(format!("Tokens per second — {label}"));
-    Plot::new("plot_tps")
-        .height(height)
-        .legend(Legend::default())
+    let agg = h.series(|s| Some(s.output_tps));
+    let mean = h.series(|s| s.per_req_mean);
+    let p10 = h.series(|s| s.per_req_p10);
+    plot_with_legend("plot_tps", height, 3, y_max(&[&agg, &mean, &p10]))
         .y_axis_label("tok/s")
-        .include_y(0.0)
         .show(ui, |p| {
-            p.line(Line::new(
-                "aggregate output TPS",
-                PlotPoints::from(h.series(|s| Some(s.output_tps))),
-            ));
-            p.line(Line::new(
-                "per-request TPS (mean)",
-                PlotPoints::from(h.series(|s| s.per_req_mean)),
-            ));
-            p.line(Line::new(
-                "per-request TPS (P10)",
-                PlotPoints::from(h.series(|s| s.per_req_p10)),
-            ));
+            p.line(Line::new("aggregate output TPS", PlotPoints::from(agg)));
+            p.line(Line::new("per-request TPS (mean)", PlotPoints::from(mean)));
+            p.line(Line::new("per-request TPS (P10)", PlotPoints::from(p10)));
             marks(p, h);
         });
 
     ui.strong(format!("Time to first token — {label}"));
-    Plot::new("plot_ttft")
-        .height(height)
-        .legend(Legend::default())
+    let p50 = h.series(|s| s.ttft_p50);
+    let p99 = h.series(|s| s.ttft_p99);
+    plot_with_legend("plot_ttft", height, 2, y_max(&[&p50, &p99]))
         .y_axis_label("ms")
-        .include_y(0.0)
         .show(ui, |p| {
-            p.line(Line::new(
-                "TTFT P50",
-                PlotPoints::from(h.series(|s| s.ttft_p50)),
-            ));
-            p.line(Line::new(
-                "TTFT P99",
-                PlotPoints::from(h.series(|s| s.ttft_p99)),
-            ));
+            p.line(Line::new("TTFT P50", PlotPoints::from(p50)));
+            p.line(Line::new("TTFT P99", PlotPoints::from(p99)));
             marks(p, h);
         });
 
     ui.strong(format!("Batch size and queue depth — {label}"));
-    Plot::new("plot_batch")
-        .height(height)
-        .legend(Legend::default())
-        .include_y(0.0)
-        .show(ui, |p| {
-            p.line(Line::new(
-                "batch size",
-                PlotPoints::from(h.series(|s| Some(s.batch as f64))),
-            ));
-            p.line(Line::new(
-                "queue depth",
-                PlotPoints::from(h.series(|s| Some(s.queue as f64))),
-            ));
-            marks(p, h);
-        });
+    let batch = h.series(|s| Some(s.batch as f64));
+    let queue = h.series(|s| Some(s.queue as f64));
+    plot_with_legend("plot_batch", height, 2, y_max(&[&batch, &queue])).show(ui, |p| {
+        p.line(Line::new("batch size", PlotPoints::from(batch)));
+        p.line(Line::new("queue depth", PlotPoints::from(queue)));
+        marks(p, h);
+    });
 
     memory_plot_ui(ui, h, &label, height);
 
@@ -544,24 +558,17 @@ fn memory_plot_ui(ui: &mut egui::Ui, h: &History, label: &str, height: f32) {
         "process RSS and VRAM used (MiB)"
     };
     ui.strong(format!("KV blocks and memory: {memory} — {label}"));
-    Plot::new("plot_kv")
-        .height(height)
-        .legend(Legend::default())
+    let used = h.series(|s| Some(s.kv_used as f64));
+    let total = h.series(|s| Some(s.kv_total as f64));
+    let rss = h.series(|s| s.rss_mib);
+    let entries = if vram.is_empty() { 3 } else { 4 };
+    let top = y_max(&[&used, &total, &rss, &vram]);
+    plot_with_legend("plot_kv", height, entries, top)
         .y_axis_label("blocks / MiB")
-        .include_y(0.0)
         .show(ui, |p| {
-            p.line(Line::new(
-                "KV blocks used",
-                PlotPoints::from(h.series(|s| Some(s.kv_used as f64))),
-            ));
-            p.line(Line::new(
-                "KV blocks total",
-                PlotPoints::from(h.series(|s| Some(s.kv_total as f64))),
-            ));
-            p.line(Line::new(
-                "process RSS (MiB)",
-                PlotPoints::from(h.series(|s| s.rss_mib)),
-            ));
+            p.line(Line::new("KV blocks used", PlotPoints::from(used)));
+            p.line(Line::new("KV blocks total", PlotPoints::from(total)));
+            p.line(Line::new("process RSS (MiB)", PlotPoints::from(rss)));
             if !vram.is_empty() {
                 p.line(Line::new("VRAM used (MiB)", PlotPoints::from(vram)));
             }
