@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use tpslab::ui::backend::DevicePref;
-use tpslab::ui::chat::{Conversation, Role};
+use tpslab::ui::chat::{Conversation, Message, Role};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::sampler::SamplingParams;
@@ -218,6 +218,62 @@ fn dashboard_knobs_load_generator_and_sweep() {
             .expect("valid json");
     assert_eq!(json.as_array().map(Vec::len), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
+    let code = "fn main() {\n    println!(\"hi\");\n}";
+    let answer = format!(
+        "## Hello in Rust\n\nUse **println!** in `main`:\n\n```rust\n{code}\n```\n\n- one\n- two\n"
+    );
+    let mut state = AppState::default();
+    state.chat.conversations[0].messages = vec![
+        Message {
+            role: Role::User,
+            text: "Say hi in Rust".into(),
+            stats: None,
+        },
+        Message {
+            role: Role::Assistant,
+            text: answer,
+            stats: None,
+        },
+    ];
+    // No model needed to draw saved messages: a missing file fails fast in the status bar.
+    let app = TpsApp::new(
+        state,
+        AppOptions {
+            model: "/nonexistent/tpslab-gui-test.gguf".into(),
+            threads: 1,
+            device: Some(DeviceChoice::Cpu),
+        },
+    );
+    let mut h = Harness::builder()
+        .with_size([1000.0, 800.0])
+        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
+    h.run_steps(2);
+    // The code is shown as it is (monospace, in its frame), the markers are gone.
+    assert!(h.query_by_label(code).is_some(), "the code block's text");
+    assert!(h.query_by_label("Hello in Rust").is_some(), "the heading");
+    assert!(has(&h, "Use println! in main:"), "inline styles");
+    assert!(
+        !has(&h, "**") && !has(&h, "```"),
+        "no markdown markers shown"
+    );
+    assert!(h.query_by_label("one").is_some() && h.query_by_label("two").is_some());
+    h.get_by_label("Copy code").click();
+    h.step();
+    let copied = h
+        .output()
+        .platform_output
+        .commands
+        .iter()
+        .any(|c| matches!(c, egui::OutputCommand::CopyText(t) if t == code));
+    assert!(
+        copied,
+        "Copy code copies the block: {:?}",
+        h.output().platform_output.commands
+    );
 }
 
 #[test]

@@ -368,8 +368,13 @@ fn messages_ui(ui: &mut egui::Ui, conv: &Conversation, busy: bool, cmds: &mut Ve
                 ui.ctx().copy_text(m.text.clone());
             }
         });
-        // Plain text for this cut (markdown rendering comes later).
-        ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
+        // Answers are markdown; the user's own text is shown as typed.
+        match m.role {
+            Role::Assistant => super::markdown::ui(ui, &m.text),
+            Role::User => {
+                ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
+            }
+        }
         if let Some(s) = &m.stats {
             ui.label(egui::RichText::new(answer_stats_text(s)).small().weak());
         }

@@ -6,12 +6,14 @@
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
+//! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
 //! - [`status`]: the status bar (backend, memory) and the device selector.
 
 pub mod backend;
 pub mod chat;
 pub mod dashboard;
 pub mod load;
+pub mod markdown;
 pub mod status;
 
 use std::path::PathBuf;
