@@ -42,6 +42,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Serving benchmark at several concurrency levels (or single-stream with --pp/--tg).
     Bench(crate::bench::BenchArgs),
+    /// Re-quantize a GGUF model to another weight type (F16, Q8_0, Q4_K, ...).
+    Quantize(crate::model_cmds::QuantizeArgs),
 }
 
 /// Where the model comes from and how many threads run it.
@@ -168,6 +170,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Generate(args)) => run_generate(&args),
         Some(Command::Bench(args)) => crate::bench::run(&args),
+        Some(Command::Quantize(args)) => crate::model_cmds::run_quantize(&args),
         None => crate::ui::run(crate::ui::AppOptions {
             model: cli.model,
             threads: cli.threads,

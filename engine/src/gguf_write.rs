@@ -16,7 +16,7 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufWriteError {
-    #[error("cannot write GGUF data: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("cannot write this GGUF: {0}")]
     Invalid(String),
@@ -227,6 +227,12 @@ impl<W: Write> GgufWriter<W> {
         self.data_pos = padded;
         self.next += 1;
         Ok(())
+    }
+
+    /// The underlying writer as it is, written or not (what the header alone takes: a plan's
+    /// size estimate).
+    pub fn into_inner(self) -> W {
+        self.out
     }
 
     /// Checks every tensor was written, flushes, and hands back the writer.
