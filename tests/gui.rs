@@ -7,6 +7,7 @@ use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use tpslab::ui::backend::DevicePref;
 use tpslab::ui::chat::{Conversation, Message, Role};
+use tpslab::ui::load::SweepPoint;
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::sampler::SamplingParams;
@@ -209,8 +210,10 @@ fn dashboard_knobs_load_generator_and_sweep() {
     wait_until(&mut h, "the sweep's points", 180, |h| {
         has(h, "c=1:") && has(h, "c=2:") && h.query_by_label("Run sweep").is_some()
     });
-    h.get_by_label("Save JSON + CSV").click();
-    wait_until(&mut h, "the save notice", 10, |h| has(h, "Sweep saved"));
+    h.get_by_label("Save JSON + CSV + PNG").click();
+    wait_until(&mut h, "the save notice", 30, |h| has(h, "Sweep saved"));
+    let png = image::open(dir.join("sweep.png")).expect("sweep.png decodes");
+    assert_eq!([png.width(), png.height()], tpslab::ui::plot_png::PNG_SIZE);
     let csv = std::fs::read_to_string(dir.join("sweep.csv")).expect("sweep.csv");
     assert_eq!(csv.lines().count(), 3, "{csv}");
     let json: serde_json::Value =
@@ -274,6 +277,69 @@ fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
         "Copy code copies the block: {:?}",
         h.output().platform_output.commands
     );
+}
+
+/// A sweep result as the sweep thread reports it.
+fn sweep_point(c: usize, aggregate: f64, per_request: f64) -> SweepPoint {
+    SweepPoint {
+        concurrency: c,
+        prompt_len: 128,
+        output_len: 64,
+        precision: "Q4_1".into(),
+        completed: 2 * c,
+        duration_s: 10.0,
+        output_throughput: aggregate,
+        mean_per_request_tps: Some(per_request),
+        p10_per_request_tps: Some(per_request * 0.9),
+        median_ttft_ms: 100.0,
+        p99_ttft_ms: 200.0,
+        max_batch: 64,
+        device: "CPU, 2 threads".into(),
+    }
+}
+
+#[test]
+fn a_sweep_plot_saves_as_a_png_with_its_settings() {
+    let points = [
+        sweep_point(1, 40.0, 40.0),
+        sweep_point(2, 70.0, 35.0),
+        sweep_point(4, 110.0, 28.0),
+        sweep_point(8, 140.0, 18.0),
+    ];
+    // The PNG carries the run's settings as text (the label drawn above the plot).
+    let settings = tpslab::ui::dashboard::sweep_settings(&points);
+    assert_eq!(
+        settings,
+        "batch cap 64 · prompt 128 -> output 64 tok · Q4_1 · CPU, 2 threads"
+    );
+    let dir = std::env::temp_dir().join(format!("tpslab-png-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("sweep.png");
+    tpslab::ui::plot_png::save(&path, &points).expect("PNG written");
+    let img = image::open(&path).expect("PNG decodes").to_rgba8();
+    assert_eq!([img.width(), img.height()], tpslab::ui::plot_png::PNG_SIZE);
+    // A light page with dark text and axes, and coloured curve and points.
+    let page = *img.get_pixel(2, 2);
+    assert!(page.0[0] > 200 && page.0[3] == 255, "background {page:?}");
+    let dark = img
+        .pixels()
+        .filter(|p| p.0[..3].iter().all(|c| *c < 100))
+        .count();
+    let colored = img
+        .pixels()
+        .filter(|p| {
+            let (mx, mn) = (p.0[..3].iter().max(), p.0[..3].iter().min());
+            mx.zip(mn).is_some_and(|(a, b)| a - b > 60)
+        })
+        .count();
+    let total = (img.width() * img.height()) as usize;
+    eprintln!("dark {dark}, coloured {colored} of {total} pixels");
+    assert!(dark > total / 1000, "text and axes: {dark} dark pixels");
+    assert!(
+        colored > 200,
+        "the curve and its points: {colored} coloured pixels"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -430,7 +430,7 @@ fn sweep_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
     if ui
         .add_enabled(
             !view.sweep_points.is_empty(),
-            egui::Button::new("Save JSON + CSV"),
+            egui::Button::new("Save JSON + CSV + PNG"),
         )
         .clicked()
     {
@@ -544,7 +544,7 @@ fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
     memory_plot_ui(ui, h, &label, height);
 
     if !view.sweep_points.is_empty() {
-        sweep_plot_ui(ui, view.sweep_points);
+        sweep_plot_ui(ui, view.sweep_points, 260.0);
     }
 }
 
@@ -576,20 +576,40 @@ fn memory_plot_ui(ui: &mut egui::Ui, h: &History, label: &str, height: f32) {
         });
 }
 
-fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint]) {
-    let first = &points[0];
+/// "batch cap 64 · prompt 128 -> output 64 tok · Q4_1 · CPU, 2 threads": the settings a sweep ran
+/// under (its first level's; they don't change during a sweep).
+pub fn sweep_settings(points: &[SweepPoint]) -> String {
+    let Some(p) = points.first() else {
+        return String::new();
+    };
+    let mut s = String::new();
+    if p.max_batch > 0 {
+        s.push_str(&format!("batch cap {} · ", p.max_batch));
+    }
+    s.push_str(&format!(
+        "prompt {} -> output {} tok · {}",
+        p.prompt_len, p.output_len, p.precision
+    ));
+    if !p.device.is_empty() {
+        s.push_str(&format!(" · {}", p.device));
+    }
+    s
+}
+
+/// The trade-off plot (also drawn into the saved PNG, see [`super::plot_png`]).
+pub(super) fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f32) {
     ui.strong(format!(
-        "Sweep: aggregate vs per-request TPS — prompt {} -> output {} tok · {}",
-        first.prompt_len, first.output_len, first.precision
+        "Sweep: aggregate vs per-request TPS, one point per concurrency level — {}",
+        sweep_settings(points)
     ));
     let xy: Vec<[f64; 2]> = points
         .iter()
         .filter_map(|p| p.mean_per_request_tps.map(|x| [x, p.output_throughput]))
         .collect();
     Plot::new("plot_sweep")
-        .height(260.0)
-        .x_axis_label("per-request TPS (mean)")
-        .y_axis_label("aggregate TPS")
+        .height(height)
+        .x_axis_label("per-request TPS, mean (tok/s)")
+        .y_axis_label("aggregate TPS (tok/s)")
         .include_y(0.0)
         .include_x(0.0)
         .show(ui, |p| {

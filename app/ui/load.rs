@@ -169,6 +169,12 @@ pub struct SweepPoint {
     pub p10_per_request_tps: Option<f64>,
     pub median_ttft_ms: f64,
     pub p99_ttft_ms: f64,
+    /// The engine's batch cap (max running sequences) during the level.
+    #[serde(default)]
+    pub max_batch: usize,
+    /// The backend, as the engine reports it ("CPU, 2 threads").
+    #[serde(default)]
+    pub device: String,
 }
 
 /// A sweep in progress: levels arrive one by one.
@@ -219,6 +225,7 @@ impl SweepRun {
                         break;
                     }
                     let s = BenchSummary::from_requests(&r.timings, r.duration_s, None);
+                    let engine_now = engine.stats();
                     let point = SweepPoint {
                         concurrency: c,
                         prompt_len: settings.prompt_len,
@@ -231,6 +238,8 @@ impl SweepRun {
                         p10_per_request_tps: s.p10_per_request_tps,
                         median_ttft_ms: s.median_ttft_ms,
                         p99_ttft_ms: s.p99_ttft_ms,
+                        max_batch: engine_now.knobs.scheduler.max_num_seqs,
+                        device: engine_now.device,
                     };
                     if tx.send(point).is_err() {
                         break;
@@ -267,8 +276,8 @@ impl SweepRun {
     }
 }
 
-/// Writes `points` as `<base>.json` and `<base>.csv`; returns the two paths.
-pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<(PathBuf, PathBuf), String> {
+/// Writes `points` as `<base>.json`, `<base>.csv` and the plot as `<base>.png`; returns the paths.
+pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<[PathBuf; 3], String> {
     if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -281,11 +290,11 @@ pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<(PathBuf, PathBu
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut csv = String::from(
         "concurrency,prompt_len,output_len,precision,completed,duration_s,output_throughput,\
-         mean_per_request_tps,p10_per_request_tps,median_ttft_ms,p99_ttft_ms\n",
+         mean_per_request_tps,p10_per_request_tps,median_ttft_ms,p99_ttft_ms,max_batch,device\n",
     );
     for p in points {
         csv.push_str(&format!(
-            "{},{},{},{},{},{:.3},{:.3},{},{},{:.3},{:.3}\n",
+            "{},{},{},{},{},{:.3},{:.3},{},{},{:.3},{:.3},{},\"{}\"\n",
             p.concurrency,
             p.prompt_len,
             p.output_len,
@@ -296,10 +305,14 @@ pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<(PathBuf, PathBu
             opt(p.mean_per_request_tps),
             opt(p.p10_per_request_tps),
             p.median_ttft_ms,
-            p.p99_ttft_ms
+            p.p99_ttft_ms,
+            p.max_batch,
+            p.device.replace('"', "'")
         ));
     }
     std::fs::write(&csv_path, csv)
         .map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
-    Ok((json_path, csv_path))
+    let png_path = base.with_extension("png");
+    super::plot_png::save(&png_path, points)?;
+    Ok([json_path, csv_path, png_path])
 }

@@ -7,6 +7,7 @@
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
+//! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
 //! - [`status`]: the status bar (backend, memory) and the device selector.
 
 pub mod backend;
@@ -14,6 +15,7 @@ pub mod chat;
 pub mod dashboard;
 pub mod load;
 pub mod markdown;
+pub mod plot_png;
 pub mod status;
 
 use std::path::PathBuf;
@@ -397,8 +399,13 @@ impl TpsApp {
             }
             Command::SaveSweep => {
                 let base = PathBuf::from(&self.state.dash.load.sweep_path);
-                let (j, c) = load::save_sweep(&base, &self.rt.sweep_points)?;
-                self.rt.notice = Some(format!("Sweep saved: {} and {}", j.display(), c.display()));
+                let [j, c, p] = load::save_sweep(&base, &self.rt.sweep_points)?;
+                self.rt.notice = Some(format!(
+                    "Sweep saved: {}, {} and {}",
+                    j.display(),
+                    c.display(),
+                    p.display()
+                ));
                 Ok(())
             }
             Command::DismissError(i) => {
