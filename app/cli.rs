@@ -44,6 +44,8 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// Re-quantize a GGUF model to another weight type (F16, Q8_0, Q4_K, ...).
     Quantize(crate::model_cmds::QuantizeArgs),
+    /// Perplexity over a text (the bundled public-domain one by default), llama.cpp's way.
+    Perplexity(crate::model_cmds::PerplexityArgs),
 }
 
 /// Where the model comes from and how many threads run it.
@@ -171,6 +173,7 @@ pub fn main() -> ExitCode {
         Some(Command::Generate(args)) => run_generate(&args),
         Some(Command::Bench(args)) => crate::bench::run(&args),
         Some(Command::Quantize(args)) => crate::model_cmds::run_quantize(&args),
+        Some(Command::Perplexity(args)) => crate::model_cmds::run_perplexity(&args),
         None => crate::ui::run(crate::ui::AppOptions {
             model: cli.model,
             threads: cli.threads,

@@ -1,10 +1,12 @@
 //! TPS Lab app: the desktop window and the command line front end over the engine.
 //!
 //! Modules:
-//! - [`cli`]: argument parsing and the subcommands (`generate`, `bench`, `quantize`).
+//! - [`cli`]: argument parsing and the subcommands (`generate`, `bench`, `quantize`,
+//!   `perplexity`).
 //! - [`bench`]: `tpslab bench` arguments and the single-stream mode (llama-bench style).
 //! - [`serve_bench`]: the serving benchmark over the engine (vLLM's figures per concurrency).
-//! - [`model_cmds`]: `tpslab quantize` (re-quantize a GGUF, predicted size, progress bar).
+//! - [`model_cmds`]: `tpslab quantize` (re-quantize a GGUF, predicted size, progress bar) and
+//!   `tpslab perplexity`.
 //! - [`mem`]: process memory readings (RSS, peak RSS).
 //! - [`ui`]: the eframe window: chat, tuning dashboard, load generator, sweep.
 

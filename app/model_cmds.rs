@@ -1,13 +1,15 @@
-//! `tpslab quantize`: re-quantize a GGUF model to another weight type, with the predicted size
-//! first and a progress bar.
+//! `tpslab quantize` (re-quantize a GGUF model to another weight type, with the predicted size
+//! first and a progress bar) and `tpslab perplexity` (llama.cpp-style, over the bundled text).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::GgufFile;
 use tpslab_engine::library;
+use tpslab_engine::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
 use tpslab_engine::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
 use tpslab_engine::synthetic::{self, precision_name};
 
@@ -79,5 +81,64 @@ pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
         report.converted,
         report.seconds
     );
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// The model: a GGUF file, or `default`.
+    pub model: String,
+    /// Window length in tokens; the second half of each window is scored (llama.cpp's way).
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// A text file to score instead of the bundled public-domain text.
+    #[arg(long, value_name = "FILE")]
+    pub text: Option<PathBuf>,
+    /// Threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
+    let (text, source) = match &a.text {
+        Some(p) => (
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+            p.display().to_string(),
+        ),
+        None => (BUNDLED_TEXT.to_string(), BUNDLED_TEXT_NAME.to_string()),
+    };
+    let path = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
+    let lm = LoadedModel::load(&path)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
+    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    eprintln!(
+        "perplexity of {} ({}, {:.1} MiB) on {source}, windows of {} tokens",
+        path.display(),
+        lm.precision,
+        size as f64 / MIB,
+        a.ctx
+    );
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} window {pos}/{len} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let r = perplexity(&lm, &text, a.ctx, a.threads, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    let r = r?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "perplexity {:.4} over {} tokens scored ({} windows of {}, {} tokens of text) in {:.1} s",
+            r.perplexity, r.tokens_scored, r.windows, r.ctx, r.text_tokens, r.seconds
+        );
+    }
     Ok(())
 }

@@ -23,6 +23,7 @@
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 //! - [`engine`]: the engine thread (continuous batching) and its message-passing handle.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
+//! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
 //! - [`quantize`]: re-quantizing a GGUF to another weight type (llama.cpp's per-tensor rules).
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
 pub mod attention;
@@ -43,6 +44,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod perplexity;
 pub mod quantize;
 pub mod sampler;
 pub mod scheduler;
