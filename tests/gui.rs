@@ -1,12 +1,14 @@
 //! The window driven by its labels (AccessKit) with egui_kittest: no GPU, no display, the real
 //! default model through the real engine. Waits are bounded loops of frames, never timing checks.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use tpslab::ui::backend::DevicePref;
 use tpslab::ui::chat::{Conversation, Message, Role};
+use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::load::SweepPoint;
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::backend::DeviceChoice;
@@ -18,7 +20,7 @@ fn harness(state: AppState) -> Harness<'static, TpsApp> {
 }
 
 fn harness_on(state: AppState, device: DeviceChoice) -> Harness<'static, TpsApp> {
-    let app = TpsApp::new(
+    let mut app = TpsApp::new(
         state,
         AppOptions {
             model: "default".into(),
@@ -26,6 +28,8 @@ fn harness_on(state: AppState, device: DeviceChoice) -> Harness<'static, TpsApp>
             device: Some(device),
         },
     );
+    // Never a real file dialog in a test (it could block on zenity); tests set their answer.
+    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
     Harness::builder()
         .with_size([1400.0, 1000.0])
         // The model may answer with characters (emoji) the bundled fonts lack.
@@ -210,10 +214,27 @@ fn dashboard_knobs_load_generator_and_sweep() {
     wait_until(&mut h, "the sweep's points", 180, |h| {
         has(h, "c=1:") && has(h, "c=2:") && h.query_by_label("Run sweep").is_some()
     });
+    // Saved where the dialog says (here a fixed answer), all three side by side.
+    let picked = dir.join("picked").join("mine.json");
+    h.state_mut()
+        .set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Chosen(picked.clone()))));
     h.get_by_label("Save JSON + CSV + PNG").click();
-    wait_until(&mut h, "the save notice", 30, |h| has(h, "Sweep saved"));
-    let png = image::open(dir.join("sweep.png")).expect("sweep.png decodes");
+    wait_until(&mut h, "the save notice", 30, |h| has(h, "Sweep saved: "));
+    for ext in ["json", "csv", "png"] {
+        assert!(picked.with_extension(ext).is_file(), "mine.{ext}");
+    }
+    let png = image::open(picked.with_extension("png")).expect("the PNG decodes");
     assert_eq!([png.width(), png.height()], tpslab::ui::plot_png::PNG_SIZE);
+    // No dialog available: saved to the default path, and the notice says why and where.
+    h.state_mut()
+        .set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Unavailable(
+            "no portal here".into(),
+        ))));
+    h.get_by_label("Save JSON + CSV + PNG").click();
+    let default_json = dir.join("sweep.json").display().to_string();
+    wait_until(&mut h, "the fallback notice", 30, |h| {
+        has(h, "Sweep saved to the default place (no portal here)") && has(h, &default_json)
+    });
     let csv = std::fs::read_to_string(dir.join("sweep.csv")).expect("sweep.csv");
     assert_eq!(csv.lines().count(), 3, "{csv}");
     let json: serde_json::Value =
@@ -243,7 +264,7 @@ fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
         },
     ];
     // No model needed to draw saved messages: a missing file fails fast in the status bar.
-    let app = TpsApp::new(
+    let mut app = TpsApp::new(
         state,
         AppOptions {
             model: "/nonexistent/tpslab-gui-test.gguf".into(),
@@ -251,6 +272,7 @@ fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
             device: Some(DeviceChoice::Cpu),
         },
     );
+    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
     let mut h = Harness::builder()
         .with_size([1000.0, 800.0])
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);

@@ -150,6 +150,8 @@ pub struct DashView<'a> {
     pub sweep_running: bool,
     pub sweep_levels: &'a [usize],
     pub sweep_points: &'a [SweepPoint],
+    /// A save is in progress (its dialog may be open).
+    pub saving: bool,
 }
 
 /// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
@@ -423,19 +425,27 @@ fn sweep_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
         cmds.push(Command::StartSweep);
     }
     ui.horizontal(|ui| {
-        let lb = ui.label("Save to");
+        let lb = ui.label("Default save path").on_hover_text(
+            "Where the dialog starts, and where the sweep goes when no dialog can open",
+        );
         ui.text_edit_singleline(&mut l.sweep_path)
             .labelled_by(lb.id);
     });
-    if ui
-        .add_enabled(
-            !view.sweep_points.is_empty(),
-            egui::Button::new("Save JSON + CSV + PNG"),
-        )
-        .clicked()
-    {
-        cmds.push(Command::SaveSweep);
-    }
+    ui.horizontal(|ui| {
+        if ui
+            .add_enabled(
+                !view.sweep_points.is_empty() && !view.saving,
+                egui::Button::new("Save JSON + CSV + PNG"),
+            )
+            .on_hover_text("Asks where; the three files go side by side")
+            .clicked()
+        {
+            cmds.push(Command::SaveSweep);
+        }
+        if view.saving {
+            ui.spinner();
+        }
+    });
     for p in view.sweep_points {
         ui.label(format!(
             "c={}: {:.1} tok/s aggregate, {} per request (P10 {})",

@@ -5,6 +5,7 @@
 //! - [`backend`]: loading the model and starting (or restarting) the engine on a worker thread.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
+//! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
 //! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
@@ -13,12 +14,14 @@
 pub mod backend;
 pub mod chat;
 pub mod dashboard;
+pub mod files;
 pub mod load;
 pub mod markdown;
 pub mod plot_png;
 pub mod status;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +31,7 @@ use tpslab_engine::engine::{EngineSnapshot, Knobs};
 use backend::{DevicePref, ModelSlot, SlotNews};
 use chat::{ChatState, ChatView, Generation, Message, Role};
 use dashboard::{DashSettings, DashView, History};
+use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun};
 
 /// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
@@ -100,6 +104,8 @@ struct Runtime {
     last_load: Option<LoadOutcome>,
     sweep: Option<SweepRun>,
     sweep_points: Vec<SweepPoint>,
+    /// A sweep save in progress (its dialog open, or writing): the JSON, CSV and PNG paths.
+    saving: Option<PendingSave<[PathBuf; 3]>>,
     errors: Vec<String>,
     notice: Option<String>,
     snapshot: Option<EngineSnapshot>,
@@ -113,6 +119,8 @@ pub struct TpsApp {
     pub state: AppState,
     options: AppOptions,
     rt: Runtime,
+    /// Where save (and later import) paths come from.
+    dialogs: Dialogs,
 }
 
 const STATE_KEY: &str = eframe::APP_KEY;
@@ -127,7 +135,13 @@ impl TpsApp {
             state,
             options,
             rt: Runtime::default(),
+            dialogs: Arc::new(RfdDialog),
         }
+    }
+
+    /// Replaces the file dialogs (tests answer with fixed paths; no dialog is ever shown).
+    pub fn set_file_dialog(&mut self, dialogs: Dialogs) {
+        self.dialogs = dialogs;
     }
 
     /// The app restored from eframe's storage (or fresh if there is none or it doesn't parse).
@@ -219,6 +233,10 @@ impl TpsApp {
             if sweep.finished {
                 self.rt.sweep = None;
             }
+        }
+        if let Some(outcome) = self.rt.saving.as_ref().and_then(PendingSave::poll) {
+            self.rt.saving = None;
+            self.saved(outcome);
         }
         let snap = self.backend().map(|b| b.engine.stats());
         if let Some(s) = &snap {
@@ -312,6 +330,7 @@ impl TpsApp {
             sweep_running: self.rt.sweep.is_some(),
             sweep_levels: self.rt.sweep.as_ref().map_or(&[][..], |s| &s.levels),
             sweep_points: &self.rt.sweep_points,
+            saving: self.rt.saving.is_some(),
         };
         egui::CentralPanel::default().show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
@@ -397,17 +416,7 @@ impl TpsApp {
                 }
                 Ok(())
             }
-            Command::SaveSweep => {
-                let base = PathBuf::from(&self.state.dash.load.sweep_path);
-                let [j, c, p] = load::save_sweep(&base, &self.rt.sweep_points)?;
-                self.rt.notice = Some(format!(
-                    "Sweep saved: {}, {} and {}",
-                    j.display(),
-                    c.display(),
-                    p.display()
-                ));
-                Ok(())
-            }
+            Command::SaveSweep => self.save_sweep(ctx),
             Command::DismissError(i) => {
                 if i < self.rt.errors.len() {
                     self.rt.errors.remove(i);
@@ -416,6 +425,44 @@ impl TpsApp {
             }
             Command::SetDevice(pref) => self.set_device(pref, ctx),
         }
+    }
+
+    /// Asks where to save the sweep and writes it there, on a worker (the dialog may stay open
+    /// for minutes); with no dialog available it goes to the default path, and the notice says so.
+    fn save_sweep(&mut self, ctx: &egui::Context) -> Result<(), String> {
+        if self.rt.saving.is_some() {
+            return Err("a save is already in progress".into());
+        }
+        let default = PathBuf::from(&self.state.dash.load.sweep_path).with_extension("json");
+        let mut req =
+            DialogRequest::for_path("Save the sweep (JSON; CSV and PNG beside it)", &default);
+        req.filters = vec![("JSON".into(), vec!["json".into()])];
+        let points = self.rt.sweep_points.clone();
+        let job = PendingSave::start(&self.dialogs, req, default, ctx, move |path| {
+            load::save_sweep(path, &points)
+        })?;
+        self.rt.saving = Some(job);
+        self.rt.notice = Some("Saving the sweep…".into());
+        Ok(())
+    }
+
+    fn saved(&mut self, outcome: SaveOutcome<[PathBuf; 3]>) {
+        self.rt.notice = match outcome {
+            SaveOutcome::Saved { value, fallback } => {
+                let [j, c, p] = value.map(|p| p.display().to_string());
+                Some(match fallback {
+                    None => format!("Sweep saved: {j}, {c} and {p}"),
+                    Some(why) => {
+                        format!("Sweep saved to the default place ({why}): {j}, {c} and {p}")
+                    }
+                })
+            }
+            SaveOutcome::Cancelled => Some("Save cancelled".into()),
+            SaveOutcome::Failed(e) => {
+                self.rt.errors.push(format!("cannot save the sweep: {e}"));
+                None
+            }
+        };
     }
 
     /// Restarts the engine on `pref` on a worker: the running engine (if any) keeps its model
