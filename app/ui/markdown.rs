@@ -272,7 +272,11 @@ pub fn ui(ui: &mut egui::Ui, text: &str) {
 
 fn blocks_ui(ui: &mut egui::Ui, blocks: &[Block]) {
     let body = egui::TextStyle::Body.resolve(ui.style()).size;
-    for b in blocks {
+    for (i, b) in blocks.iter().enumerate() {
+        // A little air between paragraphs, code and lists (not after the last one).
+        if i > 0 {
+            ui.add_space(body * 0.3);
+        }
         match b {
             Block::Paragraph(spans) => {
                 ui.add(

@@ -1,5 +1,6 @@
 //! The sweep's trade-off plot as a PNG, drawn without a GPU or a window: egui lays out the same
-//! plot as the dashboard in a headless context, and its triangles are rasterized here on the CPU.
+//! plot as the dashboard in a headless context, and its triangles are rasterized here on the CPU
+//! ([`render_ui`] does that for any UI).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,10 +18,16 @@ const PIXELS_PER_POINT: f32 = 1.5;
 /// Draws the sweep plot (title, the run's settings, axes with labels, one labelled point per
 /// level) into an RGBA image of [`PNG_SIZE`].
 pub fn render(points: &[SweepPoint]) -> image::RgbaImage {
+    render_ui(PNG_SIZE, |ui| figure_ui(ui, points))
+}
+
+/// Draws whatever `add_contents` lays out in a central panel, on a light page, into an RGBA
+/// image of `size` pixels.
+pub fn render_ui(size: [u32; 2], mut add_contents: impl FnMut(&mut egui::Ui)) -> image::RgbaImage {
     let ctx = egui::Context::default();
     // Light, like a figure on paper.
     ctx.set_theme(egui::Theme::Light);
-    let [w, h] = PNG_SIZE;
+    let [w, h] = size;
     let mut input = egui::RawInput {
         screen_rect: Some(Rect::from_min_size(
             Pos2::ZERO,
@@ -35,10 +42,10 @@ pub fn render(points: &[SweepPoint]) -> image::RgbaImage {
         .native_pixels_per_point = Some(PIXELS_PER_POINT);
     let mut textures: HashMap<TextureId, ColorImage> = HashMap::new();
     let mut last = None;
-    // The plot fits its bounds and the fonts fill their atlas over the first frames.
+    // Plots fit their bounds and the fonts fill their atlas over the first frames.
     for _ in 0..3 {
         let mut out = ctx.run_ui(input.clone(), |ui| {
-            egui::CentralPanel::default().show(ui, |ui| figure_ui(ui, points));
+            egui::CentralPanel::default().show(ui, &mut add_contents);
         });
         apply_textures(&mut textures, &out.textures_delta);
         // Applied to our copy (epaint insists every delta is consumed).
