@@ -301,6 +301,48 @@ fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
     );
 }
 
+#[test]
+fn a_long_conversation_lays_out_only_what_is_on_screen() {
+    let body = "Some text.\n\n```rust\nfn main() {}\n```\n\n".repeat(10);
+    let mut state = AppState::default();
+    let messages = &mut state.chat.conversations[0].messages;
+    for i in 0..40 {
+        messages.push(Message {
+            role: Role::User,
+            text: format!("question {i}"),
+            stats: None,
+        });
+        messages.push(Message {
+            role: Role::Assistant,
+            text: format!("{body}answer number {i}."),
+            stats: None,
+        });
+    }
+    let mut app = TpsApp::new(
+        state,
+        AppOptions {
+            model: "/nonexistent/tpslab-gui-test.gguf".into(),
+            threads: 1,
+            device: Some(DeviceChoice::Cpu),
+        },
+    );
+    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
+    let mut h = Harness::builder()
+        .with_size([1000.0, 800.0])
+        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
+    h.run_steps(4);
+    // Scrolled to the end: the last answer is drawn, the first ones only take their space.
+    assert!(has(&h, "answer number 39."), "the last answer is on screen");
+    assert!(
+        !has(&h, "answer number 0."),
+        "the first answer is not laid out"
+    );
+    assert!(
+        h.query_all_by_label("Copy code").count() < 60,
+        "only visible code blocks"
+    );
+}
+
 /// A sweep result as the sweep thread reports it.
 fn sweep_point(c: usize, aggregate: f64, per_request: f64) -> SweepPoint {
     SweepPoint {

@@ -355,35 +355,67 @@ fn settings_ui(ui: &mut egui::Ui, conv: &mut Conversation) {
         });
 }
 
+/// Every message of `conv`. One scrolled out of sight takes the height it had when last drawn
+/// instead of being laid out again: markdown answers are many widgets each, and a long
+/// conversation would otherwise cost its whole length every frame. The last message (the one
+/// that streams) is always drawn.
 fn messages_ui(ui: &mut egui::Ui, conv: &Conversation, busy: bool, cmds: &mut Vec<Command>) {
     let n = conv.messages.len();
-    for (i, m) in conv.messages.iter().enumerate() {
-        let who = match m.role {
-            Role::User => "You",
-            Role::Assistant => "Assistant",
-        };
-        ui.horizontal(|ui| {
-            ui.strong(who);
-            if ui.small_button("Copy").clicked() {
-                ui.ctx().copy_text(m.text.clone());
-            }
-        });
-        // Answers are markdown; the user's own text is shown as typed.
-        match m.role {
-            Role::Assistant => super::markdown::ui(ui, &m.text),
-            Role::User => {
-                ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
+    let width = ui.available_width();
+    for i in 0..n {
+        let id = egui::Id::unique(("message_height", conv.id, i));
+        let known: Option<(f32, f32)> = ui.data(|d| d.get_temp(id));
+        if let Some((w, h)) = known
+            && i + 1 < n
+            && (w - width).abs() < 0.5
+        {
+            let rect = egui::Rect::from_min_size(ui.cursor().min, egui::vec2(width, h));
+            if !ui.is_rect_visible(rect) {
+                ui.allocate_space(egui::vec2(width, h));
+                continue;
             }
         }
-        if let Some(s) = &m.stats {
-            ui.label(egui::RichText::new(answer_stats_text(s)).small().weak());
-        }
-        let last_answer = i + 1 == n && m.role == Role::Assistant;
-        if last_answer && !busy && ui.button("Regenerate").clicked() {
-            cmds.push(Command::Regenerate { chat: conv.id });
-        }
-        ui.add_space(6.0);
+        let rect = ui
+            .scope(|ui| message_ui(ui, conv, i, busy, cmds))
+            .response
+            .rect;
+        ui.data_mut(|d| d.insert_temp(id, (width, rect.height())));
     }
+}
+
+fn message_ui(
+    ui: &mut egui::Ui,
+    conv: &Conversation,
+    i: usize,
+    busy: bool,
+    cmds: &mut Vec<Command>,
+) {
+    let m = &conv.messages[i];
+    let who = match m.role {
+        Role::User => "You",
+        Role::Assistant => "Assistant",
+    };
+    ui.horizontal(|ui| {
+        ui.strong(who);
+        if ui.small_button("Copy").clicked() {
+            ui.ctx().copy_text(m.text.clone());
+        }
+    });
+    // Answers are markdown; the user's own text is shown as typed.
+    match m.role {
+        Role::Assistant => super::markdown::ui(ui, &m.text),
+        Role::User => {
+            ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
+        }
+    }
+    if let Some(s) = &m.stats {
+        ui.label(egui::RichText::new(answer_stats_text(s)).small().weak());
+    }
+    let last_answer = i + 1 == conv.messages.len() && m.role == Role::Assistant;
+    if last_answer && !busy && ui.button("Regenerate").clicked() {
+        cmds.push(Command::Regenerate { chat: conv.id });
+    }
+    ui.add_space(6.0);
 }
 
 /// "42 tokens · TTFT 120 ms · 35.1 tok/s · stop"
