@@ -284,7 +284,13 @@ fn float_matmul(
             };
             row.resize(k, 0.0);
             for j in lo..hi {
-                dequantize_row(w.ty, &w.data[j * rb..(j + 1) * rb], row);
+                let bytes = &w.data[j * rb..(j + 1) * rb];
+                match backend {
+                    // SAFETY: the backend was checked available.
+                    #[cfg(target_arch = "x86_64")]
+                    Backend::Avx2 => unsafe { crate::avx2::widen_row(w.ty, bytes, row) },
+                    _ => dequantize_row(w.ty, bytes, row),
+                }
                 for i in 0..m {
                     let xi = &x[i * k..(i + 1) * k];
                     let v = match backend {
