@@ -145,7 +145,15 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, 1)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate_on(&lm, dev, threads, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
+            let out = generate_on(
+                &lm,
+                dev,
+                threads,
+                &prompt,
+                &greedy,
+                fixed(n + 1),
+                &mut |_| {},
+            )?;
             all.push(out.decode_tokens_per_s);
         }
         rows.push(Row {

@@ -35,7 +35,9 @@ impl FromStr for DeviceChoice {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Self::Cuda)
-                .ok_or_else(|| format!("unknown device '{s}' (expected cpu, cuda, cuda:N or auto)")),
+                .ok_or_else(|| {
+                    format!("unknown device '{s}' (expected cpu, cuda, cuda:N or auto)")
+                }),
         }
     }
 }
@@ -91,8 +93,7 @@ pub trait Backend: Send {
     fn describe(&self) -> String;
     /// Runs the batch (writing its K/V), returning what each logits row's sampler needs
     /// (`needs[j]` for row `j`; see [`StepOutput`]).
-    fn forward(&mut self, batch: &Batch, needs: &[RowNeed])
-    -> Result<StepOutput<'_>, ModelError>;
+    fn forward(&mut self, batch: &Batch, needs: &[RowNeed]) -> Result<StepOutput<'_>, ModelError>;
     /// Replaces the KV pool (everything in it is dropped).
     fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String>;
     fn num_blocks(&self) -> usize;
@@ -205,15 +206,28 @@ pub fn open(
         }
     };
     let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, String> {
-        Ok(Box::new(CpuBackend::new(lm, threads, block_size, blocks(kv_budget)?)?))
+        Ok(Box::new(CpuBackend::new(
+            lm,
+            threads,
+            block_size,
+            blocks(kv_budget)?,
+        )?))
     };
     let ordinal = match device {
-        DeviceChoice::Cpu => return Ok(Opened { backend: cpu(lm)?, note: None }),
+        DeviceChoice::Cpu => {
+            return Ok(Opened {
+                backend: cpu(lm)?,
+                note: None,
+            });
+        }
         DeviceChoice::Cuda(n) => n,
         DeviceChoice::Auto => 0,
     };
     match open_cuda(&lm, ordinal, block_size, kv_budget, gpu_kv_fraction) {
-        Ok(b) => Ok(Opened { backend: b, note: None }),
+        Ok(b) => Ok(Opened {
+            backend: b,
+            note: None,
+        }),
         Err(e) if device == DeviceChoice::Auto => Ok(Opened {
             backend: cpu(lm)?,
             note: Some(format!("{e}; using CPU")),

@@ -121,7 +121,16 @@ struct DevWorkspace {
 /// Floats per token of each activation buffer: x, h, qkv, attn, tmp, gu, act, last.
 fn act_sizes(c: &ModelConfig) -> [usize; 8] {
     let qkv = c.hidden + 2 * c.kv_dim();
-    [c.hidden, c.hidden, qkv, c.hidden, c.hidden, 2 * c.ffn, c.ffn, c.hidden]
+    [
+        c.hidden,
+        c.hidden,
+        qkv,
+        c.hidden,
+        c.hidden,
+        2 * c.ffn,
+        c.ffn,
+        c.hidden,
+    ]
 }
 
 /// The model and its paged KV pool on one GPU.
@@ -319,10 +328,8 @@ impl CudaBackend {
         self.gpu.bind()?;
         self.ensure_workspace(n, r)?;
         let ints = self.upload_ints(batch)?;
-        let decode = self.use_graphs
-            && n == r
-            && n == batch.block_tables.len()
-            && n <= GRAPH_MAX_BATCH;
+        let decode =
+            self.use_graphs && n == r && n == batch.block_tables.len() && n <= GRAPH_MAX_BATCH;
         if decode {
             let sig = self.signature(ints);
             if self.graphs.values().any(|(s, _)| *s != sig) {
@@ -421,7 +428,15 @@ impl CudaBackend {
         }
         g.add(x, tmp, n * c.hidden)?;
         if r > 0 {
-            g.rms_norm(x, Some(rows), r, self.w.out_norm.ptr(), last, c.hidden, c.rms_eps)?;
+            g.rms_norm(
+                x,
+                Some(rows),
+                r,
+                self.w.out_norm.ptr(),
+                last,
+                c.hidden,
+                c.rms_eps,
+            )?;
             self.w.lm_head().forward(g, last, r, logits, sc)?;
             g.argmax(logits, r, c.vocab, tmp)?;
         }

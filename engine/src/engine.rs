@@ -646,7 +646,10 @@ fn sample_rows(
     let mut scratch = Vec::with_capacity(vocab);
     let mut rows = step.logits.chunks_exact(vocab);
     let kk = step.topk_k.max(1);
-    let mut cands = step.topk_ids.chunks_exact(kk).zip(step.topk_vals.chunks_exact(kk));
+    let mut cands = step
+        .topk_ids
+        .chunks_exact(kk)
+        .zip(step.topk_vals.chunks_exact(kk));
     let on_host = step.argmax.is_empty();
     for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
         let need = if on_host { RowNeed::Full } else { needs[j] };

@@ -132,7 +132,15 @@ pub fn generate(
     stop: StopCriteria,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateOutput, GenerateError> {
-    generate_on(lm, DeviceChoice::Cpu, threads, prompt, sampling, stop, on_text)
+    generate_on(
+        lm,
+        DeviceChoice::Cpu,
+        threads,
+        prompt,
+        sampling,
+        stop,
+        on_text,
+    )
 }
 
 /// As [`generate`], on `device`.

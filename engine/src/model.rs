@@ -209,8 +209,7 @@ pub fn check_batch(
         let table = batch.block_tables.get(batch.seq_of[i]);
         let need = batch.positions[i] / block_size;
         match table {
-            Some(t)
-                if need < t.len() && t[..=need].iter().all(|&b| (b as usize) < num_blocks) => {}
+            Some(t) if need < t.len() && t[..=need].iter().all(|&b| (b as usize) < num_blocks) => {}
             _ => {
                 return bad(format!(
                     "token {i}: block table does not cover its position"

@@ -87,7 +87,8 @@ fn engine(knobs: Knobs) -> EngineHandle {
             ..EngineConfig::default()
         },
         None,
-    ).expect("engine")
+    )
+    .expect("engine")
 }
 
 fn kv_blocks(budget: &KvSettings) -> usize {

@@ -32,7 +32,11 @@ fn have_gpu() -> bool {
 }
 
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()
 }
@@ -43,7 +47,14 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize) -> f64 {
     let bs = 16;
     let blocks = 64;
     let mut cpu = CpuBackend::new(Arc::clone(lm), 0, bs, blocks).unwrap();
-    let mut gpu = CudaBackend::new(lm, 0, bs, blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs), 0.0).unwrap();
+    let mut gpu = CudaBackend::new(
+        lm,
+        0,
+        bs,
+        blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs),
+        0.0,
+    )
+    .unwrap();
     assert_eq!(gpu.num_blocks(), blocks);
     // Shuffled block table.
     let table: Vec<u32> = (0..blocks as u32).rev().step_by(3).collect();
@@ -56,9 +67,15 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize) -> f64 {
         let want = cpu.forward(&b, &[RowNeed::Full]).unwrap().logits.to_vec();
         let out = gpu.forward(&b, &[RowNeed::Full]).unwrap();
         assert_eq!(out.logits.len(), want.len());
-        assert!(out.logits.iter().all(|v| v.is_finite()), "non-finite GPU logits");
+        assert!(
+            out.logits.iter().all(|v| v.is_finite()),
+            "non-finite GPU logits"
+        );
         let err = rel_err(out.logits, &want);
-        println!("step {step}: {} tokens, logits rel err {err:.2e}", toks.len());
+        println!(
+            "step {step}: {} tokens, logits rel err {err:.2e}",
+            toks.len()
+        );
         worst = worst.max(err);
         pos += toks.len();
         toks = vec![(step as u32 * 7919 + 13) % lm.model.cfg.vocab as u32];
@@ -71,7 +88,14 @@ fn synthetic_model_logits_match_cpu_in_every_precision() {
     if !have_gpu() {
         return;
     }
-    for prec in [WType::F16, WType::Q8_0, WType::Q4_0, WType::Q4_1, WType::Q4K, WType::Q6K] {
+    for prec in [
+        WType::F16,
+        WType::Q8_0,
+        WType::Q4_0,
+        WType::Q4_1,
+        WType::Q4K,
+        WType::Q6K,
+    ] {
         let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", prec, 7, 0).unwrap());
         let prompt: Vec<u32> = (0..37).map(|i| (i * 131 + 5) % 49_152).collect();
         let err = compare(&lm, &prompt, 4);
@@ -102,7 +126,10 @@ fn real_default_model_logits_match_cpu() {
 /// Submits the requests together and returns each one's tokens.
 fn run_requests(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<Vec<u32>> {
     let (tx, rx) = mpsc::channel();
-    let ids: Vec<_> = reqs.into_iter().map(|r| engine.submit(r, tx.clone())).collect();
+    let ids: Vec<_> = reqs
+        .into_iter()
+        .map(|r| engine.submit(r, tx.clone()))
+        .collect();
     let mut out = vec![Vec::new(); ids.len()];
     let mut done = 0;
     while done < ids.len() {
@@ -154,7 +181,11 @@ fn top_k_sampling_on_the_device_repeats_with_a_seed() {
     let a = run_requests(&engine, vec![req(1.0), req(1.2)]);
     let b = run_requests(&engine, vec![req(1.0), req(1.2)]);
     assert_eq!(a, b, "seeded top-k runs differ");
-    assert!(a.iter().flatten().all(|&t| (t as usize) < lm.model.cfg.vocab));
+    assert!(
+        a.iter()
+            .flatten()
+            .all(|&t| (t as usize) < lm.model.cfg.vocab)
+    );
     assert!(a.iter().all(|t| t.len() == 20));
 }
 
@@ -184,7 +215,11 @@ fn engine_on_cuda_is_batch_invariant() {
         .unwrap()
     };
     let prompts: Vec<Vec<u32>> = (0..6u32)
-        .map(|r| (0..(20 + 9 * r)).map(|i| (i * 97 + r * 1009) % 49_152).collect())
+        .map(|r| {
+            (0..(20 + 9 * r))
+                .map(|i| (i * 97 + r * 1009) % 49_152)
+                .collect()
+        })
         .collect();
     let req = |i: usize| Request {
         prompt: prompts[i].clone(),
@@ -200,8 +235,14 @@ fn engine_on_cuda_is_batch_invariant() {
         run_requests(engine, which.iter().map(|&i| req(i)).collect())
     };
     let engine = start();
-    assert!(engine.stats().device.starts_with("CUDA"), "{}", engine.stats().device);
-    let alone: Vec<Vec<u32>> = (0..prompts.len()).map(|i| run(&engine, &[i]).remove(0)).collect();
+    assert!(
+        engine.stats().device.starts_with("CUDA"),
+        "{}",
+        engine.stats().device
+    );
+    let alone: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| run(&engine, &[i]).remove(0))
+        .collect();
     let together = run(&engine, &(0..prompts.len()).collect::<Vec<_>>());
     assert_eq!(alone, together);
     assert!(alone.iter().all(|t| t.len() == 24));

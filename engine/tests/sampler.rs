@@ -335,7 +335,13 @@ fn sampling_from_top_k_candidates() {
     }
     // The most likely token is drawn most often, as from the full row.
     let best = argmax(&logits) as usize;
-    assert_eq!(hits.iter().enumerate().max_by_key(|&(_, h)| *h).map(|(i, _)| i), Some(best));
+    assert_eq!(
+        hits.iter()
+            .enumerate()
+            .max_by_key(|&(_, h)| *h)
+            .map(|(i, _)| i),
+        Some(best)
+    );
     // Penalties or greedy need more than the candidates.
     p.repetition_penalty = 1.1;
     assert_eq!(Sampler::new(&p).top_k_only(), None);

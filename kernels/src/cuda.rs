@@ -95,12 +95,13 @@ fn mmv_name(ty: WType) -> &'static str {
     }
 }
 
-
 /// Whether a driver and at least one device are present: `Ok(device count)`, or why not.
 pub fn probe() -> Result<usize> {
     // SAFETY: only tries to open the library; without this check cudarc panics on first use.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(CudaError("no CUDA driver found (libcuda is not installed)".into()));
+        return Err(CudaError(
+            "no CUDA driver found (libcuda is not installed)".into(),
+        ));
     }
     let n = CudaContext::device_count()?;
     if n <= 0 {
@@ -351,9 +352,10 @@ impl Gpu {
 
     /// `bytes` of zeroed device memory.
     pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
-        let s = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| {
-            CudaError(format!("cannot allocate {bytes} bytes of GPU memory: {e}"))
-        })?;
+        let s = self
+            .stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| CudaError(format!("cannot allocate {bytes} bytes of GPU memory: {e}")))?;
         Ok(self.wrap(s))
     }
 
@@ -581,12 +583,18 @@ impl Gpu {
 
     /// [`Gpu::paged_attention`] with the kernel variant chosen by the caller.
     pub fn paged_attention_with(&self, wide: bool, io: &AttnIo, g: &AttnGeom) -> Result<()> {
-        let table = if wide { &self.k.attn_wide } else { &self.k.attn };
+        let table = if wide {
+            &self.k.attn_wide
+        } else {
+            &self.k.attn
+        };
         let f = table
             .get(g.head_dim / 32)
             .and_then(Option::as_ref)
             .filter(|_| Self::supports_head_dim(g.head_dim))
-            .ok_or_else(|| CudaError(format!("no attention kernel for head size {}", g.head_dim)))?;
+            .ok_or_else(|| {
+                CudaError(format!("no attention kernel for head size {}", g.head_dim))
+            })?;
         let group = g.n_heads / g.n_kv_heads.max(1);
         let y = g.n_kv_heads * group.div_ceil(8);
         let a = [
@@ -721,7 +729,12 @@ impl Gpu {
                 Arg::L((n * k / 32) as i64),
                 Arg::P(wh),
             ];
-            self.run(&self.k.dequant_f16, (Self::grid_for(n * k / 32), 1), 256, &a)?;
+            self.run(
+                &self.k.dequant_f16,
+                (Self::grid_for(n * k / 32), 1),
+                256,
+                &a,
+            )?;
             wh
         };
         let (alpha, beta) = (1.0f32, 0.0f32);

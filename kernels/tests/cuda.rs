@@ -91,7 +91,11 @@ fn dequant(ty: WType, data: &[u8], n: usize, k: usize) -> Vec<f32> {
     let rb = ty.row_bytes(k);
     let mut out = vec![0f32; n * k];
     for i in 0..n {
-        dequantize_row(ty, &data[i * rb..(i + 1) * rb], &mut out[i * k..(i + 1) * k]);
+        dequantize_row(
+            ty,
+            &data[i * rb..(i + 1) * rb],
+            &mut out[i * k..(i + 1) * k],
+        );
     }
     out
 }
@@ -114,7 +118,12 @@ fn matmul_every_type_and_batch_size() {
         let w = random_matrix(&mut r, ty, n, k);
         let wf = dequant(ty, &w, n, k);
         let wd = g.upload(&w).unwrap();
-        let mat = DevMatrix { ty, n, k, ptr: wd.ptr() };
+        let mat = DevMatrix {
+            ty,
+            n,
+            k,
+            ptr: wd.ptr(),
+        };
         for m in [1, 2, 3, 5, 8, 13, 40, 80] {
             let x = floats(&mut r, m * k);
             let xd = g.upload(&x).unwrap();
@@ -133,7 +142,10 @@ fn matmul_every_type_and_batch_size() {
             let err = rel_err(&got, &want);
             let tensor_cores = m > 8 && ty != WType::F32;
             let tol = if tensor_cores { 5e-3 } else { 1e-4 };
-            assert!(err < tol, "{ty:?} n={n} k={k} m={m}: rel err {err:e} > {tol:e}");
+            assert!(
+                err < tol,
+                "{ty:?} n={n} k={k} m={m}: rel err {err:e} > {tol:e}"
+            );
         }
     }
 }
@@ -151,12 +163,21 @@ fn embedding_rows_of_every_type() {
         let td = g.upload(&tokens).unwrap();
         let out = g.alloc(tokens.len() * k * 4).unwrap();
         g.memset(out.ptr(), 0xff, tokens.len() * k * 4).unwrap();
-        let mat = DevMatrix { ty, n, k, ptr: wd.ptr() };
+        let mat = DevMatrix {
+            ty,
+            n,
+            k,
+            ptr: wd.ptr(),
+        };
         g.embed(&mat, td.ptr(), tokens.len(), out.ptr()).unwrap();
         let got = download(&g, out.ptr(), tokens.len() * k);
         let want: Vec<f64> = tokens
             .iter()
-            .flat_map(|&t| wf[t as usize * k..(t as usize + 1) * k].iter().map(|&v| v as f64))
+            .flat_map(|&t| {
+                wf[t as usize * k..(t as usize + 1) * k]
+                    .iter()
+                    .map(|&v| v as f64)
+            })
             .collect();
         assert!(rel_err(&got, &want) < 1e-6, "{ty:?}");
     }
@@ -170,22 +191,42 @@ fn norms_swiglu_bias_add_argmax() {
     let x = floats(&mut r, rows * dim);
     let delta = floats(&mut r, rows * dim);
     let w = floats(&mut r, dim);
-    let (xd, dd, wd) = (g.upload(&x).unwrap(), g.upload(&delta).unwrap(), g.upload(&w).unwrap());
+    let (xd, dd, wd) = (
+        g.upload(&x).unwrap(),
+        g.upload(&delta).unwrap(),
+        g.upload(&w).unwrap(),
+    );
     let out = g.alloc(rows * dim * 4).unwrap();
     let norm = |v: &[f32]| -> Vec<f64> {
         let ms = v.iter().map(|&a| (a as f64).powi(2)).sum::<f64>() / dim as f64;
         let s = 1.0 / (ms + eps as f64).sqrt();
-        v.iter().zip(&w).map(|(&a, &b)| a as f64 * s * b as f64).collect()
+        v.iter()
+            .zip(&w)
+            .map(|(&a, &b)| a as f64 * s * b as f64)
+            .collect()
     };
     // Selected rows, in a different order.
     let sel: Vec<i32> = vec![5, 0, 3];
     let sd = g.upload(&sel).unwrap();
     g.memset(out.ptr(), 0xff, rows * dim * 4).unwrap();
-    g.rms_norm(xd.ptr(), Some(sd.ptr()), sel.len(), wd.ptr(), out.ptr(), dim, eps).unwrap();
-    let want: Vec<f64> = sel.iter().flat_map(|&i| norm(&x[i as usize * dim..][..dim])).collect();
+    g.rms_norm(
+        xd.ptr(),
+        Some(sd.ptr()),
+        sel.len(),
+        wd.ptr(),
+        out.ptr(),
+        dim,
+        eps,
+    )
+    .unwrap();
+    let want: Vec<f64> = sel
+        .iter()
+        .flat_map(|&i| norm(&x[i as usize * dim..][..dim]))
+        .collect();
     assert!(rel_err(&download(&g, out.ptr(), sel.len() * dim), &want) < 1e-5);
 
-    g.add_rms_norm(xd.ptr(), dd.ptr(), wd.ptr(), out.ptr(), rows, dim, eps).unwrap();
+    g.add_rms_norm(xd.ptr(), dd.ptr(), wd.ptr(), out.ptr(), rows, dim, eps)
+        .unwrap();
     let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
     let want: Vec<f64> = sum.chunks(dim).flat_map(norm).collect();
     assert!(rel_err(&download(&g, out.ptr(), rows * dim), &want) < 1e-5);
@@ -256,9 +297,13 @@ fn topk_matches_a_sort() {
     logits[2 * vocab + 4] = f32::NEG_INFINITY;
     let ld = g.upload(&logits).unwrap();
     for k in [1, 5, 40, 64, 200] {
-        let (idd, vd) = (g.alloc(rows * k * 4).unwrap(), g.alloc(rows * k * 4).unwrap());
+        let (idd, vd) = (
+            g.alloc(rows * k * 4).unwrap(),
+            g.alloc(rows * k * 4).unwrap(),
+        );
         g.memset(idd.ptr(), 0xff, rows * k * 4).unwrap();
-        g.topk(ld.ptr(), rows, vocab, k, idd.ptr(), vd.ptr()).unwrap();
+        g.topk(ld.ptr(), rows, vocab, k, idd.ptr(), vd.ptr())
+            .unwrap();
         let mut ids = vec![0u32; rows * k];
         let mut vals = vec![0f32; rows * k];
         g.dtoh(idd.ptr(), &mut ids).unwrap();
@@ -268,7 +313,10 @@ fn topk_matches_a_sort() {
             let (ids, vals) = (&ids[row * k..(row + 1) * k], &vals[row * k..(row + 1) * k]);
             let mut seen = std::collections::HashSet::new();
             for (&i, &v) in ids.iter().zip(vals) {
-                assert!((i as usize) < vocab && seen.insert(i), "row {row} k {k}: bad or repeated id {i}");
+                assert!(
+                    (i as usize) < vocab && seen.insert(i),
+                    "row {row} k {k}: bad or repeated id {i}"
+                );
                 assert_eq!(l[i as usize].to_bits(), v.to_bits());
             }
             let mut want: Vec<f32> = l.iter().copied().filter(|v| !v.is_nan()).collect();
@@ -285,8 +333,19 @@ fn topk_matches_a_sort() {
 fn rope_store_and_paged_attention() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
-    for (n_heads, n_kv_heads, hd, neox) in [(9, 3, 64, false), (32, 8, 128, true), (16, 16, 32, false), (14, 2, 64, true), (12, 12, 256, false)] {
-        let geom = AttnGeom { n_heads, n_kv_heads, head_dim: hd, block_size: 16 };
+    for (n_heads, n_kv_heads, hd, neox) in [
+        (9, 3, 64, false),
+        (32, 8, 128, true),
+        (16, 16, 32, false),
+        (14, 2, 64, true),
+        (12, 12, 256, false),
+    ] {
+        let geom = AttnGeom {
+            n_heads,
+            n_kv_heads,
+            head_dim: hd,
+            block_size: 16,
+        };
         let (hidden, kv_dim) = (n_heads * hd, n_kv_heads * hd);
         let stride = hidden + 2 * kv_dim;
         // Three sequences: a 37-token prefill, a decode at position 80 and one at 5, over
@@ -304,8 +363,12 @@ fn rope_store_and_paged_attention() {
         let slot = |s: usize, p: usize| tables[s][p / 16] as usize * 16 + p % 16;
         // Earlier positions of sequences 1 and 2 are already in the cache (random values).
         let slots_total = num_blocks * 16;
-        let mut kc: Vec<f16> = (0..slots_total * kv_dim).map(|_| f16::from_f32(r.random_range(-1.0..1.0))).collect();
-        let mut vc: Vec<f16> = (0..slots_total * kv_dim).map(|_| f16::from_f32(r.random_range(-1.0..1.0))).collect();
+        let mut kc: Vec<f16> = (0..slots_total * kv_dim)
+            .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
+            .collect();
+        let mut vc: Vec<f16> = (0..slots_total * kv_dim)
+            .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
+            .collect();
         let qkv = floats(&mut r, n * stride);
         let pos: Vec<i32> = toks.iter().map(|&(_, p)| p as i32).collect();
         let slots: Vec<i32> = toks.iter().map(|&(s, p)| slot(s, p) as i32).collect();
@@ -316,18 +379,49 @@ fn rope_store_and_paged_attention() {
             bt.extend(t);
         }
         let bt_off: Vec<i32> = toks.iter().map(|&(s, _)| starts[s]).collect();
-        let (qd, pd, sd, bd, od) = (g.upload(&qkv).unwrap(), g.upload(&pos).unwrap(), g.upload(&slots).unwrap(), g.upload(&bt).unwrap(), g.upload(&bt_off).unwrap());
+        let (qd, pd, sd, bd, od) = (
+            g.upload(&qkv).unwrap(),
+            g.upload(&pos).unwrap(),
+            g.upload(&slots).unwrap(),
+            g.upload(&bt).unwrap(),
+            g.upload(&bt_off).unwrap(),
+        );
         let kd = g.upload(&kc).unwrap();
         let vd = g.upload(&vc).unwrap();
         let theta = 10_000.0f32;
-        g.rope_store(qd.ptr(), stride, pd.ptr(), sd.ptr(), kd.ptr(), vd.ptr(), n, &geom, hd, theta, neox).unwrap();
+        g.rope_store(
+            qd.ptr(),
+            stride,
+            pd.ptr(),
+            sd.ptr(),
+            kd.ptr(),
+            vd.ptr(),
+            n,
+            &geom,
+            hd,
+            theta,
+            neox,
+        )
+        .unwrap();
         let out = g.alloc(n * hidden * 4).unwrap();
         let out_wide = g.alloc(n * hidden * 4).unwrap();
         g.memset(out.ptr(), 0xff, n * hidden * 4).unwrap();
         g.memset(out_wide.ptr(), 0xff, n * hidden * 4).unwrap();
-        let io = |out: u64| AttnIo { qkv: qd.ptr(), stride, kc: kd.ptr(), vc: vd.ptr(), pos: pd.ptr(), bt_off: od.ptr(), bt: bd.ptr(), out, n };
-        g.paged_attention_with(false, &io(out.ptr()), &geom).unwrap();
-        g.paged_attention_with(true, &io(out_wide.ptr()), &geom).unwrap();
+        let io = |out: u64| AttnIo {
+            qkv: qd.ptr(),
+            stride,
+            kc: kd.ptr(),
+            vc: vd.ptr(),
+            pos: pd.ptr(),
+            bt_off: od.ptr(),
+            bt: bd.ptr(),
+            out,
+            n,
+        };
+        g.paged_attention_with(false, &io(out.ptr()), &geom)
+            .unwrap();
+        g.paged_attention_with(true, &io(out_wide.ptr()), &geom)
+            .unwrap();
 
         // Reference: rope in f32 as the CPU engine does, then store, then attention in f64.
         let mut q_ref = qkv.clone();
@@ -344,7 +438,11 @@ fn rope_store_and_paged_attention() {
             }
             for head in row[..hidden + kv_dim].chunks_exact_mut(hd) {
                 for j in 0..half {
-                    let (a, b) = if neox { (j, j + half) } else { (2 * j, 2 * j + 1) };
+                    let (a, b) = if neox {
+                        (j, j + half)
+                    } else {
+                        (2 * j, 2 * j + 1)
+                    };
                     let (x0, x1) = (head[a], head[b]);
                     head[a] = x0 * cs[j] - x1 * sn[j];
                     head[b] = x0 * sn[j] + x1 * cs[j];
@@ -358,8 +456,15 @@ fn rope_store_and_paged_attention() {
         }
         let mut kc_got = vec![f16::ZERO; kc.len()];
         g.dtoh(kd.ptr(), &mut kc_got).unwrap();
-        let bad = kc.iter().zip(&kc_got).filter(|(a, b)| (a.to_f32() - b.to_f32()).abs() > 2e-3).count();
-        assert_eq!(bad, 0, "K cache after rope_store differs in {bad} values (hd {hd})");
+        let bad = kc
+            .iter()
+            .zip(&kc_got)
+            .filter(|(a, b)| (a.to_f32() - b.to_f32()).abs() > 2e-3)
+            .count();
+        assert_eq!(
+            bad, 0,
+            "K cache after rope_store differs in {bad} values (hd {hd})"
+        );
         let mut want = vec![0f64; n * hidden];
         let group = n_heads / n_kv_heads;
         for (i, &(s, p)) in toks.iter().enumerate() {
@@ -369,7 +474,11 @@ fn rope_store_and_paged_attention() {
                 let scores: Vec<f64> = (0..=p)
                     .map(|j| {
                         let k = &kc[slot(s, j) * kv_dim + kvh * hd..][..hd];
-                        q.iter().zip(k).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>() / (hd as f64).sqrt()
+                        q.iter()
+                            .zip(k)
+                            .map(|(&a, b)| a as f64 * b.to_f64())
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
                     })
                     .collect();
                 let m = scores.iter().cloned().fold(f64::MIN, f64::max);
@@ -384,7 +493,10 @@ fn rope_store_and_paged_attention() {
         }
         for (name, buf) in [("lanes over keys", &out), ("wide", &out_wide)] {
             let err = rel_err(&download(&g, buf.ptr(), n * hidden), &want);
-            assert!(err < 1e-3, "{name}: heads {n_heads}/{n_kv_heads} hd {hd}: rel err {err:e}");
+            assert!(
+                err < 1e-3,
+                "{name}: heads {n_heads}/{n_kv_heads} hd {hd}: rel err {err:e}"
+            );
         }
     }
 }
