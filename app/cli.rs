@@ -46,6 +46,8 @@ pub enum Command {
     Quantize(crate::model_cmds::QuantizeArgs),
     /// Perplexity over a text (the bundled public-domain one by default), llama.cpp's way.
     Perplexity(crate::model_cmds::PerplexityArgs),
+    /// OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /metrics).
+    Serve(crate::serve::ServeArgs),
 }
 
 /// Where the model comes from and how many threads run it.
@@ -174,6 +176,7 @@ pub fn main() -> ExitCode {
         Some(Command::Bench(args)) => crate::bench::run(&args),
         Some(Command::Quantize(args)) => crate::model_cmds::run_quantize(&args),
         Some(Command::Perplexity(args)) => crate::model_cmds::run_perplexity(&args),
+        Some(Command::Serve(args)) => crate::serve::run(&args),
         None => crate::ui::run(crate::ui::AppOptions {
             model: cli.model,
             threads: cli.threads,

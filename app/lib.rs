@@ -8,6 +8,7 @@
 //! - [`model_cmds`]: `tpslab quantize` (re-quantize a GGUF, predicted size, progress bar) and
 //!   `tpslab perplexity`.
 //! - [`mem`]: process memory readings (RSS, peak RSS).
+//! - [`serve`]: `tpslab serve`, the OpenAI-compatible HTTP server and its Prometheus metrics.
 //! - [`ui`]: the eframe window: chat, tuning dashboard, load generator, sweep.
 
 pub mod bench;
@@ -16,3 +17,4 @@ pub mod mem;
 pub mod model_cmds;
 pub mod serve_bench;
 pub mod ui;
+pub mod serve;

@@ -1,0 +1,186 @@
+//! The bridge from the engine's per-request std channel to async handlers: a blocking-pool task
+//! forwards each event to a tokio channel (and records the server's metrics), and a guard
+//! cancels the request in the engine when its handler or response stream is dropped, which is
+//! what happens when the client disconnects.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tpslab_engine::engine::{EngineHandle, Event, Request, Usage};
+use tpslab_engine::scheduler::RequestId;
+use tpslab_engine::stop::FinishReason;
+
+use super::metrics::ServerMetrics;
+use super::openai::{Meta, chunk, usage_chunk};
+
+/// Cancels its request in the engine on drop unless the request already ended.
+pub struct CancelGuard {
+    engine: EngineHandle,
+    id: RequestId,
+    done: bool,
+}
+
+impl CancelGuard {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    pub fn done(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.cancel(self.id);
+        }
+    }
+}
+
+/// A submitted request: its events, in order, and the guard that cancels it if dropped.
+pub struct Submitted {
+    pub events: UnboundedReceiver<Event>,
+    pub guard: CancelGuard,
+}
+
+/// Submits a request; its events arrive on the returned receiver. Never blocks the caller: the
+/// blocking `recv` runs on tokio's blocking pool and ends with the request's last event.
+pub fn submit(engine: &EngineHandle, req: Request, metrics: Arc<ServerMetrics>) -> Submitted {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sent = Instant::now();
+    let prompt_len = req.prompt.len();
+    let id = engine.submit(req, tx);
+    let (atx, arx) = unbounded_channel();
+    tokio::task::spawn_blocking(move || {
+        let mut timer = metrics.start(sent, prompt_len);
+        while let Ok(ev) = rx.recv() {
+            let last = matches!(ev, Event::Finished { .. } | Event::Refused { .. });
+            timer.observe(&ev);
+            // A closed receiver (client gone) is not a reason to stop: the cancel is on its way
+            // and the `Finished` that follows keeps the counters whole.
+            let _ = atx.send(ev);
+            if last {
+                break;
+            }
+        }
+    });
+    Submitted {
+        events: arx,
+        guard: CancelGuard {
+            engine: engine.clone(),
+            id,
+            done: false,
+        },
+    }
+}
+
+/// The SSE body of a streamed response: `data: {chunk}` per piece of text, the final chunk with
+/// its `finish_reason`, the usage chunk if asked for, then `data: [DONE]`. Dropping it (the
+/// client went away) cancels the request.
+pub struct SseStream {
+    events: UnboundedReceiver<Event>,
+    guard: CancelGuard,
+    meta: Meta,
+    include_usage: bool,
+    first: bool,
+    pending: VecDeque<Bytes>,
+    ended: bool,
+}
+
+fn frame(v: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl SseStream {
+    pub fn new(sub: Submitted, meta: Meta, include_usage: bool) -> Self {
+        Self {
+            events: sub.events,
+            guard: sub.guard,
+            meta,
+            include_usage,
+            first: true,
+            pending: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    fn text(&mut self, text: &str, finish: Option<FinishReason>) {
+        let c = chunk(&self.meta, self.first, text, finish, self.include_usage);
+        self.first = false;
+        self.pending.push_back(frame(&c));
+    }
+
+    fn finish(&mut self, reason: FinishReason, usage: &Usage, tail: &str) {
+        if !tail.is_empty() {
+            self.text(tail, None);
+        }
+        self.text("", Some(reason));
+        if self.include_usage {
+            self.pending
+                .push_back(frame(&usage_chunk(&self.meta, usage)));
+        }
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.ended = true;
+        self.guard.done();
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Started { .. } => {}
+            Event::Token { text, .. } => {
+                if !text.is_empty() || self.first {
+                    self.text(&text, None);
+                }
+            }
+            Event::Finished {
+                reason,
+                usage,
+                text,
+                ..
+            } => self.finish(reason, &usage, &text),
+            Event::Refused { reason, .. } => {
+                let err = super::errors::ApiError::refused(&reason);
+                self.pending.push_back(frame(&err.body()));
+                self.pending
+                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                self.ended = true;
+                self.guard.done();
+            }
+        }
+    }
+}
+
+impl futures_core::Stream for SseStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(b) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(b)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.events.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => this.on_event(ev),
+                Poll::Ready(None) => {
+                    // The engine went away without a last event.
+                    let err = super::errors::ApiError::refused("the engine has stopped");
+                    this.pending.push_back(frame(&err.body()));
+                    this.ended = true;
+                    this.guard.done();
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with their
+//! HTTP status, and the JSON body parser that tells malformed JSON (400) from wrong types (422).
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// Seconds a client is told to wait after a 429.
+pub const RETRY_AFTER_S: u64 = 1;
+
+/// One failed request: rendered once, at the edge, as OpenAI's error object.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// A request parameter out of range or not supported (400, naming the parameter).
+    pub fn bad_param(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.into()),
+            ..Self::bad_request(message)
+        }
+    }
+
+    pub fn context_exceeded(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("context_length_exceeded"),
+            ..Self::bad_param("messages", message)
+        }
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("The model `{model}` does not exist."),
+            )
+        }
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no route for {path}"),
+        )
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or wrong API key: send `Authorization: Bearer <key>`",
+            )
+        }
+    }
+
+    /// The engine's queue is past its limit: 429 with `Retry-After`.
+    pub fn busy(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// An engine refusal, by its reason: queue full is 429, a stopped engine 503, the rest 400.
+    pub fn refused(reason: &str) -> Self {
+        if reason.starts_with("server busy") {
+            Self::busy(reason)
+        } else if reason.contains("engine has stopped") || reason.starts_with("engine error") {
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", reason)
+        } else if reason.contains("context") || reason.contains("KV blocks") {
+            Self::context_exceeded(reason)
+        } else {
+            Self::bad_request(reason)
+        }
+    }
+
+    /// The error object alone (also sent as an SSE event when a stream fails midway).
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = json_response(self.status, &self.body());
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+        }
+        resp
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(r: BytesRejection) -> Self {
+        let status = r.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is larger than the server's limit".to_string()
+        } else {
+            r.body_text()
+        };
+        Self::new(status, "invalid_request_error", message)
+    }
+}
+
+/// A JSON response (axum's `Json` needs its `json` feature, which pulls more than we use).
+pub fn json_response(status: StatusCode, v: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+/// Parses a request body: bytes that are not JSON are a 400, JSON whose fields have the wrong
+/// type (or miss a required one) a 422 naming the field.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
+}
+
+/// Reads a typed view of an already parsed body (unknown fields are ignored, as OpenAI's API does).
+pub fn typed<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let (param, message) = if path == "." || path.is_empty() {
+            (None, inner.to_string())
+        } else {
+            (Some(path.clone()), format!("{path}: {inner}"))
+        };
+        ApiError::from_parts(StatusCode::UNPROCESSABLE_ENTITY, param, message)
+    })
+}
+
+impl ApiError {
+    fn from_parts(status: StatusCode, param: Option<String>, message: String) -> Self {
+        Self {
+            param,
+            ..Self::new(status, "invalid_request_error", message)
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! `tpslab serve` over real HTTP on loopback, with the real default model: chat and completions,
+//! whole and streamed, usage, stop strings, cancellation on disconnect, every error status, 429
+//! under a burst, the API key and the Prometheus metrics. The client is a plain HTTP/1.1 one over
+//! `TcpStream`, so what is tested is the bytes on the wire.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tpslab::serve::{self, RunningServer, ServerState};
+use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
+use tpslab_engine::generate::LoadedModel;
+
+/// Small enough to test the 413 cheaply, large enough for the too-long prompt.
+const BODY_LIMIT: usize = 256 << 10;
+
+fn model() -> Arc<LoadedModel> {
+    static LM: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    Arc::clone(LM.get_or_init(|| {
+        let path = tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}"))
+            .expect("default model");
+        Arc::new(LoadedModel::load(&path).expect("load model"))
+    }))
+}
+
+/// An engine of its own (so tests that count or fill the queue see only their own requests).
+fn engine(max_num_seqs: usize, max_waiting: Option<usize>) -> EngineHandle {
+    let mut knobs = Knobs::default();
+    knobs.kv.budget_bytes = 64 << 20;
+    knobs.scheduler.max_num_seqs = max_num_seqs;
+    knobs.scheduler.max_waiting = max_waiting;
+    let config = EngineConfig {
+        threads: 2,
+        knobs,
+        device: DeviceChoice::Cpu,
+        gpu_kv_fraction: 0.0,
+    };
+    EngineHandle::start(model(), config, None).expect("engine")
+}
+
+fn start(engine: EngineHandle, api_key: Option<&str>) -> RunningServer {
+    let state = ServerState::new(engine, model(), api_key.map(String::from));
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    serve::spawn(Arc::new(state), addr, BODY_LIMIT).expect("server")
+}
+
+/// One server shared by the tests that neither count nor cancel.
+fn shared() -> SocketAddr {
+    static S: OnceLock<RunningServer> = OnceLock::new();
+    S.get_or_init(|| start(engine(8, None), None)).addr
+}
+
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of an SSE body, in order.
+    fn events(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.body)
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: ").map(String::from))
+            .collect()
+    }
+
+    /// The error object, checked for OpenAI's shape.
+    fn error(&self) -> Value {
+        let v = self.json();
+        let e = v["error"].clone();
+        assert!(e["message"].is_string(), "no error message: {v}");
+        assert!(e["type"].is_string(), "no error type: {v}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+        e
+    }
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    s
+}
+
+fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("connection"))
+    {
+        req.push_str("Connection: close\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    // A server that answers early (413) may close before it read everything: keep its answer.
+    let _ = s.write_all(&bytes);
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&b[..i]).expect("chunk size");
+        let n = usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16)
+            .expect("hex size");
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + n]);
+        b = &b[i + 2 + n + 2..];
+    }
+    out
+}
+
+fn parse(raw: &[u8]) -> Resp {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let rest = &raw[end + 4..];
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
+    let mut s = connect(addr);
+    send(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
+    request(addr, "POST", path, &[], body.to_string().as_bytes())
+}
+
+fn chat_body(extra: Value) -> Value {
+    let mut b = json!({
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 12,
+    });
+    for (k, v) in extra.as_object().expect("object") {
+        b[k] = v.clone();
+    }
+    b
+}
+
+#[test]
+fn chat_whole_and_streamed_agree_with_usage() {
+    let addr = shared();
+    let whole = post(addr, "/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(
+        whole.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&whole.body)
+    );
+    let v = whole.json();
+    assert_eq!(v["object"], "chat.completion");
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(text.contains("Paris"), "{text}");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let prompt = model()
+        .chat_prompt(&[tpslab_engine::chat::ChatMessage::user(
+            "What is the capital of France?",
+        )])
+        .expect("prompt");
+    let u = &v["usage"];
+    assert_eq!(u["prompt_tokens"], prompt.len());
+    let done = u["completion_tokens"].as_u64().expect("completion_tokens");
+    assert!((1..=12).contains(&done), "{u}");
+    assert_eq!(u["total_tokens"].as_u64(), Some(prompt.len() as u64 + done));
+
+    let body = chat_body(json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let streamed = post(addr, "/v1/chat/completions", &body);
+    assert_eq!(streamed.status, 200);
+    assert_eq!(streamed.header("content-type"), Some("text/event-stream"));
+    let events = streamed.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut joined = String::new();
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            joined.push_str(t);
+        }
+    }
+    assert_eq!(joined, text, "greedy: streamed text = whole text");
+    let last_choice = &chunks[chunks.len() - 2]["choices"][0];
+    assert_eq!(
+        last_choice["finish_reason"],
+        v["choices"][0]["finish_reason"]
+    );
+    let usage = chunks.last().expect("usage chunk");
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], *u, "streamed usage = whole usage");
+}
+
+#[test]
+fn completion_usage_counts_tokens_and_length_finish() {
+    let addr = shared();
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 7, "temperature": 0,
+                      "ignore_eos": true, "model": serve_model_id()});
+    let r = post(addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    let prompt = model()
+        .raw_prompt("The capital of France is")
+        .expect("prompt");
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    // Streamed: one chunk per token that made text, the usage chunk counts all seven.
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    sb["stream_options"] = json!({"include_usage": true});
+    let s = post(addr, "/v1/completions", &sb);
+    let ev = s.events();
+    let usage: Value = serde_json::from_str(&ev[ev.len() - 2]).expect("usage chunk");
+    assert_eq!(usage["usage"]["completion_tokens"], 7);
+    let text: String = ev[..ev.len() - 2]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).expect("chunk"))
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(String::from))
+        .collect();
+    assert_eq!(text, v["choices"][0]["text"].as_str().expect("text"));
+}
+
+fn serve_model_id() -> String {
+    model()
+        .path
+        .file_stem()
+        .expect("stem")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn stop_strings_cut_the_output() {
+    let addr = shared();
+    let base = json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+    let free = post(addr, "/v1/completions", &base).json();
+    let text = free["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    // Stop at the second word of the greedy output.
+    let word = text
+        .split_whitespace()
+        .nth(1)
+        .expect("two words")
+        .to_string();
+    let cut = &text[..text.find(&word).expect("word")];
+    for stop in [json!(word), json!(["zzzz", word])] {
+        let mut b = base.clone();
+        b["stop"] = stop;
+        let v = post(addr, "/v1/completions", &b).json();
+        assert_eq!(v["choices"][0]["text"], cut, "{text:?} stopped at {word:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+fn wait_idle(engine: &EngineHandle, aborted: u64) {
+    let t0 = Instant::now();
+    loop {
+        let s = engine.stats();
+        if s.kv_used_blocks == 0 && s.running == 0 && s.live.counters.requests_aborted >= aborted {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "not cancelled: {} KV blocks used, {} running, {} aborted",
+            s.kv_used_blocks,
+            s.running,
+            s.live.counters.requests_aborted
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// As real clients send it: the server must notice the hang-up mid-request all the same.
+const KEEP_ALIVE: &[(&str, &str)] = &[("Connection", "keep-alive")];
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request() {
+    let eng = engine(4, None);
+    let server = start(eng.clone(), None);
+    // Long enough that it would run for many seconds if not cancelled.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true,
+                      "temperature": 0, "stream": true});
+    let mut s = connect(server.addr);
+    send(
+        &mut s,
+        "POST",
+        "/v1/completions",
+        KEEP_ALIVE,
+        body.to_string().as_bytes(),
+    );
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(6).filter(|w| w == b"data: ").count() < 3 {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    wait_idle(&eng, 1);
+
+    // The same for a whole (non-streamed) response: the handler is dropped with the connection.
+    let mut body = body;
+    body["stream"] = json!(false);
+    let before = eng.stats().live.counters.generation_tokens_total;
+    let mut s = connect(server.addr);
+    send(
+        &mut s,
+        "POST",
+        "/v1/completions",
+        KEEP_ALIVE,
+        body.to_string().as_bytes(),
+    );
+    let t0 = Instant::now();
+    while eng.stats().live.counters.generation_tokens_total < before + 3 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(s);
+    wait_idle(&eng, 2);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_with_their_status() {
+    let addr = shared();
+    let chat = "/v1/chat/completions";
+    let r = request(addr, "POST", chat, &[], b"{\"messages\": [");
+    assert_eq!(r.status, 400);
+    assert!(
+        r.error()["message"]
+            .as_str()
+            .expect("msg")
+            .contains("not valid JSON")
+    );
+
+    let r = post(addr, chat, &json!({"messages": "hello"}));
+    assert_eq!(r.status, 422);
+    assert_eq!(r.error()["param"], "messages");
+    let r = post(addr, chat, &chat_body(json!({"temperature": "hot"})));
+    assert_eq!(r.status, 422);
+    assert_eq!(r.error()["param"], "temperature");
+    let r = post(addr, chat, &json!({"temperature": 0}));
+    assert_eq!(r.status, 422, "missing messages");
+
+    let r = post(addr, chat, &chat_body(json!({"temperature": -1})));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error()["param"], "temperature");
+    let r = post(addr, chat, &chat_body(json!({"n": 2})));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error()["param"], "n");
+
+    let r = post(addr, chat, &chat_body(json!({"model": "gpt-17"})));
+    assert_eq!(r.status, 404);
+    let e = r.error();
+    assert_eq!(e["code"], "model_not_found");
+    assert!(e["message"].as_str().expect("msg").contains("gpt-17"));
+
+    let ctx = model().model.cfg.context_len;
+    let long = "hello ".repeat(ctx + 16);
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": long, "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 400);
+    let e = r.error();
+    assert_eq!(e["code"], "context_length_exceeded");
+    assert!(
+        e["message"]
+            .as_str()
+            .expect("msg")
+            .contains(&ctx.to_string())
+    );
+
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(BODY_LIMIT + 1));
+    let r = request(addr, "POST", "/v1/completions", &[], big.as_bytes());
+    assert_eq!(r.status, 413);
+    r.error();
+
+    let r = request(addr, "GET", "/v1/nothing", &[], b"");
+    assert_eq!(r.status, 404);
+    r.error();
+    // The server is still there.
+    assert_eq!(request(addr, "GET", "/v1/models", &[], b"").status, 200);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let server = start(engine(2, None), Some("sesame"));
+    let models = |h: &[(&str, &str)]| request(server.addr, "GET", "/v1/models", h, b"");
+    let r = models(&[]);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.error()["code"], "invalid_api_key");
+    assert_eq!(models(&[("Authorization", "Bearer nope")]).status, 401);
+    let ok = models(&[("Authorization", "Bearer sesame")]);
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json()["data"][0]["id"], serve_model_id());
+}
+
+#[test]
+fn a_burst_past_the_queue_limit_gets_429_then_the_server_answers() {
+    let server = start(engine(1, Some(1)), None);
+    let addr = server.addr;
+    let body = json!({"prompt": "Hello", "max_tokens": 16, "ignore_eos": true, "temperature": 0});
+    let replies: Vec<Resp> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| sc.spawn(|| post(addr, "/v1/completions", &body)))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    let busy: Vec<&Resp> = replies.iter().filter(|r| r.status == 429).collect();
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    assert!(
+        !busy.is_empty(),
+        "no 429 in {:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert!(ok >= 1);
+    assert_eq!(ok + busy.len(), 8);
+    for r in busy {
+        assert!(r.header("retry-after").is_some());
+        assert_eq!(r.error()["code"], "rate_limit_exceeded");
+    }
+    assert_eq!(post(addr, "/v1/completions", &body).status, 200);
+}
+
+/// `name{labels} value` lines: each value parses, and the named one is returned (summed over labels).
+fn metric(text: &str, name: &str) -> f64 {
+    let mut sum = 0.0;
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (key, value) = line.rsplit_once(' ').expect("name value");
+        let v: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line}"));
+        let n = key.split('{').next().expect("name");
+        if n == name {
+            sum += v;
+        }
+    }
+    sum
+}
+
+#[test]
+fn metrics_count_the_requests_made() {
+    let server = start(engine(2, None), None);
+    let mut generated = 0;
+    let mut prompt = 0;
+    for max in [3, 5] {
+        let body = json!({"prompt": "One two three", "max_tokens": max, "ignore_eos": true, "temperature": 0});
+        let v = post(server.addr, "/v1/completions", &body).json();
+        generated += v["usage"]["completion_tokens"].as_u64().expect("usage");
+        prompt += v["usage"]["prompt_tokens"].as_u64().expect("usage");
+    }
+    let r = request(server.addr, "GET", "/metrics", &[], b"");
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body).expect("utf8");
+    assert_eq!(
+        metric(&text, "tpslab:generation_tokens_total"),
+        generated as f64
+    );
+    assert_eq!(metric(&text, "tpslab:prompt_tokens_total"), prompt as f64);
+    assert_eq!(metric(&text, "tpslab:request_success_total"), 2.0);
+    assert_eq!(
+        metric(&text, "tpslab:time_to_first_token_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(&text, "tpslab:e2e_request_latency_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(&text, "tpslab:inter_token_latency_seconds_count"),
+        (generated - 2) as f64
+    );
+    assert_eq!(metric(&text, "tpslab:num_requests_running"), 0.0);
+    assert!(text.contains("tpslab:kv_cache_usage_perc{"));
+}
