@@ -541,6 +541,20 @@ fn metrics_count_the_requests_made() {
         metric(&text, "tpslab:inter_token_latency_seconds_count"),
         (generated - 2) as f64
     );
-    assert_eq!(metric(&text, "tpslab:num_requests_running"), 0.0);
     assert!(text.contains("tpslab:kv_cache_usage_perc{"));
+    // The gauges come from the engine's snapshot, published just after the last event went out.
+    let t0 = Instant::now();
+    loop {
+        let r = request(server.addr, "GET", "/metrics", &[], b"");
+        let text = String::from_utf8(r.body).expect("utf8");
+        if metric(&text, "tpslab:num_requests_running") == 0.0 {
+            assert_eq!(metric(&text, "tpslab:kv_cache_usage_perc"), 0.0);
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "still running: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
