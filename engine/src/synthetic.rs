@@ -593,16 +593,7 @@ mod tests {
     /// Every precision's bytes decode to finite values centred on 0 with a spread near 0.02.
     #[test]
     fn blocks_decode_to_small_centred_values() {
-        for ty in [
-            WType::F32,
-            WType::F16,
-            WType::BF16,
-            WType::Q8_0,
-            WType::Q4_0,
-            WType::Q4_1,
-            WType::Q4K,
-            WType::Q6K,
-        ] {
+        for ty in WType::ALL {
             let k = 4096;
             let mut data = vec![0u8; 16 * ty.row_bytes(k)];
             fill_blocks(ty, &mut data, 7, 2);

@@ -16,16 +16,7 @@ use tpslab_engine::synthetic::{
 use tpslab_engine::weights::Weights;
 use tpslab_kernels::{ThreadPool, WType};
 
-const ALL: [WType; 8] = [
-    WType::F32,
-    WType::F16,
-    WType::BF16,
-    WType::Q8_0,
-    WType::Q4_0,
-    WType::Q4_1,
-    WType::Q4K,
-    WType::Q6K,
-];
+const ALL: [WType; 8] = WType::ALL;
 
 /// Every byte of a weight set, in a fixed order.
 fn bytes(w: &Weights) -> Vec<&[u8]> {
