@@ -15,6 +15,6 @@ pub mod bench;
 pub mod cli;
 pub mod mem;
 pub mod model_cmds;
+pub mod serve;
 pub mod serve_bench;
 pub mod ui;
-pub mod serve;
