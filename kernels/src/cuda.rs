@@ -220,8 +220,8 @@ struct Kernels {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    _workspace: CudaSlice<u8>,
+    blas: Option<CudaBlas>,
+    _workspace: Option<CudaSlice<u8>>,
     k: Kernels,
     name: String,
     ordinal: usize,
@@ -247,30 +247,7 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         // A stream of our own (the legacy default stream cannot be captured into a graph).
         let stream = ctx.new_stream()?;
-        // SAFETY: as for the driver; cuBLAS is looked up at run time.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(CudaError(
-                "cuBLAS (libcublas.so.13) not found: add the CUDA libraries to LD_LIBRARY_PATH"
-                    .into(),
-            ));
-        }
-        let blas = CudaBlas::new(stream.clone())?;
-        // A fixed cuBLAS workspace, so GEMMs captured into a graph allocate nothing.
-        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
-        {
-            let (ws, _guard) = workspace.device_ptr(&stream);
-            // SAFETY: the workspace lives as long as the handle (both owned by `Gpu`).
-            let st = unsafe {
-                cudarc::cublas::sys::cublasSetWorkspace_v2(
-                    *blas.handle(),
-                    ws as *mut _,
-                    CUBLAS_WORKSPACE,
-                )
-            };
-            if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(CudaError(format!("cuBLAS workspace: {st:?}")));
-            }
-        }
+        let (blas, workspace) = Self::open_blas(&stream)?;
         let ew = ctx.load_module(Ptx::from_src(PTX_ELEMENTWISE))?;
         let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
         let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
@@ -319,8 +296,40 @@ impl Gpu {
         })
     }
 
+    /// cuBLAS and its fixed workspace (so GEMMs captured into a graph allocate nothing), or
+    /// `None` when the library is not installed: then batches of any size take the
+    /// matrix-vector kernels (slower past 8 rows) and running needs only the driver.
+    fn open_blas(stream: &Arc<CudaStream>) -> Result<(Option<CudaBlas>, Option<CudaSlice<u8>>)> {
+        // SAFETY: only tries to open the library (cudarc panics on first use without it).
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Ok((None, None));
+        }
+        let blas = CudaBlas::new(stream.clone())?;
+        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
+        {
+            let (ws, _guard) = workspace.device_ptr(stream);
+            // SAFETY: the workspace lives as long as the handle (both owned by `Gpu`).
+            let st = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ws as *mut _,
+                    CUBLAS_WORKSPACE,
+                )
+            };
+            if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError(format!("cuBLAS workspace: {st:?}")));
+            }
+        }
+        Ok((Some(blas), Some(workspace)))
+    }
+
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether cuBLAS was found (the tensor-core path for batches past 8 rows).
+    pub fn has_cublas(&self) -> bool {
+        self.blas.is_some()
     }
 
     pub fn ordinal(&self) -> usize {
@@ -655,7 +664,7 @@ impl Gpu {
     ) -> Result<()> {
         let dense = matches!(w.ty, WType::F16 | WType::BF16);
         let small = m <= MMV_MAX_ROWS || (!dense && m <= MMV_QUANT_ROWS) || w.ty == WType::F32;
-        if small {
+        if small || self.blas.is_none() {
             return self.matvec(w, x, m, y);
         }
         self.gemm_f16(w, x, m, y, scratch)
@@ -709,6 +718,9 @@ impl Gpu {
         y: u64,
         scratch: &mut GemmScratch,
     ) -> Result<()> {
+        let Some(blas) = &self.blas else {
+            return self.matvec(w, x, m, y);
+        };
         let (n, k) = (w.n, w.k);
         let xh = self.ensure(&mut scratch.x, m * k * 2)?;
         self.run(
@@ -742,7 +754,7 @@ impl Gpu {
         // SAFETY: the pointers address buffers of the stated shapes.
         unsafe {
             cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
+                *blas.handle(),
                 cublasOperation_t::CUBLAS_OP_T,
                 cublasOperation_t::CUBLAS_OP_N,
                 n as i32,

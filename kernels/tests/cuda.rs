@@ -330,6 +330,7 @@ fn topk_matches_a_sort() {
 
 /// Reference RoPE (as the engine's CPU ops do it) and attention in f64.
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario: inputs, both kernels, then the f64 reference
 fn rope_store_and_paged_attention() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
