@@ -342,11 +342,19 @@ impl CudaBackend {
             } else if self.graph_seen.contains(&n) {
                 self.gpu.begin_capture()?;
                 let launched = self.launch(n, r, ints);
-                let graph = self.gpu.end_capture();
-                launched?;
-                let graph = graph?;
-                self.gpu.launch_graph(&graph)?;
-                self.graphs.insert(n, (sig, graph));
+                match (launched, self.gpu.end_capture()) {
+                    (Ok(()), Ok(graph)) => {
+                        self.gpu.launch_graph(&graph)?;
+                        self.graphs.insert(n, (sig, graph));
+                    }
+                    // A driver or library that cannot capture: run without graphs from now on
+                    // (the capture queued nothing, so this step runs as usual).
+                    _ => {
+                        self.use_graphs = false;
+                        self.graphs.clear();
+                        self.launch(n, r, ints)?;
+                    }
+                }
             } else {
                 self.launch(n, r, ints)?;
                 self.graph_seen.insert(n);
