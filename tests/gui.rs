@@ -20,10 +20,29 @@ fn harness(state: AppState) -> Harness<'static, TpsApp> {
 }
 
 fn harness_on(state: AppState, device: DeviceChoice) -> Harness<'static, TpsApp> {
+    harness_with(state, "default", device, [1400.0, 1000.0])
+}
+
+/// The window drawing saved messages only: a missing model file fails fast in the status bar.
+fn harness_without_model(state: AppState) -> Harness<'static, TpsApp> {
+    harness_with(
+        state,
+        "/nonexistent/tpslab-gui-test.gguf",
+        DeviceChoice::Cpu,
+        [1000.0, 800.0],
+    )
+}
+
+fn harness_with(
+    state: AppState,
+    model: &str,
+    device: DeviceChoice,
+    size: [f32; 2],
+) -> Harness<'static, TpsApp> {
     let mut app = TpsApp::new(
         state,
         AppOptions {
-            model: "default".into(),
+            model: model.into(),
             threads: 1,
             device: Some(device),
         },
@@ -31,7 +50,7 @@ fn harness_on(state: AppState, device: DeviceChoice) -> Harness<'static, TpsApp>
     // Never a real file dialog in a test (it could block on zenity); tests set their answer.
     app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
     Harness::builder()
-        .with_size([1400.0, 1000.0])
+        .with_size(size)
         // The model may answer with characters (emoji) the bundled fonts lack.
         .allow_missing_glyphs()
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
@@ -263,19 +282,7 @@ fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
             stats: None,
         },
     ];
-    // No model needed to draw saved messages: a missing file fails fast in the status bar.
-    let mut app = TpsApp::new(
-        state,
-        AppOptions {
-            model: "/nonexistent/tpslab-gui-test.gguf".into(),
-            threads: 1,
-            device: Some(DeviceChoice::Cpu),
-        },
-    );
-    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
-    let mut h = Harness::builder()
-        .with_size([1000.0, 800.0])
-        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
+    let mut h = harness_without_model(state);
     h.run_steps(2);
     // The code is shown as it is (monospace, in its frame), the markers are gone.
     assert!(h.query_by_label(code).is_some(), "the code block's text");
@@ -318,18 +325,7 @@ fn a_long_conversation_lays_out_only_what_is_on_screen() {
             stats: None,
         });
     }
-    let mut app = TpsApp::new(
-        state,
-        AppOptions {
-            model: "/nonexistent/tpslab-gui-test.gguf".into(),
-            threads: 1,
-            device: Some(DeviceChoice::Cpu),
-        },
-    );
-    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
-    let mut h = Harness::builder()
-        .with_size([1000.0, 800.0])
-        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
+    let mut h = harness_without_model(state);
     h.run_steps(4);
     // Scrolled to the end: the last answer is drawn, the first ones only take their space.
     assert!(has(&h, "answer number 39."), "the last answer is on screen");

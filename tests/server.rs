@@ -340,14 +340,9 @@ fn wait_idle(engine: &EngineHandle, aborted: u64) {
 /// As real clients send it: the server must notice the hang-up mid-request all the same.
 const KEEP_ALIVE: &[(&str, &str)] = &[("Connection", "keep-alive")];
 
-#[test]
-fn a_client_that_disconnects_cancels_its_request() {
-    let eng = engine(4, None);
-    let server = start(eng.clone(), None);
-    // Long enough that it would run for many seconds if not cancelled.
-    let body = json!({"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true,
-                      "temperature": 0, "stream": true});
-    let mut s = connect(server.addr);
+/// A kept-alive connection with a completion request sent on it (the response is left unread).
+fn open_completion(addr: SocketAddr, body: &Value) -> TcpStream {
+    let mut s = connect(addr);
     send(
         &mut s,
         "POST",
@@ -355,6 +350,17 @@ fn a_client_that_disconnects_cancels_its_request() {
         KEEP_ALIVE,
         body.to_string().as_bytes(),
     );
+    s
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request() {
+    let eng = engine(4, None);
+    let server = start(eng.clone(), None);
+    // Long enough that it would run for many seconds if not cancelled.
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true,
+                      "temperature": 0, "stream": true});
+    let mut s = open_completion(server.addr, &body);
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while seen.windows(6).filter(|w| w == b"data: ").count() < 3 {
@@ -369,14 +375,7 @@ fn a_client_that_disconnects_cancels_its_request() {
     let mut body = body;
     body["stream"] = json!(false);
     let before = eng.stats().live.counters.generation_tokens_total;
-    let mut s = connect(server.addr);
-    send(
-        &mut s,
-        "POST",
-        "/v1/completions",
-        KEEP_ALIVE,
-        body.to_string().as_bytes(),
-    );
+    let mut s = open_completion(server.addr, &body);
     let t0 = Instant::now();
     while eng.stats().live.counters.generation_tokens_total < before + 3 {
         assert!(t0.elapsed() < Duration::from_secs(30), "never started");
