@@ -375,7 +375,7 @@ fn a_client_that_disconnects_cancels_its_request() {
     let mut body = body;
     body["stream"] = json!(false);
     let before = eng.stats().live.counters.generation_tokens_total;
-    let mut s = open_completion(server.addr, &body);
+    let s = open_completion(server.addr, &body);
     let t0 = Instant::now();
     while eng.stats().live.counters.generation_tokens_total < before + 3 {
         assert!(t0.elapsed() < Duration::from_secs(30), "never started");
@@ -489,8 +489,15 @@ fn a_burst_past_the_queue_limit_gets_429_then_the_server_answers() {
     assert_eq!(post(addr, "/v1/completions", &body).status, 200);
 }
 
-/// `name{labels} value` lines: each value parses, and the named one is returned (summed over labels).
+/// `name{labels} value` lines: each value parses, each sample belongs to a family declared by a
+/// `# TYPE` line (histograms by their `_bucket`/`_sum`/`_count` series), and the named one is
+/// returned (summed over labels).
 fn metric(text: &str, name: &str) -> f64 {
+    let declared: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split_once(' ').expect("# TYPE name kind"))
+        .collect();
     let mut sum = 0.0;
     for line in text
         .lines()
@@ -501,6 +508,15 @@ fn metric(text: &str, name: &str) -> f64 {
             .parse()
             .unwrap_or_else(|_| panic!("bad value in {line}"));
         let n = key.split('{').next().expect("name");
+        let family_ok = declared.iter().any(|&(f, kind)| match kind {
+            "histogram" => {
+                [f, "_bucket"].concat() == n
+                    || [f, "_sum"].concat() == n
+                    || [f, "_count"].concat() == n
+            }
+            _ => f == n,
+        });
+        assert!(family_ok, "sample {n} has no # TYPE line for its family");
         if n == name {
             sum += v;
         }
@@ -513,8 +529,10 @@ fn metrics_count_the_requests_made() {
     let server = start(engine(2, None), None);
     let mut generated = 0;
     let mut prompt = 0;
+    // The same long prompt twice: the second finds the first one's full KV blocks cached.
+    let text = "One two three four five six seven eight nine ten. ".repeat(8);
     for max in [3, 5] {
-        let body = json!({"prompt": "One two three", "max_tokens": max, "ignore_eos": true, "temperature": 0});
+        let body = json!({"prompt": text, "max_tokens": max, "ignore_eos": true, "temperature": 0});
         let v = post(server.addr, "/v1/completions", &body).json();
         generated += v["usage"]["completion_tokens"].as_u64().expect("usage");
         prompt += v["usage"]["prompt_tokens"].as_u64().expect("usage");
@@ -539,6 +557,20 @@ fn metrics_count_the_requests_made() {
     assert_eq!(
         metric(&text, "tpslab:inter_token_latency_seconds_count"),
         (generated - 2) as f64
+    );
+    assert_eq!(
+        metric(&text, "tpslab:request_queue_time_seconds_count"),
+        2.0
+    );
+    let queries = metric(&text, "tpslab:prefix_cache_queries_total");
+    let hits = metric(&text, "tpslab:prefix_cache_hits_total");
+    assert!(
+        queries >= prompt as f64,
+        "{queries} queries for {prompt} prompt tokens"
+    );
+    assert!(
+        hits > 0.0 && hits < prompt as f64 / 2.0 + 1.0,
+        "{hits} hits: the second prompt should hit the first one's blocks"
     );
     assert!(text.contains("tpslab:kv_cache_usage_perc{"));
     // The gauges come from the engine's snapshot, published just after the last event went out.

@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tpslab_engine::engine::RefusalKind;
 
 /// Seconds a client is told to wait after a 429.
 pub const RETRY_AFTER_S: u64 = 1;
@@ -93,16 +94,16 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    /// An engine refusal, by its reason: queue full is 429, a stopped engine 503, the rest 400.
-    pub fn refused(reason: &str) -> Self {
-        if reason.starts_with("server busy") {
-            Self::busy(reason)
-        } else if reason.contains("engine has stopped") || reason.starts_with("engine error") {
-            Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", reason)
-        } else if reason.contains("context") || reason.contains("KV blocks") {
-            Self::context_exceeded(reason)
-        } else {
-            Self::bad_request(reason)
+    /// An engine refusal, by its kind: queue full is 429, a stopped or failed engine 503, a
+    /// prompt that cannot fit 400 `context_length_exceeded`, the rest 400.
+    pub fn refused(reason: &str, kind: RefusalKind) -> Self {
+        match kind {
+            RefusalKind::Busy => Self::busy(reason),
+            RefusalKind::Unavailable => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", reason)
+            }
+            RefusalKind::TooLong => Self::context_exceeded(reason),
+            RefusalKind::Invalid => Self::bad_request(reason),
         }
     }
 

@@ -22,6 +22,13 @@ const E2E_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// Queue time (accepted -> first scheduled) is short on a local engine: finer low buckets than
+/// vLLM's request-latency set it borrows for `request_queue_time_seconds`.
+const QUEUE_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0,
+];
+
 /// A cumulative histogram of seconds, lock-free (sums kept in microseconds).
 struct Histogram {
     bounds: &'static [f64],
@@ -77,6 +84,7 @@ pub struct ServerMetrics {
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
+    queue: Histogram,
 }
 
 /// Times one request from submission to its last event.
@@ -101,7 +109,10 @@ impl RequestTimer<'_> {
                 }
                 self.last_token = Some(now);
             }
-            Event::Finished { reason, .. } => {
+            Event::Finished {
+                reason, queue_time, ..
+            } => {
+                m.queue.observe(queue_time.as_secs_f64());
                 let i = match reason {
                     FinishReason::Stop => 0,
                     FinishReason::Length => 1,
@@ -130,6 +141,7 @@ impl ServerMetrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            queue: Histogram::new(QUEUE_BUCKETS),
         }
     }
 
@@ -192,6 +204,16 @@ impl ServerMetrics {
                 load(&self.generation_tokens),
             ),
             (
+                "prefix_cache_queries",
+                "Prefix-cache queries, in tokens (since the KV pool was built).",
+                snap.prefix_cache_queries,
+            ),
+            (
+                "prefix_cache_hits",
+                "Prefix-cache hits, in tokens (since the KV pool was built).",
+                snap.prefix_cache_hits,
+            ),
+            (
                 "request_refused",
                 "Requests refused (queue full, bad input).",
                 load(&self.refused),
@@ -230,6 +252,12 @@ impl ServerMetrics {
             &mut out,
             "tpslab:e2e_request_latency_seconds",
             "Histogram of end to end request latency in seconds.",
+            &l,
+        );
+        self.queue.render(
+            &mut out,
+            "tpslab:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
             &l,
         );
         out

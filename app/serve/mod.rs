@@ -205,9 +205,9 @@ async fn complete(
     };
     match sub.events.recv().await {
         Some(Event::Started { .. }) => {}
-        Some(Event::Refused { reason, .. }) => {
+        Some(Event::Refused { reason, kind, .. }) => {
             sub.guard.done();
-            return Err(ApiError::refused(&reason));
+            return Err(ApiError::refused(&reason, kind));
         }
         Some(_) | None => {
             sub.guard.done();
@@ -251,9 +251,9 @@ async fn collect(sub: &mut bridge::Submitted) -> Result<(String, FinishReason, U
                 out.push_str(&text);
                 return Ok((out, reason, usage));
             }
-            Event::Refused { reason, .. } => {
+            Event::Refused { reason, kind, .. } => {
                 sub.guard.done();
-                return Err(ApiError::refused(&reason));
+                return Err(ApiError::refused(&reason, kind));
             }
         }
     }

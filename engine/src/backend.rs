@@ -101,6 +101,10 @@ pub trait Backend: Send {
     fn memory(&self) -> MemoryUse;
     /// Compute threads (CPU) or 0.
     fn threads(&self) -> usize;
+    /// Runs `lm`'s weights from now on (same architecture and shape; another precision). The
+    /// KV pool is kept as it is; the caller recomputes what it held. On an error the old
+    /// weights stay.
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String>;
 }
 
 /// The model on the CPU: the kernels crate's quantized matmuls and paged attention.
@@ -169,6 +173,14 @@ impl Backend for CpuBackend {
             device_used: None,
             device_total: None,
         }
+    }
+
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String> {
+        if lm.model.cfg != self.lm.model.cfg {
+            return Err("the new weights are of another model shape".into());
+        }
+        self.lm = Arc::clone(lm);
+        Ok(())
     }
 
     fn threads(&self) -> usize {

@@ -566,4 +566,18 @@ impl Backend for CudaBackend {
     fn threads(&self) -> usize {
         0
     }
+
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String> {
+        if lm.model.cfg != self.cfg {
+            return Err("the new weights are of another model shape".into());
+        }
+        // Both sets are on the device for a moment; without room for that the old one stays.
+        let w = DevWeights::upload(&self.gpu, &lm.model.weights)
+            .map_err(|e| format!("uploading the new weights to {}: {e}", self.gpu.name()))?;
+        self.w = w;
+        // The captured graphs point at the old weights.
+        self.graphs.clear();
+        self.graph_seen.clear();
+        Ok(())
+    }
 }

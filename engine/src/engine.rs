@@ -12,6 +12,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tpslab_kernels::WType;
+
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, DeviceChoice, MemoryUse, RowNeed, StepOutput};
@@ -21,8 +23,11 @@ use crate::kv::{Batch, KvCache};
 use crate::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, StepStats, process_rss_bytes,
 };
+use crate::requant::RequantReport;
 use crate::sampler::{Sampler, SamplingParams};
-use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::scheduler::{
+    RequestId, SchedError, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput,
+};
 use crate::stop::{FinishReason, StopChecker, StopCriteria};
 
 /// Settings that take a rebuild of the KV pool when they change.
@@ -86,9 +91,39 @@ pub enum Event {
         reason: FinishReason,
         usage: Usage,
         text: String,
+        /// Time from acceptance to the first step that scheduled the request (vLLM's queue
+        /// time); the whole wait for a request that ended before it was ever scheduled.
+        queue_time: Duration,
     },
-    /// The request was not accepted (queue full, prompt too long, bad parameters).
-    Refused { id: RequestId, reason: String },
+    /// The request was not accepted (queue full, prompt too long, bad parameters), or failed.
+    Refused {
+        id: RequestId,
+        reason: String,
+        kind: RefusalKind,
+    },
+}
+
+/// Why a request was refused, for callers that map it (the server: 429, 400, 503).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RefusalKind {
+    /// The waiting queue is at its limit (load shedding): try again later.
+    Busy,
+    /// The prompt (plus at least one output token) cannot fit the context or the KV pool.
+    TooLong,
+    /// Bad parameters or an empty prompt.
+    Invalid,
+    /// The engine has stopped or failed on the step that carried the request.
+    Unavailable,
+}
+
+impl RefusalKind {
+    fn of(e: &SchedError) -> Self {
+        match e {
+            SchedError::QueueFull { .. } => Self::Busy,
+            SchedError::TooLong { .. } => Self::TooLong,
+            _ => Self::Invalid,
+        }
+    }
 }
 
 impl Event {
@@ -110,6 +145,10 @@ enum Command {
     },
     Cancel(RequestId),
     SetKnobs(Knobs),
+    /// Re-quantize the weights to this type on a worker; the engine serves on meanwhile.
+    SetPrecision(WType),
+    /// The worker's result: the model at the new precision, swapped in between two steps.
+    PrecisionReady(Result<(LoadedModel, RequantReport), String>),
     ResetMetrics,
     Shutdown,
 }
@@ -176,6 +215,16 @@ pub struct EngineSnapshot {
     pub waiting: usize,
     pub kv_used_blocks: usize,
     pub kv_total_blocks: usize,
+    /// Weight precision of the model being served ("Q4_1"; the live knob changes it).
+    pub precision: String,
+    /// Set while the weights are being re-quantized to this type.
+    pub requantizing: Option<String>,
+    /// The last precision change: from, to, weight bytes before and after, seconds taken.
+    pub last_requant: Option<(String, String, usize, usize, f64)>,
+    /// Prefix-cache lookups and hits in tokens since the scheduler was built (vLLM's
+    /// `prefix_cache_queries` / `prefix_cache_hits`); a KV pool rebuild starts them again.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
     /// Set when a knob change could not be applied.
     pub last_error: Option<String>,
 }
@@ -189,7 +238,14 @@ impl EngineHandle {
     ) -> Result<Self, EngineError> {
         let (tx, rx) = mpsc::channel();
         let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
-        let mut state = EngineThread::new(model, &config, rx, Arc::clone(&snapshot), notify)?;
+        let mut state = EngineThread::new(
+            model,
+            &config,
+            rx,
+            tx.clone(),
+            Arc::clone(&snapshot),
+            notify,
+        )?;
         // The first snapshot (device, memory, pool) is there before `start` returns.
         state.publish();
         let thread = std::thread::Builder::new()
@@ -218,6 +274,7 @@ impl EngineHandle {
             let _ = events.send(Event::Refused {
                 id,
                 reason: "the engine has stopped".into(),
+                kind: RefusalKind::Unavailable,
             });
         }
         id
@@ -231,6 +288,15 @@ impl EngineHandle {
     /// Applies new knobs from the next step on (a KV change rebuilds the pool).
     pub fn set_knobs(&self, knobs: Knobs) {
         let _ = self.tx.send(Command::SetKnobs(knobs));
+    }
+
+    /// Switches the weight precision: the weights are re-quantized in memory on a worker (from
+    /// the model file when there is one) while requests keep running on the old ones; then the
+    /// new weights are swapped in between two steps and the requests in flight are recomputed on
+    /// them (nothing is lost). `stats().requantizing` is set meanwhile, `precision` after; a
+    /// failure lands in `stats().last_error` and the old weights stay.
+    pub fn set_precision(&self, ty: WType) {
+        let _ = self.tx.send(Command::SetPrecision(ty));
     }
 
     pub fn reset_metrics(&self) {
@@ -261,10 +327,18 @@ struct Live {
     stop: StopChecker,
     history: Vec<u32>,
     prompt_len: usize,
+    accepted: Instant,
+    /// Set by the first step that schedules the request.
+    queue_time: Option<Duration>,
 }
 
 struct EngineThread {
     lm: Arc<LoadedModel>,
+    /// For workers that report back (precision changes).
+    inbox: Sender<Command>,
+    requantizing: Option<WType>,
+    last_requant: Option<(String, String, usize, usize, f64)>,
+    threads: usize,
     backend: Box<dyn Backend>,
     device_note: Option<String>,
     rx: Receiver<Command>,
@@ -284,6 +358,15 @@ struct EngineThread {
     rss: Option<u64>,
 }
 
+/// Threads the CPU backend computes on for a setting of `threads` (0 = one per core).
+fn backend_threads(threads: usize) -> usize {
+    if threads > 0 {
+        threads
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
 fn kv_blocks(lm: &LoadedModel, kv: &KvSettings) -> Result<usize, EngineError> {
     let blocks = KvCache::blocks_for_budget(&lm.model.cfg, kv.block_size.max(1), kv.budget_bytes);
     if blocks == 0 {
@@ -300,6 +383,7 @@ impl EngineThread {
         lm: Arc<LoadedModel>,
         config: &EngineConfig,
         rx: Receiver<Command>,
+        inbox: Sender<Command>,
         snapshot: Arc<Mutex<EngineSnapshot>>,
         notify: Option<Notify>,
     ) -> Result<Self, EngineError> {
@@ -330,7 +414,11 @@ impl EngineThread {
         Ok(Self {
             backend,
             device_note: opened.note,
+            threads: backend_threads(config.threads),
             lm,
+            inbox,
+            requantizing: None,
+            last_requant: None,
             rx,
             snapshot,
             notify,
@@ -387,28 +475,98 @@ impl EngineThread {
             Command::Submit { id, req, events } => self.submit(id, req, events),
             Command::Cancel(id) => self.end(id, FinishReason::Abort),
             Command::SetKnobs(k) => self.set_knobs(k),
+            Command::SetPrecision(ty) => self.start_requant(ty),
+            Command::PrecisionReady(r) => self.finish_requant(r),
             Command::ResetMetrics => self.metrics.reset(),
             Command::Shutdown => return false,
         }
         true
     }
 
+    fn start_requant(&mut self, ty: WType) {
+        self.last_error = None;
+        if let Some(busy) = self.requantizing {
+            self.last_error = Some(format!(
+                "already re-quantizing to {}; try again when it is done",
+                crate::requant::type_name(busy)
+            ));
+            return;
+        }
+        if crate::requant::type_name(ty) == self.lm.precision {
+            return;
+        }
+        let (lm, inbox, threads) = (Arc::clone(&self.lm), self.inbox.clone(), self.threads);
+        let spawned = std::thread::Builder::new()
+            .name("tpslab-requant".into())
+            .spawn(move || {
+                let r = crate::requant::requantize(&lm, ty, threads);
+                let _ = inbox.send(Command::PrecisionReady(r));
+            });
+        match spawned {
+            Ok(_) => self.requantizing = Some(ty),
+            Err(e) => self.last_error = Some(format!("cannot start re-quantizing: {e}")),
+        }
+        self.publish();
+    }
+
+    fn finish_requant(&mut self, r: Result<(LoadedModel, RequantReport), String>) {
+        self.requantizing = None;
+        let (lm, report) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                self.last_error = Some(format!("precision unchanged: {e}"));
+                self.publish();
+                return;
+            }
+        };
+        let lm = Arc::new(lm);
+        if let Err(e) = self.backend.set_model(&lm) {
+            self.last_error = Some(format!("precision unchanged: {e}"));
+            self.publish();
+            return;
+        }
+        // The KV written by the old weights is stale: a fresh pool of the same size (and prefix
+        // cache); everything running is preempted and recomputed on the new weights.
+        let (blocks, bs) = (self.backend.num_blocks(), self.backend.block_size());
+        match self.sched.rebuild_pool(blocks, bs) {
+            Ok(dropped) => {
+                for id in dropped {
+                    self.end(id, FinishReason::Abort);
+                }
+            }
+            Err(e) => self.last_error = Some(e.to_string()),
+        }
+        self.lm = lm;
+        self.last_requant = Some((
+            report.from,
+            report.to,
+            report.weights_bytes_before,
+            report.weights_bytes_after,
+            report.seconds,
+        ));
+        crate::library::release_free_memory();
+        self.publish();
+    }
+
     fn submit(&mut self, id: RequestId, req: Request, events: Sender<Event>) {
         let ctx = self.lm.model.cfg.context_len;
-        let refuse = |reason: String| {
-            let _ = events.send(Event::Refused { id, reason });
+        let refuse = |reason: String, kind: RefusalKind| {
+            let _ = events.send(Event::Refused { id, reason, kind });
         };
         if req.prompt.is_empty() {
-            return refuse("the prompt is empty".into());
+            return refuse("the prompt is empty".into(), RefusalKind::Invalid);
         }
         if req.prompt.len() >= ctx {
-            return refuse(format!(
-                "the prompt has {} tokens; the model's context holds {ctx}",
-                req.prompt.len()
-            ));
+            return refuse(
+                format!(
+                    "the prompt has {} tokens; the model's context holds {ctx}",
+                    req.prompt.len()
+                ),
+                RefusalKind::TooLong,
+            );
         }
         if let Err(e) = req.sampling.validate() {
-            return refuse(e.to_string());
+            return refuse(e.to_string(), RefusalKind::Invalid);
         }
         let room = ctx - req.prompt.len();
         let max_tokens = req.stop.max_tokens.map_or(room, |m| m.clamp(1, room));
@@ -422,7 +580,7 @@ impl EngineThread {
         };
         if let Err(e) = self.sched.add_request(sr) {
             self.metrics.on_refused(self.now());
-            return refuse(e.to_string());
+            return refuse(e.to_string(), RefusalKind::of(&e));
         }
         let _ = events.send(Event::Started { id });
         self.metrics.on_arrival(id, self.now(), req.prompt.len());
@@ -435,6 +593,8 @@ impl EngineThread {
                 stop: StopChecker::new(stop),
                 prompt_len: req.prompt.len(),
                 history: req.prompt,
+                accepted: Instant::now(),
+                queue_time: None,
             },
         );
     }
@@ -453,6 +613,7 @@ impl EngineThread {
                 reason,
                 usage,
                 text: tail.text,
+                queue_time: l.queue_time.unwrap_or_else(|| l.accepted.elapsed()),
             });
             let kind = if reason == FinishReason::Abort {
                 FinishKind::Aborted
@@ -512,6 +673,12 @@ impl EngineThread {
             std::thread::sleep(Duration::from_millis(1));
             return;
         }
+        for s in &out.scheduled {
+            if let Some(l) = self.live.get_mut(&s.id) {
+                l.queue_time
+                    .get_or_insert_with(|| t0.saturating_duration_since(l.accepted));
+            }
+        }
         let batch = batch_from(&out);
         let needs: Vec<RowNeed> = out
             .scheduled
@@ -533,6 +700,7 @@ impl EngineThread {
                         let _ = l.events.send(Event::Refused {
                             id,
                             reason: format!("engine error: {e}"),
+                            kind: RefusalKind::Unavailable,
                         });
                     }
                     self.sched.finish(&[id], FinishReason::Abort);
@@ -616,6 +784,13 @@ impl EngineThread {
             waiting: st.waiting,
             kv_used_blocks: st.kv_used_blocks,
             kv_total_blocks: st.kv_total_blocks,
+            prefix_cache_queries: st.prefix_cache_queries,
+            prefix_cache_hits: st.prefix_cache_hits,
+            precision: self.lm.precision.clone(),
+            requantizing: self
+                .requantizing
+                .map(|t| crate::requant::type_name(t).to_string()),
+            last_requant: self.last_requant.clone(),
             live: self.metrics.snapshot(self.now()),
             knobs: self.knobs.clone(),
             threads: self.backend.threads(),

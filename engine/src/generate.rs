@@ -93,7 +93,7 @@ impl LoadedModel {
 }
 
 /// The type holding most matrix bytes: what a user calls the model's precision.
-fn dominant_type(file: &crate::gguf::GgufFile) -> String {
+pub(crate) fn dominant_type(file: &crate::gguf::GgufFile) -> String {
     let mut by_type: Vec<(crate::gguf::GgmlType, u64)> = Vec::new();
     for t in file.tensors.iter().filter(|t| t.dims.len() >= 2) {
         match by_type.iter_mut().find(|(ty, _)| *ty == t.ty) {
