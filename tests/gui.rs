@@ -203,6 +203,22 @@ fn dashboard_knobs_load_generator_and_sweep() {
         |h| has(h, "batch cap 8 · budget"),
     );
 
+    // The weight precision: the engine re-quantizes in memory, the plots get a mark with the
+    // sizes before and after, and the labels carry the new precision.
+    h.get_by_role_and_label(egui::accesskit::Role::ComboBox, "Weight precision")
+        .click();
+    h.run_steps(2);
+    h.get_by_label("Q8_0").click();
+    wait_until(&mut h, "the engine to serve Q8_0 weights", 120, |h| {
+        h.state().engine().expect("engine").stats().precision == "Q8_0"
+    });
+    wait_until(&mut h, "the precision mark and label", 10, |h| {
+        h.query_by_label_contains("precision Q4_1 -> Q8_0 (weights")
+            .is_some()
+            && has(h, "Precision: Q8_0")
+            && has(h, "· Q8_0 ·")
+    });
+
     // Load generator: start, see figures, stop.
     h.get_by_label("Concurrency").set_value_accesskit(3.0);
     h.step();

@@ -8,7 +8,10 @@ use egui_plot::{Corner, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
 use tpslab_engine::metrics::cost_per_million_output_tokens;
+use tpslab_engine::requant::{LIVE_TYPES, type_name};
 use tpslab_engine::scheduler::Policy;
+
+const MIB: f64 = (1u64 << 20) as f64;
 
 use super::Command;
 use super::load::{LoadOutcome, LoadSettings, SweepPoint};
@@ -226,6 +229,7 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
         });
         ui.end_row();
     });
+    precision_ui(ui, view, cmds);
     // KV settings rebuild the pool: edited freely, applied with a button.
     ui.label("KV cache (applying rebuilds the pool)");
     let kv = &mut s.knobs.kv;
@@ -283,6 +287,59 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
     }
     if ui.button("Reset metrics").clicked() {
         cmds.push(Command::ResetMetrics);
+    }
+}
+
+/// The weight precision knob: picking a type re-quantizes the loaded weights in memory while
+/// the engine serves on (see `EngineHandle::set_precision`).
+fn precision_ui(ui: &mut egui::Ui, view: &DashView<'_>, cmds: &mut Vec<Command>) {
+    let Some(sn) = view.snapshot else {
+        return;
+    };
+    ui.horizontal(|ui| {
+        let l = ui.label("Weight precision");
+        let busy = sn.requantizing.is_some();
+        ui.add_enabled_ui(!busy, |ui| {
+            egui::ComboBox::from_id_salt("weight_precision")
+                .selected_text(&sn.precision)
+                .show_ui(ui, |ui| {
+                    for ty in LIVE_TYPES {
+                        let name = type_name(ty);
+                        let chosen = sn.precision == name;
+                        if ui.selectable_label(chosen, name).clicked() && !chosen {
+                            cmds.push(Command::SetPrecision(name.to_string()));
+                        }
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+        });
+        if let Some(to) = &sn.requantizing {
+            ui.spinner();
+            ui.label(format!("re-quantizing to {to}…"));
+        }
+    });
+    if let Some((from, to, b0, b1, secs)) = &sn.last_requant {
+        ui.label(
+            egui::RichText::new(format!(
+                "last change {from} -> {to}: weights {:.0} -> {:.0} MiB in {secs:.1} s",
+                *b0 as f64 / MIB,
+                *b1 as f64 / MIB
+            ))
+            .small(),
+        );
+    }
+}
+
+/// The plot mark for a precision change the engine has made.
+pub fn precision_change_text(sn: &EngineSnapshot) -> String {
+    match &sn.last_requant {
+        Some((from, to, b0, b1, _)) if *to == sn.precision => format!(
+            "precision {from} -> {to} (weights {:.0} -> {:.0} MiB)",
+            *b0 as f64 / MIB,
+            *b1 as f64 / MIB
+        ),
+        _ => format!("precision -> {}", sn.precision),
     }
 }
 

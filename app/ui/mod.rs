@@ -37,13 +37,22 @@ use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun};
 /// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    Send { chat: u64, text: String },
-    Stop { chat: u64 },
-    Regenerate { chat: u64 },
+    Send {
+        chat: u64,
+        text: String,
+    },
+    Stop {
+        chat: u64,
+    },
+    Regenerate {
+        chat: u64,
+    },
     NewChat,
     SelectChat(u64),
     DeleteChat(u64),
     SetKnobs(Knobs),
+    /// Re-quantize the loaded weights to this type (ggml name, "Q8_0").
+    SetPrecision(String),
     ResetMetrics,
     StartLoad,
     StopLoad,
@@ -241,6 +250,10 @@ impl TpsApp {
         let snap = self.backend().map(|b| b.engine.stats());
         if let Some(s) = &snap {
             self.rt.history.sample(s);
+            let old = self.rt.snapshot.as_ref().map(|o| o.precision.as_str());
+            if old.is_some_and(|o| !o.is_empty() && o != s.precision) {
+                self.rt.history.mark(dashboard::precision_change_text(s));
+            }
         }
         self.rt.snapshot = snap;
     }
@@ -284,6 +297,15 @@ impl TpsApp {
         }
     }
 
+    /// The precision the engine serves at now (the live knob may have changed the file's).
+    fn precision(&self) -> String {
+        match (&self.rt.snapshot, self.backend()) {
+            (Some(s), _) if !s.precision.is_empty() => s.precision.clone(),
+            (_, Some(b)) => b.lm.precision.clone(),
+            _ => "–".into(),
+        }
+    }
+
     fn errors_ui(&self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
         for (i, e) in self.rt.errors.iter().enumerate() {
             ui.horizontal(|ui| {
@@ -312,9 +334,7 @@ impl TpsApp {
     }
 
     fn dashboard_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
-        let precision = self
-            .backend()
-            .map_or("–".to_string(), |b| b.lm.precision.clone());
+        let precision = self.precision();
         let device = self.rt.snapshot.as_ref().map_or("–", |s| s.device.as_str());
         let view = DashView {
             snapshot: self.rt.snapshot.as_ref(),
@@ -377,6 +397,13 @@ impl TpsApp {
                 self.rt.history.mark(describe_knob_change(&old, &knobs));
                 Ok(())
             }
+            Command::SetPrecision(name) => {
+                let engine = self.engine().ok_or("the model is not loaded yet")?;
+                let ty = tpslab_engine::requant::parse_type(&name)
+                    .ok_or_else(|| format!("unknown weight type {name}"))?;
+                engine.set_precision(ty);
+                Ok(())
+            }
             Command::ResetMetrics => {
                 self.engine()
                     .ok_or("the model is not loaded yet")?
@@ -403,7 +430,7 @@ impl TpsApp {
                     &b.engine,
                     &b.prompts,
                     &self.state.dash.load,
-                    &b.lm.precision,
+                    &self.precision(),
                     ctx,
                 )?;
                 self.rt.sweep_points.clear();
