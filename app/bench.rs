@@ -61,6 +61,23 @@ pub struct BenchArgs {
     /// Also write every figure and the settings as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Drive a remote OpenAI-compatible server instead of the in-process engine (vLLM, SGLang,
+    /// TGI, llama.cpp's server, `tpslab serve`): http(s)://host:port. `--model` then names the
+    /// served model (default: the first one the server lists); prompts are token ids cut from
+    /// the bundled text by `--tokenizer`'s tokenizer.
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// Bearer token for --endpoint (also read from TPSLAB_API_KEY).
+    #[arg(long, value_name = "K", env = "TPSLAB_API_KEY", requires = "endpoint")]
+    pub api_key: Option<String>,
+    /// With --endpoint: the model file (or `default`) whose tokenizer cuts the prompts.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "default",
+        requires = "endpoint"
+    )]
+    pub tokenizer: String,
 }
 
 #[derive(Debug, Serialize)]

@@ -4,7 +4,9 @@
 //! - [`cli`]: argument parsing and the subcommands (`generate`, `bench`, `quantize`,
 //!   `perplexity`).
 //! - [`bench`]: `tpslab bench` arguments and the single-stream mode (llama-bench style).
-//! - [`serve_bench`]: the serving benchmark over the engine (vLLM's figures per concurrency).
+//! - [`serve_bench`]: the serving benchmark over the engine or a remote server (vLLM's figures
+//!   per concurrency).
+//! - [`remote`]: a remote OpenAI-compatible server as the load generator's target.
 //! - [`model_cmds`]: `tpslab quantize` (re-quantize a GGUF, predicted size, progress bar) and
 //!   `tpslab perplexity`.
 //! - [`mem`]: process memory readings (RSS, peak RSS).
@@ -15,6 +17,7 @@ pub mod bench;
 pub mod cli;
 pub mod mem;
 pub mod model_cmds;
+pub mod remote;
 pub mod serve;
 pub mod serve_bench;
 pub mod ui;

@@ -107,7 +107,106 @@ fn print_table(runs: &[LevelResult]) {
     }
 }
 
+/// Runs every concurrency level against a target `target_for(level)` gives, and collects the
+/// results.
+fn run_levels<T: loadgen::LoadTarget>(
+    a: &BenchArgs,
+    prompts: &PromptSet,
+    mut target_for: impl FnMut(usize) -> Result<T>,
+    rss: bool,
+) -> Result<Vec<LevelResult>> {
+    let mut runs = Vec::new();
+    for &c in &a.concurrency {
+        let n = a.num_requests.unwrap_or(c);
+        let target = target_for(c)?;
+        let spec = LoadSpec {
+            concurrency: Some(c),
+            rate: a.rate,
+            num_requests: n,
+            prompt_len: LenDist::Fixed(a.prompt_len),
+            output_len: LenDist::Fixed(a.output_len),
+            seed: 0,
+        };
+        let bar = ProgressBar::new(n as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "concurrency {prefix:>3} [{bar:30}] {pos}/{len} requests {elapsed}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_prefix(c.to_string());
+        let stop = AtomicBool::new(false);
+        let result = loadgen::run(&target, prompts, &spec, &stop, &mut |done, _| {
+            bar.set_position(done as u64)
+        });
+        bar.finish_and_clear();
+        if let Some(r) = result.refused.first() {
+            eprintln!(
+                "concurrency {c}: {} of {n} requests refused, e.g.: {r}",
+                result.refused.len()
+            );
+        }
+        let summary = BenchSummary::from_requests(&result.timings, result.duration_s, None);
+        runs.push(LevelResult {
+            max_concurrency: c,
+            request_rate: a.rate,
+            num_prompts: n,
+            prompt_len: a.prompt_len,
+            output_len: a.output_len,
+            decode_throughput: decode_throughput(&result.timings),
+            summary,
+            refused: result.refused.len(),
+            peak_rss_bytes: rss
+                .then(|| crate::mem::rss_bytes().map(|(_, p)| p))
+                .flatten(),
+        });
+    }
+    Ok(runs)
+}
+
+/// `--endpoint`: the same levels, figures and report against a remote server, measured on the
+/// client side.
+fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
+    if a.concurrency.contains(&0) {
+        bail!("--concurrency levels must be at least 1");
+    }
+    let path = tpslab_engine::library::resolve_model(&a.tokenizer, &mut |m| eprintln!("{m}"))?;
+    let lm = LoadedModel::load(&path)?;
+    let prompts = prompt_set(&lm)?;
+    drop(lm);
+    let model = (a.model.model != "default").then_some(a.model.model.as_str());
+    let target = crate::remote::RemoteTarget::connect(url, a.api_key.clone(), model)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let device = format!("remote {} ({})", target.url(), target.model());
+    println!(
+        "endpoint: {}, model {}, prompt {} tokens (ids), output {} tokens, temperature 0, ignore-eos",
+        target.url(),
+        target.model(),
+        a.prompt_len,
+        a.output_len
+    );
+    let runs = run_levels(a, &prompts, |_| Ok(&target), false)?;
+    print_table(&runs);
+    if let Some(path) = &a.json {
+        let report = Report {
+            date: crate::bench::utc_now(),
+            model: target.model().to_string(),
+            precision: String::new(),
+            threads: 0,
+            device,
+            weights_bytes: 0,
+            knobs: Knobs::default(),
+            runs,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if let Some(url) = &a.endpoint {
+        return run_remote(a, url);
+    }
     let lm = a.model.load()?;
     let ctx = lm.model.cfg.context_len;
     if a.prompt_len + a.output_len >= ctx {
@@ -132,7 +231,6 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         budget_bytes: a.kv_budget_mb << 20,
         block_size: a.block_size,
     };
-    let mut runs = Vec::new();
     let mut device = String::new();
     let threads = a.model.n_threads();
     println!(
@@ -142,63 +240,35 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         a.prompt_len,
         a.output_len
     );
-    for &c in &a.concurrency {
-        let n = a.num_requests.unwrap_or(c);
-        let mut k = knobs.clone();
-        // The batch cap must not hide the concurrency being measured.
-        k.scheduler.max_num_seqs = a.max_num_seqs.unwrap_or(k.scheduler.max_num_seqs.max(c));
-        let engine = EngineHandle::start(
-            Arc::clone(&lm),
-            EngineConfig {
-                threads: a.model.threads,
-                knobs: k,
-                device: a.model.device,
-                gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
-            },
-            None,
-        )?;
-        if device.is_empty() {
-            let st = engine.stats();
-            device = st.device;
-            if let Some(note) = st.device_note {
-                eprintln!("{note}");
+    let runs = run_levels(
+        a,
+        &prompts,
+        |c| {
+            let mut k = knobs.clone();
+            // The batch cap must not hide the concurrency being measured.
+            k.scheduler.max_num_seqs = a.max_num_seqs.unwrap_or(k.scheduler.max_num_seqs.max(c));
+            let engine = EngineHandle::start(
+                Arc::clone(&lm),
+                EngineConfig {
+                    threads: a.model.threads,
+                    knobs: k,
+                    device: a.model.device,
+                    gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
+                },
+                None,
+            )?;
+            if device.is_empty() {
+                let st = engine.stats();
+                device = st.device;
+                if let Some(note) = st.device_note {
+                    eprintln!("{note}");
+                }
+                println!("device: {device}");
             }
-            println!("device: {device}");
-        }
-        let spec = LoadSpec {
-            concurrency: Some(c),
-            rate: a.rate,
-            num_requests: n,
-            prompt_len: LenDist::Fixed(a.prompt_len),
-            output_len: LenDist::Fixed(a.output_len),
-            seed: 0,
-        };
-        let bar = ProgressBar::new(n as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "concurrency {prefix:>3} [{bar:30}] {pos}/{len} requests {elapsed}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_prefix(c.to_string());
-        let stop = AtomicBool::new(false);
-        let result = loadgen::run(&engine, &prompts, &spec, &stop, &mut |done, _| {
-            bar.set_position(done as u64)
-        });
-        bar.finish_and_clear();
-        let summary = BenchSummary::from_requests(&result.timings, result.duration_s, None);
-        runs.push(LevelResult {
-            max_concurrency: c,
-            request_rate: a.rate,
-            num_prompts: n,
-            prompt_len: a.prompt_len,
-            output_len: a.output_len,
-            decode_throughput: decode_throughput(&result.timings),
-            summary,
-            refused: result.refused.len(),
-            peak_rss_bytes: crate::mem::rss_bytes().map(|(_, p)| p),
-        });
-    }
+            Ok(engine)
+        },
+        true,
+    )?;
     print_table(&runs);
     if let Some((_, peak)) = crate::mem::rss_bytes() {
         println!("peak RSS: {:.1} MiB", peak as f64 / (1 << 20) as f64);

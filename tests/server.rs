@@ -589,3 +589,81 @@ fn metrics_count_the_requests_made() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `tpslab bench --endpoint` drives this server over HTTP: every request completes with the
+/// asked lengths (counted from the server's usage), figures are client-side, and a wrong model
+/// name or an unreachable endpoint fails at once with a clear line.
+#[test]
+fn bench_endpoint_drives_the_server() {
+    let server = start(engine(4, None), None);
+    let url = format!("http://{}/v1", server.addr);
+    let dir = std::env::temp_dir().join(format!("tpslab-bench-endpoint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("remote.json");
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--endpoint",
+            &url,
+            "--prompt-len",
+            "24",
+            "--output-len",
+            "6",
+        ];
+        args.extend_from_slice(extra);
+        std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
+            .args(&args)
+            .env_remove("TPSLAB_API_KEY")
+            .output()
+            .expect("run tpslab")
+    };
+    let out = bench(&[
+        "--concurrency",
+        "1,3",
+        "--num-requests",
+        "3",
+        "--json",
+        json_path.to_str().expect("utf8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("report")).expect("json");
+    assert!(
+        report["device"]
+            .as_str()
+            .expect("device")
+            .starts_with("remote http://127.0.0.1:")
+    );
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert_eq!(r["completed"], 3, "{r}");
+        assert_eq!(r["refused"], 0, "{r}");
+        assert_eq!(r["total_output_tokens"], 18, "{r}");
+        assert_eq!(r["total_input_tokens"], 72, "{r}");
+        assert!(r["mean_ttft_ms"].as_f64().expect("ttft") > 0.0, "{r}");
+        assert!(r["output_throughput"].as_f64().expect("tput") > 0.0, "{r}");
+    }
+
+    let out = bench(&["--concurrency", "1", "--model", "no-such-model"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("does not serve a model named \"no-such-model\""),
+        "{stderr}"
+    );
+
+    // A port nothing listens on (bound, then released).
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!("http://{}", free.local_addr().expect("addr"));
+    drop(free);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
+        .args(["bench", "--endpoint", &dead, "--concurrency", "1"])
+        .output()
+        .expect("run tpslab");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

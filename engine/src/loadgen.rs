@@ -94,10 +94,37 @@ struct InFlight {
     timing: RequestTiming,
 }
 
+/// What a load run drives: the in-process engine, or a remote server through its API (the app's
+/// `remote` client). Events come back on the request's channel in the engine's order (`Started`,
+/// `Token`s, then `Finished` or `Refused`); a remote target may send one `Token` per streamed
+/// chunk and give the true counts in `Finished`'s usage, which the run then takes.
+pub trait LoadTarget {
+    fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId;
+    fn cancel(&self, id: RequestId);
+}
+
+impl LoadTarget for EngineHandle {
+    fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId {
+        EngineHandle::submit(self, req, events)
+    }
+    fn cancel(&self, id: RequestId) {
+        EngineHandle::cancel(self, id);
+    }
+}
+
+impl<T: LoadTarget + ?Sized> LoadTarget for &T {
+    fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId {
+        (**self).submit(req, events)
+    }
+    fn cancel(&self, id: RequestId) {
+        (**self).cancel(id);
+    }
+}
+
 /// Runs `spec` against `engine` until every request has ended or `stop` is set (then the
 /// requests still in flight are cancelled). `progress(done, total)` is called as requests end.
 pub fn run(
-    engine: &EngineHandle,
+    engine: &dyn LoadTarget,
     prompts: &PromptSet,
     spec: &LoadSpec,
     stop: &AtomicBool,
@@ -183,7 +210,7 @@ pub fn run(
                         f.timing.output_tokens += 1;
                     }
                 }
-                Event::Finished { reason, .. } => {
+                Event::Finished { reason, usage, .. } => {
                     if let Some(f) = flying.remove(&id) {
                         done += 1;
                         if reason == FinishReason::Abort {
@@ -191,6 +218,14 @@ pub fn run(
                         } else {
                             let mut timing = f.timing;
                             timing.finished = true;
+                            // A remote stream may carry several tokens in one chunk: its
+                            // usage has the true counts.
+                            if usage.completion_tokens > 0 {
+                                timing.output_tokens = usage.completion_tokens;
+                            }
+                            if usage.prompt_tokens > 0 {
+                                timing.prompt_tokens = usage.prompt_tokens;
+                            }
                             result.timings.push(timing);
                         }
                         progress(done, spec.num_requests);
