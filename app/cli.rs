@@ -48,6 +48,11 @@ pub enum Command {
     Perplexity(crate::model_cmds::PerplexityArgs),
     /// OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /metrics).
     Serve(crate::serve::ServeArgs),
+    /// The model library: list (NAME, source, shape, size, sha256), `import PATH`, `rm NAME`,
+    /// `search QUERY`.
+    Models(crate::library_cmds::ModelsArgs),
+    /// Download a model from the Hugging Face Hub into the library (resumable, sha256-checked).
+    Pull(crate::library_cmds::PullArgs),
 }
 
 /// Where the model comes from and how many threads run it.
@@ -177,6 +182,8 @@ pub fn main() -> ExitCode {
         Some(Command::Quantize(args)) => crate::model_cmds::run_quantize(&args),
         Some(Command::Perplexity(args)) => crate::model_cmds::run_perplexity(&args),
         Some(Command::Serve(args)) => crate::serve::run(&args),
+        Some(Command::Models(args)) => crate::library_cmds::run_models(&args),
+        Some(Command::Pull(args)) => crate::library_cmds::run_pull(&args),
         None => crate::ui::run(crate::ui::AppOptions {
             model: cli.model,
             threads: cli.threads,

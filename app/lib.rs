@@ -9,12 +9,16 @@
 //! - [`remote`]: a remote OpenAI-compatible server as the load generator's target.
 //! - [`model_cmds`]: `tpslab quantize` (re-quantize a GGUF, predicted size, progress bar) and
 //!   `tpslab perplexity`.
+//! - [`hub`]: Hugging Face Hub client (hf-hub): list, search, and `pull` into the library.
+//! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
 //! - [`mem`]: process memory readings (RSS, peak RSS).
 //! - [`serve`]: `tpslab serve`, the OpenAI-compatible HTTP server and its Prometheus metrics.
 //! - [`ui`]: the eframe window: chat, tuning dashboard, load generator, sweep.
 
 pub mod bench;
 pub mod cli;
+pub mod hub;
+pub mod library_cmds;
 pub mod mem;
 pub mod model_cmds;
 pub mod remote;

@@ -4,6 +4,8 @@
 //! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
 //! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
 //! - [`library`]: the model library folder and fetching the default model.
+//! - [`library_index`]: the library's models with source, shape facts and sha256; import, install, remove.
+//! - [`library_st`]: safetensors folders described and validated for the library index.
 //! - [`config`]: model shape resolved from GGUF metadata (every Llama-family architecture).
 //! - [`weights`]: the weight set by tensor name; [`weights::Linear`] dense or quantized.
 //! - [`kv`]: paged KV storage and the [`kv::Batch`] the forward pass reads it through.
@@ -41,6 +43,8 @@ pub mod gguf;
 pub mod gguf_write;
 pub mod kv;
 pub mod library;
+pub mod library_index;
+pub mod library_st;
 pub mod loadgen;
 pub mod metrics;
 pub mod model;

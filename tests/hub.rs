@@ -1,0 +1,583 @@
+//! Downloading from the Hub into the model library, over real HTTP against a Hub-shaped server on
+//! 127.0.0.1 (tests/support/hub_server.rs) serving the default model's GGUF and a small
+//! safetensors set: progress, resume after a cut connection, checksum refusal, cancel, a 404
+//! repo, a gated repo, a wrong endpoint; and `tpslab models` / `tpslab pull` through the binary.
+
+#[path = "support/hub_server.rs"]
+mod hub_server;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use hub_server::{File, HubServer, RepoData};
+use tpslab::hub::{self, Choice, HubConfig, HubError, PullProgress, PullRequest};
+use tpslab_engine::gguf::GgufFile;
+use tpslab_engine::library_index::{Library, ModelFormat, ModelSource};
+
+const CHUNK: usize = 8 << 20;
+
+fn default_model() -> PathBuf {
+    tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
+}
+
+/// The default model's bytes, read once for every test.
+fn gguf_bytes() -> Arc<Vec<u8>> {
+    static B: OnceLock<Arc<Vec<u8>>> = OnceLock::new();
+    B.get_or_init(|| Arc::new(std::fs::read(default_model()).expect("read default model")))
+        .clone()
+}
+
+/// The default model as a served LFS file (hashed once).
+fn gguf_file() -> File {
+    static F: OnceLock<File> = OnceLock::new();
+    F.get_or_init(|| File::new(GGUF_NAME, gguf_bytes(), true))
+        .clone()
+}
+
+const GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// A temporary folder removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let p =
+            std::env::temp_dir().join(format!("tpslab-hub-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A tiny safetensors file: one F32 tensor of shape [2, 4].
+fn tiny_safetensors() -> Vec<u8> {
+    let header =
+        br#"{"model.embed_tokens.weight":{"dtype":"F32","shape":[2,4],"data_offsets":[0,32]}}"#;
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header);
+    v.extend((0..8).flat_map(|i| (i as f32).to_le_bytes()));
+    v
+}
+
+fn st_files() -> Vec<File> {
+    let config = br#"{"architectures":["LlamaForCausalLM"],"num_hidden_layers":1,"hidden_size":4,"max_position_embeddings":128,"torch_dtype":"float32"}"#;
+    vec![
+        File::new("config.json", Arc::new(config.to_vec()), false),
+        File::new(
+            "tokenizer.json",
+            Arc::new(b"{\"model\":{}}".to_vec()),
+            false,
+        ),
+        File::new("tokenizer_config.json", Arc::new(b"{}".to_vec()), false),
+        File::new("model.safetensors", Arc::new(tiny_safetensors()), true),
+        File::new("README.md", Arc::new(b"# tiny".to_vec()), false),
+    ]
+}
+
+fn server() -> HubServer {
+    let s = HubServer::start();
+    s.add(
+        "tpslab/smollm2-gguf",
+        RepoData {
+            files: vec![
+                gguf_file(),
+                File::new("README.md", Arc::new(b"# model".to_vec()), false),
+            ],
+            ..RepoData::default()
+        },
+    );
+    s.add(
+        "tpslab/tiny-st",
+        RepoData {
+            files: st_files(),
+            ..RepoData::default()
+        },
+    );
+    s
+}
+
+fn cfg(s: &HubServer) -> HubConfig {
+    HubConfig {
+        endpoint: s.url.clone(),
+        token: None,
+        chunk_size: CHUNK,
+    }
+}
+
+fn req(repo: &str) -> PullRequest {
+    PullRequest {
+        repo: repo.into(),
+        revision: "main".into(),
+        choice: Choice::Auto,
+    }
+}
+
+fn pull(
+    c: &HubConfig,
+    lib: &Library,
+    r: &PullRequest,
+    cancel: &AtomicBool,
+) -> (
+    Result<tpslab_engine::library_index::ModelEntry, HubError>,
+    Vec<PullProgress>,
+) {
+    let mut seen = Vec::new();
+    let out = hub::pull(c, lib, r, cancel, &mut |p| seen.push(p.clone()));
+    (out, seen)
+}
+
+/// Nothing that looks like a model is in the library: no listed model, no model file outside
+/// hf-hub's partial-download cache, no staging left.
+fn assert_no_model(lib: &Library) {
+    let (models, bad) = lib.list().expect("list");
+    assert!(models.is_empty() && bad.is_empty(), "{models:?} {bad:?}");
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(lib.root(), &mut files);
+    for f in files {
+        let rel = f.strip_prefix(lib.root()).expect("inside");
+        assert!(
+            rel.starts_with(".hub-cache"),
+            "{} left in the library",
+            rel.display()
+        );
+        let name = f.to_string_lossy().to_lowercase();
+        assert!(
+            !name.ends_with(".gguf") && !name.ends_with(".safetensors"),
+            "{}",
+            f.display()
+        );
+    }
+}
+
+#[test]
+fn pulls_a_gguf_with_progress_and_registers_it() {
+    let s = server();
+    let home = TempDir::new("gguf");
+    let lib = Library::at(home.0.join("models"));
+    let (m, progress) = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/smollm2-gguf"),
+        &AtomicBool::new(false),
+    );
+    let m = m.expect("pull");
+    let want = gguf_file().sha256();
+    assert_eq!(m.sha256, want);
+    assert_eq!(m.name, GGUF_NAME);
+    assert_eq!(m.format, ModelFormat::Gguf);
+    assert_eq!(
+        tpslab_engine::library::sha256_file(&m.path).expect("hash"),
+        want,
+        "the file on disk is the served one"
+    );
+    assert_eq!((m.arch.as_str(), m.precision.as_str()), ("llama", "Q4_1"));
+    assert!(m.params > 100_000_000, "{}", m.params);
+    assert_eq!(m.context_len, Some(8192));
+    assert!(
+        matches!(&m.source, ModelSource::Hub { repo, commit: Some(c), .. }
+        if repo == "tpslab/smollm2-gguf" && c == hub_server::COMMIT)
+    );
+    GgufFile::open(&m.path).expect("the pulled model opens");
+    // Progress: bytes never go back, reach the total, and name the file.
+    let downloading: Vec<&PullProgress> = progress
+        .iter()
+        .filter(|p| p.stage == "downloading")
+        .collect();
+    assert!(!downloading.is_empty());
+    assert!(downloading.windows(2).all(|w| w[0].done <= w[1].done));
+    let total = gguf_bytes().len() as u64;
+    assert!(
+        progress
+            .iter()
+            .all(|p| p.total == total || p.stage == "listing")
+    );
+    assert_eq!(progress.last().expect("last").done, total);
+    assert!(
+        downloading
+            .iter()
+            .all(|p| p.file == GGUF_NAME && p.n_files == 1)
+    );
+    // The library lists it with its manifest, and the README was not downloaded.
+    let (models, _) = lib.list().expect("list");
+    assert_eq!(models.len(), 1);
+    assert_eq!(models[0], m);
+    assert!(s.seen().iter().all(|r| !r.path.ends_with("README.md")));
+    // Pulling it again is refused by name, before any download.
+    let (again, _) = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/smollm2-gguf"),
+        &AtomicBool::new(false),
+    );
+    let e = again.expect_err("already there").to_string();
+    assert!(e.contains("already has a model named"), "{e}");
+}
+
+#[test]
+fn resumes_a_cut_download_with_a_range_request() {
+    let s = server();
+    let home = TempDir::new("resume");
+    let lib = Library::at(home.0.join("models"));
+    // Cut the connection in the third chunk: two whole chunks are on disk when it breaks.
+    let at = 2 * CHUNK as u64;
+    *s.faults.cut.lock().expect("cut") = Some((GGUF_NAME.into(), at));
+    let r = req("tpslab/smollm2-gguf");
+    let (first, _) = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false));
+    let e = first.expect_err("the cut breaks the first pull");
+    assert!(matches!(e, HubError::Interrupted { .. }), "{e}");
+    assert!(
+        e.to_string().contains("run the same pull again to resume"),
+        "{e}"
+    );
+    assert!(s.faults.cut_done.load(Ordering::SeqCst));
+    assert_no_model(&lib);
+    let before = s.seen().len();
+    let (second, progress) = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false));
+    let m = second.expect("the second pull completes");
+    assert_eq!(m.sha256, gguf_file().sha256());
+    let body_gets: Vec<_> = s.seen()[before..]
+        .iter()
+        .filter(|q| q.method == "GET" && q.path.ends_with(GGUF_NAME))
+        .filter_map(|q| q.range)
+        .filter(|(a, b)| *b != Some(*a))
+        .collect();
+    assert_eq!(
+        body_gets.first().map(|r| r.0),
+        Some(at),
+        "the second pull starts where the whole chunks end: {body_gets:?}"
+    );
+    assert!(body_gets.iter().all(|r| r.0 >= at), "{body_gets:?}");
+    // Progress counts the resumed bytes as done from its first count on.
+    let first_dl = progress
+        .iter()
+        .find(|p| p.stage == "downloading" && p.done > 0)
+        .expect("progress");
+    assert!(first_dl.done >= at, "{first_dl:?}");
+    let total = gguf_bytes().len() as u64;
+    assert!(
+        s.body_bytes.load(Ordering::Relaxed) < total + total / 4,
+        "the file was not downloaded twice"
+    );
+}
+
+#[test]
+fn a_corrupted_file_is_refused_by_its_checksum() {
+    let s = server();
+    s.add(
+        "tpslab/corrupt",
+        RepoData {
+            files: vec![gguf_file()],
+            corrupt: Some(GGUF_NAME.into()),
+            ..RepoData::default()
+        },
+    );
+    let home = TempDir::new("corrupt");
+    let lib = Library::at(home.0.join("models"));
+    let (r, _) = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/corrupt"),
+        &AtomicBool::new(false),
+    );
+    let e = r.expect_err("checksum");
+    let msg = e.to_string();
+    assert!(matches!(e, HubError::Checksum { .. }), "{msg}");
+    let want = gguf_file().sha256();
+    assert!(
+        msg.contains("failed its checksum") && msg.contains(&want),
+        "{msg}"
+    );
+    assert_no_model(&lib);
+    // The bad bytes were discarded, not kept to resume from.
+    let cache = lib.hub_cache();
+    let big: Vec<_> = walkdir(&cache)
+        .into_iter()
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 1 << 20))
+        .collect();
+    assert!(big.is_empty(), "{big:?}");
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_cancelled_download_leaves_nothing_that_loads_and_resumes_later() {
+    let s = server();
+    s.faults.slow_us.store(2_000, Ordering::Relaxed);
+    let home = TempDir::new("cancel");
+    let lib = Library::at(home.0.join("models"));
+    let cancel = AtomicBool::new(false);
+    let r = req("tpslab/smollm2-gguf");
+    let out = hub::pull(&cfg(&s), &lib, &r, &cancel, &mut |p| {
+        if p.done > 12 << 20 {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    });
+    let e = out.expect_err("cancelled");
+    assert!(matches!(e, HubError::Cancelled), "{e}");
+    assert!(e.to_string().contains("cancelled"), "{e}");
+    let total = gguf_bytes().len() as u64;
+    assert!(
+        s.body_bytes.load(Ordering::Relaxed) < total,
+        "stopped before the end"
+    );
+    assert_no_model(&lib);
+    // Pulled again, it resumes from the whole chunks the cancelled run left and completes.
+    s.faults.slow_us.store(0, Ordering::Relaxed);
+    let before = s.seen().len();
+    let (m, _) = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false));
+    let m = m.expect("pull after cancel");
+    GgufFile::open(&m.path).expect("opens");
+    let resumed_at = s.seen()[before..]
+        .iter()
+        .filter(|q| q.method == "GET" && q.path.ends_with(GGUF_NAME))
+        .filter_map(|q| q.range)
+        .find(|(a, b)| *b != Some(*a))
+        .map(|r| r.0);
+    assert!(
+        resumed_at.is_some_and(|a| a >= CHUNK as u64),
+        "{resumed_at:?}"
+    );
+}
+
+#[test]
+fn pulls_a_safetensors_set_and_lists_its_shape() {
+    let s = server();
+    let home = TempDir::new("st");
+    let lib = Library::at(home.0.join("models"));
+    let (m, progress) = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/tiny-st"),
+        &AtomicBool::new(false),
+    );
+    let m = m.expect("pull");
+    assert_eq!(m.name, "tiny-st");
+    assert_eq!(m.format, ModelFormat::Safetensors);
+    assert_eq!(
+        (m.arch.as_str(), m.params, m.precision.as_str()),
+        ("LlamaForCausalLM", 8, "F32")
+    );
+    assert_eq!(m.context_len, Some(128));
+    let mut names: Vec<&str> = m.files.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    for f in st_files().iter().filter(|f| f.name != "README.md") {
+        let got = m.files.iter().find(|g| g.name == f.name).expect("file");
+        assert_eq!(got.sha256, f.sha256(), "{}", f.name);
+        assert_eq!(std::fs::read(m.path.join(&f.name)).expect("read"), *f.bytes);
+    }
+    assert_eq!(progress.last().map(|p| p.n_files), Some(4));
+}
+
+#[test]
+fn clear_errors_for_missing_gated_and_unreachable() {
+    let s = server();
+    s.add(
+        "meta/gated",
+        RepoData {
+            files: st_files(),
+            token: Some("hf_secret".into()),
+            ..RepoData::default()
+        },
+    );
+    let home = TempDir::new("errors");
+    let lib = Library::at(home.0.join("models"));
+    let no = AtomicBool::new(false);
+    let c = cfg(&s);
+
+    let e = pull(&c, &lib, &req("nobody/nothing"), &no)
+        .0
+        .expect_err("404");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "repository nobody/nothing not found at {} (check the name; a private repo needs --token or HF_TOKEN)",
+            s.url
+        )
+    );
+    let e = pull(&c, &lib, &req("meta/gated"), &no)
+        .0
+        .expect_err("gated");
+    assert_eq!(
+        e.to_string(),
+        "meta/gated is a gated repository: accept its terms on its Hub page, then pass --token or set HF_TOKEN"
+    );
+    let wrong = HubConfig {
+        token: Some("hf_wrong".into()),
+        ..c.clone()
+    };
+    let e = pull(&wrong, &lib, &req("meta/gated"), &no)
+        .0
+        .expect_err("403");
+    assert!(
+        e.to_string()
+            .starts_with("access to meta/gated was refused"),
+        "{e}"
+    );
+    assert_no_model(&lib);
+    let right = HubConfig {
+        token: Some("hf_secret".into()),
+        ..c.clone()
+    };
+    let m = pull(&right, &lib, &req("meta/gated"), &no)
+        .0
+        .expect("with the token");
+    assert_eq!(m.name, "gated");
+
+    let file = PullRequest {
+        choice: Choice::File("nope.gguf".into()),
+        ..req("tpslab/smollm2-gguf")
+    };
+    let e = pull(&c, &lib, &file, &no).0.expect_err("no such file");
+    assert_eq!(
+        e.to_string(),
+        "file nope.gguf not found in tpslab/smollm2-gguf"
+    );
+
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let dead = HubConfig {
+        endpoint: format!("http://127.0.0.1:{port}"),
+        ..c.clone()
+    };
+    let e = pull(&dead, &lib, &req("tpslab/smollm2-gguf"), &no)
+        .0
+        .expect_err("refused");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("cannot reach http://127.0.0.1:{port}: ")),
+        "{e}"
+    );
+    let bad = HubConfig {
+        endpoint: "ftp://example".into(),
+        ..c
+    };
+    let e = hub::list_files(&bad, "a/b", "main").expect_err("bad endpoint");
+    assert_eq!(
+        e.to_string(),
+        "the endpoint 'ftp://example' is not an http:// or https:// URL"
+    );
+}
+
+#[test]
+fn lists_and_searches_a_repo() {
+    let s = server();
+    let l = hub::list_files(&cfg(&s), "tpslab/smollm2-gguf", "main").expect("list");
+    assert_eq!(l.commit.as_deref(), Some(hub_server::COMMIT));
+    let g = l.ggufs();
+    assert_eq!(g.len(), 1);
+    assert_eq!(g[0].size, gguf_bytes().len() as u64);
+    assert_eq!(g[0].sha256.as_deref(), Some(gguf_file().sha256().as_str()));
+    assert!(
+        l.files
+            .iter()
+            .any(|f| f.name == "README.md" && f.sha256.is_none())
+    );
+    let hits = hub::search(&cfg(&s), "tiny", 10).expect("search");
+    assert_eq!(
+        hits.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(),
+        ["tpslab/tiny-st"]
+    );
+}
+
+fn tpslab(home: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tpslab"))
+        .args(args)
+        .env("TPSLAB_HOME", home)
+        .env_remove("HF_ENDPOINT")
+        .env_remove("HF_TOKEN")
+        .output()
+        .expect("run tpslab")
+}
+
+#[test]
+fn cli_pull_then_models_lists_it() {
+    let s = server();
+    let home = TempDir::new("cli");
+    let h = &home.0;
+    let out = tpslab(h, &["pull", "tpslab/tiny-st", "--endpoint", &s.url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("pulled tiny-st"));
+    let out = tpslab(h, &["models", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let m = &v.as_array().expect("array")[0];
+    assert_eq!(m["name"], "tiny-st");
+    assert_eq!(m["source"]["kind"], "hub");
+    assert_eq!(m["source"]["repo"], "tpslab/tiny-st");
+    assert_eq!(m["arch"], "LlamaForCausalLM");
+    assert_eq!(m["params"], 8);
+    assert_eq!(m["format"], "safetensors");
+    let table = tpslab(h, &["models"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("tiny-st") && l.contains("hub tpslab/tiny-st")),
+        "{text}"
+    );
+
+    let out = tpslab(h, &["pull", "nobody/nothing", "--endpoint", &s.url]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error: repository nobody/nothing not found at"),
+        "{err}"
+    );
+
+    let out = tpslab(h, &["models", "rm", "tiny-st"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tpslab(h, &["models", "--json"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
