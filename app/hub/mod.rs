@@ -359,14 +359,15 @@ fn status_error(
     message: &str,
 ) -> HubError {
     let repo = repo.to_string();
+    // The Hub refuses a gated repo with 401 (no token) or 403 (a token without access).
+    if code == "GatedRepo" || status == 403 {
+        return if cfg.token.is_none() {
+            HubError::GatedNoToken { repo }
+        } else {
+            HubError::Refused { repo }
+        };
+    }
     match (status, code) {
-        (_, "GatedRepo") | (401 | 403, _) if code == "GatedRepo" || status == 403 => {
-            if cfg.token.is_none() {
-                HubError::GatedNoToken { repo }
-            } else {
-                HubError::Refused { repo }
-            }
-        }
         (_, "RevisionNotFound") => HubError::RevisionNotFound {
             repo,
             revision: revision.to_string(),

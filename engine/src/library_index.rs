@@ -141,11 +141,8 @@ pub enum IndexError {
         "not enough space for {what} in the library folder {dir}: free some space or set TPSLAB_HOME to a larger disk; the library is unchanged"
     )]
     NoSpace { dir: PathBuf, what: String },
-    #[error("cannot write to the library folder {dir} ({source}); the library is unchanged")]
-    Unwritable {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot write to the library folder {dir} ({err}); the library is unchanged")]
+    Unwritable { dir: PathBuf, err: std::io::Error },
     #[error("{path} is not a usable model: {reason}")]
     Invalid { path: PathBuf, reason: String },
     #[error(
@@ -154,11 +151,8 @@ pub enum IndexError {
     Exists(String),
     #[error("no model named {0} in the library (see tpslab models)")]
     NotFound(String),
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("I/O error on {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("cancelled; the library is unchanged")]
     Cancelled,
 }
@@ -170,21 +164,20 @@ pub fn write_error(dir: &Path, what: &str, path: &Path, e: std::io::Error) -> In
     const ENOSPC: i32 = 28;
     const EDQUOT: i32 = 122;
     match e.kind() {
-        K::StorageFull | K::QuotaExceeded => NoSpace(dir, what),
+        K::StorageFull | K::QuotaExceeded => no_space(dir, what),
         K::PermissionDenied | K::ReadOnlyFilesystem | K::NotADirectory => IndexError::Unwritable {
             dir: dir.to_path_buf(),
-            source: e,
+            err: e,
         },
-        _ if matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT)) => NoSpace(dir, what),
+        _ if matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT)) => no_space(dir, what),
         _ => IndexError::Io {
             path: path.to_path_buf(),
-            source: e,
+            err: e,
         },
     }
 }
 
-#[allow(non_snake_case)]
-fn NoSpace(dir: &Path, what: &str) -> IndexError {
+fn no_space(dir: &Path, what: &str) -> IndexError {
     IndexError::NoSpace {
         dir: dir.to_path_buf(),
         what: what.to_string(),
@@ -278,10 +271,10 @@ impl Library {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok((Vec::new(), Vec::new()));
             }
-            Err(source) => {
+            Err(err) => {
                 return Err(IndexError::Io {
                     path: self.root.clone(),
-                    source,
+                    err,
                 });
             }
         };
@@ -335,6 +328,7 @@ impl Library {
                 .map(|md| md.map(|md| md.len()))
                 .sum();
             if on_disk == Some(m.size) {
+                let path = load_path(&path, m.format, &m.files);
                 return Ok(ModelEntry { path, ..m });
             }
         }
@@ -434,8 +428,8 @@ impl Library {
             }
             entry.sha256 = combined_sha(&entry.format, &entry.files);
         }
-        // The manifest is written into the staging folder first and renamed after the model,
-        // so a failure leaves neither (a model without manifest would still list, unhashed).
+        // The model is renamed into place first, then its manifest (temp file + rename); if the
+        // manifest cannot be written the model is moved back into staging, so neither stays.
         let dir = self.root.join(INDEX_DIR);
         std::fs::create_dir_all(&dir).map_err(|e| write_error(&self.root, "the index", &dir, e))?;
         std::fs::rename(staged, &dest).map_err(|e| write_error(&self.root, name, &dest, e))?;
@@ -443,7 +437,7 @@ impl Library {
             let _ = std::fs::rename(&dest, staging.path().join("rollback"));
             return Err(e);
         }
-        entry.path = dest;
+        entry.path = load_path(&dest, entry.format, &entry.files);
         Ok(entry)
     }
 
@@ -492,6 +486,10 @@ impl Library {
             .to_string();
         // Refuse a broken source before anything is created.
         let checked = describe(src, &name, ModelSource::Local, false)?;
+        if checked.format == ModelFormat::Gguf && src.is_dir() {
+            // A folder holding one GGUF: that file is the model.
+            return self.import_with(&checked.path, cancel, progress, create);
+        }
         if self.root.join(&name).exists() {
             return Err(IndexError::Exists(name));
         }
@@ -542,6 +540,15 @@ impl Library {
     }
 }
 
+/// What to load for the model at `entry` (a library entry or a staged copy): a folder holding
+/// one GGUF loads that file; a GGUF file or a safetensors folder loads as it is.
+fn load_path(entry: &Path, format: ModelFormat, files: &[ModelFile]) -> PathBuf {
+    match (format, files) {
+        (ModelFormat::Gguf, [f]) if entry.is_dir() => entry.join(&f.name),
+        _ => entry.to_path_buf(),
+    }
+}
+
 /// `name` inside a model path: the path itself for a single file, else a file of the folder.
 fn file_at(model: &Path, name: &str) -> Option<PathBuf> {
     if model.is_file() {
@@ -562,9 +569,9 @@ fn copy_hashing(
     cancel: &AtomicBool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<String, IndexError> {
-    let mut input = std::fs::File::open(from).map_err(|source| IndexError::Io {
+    let mut input = std::fs::File::open(from).map_err(|err| IndexError::Io {
         path: from.to_path_buf(),
-        source,
+        err,
     })?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -572,9 +579,9 @@ fn copy_hashing(
         if cancel.load(Ordering::Relaxed) {
             return Err(IndexError::Cancelled);
         }
-        let n = input.read(&mut buf).map_err(|source| IndexError::Io {
+        let n = input.read(&mut buf).map_err(|err| IndexError::Io {
             path: from.to_path_buf(),
-            source,
+            err,
         })?;
         if n == 0 {
             break;
@@ -684,7 +691,7 @@ pub fn describe(
     };
     Ok(ModelEntry {
         name: name.to_string(),
-        path: path.to_path_buf(),
+        path: load_path(path, format, &files),
         format,
         source,
         size: files.iter().map(|f| f.size).sum(),

@@ -139,6 +139,26 @@ fn imports_the_default_gguf_and_lists_it_with_a_manifest() {
 }
 
 #[test]
+fn a_folder_holding_one_gguf_imports_as_that_file() {
+    let src_dir = TempDir::new("gguf-folder-src");
+    let folder = src_dir.0.join("my-model");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let file = folder.join("model-q4.gguf");
+    if std::fs::hard_link(default_model(), &file).is_err() {
+        std::fs::copy(default_model(), &file).expect("copy");
+    }
+    let home = TempDir::new("gguf-folder");
+    let lib = Library::at(home.0.join("models"));
+    let m = lib
+        .import(&folder, &never(), &mut |_, _| {})
+        .expect("import");
+    assert_eq!(m.name, "model-q4.gguf");
+    assert_eq!(m.path, lib.root().join("model-q4.gguf"));
+    assert!(m.path.is_file());
+    assert_eq!(lib.list().expect("list").0, vec![m]);
+}
+
+#[test]
 fn a_loose_default_model_is_listed_and_indexed_without_hashing_it() {
     let home = TempDir::new("loose");
     let lib = Library::at(home.0.join("models"));
