@@ -234,6 +234,44 @@ fn pulls_a_gguf_with_progress_and_registers_it() {
 }
 
 #[test]
+fn follows_the_hubs_redirect_to_another_host_for_lfs_files() {
+    let s = server();
+    s.add(
+        "tpslab/via-cdn",
+        RepoData {
+            files: st_files(),
+            redirect: true,
+            ..RepoData::default()
+        },
+    );
+    let home = TempDir::new("cdn");
+    let lib = Library::at(home.0.join("models"));
+    let (m, _) = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/via-cdn"),
+        &AtomicBool::new(false),
+    );
+    let m = m.expect("pull through the redirect");
+    let weights = st_files()
+        .into_iter()
+        .find(|f| f.name == "model.safetensors")
+        .expect("weights");
+    let got = m
+        .files
+        .iter()
+        .find(|f| f.name == weights.name)
+        .expect("file");
+    assert_eq!(got.sha256, weights.sha256());
+    let seen = s.seen();
+    assert!(
+        seen.iter()
+            .any(|q| q.path == "/cdn/tpslab/via-cdn/model.safetensors" && q.range.is_some()),
+        "{seen:?}"
+    );
+}
+
+#[test]
 fn resumes_a_cut_download_with_a_range_request() {
     let s = server();
     let home = TempDir::new("resume");
@@ -580,4 +618,26 @@ fn cli_pull_then_models_lists_it() {
     );
     let out = tpslab(h, &["models", "--json"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+
+    // Import by path: the same set from a local folder; a broken copy is refused.
+    let src = TempDir::new("cli-src");
+    let folder = src.0.join("local-st");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    for f in st_files() {
+        std::fs::write(folder.join(&f.name), f.bytes.as_slice()).expect("write");
+    }
+    let out = tpslab(h, &["models", "import", folder.to_str().expect("utf8")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tpslab(h, &["models", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v[0]["name"], "local-st");
+    assert_eq!(v[0]["source"]["kind"], "imported");
+    std::fs::write(folder.join("model.safetensors"), b"broken").expect("write");
+    let out = tpslab(h, &["models", "import", folder.to_str().expect("utf8")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a usable model"), "{err}");
 }

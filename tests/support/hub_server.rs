@@ -58,6 +58,9 @@ pub struct RepoData {
     pub token: Option<String>,
     /// Serve this file with one byte changed (the listing keeps the true sha256).
     pub corrupt: Option<String>,
+    /// Answer LFS files with a 302 to another host name (`localhost`), as the Hub sends them to
+    /// its CDN; the CDN path serves the bytes with ranges.
+    pub redirect: bool,
 }
 
 /// One logged request.
@@ -302,8 +305,10 @@ fn serve_file(
 ) -> std::io::Result<()> {
     // /{owner}/{name}/resolve/{rev}/{file}
     let parts: Vec<&str> = path.trim_start_matches('/').splitn(5, '/').collect();
-    let [owner, name, "resolve", _rev, file] = parts.as_slice() else {
-        return hub_error(conn, "404 Not Found", "EntryNotFound", "not found");
+    let (owner, name, file, cdn) = match parts.as_slice() {
+        [owner, name, "resolve", _rev, file] => (*owner, *name, *file, false),
+        ["cdn", owner, name, file] => (*owner, *name, *file, true),
+        _ => return hub_error(conn, "404 Not Found", "EntryNotFound", "not found"),
     };
     let repo = format!("{owner}/{name}");
     let Some(data) = repos.get(&repo) else {
@@ -314,7 +319,7 @@ fn serve_file(
             "Repository not found",
         );
     };
-    if let Some(token) = &data.token {
+    if let Some(token) = data.token.as_ref().filter(|_| !cdn) {
         let msg =
             format!("Access to model {repo} is restricted and you are not in the authorized list.");
         match req.auth.as_deref() {
@@ -329,6 +334,20 @@ fn serve_file(
         return hub_error(conn, "404 Not Found", "EntryNotFound", "Entry not found");
     };
     let sha = f.sha256();
+    if data.redirect && f.lfs && !cdn {
+        let port = conn.local_addr()?.port();
+        let headers = [
+            ("x-repo-commit", COMMIT.to_string()),
+            ("etag", format!("\"{sha}\"")),
+            ("x-linked-etag", format!("\"{sha}\"")),
+            ("x-linked-size", f.bytes.len().to_string()),
+            (
+                "location",
+                format!("http://localhost:{port}/cdn/{repo}/{file}"),
+            ),
+        ];
+        return respond(conn, "302 Found", &headers, b"");
+    }
     let len = f.bytes.len() as u64;
     let mut headers = vec![
         ("x-repo-commit", COMMIT.to_string()),
@@ -367,7 +386,7 @@ fn serve_file(
         return conn.flush();
     }
     let mut body = f.bytes[start as usize..start as usize + n as usize].to_vec();
-    if data.corrupt.as_deref() == Some(*file) && !body.is_empty() {
+    if data.corrupt.as_deref() == Some(file) && !body.is_empty() {
         let mid = (len / 2).clamp(start, end) - start;
         body[mid as usize] ^= 0x5a;
     }
