@@ -166,6 +166,16 @@ fn list(lib: &Library, json: bool) -> Result<()> {
     for b in bad {
         eprintln!("warning: not a usable model: {b}");
     }
+    let partial = lib.partial_downloads();
+    if !partial.is_empty() && !json {
+        let bytes: u64 = partial.iter().map(|(_, n)| n).sum();
+        println!(
+            "{} partial download(s), {} in {} (the next pull of the same repo resumes them)",
+            partial.len(),
+            human_bytes(bytes),
+            lib.hub_cache().display()
+        );
+    }
     Ok(())
 }
 

@@ -390,6 +390,9 @@ fn a_cancelled_download_leaves_nothing_that_loads_and_resumes_later() {
         "stopped before the end"
     );
     assert_no_model(&lib);
+    let partial = lib.partial_downloads();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    assert!(partial[0].1 >= CHUNK as u64, "{partial:?}");
     // Pulled again, it resumes from the whole chunks the cancelled run left and completes.
     s.faults.slow_us.store(0, Ordering::Relaxed);
     let before = s.seen().len();

@@ -5,7 +5,7 @@
 //! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
 //! - [`library`]: the model library folder and fetching the default model.
 //! - [`library_index`]: the library's models with source, shape facts and sha256; import, install, remove.
-//! - [`library_st`]: safetensors folders described and validated for the library index.
+//! - [`library_st`]: a model described from its headers (GGUF, safetensors folder) for the index.
 //! - [`config`]: model shape resolved from GGUF metadata (every Llama-family architecture).
 //! - [`weights`]: the weight set by tensor name; [`weights::Linear`] dense or quantized.
 //! - [`kv`]: paged KV storage and the [`kv::Batch`] the forward pass reads it through.

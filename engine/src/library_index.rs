@@ -28,16 +28,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::gguf::{GgufFile, Value};
 use crate::library::{self, LibraryError};
+pub use crate::library_st::describe;
+use crate::library_st::{combined_sha, file_at, hex, load_path};
 
 const INDEX_DIR: &str = ".index";
 const STAGING_DIR: &str = ".staging";
 /// hf-hub's cache inside the library (same file system, so finished files are renamed, not copied).
 pub const HUB_CACHE_DIR: &str = ".hub-cache";
 const MANIFEST_VERSION: u32 = 1;
-/// A manifest or config.json past this size is not ours: refuse before reading it.
-const MAX_JSON: u64 = 64 << 20;
+/// A manifest past this size is not ours: refuse before reading it.
+const MAX_JSON: u64 = 1 << 20;
 
 /// The file format of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,10 +257,50 @@ impl Library {
     /// Creates a staging folder inside the library; a folder that cannot be created (missing
     /// permissions, a file in the way, a full disk) is reported as such.
     pub fn stage(&self) -> Result<Staging, IndexError> {
+        self.sweep_staging();
         let dir = self.root.join(STAGING_DIR).join(unique());
         std::fs::create_dir_all(&dir)
             .map_err(|e| write_error(&self.root, "a staging folder", &dir, e))?;
         Ok(Staging { dir })
+    }
+
+    /// Removes staging folders left by processes that died mid-way (killed, power cut): each
+    /// is named after its process id, and on Linux a process that is gone has no `/proc/<pid>`.
+    fn sweep_staging(&self) {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let Ok(rd) = std::fs::read_dir(self.root.join(STAGING_DIR)) else {
+            return;
+        };
+        for e in rd.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
+    /// Partial downloads kept in the hub cache to resume from: (file, bytes on disk).
+    pub fn partial_downloads(&self) -> Vec<(PathBuf, u64)> {
+        fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => walk(&p, out),
+                    Ok(t) if t.is_file() && p.to_string_lossy().ends_with(".part") => {
+                        // Sparse until whole: count the blocks really written.
+                        let len = e.metadata().map_or(0, |m| allocated(&m));
+                        out.push((p, len));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.hub_cache(), &mut out);
+        out
     }
 
     /// Every model in the folder. Models without a manifest are described from their headers
@@ -540,23 +581,6 @@ impl Library {
     }
 }
 
-/// What to load for the model at `entry` (a library entry or a staged copy): a folder holding
-/// one GGUF loads that file; a GGUF file or a safetensors folder loads as it is.
-fn load_path(entry: &Path, format: ModelFormat, files: &[ModelFile]) -> PathBuf {
-    match (format, files) {
-        (ModelFormat::Gguf, [f]) if entry.is_dir() => entry.join(&f.name),
-        _ => entry.to_path_buf(),
-    }
-}
-
-/// `name` inside a model path: the path itself for a single file, else a file of the folder.
-fn file_at(model: &Path, name: &str) -> Option<PathBuf> {
-    if model.is_file() {
-        return (model.file_name()?.to_str()? == name).then(|| model.to_path_buf());
-    }
-    Some(model.join(name))
-}
-
 /// Copies `from` into `out` in 1 MiB blocks, hashing as it goes; syncs the file at the end so a
 /// full disk shows here and not after the rename.
 #[allow(clippy::too_many_arguments)]
@@ -600,161 +624,15 @@ fn copy_hashing(
     Ok(hex(&h.finalize()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn combined_sha(format: &ModelFormat, files: &[ModelFile]) -> String {
-    match (format, files) {
-        (ModelFormat::Gguf, [f]) => f.sha256.clone(),
-        _ => {
-            let mut sorted: Vec<&ModelFile> = files.iter().collect();
-            sorted.sort_by(|a, b| a.name.cmp(&b.name));
-            let listing: String = sorted
-                .iter()
-                .map(|f| format!("{}  {}\n", f.sha256, f.name))
-                .collect();
-            hex(&Sha256::digest(listing.as_bytes()))
-        }
+/// Bytes a file really occupies on disk (its length where that is not known).
+fn allocated(m: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        (m.blocks() * 512).min(m.len())
     }
-}
-
-/// Describes the model at `path` (a GGUF file, a folder with one GGUF, or a safetensors folder)
-/// from its headers; with `hash`, also the sha256 of every file.
-pub fn describe(
-    path: &Path,
-    name: &str,
-    source: ModelSource,
-    hash: bool,
-) -> Result<ModelEntry, IndexError> {
-    let invalid = |reason: String| IndexError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let md = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
-    let (format, mut files, facts) = if md.is_file() {
-        let facts = gguf_facts(path)?;
-        let fname = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        (ModelFormat::Gguf, vec![(fname, md.len())], facts)
-    } else {
-        let mut listing: Vec<(String, u64)> = std::fs::read_dir(path)
-            .map_err(|e| invalid(e.to_string()))?
-            .filter_map(Result::ok)
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-            .filter_map(|e| {
-                let len = e.metadata().ok()?.len();
-                Some((e.file_name().into_string().ok()?, len))
-            })
-            .filter(|(n, _)| !n.starts_with('.'))
-            .collect();
-        listing.sort();
-        let ggufs: Vec<&(String, u64)> = listing
-            .iter()
-            .filter(|(n, _)| n.to_ascii_lowercase().ends_with(".gguf"))
-            .collect();
-        if let [g] = ggufs.as_slice() {
-            let facts = gguf_facts(&path.join(&g.0))?;
-            (ModelFormat::Gguf, vec![(*g).clone()], facts)
-        } else {
-            let facts = crate::library_st::folder_facts(path, &listing)?;
-            let keep = listing
-                .into_iter()
-                .filter(|(n, _)| crate::library_st::is_model_file(n))
-                .collect();
-            (ModelFormat::Safetensors, keep, facts)
-        }
-    };
-    files.sort();
-    let files: Vec<ModelFile> = files
-        .into_iter()
-        .map(|(fname, size)| {
-            let sha256 = if hash {
-                let p = file_at(path, &fname).unwrap_or_else(|| path.join(&fname));
-                library::sha256_file(&p)?
-            } else {
-                String::new()
-            };
-            Ok(ModelFile {
-                name: fname,
-                size,
-                sha256,
-            })
-        })
-        .collect::<Result<_, IndexError>>()?;
-    let sha256 = if hash {
-        combined_sha(&format, &files)
-    } else {
-        String::new()
-    };
-    Ok(ModelEntry {
-        name: name.to_string(),
-        path: load_path(path, format, &files),
-        format,
-        source,
-        size: files.iter().map(|f| f.size).sum(),
-        files,
-        arch: facts.arch,
-        params: facts.params,
-        precision: facts.precision,
-        context_len: facts.context_len,
-        sha256,
-    })
-}
-
-/// What a model's headers say about it.
-pub(crate) struct Facts {
-    pub arch: String,
-    pub params: u64,
-    pub precision: String,
-    pub context_len: Option<u64>,
-}
-
-fn gguf_facts(path: &Path) -> Result<Facts, IndexError> {
-    let f = GgufFile::open(path).map_err(|e| IndexError::Invalid {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let arch = f
-        .get("general.architecture")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown")
-        .to_string();
-    let context_len = f
-        .get(&format!("{arch}.context_length"))
-        .and_then(Value::as_u64);
-    let mut by_type: Vec<(&'static str, u64)> = Vec::new();
-    for t in f.tensors.iter().filter(|t| t.dims.len() >= 2) {
-        match by_type.iter_mut().find(|(n, _)| *n == t.ty.name()) {
-            Some((_, n)) => *n += t.size,
-            None => by_type.push((t.ty.name(), t.size)),
-        }
+    #[cfg(not(unix))]
+    {
+        m.len()
     }
-    let precision = by_type
-        .iter()
-        .max_by_key(|(_, n)| *n)
-        .map_or("unknown".to_string(), |(n, _)| (*n).to_string());
-    Ok(Facts {
-        arch,
-        params: f.tensors.iter().map(|t| t.n_elements()).sum(),
-        precision,
-        context_len,
-    })
-}
-
-pub(crate) fn read_small_json(path: &Path) -> Result<serde_json::Value, IndexError> {
-    let invalid = |reason: String| IndexError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let len = std::fs::metadata(path)
-        .map_err(|e| invalid(e.to_string()))?
-        .len();
-    if len > MAX_JSON {
-        return Err(invalid(format!("{len} bytes is too large for a JSON file")));
-    }
-    let bytes = std::fs::read(path).map_err(|e| invalid(e.to_string()))?;
-    serde_json::from_slice(&bytes).map_err(|e| invalid(format!("not valid JSON: {e}")))
 }

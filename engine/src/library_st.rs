@@ -1,11 +1,19 @@
-//! Safetensors folders as the library index sees them: `config.json` facts and the tensor shapes
-//! and dtypes from each `*.safetensors` header, every length checked against the file before
-//! anything is read or allocated. Only describes and validates; loading is [`crate::hf`]'s.
+//! Describing a model for the library index from its headers: a GGUF's metadata and tensor
+//! table, or a safetensors folder's `config.json` and each `*.safetensors` header (shapes and
+//! dtypes, every length checked against the file before anything is read or allocated). Only
+//! describes and validates; loading is [`crate::gguf`]'s and [`crate::hf`]'s.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::library_index::{Facts, IndexError, read_small_json};
+use sha2::{Digest, Sha256};
+
+use crate::gguf::{GgufFile, Value};
+use crate::library;
+use crate::library_index::{IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource};
+
+/// A manifest or config.json past this size is not ours: refuse before reading it.
+const MAX_JSON: u64 = 64 << 20;
 
 /// The safetensors crate's own limit on the JSON header.
 const MAX_HEADER: u64 = 100 << 20;
@@ -145,4 +153,180 @@ fn tensors(path: &Path) -> Result<Vec<(String, u64, u64)>, IndexError> {
         out.push((dtype.to_string(), elements, end - begin));
     }
     Ok(out)
+}
+
+/// What to load for the model at `entry` (a library entry or a staged copy): a folder holding
+/// one GGUF loads that file; a GGUF file or a safetensors folder loads as it is.
+pub(crate) fn load_path(entry: &Path, format: ModelFormat, files: &[ModelFile]) -> PathBuf {
+    match (format, files) {
+        (ModelFormat::Gguf, [f]) if entry.is_dir() => entry.join(&f.name),
+        _ => entry.to_path_buf(),
+    }
+}
+
+/// `name` inside a model path: the path itself for a single file, else a file of the folder.
+pub(crate) fn file_at(model: &Path, name: &str) -> Option<PathBuf> {
+    if model.is_file() {
+        return (model.file_name()?.to_str()? == name).then(|| model.to_path_buf());
+    }
+    Some(model.join(name))
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(crate) fn combined_sha(format: &ModelFormat, files: &[ModelFile]) -> String {
+    match (format, files) {
+        (ModelFormat::Gguf, [f]) => f.sha256.clone(),
+        _ => {
+            let mut sorted: Vec<&ModelFile> = files.iter().collect();
+            sorted.sort_by(|a, b| a.name.cmp(&b.name));
+            let listing: String = sorted
+                .iter()
+                .map(|f| format!("{}  {}\n", f.sha256, f.name))
+                .collect();
+            hex(&Sha256::digest(listing.as_bytes()))
+        }
+    }
+}
+
+/// Describes the model at `path` (a GGUF file, a folder with one GGUF, or a safetensors folder)
+/// from its headers; with `hash`, also the sha256 of every file.
+pub fn describe(
+    path: &Path,
+    name: &str,
+    source: ModelSource,
+    hash: bool,
+) -> Result<ModelEntry, IndexError> {
+    let invalid = |reason: String| IndexError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let md = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
+    let (format, mut files, facts) = if md.is_file() {
+        let facts = gguf_facts(path)?;
+        let fname = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        (ModelFormat::Gguf, vec![(fname, md.len())], facts)
+    } else {
+        let mut listing: Vec<(String, u64)> = std::fs::read_dir(path)
+            .map_err(|e| invalid(e.to_string()))?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| {
+                let len = e.metadata().ok()?.len();
+                Some((e.file_name().into_string().ok()?, len))
+            })
+            .filter(|(n, _)| !n.starts_with('.'))
+            .collect();
+        listing.sort();
+        let ggufs: Vec<&(String, u64)> = listing
+            .iter()
+            .filter(|(n, _)| n.to_ascii_lowercase().ends_with(".gguf"))
+            .collect();
+        if let [g] = ggufs.as_slice() {
+            let facts = gguf_facts(&path.join(&g.0))?;
+            (ModelFormat::Gguf, vec![(*g).clone()], facts)
+        } else {
+            let facts = folder_facts(path, &listing)?;
+            let keep = listing
+                .into_iter()
+                .filter(|(n, _)| is_model_file(n))
+                .collect();
+            (ModelFormat::Safetensors, keep, facts)
+        }
+    };
+    files.sort();
+    let files: Vec<ModelFile> = files
+        .into_iter()
+        .map(|(fname, size)| {
+            let sha256 = if hash {
+                let p = file_at(path, &fname).unwrap_or_else(|| path.join(&fname));
+                library::sha256_file(&p)?
+            } else {
+                String::new()
+            };
+            Ok(ModelFile {
+                name: fname,
+                size,
+                sha256,
+            })
+        })
+        .collect::<Result<_, IndexError>>()?;
+    let sha256 = if hash {
+        combined_sha(&format, &files)
+    } else {
+        String::new()
+    };
+    Ok(ModelEntry {
+        name: name.to_string(),
+        path: load_path(path, format, &files),
+        format,
+        source,
+        size: files.iter().map(|f| f.size).sum(),
+        files,
+        arch: facts.arch,
+        params: facts.params,
+        precision: facts.precision,
+        context_len: facts.context_len,
+        sha256,
+    })
+}
+
+/// What a model's headers say about it.
+pub(crate) struct Facts {
+    pub arch: String,
+    pub params: u64,
+    pub precision: String,
+    pub context_len: Option<u64>,
+}
+
+fn gguf_facts(path: &Path) -> Result<Facts, IndexError> {
+    let f = GgufFile::open(path).map_err(|e| IndexError::Invalid {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let arch = f
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    let context_len = f
+        .get(&format!("{arch}.context_length"))
+        .and_then(Value::as_u64);
+    let mut by_type: Vec<(&'static str, u64)> = Vec::new();
+    for t in f.tensors.iter().filter(|t| t.dims.len() >= 2) {
+        match by_type.iter_mut().find(|(n, _)| *n == t.ty.name()) {
+            Some((_, n)) => *n += t.size,
+            None => by_type.push((t.ty.name(), t.size)),
+        }
+    }
+    let precision = by_type
+        .iter()
+        .max_by_key(|(_, n)| *n)
+        .map_or("unknown".to_string(), |(n, _)| (*n).to_string());
+    Ok(Facts {
+        arch,
+        params: f.tensors.iter().map(|t| t.n_elements()).sum(),
+        precision,
+        context_len,
+    })
+}
+
+pub(crate) fn read_small_json(path: &Path) -> Result<serde_json::Value, IndexError> {
+    let invalid = |reason: String| IndexError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let len = std::fs::metadata(path)
+        .map_err(|e| invalid(e.to_string()))?
+        .len();
+    if len > MAX_JSON {
+        return Err(invalid(format!("{len} bytes is too large for a JSON file")));
+    }
+    let bytes = std::fs::read(path).map_err(|e| invalid(e.to_string()))?;
+    serde_json::from_slice(&bytes).map_err(|e| invalid(format!("not valid JSON: {e}")))
 }

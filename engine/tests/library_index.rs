@@ -129,7 +129,15 @@ fn imports_the_default_gguf_and_lists_it_with_a_manifest() {
         .import(&src, &never(), &mut |_, _| {})
         .expect_err("exists");
     assert!(matches!(e, IndexError::Exists(_)), "{e}");
+    // A staging folder left by a process that is gone is swept by the next change.
+    let stale = lib
+        .root()
+        .join(".staging")
+        .join(format!("{}-1-0", u32::MAX - 1));
+    std::fs::create_dir_all(&stale).expect("mkdir");
+    std::fs::write(stale.join("half.gguf"), b"half").expect("write");
     lib.remove(&m.name).expect("rm");
+    assert!(!stale.exists());
     assert!(lib.list().expect("list").0.is_empty());
     assert!(
         snapshot(lib.root()).is_empty(),

@@ -319,16 +319,8 @@ fn serve_file(
             "Repository not found",
         );
     };
-    if let Some(token) = data.token.as_ref().filter(|_| !cdn) {
-        let msg =
-            format!("Access to model {repo} is restricted and you are not in the authorized list.");
-        match req.auth.as_deref() {
-            None => return hub_error(conn, "401 Unauthorized", "GatedRepo", &msg),
-            Some(a) if a != format!("Bearer {token}") => {
-                return hub_error(conn, "403 Forbidden", "GatedRepo", &msg);
-            }
-            Some(_) => {}
-        }
+    if !cdn && !authorized(conn, data, &repo, req.auth.as_deref())? {
+        return Ok(());
     }
     let Some(f) = data.files.iter().find(|f| f.name == *file) else {
         return hub_error(conn, "404 Not Found", "EntryNotFound", "Entry not found");
@@ -411,4 +403,26 @@ fn serve_file(
         let _ = conn.shutdown(std::net::Shutdown::Both);
     }
     Ok(())
+}
+
+/// Whether a gated repo's file may be served; answers 401 (no token) or 403 (a wrong one) if not.
+fn authorized(
+    conn: &mut TcpStream,
+    data: &RepoData,
+    repo: &str,
+    auth: Option<&str>,
+) -> std::io::Result<bool> {
+    let Some(token) = &data.token else {
+        return Ok(true);
+    };
+    let msg =
+        format!("Access to model {repo} is restricted and you are not in the authorized list.");
+    match auth {
+        None => hub_error(conn, "401 Unauthorized", "GatedRepo", &msg)?,
+        Some(a) if a != format!("Bearer {token}") => {
+            hub_error(conn, "403 Forbidden", "GatedRepo", &msg)?;
+        }
+        Some(_) => return Ok(true),
+    }
+    Ok(false)
 }
