@@ -411,6 +411,61 @@ fn a_cancelled_download_leaves_nothing_that_loads_and_resumes_later() {
     );
 }
 
+/// A tmpfs of `size` at a fresh folder, unmounted when dropped; None where mounting is not
+/// allowed (the library tests cover the full-disk path through an injected writer there).
+struct Tmpfs(TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Self> {
+        let dir = TempDir::new("tmpfs");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir.0)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        ok.then_some(Self(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0.0).status();
+    }
+}
+
+#[test]
+fn a_download_into_a_full_library_gives_a_clear_error_and_changes_nothing() {
+    let Some(fs) = Tmpfs::mount("8m") else {
+        eprintln!("mounting a tmpfs is not allowed here; skipping the real full-disk download");
+        return;
+    };
+    let s = server();
+    let lib = Library::at(fs.0.0.join("models"));
+    let first = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/tiny-st"),
+        &AtomicBool::new(false),
+    );
+    let first = first.0.expect("a small model fits");
+    // The 98 MB GGUF does not fit in what is left of 8 MiB.
+    let (r, _) = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/smollm2-gguf"),
+        &AtomicBool::new(false),
+    );
+    let e = r.expect_err("ENOSPC");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "not enough space for {GGUF_NAME} in the library folder"
+        )),
+        "{msg}"
+    );
+    assert_eq!(lib.list().expect("list").0, vec![first]);
+}
+
 #[test]
 fn pulls_a_safetensors_set_and_lists_its_shape() {
     let s = server();
