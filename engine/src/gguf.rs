@@ -61,6 +61,9 @@ pub enum GgufError {
     MissingKey { key: String },
     #[error("metadata key '{key}' has the wrong type: expected {expected}")]
     WrongType { key: String, expected: &'static str },
+    /// A Hugging Face folder (config.json, tokenizer.json, safetensors) that could not be mapped.
+    #[error(transparent)]
+    Hf(Box<crate::hf::HfError>),
 }
 
 /// Tensor element types as ggml numbers them. Only the ones listed are accepted.
@@ -255,6 +258,24 @@ pub struct TensorInfo {
     pub offset: u64,
     /// Size in bytes, already checked to lie inside the file.
     pub size: u64,
+    /// Where the bytes are: this GGUF's data section, or a safetensors file.
+    pub source: TensorSource,
+}
+
+/// Where a tensor's bytes are read from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum TensorSource {
+    /// This GGUF's data section, at `TensorInfo::offset`.
+    #[default]
+    Gguf,
+    /// A safetensors file of a Hugging Face folder ([`crate::hf`]), at absolute byte `start`.
+    /// `rope_heads`: Llama Q/K rows are reordered from Hugging Face's rotary layout into GGUF's
+    /// (convert_hf_to_gguf's `permute`) for that many heads.
+    Safetensors {
+        path: std::sync::Arc<Path>,
+        start: u64,
+        rope_heads: Option<usize>,
+    },
 }
 
 impl TensorInfo {
@@ -264,6 +285,10 @@ impl TensorInfo {
 }
 
 /// A parsed GGUF header: metadata and tensor table. Tensor bytes are read on demand.
+///
+/// A Hugging Face folder opens as the same view ([`crate::hf`]): metadata under the GGUF keys
+/// convert_hf_to_gguf writes, tensors under GGUF names with their bytes in the safetensors files;
+/// then `path` is the folder, `data_offset` 0 and `file_len` the size of its files.
 #[derive(Debug)]
 pub struct GgufFile {
     pub path: PathBuf,
@@ -403,9 +428,13 @@ impl Cursor<'_> {
 }
 
 impl GgufFile {
-    /// Parses and validates the header of `path`. Tensor data is not read.
+    /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
+    /// as a Hugging Face model ([`crate::hf::open_folder`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
+        if path.is_dir() {
+            return crate::hf::open_folder(path).map_err(|e| GgufError::Hf(Box::new(e)));
+        }
         let file = File::open(path).map_err(|source| GgufError::Open {
             path: path.to_path_buf(),
             source,
@@ -528,6 +557,7 @@ impl GgufFile {
                 ty,
                 offset,
                 size,
+                source: TensorSource::Gguf,
             });
         }
 
@@ -561,6 +591,15 @@ impl GgufFile {
 
     /// Reads the bytes of one tensor. The size was validated against the file in `open`.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
+        if let TensorSource::Safetensors {
+            path,
+            start,
+            rope_heads,
+        } = &info.source
+        {
+            return crate::hf::read_tensor(info, path, *start, *rope_heads)
+                .map_err(|e| GgufError::Hf(Box::new(e)));
+        }
         let io = |source| GgufError::Io {
             path: self.path.clone(),
             source,

@@ -3,6 +3,10 @@
 //! Modules:
 //! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
 //! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
+//! - [`safetensors`]: validating safetensors reader and streaming writer (F32/F16/BF16).
+//! - [`hf`]: Hugging Face folders (config.json, tokenizer.json, safetensors) opened as a GGUF view.
+//! - [`hf_tokenizer`]: tokenizer.json + tokenizer_config.json mapped to the GGUF tokenizer keys.
+//! - [`hf_export`]: exporting a model to a Hugging Face safetensors folder (`tpslab export`).
 //! - [`library`]: the model library folder and fetching the default model.
 //! - [`library_index`]: the library's models with source, shape facts and sha256; import, install, remove.
 //! - [`library_st`]: a model described from its headers (GGUF, safetensors folder) for the index.
@@ -41,6 +45,9 @@ pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod gguf_write;
+pub mod hf;
+pub mod hf_export;
+pub mod hf_tokenizer;
 pub mod kv;
 pub mod library;
 pub mod library_index;
@@ -52,6 +59,7 @@ pub mod ops;
 pub mod perplexity;
 pub mod quantize;
 pub mod requant;
+pub mod safetensors;
 pub mod sampler;
 pub mod scheduler;
 pub mod stop;

@@ -103,7 +103,7 @@ impl PreTokenizerKind {
         })
     }
 
-    fn build(self) -> Result<PreTokenizerWrapper, TokenizerError> {
+    pub(crate) fn build(self) -> Result<PreTokenizerWrapper, TokenizerError> {
         let split = |re: &str| {
             Split::new(
                 SplitPattern::Regex(re.to_string()),
@@ -412,6 +412,12 @@ impl Tokenizer {
 
     pub fn pre_tokenizer(&self) -> PreTokenizerKind {
         self.pre
+    }
+
+    /// The wrapped Hugging Face tokenizer (control tokens parsed in text): what a
+    /// `tokenizer.json` of this model holds ([`crate::hf_export`] writes it).
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.with_special
     }
 }
 
