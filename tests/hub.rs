@@ -136,33 +136,21 @@ fn pull(
     (out, seen)
 }
 
-/// Nothing that looks like a model is in the library: no listed model, no model file outside
-/// hf-hub's partial-download cache, no staging left.
+/// Nothing that looks like a model is in the library: no listed model, no file outside
+/// hf-hub's cache (which keeps partial files and whole verified ones for the next pull), no GGUF
+/// file anywhere, and no staging left.
 fn assert_no_model(lib: &Library) {
     let (models, bad) = lib.list().expect("list");
     assert!(models.is_empty() && bad.is_empty(), "{models:?} {bad:?}");
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    let mut files = Vec::new();
-    walk(lib.root(), &mut files);
-    for f in files {
+    for f in walkdir(lib.root()) {
         let rel = f.strip_prefix(lib.root()).expect("inside");
         assert!(
             rel.starts_with(".hub-cache"),
             "{} left in the library",
             rel.display()
         );
-        let name = f.to_string_lossy().to_lowercase();
         assert!(
-            !name.ends_with(".gguf") && !name.ends_with(".safetensors"),
+            !f.to_string_lossy().to_lowercase().ends_with(".gguf"),
             "{}",
             f.display()
         );
@@ -316,6 +304,74 @@ fn resumes_a_cut_download_with_a_range_request() {
         s.body_bytes.load(Ordering::Relaxed) < total + total / 4,
         "the file was not downloaded twice"
     );
+}
+
+#[test]
+fn a_cut_sharded_pull_keeps_the_whole_shards_for_the_next_pull() {
+    let s = server();
+    let mut files = st_files();
+    files.retain(|f| f.name != "model.safetensors");
+    // Valid shards of 3 MiB: one F32 tensor each.
+    let shard = |i: u8| {
+        let n = (3 << 20) / 4;
+        let header = format!(
+            r#"{{"w{i}":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#,
+            n * 4
+        );
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.resize(v.len() + n * 4, i);
+        Arc::new(v)
+    };
+    files.push(File::new(
+        "model-00001-of-00002.safetensors",
+        shard(1),
+        true,
+    ));
+    files.push(File::new(
+        "model-00002-of-00002.safetensors",
+        shard(2),
+        true,
+    ));
+    s.add(
+        "tpslab/sharded",
+        RepoData {
+            files,
+            ..RepoData::default()
+        },
+    );
+    // The second shard's transfer breaks; the first is whole by then.
+    *s.faults.cut.lock().expect("cut") = Some(("model-00002-of-00002.safetensors".into(), 0));
+    let home = TempDir::new("shards");
+    let lib = Library::at(home.0.join("models"));
+    let r = req("tpslab/sharded");
+    let e = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
+        .0
+        .expect_err("cut");
+    assert!(matches!(e, HubError::Interrupted { .. }), "{e}");
+    assert_no_model(&lib);
+    let before = s.seen().len();
+    let m = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
+        .0
+        .expect("second pull");
+    let body_gets: Vec<String> = s.seen()[before..]
+        .iter()
+        .filter(|q| q.method == "GET" && q.range.is_some_and(|(a, b)| b != Some(a)))
+        .map(|q| q.path.rsplit('/').next().unwrap_or("").to_string())
+        .collect();
+    assert!(
+        !body_gets
+            .iter()
+            .any(|p| p == "model-00001-of-00002.safetensors"),
+        "shard 1 was downloaded again: {body_gets:?}"
+    );
+    assert!(
+        body_gets
+            .iter()
+            .any(|p| p == "model-00002-of-00002.safetensors")
+    );
+    assert_eq!(m.files.len(), 5, "{:?}", m.files);
+    assert_eq!(m.params, 2 * (3 << 20) / 4);
 }
 
 #[test]

@@ -20,8 +20,8 @@
 //! - [`search`]`(&HubConfig, query, limit) -> Vec<SearchHit>`.
 //! - [`pull`]`(&HubConfig, &Library, &PullRequest, &AtomicBool, &mut dyn FnMut(&PullProgress))
 //!   -> ModelEntry`: downloads, verifies and registers the model; setting the flag cancels
-//!   within ~0.1 s, leaving nothing in the library (a partial file stays in the hub cache to
-//!   resume from).
+//!   within ~0.1 s, leaving nothing in the library (partial files, and whole verified ones of a
+//!   set not yet complete, stay in the hub cache for the next pull of the same commit).
 
 use std::time::Duration;
 

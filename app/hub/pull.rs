@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hf_hub::api::tokio::{Api, ApiError, Progress};
+use hf_hub::api::tokio::{Api, ApiError, ApiRepo, Progress};
 use hf_hub::{Repo, RepoType};
 use tpslab_engine::library;
-use tpslab_engine::library_index::{Library, ModelEntry, ModelFile, ModelSource, write_error};
+use tpslab_engine::library_index::{
+    IndexError, Library, ModelEntry, ModelFile, ModelSource, write_error,
+};
 
 use super::{
     HubConfig, HubError, PullProgress, PullRequest, RepoFile, TICK, chain, list_files_async,
@@ -175,7 +177,7 @@ async fn pull_async(
     }
     let name = model_name(&req.repo, &files);
     if lib.root().join(&name).exists() {
-        return Err(tpslab_engine::library_index::IndexError::Exists(name).into());
+        return Err(IndexError::Exists(name).into());
     }
     let staging = lib.stage()?;
     let single = files.len() == 1 && name.to_ascii_lowercase().ends_with(".gguf");
@@ -183,14 +185,7 @@ async fn pull_async(
     if !single {
         std::fs::create_dir(&staged).map_err(|e| write_error(lib.root(), &name, &staged, e))?;
     }
-    // hf-hub links each finished blob from snapshots/; those links are stale once we move the
-    // blobs away, and a stale one makes hf-hub's next link fail: start without them.
-    let cache_repo = lib.hub_cache().join(
-        Repo::new(req.repo.clone(), RepoType::Model)
-            .folder_name()
-            .replace('/', "--"),
-    );
-    let _ = std::fs::remove_dir_all(cache_repo.join("snapshots"));
+    let (cache_repo, snapshot) = cache_dirs(lib, &req.repo, listing.commit.as_deref());
     let repo = api.repo(Repo::with_revision(
         req.repo.clone(),
         RepoType::Model,
@@ -198,37 +193,53 @@ async fn pull_async(
     ));
     meter.report.n_files = files.len();
     meter.report.total = files.iter().map(|f| f.size).sum();
-    let mut installed = Vec::new();
+    // Each file is verified where hf-hub put it and stays in its cache until every file is in
+    // hand: a pull cut off at shard 3 of 4 keeps shards 1 and 2 (and shard 3's whole chunks)
+    // for the next pull of the same commit.
+    let mut verified: Vec<(PathBuf, PathBuf, ModelFile)> = Vec::new();
+    let job = FileJob {
+        repo: &repo,
+        cfg,
+        lib,
+        req,
+        cancel,
+        snapshot: snapshot.as_deref(),
+    };
     for (i, f) in files.iter().enumerate() {
         meter.report.file = f.name.clone();
         meter.report.file_index = i + 1;
         meter.report.stage = "downloading";
-        let counter = Counter::default();
-        let dl = repo.download_with_progress(&f.name, counter.clone());
-        let pointer = cancellable(dl, cancel, &mut || meter.tick(&counter))
-            .await?
-            .map_err(|e| download_error(cfg, lib, req, &f.name, e))?;
-        meter.done_before += f.size;
-        meter.resumed_before += counter.resumed.load(Ordering::Relaxed);
-        meter.stage("verifying");
+        let (blob, sha256) = fetch(&job, f, &mut meter).await?;
         let base = f.name.rsplit('/').next().unwrap_or(&f.name).to_string();
         let target = if single {
             staged.clone()
         } else {
             staged.join(&base)
         };
-        let sha256 = verify_and_move(lib, f, &pointer, &target)?;
-        installed.push(ModelFile {
-            name: base,
-            size: f.size,
-            sha256,
-        });
+        verified.push((
+            blob,
+            target,
+            ModelFile {
+                name: base,
+                size: f.size,
+                sha256,
+            },
+        ));
         if cancel.load(Ordering::Relaxed) {
             return Err(HubError::Cancelled);
         }
     }
     meter.stage("installing");
-    let _ = std::fs::remove_dir_all(cache_repo.join("snapshots"));
+    let mut installed = Vec::new();
+    for (blob, target, file) in verified {
+        std::fs::rename(&blob, &target)
+            .map_err(|e| write_error(lib.root(), &file.name, &target, e))?;
+        installed.push(file);
+    }
+    // The links to the moved blobs are stale now (and would make hf-hub's next link fail).
+    if let Some(s) = &snapshot {
+        let _ = std::fs::remove_dir_all(s);
+    }
     let _ = std::fs::remove_dir_all(cache_repo.join("refs"));
     let source = ModelSource::Hub {
         repo: req.repo.clone(),
@@ -238,44 +249,102 @@ async fn pull_async(
     Ok(lib.install(&staging, &staged, &name, source, &installed)?)
 }
 
-/// Checks the downloaded file's size and sha256 against the listing, then moves it out of
-/// hf-hub's cache into the staging folder. A file that fails is deleted, so the next pull
-/// downloads it afresh.
-fn verify_and_move(
-    lib: &Library,
+/// hf-hub's cache folder of `repo`, and its snapshot folder of `commit`.
+fn cache_dirs(lib: &Library, repo: &str, commit: Option<&str>) -> (PathBuf, Option<PathBuf>) {
+    let dir = lib
+        .hub_cache()
+        .join(Repo::new(repo.to_string(), RepoType::Model).folder_name());
+    let snapshot = commit.map(|c| dir.join("snapshots").join(c));
+    (dir, snapshot)
+}
+
+/// What fetching one file of a pull needs.
+struct FileJob<'a> {
+    repo: &'a ApiRepo,
+    cfg: &'a HubConfig,
+    lib: &'a Library,
+    req: &'a PullRequest,
+    cancel: &'a AtomicBool,
+    /// hf-hub's snapshot folder of the listed commit, where whole files of an earlier pull wait.
+    snapshot: Option<&'a Path>,
+}
+
+/// One file into hf-hub's cache, verified: reused from an earlier pull when it is there whole,
+/// else downloaded (resuming a partial one). Returns the blob's path and sha256.
+async fn fetch(
+    job: &FileJob<'_>,
     f: &RepoFile,
-    pointer: &Path,
-    target: &Path,
-) -> Result<String, HubError> {
-    let blob: PathBuf = std::fs::canonicalize(pointer).unwrap_or_else(|_| pointer.to_path_buf());
-    let discard = || {
-        let _ = std::fs::remove_file(&blob);
-        let _ = std::fs::remove_file(pointer);
+    meter: &mut Meter<'_>,
+) -> Result<(PathBuf, String), HubError> {
+    let counter = Counter::default();
+    let cached = job.snapshot.map(|s| s.join(&f.name));
+    let reuse = match &cached {
+        Some(p) => match verify(f, p) {
+            Ok(ok) => Some(ok),
+            Err(_) => {
+                // Missing, stale or a dangling link (hf-hub would fail to link over it).
+                discard(p);
+                None
+            }
+        },
+        None => None,
     };
+    let out = match reuse {
+        Some(ok) => {
+            counter.resumed.store(f.size, Ordering::Relaxed);
+            counter.bytes.store(f.size, Ordering::Relaxed);
+            meter.tick(&counter);
+            ok
+        }
+        None => {
+            let dl = job.repo.download_with_progress(&f.name, counter.clone());
+            let pointer = cancellable(dl, job.cancel, &mut || meter.tick(&counter))
+                .await?
+                .map_err(|e| download_error(job.cfg, job.lib, job.req, &f.name, e))?;
+            meter.stage("verifying");
+            verify(f, &pointer).inspect_err(|_| discard(&pointer))?
+        }
+    };
+    meter.done_before += f.size;
+    meter.resumed_before += counter.resumed.load(Ordering::Relaxed);
+    Ok(out)
+}
+
+/// Deletes a cached file and its link, so the next pull downloads it afresh.
+fn discard(pointer: &Path) {
+    if let Ok(blob) = std::fs::canonicalize(pointer) {
+        let _ = std::fs::remove_file(blob);
+    }
+    let _ = std::fs::remove_file(pointer);
+}
+
+/// Checks a file in hf-hub's cache (by its link) against the listing's size and sha256;
+/// returns the blob's path and its sha256.
+fn verify(f: &RepoFile, pointer: &Path) -> Result<(PathBuf, String), HubError> {
+    let blob: PathBuf = std::fs::canonicalize(pointer).map_err(|e| HubError::Interrupted {
+        endpoint: String::new(),
+        file: f.name.clone(),
+        detail: format!("the downloaded file is missing: {e}"),
+    })?;
     let found = std::fs::metadata(&blob).map_or(0, |m| m.len());
     if f.size > 0 && found != f.size {
-        discard();
         return Err(HubError::Size {
             file: f.name.clone(),
             expected: f.size,
             found,
         });
     }
-    let sha256 =
-        library::sha256_file(&blob).map_err(tpslab_engine::library_index::IndexError::from)?;
+    let sha256 = library::sha256_file(&blob).map_err(IndexError::from)?;
     if let Some(expected) = &f.sha256
         && !expected.eq_ignore_ascii_case(&sha256)
     {
-        discard();
         return Err(HubError::Checksum {
             file: f.name.clone(),
             expected: expected.clone(),
             found: sha256,
         });
     }
-    std::fs::rename(&blob, target).map_err(|e| write_error(lib.root(), &f.name, target, e))?;
-    let _ = std::fs::remove_file(pointer);
-    Ok(sha256)
+    Ok((blob, sha256))
 }
 
 /// A clear error for a failed file download (hf-hub keeps only the status of HTTP errors).
