@@ -69,7 +69,12 @@ impl HubConfig {
             .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
         let token = token
             .or_else(|| env("HF_TOKEN"))
-            .or_else(|| Cache::from_env().token());
+            // hf-hub's default cache panics without a home folder: only look where there is one.
+            .or_else(|| {
+                (env("HF_HOME").is_some() || env("HOME").is_some())
+                    .then(|| Cache::from_env().token())
+                    .flatten()
+            });
         Self {
             endpoint: endpoint.trim_end_matches('/').to_string(),
             token,
@@ -82,15 +87,15 @@ impl HubConfig {
         if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() < 10 {
             return Err(HubError::BadEndpoint(url.clone()));
         }
-        let mut b = ApiBuilder::new()
+        // An explicit cache folder: hf-hub's default one panics without a home folder. Listing
+        // and search write nothing there.
+        let cache = lib.map_or_else(std::env::temp_dir, Library::hub_cache);
+        let b = ApiBuilder::from_cache(Cache::new(cache))
             .with_endpoint(url.trim_end_matches('/').to_string())
             .with_token(self.token.clone())
             .with_progress(false)
             .with_chunk_size(Some(self.chunk_size.max(1 << 16)))
             .with_user_agent("tpslab", env!("CARGO_PKG_VERSION"));
-        if let Some(lib) = lib {
-            b = b.with_cache_dir(lib.hub_cache());
-        }
         b.build().map_err(|e| HubError::Network {
             endpoint: url.clone(),
             detail: chain(&e),
