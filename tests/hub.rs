@@ -260,6 +260,37 @@ fn follows_the_hubs_redirect_to_another_host_for_lfs_files() {
 }
 
 #[test]
+fn a_redirect_to_nowhere_is_an_error_not_a_panic() {
+    let s = server();
+    s.add(
+        "tpslab/broken",
+        RepoData {
+            files: st_files(),
+            redirect_nowhere: true,
+            ..RepoData::default()
+        },
+    );
+    let home = TempDir::new("nowhere");
+    let lib = Library::at(home.0.join("models"));
+    let e = pull(
+        &cfg(&s),
+        &lib,
+        &req("tpslab/broken"),
+        &AtomicBool::new(false),
+    )
+    .0
+    .expect_err("broken server");
+    assert!(
+        e.to_string().starts_with(&format!(
+            "{} sent an answer that is not the Hub's API",
+            s.url
+        )),
+        "{e}"
+    );
+    assert_no_model(&lib);
+}
+
+#[test]
 fn resumes_a_cut_download_with_a_range_request() {
     let s = server();
     let home = TempDir::new("resume");

@@ -128,7 +128,18 @@ pub fn pull(
 ) -> Result<ModelEntry, HubError> {
     let api = cfg.api(Some(lib))?;
     let rt = runtime()?;
-    let result = rt.block_on(pull_async(&api, cfg, lib, req, cancel, on_progress));
+    // hf-hub unwraps a redirect's Location header: a server that sends a redirect without one
+    // would panic it. Such an answer is the server's fault, reported as an error here.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(pull_async(&api, cfg, lib, req, cancel, on_progress))
+    }))
+    .unwrap_or_else(|_| {
+        Err(HubError::BadAnswer {
+            endpoint: cfg.endpoint.clone(),
+            detail: "the download client failed on its answer (a redirect without a Location?)"
+                .into(),
+        })
+    });
     // Dropping the runtime drops hf-hub's chunk tasks, so a cancelled download stops here.
     rt.shutdown_timeout(Duration::from_secs(2));
     result

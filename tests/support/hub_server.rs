@@ -61,6 +61,8 @@ pub struct RepoData {
     /// Answer LFS files with a 302 to another host name (`localhost`), as the Hub sends them to
     /// its CDN; the CDN path serves the bytes with ranges.
     pub redirect: bool,
+    /// Answer LFS files with a 302 that has no `Location` (a broken server).
+    pub redirect_nowhere: bool,
 }
 
 /// One logged request.
@@ -326,6 +328,13 @@ fn serve_file(
         return hub_error(conn, "404 Not Found", "EntryNotFound", "Entry not found");
     };
     let sha = f.sha256();
+    if data.redirect_nowhere && f.lfs {
+        let headers = [
+            ("x-repo-commit", COMMIT.to_string()),
+            ("x-linked-etag", format!("\"{sha}\"")),
+        ];
+        return respond(conn, "302 Found", &headers, b"");
+    }
     if data.redirect && f.lfs && !cdn {
         let port = conn.local_addr()?.port();
         let headers = [
