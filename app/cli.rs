@@ -46,6 +46,8 @@ pub enum Command {
     Quantize(crate::model_cmds::QuantizeArgs),
     /// Perplexity over a text (the bundled public-domain one by default), llama.cpp's way.
     Perplexity(crate::model_cmds::PerplexityArgs),
+    /// Export a model to a Hugging Face safetensors folder (F32, F16 or BF16).
+    Export(crate::model_cmds::ExportArgs),
     /// OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /metrics).
     Serve(crate::serve::ServeArgs),
     /// The model library: list (NAME, source, shape, size, sha256), `import PATH`, `rm NAME`,
@@ -58,7 +60,8 @@ pub enum Command {
 /// Where the model comes from and how many threads run it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file, or `default` for the built-in default model (fetched on first use).
+    /// A GGUF file, a Hugging Face safetensors folder, or `default` for the built-in default
+    /// model (fetched on first use).
     #[arg(long, default_value = "default")]
     pub model: String,
     /// Instead of a model file: a model of this architecture's exact shape with seeded random
@@ -181,6 +184,7 @@ pub fn main() -> ExitCode {
         Some(Command::Bench(args)) => crate::bench::run(&args),
         Some(Command::Quantize(args)) => crate::model_cmds::run_quantize(&args),
         Some(Command::Perplexity(args)) => crate::model_cmds::run_perplexity(&args),
+        Some(Command::Export(args)) => crate::model_cmds::run_export(&args),
         Some(Command::Serve(args)) => crate::serve::run(&args),
         Some(Command::Models(args)) => crate::library_cmds::run_models(&args),
         Some(Command::Pull(args)) => crate::library_cmds::run_pull(&args),

@@ -1,5 +1,6 @@
-//! `tpslab quantize` (re-quantize a GGUF model to another weight type, with the predicted size
-//! first and a progress bar) and `tpslab perplexity` (llama.cpp-style, over the bundled text).
+//! `tpslab quantize` (re-quantize a GGUF model or a safetensors folder to another weight type,
+//! with the predicted size first and a progress bar), `tpslab perplexity` (llama.cpp-style, over
+//! the bundled text) and `tpslab export` (a model to a Hugging Face safetensors folder).
 
 use std::path::PathBuf;
 
@@ -17,7 +18,7 @@ const MIB: f64 = (1 << 20) as f64;
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
-    /// The source model: a GGUF file, or `default`.
+    /// The source model: a GGUF file, a Hugging Face safetensors folder, or `default`.
     pub input: String,
     /// Where to write the quantized GGUF (written as OUT.tmp, renamed when complete).
     pub output: PathBuf,
@@ -86,7 +87,7 @@ pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
-    /// The model: a GGUF file, or `default`.
+    /// The model: a GGUF file, a Hugging Face safetensors folder, or `default`.
     pub model: String,
     /// Window length in tokens; the second half of each window is scored (llama.cpp's way).
     #[arg(long, default_value_t = 512)]
@@ -113,7 +114,7 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
     let path = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
     let lm = LoadedModel::load(&path)
         .with_context(|| format!("cannot load model {}", path.display()))?;
-    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let size = model_bytes(&path);
     eprintln!(
         "perplexity of {} ({}, {:.1} MiB) on {source}, windows of {} tokens",
         path.display(),
@@ -140,5 +141,57 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
             r.perplexity, r.tokens_scored, r.windows, r.ctx, r.text_tokens, r.seconds
         );
     }
+    Ok(())
+}
+
+/// Bytes of a model on disk: the GGUF file, or every file of a folder.
+fn model_bytes(path: &std::path::Path) -> u64 {
+    match std::fs::read_dir(path) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum(),
+        Err(_) => std::fs::metadata(path).map_or(0, |m| m.len()),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The model: a GGUF file, a safetensors folder, or `default`.
+    pub model: String,
+    /// The folder to write (created; it must not exist or be empty).
+    pub output: PathBuf,
+    /// Weight type of every tensor: f32, f16 or bf16.
+    #[arg(long, default_value = "f16")]
+    pub dtype: String,
+    /// Threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+pub fn run_export(a: &ExportArgs) -> Result<()> {
+    let dtype = synthetic::parse_precision(&a.dtype)?;
+    let input = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
+    let f = GgufFile::open(&input)?;
+    let threads = match a.threads {
+        0 => std::thread::available_parallelism().map_or(1, |p| p.get()),
+        n => n,
+    };
+    let bar = ProgressBar::new(f.tensors.len() as u64);
+    let report =
+        tpslab_engine::hf_export::export_folder(&f, &a.output, dtype, threads, &mut |d, _| {
+            bar.set_position(d as u64)
+        })
+        .with_context(|| format!("exporting {} to {}", input.display(), a.output.display()));
+    bar.finish_and_clear();
+    let report = report?;
+    println!(
+        "wrote {} ({} tensors, {:.1} MiB of {} weights)",
+        a.output.display(),
+        report.tensors,
+        report.weights_bytes as f64 / MIB,
+        precision_name(dtype)
+    );
     Ok(())
 }

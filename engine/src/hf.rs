@@ -144,64 +144,9 @@ pub fn open_folder(dir: &Path) -> Result<GgufFile, HfError> {
             what: format!("not a Llama-family config: {e}"),
         })?;
     let arch = gguf_arch(&cfg, &config_path)?;
-    let bad = |what: String| HfError::Config {
-        path: config_path.clone(),
-        what,
-    };
-    if let Some(s) = cfg.rope_scaling.as_ref().filter(|s| !s.is_null()) {
-        return Err(bad(format!("rope_scaling {s} is not supported")));
-    }
+    let mut metadata = config_metadata(dir, &cfg, arch, &config_path)?;
     let heads = cfg.num_attention_heads;
     let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    if heads == 0 || kv_heads == 0 || !cfg.hidden_size.is_multiple_of(heads) {
-        return Err(bad(format!(
-            "hidden_size {} does not split into {heads} heads",
-            cfg.hidden_size
-        )));
-    }
-    let head_dim = cfg.hidden_size / heads;
-    if cfg.head_dim.is_some_and(|d| d != head_dim) {
-        return Err(bad(format!(
-            "head_dim {:?} differs from hidden_size / heads = {head_dim}",
-            cfg.head_dim
-        )));
-    }
-    if cfg.vocab_size == 0 || cfg.vocab_size > MAX_VOCAB {
-        return Err(bad(format!(
-            "vocab_size {} is out of range",
-            cfg.vocab_size
-        )));
-    }
-    let u32v = |v: u64| Value::U32(u32::try_from(v).unwrap_or(u32::MAX));
-    let k = |s: &str| format!("{arch}.{s}");
-    let name = dir
-        .file_name()
-        .map_or("model".into(), |n| n.to_string_lossy().into_owned());
-    let mut metadata: BTreeMap<String, Value> = [
-        (
-            "general.architecture".to_string(),
-            Value::String(arch.into()),
-        ),
-        ("general.name".into(), Value::String(name)),
-        (k("block_count"), u32v(cfg.num_hidden_layers)),
-        (k("context_length"), u32v(cfg.max_position_embeddings)),
-        (k("embedding_length"), u32v(cfg.hidden_size)),
-        (k("feed_forward_length"), u32v(cfg.intermediate_size)),
-        (k("attention.head_count"), u32v(heads)),
-        (k("attention.head_count_kv"), u32v(kv_heads)),
-        (k("rope.dimension_count"), u32v(head_dim)),
-        (k("vocab_size"), u32v(cfg.vocab_size)),
-        (
-            k("rope.freq_base"),
-            Value::F32(cfg.rope_theta.unwrap_or(10_000.0) as f32),
-        ),
-        (
-            k("attention.layer_norm_rms_epsilon"),
-            Value::F32(cfg.rms_norm_eps.unwrap_or(1e-6) as f32),
-        ),
-    ]
-    .into_iter()
-    .collect();
     metadata.extend(crate::hf_tokenizer::metadata(dir, &cfg)?);
 
     let (tensors, file_len) = tensors(dir, &cfg, arch, heads, kv_heads)?;
@@ -235,6 +180,74 @@ pub fn open_folder(dir: &Path) -> Result<GgufFile, HfError> {
         data_offset: 0,
         file_len: file_len + extra,
     })
+}
+
+/// The model keys (`general.*`, `{arch}.*`) for a checked config.json.
+fn config_metadata(
+    dir: &Path,
+    cfg: &HfConfig,
+    arch: &str,
+    config_path: &Path,
+) -> Result<BTreeMap<String, Value>, HfError> {
+    let bad = |what: String| HfError::Config {
+        path: config_path.into(),
+        what,
+    };
+    if let Some(s) = cfg.rope_scaling.as_ref().filter(|s| !s.is_null()) {
+        return Err(bad(format!("rope_scaling {s} is not supported")));
+    }
+    let heads = cfg.num_attention_heads;
+    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
+    if heads == 0 || kv_heads == 0 || !cfg.hidden_size.is_multiple_of(heads) {
+        return Err(bad(format!(
+            "hidden_size {} does not split into {heads} heads",
+            cfg.hidden_size
+        )));
+    }
+    let head_dim = cfg.hidden_size / heads;
+    if cfg.head_dim.is_some_and(|d| d != head_dim) {
+        return Err(bad(format!(
+            "head_dim {:?} differs from hidden_size / heads = {head_dim}",
+            cfg.head_dim
+        )));
+    }
+    if cfg.vocab_size == 0 || cfg.vocab_size > MAX_VOCAB {
+        return Err(bad(format!(
+            "vocab_size {} is out of range",
+            cfg.vocab_size
+        )));
+    }
+    let u32v = |v: u64| Value::U32(u32::try_from(v).unwrap_or(u32::MAX));
+    let k = |s: &str| format!("{arch}.{s}");
+    let name = dir
+        .file_name()
+        .map_or("model".into(), |n| n.to_string_lossy().into_owned());
+    let metadata: BTreeMap<String, Value> = [
+        (
+            "general.architecture".to_string(),
+            Value::String(arch.into()),
+        ),
+        ("general.name".into(), Value::String(name)),
+        (k("block_count"), u32v(cfg.num_hidden_layers)),
+        (k("context_length"), u32v(cfg.max_position_embeddings)),
+        (k("embedding_length"), u32v(cfg.hidden_size)),
+        (k("feed_forward_length"), u32v(cfg.intermediate_size)),
+        (k("attention.head_count"), u32v(heads)),
+        (k("attention.head_count_kv"), u32v(kv_heads)),
+        (k("rope.dimension_count"), u32v(head_dim)),
+        (k("vocab_size"), u32v(cfg.vocab_size)),
+        (
+            k("rope.freq_base"),
+            Value::F32(cfg.rope_theta.unwrap_or(10_000.0) as f32),
+        ),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_norm_eps.unwrap_or(1e-6) as f32),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    Ok(metadata)
 }
 
 /// The safetensors files of the folder: the shards the index names, or `model.safetensors`.
@@ -401,8 +414,13 @@ fn tensors(
             });
         }
     }
-    // GGUF order: embedding, blocks in order, then the output norm and head.
-    out.sort_by_key(|t| {
+    gguf_order(&mut out);
+    Ok((out, total))
+}
+
+/// GGUF order: embedding, blocks in order, then the output norm and head.
+fn gguf_order(tensors: &mut [TensorInfo]) {
+    tensors.sort_by_key(|t| {
         let layer = t
             .name
             .strip_prefix("blk.")
@@ -414,7 +432,6 @@ fn tensors(
             _ => (2, 0, t.name.clone()),
         }
     });
-    Ok((out, total))
 }
 
 /// Reads a safetensors tensor's bytes for a [`TensorSource::Safetensors`] entry.

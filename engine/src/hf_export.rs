@@ -170,10 +170,28 @@ pub fn export_folder(
         }
     };
 
+    write_side_files(f, out, &cfg, &tokenizer, &template, dtype)?;
+    let weights = out.join(WEIGHTS);
+    std::fs::rename(&tmp, &weights).map_err(io("cannot rename the weights to", &weights))?;
+    Ok(ExportReport {
+        tensors: descs.len(),
+        weights_bytes: bytes,
+    })
+}
+
+/// config.json, tokenizer.json and tokenizer_config.json (with the chat template).
+fn write_side_files(
+    f: &GgufFile,
+    out: &Path,
+    cfg: &ModelConfig,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    dtype: WType,
+) -> Result<(), ExportError> {
     let has_output = f.tensor("output.weight").is_some();
     write_json(
         &out.join(CONFIG),
-        &config_json(&cfg, &tokenizer, dtype, has_output),
+        &config_json(cfg, tokenizer, dtype, has_output),
     )?;
     let tok_path = out.join(TOKENIZER);
     let tok_json = tokenizer
@@ -204,12 +222,7 @@ pub fn export_folder(
         }
     }
     write_json(&out.join(TOKENIZER_CONFIG), &tc)?;
-    let weights = out.join(WEIGHTS);
-    std::fs::rename(&tmp, &weights).map_err(io("cannot rename the weights to", &weights))?;
-    Ok(ExportReport {
-        tensors: descs.len(),
-        weights_bytes: bytes,
-    })
+    Ok(())
 }
 
 fn config_json(

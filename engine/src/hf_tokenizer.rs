@@ -127,67 +127,9 @@ pub fn metadata(dir: &Path, cfg: &HfConfig) -> Result<Vec<(String, Value)>, HfEr
     }
     let pre = pre_name(tj.get("pre_tokenizer").unwrap_or(&Json::Null), &path)?;
 
-    // Tokens by id: the BPE vocabulary and the added tokens, padded to config.json's size.
     let n = cfg.vocab_size as usize;
-    let mut tokens: Vec<Option<String>> = vec![None; n];
-    let mut types = vec![NORMAL; n];
-    let mut put = |id: Option<u64>, tok: &str, what: &str| -> Result<usize, HfError> {
-        let id = id.ok_or_else(|| bad(format!("{what} '{tok}' has no integer id")))?;
-        let slot = tokens.get_mut(id as usize).ok_or_else(|| {
-            bad(format!(
-                "{what} '{tok}' has id {id}, past config.json's vocab_size {n}"
-            ))
-        })?;
-        *slot = Some(tok.to_string());
-        Ok(id as usize)
-    };
-    let vocab = model
-        .get("vocab")
-        .and_then(Json::as_object)
-        .ok_or_else(|| bad("model.vocab is not an object".into()))?;
-    for (tok, id) in vocab {
-        put(id.as_u64(), tok, "token")?;
-    }
-    for a in tj
-        .get("added_tokens")
-        .and_then(Json::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let tok = a
-            .get("content")
-            .and_then(Json::as_str)
-            .ok_or_else(|| bad("an added token has no content".into()))?;
-        let id = put(a.get("id").and_then(Json::as_u64), tok, "added token")?;
-        let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
-        types[id] = if special { CONTROL } else { USER_DEFINED };
-    }
-    let tokens: Vec<Value> = tokens
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| match t {
-            Some(t) => Value::String(t),
-            None => {
-                types[i] = USER_DEFINED;
-                Value::String(format!("[PAD{i}]"))
-            }
-        })
-        .collect();
-    let merges: Vec<Value> = model
-        .get("merges")
-        .and_then(Json::as_array)
-        .into_iter()
-        .flatten()
-        .map(|m| match (m.as_str(), m.as_array().map(Vec::as_slice)) {
-            (Some(s), _) => Ok(Value::String(s.to_string())),
-            (_, Some([a, b])) => match (a.as_str(), b.as_str()) {
-                (Some(a), Some(b)) => Ok(Value::String(format!("{a} {b}"))),
-                _ => Err(bad(format!("merge {m} is not two strings"))),
-            },
-            _ => Err(bad(format!("merge {m} is not \"a b\" or [a, b]"))),
-        })
-        .collect::<Result<_, _>>()?;
-
+    let (tokens, types) = vocabulary(&tj, model, n, &path)?;
+    let merges = merges(model, &path)?;
     let id_of = |text: &str| {
         tokens
             .iter()
@@ -235,6 +177,87 @@ pub fn metadata(dir: &Path, cfg: &HfConfig) -> Result<Vec<(String, Value)>, HfEr
         out.push(("tokenizer.chat_template".into(), Value::String(t)));
     }
     Ok(out)
+}
+
+/// Token strings and GGUF token types by id: the BPE vocabulary and the added tokens (control
+/// when special, user-defined otherwise), padded to config.json's `n` with `[PAD{id}]`.
+fn vocabulary(
+    tj: &Json,
+    model: &Json,
+    n: usize,
+    path: &Path,
+) -> Result<(Vec<Value>, Vec<i32>), HfError> {
+    let bad = |what: String| HfError::Tokenizer {
+        path: path.into(),
+        what,
+    };
+    let mut tokens: Vec<Option<String>> = vec![None; n];
+    let mut types = vec![NORMAL; n];
+    let mut put = |id: Option<u64>, tok: &str, what: &str| -> Result<usize, HfError> {
+        let id = id.ok_or_else(|| bad(format!("{what} '{tok}' has no integer id")))?;
+        let slot = tokens.get_mut(id as usize).ok_or_else(|| {
+            bad(format!(
+                "{what} '{tok}' has id {id}, past config.json's vocab_size {n}"
+            ))
+        })?;
+        *slot = Some(tok.to_string());
+        Ok(id as usize)
+    };
+    let vocab = model
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or_else(|| bad("model.vocab is not an object".into()))?;
+    for (tok, id) in vocab {
+        put(id.as_u64(), tok, "token")?;
+    }
+    for a in tj
+        .get("added_tokens")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let tok = a
+            .get("content")
+            .and_then(Json::as_str)
+            .ok_or_else(|| bad("an added token has no content".into()))?;
+        let id = put(a.get("id").and_then(Json::as_u64), tok, "added token")?;
+        let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
+        types[id] = if special { CONTROL } else { USER_DEFINED };
+    }
+    let tokens: Vec<Value> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| match t {
+            Some(t) => Value::String(t),
+            None => {
+                types[i] = USER_DEFINED;
+                Value::String(format!("[PAD{i}]"))
+            }
+        })
+        .collect();
+    Ok((tokens, types))
+}
+
+/// The merges, as "a b" strings (tokenizer.json has them so or as `[a, b]` pairs).
+fn merges(model: &Json, path: &Path) -> Result<Vec<Value>, HfError> {
+    let bad = |what: String| HfError::Tokenizer {
+        path: path.into(),
+        what,
+    };
+    model
+        .get("merges")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+        .map(|m| match (m.as_str(), m.as_array().map(Vec::as_slice)) {
+            (Some(s), _) => Ok(Value::String(s.to_string())),
+            (_, Some([a, b])) => match (a.as_str(), b.as_str()) {
+                (Some(a), Some(b)) => Ok(Value::String(format!("{a} {b}"))),
+                _ => Err(bad(format!("merge {m} is not two strings"))),
+            },
+            _ => Err(bad(format!("merge {m} is not \"a b\" or [a, b]"))),
+        })
+        .collect()
 }
 
 /// tokenizer_config.json's `add_bos_token`, else whether tokenizer.json's post-processor puts
