@@ -20,6 +20,18 @@ fn gpu_err(e: CudaError) -> ModelError {
     ModelError::Batch(format!("GPU: {e}"))
 }
 
+/// Refuses, before touching a GPU, weights of a type the CUDA kernels do not read (Q5_K).
+fn check_weight_types(w: &Weights) -> Result<(), String> {
+    let layers = w
+        .layers
+        .iter()
+        .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+    for l in std::iter::once(&w.embed).chain(layers).chain(&w.lm_head) {
+        tpslab_kernels::cuda::check_type(l.ty).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 struct DevLinear {
     m: DevMatrix,
     bias: Option<DBuf>,
@@ -177,6 +189,7 @@ impl CudaBackend {
                 cfg.head_dim
             ));
         }
+        check_weight_types(&lm.model.weights)?;
         let gpu = Gpu::new(ordinal).map_err(|e| e.to_string())?;
         let w = DevWeights::upload(&gpu, &lm.model.weights)
             .map_err(|e| format!("uploading the weights to {}: {e}", gpu.name()))?;

@@ -20,7 +20,7 @@ use crate::synthetic::{matrix_type, precision_name};
 use crate::weights::kernel_type;
 
 /// The targets `tpslab quantize --type` accepts, with a note on each.
-pub const TARGETS: [(WType, &str); 8] = [
+pub const TARGETS: [(WType, &str); 9] = [
     (WType::F32, "32-bit float: exact, 4 bytes per weight"),
     (
         WType::F16,
@@ -37,6 +37,10 @@ pub const TARGETS: [(WType, &str); 8] = [
     (
         WType::Q6K,
         "6-bit K-quant: very close to F16, 6.56 bits per weight",
+    ),
+    (
+        WType::Q5K,
+        "5-bit K-quant (Q5_K_M mix: Q6_K for some attn_v / ffn_down): 5.5 bits per weight",
     ),
     (
         WType::Q4K,
@@ -81,12 +85,14 @@ pub fn ggml_type(ty: WType) -> GgmlType {
         WType::Q4_1 => GgmlType::Q4_1,
         WType::Q8_0 => GgmlType::Q8_0,
         WType::Q4K => GgmlType::Q4K,
+        WType::Q5K => GgmlType::Q5K,
         WType::Q6K => GgmlType::Q6K,
     }
 }
 
 /// llama.cpp's `general.file_type` (`llama_ftype`) for a model quantized to `target`. Our Q4_K
-/// keeps every matrix at Q4_K (no Q6_K for some attn_v / ffn_down), as llama.cpp's Q4_K_S.
+/// keeps every matrix at Q4_K (no Q6_K for some attn_v / ffn_down), close to llama.cpp's Q4_K_S
+/// (which also gives its first attn_v and ffn_down Q5_K); our Q5_K is llama.cpp's Q5_K_M mix.
 pub fn file_type(target: WType) -> u32 {
     match target {
         WType::F32 => 0,
@@ -95,6 +101,7 @@ pub fn file_type(target: WType) -> u32 {
         WType::Q4_1 => 3,
         WType::Q8_0 => 7,
         WType::Q4K => 14,
+        WType::Q5K => 17,
         WType::Q6K => 18,
         WType::BF16 => 32,
     }
@@ -106,9 +113,11 @@ pub fn file_type(target: WType) -> u32 {
 /// - float targets apply to every matrix;
 /// - the output projection (`output.weight`, or `token_embd.weight` when the two are tied) gets
 ///   Q6_K, or Q8_0 when its rows are not whole 256-element blocks or the target is Q8_0;
+/// - for Q5_K (llama.cpp's Q5_K_M), `attn_v` and `ffn_down` matrices at positions where
+///   llama.cpp's `use_more_bits` holds (`more_bits`, see [`tensor_types`]) get Q6_K;
 /// - other matrices get the target, with K-quants falling back for rows that are not whole
 ///   256-element blocks ([`matrix_type`]); rows not whole blocks of any type stay F16.
-pub fn tensor_type(t: &TensorInfo, target: WType, has_output: bool) -> WType {
+pub fn tensor_type(t: &TensorInfo, target: WType, has_output: bool, more_bits: bool) -> WType {
     let matrix = t.dims.iter().filter(|&&d| d > 1).count() >= 2 && t.name.ends_with(".weight");
     if !matrix {
         return WType::F32;
@@ -124,6 +133,7 @@ pub fn tensor_type(t: &TensorInfo, target: WType, has_output: bool) -> WType {
                 WType::Q8_0
             }
         }
+        WType::Q5K if more_bits => matrix_type(WType::Q6K, k),
         _ => matrix_type(target, k),
     };
     if k.is_multiple_of(ty.block_size()) {
@@ -131,6 +141,41 @@ pub fn tensor_type(t: &TensorInfo, target: WType, has_output: bool) -> WType {
     } else {
         WType::F16
     }
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third one
+/// between get more bits in the `_M` mixes.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// The type of each of `tensors` (in file order) in a model quantized to `target`
+/// ([`tensor_type`]): `attn_v` and `ffn_down` matrices are numbered in file order among their
+/// kind, as llama.cpp's quantizer counts them, to pick those that get more bits.
+pub fn tensor_types(tensors: &[TensorInfo], target: WType) -> Vec<WType> {
+    let has_output = tensors.iter().any(|t| t.name == "output.weight");
+    let matrix = |t: &TensorInfo| t.dims.iter().filter(|&&d| d > 1).count() >= 2;
+    let is_v = |t: &TensorInfo| matrix(t) && t.name.contains("attn_v.weight");
+    let is_down =
+        |t: &TensorInfo| matrix(t) && t.name.contains("ffn_down") && t.name.ends_with(".weight");
+    let n_v = tensors.iter().filter(|t| is_v(t)).count();
+    let n_down = tensors.iter().filter(|t| is_down(t)).count();
+    let (mut i_v, mut i_down) = (0, 0);
+    tensors
+        .iter()
+        .map(|t| {
+            let more_bits = if is_v(t) {
+                i_v += 1;
+                use_more_bits(i_v - 1, n_v)
+            } else if is_down(t) {
+                i_down += 1;
+                use_more_bits(i_down - 1, n_down)
+            } else {
+                false
+            };
+            tensor_type(t, target, has_output, more_bits)
+        })
+        .collect()
 }
 
 /// One tensor of the output: its source and the type it is written in.
@@ -187,13 +232,13 @@ impl QuantizePlan {
 /// Plans quantizing `f` to `target`: the metadata is kept (tokenizer, chat template and all)
 /// with `general.file_type` and `general.quantization_version` set.
 pub fn plan(f: &GgufFile, target: WType) -> Result<QuantizePlan, QuantizeError> {
-    let has_output = f.tensor("output.weight").is_some();
     let tensors: Vec<TensorPlan> = f
         .tensors
         .iter()
-        .map(|t| TensorPlan {
+        .zip(tensor_types(&f.tensors, target))
+        .map(|(t, to)| TensorPlan {
             info: t.clone(),
-            to: tensor_type(t, target, has_output),
+            to,
         })
         .collect();
     for t in &tensors {

@@ -198,6 +198,7 @@ pub fn parse_precision(name: &str) -> Result<WType, SyntheticError> {
         "q4_0" => WType::Q4_0,
         "q4_1" => WType::Q4_1,
         "q4_k" | "q4_k_m" | "q4_k_s" => WType::Q4K,
+        "q5_k" | "q5_k_m" => WType::Q5K,
         "q6_k" => WType::Q6K,
         _ => return Err(SyntheticError::Precision(name.to_string())),
     })
@@ -213,6 +214,7 @@ pub fn precision_name(ty: WType) -> &'static str {
         WType::Q4_1 => "Q4_1",
         WType::Q8_0 => "Q8_0",
         WType::Q4K => "Q4_K",
+        WType::Q5K => "Q5_K",
         WType::Q6K => "Q6_K",
     }
 }
@@ -220,11 +222,13 @@ pub fn precision_name(ty: WType) -> &'static str {
 /// The type a matrix with `k` inputs gets. K-quants need rows in whole 256-element blocks; like
 /// llama.cpp's quantizer, rows that aren't fall back to a 32-element type: Q6_K -> Q8_0 (as
 /// llama.cpp), Q4_K -> Q4_1 (llama.cpp picks Q5_0, which these kernels lack; Q4_1 is the nearest
-/// in bytes). SmolLM2's hidden 576 and Qwen2.5's 896 are such rows.
+/// in bytes), Q5_K -> Q8_0 (llama.cpp picks Q5_1, 6 bits per weight, which these kernels lack;
+/// Q4_1 would be below what was asked for). SmolLM2's hidden 576 and Qwen2.5's 896 are such
+/// rows.
 pub fn matrix_type(precision: WType, k: usize) -> WType {
     match precision {
         WType::Q4K if !k.is_multiple_of(256) => WType::Q4_1,
-        WType::Q6K if !k.is_multiple_of(256) => WType::Q8_0,
+        WType::Q5K | WType::Q6K if !k.is_multiple_of(256) => WType::Q8_0,
         t => t,
     }
 }
@@ -543,17 +547,19 @@ fn fill_chunk(ty: WType, out: &mut [u8], rng: &mut Rng) {
                 rng.fill(&mut b[4..]);
             }
         }
-        WType::Q4K => fill_q4k(out, rng),
+        WType::Q4K => fill_q45k(out, rng, 144, 15.0),
+        WType::Q5K => fill_q45k(out, rng, 176, 31.0),
         WType::Q6K => fill_q6k(out, rng),
     }
 }
 
-/// ggml `block_q4_K`: x = d * sc * q - dmin * m per 32-element sub-block, with 6-bit sc and m in
-/// 40..56 packed as `get_scale_min_k4` reads them; d and dmin put x in about [-A, A].
-fn fill_q4k(out: &mut [u8], rng: &mut Rng) {
-    let d = f16_bits(2.0 * A / (15.0 * 48.0));
+/// ggml `block_q4_K` / `block_q5_K` (`ts` bytes, levels 0..=`qmax`): x = d * sc * q - dmin * m
+/// per 32-element sub-block, with 6-bit sc and m in 40..56 packed as `get_scale_min_k4` reads
+/// them; d and dmin put x in about [-A, A]; the level bits (Q5_K's qh too) are random.
+fn fill_q45k(out: &mut [u8], rng: &mut Rng, ts: usize, qmax: f32) {
+    let d = f16_bits(2.0 * A / (qmax * 48.0));
     let dmin = f16_bits(A / 48.0);
-    for b in out.chunks_exact_mut(144) {
+    for b in out.chunks_exact_mut(ts) {
         b[..2].copy_from_slice(&d);
         b[2..4].copy_from_slice(&dmin);
         let mut raw = [0u8; 16];

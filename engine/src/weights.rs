@@ -30,6 +30,7 @@ pub fn kernel_type(ty: GgmlType) -> Option<WType> {
         GgmlType::Q4_1 => WType::Q4_1,
         GgmlType::Q8_0 => WType::Q8_0,
         GgmlType::Q4K => WType::Q4K,
+        GgmlType::Q5K => WType::Q5K,
         GgmlType::Q6K => WType::Q6K,
         _ => return None,
     })

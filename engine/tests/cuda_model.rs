@@ -104,6 +104,26 @@ fn synthetic_model_logits_match_cpu_in_every_precision() {
     }
 }
 
+/// A model with weights the CUDA kernels do not read (Q5_K, while it has no kernel) is refused
+/// with an error naming the type, before any GPU is touched (so this runs without one too).
+#[test]
+fn types_without_a_cuda_kernel_are_refused() {
+    for prec in WType::ALL
+        .into_iter()
+        .filter(|&t| !tpslab_kernels::cuda::has_kernel(t))
+    {
+        let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", prec, 7, 0).unwrap());
+        let err = CudaBackend::new(&lm, 0, 16, 64 << 20, 0.0)
+            .err()
+            .expect("refused");
+        let name = tpslab_engine::synthetic::precision_name(prec);
+        assert!(
+            err.contains(&format!("{name} has no CUDA kernel yet")),
+            "{prec:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn real_default_model_logits_match_cpu() {
     if !have_gpu() {

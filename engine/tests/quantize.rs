@@ -141,6 +141,35 @@ fn q8_0_and_q4_k_load_generate_and_stay_close() {
     }
 }
 
+/// Q5_K follows llama.cpp's Q5_K_M mix: ffn_down of the layers `use_more_bits` picks get Q6_K,
+/// the others Q5_K; 576-wide rows fall back to Q8_0; the file loads and generates.
+#[test]
+fn q5_k_m_mix_loads_and_generates() {
+    let out = tmp("q5_k.gguf");
+    let g = quantize_to(WType::Q5K, &out);
+    assert_eq!(g.get_u64("general.file_type").expect("ftype"), 17);
+    let ty_of = |n: &str| g.tensor(n).expect("tensor").ty;
+    let n = 30;
+    for i in 0..n {
+        let more = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+        let want = if more { GgmlType::Q6K } else { GgmlType::Q5K };
+        assert_eq!(
+            ty_of(&format!("blk.{i}.ffn_down.weight")),
+            want,
+            "layer {i}"
+        );
+        assert_eq!(ty_of(&format!("blk.{i}.attn_v.weight")), GgmlType::Q8_0);
+        assert_eq!(ty_of(&format!("blk.{i}.ffn_up.weight")), GgmlType::Q8_0);
+    }
+    assert_eq!(ty_of("blk.5.ffn_down.weight"), GgmlType::Q6K);
+    assert_eq!(ty_of("blk.6.ffn_down.weight"), GgmlType::Q5K);
+    let q5 = LoadedModel::load(&out).expect("load Q5_K");
+    let text = greedy_text(q5);
+    eprintln!("Q5_K greedy: {text:?}");
+    assert!(!text.trim().is_empty());
+    let _ = std::fs::remove_file(out);
+}
+
 /// The quantizers on real weight rows (the default model's ffn_down, dequantized): errors in
 /// the order of bits per weight.
 #[test]
@@ -157,7 +186,15 @@ fn real_weight_rows_error_order() {
         tpslab_kernels::dequantize_row(src, &bytes[r * rb..(r + 1) * rb], out);
     }
     let e = |ty| relative_rms_error(ty, &x);
-    let errs = [WType::F16, WType::Q8_0, WType::Q6K, WType::Q4K, WType::Q4_0].map(|t| (t, e(t)));
+    let errs = [
+        WType::F16,
+        WType::Q8_0,
+        WType::Q6K,
+        WType::Q5K,
+        WType::Q4K,
+        WType::Q4_0,
+    ]
+    .map(|t| (t, e(t)));
     eprintln!("relative RMS errors on real rows: {errs:?}");
     for w in errs.windows(2) {
         assert!(

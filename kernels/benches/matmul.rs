@@ -1,13 +1,14 @@
 //! Matmul throughput on SmolLM2-135M's shapes (Q4_1 layers, Q8_0 tied lm_head) at decode (m=1)
 //! and prompt (m=128) sizes, 2 threads by default; throughput is in flops (2 * m * n * k per call). Also the
 //! whole model's matmuls for one step (30 layers of 7 matrices + lm_head, distinct weights so
-//! decode reads ~96 MB like the real model), and the naive reference kernel for comparison.
+//! decode reads ~96 MB like the real model), the naive reference kernel for comparison, and the
+//! K-quants (Q4_K, Q5_K, Q6_K) on a 2048 x 2048 matrix, AVX2 against portable.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tpslab_kernels::{QMatrix, ThreadPool, WType, matmul, reference_matmul};
+use tpslab_kernels::{Backend, QMatrix, ThreadPool, WType, matmul, matmul_with, reference_matmul};
 
 const LAYER: [(usize, usize); 7] = [
     (576, 576),
@@ -33,8 +34,9 @@ fn weights(ty: WType, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let ts = ty.type_size();
     let mut v: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
     for blk in v.chunks_exact_mut(ts) {
-        blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-        if ty == WType::Q4_1 {
+        let d = if ty == WType::Q6K { 208 } else { 0 };
+        blk[d..d + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        if matches!(ty, WType::Q4_1 | WType::Q4K | WType::Q5K) {
             blk[2..4].copy_from_slice(&half::f16::from_f32(-0.07).to_le_bytes());
         }
     }
@@ -142,6 +144,41 @@ fn model_step(c: &mut Criterion) {
     g.finish();
 }
 
+/// K-quant matmuls (Q8_K activations) on a 1B model's square projection (2048 x 2048), at
+/// decode and a small batch: the AVX2 kernels against the portable code.
+fn kquants(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let mut g = c.benchmark_group(format!("kquant_{}t", threads()));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let (n, k) = (2048, 2048);
+    for ty in [WType::Q4K, WType::Q5K, WType::Q6K] {
+        let data = weights(ty, n, k, 77);
+        let w = QMatrix {
+            ty,
+            n,
+            k,
+            data: &data,
+        };
+        for m in [1usize, 16] {
+            let x = acts(m * k);
+            let mut y = vec![0f32; m * n];
+            g.throughput(Throughput::Elements((2 * m * n * k) as u64));
+            for backend in [Backend::Portable, Backend::Avx2] {
+                if !backend.is_available() {
+                    continue;
+                }
+                let id = format!("{ty:?}_n{n}_k{k}_m{m}");
+                g.bench_function(BenchmarkId::new(format!("{backend:?}"), &id), |b| {
+                    b.iter(|| matmul_with(backend, &pool, &w, black_box(&x), m, &mut y))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
 /// The cost of one `ThreadPool::run` with an empty job (dispatch + join).
 fn pool_dispatch(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
@@ -155,5 +192,5 @@ fn pool_dispatch(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pool_dispatch, shapes, model_step);
+criterion_group!(benches, pool_dispatch, shapes, model_step, kquants);
 criterion_main!(benches);

@@ -308,12 +308,14 @@ fn tile_cols<const CC: usize>(job: &GroupJob<'_>, j0: usize, c0: usize, s: &mut 
     }
 }
 
-/// Per-element K-quant dot, the portable formula compiled for AVX2/FMA.
+/// Dot of one weight row with one activation row: the K-quants' AVX2 kernels, the portable
+/// formula compiled for AVX2/FMA for the rest.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     match ty {
-        WType::Q4K => quant::dot_q4k(w, x),
-        WType::Q6K => quant::dot_q6k(w, x),
+        WType::Q4K => crate::avx2_kquant::dot_q4k(w, x),
+        WType::Q5K => crate::avx2_kquant::dot_q5k(w, x),
+        WType::Q6K => crate::avx2_kquant::dot_q6k(w, x),
         _ => quant::dot_q32(ty, w, x),
     }
 }

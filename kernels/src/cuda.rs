@@ -79,6 +79,25 @@ pub fn wtype_id(ty: WType) -> i32 {
         WType::Q8_0 => 5,
         WType::Q4K => 6,
         WType::Q6K => 7,
+        // No kernel reads it yet ([`has_kernel`]); the id is never launched.
+        WType::Q5K => 8,
+    }
+}
+
+/// Whether the CUDA kernels read weights of type `ty` (Q5_K has no CUDA kernel yet).
+pub fn has_kernel(ty: WType) -> bool {
+    ty != WType::Q5K
+}
+
+/// `Ok` when the CUDA kernels read `ty`, else the error to show.
+pub fn check_type(ty: WType) -> Result<()> {
+    if has_kernel(ty) {
+        Ok(())
+    } else {
+        Err(CudaError(format!(
+            "{} has no CUDA kernel yet; run this model on the CPU (--device cpu)",
+            mmv_name(ty).to_ascii_uppercase()
+        )))
     }
 }
 
@@ -92,6 +111,7 @@ fn mmv_name(ty: WType) -> &'static str {
         WType::Q8_0 => "q8_0",
         WType::Q4K => "q4_k",
         WType::Q6K => "q6_k",
+        WType::Q5K => "q5_k",
     }
 }
 
@@ -252,7 +272,8 @@ impl Gpu {
         let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
         let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
         let mut mmv = Vec::new();
-        for ty in WType::ALL {
+        // Types without kernels come last in `ALL`, so `mmv[wtype_id(ty)]` stays in step.
+        for ty in WType::ALL.into_iter().filter(|&t| has_kernel(t)) {
             let f = |r: usize| load(&mv, &format!("mmv_{}_{r}", mmv_name(ty)));
             mmv.push([f(1)?, f(2)?, f(4)?, f(8)?]);
         }
@@ -459,6 +480,7 @@ impl Gpu {
 
     /// `out[i] = table[tokens[i]]` as f32 (`tokens`: `n` i32 on the device).
     pub fn embed(&self, table: &DevMatrix, tokens: u64, n: usize, out: u64) -> Result<()> {
+        check_type(table.ty)?;
         let a = [
             Arg::P(table.ptr),
             Arg::I(wtype_id(table.ty)),
@@ -672,6 +694,7 @@ impl Gpu {
 
     /// The matrix-vector kernels over `m` rows, 8 rows per launch.
     pub fn matvec(&self, w: &DevMatrix, x: u64, m: usize, y: u64) -> Result<()> {
+        check_type(w.ty)?;
         let fs = &self.k.mmv[wtype_id(w.ty) as usize];
         let mut done = 0;
         while done < m {
@@ -718,6 +741,7 @@ impl Gpu {
         y: u64,
         scratch: &mut GemmScratch,
     ) -> Result<()> {
+        check_type(w.ty)?;
         let Some(blas) = &self.blas else {
             return self.matvec(w, x, m, y);
         };

@@ -57,6 +57,7 @@ pub fn dequantize_row(ty: WType, data: &[u8], out: &mut [f32]) {
                 }
             }
             WType::Q4K => dequantize_q4k(blk, chunk),
+            WType::Q5K => dequantize_q5k(blk, chunk),
             WType::Q6K => dequantize_q6k(blk, chunk),
         }
     }
@@ -77,6 +78,30 @@ fn dequantize_q4k(blk: &[u8], out: &mut [f32]) {
         for l in 0..32 {
             out[64 * g + l] = d1 * (q[l] & 0x0f) as f32 - m1;
             out[64 * g + 32 + l] = d2 * (q[l] >> 4) as f32 - m2;
+        }
+    }
+}
+
+// ggml dequantize_row_q5_K: as Q4_K, each nibble gaining a fifth bit from `qh` (bit 2g for the
+// low half of group g, 2g + 1 for the high half).
+fn dequantize_q5k(blk: &[u8], out: &mut [f32]) {
+    let d = f16_at(blk, 0);
+    let dmin = f16_at(blk, 2);
+    let scales = &blk[4..16];
+    let qh = &blk[16..48];
+    let qs = &blk[48..176];
+    for g in 0..4 {
+        let (sc1, m1) = scale_min_k4(2 * g, scales);
+        let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+        let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+        let q = &qs[32 * g..32 * g + 32];
+        let (u1, u2) = (1u8 << (2 * g), 2u8 << (2 * g));
+        for l in 0..32 {
+            let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+            let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+            out[64 * g + l] = d1 * ((q[l] & 0x0f) + h1) as f32 - m1;
+            out[64 * g + 32 + l] = d2 * ((q[l] >> 4) + h2) as f32 - m2;
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
 //!   portable and written to do exactly the float operations ggml's AVX2 code does.
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
+//! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 //! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
@@ -18,6 +19,8 @@
 pub mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_kquant;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dequant;
@@ -46,11 +49,14 @@ pub enum WType {
     /// ggml `block_q6_K`: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d;
     /// 256 elements.
     Q6K,
+    /// ggml `block_q5_K`: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins (as Q4_K), 32
+    /// bytes of fifth bits, 128 bytes of low nibbles; 256 elements.
+    Q5K,
 }
 
 impl WType {
     /// Every type, in the order of the kernels' type ids.
-    pub const ALL: [WType; 8] = [
+    pub const ALL: [WType; 9] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -59,6 +65,7 @@ impl WType {
         Self::Q8_0,
         Self::Q4K,
         Self::Q6K,
+        Self::Q5K,
     ];
 
     /// Elements per block.
@@ -66,7 +73,7 @@ impl WType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
-            Self::Q4K | Self::Q6K => 256,
+            Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
     /// Bytes per block.
@@ -78,6 +85,7 @@ impl WType {
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
             Self::Q4K => 144,
+            Self::Q5K => 176,
             Self::Q6K => 210,
         }
     }

@@ -33,7 +33,7 @@ impl ActType {
             WType::F32 | WType::F16 | WType::BF16 => Self::F32,
             WType::Q4_0 | WType::Q8_0 => Self::Q8_0,
             WType::Q4_1 => Self::Q8_1,
-            WType::Q4K | WType::Q6K => Self::Q8K,
+            WType::Q4K | WType::Q5K | WType::Q6K => Self::Q8K,
         }
     }
     pub fn block_size(self) -> usize {
@@ -332,17 +332,63 @@ pub(crate) fn dot_q4k(w: &[u8], x: ActRow<'_>) -> f32 {
     hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
-/// Q6_K x Q8_K over a row (ggml `ggml_vec_dot_q6_K_q8_K`, AVX2).
+/// Q5_K x Q8_K over a row (ggml `ggml_vec_dot_q5_K_q8_K`, AVX2): as Q4_K with 5-bit levels,
+/// but the min term is one exact integer per block folded into a scalar `summs` with an FMA
+/// (ggml's `summs += dmin * hsum`, contracted).
+#[inline(always)]
+pub(crate) fn dot_q5k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (b, blk) in w.chunks_exact(176).enumerate() {
+        let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &x.bsums[b * 16..b * 16 + 16];
+        let d = x.d[b] * f16_at(blk, 0);
+        let dmin = -x.d[b] * f16_at(blk, 2);
+        let scales = &blk[4..16];
+        let qh = &blk[16..48];
+        let qs = &blk[48..176];
+        let mut lanes = [0i32; 8];
+        let mut mins = 0i32;
+        for g in 0..4 {
+            let (sc1, m1) = scale_min_k4(2 * g, scales);
+            let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+            mins += m1 as i32 * (bsums[4 * g] as i32 + bsums[4 * g + 1] as i32)
+                + m2 as i32 * (bsums[4 * g + 2] as i32 + bsums[4 * g + 3] as i32);
+            for l in 0..32 {
+                let q = qs[32 * g + l];
+                let lo = (q & 0x0f) as i32 + (((qh[l] >> (2 * g)) & 1) as i32) * 16;
+                let hi = (q >> 4) as i32 + (((qh[l] >> (2 * g + 1)) & 1) as i32) * 16;
+                lanes[l / 4] += sc1 as i32 * lo * xq[64 * g + l] as i32
+                    + sc2 as i32 * hi * xq[64 * g + 32 + l] as i32;
+            }
+        }
+        summs = dmin.mul_add(mins as f32, summs);
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc) + summs
+}
+
+/// Q6_K x Q8_K over a row (ggml `ggml_vec_dot_q6_K_q8_K`, AVX2, the current form): the
+/// levels are dotted unsigned (0..63) and the offset of 32 comes off each lane as
+/// `32 * (bsums[2l] * sc[2l] + bsums[2l + 1] * sc[2l + 1])`, before the per-block FMA.
 #[inline(always)]
 pub(crate) fn dot_q6k(w: &[u8], x: ActRow<'_>) -> f32 {
     let mut acc = [0f32; 8];
     for (b, blk) in w.chunks_exact(210).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &x.bsums[b * 16..b * 16 + 16];
         let d = x.d[b] * f16_at(blk, 208);
+        let sc = |i: usize| (blk[192 + i] as i8) as i32;
         let mut lanes = [0i32; 8];
         for (e, &xe) in xq.iter().enumerate() {
             let (q, is) = q6k_at(blk, e);
-            lanes[(e % 32) / 4] += (blk[192 + is] as i8) as i32 * q * xe as i32;
+            lanes[(e % 32) / 4] += sc(is) * (q + 32) * xe as i32;
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane -=
+                32 * (bsums[2 * l] as i32 * sc(2 * l) + bsums[2 * l + 1] as i32 * sc(2 * l + 1));
         }
         for (a, &l) in acc.iter_mut().zip(&lanes) {
             *a = d.mul_add(l as f32, *a);
@@ -376,6 +422,7 @@ pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     match ty {
         WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => dot_q32(ty, w, x),
         WType::Q4K => dot_q4k(w, x),
+        WType::Q5K => dot_q5k(w, x),
         WType::Q6K => dot_q6k(w, x),
         WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
     }

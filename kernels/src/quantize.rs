@@ -1,5 +1,5 @@
 //! Weight quantization: f32 rows to ggml block bytes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-//! Q6_K), doing exactly the float operations of ggml's reference quantizers
+//! Q5_K, Q6_K), doing exactly the float operations of ggml's reference quantizers
 //! (`quantize_row_*_ref` in ggml-quants.c, which `llama-quantize` uses when no importance matrix
 //! is given), so a file we write has the bytes llama.cpp would write.
 //!
@@ -62,6 +62,7 @@ pub fn quantize_row(ty: WType, x: &[f32], out: &mut [u8]) {
                     WType::Q4_1 => quantize_q4_1(xb, blk),
                     WType::Q8_0 => quantize_q8_0(xb, blk),
                     WType::Q4K => quantize_q4k(xb, blk),
+                    WType::Q5K => quantize_q5k(xb, blk),
                     WType::Q6K => quantize_q6k(xb, blk),
                     WType::F32 | WType::F16 | WType::BF16 => unreachable!("handled above"),
                 }
@@ -213,11 +214,12 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
-// ggml quantize_row_q4_K_ref: per 32-element sub-block a (scale, min) from make_qkx2_quants
-// weighted by rms + |x|, both quantized to 6 bits against the block's largest, then every
-// element re-quantized against the stored (f16, 6-bit) scale and min.
-fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
-    let mut l = [0u8; QK_K];
+// ggml quantize_row_q4_K_ref / quantize_row_q5_K_ref, the part they share: per 32-element
+// sub-block a (scale, min) from make_qkx2_quants weighted by rms + |x|, both quantized to 6 bits
+// against the block's largest, then every element re-quantized to 0..=nmax against the stored
+// (f16, 6-bit) scale and min. Writes d, dmin and the 12 packed scale bytes to `head` (16 bytes)
+// and the levels to `l`.
+fn quantize_kx(x: &[f32], nmax: i32, rmin: f32, nstep: i32, head: &mut [u8], l: &mut [u8; QK_K]) {
     let mut weights = [0f32; 32];
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
@@ -232,7 +234,8 @@ fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
         for (w, &v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(15, xs, &weights, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20);
+        let lj = &mut l[32 * j..32 * j + 32];
+        let (s, m) = make_qkx2_quants(nmax, xs, &weights, lj, rmin, 0.1, nstep);
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {
@@ -248,7 +251,7 @@ fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let sc = &mut blk[4..16];
+    let sc = &mut head[4..16];
     sc.fill(0);
     for j in 0..8 {
         // C stores nearest_int into a uint8_t (wrapping) before MIN(63, ..).
@@ -265,12 +268,12 @@ fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
     }
     let d_bytes = f16_bytes(max_scale / 63.0);
     let dmin_bytes = f16_bytes(max_min / 63.0);
-    blk[..2].copy_from_slice(&d_bytes);
-    blk[2..4].copy_from_slice(&dmin_bytes);
+    head[..2].copy_from_slice(&d_bytes);
+    head[2..4].copy_from_slice(&dmin_bytes);
     let d_all = half::f16::from_le_bytes(d_bytes).to_f32();
     let dmin_all = half::f16::from_le_bytes(dmin_bytes).to_f32();
     for j in 0..8 {
-        let (s, m) = crate::dequant::scale_min_k4(j, &blk[4..16]);
+        let (s, m) = crate::dequant::scale_min_k4(j, &head[4..16]);
         let d = d_all * s as f32;
         // A zero scale keeps make_qkx2_quants' levels, as ggml does.
         if d == 0.0 {
@@ -278,13 +281,44 @@ fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
         }
         let dm = dmin_all * m as f32;
         for ii in 0..32 {
-            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / d).clamp(0, 15) as u8;
+            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / d).clamp(0, nmax) as u8;
         }
     }
+}
+
+// ggml quantize_row_q4_K_ref: 4-bit levels, nibbles of each 64 elements in 32 bytes (low half
+// in the low nibbles).
+fn quantize_q4k(x: &[f32], blk: &mut [u8]) {
+    let mut l = [0u8; QK_K];
+    quantize_kx(x, 15, -1.0, 20, &mut blk[..16], &mut l);
     let qs = &mut blk[16..144];
     for (g, q) in qs.chunks_exact_mut(32).enumerate() {
         for (i, b) in q.iter_mut().enumerate() {
             *b = l[64 * g + i] | (l[64 * g + 32 + i] << 4);
+        }
+    }
+}
+
+// ggml quantize_row_q5_K_ref: 5-bit levels, the low 4 bits packed as Q4_K's nibbles and the
+// fifth bit of element i of group g in bit 2g (low half) or 2g + 1 (high half) of qh[i % 32].
+fn quantize_q5k(x: &[f32], blk: &mut [u8]) {
+    let mut l = [0u8; QK_K];
+    quantize_kx(x, 31, -0.5, 15, &mut blk[..16], &mut l);
+    let (qh, qs) = blk[16..176].split_at_mut(32);
+    qh.fill(0);
+    for (g, q) in qs.chunks_exact_mut(32).enumerate() {
+        let (m1, m2) = (1u8 << (2 * g), 2u8 << (2 * g));
+        for (i, b) in q.iter_mut().enumerate() {
+            let (mut l1, mut l2) = (l[64 * g + i], l[64 * g + 32 + i]);
+            if l1 > 15 {
+                l1 -= 16;
+                qh[i] |= m1;
+            }
+            if l2 > 15 {
+                l2 -= 16;
+                qh[i] |= m2;
+            }
+            *b = l1 | (l2 << 4);
         }
     }
 }

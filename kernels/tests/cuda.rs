@@ -10,7 +10,7 @@
 
 use half::f16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, GemmScratch, Gpu};
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, GemmScratch, Gpu, has_kernel};
 use tpslab_kernels::{WType, dequantize_row};
 
 fn gpu() -> Option<Gpu> {
@@ -74,7 +74,7 @@ fn random_matrix(r: &mut StdRng, ty: WType, n: usize, k: usize) -> Vec<u8> {
             for blk in d.chunks_exact_mut(ts) {
                 match ty {
                     WType::Q4_0 | WType::Q8_0 => put_f16(blk, 0, r.random_range(-0.1..0.1)),
-                    WType::Q4_1 | WType::Q4K => {
+                    WType::Q4_1 | WType::Q4K | WType::Q5K => {
                         put_f16(blk, 0, r.random_range(-0.1..0.1));
                         put_f16(blk, 2, r.random_range(-0.1..0.1));
                     }
@@ -106,14 +106,44 @@ fn download(g: &Gpu, ptr: u64, n: usize) -> Vec<f32> {
     v
 }
 
-const TYPES: [WType; 8] = WType::ALL;
+/// The weight types the CUDA kernels read ([`has_kernel`]; Q5_K has none yet).
+fn types() -> Vec<WType> {
+    WType::ALL.into_iter().filter(|&t| has_kernel(t)).collect()
+}
+
+/// A type without a CUDA kernel is refused with an error naming it, not launched.
+#[test]
+fn types_without_a_kernel_are_refused() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    for ty in WType::ALL.into_iter().filter(|&t| !has_kernel(t)) {
+        let (n, k) = (8, 256);
+        let wd = g.upload(&random_matrix(&mut r, ty, n, k)).unwrap();
+        let mat = DevMatrix {
+            ty,
+            n,
+            k,
+            ptr: wd.ptr(),
+        };
+        let (x, y) = (g.alloc(k * 4).unwrap(), g.alloc(n * 4).unwrap());
+        let err = g
+            .matmul(&mat, x.ptr(), 1, y.ptr(), &mut GemmScratch::default())
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("no CUDA kernel yet"),
+            "{ty:?}: {err}"
+        );
+        let tokens = g.upload(&[0i32]).unwrap();
+        assert!(g.embed(&mat, tokens.ptr(), 1, x.ptr()).is_err(), "{ty:?}");
+    }
+}
 
 #[test]
 fn matmul_every_type_and_batch_size() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
     let mut scratch = GemmScratch::default();
-    for ty in TYPES {
+    for ty in types() {
         let (n, k) = (200 + r.random_range(0..60), 256 * r.random_range(1..5));
         let w = random_matrix(&mut r, ty, n, k);
         let wf = dequant(ty, &w, n, k);
@@ -154,7 +184,7 @@ fn matmul_every_type_and_batch_size() {
 fn embedding_rows_of_every_type() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
-    for ty in TYPES {
+    for ty in types() {
         let (n, k) = (300, 512);
         let w = random_matrix(&mut r, ty, n, k);
         let wf = dequant(ty, &w, n, k);

@@ -102,6 +102,12 @@ fn backends_agree_bit_for_bit() {
         (WType::Q4_0, 66, 576, 5),
         (WType::Q4K, 10, 512, 3),
         (WType::Q6K, 10, 512, 3),
+        (WType::Q5K, 10, 512, 3),
+        (WType::Q4K, 37, 2048, 1),
+        (WType::Q5K, 29, 1536, 2),
+        (WType::Q6K, 41, 1024, 1),
+        (WType::Q4K, 13, 768, 11),
+        (WType::Q6K, 7, 256, 17),
         (WType::F16, 10, 100, 3),
     ] {
         let data = random_weights(&mut r, ty, n, k);
@@ -133,7 +139,7 @@ proptest! {
     /// same bits as row i computed alone on one thread, and as inside any sub-batch.
     #[test]
     fn batch_invariance(
-        ti in 0usize..8,
+        ti in 0usize..ALL_TYPES.len(),
         n in 1usize..23,
         kb in 1usize..5,
         m in 1usize..14,

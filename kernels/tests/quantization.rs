@@ -4,7 +4,7 @@
 mod common;
 
 use candle_core::quantized::k_quants::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, GgmlType,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, GgmlType,
 };
 use common::*;
 use tpslab_kernels::quant::{ActType, QActs};
@@ -37,6 +37,7 @@ fn dequantize_matches_candle() {
                 WType::Q4_1 => candle_dequant::<BlockQ4_1>(&bytes, k),
                 WType::Q8_0 => candle_dequant::<BlockQ8_0>(&bytes, k),
                 WType::Q4K => candle_dequant::<BlockQ4K>(&bytes, k),
+                WType::Q5K => candle_dequant::<BlockQ5K>(&bytes, k),
                 WType::Q6K => candle_dequant::<BlockQ6K>(&bytes, k),
             };
             for (e, (a, b)) in ours.iter().zip(&theirs).enumerate() {
@@ -227,6 +228,7 @@ fn dot_matches_candle_vec_dot() {
         check::<BlockQ4_0>(WType::Q4_0, &mut r);
         check::<BlockQ8_0>(WType::Q8_0, &mut r);
         check::<BlockQ4K>(WType::Q4K, &mut r);
+        check::<BlockQ5K>(WType::Q5K, &mut r);
         check::<BlockQ6K>(WType::Q6K, &mut r);
     }
 }

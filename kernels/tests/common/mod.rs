@@ -3,12 +3,12 @@
 #![allow(dead_code)]
 
 use candle_core::quantized::k_quants::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ6K, BlockQ8_0, GgmlType,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, GgmlType,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tpslab_kernels::{QMatrix, WType};
 
-pub const ALL_TYPES: [WType; 8] = WType::ALL;
+pub const ALL_TYPES: [WType; 9] = WType::ALL;
 
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
@@ -72,6 +72,7 @@ pub fn to_weight_bytes(ty: WType, x: &[f32]) -> Vec<u8> {
         WType::Q4_1 => quantize_with::<BlockQ4_1>(x),
         WType::Q8_0 => quantize_with::<BlockQ8_0>(x),
         WType::Q4K => quantize_with::<BlockQ4K>(x),
+        WType::Q5K => quantize_with::<BlockQ5K>(x),
         WType::Q6K => quantize_with::<BlockQ6K>(x),
     }
 }

@@ -63,5 +63,6 @@ int main(void) {
     quantize_row_q8_0_ref(x, (block_q8_0 *)buf, n); fwrite(buf, 1, n / 32 * sizeof(block_q8_0), stdout);
     quantize_row_q4_K_ref(x, (block_q4_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q4_K), stdout);
     quantize_row_q6_K_ref(x, (block_q6_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q6_K), stdout);
+    quantize_row_q5_K_ref(x, (block_q5_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q5_K), stdout);
     return 0;
 }
