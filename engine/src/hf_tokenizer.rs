@@ -56,7 +56,7 @@ fn signature(v: &Json, out: &mut Vec<String>) {
             s("behavior"),
             s("invert")
         )),
-        other => out.push(format!("{}", other.unwrap_or("untyped"))),
+        other => out.push(other.unwrap_or("untyped").to_string()),
     }
 }
 

@@ -119,7 +119,7 @@ impl SafetensorsFile {
         let mut n = [0u8; 8];
         f.read_exact(&mut n).map_err(io)?;
         let n = u64::from_le_bytes(n);
-        if n > len - 8 || n > MAX_HEADER || n < 2 {
+        if n > len - 8 || !(2..=MAX_HEADER).contains(&n) {
             return Err(header_err(n));
         }
         // Bounded by the real file size and MAX_HEADER just above.

@@ -265,55 +265,7 @@ fn f16_folder_matches_the_f16_gguf_and_quantizes_to_q8_0_and_q4_k() {
         ModelConfig::from_gguf(&fv).expect("folder config"),
         ModelConfig::from_gguf(&gv).expect("gguf config")
     );
-    let names = |f: &GgufFile| f.tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
-    let mut want = names(&gv);
-    want.sort();
-    let mut got = names(&fv);
-    got.sort();
-    assert_eq!(got, want, "same tensor names");
-    for key in [
-        "tokenizer.ggml.tokens",
-        "tokenizer.ggml.token_type",
-        "tokenizer.ggml.merges",
-        "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.unknown_token_id",
-        "tokenizer.ggml.padding_token_id",
-        "tokenizer.chat_template",
-    ] {
-        let (a, b) = (fv.get(key), gv.get(key));
-        assert!(a.is_some(), "folder has {key}");
-        // Token types are I32 in convert_hf_to_gguf's files and may be another integer type
-        // in the original; compare values.
-        let ints = |v: Option<&tpslab_engine::gguf::Value>| {
-            v.and_then(|v| v.as_array())
-                .map(|a| a.iter().map(|x| x.as_u64()).collect::<Vec<_>>())
-        };
-        if key.ends_with("token_type") {
-            assert_eq!(ints(a), ints(b), "{key}");
-        } else if key.ends_with("_id") {
-            assert_eq!(
-                a.and_then(|v| v.as_u64()),
-                b.and_then(|v| v.as_u64()),
-                "{key}"
-            );
-        } else {
-            assert_eq!(a, b, "{key}");
-        }
-    }
-    let mut same_bytes = 0;
-    for t in gv.tensors.iter().filter(|t| t.dims.len() == 2) {
-        let ft = fv.tensor(&t.name).expect("folder tensor");
-        assert_eq!((ft.ty, &ft.dims), (GgmlType::F16, &t.dims), "{}", t.name);
-        let (a, b) = (
-            fv.read_tensor(ft).expect("read"),
-            gv.read_tensor(t).expect("read"),
-        );
-        assert!(a == b, "{}: folder bytes differ from the F16 GGUF", t.name);
-        same_bytes += 1;
-    }
-    assert_eq!(same_bytes, 1 + 30 * 7, "every matrix compared");
-
+    same_tokenizer_keys_and_matrices(&fv, &gv);
     // A sharded copy of the folder opens as the same tensors.
     let sharded = d.0.join("sharded");
     shard(&folder, &sharded);
@@ -397,6 +349,62 @@ fn f16_folder_matches_the_f16_gguf_and_quantizes_to_q8_0_and_q4_k() {
             "{ty:?} answers"
         );
     }
+}
+
+fn names(f: &GgufFile) -> Vec<String> {
+    f.tensors.iter().map(|t| t.name.clone()).collect()
+}
+
+/// The folder view `fv` and the F16 GGUF `gv` hold the same tokenizer keys, chat template and
+/// tensor names, and every matrix byte for byte.
+fn same_tokenizer_keys_and_matrices(fv: &GgufFile, gv: &GgufFile) {
+    let mut want = names(gv);
+    want.sort();
+    let mut got = names(fv);
+    got.sort();
+    assert_eq!(got, want, "same tensor names");
+    for key in [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.unknown_token_id",
+        "tokenizer.ggml.padding_token_id",
+        "tokenizer.chat_template",
+    ] {
+        let (a, b) = (fv.get(key), gv.get(key));
+        assert!(a.is_some(), "folder has {key}");
+        // Token types are I32 in convert_hf_to_gguf's files and may be another integer type
+        // in the original; compare values.
+        let ints = |v: Option<&tpslab_engine::gguf::Value>| {
+            v.and_then(|v| v.as_array())
+                .map(|a| a.iter().map(|x| x.as_u64()).collect::<Vec<_>>())
+        };
+        if key.ends_with("token_type") {
+            assert_eq!(ints(a), ints(b), "{key}");
+        } else if key.ends_with("_id") {
+            assert_eq!(
+                a.and_then(|v| v.as_u64()),
+                b.and_then(|v| v.as_u64()),
+                "{key}"
+            );
+        } else {
+            assert_eq!(a, b, "{key}");
+        }
+    }
+    let mut same_bytes = 0;
+    for t in gv.tensors.iter().filter(|t| t.dims.len() == 2) {
+        let ft = fv.tensor(&t.name).expect("folder tensor");
+        assert_eq!((ft.ty, &ft.dims), (GgmlType::F16, &t.dims), "{}", t.name);
+        let (a, b) = (
+            fv.read_tensor(ft).expect("read"),
+            gv.read_tensor(t).expect("read"),
+        );
+        assert!(a == b, "{}: folder bytes differ from the F16 GGUF", t.name);
+        same_bytes += 1;
+    }
+    assert_eq!(same_bytes, 1 + 30 * 7, "every matrix compared");
 }
 
 /// Copies `folder` to `out` with its weights split over two shards and an index.
