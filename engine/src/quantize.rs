@@ -149,29 +149,50 @@ fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
-/// The type of each of `tensors` (in file order) in a model quantized to `target`
-/// ([`tensor_type`]): `attn_v` and `ffn_down` matrices are numbered in file order among their
-/// kind, as llama.cpp's quantizer counts them, to pick those that get more bits.
+/// The layer number of a `blk.N.*` tensor name (-1 for others, as llama.cpp's `sscanf`).
+fn layer_of(name: &str) -> i64 {
+    name.strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Each tensor's position among those `pick` selects, in llama.cpp's processing order (by layer
+/// number, then name: its loader's `weight_name_comparer`), and how many it selects.
+fn ranks(
+    tensors: &[TensorInfo],
+    pick: impl Fn(&TensorInfo) -> bool,
+) -> (Vec<Option<usize>>, usize) {
+    let mut picked: Vec<usize> = (0..tensors.len()).filter(|&i| pick(&tensors[i])).collect();
+    picked.sort_by(|&a, &b| {
+        let (ta, tb) = (&tensors[a], &tensors[b]);
+        (layer_of(&ta.name), &ta.name).cmp(&(layer_of(&tb.name), &tb.name))
+    });
+    let mut rank = vec![None; tensors.len()];
+    for (r, &i) in picked.iter().enumerate() {
+        rank[i] = Some(r);
+    }
+    (rank, picked.len())
+}
+
+/// The type of each of `tensors` in a model quantized to `target` ([`tensor_type`]):
+/// `attn_v` and `ffn_down` matrices are numbered among their kind in the order llama.cpp's
+/// quantizer visits them, to pick those that get more bits.
 pub fn tensor_types(tensors: &[TensorInfo], target: WType) -> Vec<WType> {
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
     let matrix = |t: &TensorInfo| t.dims.iter().filter(|&&d| d > 1).count() >= 2;
-    let is_v = |t: &TensorInfo| matrix(t) && t.name.contains("attn_v.weight");
-    let is_down =
-        |t: &TensorInfo| matrix(t) && t.name.contains("ffn_down") && t.name.ends_with(".weight");
-    let n_v = tensors.iter().filter(|t| is_v(t)).count();
-    let n_down = tensors.iter().filter(|t| is_down(t)).count();
-    let (mut i_v, mut i_down) = (0, 0);
+    let (v_rank, n_v) = ranks(tensors, |t| matrix(t) && t.name.contains("attn_v.weight"));
+    let (down_rank, n_down) = ranks(tensors, |t| {
+        matrix(t) && t.name.contains("ffn_down") && t.name.ends_with(".weight")
+    });
     tensors
         .iter()
-        .map(|t| {
-            let more_bits = if is_v(t) {
-                i_v += 1;
-                use_more_bits(i_v - 1, n_v)
-            } else if is_down(t) {
-                i_down += 1;
-                use_more_bits(i_down - 1, n_down)
-            } else {
-                false
+        .enumerate()
+        .map(|(i, t)| {
+            let more_bits = match (v_rank[i], down_rank[i]) {
+                (Some(r), _) => use_more_bits(r, n_v),
+                (None, Some(r)) => use_more_bits(r, n_down),
+                (None, None) => false,
             };
             tensor_type(t, target, has_output, more_bits)
         })
