@@ -118,10 +118,24 @@ impl ModelSlot {
         knobs: Knobs,
         ctx: egui::Context,
     ) -> ModelSlot {
+        Self::load_over(None, spec, threads, device, knobs, ctx)
+    }
+
+    /// Loads `spec` and starts an engine on it on a worker thread while `previous` (if any)
+    /// keeps running; `previous` is dropped once the new engine is up, and stays if it fails
+    /// ([`poll`](Self::poll) reports why).
+    pub fn load_over(
+        previous: Option<Box<Backend>>,
+        spec: String,
+        threads: usize,
+        device: DeviceChoice,
+        knobs: Knobs,
+        ctx: egui::Context,
+    ) -> ModelSlot {
         spawn_worker(
             ctx,
             "loading the model ...".into(),
-            None,
+            previous,
             move |ctx, progress| {
                 let path = library::resolve_model(&spec, progress).map_err(|e| e.to_string())?;
                 progress(&format!("loading {} ...", path.display()));

@@ -47,6 +47,11 @@ pub enum DialogAnswer {
 pub trait FileDialog: Send + Sync {
     fn save_path(&self, req: &DialogRequest) -> DialogAnswer;
     fn open_path(&self, req: &DialogRequest) -> DialogAnswer;
+    /// A folder (a safetensors model); dialogs that cannot pick folders say so.
+    fn open_folder(&self, req: &DialogRequest) -> DialogAnswer {
+        let _ = req;
+        DialogAnswer::Unavailable("this dialog cannot pick folders".into())
+    }
 }
 
 /// The desktop's dialog through rfd (its default xdg-portal backend on Linux).
@@ -94,6 +99,10 @@ impl FileDialog for RfdDialog {
     fn open_path(&self, req: &DialogRequest) -> DialogAnswer {
         Self::ask(|| Self::dialog(req).pick_file())
     }
+
+    fn open_folder(&self, req: &DialogRequest) -> DialogAnswer {
+        Self::ask(|| Self::dialog(req).pick_folder())
+    }
 }
 
 fn has_display() -> bool {
@@ -115,6 +124,10 @@ impl FileDialog for FixedDialog {
     }
 
     fn open_path(&self, _: &DialogRequest) -> DialogAnswer {
+        self.0.clone()
+    }
+
+    fn open_folder(&self, _: &DialogRequest) -> DialogAnswer {
         self.0.clone()
     }
 }

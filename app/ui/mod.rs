@@ -3,22 +3,32 @@
 //!
 //! Modules:
 //! - [`backend`]: loading the model and starting (or restarting) the engine on a worker thread.
+//! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
 //! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
+//! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (list, download).
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
+//! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
 //! - [`status`]: the status bar (backend, memory) and the device selector.
+//! - [`task`]: a long job on a worker thread with progress, cancel and one result.
+//! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
 
 pub mod backend;
+pub mod catalog;
 pub mod chat;
 pub mod dashboard;
 pub mod files;
+pub mod hub_adapter;
 pub mod load;
 pub mod markdown;
+pub mod models;
 pub mod plot_png;
 pub mod status;
+pub mod task;
+pub mod wizard;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,6 +43,8 @@ use chat::{ChatState, ChatView, Generation, Message, Role};
 use dashboard::{DashSettings, DashView, History};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun};
+use models::{Library, ModelsPanel, ModelsSettings, ModelsView};
+use wizard::{Wizard, WizardSettings, WizardView};
 
 /// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +73,8 @@ pub enum Command {
     SaveSweep,
     DismissError(usize),
     SetDevice(DevicePref),
+    /// Restart the engine on this model file.
+    LoadModel(PathBuf),
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +94,10 @@ pub struct AppState {
     pub dash: DashSettings,
     /// The device the engine runs on, as last chosen (command line or the top bar).
     pub device: DevicePref,
+    /// The Models panel (open or not, its fields).
+    pub models: ModelsSettings,
+    /// The quantization wizard (open or not, its choices, the measured table).
+    pub wizard: WizardSettings,
 }
 
 /// Where the model comes from and what runs it (not saved: command line).
@@ -121,6 +139,11 @@ struct Runtime {
     /// While the engine (re)starts on a newly chosen device: the device chosen before, for the
     /// plot marker, and to go back to if the running engine stays because the new one failed.
     device_before: Option<DevicePref>,
+    /// While another model loads: the model spec before, to go back to if it fails.
+    model_before: Option<String>,
+    library: Option<Library>,
+    models: ModelsPanel,
+    wizard: Wizard,
 }
 
 /// The app: saved state plus runtime handles.
@@ -146,6 +169,21 @@ impl TpsApp {
             rt: Runtime::default(),
             dialogs: Arc::new(RfdDialog),
         }
+    }
+
+    /// Uses `dir` as the model library folder instead of `TPSLAB_HOME/models` (tests).
+    pub fn set_library_dir(&mut self, dir: PathBuf) {
+        self.rt.library = Some(Library::new(dir));
+    }
+
+    /// The file of the model the engine runs.
+    pub fn loaded_model(&self) -> Option<&std::path::Path> {
+        self.backend().map(|b| b.path.as_path())
+    }
+
+    /// The model library as last scanned.
+    pub fn library(&self) -> Option<&Library> {
+        self.rt.library.as_ref()
     }
 
     /// Replaces the file dialogs (tests answer with fixed paths; no dialog is ever shown).
@@ -189,6 +227,7 @@ impl TpsApp {
             Tab::Chat => self.chat_tab_ui(ui, &mut cmds),
             Tab::Dashboard => self.dashboard_tab_ui(ui, &mut cmds),
         }
+        self.library_windows_ui(ui.ctx(), &mut cmds);
         for cmd in cmds {
             self.apply(cmd, ui.ctx());
         }
@@ -213,13 +252,27 @@ impl TpsApp {
         match slot.poll() {
             SlotNews::Nothing => {}
             SlotNews::Ready => {
+                if self.rt.model_before.take().is_some() {
+                    let name = self.backend().map(backend::Backend::model_name);
+                    let name = name.unwrap_or_default();
+                    self.rt.history.mark(format!("model {name}"));
+                }
                 if let Some(before) = self.rt.device_before.take() {
                     let now = self.state.device;
                     self.rt.history.mark(format!("device {before} -> {now}"));
                 }
             }
             // Shown in the status bar; the choice stays, to retry or change.
-            SlotNews::Failed => self.rt.device_before = None,
+            SlotNews::Failed => {
+                self.rt.device_before = None;
+                self.rt.model_before = None;
+            }
+            SlotNews::RestartFailed(e) if self.rt.model_before.is_some() => {
+                self.options.model = self.rt.model_before.take().unwrap_or_default();
+                self.rt
+                    .errors
+                    .push(format!("{e}; the engine runs on with the model it had"));
+            }
             SlotNews::RestartFailed(e) => {
                 let back = self.rt.device_before.take().unwrap_or_default();
                 self.rt
@@ -234,6 +287,7 @@ impl TpsApp {
             None => false,
         });
         if let Some(outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
+            self.record_speed(&outcome.label, outcome.summary.mean_per_request_tps);
             self.rt.last_load = Some(outcome);
             self.rt.load = None;
         }
@@ -241,12 +295,24 @@ impl TpsApp {
             sweep.poll(&mut self.rt.sweep_points);
             if sweep.finished {
                 self.rt.sweep = None;
+                // The lowest concurrency measured: the decode speed one user sees.
+                if let Some(p) = self.rt.sweep_points.iter().min_by_key(|p| p.concurrency) {
+                    let label = format!("sweep, {} concurrent", p.concurrency);
+                    self.record_speed(&label, p.mean_per_request_tps);
+                }
             }
         }
         if let Some(outcome) = self.rt.saving.as_ref().and_then(PendingSave::poll) {
             self.rt.saving = None;
             self.saved(outcome);
         }
+        let lib = self
+            .rt
+            .library
+            .get_or_insert_with(|| Library::new(Library::default_dir()));
+        lib.poll(ctx);
+        self.rt.models.poll(&mut self.state.models, lib, ctx);
+        self.rt.wizard.poll(&mut self.state.wizard, lib, ctx);
         let snap = self.backend().map(|b| b.engine.stats());
         if let Some(s) = &snap {
             self.rt.history.sample(s);
@@ -264,6 +330,8 @@ impl TpsApp {
             ui.separator();
             ui.selectable_value(&mut self.state.tab, Tab::Chat, "Chat");
             ui.selectable_value(&mut self.state.tab, Tab::Dashboard, "Dashboard");
+            ui.toggle_value(&mut self.state.models.open, "Models");
+            ui.toggle_value(&mut self.state.wizard.open, "Quantize");
             ui.separator();
             // Text buttons: the icon buttons need glyphs the bundled fonts lack.
             let mut pref = ui.options(|o| o.theme_preference);
@@ -451,7 +519,92 @@ impl TpsApp {
                 Ok(())
             }
             Command::SetDevice(pref) => self.set_device(pref, ctx),
+            Command::LoadModel(path) => self.load_model(path, ctx),
         }
+    }
+
+    /// The Models panel and the quantization wizard, as windows over the tab when open.
+    fn library_windows_ui(&mut self, ctx: &egui::Context, cmds: &mut Vec<Command>) {
+        let locked = self.device_locked();
+        let loaded = self.backend().map(|b| b.path.clone());
+        let loading = match &self.rt.model {
+            Some(ModelSlot::Loading { .. }) => Some(PathBuf::from(&self.options.model)),
+            _ => None,
+        };
+        let lib = self
+            .rt
+            .library
+            .get_or_insert_with(|| Library::new(Library::default_dir()));
+        let mut open = self.state.models.open;
+        egui::Window::new("Model library")
+            .open(&mut open)
+            .default_pos([20.0, 60.0])
+            .default_size([900.0, 520.0])
+            .show(ctx, |ui| {
+                let view = ModelsView {
+                    loaded: loaded.as_deref(),
+                    loading: loading.as_deref(),
+                    load_locked: locked,
+                    dialogs: &self.dialogs,
+                };
+                self.rt
+                    .models
+                    .ui(ui, &mut self.state.models, lib, &view, cmds);
+            });
+        self.state.models.open = open;
+        let mut open = self.state.wizard.open;
+        egui::Window::new("Quantization wizard")
+            .open(&mut open)
+            .default_pos([360.0, 80.0])
+            .default_size([760.0, 620.0])
+            .show(ctx, |ui| {
+                let view = WizardView {
+                    loaded: loaded.as_deref(),
+                    kv_budget: self.state.dash.knobs.kv.budget_bytes,
+                    threads: self.options.threads,
+                };
+                egui::ScrollArea::vertical().show(ui, |ui| {
+                    self.rt.wizard.ui(ui, &mut self.state.wizard, lib, &view);
+                });
+            });
+        self.state.wizard.open = open;
+    }
+
+    /// Restarts the engine on the model at `path`, on a worker: the running engine stays until
+    /// the new one is up, and runs on if the new model fails to load.
+    fn load_model(&mut self, path: PathBuf, ctx: &egui::Context) -> Result<(), String> {
+        if let Some(why) = self.device_locked() {
+            return Err(format!("cannot switch the model now: {why}"));
+        }
+        let spec = path.display().to_string();
+        self.rt.model_before = Some(std::mem::replace(&mut self.options.model, spec.clone()));
+        let previous = match self.rt.model.take() {
+            Some(ModelSlot::Ready(b)) => Some(b),
+            _ => None,
+        };
+        let knobs = previous
+            .as_ref()
+            .map_or_else(|| self.state.dash.knobs.clone(), |b| b.engine.stats().knobs);
+        self.rt.model = Some(ModelSlot::load_over(
+            previous,
+            spec,
+            self.options.threads,
+            self.state.device.into(),
+            knobs,
+            ctx.clone(),
+        ));
+        self.rt.snapshot = None;
+        Ok(())
+    }
+
+    /// Notes the decode speed a finished run measured on the loaded model, for the wizard's table.
+    fn record_speed(&mut self, run: &str, tps: Option<f64>) {
+        let (Some(tps), Some(path)) = (tps, self.backend().map(|b| b.path.clone())) else {
+            return;
+        };
+        self.rt
+            .wizard
+            .record_speed(&mut self.state.wizard, &path, tps, run.to_string());
     }
 
     /// Asks where to save the sweep and writes it there, on a worker (the dialog may stay open

@@ -1,0 +1,545 @@
+//! The Models panel: the library's models (the loaded one marked), loading one into the engine,
+//! importing a GGUF (file dialog or typed path) and downloading from the Hugging Face Hub. Every
+//! long step (scan, import, listing, download) runs on a worker; the frame never waits.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+
+use serde::{Deserialize, Serialize};
+
+use super::Command;
+use super::catalog::{self, ModelEntry, Scan, params_text, size_text};
+use super::files::{DialogAnswer, DialogRequest, Dialogs};
+use super::hub_adapter::{self, HubRequest};
+use super::task::Task;
+use crate::hub::{Choice, RepoListing, human_bytes};
+
+/// What the Models panel keeps across restarts (never the Hub token).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelsSettings {
+    pub open: bool,
+    /// The path typed (or last picked) for an import.
+    pub import_path: String,
+    pub hf_repo: String,
+    /// Empty: the Hub itself.
+    pub hf_endpoint: String,
+}
+
+/// The library as the panels share it: its folder, the last scan and the scan in flight.
+pub struct Library {
+    pub dir: PathBuf,
+    pub models: Vec<ModelEntry>,
+    /// Files in the folder that did not parse as models (shown, not fatal).
+    pub unreadable: Vec<String>,
+    pub error: Option<String>,
+    scan: Option<Task<Scan>>,
+    /// A rescan was asked for while one ran (a file may have landed after it listed the folder).
+    again: bool,
+    scanned: bool,
+}
+
+impl Library {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            models: Vec::new(),
+            unreadable: Vec::new(),
+            error: None,
+            scan: None,
+            again: false,
+            scanned: false,
+        }
+    }
+
+    /// The folder the engine's library uses (`TPSLAB_HOME/models`).
+    pub fn default_dir() -> PathBuf {
+        tpslab_engine::library::models_dir().unwrap_or_else(|_| PathBuf::from("models"))
+    }
+
+    /// Lists the folder again on a worker.
+    pub fn rescan(&mut self, ctx: &egui::Context) {
+        if self.scan.is_some() {
+            self.again = true;
+            return;
+        }
+        let dir = self.dir.clone();
+        match Task::spawn(
+            "library-scan",
+            "Reading the library".into(),
+            ctx,
+            move |_| catalog::scan(&dir),
+        ) {
+            Ok(t) => self.scan = Some(t),
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// Takes in a finished scan (the first call starts one).
+    pub fn poll(&mut self, ctx: &egui::Context) {
+        if !self.scanned {
+            self.scanned = true;
+            self.rescan(ctx);
+        }
+        let Some(result) = self.scan.as_mut().and_then(Task::poll) else {
+            return;
+        };
+        self.scan = None;
+        match result {
+            Ok(s) => {
+                self.models = s.models;
+                self.unreadable = s.unreadable;
+                self.error = None;
+            }
+            Err(e) => self.error = Some(e),
+        }
+        if std::mem::take(&mut self.again) {
+            self.rescan(ctx);
+        }
+    }
+
+    pub fn scanning(&self) -> bool {
+        self.scan.is_some()
+    }
+
+    pub fn find(&self, path: &Path) -> Option<&ModelEntry> {
+        self.models.iter().find(|m| same_file(&m.path, path))
+    }
+}
+
+/// The same file, whether or not the two paths are spelled alike.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+/// What the panel needs from the app this frame.
+pub struct ModelsView<'a> {
+    /// The model the engine runs, if one is up.
+    pub loaded: Option<&'a Path>,
+    /// The model being loaded now.
+    pub loading: Option<&'a Path>,
+    /// Why the engine cannot switch models now.
+    pub load_locked: Option<&'static str>,
+    pub dialogs: &'a Dialogs,
+}
+
+/// The panel's runtime state.
+#[derive(Default)]
+pub struct ModelsPanel {
+    selected: Option<PathBuf>,
+    import: Option<Task<PathBuf>>,
+    /// A file dialog open on a worker.
+    browse: Option<Receiver<DialogAnswer>>,
+    /// The outcome of the last import (Ok: a notice, Err: an error), shown under the import row.
+    message: Option<Result<String, String>>,
+    hub: HubUi,
+}
+
+#[derive(Default)]
+struct HubUi {
+    token: String,
+    listing: Option<Task<RepoListing>>,
+    /// The last listing, whose files are offered below.
+    listed: Option<RepoListing>,
+    choice: Option<Choice>,
+    download: Option<Task<PathBuf>>,
+    message: Option<Result<String, String>>,
+}
+
+impl ModelsPanel {
+    /// Reads the workers' results (called every frame, open or not).
+    pub fn poll(&mut self, settings: &mut ModelsSettings, lib: &mut Library, ctx: &egui::Context) {
+        if let Some(r) = self.import.as_mut().and_then(Task::poll) {
+            self.import = None;
+            self.message = Some(r.map(|p| {
+                self.selected = Some(p.clone());
+                format!("Imported {}", catalog::file_name(&p))
+            }));
+            // A folder holding one GGUF imports as that file: select what is listed.
+            lib.rescan(ctx);
+        }
+        if let Some(answer) = self.browse.as_ref().and_then(|rx| match rx.try_recv() {
+            Ok(a) => Some(a),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(DialogAnswer::Cancelled),
+        }) {
+            self.browse = None;
+            match answer {
+                DialogAnswer::Chosen(p) => {
+                    settings.import_path = p.display().to_string();
+                    self.start_import(&p, lib, ctx);
+                }
+                DialogAnswer::Cancelled => {}
+                DialogAnswer::Unavailable(why) => {
+                    self.message = Some(Err(format!("no file dialog ({why}): type the path")));
+                }
+            }
+        }
+        let hub = &mut self.hub;
+        if let Some(r) = hub.listing.as_mut().and_then(Task::poll) {
+            hub.listing = None;
+            match r {
+                Ok(listing) => {
+                    hub.choice = hub_adapter::default_choice(&listing);
+                    let gated = if listing.gated { ", gated" } else { "" };
+                    let n = listing.files.len();
+                    hub.message = Some(Ok(format!("{}: {n} files{gated}", listing.repo)));
+                    hub.listed = Some(listing);
+                }
+                Err(e) => hub.message = Some(Err(e)),
+            }
+        }
+        if let Some(r) = hub.download.as_mut().and_then(Task::poll) {
+            hub.download = None;
+            hub.message = Some(r.map(|p| format!("Downloaded {}", catalog::file_name(&p))));
+            lib.rescan(ctx);
+        }
+    }
+
+    /// Whether a worker of this panel is running (the app keeps repainting while one is).
+    pub fn busy(&self) -> bool {
+        self.import.is_some() || self.hub.listing.is_some() || self.hub.download.is_some()
+    }
+
+    fn start_import(&mut self, src: &Path, lib: &Library, ctx: &egui::Context) {
+        if self.import.is_some() {
+            return;
+        }
+        let (src, dir) = (src.to_path_buf(), lib.dir.clone());
+        let what = format!("Importing {}", catalog::file_name(&src));
+        self.message = None;
+        match Task::spawn("import", what, ctx, move |r| {
+            let cancel = r.cancel_flag();
+            catalog::import(&src, &dir, &cancel, &mut |done, total| {
+                r.report(done, total, "copying");
+            })
+        }) {
+            Ok(t) => self.import = Some(t),
+            Err(e) => self.message = Some(Err(e)),
+        }
+    }
+
+    fn browse(&mut self, dialogs: &Dialogs, dir: &Path, folder: bool, ctx: &egui::Context) {
+        let (tx, rx) = mpsc::channel();
+        let (dialogs, ctx) = (dialogs.clone(), ctx.clone());
+        let mut req = DialogRequest::for_path("Import a model", &dir.join(""));
+        if !folder {
+            req.filters = vec![("GGUF".into(), vec!["gguf".into()])];
+        }
+        let spawned = std::thread::Builder::new()
+            .name("tpslab-dialog".into())
+            .spawn(move || {
+                let a = if folder {
+                    dialogs.open_folder(&req)
+                } else {
+                    dialogs.open_path(&req)
+                };
+                let _ = tx.send(a);
+                ctx.request_repaint();
+            });
+        match spawned {
+            Ok(_) => self.browse = Some(rx),
+            Err(e) => self.message = Some(Err(format!("cannot open a file dialog: {e}"))),
+        }
+    }
+
+    pub fn ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        settings: &mut ModelsSettings,
+        lib: &mut Library,
+        view: &ModelsView<'_>,
+        cmds: &mut Vec<Command>,
+    ) {
+        ui.horizontal(|ui| {
+            ui.label(format!("Library folder: {}", lib.dir.display()));
+            if ui
+                .add_enabled(!lib.scanning(), egui::Button::new("Rescan"))
+                .clicked()
+            {
+                lib.rescan(ui.ctx());
+            }
+            ui.add_visible(lib.scanning(), egui::Spinner::new());
+        });
+        if let Some(e) = &lib.error {
+            ui.colored_label(ui.visuals().error_fg_color, e);
+        }
+        // Each part under its own id, so widgets that come and go above (a spinner, an error)
+        // never shift the ids of those below between two frames (a click would be lost).
+        ui.push_id("table", |ui| self.table_ui(ui, lib, view));
+        for u in &lib.unreadable {
+            ui.colored_label(
+                ui.visuals().warn_fg_color,
+                format!("Not a usable model: {u}"),
+            );
+        }
+        ui.push_id("load", |ui| self.load_ui(ui, view, cmds));
+        ui.separator();
+        ui.push_id("import", |ui| self.import_ui(ui, settings, lib, view));
+        ui.separator();
+        egui::CollapsingHeader::new("Download from Hugging Face")
+            .default_open(true)
+            .show(ui, |ui| self.hub_ui(ui, settings, lib));
+    }
+
+    fn table_ui(&mut self, ui: &mut egui::Ui, lib: &Library, view: &ModelsView<'_>) {
+        if lib.models.is_empty() {
+            ui.label(if lib.scanning() {
+                "Reading the library…"
+            } else {
+                "No models in the library yet: import one or download one."
+            });
+            return;
+        }
+        egui::ScrollArea::both()
+            .max_height(220.0)
+            .auto_shrink([false, true])
+            .show(ui, |ui| {
+                egui::Grid::new("models_table")
+                    .striped(true)
+                    .num_columns(9)
+                    .show(ui, |ui| {
+                        for h in [
+                            "Model",
+                            "",
+                            "Source",
+                            "Arch",
+                            "Params",
+                            "Precision",
+                            "Size",
+                            "Context",
+                            "sha256",
+                        ] {
+                            ui.strong(h);
+                        }
+                        ui.end_row();
+                        for m in &lib.models {
+                            let sel = self.selected.as_deref() == Some(m.path.as_path());
+                            let r = ui.push_id(&m.name, |ui| ui.selectable_label(sel, &m.name));
+                            if r.inner.clicked() {
+                                self.selected = Some(m.path.clone());
+                            }
+                            if view.loaded.is_some_and(|p| same_file(p, &m.path)) {
+                                ui.colored_label(ui.visuals().selection.bg_fill, "loaded");
+                            } else if view.loading.is_some_and(|p| same_file(p, &m.path)) {
+                                ui.label("loading…");
+                            } else {
+                                ui.label("");
+                            }
+                            ui.label(m.source.to_string());
+                            ui.label(&m.arch);
+                            ui.label(params_text(m.params));
+                            ui.label(&m.precision);
+                            ui.label(size_text(m.size));
+                            ui.label(m.context_len.map_or("–".into(), |c| c.to_string()));
+                            if m.is_indexed() {
+                                ui.monospace(m.sha_short()).on_hover_text(&m.sha256);
+                            } else {
+                                ui.weak("hashing…");
+                            }
+                            ui.end_row();
+                        }
+                    });
+            });
+    }
+
+    fn load_ui(&mut self, ui: &mut egui::Ui, view: &ModelsView<'_>, cmds: &mut Vec<Command>) {
+        let sel = self.selected.as_deref();
+        let already = sel.is_some_and(|s| view.loaded.is_some_and(|l| same_file(s, l)));
+        let why_not = if sel.is_none() {
+            Some("Select a model in the list first")
+        } else if already {
+            Some("This model is the one loaded")
+        } else {
+            view.load_locked
+        };
+        ui.horizontal(|ui| {
+            let r = ui.add_enabled(why_not.is_none(), egui::Button::new("Load"));
+            if let Some(why) = why_not {
+                r.on_disabled_hover_text(why);
+            } else if r
+                .on_hover_text("Restart the engine on this model (the chats stay)")
+                .clicked()
+                && let Some(p) = sel
+            {
+                cmds.push(Command::LoadModel(p.to_path_buf()));
+            }
+            if let Some(p) = sel {
+                ui.label(format!("Selected: {}", catalog::file_name(p)));
+            }
+        });
+    }
+
+    fn import_ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        settings: &mut ModelsSettings,
+        lib: &Library,
+        view: &ModelsView<'_>,
+    ) {
+        ui.strong("Import a model");
+        let idle = self.import.is_none() && self.browse.is_none();
+        ui.horizontal(|ui| {
+            let l = ui.label("Model path");
+            ui.add(
+                egui::TextEdit::singleline(&mut settings.import_path)
+                    .hint_text("a .gguf file or a safetensors folder")
+                    .desired_width(360.0),
+            )
+            .labelled_by(l.id);
+            let typed = !settings.import_path.trim().is_empty();
+            if ui
+                .add_enabled(idle && typed, egui::Button::new("Import"))
+                .clicked()
+            {
+                let p = PathBuf::from(settings.import_path.trim());
+                self.start_import(&p, lib, ui.ctx());
+            }
+            if ui
+                .add_enabled(idle, egui::Button::new("Browse file…"))
+                .clicked()
+            {
+                self.browse(view.dialogs, &lib.dir, false, ui.ctx());
+            }
+            if ui
+                .add_enabled(idle, egui::Button::new("Browse folder…"))
+                .clicked()
+            {
+                self.browse(view.dialogs, &lib.dir, true, ui.ctx());
+            }
+        });
+        if self.browse.is_some() {
+            ui.label("Waiting for the file dialog…");
+        }
+        if let Some(t) = &self.import {
+            t.progress_ui(ui, true, Some("Cancel import"));
+        }
+        message_ui(ui, self.message.as_ref());
+    }
+
+    fn hub_ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings, lib: &Library) {
+        let hub = &mut self.hub;
+        egui::Grid::new("hub_fields").num_columns(2).show(ui, |ui| {
+            let l = ui.label("Repo id");
+            ui.add(
+                egui::TextEdit::singleline(&mut settings.hf_repo)
+                    .hint_text("HuggingFaceTB/SmolLM2-135M-Instruct"),
+            )
+            .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Endpoint");
+            ui.add(
+                egui::TextEdit::singleline(&mut settings.hf_endpoint)
+                    .hint_text("https://huggingface.co (optional)"),
+            )
+            .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Token");
+            ui.add(
+                egui::TextEdit::singleline(&mut hub.token)
+                    .password(true)
+                    .hint_text("for gated repos (optional, not saved)"),
+            )
+            .labelled_by(l.id);
+            ui.end_row();
+        });
+        let req = HubRequest {
+            repo: settings.hf_repo.trim().to_string(),
+            endpoint: Some(settings.hf_endpoint.trim().to_string()).filter(|e| !e.is_empty()),
+            token: Some(hub.token.trim().to_string()).filter(|t| !t.is_empty()),
+        };
+        let idle = hub.listing.is_none() && hub.download.is_none();
+        if ui
+            .add_enabled(
+                idle && !req.repo.is_empty(),
+                egui::Button::new("List files"),
+            )
+            .clicked()
+        {
+            hub.listed = None;
+            hub.choice = None;
+            hub.message = None;
+            let r = req.clone();
+            let what = format!("Listing {}", req.repo);
+            match Task::spawn("hub-list", what, ui.ctx(), move |_| {
+                hub_adapter::list_files(&r)
+            }) {
+                Ok(t) => hub.listing = Some(t),
+                Err(e) => hub.message = Some(Err(e)),
+            }
+        }
+        if hub.listing.is_some() {
+            ui.horizontal(|ui| {
+                ui.spinner();
+                ui.label("Listing the repo's files…");
+            });
+        }
+        if let Some(listing) = &hub.listed {
+            files_ui(ui, listing, &mut hub.choice);
+            let can = idle && hub.choice.is_some();
+            if ui.add_enabled(can, egui::Button::new("Download")).clicked()
+                && let Some(choice) = hub.choice.clone()
+            {
+                let (r, dir) = (req.clone(), lib.dir.clone());
+                let what = format!("Downloading from {}", req.repo);
+                hub.message = None;
+                match Task::spawn("hub-download", what, ui.ctx(), move |rep| {
+                    hub_adapter::download(&r, choice, &dir, rep)
+                }) {
+                    Ok(t) => hub.download = Some(t),
+                    Err(e) => hub.message = Some(Err(e)),
+                }
+            }
+        }
+        if let Some(t) = &hub.download {
+            t.progress_ui(ui, true, Some("Cancel download"));
+        }
+        message_ui(ui, hub.message.as_ref());
+    }
+}
+
+/// The repo's files with sizes: each GGUF and the safetensors set to choose from, the rest
+/// greyed.
+fn files_ui(ui: &mut egui::Ui, listing: &RepoListing, choice: &mut Option<Choice>) {
+    ui.label(format!("Files of {} ({}):", listing.repo, listing.revision));
+    egui::ScrollArea::vertical()
+        .id_salt("hub_files")
+        .max_height(160.0)
+        .show(ui, |ui| {
+            let ggufs = listing.ggufs();
+            for f in &ggufs {
+                let text = format!("{} ({})", f.name, human_bytes(f.size));
+                ui.radio_value(choice, Some(Choice::File(f.name.clone())), text);
+            }
+            let set = listing.safetensors_set();
+            if let Some(set) = &set {
+                let bytes: u64 = set.iter().map(|f| f.size).sum();
+                let text = format!(
+                    "Safetensors set: {} files ({})",
+                    set.len(),
+                    human_bytes(bytes)
+                );
+                ui.radio_value(choice, Some(Choice::Safetensors), text);
+            }
+            let offered = |n: &str| {
+                ggufs.iter().any(|f| f.name == n)
+                    || set.as_ref().is_some_and(|s| s.iter().any(|f| f.name == n))
+            };
+            for f in listing.files.iter().filter(|f| !offered(&f.name)) {
+                ui.weak(format!("{} ({})", f.name, human_bytes(f.size)));
+            }
+        });
+}
+
+/// A notice, or an error in the error colour.
+fn message_ui(ui: &mut egui::Ui, m: Option<&Result<String, String>>) {
+    match m {
+        Some(Ok(n)) => {
+            ui.label(n);
+        }
+        Some(Err(e)) => {
+            ui.colored_label(ui.visuals().error_fg_color, format!("Error: {e}"));
+        }
+        None => {}
+    }
+}
