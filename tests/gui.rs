@@ -9,7 +9,7 @@ use egui_kittest::kittest::Queryable;
 use tpslab::ui::backend::DevicePref;
 use tpslab::ui::chat::{Conversation, Message, Role};
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
-use tpslab::ui::load::SweepPoint;
+use tpslab::ui::load::{RemoteSettings, SweepPoint};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::sampler::SamplingParams;
@@ -507,5 +507,102 @@ fn device_cuda_without_a_gpu_shows_the_error_and_the_window_carries_on() {
     h.get_by_label("CPU").click();
     wait_until(&mut h, "the engine to start on the CPU", 600, |h| {
         h.state().engine().is_some() && has(h, "Backend: CPU, 1 threads")
+    });
+}
+
+/// Plain HTTP/1.1 GET or POST on loopback; the status code and body (`None`: nothing listens).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split(' ').nth(1)?.parse().ok()?;
+    Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+#[test]
+fn the_api_server_starts_from_the_window_and_serves_its_engine() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut state = AppState::default();
+    state.dash.server.port = port;
+    let mut h = harness(state);
+    wait_for_model(&mut h);
+    h.get_by_label("Dashboard").click();
+    h.step();
+    h.get_by_label("Start API server").click();
+    let url = format!("Serving http://{addr}/v1");
+    wait_until(&mut h, "the server to run", 10, |h| has(h, &url));
+    let (status, body) = http(&addr, "GET", "/v1/models", "").expect("the server answers");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("SmolLM2-135M-Instruct"), "{body}");
+    // A completion through the API runs on the window's engine.
+    let before = h
+        .state()
+        .engine()
+        .expect("engine")
+        .stats()
+        .live
+        .counters
+        .generation_tokens_total;
+    let req = r#"{"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "ignore_eos": true}"#;
+    let (status, body) = http(&addr, "POST", "/v1/completions", req).expect("completion");
+    assert_eq!(status, 200, "{body}");
+    wait_until(&mut h, "the engine to count the API's tokens", 10, |h| {
+        let s = h.state().engine().expect("engine").stats();
+        s.live.counters.generation_tokens_total == before + 4
+    });
+
+    // The same sweep on this engine and, through the API, as a remote endpoint: two curves
+    // side by side, the remote one timed on the client side.
+    {
+        let load = &mut h.state_mut().state.dash.load;
+        load.prompt_len = 16;
+        load.output_len = 4;
+        load.sweep_max = 2;
+        load.sweep_requests_per_slot = 1;
+    }
+    h.get_by_label("Run sweep").click();
+    wait_until(&mut h, "the local sweep", 120, |h| {
+        has(h, "c=2:") && h.query_by_label("Run sweep").is_some()
+    });
+    h.state_mut().state.dash.load.remote = RemoteSettings {
+        enabled: true,
+        url: format!("http://{addr}"),
+        ..RemoteSettings::default()
+    };
+    h.step();
+    h.get_by_label("Run sweep").click();
+    let remote = format!("remote http://{addr} (SmolLM2-135M-Instruct");
+    wait_until(&mut h, "the remote sweep beside the local one", 120, |h| {
+        h.query_by_label("Run sweep").is_some()
+            && h.query_all_by_label_contains("c=2:").count() == 2
+            && has(h, &remote)
+            && has(h, "CPU, 1 threads  vs  ")
+    });
+    // An endpoint nothing listens on: the window says so and carries on.
+    h.state_mut().state.dash.load.remote.url = "http://127.0.0.1:9".into();
+    h.step();
+    h.get_by_label("Start load").click();
+    wait_until(&mut h, "the endpoint error", 30, |h| {
+        h.state()
+            .errors()
+            .iter()
+            .any(|e| e.contains("remote endpoint: cannot reach"))
+    });
+
+    h.get_by_label("Stop API server").click();
+    wait_until(&mut h, "the server to stop", 30, |h| {
+        h.query_by_label("Start API server").is_some()
+            && http(&addr, "GET", "/v1/models", "").is_none()
     });
 }

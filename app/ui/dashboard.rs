@@ -14,7 +14,8 @@ use tpslab_engine::scheduler::Policy;
 const MIB: f64 = (1u64 << 20) as f64;
 
 use super::Command;
-use super::load::{LoadOutcome, LoadSettings, SweepPoint};
+use super::api_server::ApiServerSettings;
+use super::load::{LoadOutcome, LoadSettings, RemoteSettings, SweepPoint};
 
 /// Dashboard settings (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,6 +26,7 @@ pub struct DashSettings {
     pub load: LoadSettings,
     /// The user's machine price, $ per hour.
     pub price_per_hour: f64,
+    pub server: ApiServerSettings,
 }
 
 impl Default for DashSettings {
@@ -33,6 +35,7 @@ impl Default for DashSettings {
             knobs: Knobs::default(),
             load: LoadSettings::default(),
             price_per_hour: 1.0,
+            server: ApiServerSettings::default(),
         }
     }
 }
@@ -155,6 +158,8 @@ pub struct DashView<'a> {
     pub sweep_points: &'a [SweepPoint],
     /// A save is in progress (its dialog may be open).
     pub saving: bool,
+    /// The API server's address and model while it runs.
+    pub server: Option<String>,
 }
 
 /// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
@@ -173,6 +178,8 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
         .show(ui, |ui| {
             egui::ScrollArea::vertical().show(ui, |ui| {
                 knobs_ui(ui, s, view, cmds);
+                ui.separator();
+                server_ui(ui, s, view, cmds);
                 ui.separator();
                 load_ui(ui, s, view, cmds);
                 ui.separator();
@@ -370,6 +377,7 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
                 .labelled_by(lb.id);
             ui.end_row();
         });
+        remote_ui(ui, &mut l.remote);
     });
     match view.load_running {
         Some((label, done, stopping)) => {
@@ -424,6 +432,84 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
 
 fn fmt_opt(v: Option<f64>, unit: &str) -> String {
     v.map_or_else(|| "–".to_string(), |v| format!("{v:.1} {unit}"))
+}
+
+/// The load generator's target: this engine, or a remote OpenAI-compatible server (vLLM, SGLang,
+/// TGI, llama.cpp's server, `tpslab serve`), measured on the client side.
+fn remote_ui(ui: &mut egui::Ui, r: &mut RemoteSettings) {
+    ui.horizontal(|ui| {
+        ui.label("Target");
+        ui.radio_value(&mut r.enabled, false, "This engine");
+        ui.radio_value(&mut r.enabled, true, "Remote endpoint");
+    });
+    if !r.enabled {
+        return;
+    }
+    egui::Grid::new("remote_grid")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let lb = ui.label("Endpoint URL");
+            ui.add(egui::TextEdit::singleline(&mut r.url).hint_text("http://127.0.0.1:8000"))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Served model");
+            ui.add(egui::TextEdit::singleline(&mut r.model).hint_text("first listed"))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Endpoint API key");
+            ui.add(egui::TextEdit::singleline(&mut r.api_key).password(true))
+                .labelled_by(lb.id);
+            ui.end_row();
+        });
+    ui.label(
+        egui::RichText::new(
+            "Timed on this side as vLLM's benchmark does; the live plots stay on this engine, \
+             the summary and the sweep show the remote figures.",
+        )
+        .small(),
+    );
+}
+
+/// The OpenAI-compatible API server over this window's engine, on loopback.
+fn server_ui(
+    ui: &mut egui::Ui,
+    s: &mut DashSettings,
+    view: &DashView<'_>,
+    cmds: &mut Vec<Command>,
+) {
+    ui.heading("API server");
+    if let Some(desc) = &view.server {
+        ui.label(format!("Serving {desc}"));
+        ui.label(
+            egui::RichText::new("Its requests join the same batch as the chat and the load.")
+                .small(),
+        );
+        if ui.button("Stop API server").clicked() {
+            cmds.push(Command::StopServer);
+        }
+        return;
+    }
+    egui::Grid::new("server_grid")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let l = ui.label("Port");
+            ui.add(egui::DragValue::new(&mut s.server.port).range(1..=65535))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("API key (optional)");
+            ui.add(egui::TextEdit::singleline(&mut s.server.api_key).password(true))
+                .labelled_by(l.id);
+            ui.end_row();
+        });
+    if ui
+        .add_enabled(
+            view.snapshot.is_some(),
+            egui::Button::new("Start API server"),
+        )
+        .clicked()
+    {
+        cmds.push(Command::StartServer);
+    }
 }
 
 fn cost_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>) {
@@ -646,9 +732,11 @@ fn memory_plot_ui(ui: &mut egui::Ui, h: &History, label: &str, height: f32) {
 /// "batch cap 64 · prompt 128 -> output 64 tok · Q4_1 · CPU, 2 threads": the settings a sweep ran
 /// under (its first level's; they don't change during a sweep).
 pub fn sweep_settings(points: &[SweepPoint]) -> String {
-    let Some(p) = points.first() else {
-        return String::new();
-    };
+    points.first().map_or_else(String::new, point_settings)
+}
+
+/// The settings label of one sweep point.
+fn point_settings(p: &SweepPoint) -> String {
     let mut s = String::new();
     if p.max_batch > 0 {
         s.push_str(&format!("batch cap {} · ", p.max_batch));
@@ -663,25 +751,51 @@ pub fn sweep_settings(points: &[SweepPoint]) -> String {
     s
 }
 
-/// The trade-off plot (also drawn into the saved PNG, see [`super::plot_png`]).
+/// The sweep's points by target (the engine's device, or a remote server), in first-seen order.
+fn by_target(points: &[SweepPoint]) -> Vec<(&str, Vec<&SweepPoint>)> {
+    let mut groups: Vec<(&str, Vec<&SweepPoint>)> = Vec::new();
+    for p in points {
+        match groups.iter_mut().find(|(d, _)| *d == p.device) {
+            Some((_, g)) => g.push(p),
+            None => groups.push((&p.device, vec![p])),
+        }
+    }
+    groups
+}
+
+/// The trade-off plot (also drawn into the saved PNG, see [`super::plot_png`]): one curve per
+/// target, so this engine and a remote server compare side by side.
 pub(super) fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f32) {
+    let groups = by_target(points);
     ui.strong(format!(
         "Sweep: aggregate vs per-request TPS, one point per concurrency level — {}",
-        sweep_settings(points)
+        groups
+            .iter()
+            .map(|(_, g)| point_settings(g[0]))
+            .collect::<Vec<_>>()
+            .join("  vs  ")
     ));
-    let xy: Vec<[f64; 2]> = points
-        .iter()
-        .filter_map(|p| p.mean_per_request_tps.map(|x| [x, p.output_throughput]))
-        .collect();
     Plot::new("plot_sweep")
         .height(height)
         .x_axis_label("per-request TPS, mean (tok/s)")
         .y_axis_label("aggregate TPS (tok/s)")
         .include_y(0.0)
         .include_x(0.0)
+        .legend(Legend::default().position(Corner::RightTop))
         .show(ui, |p| {
-            p.line(Line::new("trade-off", PlotPoints::from(xy.clone())));
-            p.points(Points::new("levels", PlotPoints::from(xy)).radius(4.0));
+            for (device, g) in &groups {
+                let xy: Vec<[f64; 2]> = g
+                    .iter()
+                    .filter_map(|p| p.mean_per_request_tps.map(|x| [x, p.output_throughput]))
+                    .collect();
+                let name = if device.is_empty() {
+                    "trade-off"
+                } else {
+                    device
+                };
+                p.line(Line::new(name, PlotPoints::from(xy.clone())));
+                p.points(Points::new(name, PlotPoints::from(xy)).radius(4.0));
+            }
             for pt in points {
                 if let Some(x) = pt.mean_per_request_tps {
                     p.text(

@@ -8,7 +8,9 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::engine::EngineHandle;
-use tpslab_engine::loadgen::{self, LenDist, LoadSpec, PromptSet};
+use tpslab_engine::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
+
+use crate::remote::RemoteTarget;
 use tpslab_engine::metrics::BenchSummary;
 
 /// The load the user asks for (saved).
@@ -26,6 +28,82 @@ pub struct LoadSettings {
     pub sweep_requests_per_slot: usize,
     /// Where sweep results are saved (`.json` and `.csv` beside each other).
     pub sweep_path: String,
+    /// Load a remote OpenAI-compatible server instead of this window's engine.
+    pub remote: RemoteSettings,
+}
+
+/// A remote endpoint as the load generator's target (saved, but for the key).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RemoteSettings {
+    pub enabled: bool,
+    /// http(s)://host:port (a trailing /v1 is fine).
+    pub url: String,
+    /// The served model; empty: the first one the server lists.
+    pub model: String,
+    #[serde(skip)]
+    pub api_key: String,
+}
+
+/// What a run's thread drives: the engine, or a remote server it connects to itself (the
+/// connection check may take seconds, which the frame must not wait on).
+#[derive(Clone)]
+pub enum TargetSpec {
+    Local(EngineHandle),
+    Remote(RemoteSettings),
+}
+
+enum Target {
+    Local(EngineHandle),
+    Remote(Box<RemoteTarget>),
+}
+
+impl TargetSpec {
+    pub fn of(engine: &EngineHandle, s: &LoadSettings) -> Self {
+        if s.remote.enabled {
+            Self::Remote(s.remote.clone())
+        } else {
+            Self::Local(engine.clone())
+        }
+    }
+
+    fn open(self) -> Result<Target, String> {
+        match self {
+            Self::Local(e) => Ok(Target::Local(e)),
+            Self::Remote(r) => {
+                let key = Some(r.api_key.trim().to_string()).filter(|k| !k.is_empty());
+                let model = Some(r.model.trim()).filter(|m| !m.is_empty());
+                RemoteTarget::connect(&r.url, key, model)
+                    .map(|t| Target::Remote(Box::new(t)))
+                    .map_err(|e| format!("remote endpoint: {e}"))
+            }
+        }
+    }
+}
+
+impl Target {
+    fn as_dyn(&self) -> &dyn LoadTarget {
+        match self {
+            Self::Local(e) => e,
+            Self::Remote(r) => r.as_ref(),
+        }
+    }
+
+    /// The backend label of the figures: the engine's device, or "remote URL (model)".
+    fn device(&self) -> String {
+        match self {
+            Self::Local(e) => e.stats().device,
+            Self::Remote(r) => format!("remote {} ({})", r.url(), r.model()),
+        }
+    }
+
+    /// The engine's batch cap (0 for a remote server: not known).
+    fn max_batch(&self) -> usize {
+        match self {
+            Self::Local(e) => e.stats().knobs.scheduler.max_num_seqs,
+            Self::Remote(_) => 0,
+        }
+    }
 }
 
 impl Default for LoadSettings {
@@ -41,6 +119,7 @@ impl Default for LoadSettings {
             sweep_max: 64,
             sweep_requests_per_slot: 2,
             sweep_path: sweep_path.display().to_string(),
+            remote: RemoteSettings::default(),
         }
     }
 }
@@ -53,8 +132,13 @@ impl LoadSettings {
         } else {
             format!("{} concurrent", self.concurrency)
         };
+        let target = if self.remote.enabled {
+            format!(" -> {}", self.remote.url.trim())
+        } else {
+            String::new()
+        };
         format!(
-            "{shape}, prompt {} -> output {} tok",
+            "{shape}, prompt {} -> output {} tok{target}",
             self.prompt_len, self.output_len
         )
     }
@@ -86,12 +170,14 @@ pub struct LoadOutcome {
     pub summary: BenchSummary,
     pub refused: usize,
     pub aborted: usize,
+    /// The run could not start (a remote endpoint unreachable, say).
+    pub error: Option<String>,
 }
 
 impl LoadRun {
     /// Starts a closed-loop (or Poisson) load that runs until stopped.
     pub fn start(
-        engine: &EngineHandle,
+        target: TargetSpec,
         prompts: &PromptSet,
         settings: &LoadSettings,
         ctx: &egui::Context,
@@ -102,21 +188,38 @@ impl LoadRun {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = mpsc::channel();
-        let (engine, prompts, ctx) = (engine.clone(), prompts.clone(), ctx.clone());
+        let (prompts, ctx) = (prompts.clone(), ctx.clone());
         let (t_stop, t_done, t_label) = (Arc::clone(&stop), Arc::clone(&done), label.clone());
         std::thread::Builder::new()
             .name("tpslab-load".into())
             .spawn(move || {
-                let result = loadgen::run(&engine, &prompts, &spec, &t_stop, &mut |d, _| {
-                    t_done.store(d, Ordering::Relaxed);
-                });
-                let summary = BenchSummary::from_requests(&result.timings, result.duration_s, None);
-                let _ = tx.send(LoadOutcome {
-                    label: t_label,
-                    summary,
-                    refused: result.refused.len(),
-                    aborted: result.aborted,
-                });
+                let outcome = match target.open() {
+                    Ok(target) => {
+                        let result =
+                            loadgen::run(target.as_dyn(), &prompts, &spec, &t_stop, &mut |d, _| {
+                                t_done.store(d, Ordering::Relaxed);
+                            });
+                        LoadOutcome {
+                            label: t_label,
+                            summary: BenchSummary::from_requests(
+                                &result.timings,
+                                result.duration_s,
+                                None,
+                            ),
+                            refused: result.refused.len(),
+                            aborted: result.aborted,
+                            error: None,
+                        }
+                    }
+                    Err(e) => LoadOutcome {
+                        label: t_label,
+                        summary: BenchSummary::from_requests(&[], 0.0, None),
+                        refused: 0,
+                        aborted: 0,
+                        error: Some(e),
+                    },
+                };
+                let _ = tx.send(outcome);
                 ctx.request_repaint();
             })
             .map_err(|e| format!("cannot start the load thread: {e}"))?;
@@ -150,6 +253,7 @@ impl LoadRun {
                 summary: BenchSummary::from_requests(&[], 0.0, None),
                 refused: 0,
                 aborted: 0,
+                error: None,
             }),
         }
     }
@@ -181,8 +285,10 @@ pub struct SweepPoint {
 pub struct SweepRun {
     pub levels: Vec<usize>,
     stop: Arc<AtomicBool>,
-    rx: Receiver<SweepPoint>,
+    rx: Receiver<Result<SweepPoint, String>>,
     pub finished: bool,
+    /// Why the sweep could not run (a remote endpoint unreachable, say); taken by the app.
+    pub error: Option<String>,
 }
 
 /// Concurrency levels 1, 2, 4, ... up to `max` (and `max` itself if it is not a power of two).
@@ -199,7 +305,7 @@ pub fn sweep_levels(max: usize) -> Vec<usize> {
 
 impl SweepRun {
     pub fn start(
-        engine: &EngineHandle,
+        target: TargetSpec,
         prompts: &PromptSet,
         settings: &LoadSettings,
         precision: &str,
@@ -208,24 +314,35 @@ impl SweepRun {
         let levels = sweep_levels(settings.sweep_max);
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
-        let (engine, prompts, ctx) = (engine.clone(), prompts.clone(), ctx.clone());
+        let (prompts, ctx) = (prompts.clone(), ctx.clone());
         let (t_stop, t_levels, settings) = (Arc::clone(&stop), levels.clone(), settings.clone());
         let precision = precision.to_owned();
         std::thread::Builder::new()
             .name("tpslab-sweep".into())
             .spawn(move || {
+                let target = match target.open() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        ctx.request_repaint();
+                        return;
+                    }
+                };
+                let precision = match &target {
+                    Target::Local(_) => precision,
+                    Target::Remote(_) => "remote".to_string(),
+                };
                 for (i, &c) in t_levels.iter().enumerate() {
                     if t_stop.load(Ordering::Relaxed) {
                         break;
                     }
                     let n = c * settings.sweep_requests_per_slot.max(1);
                     let spec = settings.spec(c, n, i as u64);
-                    let r = loadgen::run(&engine, &prompts, &spec, &t_stop, &mut |_, _| {});
+                    let r = loadgen::run(target.as_dyn(), &prompts, &spec, &t_stop, &mut |_, _| {});
                     if t_stop.load(Ordering::Relaxed) {
                         break;
                     }
                     let s = BenchSummary::from_requests(&r.timings, r.duration_s, None);
-                    let engine_now = engine.stats();
                     let point = SweepPoint {
                         concurrency: c,
                         prompt_len: settings.prompt_len,
@@ -238,10 +355,10 @@ impl SweepRun {
                         p10_per_request_tps: s.p10_per_request_tps,
                         median_ttft_ms: s.median_ttft_ms,
                         p99_ttft_ms: s.p99_ttft_ms,
-                        max_batch: engine_now.knobs.scheduler.max_num_seqs,
-                        device: engine_now.device,
+                        max_batch: target.max_batch(),
+                        device: target.device(),
                     };
-                    if tx.send(point).is_err() {
+                    if tx.send(Ok(point)).is_err() {
                         break;
                     }
                     ctx.request_repaint();
@@ -254,6 +371,7 @@ impl SweepRun {
             stop,
             rx,
             finished: false,
+            error: None,
         })
     }
 
@@ -265,7 +383,8 @@ impl SweepRun {
     pub fn poll(&mut self, points: &mut Vec<SweepPoint>) {
         loop {
             match self.rx.try_recv() {
-                Ok(p) => points.push(p),
+                Ok(Ok(p)) => points.push(p),
+                Ok(Err(e)) => self.error = Some(e),
                 Err(TryRecvError::Empty) => return,
                 Err(TryRecvError::Disconnected) => {
                     self.finished = true;

@@ -2,6 +2,7 @@
 //! commands the panels return, applied once per frame.
 //!
 //! Modules:
+//! - [`api_server`]: the OpenAI-compatible API server over the window's engine.
 //! - [`backend`]: loading the model and starting (or restarting) the engine on a worker thread.
 //! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
@@ -16,6 +17,7 @@
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
 
+pub mod api_server;
 pub mod backend;
 pub mod catalog;
 pub mod chat;
@@ -42,7 +44,7 @@ use backend::{DevicePref, ModelSlot, SlotNews};
 use chat::{ChatState, ChatView, Generation, Message, Role};
 use dashboard::{DashSettings, DashView, History};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
-use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun};
+use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
 use models::{Library, ModelsPanel, ModelsSettings, ModelsView};
 use wizard::{Wizard, WizardSettings, WizardView};
 
@@ -75,6 +77,8 @@ pub enum Command {
     SetDevice(DevicePref),
     /// Restart the engine on this model file.
     LoadModel(PathBuf),
+    StartServer,
+    StopServer,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +148,7 @@ struct Runtime {
     library: Option<Library>,
     models: ModelsPanel,
     wizard: Wizard,
+    server: api_server::ApiServer,
 }
 
 /// The app: saved state plus runtime handles.
@@ -286,13 +291,19 @@ impl TpsApp {
             Some(conv) => !g.drain(conv),
             None => false,
         });
-        if let Some(outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
+        if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
+            if let Some(e) = outcome.error.take() {
+                self.rt.errors.push(e);
+            }
             self.record_speed(&outcome.label, outcome.summary.mean_per_request_tps);
             self.rt.last_load = Some(outcome);
             self.rt.load = None;
         }
         if let Some(sweep) = &mut self.rt.sweep {
             sweep.poll(&mut self.rt.sweep_points);
+            if let Some(e) = sweep.error.take() {
+                self.rt.errors.push(e);
+            }
             if sweep.finished {
                 self.rt.sweep = None;
                 // The lowest concurrency measured: the decode speed one user sees.
@@ -313,6 +324,11 @@ impl TpsApp {
         lib.poll(ctx);
         self.rt.models.poll(&mut self.state.models, lib, ctx);
         self.rt.wizard.poll(&mut self.state.wizard, lib, ctx);
+        let mut server = std::mem::take(&mut self.rt.server);
+        if let Err(e) = server.follow(self.backend()) {
+            self.rt.errors.push(e);
+        }
+        self.rt.server = server;
         let snap = self.backend().map(|b| b.engine.stats());
         if let Some(s) = &snap {
             self.rt.history.sample(s);
@@ -419,6 +435,7 @@ impl TpsApp {
             sweep_levels: self.rt.sweep.as_ref().map_or(&[][..], |s| &s.levels),
             sweep_points: &self.rt.sweep_points,
             saving: self.rt.saving.is_some(),
+            server: self.rt.server.describe(),
         };
         egui::CentralPanel::default().show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
@@ -480,7 +497,8 @@ impl TpsApp {
             }
             Command::StartLoad => {
                 let b = self.backend().ok_or("the model is not loaded yet")?;
-                let run = LoadRun::start(&b.engine, &b.prompts, &self.state.dash.load, ctx)?;
+                let target = TargetSpec::of(&b.engine, &self.state.dash.load);
+                let run = LoadRun::start(target, &b.prompts, &self.state.dash.load, ctx)?;
                 self.rt.history.mark(format!("load started: {}", run.label));
                 self.rt.load = Some(run);
                 Ok(())
@@ -494,14 +512,22 @@ impl TpsApp {
             }
             Command::StartSweep => {
                 let b = self.backend().ok_or("the model is not loaded yet")?;
+                let settings = &self.state.dash.load;
                 let run = SweepRun::start(
-                    &b.engine,
+                    TargetSpec::of(&b.engine, settings),
                     &b.prompts,
-                    &self.state.dash.load,
+                    settings,
                     &self.precision(),
                     ctx,
                 )?;
-                self.rt.sweep_points.clear();
+                // A new sweep replaces the points of its own target and keeps the others', so
+                // this engine and a remote server can be compared side by side.
+                let remote = format!("remote {}", settings.remote.url.trim());
+                let mine = |p: &SweepPoint| match settings.remote.enabled {
+                    true => p.device.starts_with(&remote),
+                    false => !p.device.starts_with("remote "),
+                };
+                self.rt.sweep_points.retain(|p| !mine(p));
                 self.rt.sweep = Some(run);
                 Ok(())
             }
@@ -520,6 +546,22 @@ impl TpsApp {
             }
             Command::SetDevice(pref) => self.set_device(pref, ctx),
             Command::LoadModel(path) => self.load_model(path, ctx),
+            Command::StartServer => {
+                let key = Some(self.state.dash.server.api_key.trim().to_string())
+                    .filter(|k| !k.is_empty());
+                let port = self.state.dash.server.port;
+                let mut server = std::mem::take(&mut self.rt.server);
+                let r = match self.backend() {
+                    Some(b) => server.start(b, port, key),
+                    None => Err("the model is not loaded yet".into()),
+                };
+                self.rt.server = server;
+                r
+            }
+            Command::StopServer => {
+                self.rt.server.stop();
+                Ok(())
+            }
         }
     }
 

@@ -303,6 +303,11 @@ impl EngineHandle {
         let _ = self.tx.send(Command::ResetMetrics);
     }
 
+    /// Whether `other` is a handle of the same engine thread.
+    pub fn same_engine(&self, other: &EngineHandle) -> bool {
+        Arc::ptr_eq(&self._guard, &other._guard)
+    }
+
     /// The latest published stats (never waits on the engine's step).
     pub fn stats(&self) -> EngineSnapshot {
         self.snapshot.lock().map(|s| s.clone()).unwrap_or_default()

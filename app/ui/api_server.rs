@@ -1,0 +1,114 @@
+//! The OpenAI-compatible API server started from the window: `tpslab serve`'s server over the
+//! window's own engine, so chat, load generator and API clients are requests of one batch.
+//! Loopback only (a server for the world is `tpslab serve --host`). It follows the engine: when
+//! the engine restarts (another device or model) the server restarts on the new one; stopping
+//! it waits for its streams on a worker thread, never in the frame.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tpslab_engine::engine::EngineHandle;
+
+use super::backend::Backend;
+use crate::serve::{self, RunningServer, ServerState};
+
+/// What persists: the port (the key does not: secrets stay out of the saved state).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApiServerSettings {
+    pub port: u16,
+    /// Bearer token clients must send (empty: none). Not saved.
+    #[serde(skip)]
+    pub api_key: String,
+}
+
+impl Default for ApiServerSettings {
+    fn default() -> Self {
+        Self {
+            port: 8080,
+            api_key: String::new(),
+        }
+    }
+}
+
+struct Running {
+    server: RunningServer,
+    /// The engine it serves (to notice a restart).
+    engine: EngineHandle,
+    api_key: Option<String>,
+    model_id: String,
+}
+
+/// The server, when running.
+#[derive(Default)]
+pub struct ApiServer {
+    running: Option<Running>,
+}
+
+impl ApiServer {
+    /// Starts serving `b`'s engine on 127.0.0.1:`port` (0: any free port).
+    pub fn start(&mut self, b: &Backend, port: u16, api_key: Option<String>) -> Result<(), String> {
+        self.stop();
+        let state = ServerState::new(b.engine.clone(), Arc::clone(&b.lm), api_key.clone());
+        let model_id = state.model_id.clone();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let server = serve::spawn(Arc::new(state), addr, serve::DEFAULT_BODY_LIMIT)
+            .map_err(|e| format!("API server: {e:#}"))?;
+        self.running = Some(Running {
+            server,
+            engine: b.engine.clone(),
+            api_key,
+            model_id,
+        });
+        Ok(())
+    }
+
+    /// Stops the server (its streams end on a worker thread).
+    pub fn stop(&mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = std::thread::Builder::new()
+                .name("tpslab-api-stop".into())
+                .spawn(move || drop(r));
+        }
+    }
+
+    /// Once a frame: a server whose engine was replaced restarts on the new engine (same port
+    /// and key); with no engine it stops. `Err` when the restart failed (it is stopped then).
+    pub fn follow(&mut self, b: Option<&Backend>) -> Result<(), String> {
+        let Some(r) = &self.running else {
+            return Ok(());
+        };
+        match b {
+            Some(b) if b.engine.same_engine(&r.engine) => Ok(()),
+            Some(b) => {
+                let (port, key) = (r.server.addr.port(), r.api_key.clone());
+                self.start(b, port, key)
+            }
+            None => {
+                self.stop();
+                Ok(())
+            }
+        }
+    }
+
+    /// "http://127.0.0.1:8080/v1 (model SmolLM2-135M-Instruct.Q4_1)" while running.
+    pub fn describe(&self) -> Option<String> {
+        self.running.as_ref().map(|r| {
+            format!(
+                "http://{}/v1 (model {}{})",
+                r.server.addr,
+                r.model_id,
+                if r.api_key.is_some() {
+                    ", API key set"
+                } else {
+                    ""
+                }
+            )
+        })
+    }
+
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.running.as_ref().map(|r| r.server.addr)
+    }
+}
