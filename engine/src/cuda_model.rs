@@ -124,9 +124,8 @@ struct DevWorkspace {
     buf: Option<DBuf>,
     ints: Option<DBuf>,
     offs: [usize; 9],
-    /// Logits of up to `rows_cap` rows (only the sampled rows have logits, so this is sized by
-    /// the number of sequences, not tokens: a 128k vocabulary is 0.5 MB a row).
-    rows_cap: usize,
+    /// Logits rows (only the sampled rows have logits, so this is sized by the number of
+    /// sequences, not tokens: a 128k vocabulary is 0.5 MB a row).
     logits: Option<DBuf>,
 }
 
@@ -212,7 +211,6 @@ impl CudaBackend {
                 buf: None,
                 ints: None,
                 offs: [0; 9],
-                rows_cap: 0,
                 logits: None,
             },
             scratch: GemmScratch::default(),
@@ -258,12 +256,11 @@ impl CudaBackend {
     }
 
     fn ensure_workspace(&mut self, n: usize, rows: usize) -> Result<(), CudaError> {
-        if rows > self.ws.rows_cap {
-            let cap = rows.max(self.ws.rows_cap * 2).max(8);
-            self.ws.logits = None;
-            self.ws.logits = Some(self.gpu.alloc(cap * self.cfg.vocab * 4)?);
-            self.ws.rows_cap = cap;
-        }
+        let row = self.cfg.vocab * 4;
+        // Doubling, at least 8 rows.
+        self.gpu.grow(&mut self.ws.logits, rows * row, |old| {
+            (2 * old).max(8 * row)
+        })?;
         if n <= self.ws.cap {
             return Ok(());
         }
@@ -284,12 +281,9 @@ impl CudaBackend {
     }
 
     fn ints(&mut self, len: usize) -> Result<u64, CudaError> {
-        if self.ws.ints.as_ref().is_none_or(|b| b.len() < len * 4) {
-            self.ws.ints = None;
-            // Generous, so that growing block tables rarely move it (which stales the graphs).
-            self.ws.ints = Some(self.gpu.alloc((len * 4 * 2).max(1 << 20))?);
-        }
-        Ok(self.ws.ints.as_ref().map_or(0, DBuf::ptr))
+        // Generous, so that growing block tables rarely move it (which stales the graphs).
+        self.gpu
+            .grow(&mut self.ws.ints, len * 4, |_| (len * 4 * 2).max(1 << 20))
     }
 
     /// Uploads the batch's integers: tokens, positions, slots, block-table offsets, logits rows,
@@ -491,11 +485,10 @@ impl Backend for CudaBackend {
         self.topk_vals.clear();
         if kmax > 0 {
             let bytes = r * kmax * 4;
-            if self.topk_buf.as_ref().is_none_or(|b| b.len() < 2 * bytes) {
-                self.topk_buf = None;
-                self.topk_buf = Some(self.gpu.alloc(2 * bytes).map_err(gpu_err)?);
-            }
-            let ids = self.topk_buf.as_ref().map_or(0, DBuf::ptr);
+            let ids = self
+                .gpu
+                .grow(&mut self.topk_buf, 2 * bytes, |_| 2 * bytes)
+                .map_err(gpu_err)?;
             let vals = ids + bytes as u64;
             self.gpu
                 .topk(logits, r, vocab, kmax, ids, vals)
@@ -584,6 +577,7 @@ impl Backend for CudaBackend {
         if lm.model.cfg != self.cfg {
             return Err("the new weights are of another model shape".into());
         }
+        check_weight_types(&lm.model.weights)?;
         // Both sets are on the device for a moment; without room for that the old one stays.
         let w = DevWeights::upload(&self.gpu, &lm.model.weights)
             .map_err(|e| format!("uploading the new weights to {}: {e}", self.gpu.name()))?;

@@ -18,12 +18,13 @@ use crate::quantize::convert;
 use crate::weights::{LayerWeights, Linear, Weights};
 
 /// The weight types the live knob offers, highest precision first.
-pub const LIVE_TYPES: [WType; 8] = [
+pub const LIVE_TYPES: [WType; 9] = [
     WType::F32,
     WType::F16,
     WType::BF16,
     WType::Q8_0,
     WType::Q6K,
+    WType::Q5K,
     WType::Q4K,
     WType::Q4_1,
     WType::Q4_0,

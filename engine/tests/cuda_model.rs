@@ -280,3 +280,55 @@ fn engine_on_cuda_is_batch_invariant() {
     println!("memory: {mem:?}");
     assert!(mem.device_total.unwrap_or(0) > 0 && mem.weights > 0 && mem.kv > 0);
 }
+
+/// The live precision knob on the GPU: after `set_precision`, the engine on CUDA gives the tokens
+/// a fresh CUDA engine gives on the same weights re-quantized offline (the captured graphs of the
+/// old weights are dropped, not replayed).
+#[test]
+fn precision_switch_on_cuda_matches_a_fresh_engine() {
+    if !have_gpu() {
+        return;
+    }
+    let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::F16, 11, 0).unwrap());
+    let start = |lm: &Arc<LoadedModel>| {
+        EngineHandle::start(
+            Arc::clone(lm),
+            EngineConfig {
+                device: DeviceChoice::Cuda(0),
+                ..EngineConfig::default()
+            },
+            None,
+        )
+        .unwrap()
+    };
+    let req = |r: u32| Request {
+        prompt: (0..30).map(|i| (i * 31 + r * 7) % 49_152).collect(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: Some(16),
+            ignore_eos: true,
+            ..StopCriteria::default()
+        },
+        ..Request::default()
+    };
+    let engine = start(&lm);
+    // Decode steps of this batch size run twice, so a graph is captured on the F16 weights.
+    for _ in 0..2 {
+        run_requests(&engine, (0..3).map(req).collect());
+    }
+    engine.set_precision(WType::Q4K);
+    let t0 = std::time::Instant::now();
+    while !engine.stats().precision.starts_with("Q4_K") {
+        let s = engine.stats();
+        assert!(s.last_error.is_none(), "{:?}", s.last_error);
+        assert!(t0.elapsed().as_secs() < 120, "no switch: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let switched: Vec<_> = (0..2)
+        .map(|_| run_requests(&engine, (0..3).map(req).collect()))
+        .collect();
+    let (q4, _) = tpslab_engine::requant::requantize(&lm, WType::Q4K, 0).unwrap();
+    let fresh = run_requests(&start(&Arc::new(q4)), (0..3).map(req).collect());
+    assert_eq!(switched[0], fresh);
+    assert_eq!(switched[1], fresh);
+}

@@ -13,6 +13,7 @@
 #define WT_Q8_0 5
 #define WT_Q4K 6
 #define WT_Q6K 7
+#define WT_Q5K 8
 
 __device__ __forceinline__ float h2f(uint16_t bits) {
     return __half2float(__ushort_as_half(bits));
@@ -68,7 +69,7 @@ __host__ __device__ constexpr int wt_block(int t) {
 
 __host__ __device__ constexpr int wt_bytes(int t) {
     return t == WT_F32 ? 4 : t == WT_F16 ? 2 : t == WT_BF16 ? 2 : t == WT_Q4_0 ? 18
-         : t == WT_Q4_1 ? 20 : t == WT_Q8_0 ? 34 : t == WT_Q4K ? 144 : 210;
+         : t == WT_Q4_1 ? 20 : t == WT_Q8_0 ? 34 : t == WT_Q4K ? 144 : t == WT_Q5K ? 176 : 210;
 }
 
 // Element e of a row of type t (the plain, slow path: embedding lookup and dequantization).

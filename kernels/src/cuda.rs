@@ -23,6 +23,7 @@ use crate::WType;
 const PTX_ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
 const PTX_MATVEC: &str = include_str!("../ptx/matvec.ptx");
 const PTX_ATTENTION: &str = include_str!("../ptx/attention.ptx");
+const PTX_MMVQ: &str = include_str!("../ptx/mmvq.ptx");
 
 /// Largest activation batch the matrix-vector kernels take in one launch.
 const MMV_MAX_ROWS: usize = 8;
@@ -79,12 +80,14 @@ pub fn wtype_id(ty: WType) -> i32 {
         WType::Q8_0 => 5,
         WType::Q4K => 6,
         WType::Q6K => 7,
-        // No kernel reads it yet ([`has_kernel`]); the id is never launched.
+        // Refused until its kernels have run on a GPU ([`has_kernel`]).
         WType::Q5K => 8,
     }
 }
 
-/// Whether the CUDA kernels read weights of type `ty` (Q5_K has no CUDA kernel yet).
+/// Whether the CUDA backend takes weights of type `ty`. Q5_K's kernels (mmvq.cu, the Q5_K
+/// cases of common.cuh and elementwise.cu) are written but have not run on a GPU yet: until
+/// tests/gpu/gpu-check.sh passes with them, Q5_K models stay on the CPU.
 pub fn has_kernel(ty: WType) -> bool {
     ty != WType::Q5K
 }
@@ -99,6 +102,16 @@ pub fn check_type(ty: WType) -> Result<()> {
             mmv_name(ty).to_ascii_uppercase()
         )))
     }
+}
+
+/// Whether matvec.cu has f32-activation kernels for `ty` (every type but Q5_K).
+fn has_f32_mmv(ty: WType) -> bool {
+    ty != WType::Q5K
+}
+
+/// Whether mmvq.cu has 8-bit-activation kernels for `ty` (the K-quants).
+fn has_mmvq(ty: WType) -> bool {
+    matches!(ty, WType::Q4K | WType::Q5K | WType::Q6K)
 }
 
 fn mmv_name(ty: WType) -> &'static str {
@@ -229,8 +242,11 @@ struct Kernels {
     topk_rows: CudaFunction,
     f32_to_f16: CudaFunction,
     dequant_f16: CudaFunction,
-    /// `[type id][0..4]` for 1, 2, 4, 8 rows.
-    mmv: Vec<[CudaFunction; 4]>,
+    /// `[type id][0..4]` for 1, 2, 4, 8 rows: f32 activations (matvec.cu).
+    mmv: Vec<Option<[CudaFunction; 4]>>,
+    /// The same for the K-quants over 8-bit activations (mmvq.cu), and that quantizer.
+    mmvq: Vec<Option<[CudaFunction; 4]>>,
+    quantize_q8: CudaFunction,
     /// By head_dim / 32 (index 1..=8; 7 missing): lanes over keys, and the wide variant.
     attn: Vec<Option<CudaFunction>>,
     attn_wide: Vec<Option<CudaFunction>>,
@@ -245,6 +261,10 @@ pub struct Gpu {
     k: Kernels,
     name: String,
     ordinal: usize,
+    /// K-quant matrix-vector products over 8-bit activations (mmvq.cu). Off unless
+    /// `TPSLAB_CUDA_MMVQ=1` until the kernels have passed tests/gpu/gpu-check.sh on a GPU
+    /// (written in a session without one).
+    use_mmvq: bool,
 }
 
 fn load(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
@@ -271,11 +291,15 @@ impl Gpu {
         let ew = ctx.load_module(Ptx::from_src(PTX_ELEMENTWISE))?;
         let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
         let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
-        let mut mmv = Vec::new();
-        // Types without kernels come last in `ALL`, so `mmv[wtype_id(ty)]` stays in step.
-        for ty in WType::ALL.into_iter().filter(|&t| has_kernel(t)) {
-            let f = |r: usize| load(&mv, &format!("mmv_{}_{r}", mmv_name(ty)));
-            mmv.push([f(1)?, f(2)?, f(4)?, f(8)?]);
+        let q8 = ctx.load_module(Ptx::from_src(PTX_MMVQ))?;
+        let (mut mmv, mut mmvq) = (Vec::new(), Vec::new());
+        let four = |m: &Arc<CudaModule>, prefix: &str, ty: WType| -> Result<[CudaFunction; 4]> {
+            let f = |r: usize| load(m, &format!("{prefix}_{}_{r}", mmv_name(ty)));
+            Ok([f(1)?, f(2)?, f(4)?, f(8)?])
+        };
+        for ty in WType::ALL {
+            mmv.push(has_f32_mmv(ty).then(|| four(&mv, "mmv", ty)).transpose()?);
+            mmvq.push(has_mmvq(ty).then(|| four(&q8, "mmvq", ty)).transpose()?);
         }
         let (mut attn, mut attn_wide) = (vec![None], vec![None]);
         for hdl in 1..=8 {
@@ -302,6 +326,8 @@ impl Gpu {
             f32_to_f16: load(&ew, "f32_to_f16")?,
             dequant_f16: load(&ew, "dequant_f16")?,
             mmv,
+            mmvq,
+            quantize_q8: load(&q8, "quantize_q8")?,
             attn,
             attn_wide,
         };
@@ -314,7 +340,13 @@ impl Gpu {
             k,
             name,
             ordinal,
+            use_mmvq: std::env::var("TPSLAB_CUDA_MMVQ").is_ok_and(|v| v == "1"),
         })
+    }
+
+    /// Turns the 8-bit-activation K-quant kernels on or off (see `use_mmvq`).
+    pub fn set_mmvq(&mut self, on: bool) {
+        self.use_mmvq = on;
     }
 
     /// cuBLAS and its fixed workspace (so GEMMs captured into a graph allocate nothing), or
@@ -684,29 +716,40 @@ impl Gpu {
         y: u64,
         scratch: &mut GemmScratch,
     ) -> Result<()> {
+        check_type(w.ty)?;
         let dense = matches!(w.ty, WType::F16 | WType::BF16);
         let small = m <= MMV_MAX_ROWS || (!dense && m <= MMV_QUANT_ROWS) || w.ty == WType::F32;
         if small || self.blas.is_none() {
-            return self.matvec(w, x, m, y);
+            return self.matvec(w, x, m, y, scratch);
         }
         self.gemm_f16(w, x, m, y, scratch)
     }
 
-    /// The matrix-vector kernels over `m` rows, 8 rows per launch.
-    pub fn matvec(&self, w: &DevMatrix, x: u64, m: usize, y: u64) -> Result<()> {
-        check_type(w.ty)?;
-        let fs = &self.k.mmv[wtype_id(w.ty) as usize];
+    /// The matrix-vector kernels over `m` rows, 8 rows per launch. K-quants first quantize the
+    /// activations to 8 bits (into `scratch`) for the integer-dot kernels.
+    pub fn matvec(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let id = wtype_id(w.ty) as usize;
+        if let Some(fs) = self.k.mmvq[id].as_ref() {
+            if self.use_mmvq || self.k.mmv[id].is_none() {
+                return self.matvec_q8(fs, w, x, m, y, scratch);
+            }
+        }
+        let fs = self.k.mmv[id].as_ref().ok_or_else(|| {
+            CudaError(format!(
+                "{} has no CUDA kernel yet (its 8-bit one is off)",
+                mmv_name(w.ty).to_ascii_uppercase()
+            ))
+        })?;
         let mut done = 0;
         while done < m {
             let rows = (m - done).min(MMV_MAX_ROWS);
-            // Kernel for up to 1, 2, 4 or 8 rows, and the weight rows each of its warps takes
-            // (`RowsPerWarp` in matvec.cu).
-            let (f, per_warp) = match rows {
-                1 => (&fs[0], 1),
-                2 => (&fs[1], 1),
-                3 | 4 => (&fs[2], 1),
-                _ => (&fs[3], 1),
-            };
             let a = [
                 Arg::P(w.ptr),
                 Arg::L(w.row_bytes() as i64),
@@ -717,16 +760,87 @@ impl Gpu {
                 Arg::I(rows as i32),
                 Arg::I(w.n as i32),
             ];
-            self.run(f, (w.n.div_ceil(4 * per_warp) as u32, 1), 128, &a)?;
+            self.run(
+                Self::by_rows(fs, rows),
+                (w.n.div_ceil(4) as u32, 1),
+                128,
+                &a,
+            )?;
+            done += rows;
+        }
+        Ok(())
+    }
+
+    /// The kernel of `fs` (for 1, 2, 4, 8 rows) that takes `rows` rows.
+    fn by_rows(fs: &[CudaFunction; 4], rows: usize) -> &CudaFunction {
+        match rows {
+            1 => &fs[0],
+            2 => &fs[1],
+            3 | 4 => &fs[2],
+            _ => &fs[3],
+        }
+    }
+
+    /// `quantize_q8` of the `m x k` activations into `scratch` (int8 values, then one f32
+    /// scale per 32), then the integer-dot kernels, 8 rows per launch.
+    fn matvec_q8(
+        &self,
+        fs: &[CudaFunction; 4],
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let (n, k) = (w.n, w.k);
+        let blocks = m * k / 32;
+        let d_at = (m * k).next_multiple_of(256);
+        let q = self.ensure(&mut scratch.x, d_at + blocks * 4)?;
+        let d = q + d_at as u64;
+        // Eight warps a block, one warp per 32 values.
+        self.run(
+            &self.k.quantize_q8,
+            (blocks.div_ceil(8) as u32, 1),
+            256,
+            &[Arg::P(x), Arg::P(q), Arg::P(d), Arg::L(blocks as i64)],
+        )?;
+        let mut done = 0;
+        while done < m {
+            let rows = (m - done).min(MMV_MAX_ROWS);
+            let a = [
+                Arg::P(w.ptr),
+                Arg::L(w.row_bytes() as i64),
+                Arg::P(q + (done * k) as u64),
+                Arg::P(d + (done * (k / 32) * 4) as u64),
+                Arg::P(y + (done * n * 4) as u64),
+                Arg::I(n as i32),
+                Arg::I(k as i32),
+                Arg::I(rows as i32),
+                Arg::I(n as i32),
+            ];
+            self.run(Self::by_rows(fs, rows), (n.div_ceil(4) as u32, 1), 128, &a)?;
             done += rows;
         }
         Ok(())
     }
 
     fn ensure(&self, slot: &mut Option<DBuf>, bytes: usize) -> Result<u64> {
-        if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+        self.grow(slot, bytes, |_| bytes)
+    }
+
+    /// The device address of `slot`, first replaced by a buffer of `size(old length)` bytes
+    /// (at least `need`) when it holds fewer than `need`. The old buffer is freed first, so a
+    /// grown buffer may move: whatever captured its address must be re-captured.
+    pub fn grow(
+        &self,
+        slot: &mut Option<DBuf>,
+        need: usize,
+        size: impl FnOnce(usize) -> usize,
+    ) -> Result<u64> {
+        let old = slot.as_ref().map_or(0, DBuf::len);
+        if slot.is_none() || old < need {
             *slot = None;
-            *slot = Some(self.alloc(bytes)?);
+            *slot = Some(self.alloc(size(old).max(need))?);
         }
         Ok(slot.as_ref().map_or(0, DBuf::ptr))
     }
@@ -743,7 +857,7 @@ impl Gpu {
     ) -> Result<()> {
         check_type(w.ty)?;
         let Some(blas) = &self.blas else {
-            return self.matvec(w, x, m, y);
+            return self.matvec(w, x, m, y, scratch);
         };
         let (n, k) = (w.n, w.k);
         let xh = self.ensure(&mut scratch.x, m * k * 2)?;

@@ -16,7 +16,10 @@ carry=.gpu
 
 build() {
   set -e
-  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  local exclude
+  exclude="$(git rev-parse --git-path info/exclude)"
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
   rm -rf "$carry" && mkdir -p "$carry"
   cargo build --release --bin tpslab
   local tdir="${CARGO_TARGET_DIR:-target}"
@@ -81,6 +84,10 @@ EOF
   # Do CUDA graphs pay? The same decode without them.
   TPSLAB_CUDA_GRAPHS=0 bench smollm2-135m-f16-nographs 1,16 --synthetic smollm2-135m --precision f16
   TPSLAB_CUDA_GRAPHS=0 bench llama-3-8b-q4_k-nographs 1,16 --synthetic llama-3-8b --precision q4_k
+  # What the 8-bit-activation K-quant kernels (mmvq.cu, opt-in until measured) buy.
+  TPSLAB_CUDA_MMVQ=1 bench llama-3-8b-q4_k-mmvq 1,16 --synthetic llama-3-8b --precision q4_k
+  bench llama-3-8b-q6_k 1,16 --synthetic llama-3-8b --precision q6_k
+  TPSLAB_CUDA_MMVQ=1 bench llama-3-8b-q6_k-mmvq 1,16 --synthetic llama-3-8b --precision q6_k
   echo "== table"
   python3 - "$out" <<'EOF'
 import json, sys, os, re
@@ -93,7 +100,8 @@ except Exception:
 print(f"device copy bandwidth: {bw} GB/s; floor = weight bytes / bandwidth for one decode step")
 print(f"{'run':<26}{'weights GB':>10}{'floor tok/s':>12} | c: aggregate output tok/s / per-request decode tok/s / TTFT p50 ms")
 tags = [f"{a}-{p}" for a in ("smollm2-135m", "llama-3-8b") for p in ("f16", "q4_k")]
-tags += ["smollm2-135m-f16-nographs", "llama-3-8b-q4_k-nographs"]
+tags += ["smollm2-135m-f16-nographs", "llama-3-8b-q4_k-nographs", "llama-3-8b-q4_k-mmvq",
+         "llama-3-8b-q6_k", "llama-3-8b-q6_k-mmvq"]
 for tag in tags:
     p = f"{out}/{tag}.json"
     if not os.path.exists(p):
