@@ -116,7 +116,7 @@ fn run_levels<T: loadgen::LoadTarget>(
     rss: bool,
 ) -> Result<Vec<LevelResult>> {
     let mut runs = Vec::new();
-    for &c in &a.concurrency {
+    for (level, &c) in a.concurrency.iter().enumerate() {
         let n = a.num_requests.unwrap_or(c);
         let target = target_for(c)?;
         let spec = LoadSpec {
@@ -125,7 +125,8 @@ fn run_levels<T: loadgen::LoadTarget>(
             num_requests: n,
             prompt_len: LenDist::Fixed(a.prompt_len),
             output_len: LenDist::Fixed(a.output_len),
-            seed: 0,
+            // Other prompts at each level: a server keeps its prefix cache between levels.
+            seed: level as u64,
         };
         let bar = ProgressBar::new(n as u64);
         bar.set_style(

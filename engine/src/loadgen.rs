@@ -158,7 +158,9 @@ pub fn run(
             let plen = spec.prompt_len.draw(&mut rng).max(1);
             let olen = spec.output_len.draw(&mut rng).max(1);
             let req = Request {
-                prompt: prompts.prompt(submitted, plen),
+                // Runs of another seed (the levels of a sweep) get other prompts, so a server
+                // that keeps its prefix cache across runs finds nothing from the last one.
+                prompt: prompts.prompt(submitted + spec.seed as usize * spec.num_requests, plen),
                 sampling: SamplingParams::greedy(),
                 stop: StopCriteria {
                     max_tokens: Some(olen),
@@ -243,4 +245,70 @@ pub fn run(
     }
     result.duration_s = now();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::engine::Usage;
+
+    /// A target that records each prompt and ends each request at once with one token.
+    struct Recorder(Mutex<Vec<Vec<u32>>>);
+
+    impl LoadTarget for Recorder {
+        fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId {
+            let mut seen = self.0.lock().expect("lock");
+            seen.push(req.prompt);
+            let id = seen.len() as RequestId;
+            let _ = events.send(Event::Started { id });
+            let _ = events.send(Event::Token {
+                id,
+                token: 1,
+                text: String::new(),
+            });
+            let _ = events.send(Event::Finished {
+                id,
+                reason: FinishReason::Length,
+                usage: Usage::default(),
+                text: String::new(),
+                queue_time: Duration::ZERO,
+            });
+            id
+        }
+        fn cancel(&self, _: RequestId) {}
+    }
+
+    #[test]
+    fn runs_of_other_seeds_send_other_prompts() {
+        let prompts = PromptSet::new((0..5000).collect()).expect("tokens");
+        let spec = |seed| LoadSpec {
+            concurrency: Some(2),
+            rate: None,
+            num_requests: 4,
+            prompt_len: LenDist::Fixed(16),
+            output_len: LenDist::Fixed(1),
+            seed,
+        };
+        let target = Recorder(Mutex::new(Vec::new()));
+        for seed in [0, 1, 0] {
+            let r = run(
+                &target,
+                &prompts,
+                &spec(seed),
+                &AtomicBool::new(false),
+                &mut |_, _| {},
+            );
+            assert_eq!(r.timings.len(), 4);
+        }
+        let seen = target.0.lock().expect("lock");
+        let (a, b, again) = (&seen[0..4], &seen[4..8], &seen[8..12]);
+        assert!(a.iter().all(|p| p.len() == 16));
+        assert!(
+            a.iter().all(|p| !b.contains(p)),
+            "seed 1 repeated a prompt of seed 0"
+        );
+        assert_eq!(a, again, "the same seed sends the same prompts");
+    }
 }
