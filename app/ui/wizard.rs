@@ -454,7 +454,7 @@ impl Wizard {
         ui.strong("Quality: perplexity over the bundled text");
         ui.weak(format!("{BUNDLED_TEXT_NAME}; lower is better"));
         // The last output stays chosen while the library rescans to list it.
-        let gone = !lib.scanning() && !self.measure.as_ref().is_some_and(|p| lib.find(p).is_some());
+        let gone = !lib.scanning() && self.measure.as_ref().is_none_or(|p| lib.find(p).is_none());
         if self.measure.is_none() || gone {
             self.measure = self.source.clone();
         }
