@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tpslab_engine::engine::EngineHandle;
 
+use super::Command;
 use super::backend::Backend;
 use crate::serve::{self, RunningServer, ServerState};
 
@@ -110,5 +111,45 @@ impl ApiServer {
 
     pub fn addr(&self) -> Option<SocketAddr> {
         self.running.as_ref().map(|r| r.server.addr)
+    }
+}
+
+/// The dashboard's API server section: port and key, Start / Stop, and where it serves.
+pub fn settings_ui(
+    ui: &mut egui::Ui,
+    s: &mut ApiServerSettings,
+    running: Option<&str>,
+    can_start: bool,
+    cmds: &mut Vec<Command>,
+) {
+    ui.heading("API server");
+    if let Some(desc) = running {
+        ui.label(format!("Serving {desc}"));
+        ui.label(
+            egui::RichText::new("Its requests join the same batch as the chat and the load.")
+                .small(),
+        );
+        if ui.button("Stop API server").clicked() {
+            cmds.push(Command::StopServer);
+        }
+        return;
+    }
+    egui::Grid::new("server_grid")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let l = ui.label("Port");
+            ui.add(egui::DragValue::new(&mut s.port).range(1..=65535))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("API key (optional)");
+            ui.add(egui::TextEdit::singleline(&mut s.api_key).password(true))
+                .labelled_by(l.id);
+            ui.end_row();
+        });
+    if ui
+        .add_enabled(can_start, egui::Button::new("Start API server"))
+        .clicked()
+    {
+        cmds.push(Command::StartServer);
     }
 }

@@ -15,7 +15,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 use super::Command;
 use super::api_server::ApiServerSettings;
-use super::load::{LoadOutcome, LoadSettings, RemoteSettings, SweepPoint};
+use super::load::{LoadOutcome, LoadSettings, SweepPoint};
 
 /// Dashboard settings (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -179,7 +179,13 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
             egui::ScrollArea::vertical().show(ui, |ui| {
                 knobs_ui(ui, s, view, cmds);
                 ui.separator();
-                server_ui(ui, s, view, cmds);
+                super::api_server::settings_ui(
+                    ui,
+                    &mut s.server,
+                    view.server.as_deref(),
+                    view.snapshot.is_some(),
+                    cmds,
+                );
                 ui.separator();
                 load_ui(ui, s, view, cmds);
                 ui.separator();
@@ -377,7 +383,7 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
                 .labelled_by(lb.id);
             ui.end_row();
         });
-        remote_ui(ui, &mut l.remote);
+        super::load::remote_ui(ui, &mut l.remote);
     });
     match view.load_running {
         Some((label, done, stopping)) => {
@@ -432,84 +438,6 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
 
 fn fmt_opt(v: Option<f64>, unit: &str) -> String {
     v.map_or_else(|| "–".to_string(), |v| format!("{v:.1} {unit}"))
-}
-
-/// The load generator's target: this engine, or a remote OpenAI-compatible server (vLLM, SGLang,
-/// TGI, llama.cpp's server, `tpslab serve`), measured on the client side.
-fn remote_ui(ui: &mut egui::Ui, r: &mut RemoteSettings) {
-    ui.horizontal(|ui| {
-        ui.label("Target");
-        ui.radio_value(&mut r.enabled, false, "This engine");
-        ui.radio_value(&mut r.enabled, true, "Remote endpoint");
-    });
-    if !r.enabled {
-        return;
-    }
-    egui::Grid::new("remote_grid")
-        .num_columns(2)
-        .show(ui, |ui| {
-            let lb = ui.label("Endpoint URL");
-            ui.add(egui::TextEdit::singleline(&mut r.url).hint_text("http://127.0.0.1:8000"))
-                .labelled_by(lb.id);
-            ui.end_row();
-            let lb = ui.label("Served model");
-            ui.add(egui::TextEdit::singleline(&mut r.model).hint_text("first listed"))
-                .labelled_by(lb.id);
-            ui.end_row();
-            let lb = ui.label("Endpoint API key");
-            ui.add(egui::TextEdit::singleline(&mut r.api_key).password(true))
-                .labelled_by(lb.id);
-            ui.end_row();
-        });
-    ui.label(
-        egui::RichText::new(
-            "Timed on this side as vLLM's benchmark does; the live plots stay on this engine, \
-             the summary and the sweep show the remote figures.",
-        )
-        .small(),
-    );
-}
-
-/// The OpenAI-compatible API server over this window's engine, on loopback.
-fn server_ui(
-    ui: &mut egui::Ui,
-    s: &mut DashSettings,
-    view: &DashView<'_>,
-    cmds: &mut Vec<Command>,
-) {
-    ui.heading("API server");
-    if let Some(desc) = &view.server {
-        ui.label(format!("Serving {desc}"));
-        ui.label(
-            egui::RichText::new("Its requests join the same batch as the chat and the load.")
-                .small(),
-        );
-        if ui.button("Stop API server").clicked() {
-            cmds.push(Command::StopServer);
-        }
-        return;
-    }
-    egui::Grid::new("server_grid")
-        .num_columns(2)
-        .show(ui, |ui| {
-            let l = ui.label("Port");
-            ui.add(egui::DragValue::new(&mut s.server.port).range(1..=65535))
-                .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("API key (optional)");
-            ui.add(egui::TextEdit::singleline(&mut s.server.api_key).password(true))
-                .labelled_by(l.id);
-            ui.end_row();
-        });
-    if ui
-        .add_enabled(
-            view.snapshot.is_some(),
-            egui::Button::new("Start API server"),
-        )
-        .clicked()
-    {
-        cmds.push(Command::StartServer);
-    }
 }
 
 fn cost_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>) {

@@ -435,3 +435,39 @@ pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<[PathBuf; 3], St
     super::plot_png::save(&png_path, points)?;
     Ok([json_path, csv_path, png_path])
 }
+
+/// The load generator's target: this engine, or a remote OpenAI-compatible server (vLLM, SGLang,
+/// TGI, llama.cpp's server, `tpslab serve`), measured on the client side.
+pub fn remote_ui(ui: &mut egui::Ui, r: &mut RemoteSettings) {
+    ui.horizontal(|ui| {
+        ui.label("Target");
+        ui.radio_value(&mut r.enabled, false, "This engine");
+        ui.radio_value(&mut r.enabled, true, "Remote endpoint");
+    });
+    if !r.enabled {
+        return;
+    }
+    egui::Grid::new("remote_grid")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let lb = ui.label("Endpoint URL");
+            ui.add(egui::TextEdit::singleline(&mut r.url).hint_text("http://127.0.0.1:8000"))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Served model");
+            ui.add(egui::TextEdit::singleline(&mut r.model).hint_text("first listed"))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Endpoint API key");
+            ui.add(egui::TextEdit::singleline(&mut r.api_key).password(true))
+                .labelled_by(lb.id);
+            ui.end_row();
+        });
+    ui.label(
+        egui::RichText::new(
+            "Timed on this side as vLLM's benchmark does; the live plots stay on this engine, \
+             the summary and the sweep show the remote figures.",
+        )
+        .small(),
+    );
+}

@@ -24,6 +24,7 @@ pub mod chat;
 pub mod dashboard;
 pub mod files;
 pub mod hub_adapter;
+mod library_windows;
 pub mod load;
 pub mod markdown;
 pub mod models;
@@ -45,8 +46,8 @@ use chat::{ChatState, ChatView, Generation, Message, Role};
 use dashboard::{DashSettings, DashView, History};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
-use models::{Library, ModelsPanel, ModelsSettings, ModelsView};
-use wizard::{Wizard, WizardSettings, WizardView};
+use models::{Library, ModelsPanel, ModelsSettings};
+use wizard::{Wizard, WizardSettings};
 
 /// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
 #[derive(Debug, Clone, PartialEq)]
@@ -546,107 +547,12 @@ impl TpsApp {
             }
             Command::SetDevice(pref) => self.set_device(pref, ctx),
             Command::LoadModel(path) => self.load_model(path, ctx),
-            Command::StartServer => {
-                let key = Some(self.state.dash.server.api_key.trim().to_string())
-                    .filter(|k| !k.is_empty());
-                let port = self.state.dash.server.port;
-                let mut server = std::mem::take(&mut self.rt.server);
-                let r = match self.backend() {
-                    Some(b) => server.start(b, port, key),
-                    None => Err("the model is not loaded yet".into()),
-                };
-                self.rt.server = server;
-                r
-            }
+            Command::StartServer => self.start_server(),
             Command::StopServer => {
                 self.rt.server.stop();
                 Ok(())
             }
         }
-    }
-
-    /// The Models panel and the quantization wizard, as windows over the tab when open.
-    fn library_windows_ui(&mut self, ctx: &egui::Context, cmds: &mut Vec<Command>) {
-        let locked = self.device_locked();
-        let loaded = self.backend().map(|b| b.path.clone());
-        let loading = match &self.rt.model {
-            Some(ModelSlot::Loading { .. }) => Some(PathBuf::from(&self.options.model)),
-            _ => None,
-        };
-        let lib = self
-            .rt
-            .library
-            .get_or_insert_with(|| Library::new(Library::default_dir()));
-        let mut open = self.state.models.open;
-        egui::Window::new("Model library")
-            .open(&mut open)
-            .default_pos([20.0, 60.0])
-            .default_size([900.0, 520.0])
-            .show(ctx, |ui| {
-                let view = ModelsView {
-                    loaded: loaded.as_deref(),
-                    loading: loading.as_deref(),
-                    load_locked: locked,
-                    dialogs: &self.dialogs,
-                };
-                self.rt
-                    .models
-                    .ui(ui, &mut self.state.models, lib, &view, cmds);
-            });
-        self.state.models.open = open;
-        let mut open = self.state.wizard.open;
-        egui::Window::new("Quantization wizard")
-            .open(&mut open)
-            .default_pos([360.0, 80.0])
-            .default_size([760.0, 620.0])
-            .show(ctx, |ui| {
-                let view = WizardView {
-                    loaded: loaded.as_deref(),
-                    kv_budget: self.state.dash.knobs.kv.budget_bytes,
-                    threads: self.options.threads,
-                };
-                egui::ScrollArea::vertical().show(ui, |ui| {
-                    self.rt.wizard.ui(ui, &mut self.state.wizard, lib, &view);
-                });
-            });
-        self.state.wizard.open = open;
-    }
-
-    /// Restarts the engine on the model at `path`, on a worker: the running engine stays until
-    /// the new one is up, and runs on if the new model fails to load.
-    fn load_model(&mut self, path: PathBuf, ctx: &egui::Context) -> Result<(), String> {
-        if let Some(why) = self.device_locked() {
-            return Err(format!("cannot switch the model now: {why}"));
-        }
-        let spec = path.display().to_string();
-        self.rt.model_before = Some(std::mem::replace(&mut self.options.model, spec.clone()));
-        let previous = match self.rt.model.take() {
-            Some(ModelSlot::Ready(b)) => Some(b),
-            _ => None,
-        };
-        let knobs = previous
-            .as_ref()
-            .map_or_else(|| self.state.dash.knobs.clone(), |b| b.engine.stats().knobs);
-        self.rt.model = Some(ModelSlot::load_over(
-            previous,
-            spec,
-            self.options.threads,
-            self.state.device.into(),
-            knobs,
-            ctx.clone(),
-        ));
-        self.rt.snapshot = None;
-        Ok(())
-    }
-
-    /// Notes the decode speed a finished run measured on the loaded model, for the wizard's table.
-    fn record_speed(&mut self, run: &str, tps: Option<f64>) {
-        let (Some(tps), Some(path)) = (tps, self.backend().map(|b| b.path.clone())) else {
-            return;
-        };
-        self.rt
-            .wizard
-            .record_speed(&mut self.state.wizard, &path, tps, run.to_string());
     }
 
     /// Asks where to save the sweep and writes it there, on a worker (the dialog may stay open

@@ -27,6 +27,7 @@
 //! - [`block_pool`]: KV block pool (free list, ref counts, prefix-cache hashes) and per-request block tables.
 //! - [`scheduler`]: vLLM-v1-style continuous-batching scheduler (token budget, chunking, preemption).
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
+//! - [`request`]: a request and the events it gets back (re-exported by [`engine`]).
 //! - [`engine`]: the engine thread (continuous batching) and its message-passing handle.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
@@ -59,6 +60,7 @@ pub mod ops;
 pub mod perplexity;
 pub mod quantize;
 pub mod requant;
+pub mod request;
 pub mod safetensors;
 pub mod sampler;
 pub mod scheduler;

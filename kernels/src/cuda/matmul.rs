@@ -1,0 +1,223 @@
+//! Matrix products on the GPU: the matrix-vector kernels (f32 activations, or 8-bit ones for
+//! the K-quants) for up to 8 activation rows a launch, and past that cuBLAS in f16 with f32
+//! accumulation, quantized weights dequantized to f16 first.
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::CudaFunction;
+
+use super::{
+    Arg, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, MMV_MAX_ROWS, MMV_QUANT_ROWS, Result,
+    check_type, mmv_name, wtype_id,
+};
+use crate::WType;
+
+impl Gpu {
+    /// `y[m][n] = x[m][k] . W[n][k]^T` (f32 in and out).
+    pub fn matmul(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        check_type(w.ty)?;
+        let dense = matches!(w.ty, WType::F16 | WType::BF16);
+        let small = m <= MMV_MAX_ROWS || (!dense && m <= MMV_QUANT_ROWS) || w.ty == WType::F32;
+        if small || self.blas.is_none() {
+            return self.matvec(w, x, m, y, scratch);
+        }
+        self.gemm_f16(w, x, m, y, scratch)
+    }
+
+    /// The matrix-vector kernels over `m` rows, 8 rows per launch. K-quants first quantize the
+    /// activations to 8 bits (into `scratch`) for the integer-dot kernels.
+    pub fn matvec(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let id = wtype_id(w.ty) as usize;
+        if let Some(fs) = self.k.mmvq[id].as_ref() {
+            if self.use_mmvq || self.k.mmv[id].is_none() {
+                return self.matvec_q8(fs, w, x, m, y, scratch);
+            }
+        }
+        let fs = self.k.mmv[id].as_ref().ok_or_else(|| {
+            CudaError(format!(
+                "{} has no CUDA kernel yet (its 8-bit one is off)",
+                mmv_name(w.ty).to_ascii_uppercase()
+            ))
+        })?;
+        let mut done = 0;
+        while done < m {
+            let rows = (m - done).min(MMV_MAX_ROWS);
+            let a = [
+                Arg::P(w.ptr),
+                Arg::L(w.row_bytes() as i64),
+                Arg::P(x + (done * w.k * 4) as u64),
+                Arg::P(y + (done * w.n * 4) as u64),
+                Arg::I(w.n as i32),
+                Arg::I(w.k as i32),
+                Arg::I(rows as i32),
+                Arg::I(w.n as i32),
+            ];
+            self.run(
+                Self::by_rows(fs, rows),
+                (w.n.div_ceil(4) as u32, 1),
+                128,
+                &a,
+            )?;
+            done += rows;
+        }
+        Ok(())
+    }
+
+    /// The kernel of `fs` (for 1, 2, 4, 8 rows) that takes `rows` rows.
+    fn by_rows(fs: &[CudaFunction; 4], rows: usize) -> &CudaFunction {
+        match rows {
+            1 => &fs[0],
+            2 => &fs[1],
+            3 | 4 => &fs[2],
+            _ => &fs[3],
+        }
+    }
+
+    /// `quantize_q8` of the `m x k` activations into `scratch` (int8 values, then one f32
+    /// scale per 32), then the integer-dot kernels, 8 rows per launch.
+    fn matvec_q8(
+        &self,
+        fs: &[CudaFunction; 4],
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let (n, k) = (w.n, w.k);
+        let blocks = m * k / 32;
+        let d_at = (m * k).next_multiple_of(256);
+        let q = self.ensure(&mut scratch.x, d_at + blocks * 4)?;
+        let d = q + d_at as u64;
+        // Eight warps a block, one warp per 32 values.
+        self.run(
+            &self.k.quantize_q8,
+            (blocks.div_ceil(8) as u32, 1),
+            256,
+            &[Arg::P(x), Arg::P(q), Arg::P(d), Arg::L(blocks as i64)],
+        )?;
+        let mut done = 0;
+        while done < m {
+            let rows = (m - done).min(MMV_MAX_ROWS);
+            let a = [
+                Arg::P(w.ptr),
+                Arg::L(w.row_bytes() as i64),
+                Arg::P(q + (done * k) as u64),
+                Arg::P(d + (done * (k / 32) * 4) as u64),
+                Arg::P(y + (done * n * 4) as u64),
+                Arg::I(n as i32),
+                Arg::I(k as i32),
+                Arg::I(rows as i32),
+                Arg::I(n as i32),
+            ];
+            self.run(Self::by_rows(fs, rows), (n.div_ceil(4) as u32, 1), 128, &a)?;
+            done += rows;
+        }
+        Ok(())
+    }
+
+    fn ensure(&self, slot: &mut Option<DBuf>, bytes: usize) -> Result<u64> {
+        self.grow(slot, bytes, |_| bytes)
+    }
+
+    /// The device address of `slot`, first replaced by a buffer of `size(old length)` bytes
+    /// (at least `need`) when it holds fewer than `need`. The old buffer is freed first, so a
+    /// grown buffer may move: whatever captured its address must be re-captured.
+    pub fn grow(
+        &self,
+        slot: &mut Option<DBuf>,
+        need: usize,
+        size: impl FnOnce(usize) -> usize,
+    ) -> Result<u64> {
+        let old = slot.as_ref().map_or(0, DBuf::len);
+        if slot.is_none() || old < need {
+            *slot = None;
+            *slot = Some(self.alloc(size(old).max(need))?);
+        }
+        Ok(slot.as_ref().map_or(0, DBuf::ptr))
+    }
+
+    /// The tensor-core path: activations to f16, weights to f16 unless they are, cuBLAS GEMM
+    /// with f32 accumulation and f32 output.
+    pub fn gemm_f16(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        check_type(w.ty)?;
+        let Some(blas) = &self.blas else {
+            return self.matvec(w, x, m, y, scratch);
+        };
+        let (n, k) = (w.n, w.k);
+        let xh = self.ensure(&mut scratch.x, m * k * 2)?;
+        self.run(
+            &self.k.f32_to_f16,
+            (Self::grid_for(m * k), 1),
+            256,
+            &[Arg::P(x), Arg::P(xh), Arg::L((m * k) as i64)],
+        )?;
+        let wh = if w.ty == WType::F16 {
+            w.ptr
+        } else {
+            let wh = self.ensure(&mut scratch.w, n * k * 2)?;
+            let a = [
+                Arg::P(w.ptr),
+                Arg::I(wtype_id(w.ty)),
+                Arg::I(k as i32),
+                Arg::L(w.row_bytes() as i64),
+                Arg::L((n * k / 32) as i64),
+                Arg::P(wh),
+            ];
+            self.run(
+                &self.k.dequant_f16,
+                (Self::grid_for(n * k / 32), 1),
+                256,
+                &a,
+            )?;
+            wh
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major: Y^T (n x m) = W (k x n)^T . X^T (k x m).
+        // SAFETY: the pointers address buffers of the stated shapes.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                (&raw const alpha).cast(),
+                wh as *const _,
+                cudaDataType::CUDA_R_16F,
+                k as i32,
+                xh as *const _,
+                cudaDataType::CUDA_R_16F,
+                k as i32,
+                (&raw const beta).cast(),
+                y as *mut _,
+                cudaDataType::CUDA_R_32F,
+                n as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
+    }
+}
