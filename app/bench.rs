@@ -70,6 +70,10 @@ pub struct BenchArgs {
     /// Bearer token for --endpoint (also read from TPSLAB_API_KEY).
     #[arg(long, value_name = "K", env = "TPSLAB_API_KEY", requires = "endpoint")]
     pub api_key: Option<String>,
+    /// Service-level objectives for goodput, as vLLM's: `ttft:MS tpot:MS e2el:MS` (any of them);
+    /// requests per second that meet all of them are reported as `request_goodput`.
+    #[arg(long, value_name = "KEY:MS", num_args = 1.., value_parser = parse_slo_part)]
+    pub goodput: Vec<(String, f64)>,
     /// With --endpoint: the model file (or `default`) whose tokenizer cuts the prompts.
     #[arg(
         long,
@@ -238,5 +242,57 @@ fn parse_fraction(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
         Ok(f) if f > 0.0 && f <= 0.95 => Ok(f),
         _ => Err(format!("'{s}' is not a fraction between 0 and 0.95")),
+    }
+}
+
+/// One `KEY:MS` of `--goodput`: ttft, tpot or e2el, and a positive number of milliseconds.
+fn parse_slo_part(v: &str) -> Result<(String, f64), String> {
+    let (k, ms) = v
+        .split_once(':')
+        .ok_or_else(|| format!("{v:?}: expected KEY:MS, e.g. ttft:500"))?;
+    let k = k.trim().to_ascii_lowercase();
+    if !["ttft", "tpot", "e2el"].contains(&k.as_str()) {
+        return Err(format!("{k:?}: the objectives are ttft, tpot and e2el"));
+    }
+    let ms: f64 = ms
+        .trim()
+        .parse()
+        .map_err(|_| format!("{ms:?} is not a number of milliseconds"))?;
+    if !(ms.is_finite() && ms > 0.0) {
+        return Err(format!(
+            "{k}:{ms}: the objective must be a positive number of milliseconds"
+        ));
+    }
+    Ok((k, ms))
+}
+
+/// `--goodput`'s objectives (`None` when none was given).
+pub fn slo(parts: &[(String, f64)]) -> Option<tpslab_engine::metrics::Slo> {
+    let get = |key: &str| parts.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v);
+    (!parts.is_empty()).then(|| tpslab_engine::metrics::Slo {
+        ttft_ms: get("ttft"),
+        tpot_ms: get("tpot"),
+        e2el_ms: get("e2el"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goodput_objectives_parse_as_vllm_spells_them() {
+        assert_eq!(parse_slo_part("ttft:500"), Ok(("ttft".into(), 500.0)));
+        assert_eq!(parse_slo_part("TPOT: 50.5"), Ok(("tpot".into(), 50.5)));
+        assert!(parse_slo_part("itl:5").is_err());
+        assert!(parse_slo_part("ttft").is_err());
+        assert!(parse_slo_part("e2el:-3").is_err());
+        assert!(parse_slo_part("e2el:NaN").is_err());
+        let s = slo(&[("ttft".into(), 500.0), ("e2el".into(), 9000.0)]).expect("slo");
+        assert_eq!(
+            (s.ttft_ms, s.tpot_ms, s.e2el_ms),
+            (Some(500.0), None, Some(9000.0))
+        );
+        assert!(slo(&[]).is_none());
     }
 }

@@ -78,6 +78,14 @@ fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
 
 /// One markdown row per concurrency level.
 fn print_table(runs: &[LevelResult]) {
+    for r in runs.iter().filter(|r| r.summary.request_goodput.is_some()) {
+        println!(
+            "concurrency {}: goodput {:.2} req/s of {:.2} req/s",
+            r.max_concurrency,
+            r.summary.request_goodput.unwrap_or(0.0),
+            r.summary.request_throughput
+        );
+    }
     println!(
         "| concurrency | requests | TTFT mean / p99 ms | TPOT mean / p99 ms | ITL p99 ms | per-request TPS mean / p10 | aggregate output TPS | decode-only TPS | req/s | peak RSS MiB |"
     );
@@ -147,7 +155,11 @@ fn run_levels<T: loadgen::LoadTarget>(
                 result.refused.len()
             );
         }
-        let summary = BenchSummary::from_requests(&result.timings, result.duration_s, None);
+        let summary = BenchSummary::from_requests(
+            &result.timings,
+            result.duration_s,
+            crate::bench::slo(&a.goodput),
+        );
         runs.push(LevelResult {
             max_concurrency: c,
             request_rate: a.rate,

@@ -622,6 +622,9 @@ fn bench_endpoint_drives_the_server() {
         "1,3",
         "--num-requests",
         "3",
+        "--goodput",
+        "ttft:600000",
+        "e2el:600000",
         "--json",
         json_path.to_str().expect("utf8 path"),
     ]);
@@ -644,6 +647,8 @@ fn bench_endpoint_drives_the_server() {
         assert_eq!(r["total_input_tokens"], 72, "{r}");
         assert!(r["mean_ttft_ms"].as_f64().expect("ttft") > 0.0, "{r}");
         assert!(r["output_throughput"].as_f64().expect("tput") > 0.0, "{r}");
+        // Objectives of ten minutes: every request meets them.
+        assert_eq!(r["request_goodput"], r["request_throughput"], "{r}");
     }
 
     let out = bench(&["--concurrency", "1", "--model", "no-such-model"]);
