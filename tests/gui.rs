@@ -589,6 +589,18 @@ fn the_api_server_starts_from_the_window_and_serves_its_engine() {
             && has(h, &remote)
             && has(h, "CPU, 1 threads  vs  ")
     });
+    // A load on the remote endpoint: the live plots carry its figures, measured here, and say
+    // whose they are.
+    h.get_by_label("Start load").click();
+    wait_until(&mut h, "the remote load's live plots", 60, |h| {
+        has(h, &format!("· remote · {remote}")) && has(h, "Load running")
+    });
+    h.get_by_label("Stop load").click();
+    wait_until(&mut h, "the remote load's summary", 60, |h| {
+        h.query_by_label_contains("Last load (").is_some()
+            && h.query_by_label("Start load").is_some()
+    });
+
     // An endpoint nothing listens on: the window says so and carries on.
     h.state_mut().state.dash.load.remote.url = "http://127.0.0.1:9".into();
     h.step();

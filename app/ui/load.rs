@@ -2,16 +2,17 @@
 //! their results every frame and never waits on them.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tpslab_engine::engine::EngineHandle;
+use tpslab_engine::engine::{EngineHandle, EngineSnapshot};
 use tpslab_engine::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
 
 use crate::remote::RemoteTarget;
-use tpslab_engine::metrics::BenchSummary;
+use tpslab_engine::metrics::{BenchSummary, LiveConfig, LiveMetrics};
 
 /// The load the user asks for (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,9 +156,43 @@ impl LoadSettings {
     }
 }
 
+/// Live figures measured on this side, for a target that publishes none (a remote server).
+pub struct ClientLive {
+    pub metrics: Mutex<LiveMetrics>,
+    /// When the run started (the metrics' clock is seconds since then).
+    pub start: OnceLock<Instant>,
+    /// "remote URL (model)", once connected.
+    pub device: OnceLock<String>,
+}
+
+impl ClientLive {
+    fn new() -> Option<Arc<Self>> {
+        Some(Arc::new(Self {
+            metrics: Mutex::new(LiveMetrics::new(LiveConfig::default()).ok()?),
+            start: OnceLock::new(),
+            device: OnceLock::new(),
+        }))
+    }
+
+    /// The figures now, as the engine's snapshot would carry them (no batch, queue or KV: the
+    /// server's own are not known here).
+    pub fn snapshot(&self) -> Option<EngineSnapshot> {
+        let t = self.start.get()?.elapsed().as_secs_f64();
+        let live = self.metrics.lock().ok()?.snapshot(t);
+        Some(EngineSnapshot {
+            live,
+            device: self.device.get().cloned().unwrap_or_default(),
+            precision: "remote".into(),
+            ..EngineSnapshot::default()
+        })
+    }
+}
+
 /// A load run in progress: the flag that stops it and the figures it reports.
 pub struct LoadRun {
     pub label: String,
+    /// Set for a remote target: its live figures, measured here.
+    pub client_live: Option<Arc<ClientLive>>,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicUsize>,
     rx: Receiver<LoadOutcome>,
@@ -190,15 +225,27 @@ impl LoadRun {
         let (tx, rx) = mpsc::channel();
         let (prompts, ctx) = (prompts.clone(), ctx.clone());
         let (t_stop, t_done, t_label) = (Arc::clone(&stop), Arc::clone(&done), label.clone());
+        let client_live = matches!(target, TargetSpec::Remote(_))
+            .then(ClientLive::new)
+            .flatten();
+        let t_live = client_live.clone();
         std::thread::Builder::new()
             .name("tpslab-load".into())
             .spawn(move || {
                 let outcome = match target.open() {
                     Ok(target) => {
-                        let result =
-                            loadgen::run(target.as_dyn(), &prompts, &spec, &t_stop, &mut |d, _| {
-                                t_done.store(d, Ordering::Relaxed);
-                            });
+                        if let Some(l) = &t_live {
+                            let _ = l.device.set(target.device());
+                            let _ = l.start.set(Instant::now());
+                        }
+                        let result = loadgen::run_observed(
+                            target.as_dyn(),
+                            &prompts,
+                            &spec,
+                            &t_stop,
+                            &mut |d, _| t_done.store(d, Ordering::Relaxed),
+                            t_live.as_ref().map(|l| &l.metrics),
+                        );
                         LoadOutcome {
                             label: t_label,
                             summary: BenchSummary::from_requests(
@@ -225,6 +272,7 @@ impl LoadRun {
             .map_err(|e| format!("cannot start the load thread: {e}"))?;
         Ok(Self {
             label,
+            client_live,
             stop,
             done,
             rx,

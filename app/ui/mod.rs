@@ -331,8 +331,14 @@ impl TpsApp {
         }
         self.rt.server = server;
         let snap = self.backend().map(|b| b.engine.stats());
-        if let Some(s) = &snap {
+        // A remote load run: the plots show its figures, measured here, not the idle engine's.
+        let remote = self.rt.load.as_ref().and_then(|l| l.client_live.as_ref());
+        if let Some(r) = remote.and_then(|l| l.snapshot()) {
+            self.rt.history.sample(&r);
+        } else if let Some(s) = &snap {
             self.rt.history.sample(s);
+        }
+        if let Some(s) = &snap {
             let old = self.rt.snapshot.as_ref().map(|o| o.precision.as_str());
             if old.is_some_and(|o| !o.is_empty() && o != s.precision) {
                 self.rt.history.mark(dashboard::precision_change_text(s));
@@ -419,8 +425,18 @@ impl TpsApp {
     }
 
     fn dashboard_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
-        let precision = self.precision();
-        let device = self.rt.snapshot.as_ref().map_or("–", |s| s.device.as_str());
+        // During a remote load run the plots are the remote server's: labelled as such.
+        let remote = (self.rt.load.as_ref())
+            .and_then(|l| l.client_live.as_ref())
+            .and_then(|l| l.device.get());
+        let precision = match remote {
+            Some(_) => "remote".to_string(),
+            None => self.precision(),
+        };
+        let device = match remote {
+            Some(d) => d.as_str(),
+            None => self.rt.snapshot.as_ref().map_or("–", |s| s.device.as_str()),
+        };
         let view = DashView {
             snapshot: self.rt.snapshot.as_ref(),
             precision: &precision,

@@ -3,7 +3,7 @@
 //! times every token on the client side as vLLM's benchmark does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{EngineHandle, Event, Request};
-use crate::metrics::RequestTiming;
+use crate::metrics::{FinishKind, LiveMetrics, RequestTiming};
 use crate::sampler::SamplingParams;
 use crate::scheduler::RequestId;
 use crate::stop::{FinishReason, StopCriteria};
@@ -130,6 +130,26 @@ pub fn run(
     stop: &AtomicBool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> LoadResult {
+    run_observed(engine, prompts, spec, stop, progress, None)
+}
+
+/// [`run`], also feeding `live` as the requests arrive, stream and end: the live figures of a
+/// target that publishes none itself (a remote server), measured on this side.
+pub fn run_observed(
+    engine: &dyn LoadTarget,
+    prompts: &PromptSet,
+    spec: &LoadSpec,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize),
+    live: Option<&Mutex<LiveMetrics>>,
+) -> LoadResult {
+    let observe = |f: &mut dyn FnMut(&mut LiveMetrics)| {
+        if let Some(m) = live {
+            if let Ok(mut m) = m.lock() {
+                f(&mut m);
+            }
+        }
+    };
     let (tx, rx) = mpsc::channel();
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let origin = Instant::now();
@@ -171,6 +191,7 @@ pub fn run(
             };
             let sent = now();
             let id = engine.submit(req, tx.clone());
+            observe(&mut |m| m.on_arrival(id, sent, plen));
             flying.insert(
                 id,
                 InFlight {
@@ -210,11 +231,17 @@ pub fn run(
                     if let Some(f) = flying.get_mut(&id) {
                         f.timing.token_times.push(t);
                         f.timing.output_tokens += 1;
+                        observe(&mut |m| m.on_token(id, t));
                     }
                 }
                 Event::Finished { reason, usage, .. } => {
                     if let Some(f) = flying.remove(&id) {
                         done += 1;
+                        let kind = match reason {
+                            FinishReason::Abort => FinishKind::Aborted,
+                            _ => FinishKind::Finished,
+                        };
+                        observe(&mut |m| m.on_finish(id, t, kind));
                         if reason == FinishReason::Abort {
                             result.aborted += 1;
                         } else {
@@ -236,6 +263,7 @@ pub fn run(
                 Event::Refused { reason, .. } => {
                     if flying.remove(&id).is_some() {
                         done += 1;
+                        observe(&mut |m| m.on_refused(t));
                         result.refused.push(reason);
                         progress(done, spec.num_requests);
                     }
