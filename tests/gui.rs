@@ -590,7 +590,9 @@ fn the_api_server_starts_from_the_window_and_serves_its_engine() {
             && has(h, "CPU, 1 threads  vs  ")
     });
     // A load on the remote endpoint: the live plots carry its figures, measured here, and say
-    // whose they are.
+    // whose they are; with a TTFT objective of ten minutes every request counts for goodput.
+    h.state_mut().state.dash.load.slo_ttft_ms = 600_000.0;
+    h.step();
     h.get_by_label("Start load").click();
     wait_until(&mut h, "the remote load's live plots", 60, |h| {
         has(h, &format!("· remote · {remote}")) && has(h, "Load running")
@@ -600,6 +602,7 @@ fn the_api_server_starts_from_the_window_and_serves_its_engine() {
         h.query_by_label_contains("Last load (").is_some()
             && h.query_by_label("Start load").is_some()
     });
+    assert!(has(&h, "Goodput: "), "the goodput line");
 
     // An endpoint nothing listens on: the window says so and carries on.
     h.state_mut().state.dash.load.remote.url = "http://127.0.0.1:9".into();

@@ -383,8 +383,30 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
                 .labelled_by(lb.id);
             ui.end_row();
         });
+        // Folded by default: most runs need no objectives, and the panel stays short.
+        egui::CollapsingHeader::new("Goodput objectives").show(ui, |ui| {
+            slo_grid(ui, l);
+        });
         super::load::remote_ui(ui, &mut l.remote);
     });
+    load_controls_ui(ui, view, cmds);
+}
+
+fn slo_grid(ui: &mut egui::Ui, l: &mut LoadSettings) {
+    egui::Grid::new("slo_grid").num_columns(2).show(ui, |ui| {
+        let lb = ui.label("Goodput TTFT objective (ms, 0 = off)");
+        ui.add(egui::DragValue::new(&mut l.slo_ttft_ms).range(0.0..=600_000.0))
+            .labelled_by(lb.id);
+        ui.end_row();
+        let lb = ui.label("Goodput TPOT objective (ms, 0 = off)");
+        ui.add(egui::DragValue::new(&mut l.slo_tpot_ms).range(0.0..=60_000.0))
+            .labelled_by(lb.id);
+        ui.end_row();
+    });
+}
+
+/// Start / Stop, the live line and the last run's summary.
+fn load_controls_ui(ui: &mut egui::Ui, view: &DashView<'_>, cmds: &mut Vec<Command>) {
     match view.load_running {
         Some((label, done, stopping)) => {
             ui.horizontal(|ui| {
@@ -433,6 +455,12 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
             o.aborted,
             o.refused
         ));
+        if let Some(g) = sm.request_goodput {
+            ui.label(format!(
+                "Goodput: {g:.2} req/s of {:.2} req/s met the objectives",
+                sm.request_throughput
+            ));
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use tpslab_engine::engine::{EngineHandle, EngineSnapshot};
 use tpslab_engine::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
 
 use crate::remote::RemoteTarget;
-use tpslab_engine::metrics::{BenchSummary, LiveConfig, LiveMetrics};
+use tpslab_engine::metrics::{BenchSummary, LiveConfig, LiveMetrics, Slo};
 
 /// The load the user asks for (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,6 +31,9 @@ pub struct LoadSettings {
     pub sweep_path: String,
     /// Load a remote OpenAI-compatible server instead of this window's engine.
     pub remote: RemoteSettings,
+    /// Goodput objectives (vLLM's `--goodput`), ms; 0 = not set.
+    pub slo_ttft_ms: f64,
+    pub slo_tpot_ms: f64,
 }
 
 /// A remote endpoint as the load generator's target (saved, but for the key).
@@ -121,12 +124,25 @@ impl Default for LoadSettings {
             sweep_requests_per_slot: 2,
             sweep_path: sweep_path.display().to_string(),
             remote: RemoteSettings::default(),
+            slo_ttft_ms: 0.0,
+            slo_tpot_ms: 0.0,
         }
     }
 }
 
 impl LoadSettings {
     /// "8 × 128->64 tok" (or "2.0 req/s × ...").
+    /// The goodput objectives that are set (`None`: none).
+    pub fn slo(&self) -> Option<Slo> {
+        let ms = |v: f64| (v > 0.0 && v.is_finite()).then_some(v);
+        let s = Slo {
+            ttft_ms: ms(self.slo_ttft_ms),
+            tpot_ms: ms(self.slo_tpot_ms),
+            e2el_ms: None,
+        };
+        (s.ttft_ms.is_some() || s.tpot_ms.is_some()).then_some(s)
+    }
+
     pub fn label(&self) -> String {
         let shape = if self.rate > 0.0 {
             format!("{:.1} req/s, <={}", self.rate, self.concurrency)
@@ -229,6 +245,7 @@ impl LoadRun {
             .then(ClientLive::new)
             .flatten();
         let t_live = client_live.clone();
+        let slo = settings.slo();
         std::thread::Builder::new()
             .name("tpslab-load".into())
             .spawn(move || {
@@ -251,7 +268,7 @@ impl LoadRun {
                             summary: BenchSummary::from_requests(
                                 &result.timings,
                                 result.duration_s,
-                                None,
+                                slo,
                             ),
                             refused: result.refused.len(),
                             aborted: result.aborted,
