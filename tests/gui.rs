@@ -1,8 +1,11 @@
 //! The window driven by its labels (AccessKit) with egui_kittest: no GPU, no display, the real
 //! default model through the real engine. Waits are bounded loops of frames, never timing checks.
 
+#[path = "support/gui_wait.rs"]
+mod gui_wait;
+use gui_wait::wait_until;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
@@ -54,28 +57,6 @@ fn harness_with(
         // The model may answer with characters (emoji) the bundled fonts lack.
         .allow_missing_glyphs()
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
-}
-
-/// Runs frames until `done` holds, failing after `secs` seconds with `what` and the app's errors.
-fn wait_until(
-    h: &mut Harness<'static, TpsApp>,
-    what: &str,
-    secs: u64,
-    mut done: impl FnMut(&mut Harness<'static, TpsApp>) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        h.step();
-        if done(h) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; errors shown: {:?}",
-            h.state().errors()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Some node's label contains `text` (several may: plot titles repeat the settings label).

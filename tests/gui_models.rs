@@ -2,9 +2,11 @@
 //! no display, the real default model in a temporary library folder. Waits are bounded loops of
 //! frames, never timing checks.
 
+#[path = "support/gui_wait.rs"]
+mod gui_wait;
+use gui_wait::wait_until;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use egui::accesskit::Role;
 use egui_kittest::Harness;
@@ -63,31 +65,6 @@ fn open_panels(models: bool, wizard: bool) -> AppState {
     s.models.open = models;
     s.wizard.open = wizard;
     s
-}
-
-/// Runs frames until `done` holds, failing after `secs` seconds with `what` and the app's errors.
-fn wait_until(
-    h: &mut Harness<'static, TpsApp>,
-    what: &str,
-    secs: u64,
-    mut done: impl FnMut(&mut Harness<'static, TpsApp>) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        h.step();
-        if done(h) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; errors shown: {:?}; labels with 'Error': {:?}",
-            h.state().errors(),
-            h.query_all_by_label_contains("Error")
-                .map(|n| format!("{n:?}"))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
