@@ -7,6 +7,7 @@
 //! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
+//! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
 //! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
 //! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (list, download).
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
@@ -23,6 +24,7 @@ pub mod catalog;
 pub mod chat;
 pub mod dashboard;
 pub mod files;
+mod frame_bench;
 pub mod hub_adapter;
 mod library_windows;
 pub mod load;
@@ -150,6 +152,7 @@ struct Runtime {
     models: ModelsPanel,
     wizard: Wizard,
     server: api_server::ApiServer,
+    frame_bench: Option<frame_bench::FrameBench>,
 }
 
 /// The app: saved state plus runtime handles.
@@ -741,7 +744,9 @@ fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
 }
 
 impl eframe::App for TpsApp {
-    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+    fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
+        let ctx = ui.ctx().clone();
+        self.frame_bench_tick(&ctx, frame.info().cpu_usage);
         self.app_ui(ui);
     }
 
@@ -761,7 +766,20 @@ impl eframe::App for TpsApp {
 
 /// Opens the window (blocks until it is closed).
 pub fn run(options: AppOptions) -> anyhow::Result<()> {
+    let bench = frame_bench::FrameBench::from_env();
     let native = eframe::NativeOptions {
+        // The frame benchmark times whole frames: not capped at the display's refresh.
+        wgpu_options: eframe::WgpuConfiguration {
+            surface: eframe::SurfaceConfig {
+                present_mode: if bench.is_some() {
+                    eframe::wgpu::PresentMode::AutoNoVsync
+                } else {
+                    eframe::wgpu::PresentMode::AutoVsync
+                },
+                ..eframe::SurfaceConfig::LOW_LATENCY
+            },
+            ..Default::default()
+        },
         viewport: egui::ViewportBuilder::default()
             .with_title("TPS Lab")
             .with_inner_size([1280.0, 800.0])
@@ -771,7 +789,11 @@ pub fn run(options: AppOptions) -> anyhow::Result<()> {
     eframe::run_native(
         "TPS Lab",
         native,
-        Box::new(move |cc| Ok(Box::new(TpsApp::from_creation_context(cc, options)))),
+        Box::new(move |cc| {
+            let mut app = TpsApp::from_creation_context(cc, options);
+            app.rt.frame_bench = bench;
+            Ok(Box::new(app))
+        }),
     )
     .map_err(|e| anyhow::anyhow!("cannot open the window: {e}"))
 }

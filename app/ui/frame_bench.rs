@@ -1,0 +1,139 @@
+//! The real window measuring its own frame time, rendering included:
+//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json tpslab` (under Xvfb on this machine). Once
+//! the model is loaded it opens the dashboard, starts the load generator (prompt 32, output 512
+//! tokens, CONCURRENCY requests), repaints continuously with vsync off, records the time between
+//! frames (layout, tessellation and the renderer's work: the whole frame) and eframe's CPU time
+//! per frame, writes the percentiles to OUT.json and closes the window.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Command, Tab, TpsApp};
+
+/// Frames after the load starts that are not counted (first plots, font atlas, shader warm-up).
+const WARMUP_S: f64 = 3.0;
+
+pub struct FrameBench {
+    secs: f64,
+    concurrency: usize,
+    out: PathBuf,
+    started: Option<Instant>,
+    last: Option<Instant>,
+    intervals_ms: Vec<f64>,
+    cpu_ms: Vec<f64>,
+    done: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    frames: usize,
+    seconds: f64,
+    concurrency: usize,
+    frame_ms_p50: f64,
+    frame_ms_p90: f64,
+    frame_ms_p99: f64,
+    frame_ms_max: f64,
+    cpu_ms_p50: f64,
+    cpu_ms_p99: f64,
+    aggregate_output_tps: f64,
+    requests_in_flight: usize,
+    device: String,
+}
+
+impl FrameBench {
+    /// From `TPSLAB_FRAME_BENCH` ("20,64,/tmp/frames.json"); `None` when unset or malformed.
+    pub fn from_env() -> Option<Self> {
+        let v = std::env::var("TPSLAB_FRAME_BENCH").ok()?;
+        let mut it = v.splitn(3, ',');
+        let secs: f64 = it.next()?.trim().parse().ok()?;
+        let concurrency: usize = it.next()?.trim().parse().ok()?;
+        let out = PathBuf::from(it.next()?.trim());
+        (secs > 0.0 && concurrency > 0).then_some(Self {
+            secs,
+            concurrency,
+            out,
+            started: None,
+            last: None,
+            intervals_ms: Vec::new(),
+            cpu_ms: Vec::new(),
+            done: false,
+        })
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p / 100.0).round() as usize]
+}
+
+impl TpsApp {
+    /// One frame of the frame benchmark (nothing when it is off).
+    pub(super) fn frame_bench_tick(&mut self, ctx: &egui::Context, cpu_s: Option<f32>) {
+        let Some(mut fb) = self.rt.frame_bench.take() else {
+            return;
+        };
+        if !fb.done {
+            ctx.request_repaint();
+            let now = Instant::now();
+            match fb.started {
+                None if self.engine().is_some() => {
+                    self.state.tab = Tab::Dashboard;
+                    let l = &mut self.state.dash.load;
+                    (l.concurrency, l.prompt_len, l.output_len) = (fb.concurrency, 32, 512);
+                    l.remote.enabled = false;
+                    self.apply(Command::StartLoad, ctx);
+                    fb.started = Some(now);
+                }
+                None => {}
+                Some(t0) => {
+                    let t = (now - t0).as_secs_f64();
+                    if t > WARMUP_S {
+                        if let Some(last) = fb.last {
+                            fb.intervals_ms.push((now - last).as_secs_f64() * 1e3);
+                        }
+                        if let Some(c) = cpu_s {
+                            fb.cpu_ms.push(f64::from(c) * 1e3);
+                        }
+                    }
+                    if t > WARMUP_S + fb.secs {
+                        self.finish_frame_bench(&mut fb, ctx);
+                    }
+                }
+            }
+            fb.last = Some(now);
+        }
+        self.rt.frame_bench = Some(fb);
+    }
+
+    fn finish_frame_bench(&mut self, fb: &mut FrameBench, ctx: &egui::Context) {
+        fb.done = true;
+        let snap = self.rt.snapshot.clone().unwrap_or_default();
+        let mut f = fb.intervals_ms.clone();
+        let mut c = fb.cpu_ms.clone();
+        let report = Report {
+            frames: f.len(),
+            seconds: fb.secs,
+            concurrency: fb.concurrency,
+            frame_ms_p50: pct(&mut f, 50.0),
+            frame_ms_p90: pct(&mut f, 90.0),
+            frame_ms_p99: pct(&mut f, 99.0),
+            frame_ms_max: f.last().copied().unwrap_or(0.0),
+            cpu_ms_p50: pct(&mut c, 50.0),
+            cpu_ms_p99: pct(&mut c, 99.0),
+            aggregate_output_tps: snap.live.output_tps,
+            requests_in_flight: snap.live.requests_in_flight,
+            device: snap.device,
+        };
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        if let Err(e) = std::fs::write(&fb.out, text) {
+            eprintln!("frame bench: cannot write {}: {e}", fb.out.display());
+        }
+        self.apply(Command::StopLoad, ctx);
+        ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+    }
+}
