@@ -532,7 +532,7 @@ fn files_ui(ui: &mut egui::Ui, listing: &RepoListing, choice: &mut Option<Choice
 }
 
 /// A notice, or an error in the error colour.
-fn message_ui(ui: &mut egui::Ui, m: Option<&Result<String, String>>) {
+pub(super) fn message_ui(ui: &mut egui::Ui, m: Option<&Result<String, String>>) {
     match m {
         Some(Ok(n)) => {
             ui.label(n);

@@ -405,7 +405,7 @@ impl Wizard {
         if let Some(t) = &self.quantize {
             t.progress_ui(ui, true, Some("Cancel quantization"));
         }
-        show(ui, self.message.as_ref());
+        super::models::message_ui(ui, self.message.as_ref());
     }
 
     fn start(
@@ -492,7 +492,7 @@ impl Wizard {
         if let Some((_, t)) = &self.ppl {
             t.progress_ui(ui, false, None);
         }
-        show(ui, self.ppl_message.as_ref());
+        super::models::message_ui(ui, self.ppl_message.as_ref());
         table_ui(ui, s);
     }
 
@@ -563,18 +563,6 @@ fn table_ui(ui: &mut egui::Ui, s: &mut WizardSettings) {
         });
     if let Some(i) = remove {
         s.measured.remove(i);
-    }
-}
-
-fn show(ui: &mut egui::Ui, m: Option<&Result<String, String>>) {
-    match m {
-        Some(Ok(n)) => {
-            ui.label(n);
-        }
-        Some(Err(e)) => {
-            ui.colored_label(ui.visuals().error_fg_color, format!("Error: {e}"));
-        }
-        None => {}
     }
 }
 
