@@ -109,7 +109,6 @@ impl ChatTemplate {
         let text = |id: Option<u32>| {
             id.and_then(|id| tokenizer.id_to_token(id))
                 .unwrap_or_default()
-                .to_string()
         };
         Self::new(source, text(tokenizer.bos_id()), text(tokenizer.eos_id()))
     }

@@ -68,7 +68,8 @@ enum Command {
     /// Re-quantize the weights to this type on a worker; the engine serves on meanwhile.
     SetPrecision(WType),
     /// The worker's result: the model at the new precision, swapped in between two steps.
-    PrecisionReady(Result<(LoadedModel, RequantReport), String>),
+    /// Boxed: a whole model is far larger than the other commands.
+    PrecisionReady(Box<Result<(LoadedModel, RequantReport), String>>),
     ResetMetrics,
     Shutdown,
 }
@@ -401,7 +402,7 @@ impl EngineThread {
             Command::Cancel(id) => self.end(id, FinishReason::Abort),
             Command::SetKnobs(k) => self.set_knobs(k),
             Command::SetPrecision(ty) => self.start_requant(ty),
-            Command::PrecisionReady(r) => self.finish_requant(r),
+            Command::PrecisionReady(r) => self.finish_requant(*r),
             Command::ResetMetrics => self.metrics.reset(),
             Command::Shutdown => return false,
         }
@@ -425,7 +426,7 @@ impl EngineThread {
             .name("tpslab-requant".into())
             .spawn(move || {
                 let r = crate::requant::requantize(&lm, ty, threads);
-                let _ = inbox.send(Command::PrecisionReady(r));
+                let _ = inbox.send(Command::PrecisionReady(Box::new(r)));
             });
         match spawned {
             Ok(_) => self.requantizing = Some(ty),

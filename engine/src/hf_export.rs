@@ -195,14 +195,10 @@ fn write_side_files(
     )?;
     let tok_path = out.join(TOKENIZER);
     let tok_json = tokenizer
-        .hf()
-        .to_string(true)
+        .hf_json()
         .map_err(io("cannot serialize the tokenizer to", &tok_path))?;
     std::fs::write(&tok_path, tok_json).map_err(io("cannot write", &tok_path))?;
-    let text = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.id_to_token(i))
-            .map(str::to_string)
-    };
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
     let key = |k: &str| f.get(k).and_then(|v| v.as_u64()).map(|v| v as u32);
     let mut tc = json!({
         "add_bos_token": tokenizer.add_bos(),

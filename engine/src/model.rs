@@ -69,6 +69,9 @@ impl Workspace {
     }
 }
 
+/// Most tokens whose FFN intermediates are held at once (see [`Model::forward`]).
+const FFN_ROWS: usize = 128;
+
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
         v.resize(n, 0.0);
@@ -157,12 +160,19 @@ impl Model {
 
             let h = sized(&mut ws.h, n * hidden);
             ops::rms_norm(x, &l.ffn_norm, c.rms_eps, h);
-            let gu = sized(&mut ws.gu, n * 2 * c.ffn);
-            l.w_gate_up.forward(pool, h, n, gu);
-            let act = sized(&mut ws.act, n * c.ffn);
-            ops::swiglu(gu, c.ffn, act);
             let tmp = sized(&mut ws.tmp, n * hidden);
-            l.w_down.forward(pool, act, n, tmp);
+            // The FFN's rows are 3x (gate+up: 6x) the hidden width: a long prefill takes them
+            // FFN_ROWS tokens at a time instead of holding them all. Same results: every output
+            // row depends on its own input row only.
+            for r0 in (0..n).step_by(FFN_ROWS) {
+                let m = (n - r0).min(FFN_ROWS);
+                let rows = r0 * hidden..(r0 + m) * hidden;
+                let gu = sized(&mut ws.gu, m * 2 * c.ffn);
+                l.w_gate_up.forward(pool, &h[rows.clone()], m, gu);
+                let act = sized(&mut ws.act, m * c.ffn);
+                ops::swiglu(gu, c.ffn, act);
+                l.w_down.forward(pool, act, m, &mut tmp[rows]);
+            }
             ops::add_assign(x, tmp);
         }
 

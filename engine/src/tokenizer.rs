@@ -5,7 +5,7 @@
 //! has, and llama.cpp (our reference) tokenizes from exactly these keys. The pre-tokenizer regexes
 //! mirror llama.cpp's `llm_tokenizer_bpe` table for each supported `tokenizer.ggml.pre` value.
 
-use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -133,21 +133,20 @@ impl PreTokenizerKind {
     }
 }
 
-/// A model's tokenizer. Cheap to share by reference across threads (`Send + Sync`).
+/// A model's tokenizer. Cheap to clone and share across threads (`Send + Sync`).
+///
+/// One Hugging Face tokenizer serves both encodings: control tokens written in the text are
+/// parsed, except while [`Tokenizer::encode`] runs with `parse_special = false`, which switches
+/// that off under the write lock (one BPE vocabulary and merge table in memory, not two).
 #[derive(Clone)]
 pub struct Tokenizer {
-    /// Parses control tokens written in the text ("<|im_start|>" -> id 1).
-    with_special: tokenizers::Tokenizer,
-    /// Treats control-token text as plain text (user content must not inject control tokens).
-    plain: tokenizers::Tokenizer,
-    /// Token strings by id, as the GGUF lists them.
-    tokens: Vec<String>,
+    hf: Arc<RwLock<tokenizers::Tokenizer>>,
+    n_vocab: usize,
     /// Every token's decoded bytes, flattened; token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
-    offsets: Vec<usize>,
+    offsets: Vec<u32>,
     /// Control (and unknown-type) tokens: skipped when decoding with `skip_special`.
     special: Vec<bool>,
-    token_ids: HashMap<String, u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
@@ -155,10 +154,26 @@ pub struct Tokenizer {
     pre: PreTokenizerKind,
 }
 
+/// The tokenizer with control-token parsing off; back on when dropped (even on unwinding).
+struct PlainText<'a>(RwLockWriteGuard<'a, tokenizers::Tokenizer>);
+
+impl<'a> PlainText<'a> {
+    fn new(mut hf: RwLockWriteGuard<'a, tokenizers::Tokenizer>) -> Self {
+        hf.set_encode_special_tokens(true);
+        Self(hf)
+    }
+}
+
+impl Drop for PlainText<'_> {
+    fn drop(&mut self) {
+        self.0.set_encode_special_tokens(false);
+    }
+}
+
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
-            .field("vocab_size", &self.tokens.len())
+            .field("vocab_size", &self.n_vocab)
             .field("pre", &self.pre)
             .field("bos", &self.bos)
             .field("eos", &self.eos)
@@ -246,11 +261,10 @@ impl Tokenizer {
 
         // First occurrence wins for duplicate strings; decoding still works for every id because
         // it goes through our own byte table, not the BPE's reverse map.
-        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
+        let mut vocab = Vocab::with_capacity(n);
         for (id, tok) in (0u32..).zip(&c.tokens) {
             vocab.entry(tok.clone()).or_insert(id);
         }
-        let (hf, plain) = c.build_hf(&vocab)?;
 
         let special: Vec<bool> = c
             .types
@@ -262,7 +276,9 @@ impl Tokenizer {
         offsets.push(0);
         for tok in &c.tokens {
             token_string_bytes(tok, &mut bytes);
-            offsets.push(bytes.len());
+            offsets.push(u32::try_from(bytes.len()).map_err(|_| {
+                TokenizerError::BadMetadata("the token strings exceed 4 GiB".into())
+            })?);
         }
 
         let mut stop_ids: Vec<u32> = c
@@ -281,14 +297,13 @@ impl Tokenizer {
         stop_ids.sort_unstable();
         stop_ids.dedup();
 
+        let hf = c.build_hf(vocab)?;
         Ok(Self {
-            with_special: hf,
-            plain,
-            tokens: c.tokens,
+            hf: Arc::new(RwLock::new(hf)),
+            n_vocab: n,
             bytes,
             offsets,
             special,
-            token_ids: vocab,
             bos: c.bos,
             eos: c.eos,
             add_bos: c.add_bos,
@@ -300,14 +315,14 @@ impl Tokenizer {
     /// Text to token ids, without BOS. With `parse_special`, control tokens written in the text
     /// ("<|im_start|>") become their ids; without it they are tokenized as ordinary text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let hf = if parse_special {
-            &self.with_special
+        let enc = if parse_special {
+            let hf = self.hf.read().unwrap_or_else(PoisonError::into_inner);
+            hf.encode_fast(text, false)
         } else {
-            &self.plain
-        };
-        let enc = hf
-            .encode_fast(text, false)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+            let plain = PlainText::new(self.hf.write().unwrap_or_else(PoisonError::into_inner));
+            plain.0.encode_fast(text, false)
+        }
+        .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -343,7 +358,9 @@ impl Tokenizer {
     /// Decodes with the wrapped Hugging Face tokenizer. Same result as [`Tokenizer::decode`] for
     /// valid ids (tests hold them equal); kept for that check.
     pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        self.with_special
+        self.hf
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
             .decode(ids, skip_special)
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
@@ -353,7 +370,7 @@ impl Tokenizer {
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         let i = id as usize;
         let (start, end) = (*self.offsets.get(i)?, *self.offsets.get(i + 1)?);
-        self.bytes.get(start..end)
+        self.bytes.get(start as usize..end as usize)
     }
 
     /// The bytes `id` contributes to decoded text: empty for a skipped control token.
@@ -364,7 +381,7 @@ impl Tokenizer {
     ) -> Result<&[u8], TokenizerError> {
         let bytes = self.token_bytes(id).ok_or(TokenizerError::UnknownId {
             id,
-            vocab_size: self.tokens.len(),
+            vocab_size: self.n_vocab,
         })?;
         if skip_special && self.special[id as usize] {
             Ok(&[])
@@ -398,26 +415,37 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+        self.n_vocab
     }
 
-    /// The token's string as the vocabulary stores it (byte-level form, e.g. "Ġthe").
-    pub fn id_to_token(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+    /// The token's string as the vocabulary stores it (byte-level form, e.g. "Ġthe"); `None`
+    /// outside the vocabulary (and for a later duplicate of an earlier token's string).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.hf
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .id_to_token(id)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.token_ids.get(token).copied()
+        self.hf
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .token_to_id(token)
     }
 
     pub fn pre_tokenizer(&self) -> PreTokenizerKind {
         self.pre
     }
 
-    /// The wrapped Hugging Face tokenizer (control tokens parsed in text): what a
-    /// `tokenizer.json` of this model holds ([`crate::hf_export`] writes it).
-    pub fn hf(&self) -> &tokenizers::Tokenizer {
-        &self.with_special
+    /// The wrapped Hugging Face tokenizer (control tokens parsed in text) as `tokenizer.json`:
+    /// what a Hugging Face folder of this model holds ([`crate::hf_export`] writes it).
+    pub fn hf_json(&self) -> Result<String, TokenizerError> {
+        self.hf
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .to_string(true)
+            .map_err(|e| TokenizerError::Build(format!("cannot serialize: {e}")))
     }
 }
 
@@ -467,11 +495,8 @@ impl TokenizerConfig {
         Ok(())
     }
 
-    /// The Hugging Face tokenizer twice: parsing control tokens in text, and not.
-    fn build_hf(
-        &self,
-        vocab: &HashMap<String, u32>,
-    ) -> Result<(tokenizers::Tokenizer, tokenizers::Tokenizer), TokenizerError> {
+    /// The Hugging Face tokenizer over `vocab` (token string -> id), parsing control tokens in text.
+    fn build_hf(&self, vocab: Vocab) -> Result<tokenizers::Tokenizer, TokenizerError> {
         let mut merge_pairs = Vec::with_capacity(self.merges.len());
         for (i, m) in self.merges.iter().enumerate() {
             let (a, b) = m.split_once(' ').ok_or_else(|| {
@@ -482,13 +507,7 @@ impl TokenizerConfig {
             merge_pairs.push((a.to_string(), b.to_string()));
         }
         let bpe = BPE::builder()
-            .vocab_and_merges(
-                vocab
-                    .iter()
-                    .map(|(k, v)| (k.clone(), *v))
-                    .collect::<Vocab>(),
-                merge_pairs,
-            )
+            .vocab_and_merges(vocab, merge_pairs)
             .ignore_merges(self.pre == PreTokenizerKind::Llama3)
             .build()
             .map_err(|e| TokenizerError::Build(format!("BPE model: {e}")))?;
@@ -511,9 +530,7 @@ impl TokenizerConfig {
         }
         hf.add_special_tokens(&special_added);
         hf.add_tokens(&user_added);
-        let mut plain = hf.clone();
-        plain.set_encode_special_tokens(true);
-        Ok((hf, plain))
+        Ok(hf)
     }
 }
 

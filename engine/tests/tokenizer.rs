@@ -79,6 +79,35 @@ fn without_special_parsing_control_text_is_plain_text() {
     assert!(ids.len() > 3);
     // ...and it still decodes back to the same text.
     assert_eq!(tok.decode(&ids, true).expect("decode"), "<|im_start|>user");
+    // One tokenizer serves both modes: parsing is back on for the next caller.
+    assert_eq!(tok.encode("<|im_start|>user", true).expect("encode")[0], 1);
+}
+
+#[test]
+fn both_modes_from_many_threads_at_once_keep_their_answers() {
+    let tok = tokenizer();
+    let text = "<|im_start|>user\nHello<|im_end|>";
+    let (special, plain) = (
+        tok.encode(text, true).expect("encode"),
+        tok.encode(text, false).expect("encode"),
+    );
+    assert_ne!(special, plain);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (tok, special, plain) = (tok.clone(), &special, &plain);
+            s.spawn(move || {
+                for i in 0..200 {
+                    let parse = (i + t) % 2 == 0;
+                    let ids = tok.encode(text, parse).expect("encode");
+                    assert_eq!(
+                        &ids,
+                        if parse { special } else { plain },
+                        "thread {t} step {i}"
+                    );
+                }
+            });
+        }
+    });
 }
 
 #[test]
@@ -103,11 +132,11 @@ fn special_tokens_and_metadata() {
     assert_eq!(tok.pre_tokenizer(), PreTokenizerKind::Gpt2Digits);
     // EOS (<|im_end|>) and <|endoftext|>, both control tokens in this vocabulary.
     assert_eq!(tok.stop_token_ids(), vec![0, 2]);
-    assert_eq!(tok.id_to_token(1), Some("<|im_start|>"));
+    assert_eq!(tok.id_to_token(1).as_deref(), Some("<|im_start|>"));
     assert_eq!(tok.token_to_id("<|im_end|>"), Some(2));
     assert!(tok.is_special(2) && !tok.is_special(504));
     // Byte-level form vs bytes: id 216 is the token "Ġ" (a space).
-    assert_eq!(tok.id_to_token(216), Some("Ġ"));
+    assert_eq!(tok.id_to_token(216).as_deref(), Some("Ġ"));
     assert_eq!(tok.token_bytes(216), Some(&b" "[..]));
     assert_eq!(tok.token_bytes(49152), None);
 }

@@ -41,10 +41,10 @@ impl Gpu {
         scratch: &mut GemmScratch,
     ) -> Result<()> {
         let id = wtype_id(w.ty) as usize;
-        if let Some(fs) = self.k.mmvq[id].as_ref() {
-            if self.use_mmvq || self.k.mmv[id].is_none() {
-                return self.matvec_q8(fs, w, x, m, y, scratch);
-            }
+        if let Some(fs) = self.k.mmvq[id].as_ref()
+            && (self.use_mmvq || self.k.mmv[id].is_none())
+        {
+            return self.matvec_q8(fs, w, x, m, y, scratch);
         }
         let fs = self.k.mmv[id].as_ref().ok_or_else(|| {
             CudaError(format!(
