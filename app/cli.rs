@@ -32,6 +32,10 @@ pub struct Cli {
     /// window, and auto the first time.
     #[arg(long, value_parser = parse_device)]
     pub device: Option<DeviceChoice>,
+    /// The window's painter: auto (wgpu on a GPU, OpenGL when wgpu would draw on the CPU),
+    /// wgpu, or glow (OpenGL).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub renderer: crate::ui::renderer::RendererChoice,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -188,11 +192,14 @@ pub fn main() -> ExitCode {
         Some(Command::Serve(args)) => crate::serve::run(&args),
         Some(Command::Models(args)) => crate::library_cmds::run_models(&args),
         Some(Command::Pull(args)) => crate::library_cmds::run_pull(&args),
-        None => crate::ui::run(crate::ui::AppOptions {
-            model: cli.model,
-            threads: cli.threads,
-            device: cli.device,
-        }),
+        None => crate::ui::run(
+            crate::ui::AppOptions {
+                model: cli.model,
+                threads: cli.threads,
+                device: cli.device,
+            },
+            cli.renderer,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

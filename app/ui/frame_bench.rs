@@ -1,9 +1,10 @@
 //! The real window measuring its own frame time, rendering included:
 //! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json tpslab` (under Xvfb on this machine). Once
-//! the model is loaded it opens the dashboard, starts the load generator (prompt 32, output 512
-//! tokens, CONCURRENCY requests), repaints continuously with vsync off, records the time between
-//! frames (layout, tessellation and the renderer's work: the whole frame) and eframe's CPU time
-//! per frame, writes the percentiles to OUT.json and closes the window.
+//! the model is loaded it sizes the window to 1280x800, opens the dashboard, starts the load
+//! generator (prompt 32, output 512 tokens, CONCURRENCY requests), repaints continuously with
+//! vsync off, records the time between frames (layout, tessellation and the renderer's work:
+//! the whole frame) and eframe's CPU time per frame, writes the percentiles and the painter to
+//! OUT.json and closes the window.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,6 +25,7 @@ pub struct FrameBench {
     intervals_ms: Vec<f64>,
     cpu_ms: Vec<f64>,
     done: bool,
+    renderer: String,
 }
 
 #[derive(Serialize)]
@@ -40,6 +42,7 @@ struct Report {
     aggregate_output_tps: f64,
     requests_in_flight: usize,
     device: String,
+    renderer: String,
 }
 
 impl FrameBench {
@@ -59,7 +62,13 @@ impl FrameBench {
             intervals_ms: Vec::new(),
             cpu_ms: Vec::new(),
             done: false,
+            renderer: String::new(),
         })
+    }
+
+    /// Records which painter draws the frames (and why) in the report.
+    pub fn with_renderer(self, renderer: String) -> Self {
+        Self { renderer, ..self }
     }
 }
 
@@ -82,6 +91,10 @@ impl TpsApp {
             let now = Instant::now();
             match fb.started {
                 None if self.engine().is_some() => {
+                    // The same frame size every run, whatever size the last session saved.
+                    ctx.send_viewport_cmd(egui::ViewportCommand::InnerSize(egui::vec2(
+                        1280.0, 800.0,
+                    )));
                     self.state.tab = Tab::Dashboard;
                     let l = &mut self.state.dash.load;
                     (l.concurrency, l.prompt_len, l.output_len) = (fb.concurrency, 32, 512);
@@ -128,6 +141,7 @@ impl TpsApp {
             aggregate_output_tps: snap.live.output_tps,
             requests_in_flight: snap.live.requests_in_flight,
             device: snap.device,
+            renderer: fb.renderer.clone(),
         };
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         if let Err(e) = std::fs::write(&fb.out, text) {

@@ -14,6 +14,7 @@
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
+//! - [`renderer`]: `--renderer`: wgpu on a GPU, OpenGL where wgpu would rasterize on the CPU.
 //! - [`status`]: the status bar (backend, memory) and the device selector.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
@@ -31,6 +32,7 @@ pub mod load;
 pub mod markdown;
 pub mod models;
 pub mod plot_png;
+pub mod renderer;
 pub mod status;
 pub mod task;
 pub mod wizard;
@@ -754,7 +756,7 @@ impl eframe::App for TpsApp {
         eframe::set_value(storage, STATE_KEY, &self.state);
     }
 
-    fn on_exit(&mut self) {
+    fn on_exit(&mut self, _gl: Option<&eframe::glow::Context>) {
         if let Some(l) = &self.rt.load {
             l.stop();
         }
@@ -764,36 +766,22 @@ impl eframe::App for TpsApp {
     }
 }
 
-/// Opens the window (blocks until it is closed).
-pub fn run(options: AppOptions) -> anyhow::Result<()> {
+/// Opens the window with the painter `renderer` picks (blocks until it is closed).
+pub fn run(options: AppOptions, renderer: renderer::RendererChoice) -> anyhow::Result<()> {
     let bench = frame_bench::FrameBench::from_env();
-    let native = eframe::NativeOptions {
-        // The frame benchmark times whole frames: not capped at the display's refresh.
-        wgpu_options: eframe::WgpuConfiguration {
-            surface: eframe::SurfaceConfig {
-                present_mode: if bench.is_some() {
-                    eframe::wgpu::PresentMode::AutoNoVsync
-                } else {
-                    eframe::wgpu::PresentMode::AutoVsync
-                },
-                ..eframe::SurfaceConfig::LOW_LATENCY
-            },
-            ..Default::default()
-        },
-        viewport: egui::ViewportBuilder::default()
-            .with_title("TPS Lab")
-            .with_inner_size([1280.0, 800.0])
-            .with_min_inner_size([640.0, 400.0]),
-        ..Default::default()
-    };
+    let (renderer, why) = renderer::resolve(renderer);
+    eprintln!("window: {why}");
+    let native = renderer::native_options(renderer, bench.is_some());
     eframe::run_native(
         "TPS Lab",
         native,
         Box::new(move |cc| {
             let mut app = TpsApp::from_creation_context(cc, options);
-            app.rt.frame_bench = bench;
+            app.rt.frame_bench = bench.map(|b| b.with_renderer(why));
             Ok(Box::new(app))
         }),
     )
-    .map_err(|e| anyhow::anyhow!("cannot open the window: {e}"))
+    .map_err(|e| {
+        anyhow::anyhow!("cannot open the window ({renderer:?}): {e}; --renderer wgpu|glow picks the other painter")
+    })
 }
