@@ -276,6 +276,12 @@ pub enum TensorSource {
         start: u64,
         rope_heads: Option<usize>,
     },
+    /// Another part of a split GGUF ([`crate::gguf_split`]), whose data section starts at
+    /// `data_offset`; the tensor is at `TensorInfo::offset` from there.
+    GgufPart {
+        path: std::sync::Arc<Path>,
+        data_offset: u64,
+    },
 }
 
 impl TensorInfo {
@@ -374,7 +380,7 @@ impl Cursor<'_> {
         Some(match ty {
             0 | 1 | 7 => 1,
             2 | 3 => 2,
-            4 | 5 | 6 => 4,
+            4..=6 => 4,
             8 => 8,
             9 => 12,
             10..=12 => 8,
@@ -430,11 +436,17 @@ impl Cursor<'_> {
 impl GgufFile {
     /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
     /// as a Hugging Face model ([`crate::hf::open_folder`]).
+    /// The first part of a split model (`NAME-00001-of-0000N.gguf`) opens every part.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
         if path.is_dir() {
             return crate::hf::open_folder(path).map_err(|e| GgufError::Hf(Box::new(e)));
         }
+        crate::gguf_split::join(Self::open_single(path)?)
+    }
+
+    /// One GGUF file's header, validated against its own size (a split part on its own).
+    pub(crate) fn open_single(path: &Path) -> Result<Self, GgufError> {
         let file = File::open(path).map_err(|source| GgufError::Open {
             path: path.to_path_buf(),
             source,
@@ -600,17 +612,21 @@ impl GgufFile {
             return crate::hf::read_tensor(info, path, *start, *rope_heads)
                 .map_err(|e| GgufError::Hf(Box::new(e)));
         }
+        let (path, data_offset) = match &info.source {
+            TensorSource::GgufPart { path, data_offset } => (&**path, *data_offset),
+            _ => (self.path.as_path(), self.data_offset),
+        };
         let io = |source| GgufError::Io {
-            path: self.path.clone(),
+            path: path.to_path_buf(),
             source,
         };
-        let mut f = File::open(&self.path).map_err(io)?;
+        let mut f = File::open(path).map_err(io)?;
         // Checked again: the file may have changed since `open`.
         let len = f.metadata().map_err(io)?.len();
-        let start = self.data_offset + info.offset;
+        let start = data_offset + info.offset;
         if start + info.size > len {
             return Err(GgufError::Truncated {
-                path: self.path.clone(),
+                path: path.to_path_buf(),
                 what: format!("tensor '{}' data", info.name),
                 offset: start,
                 needed: info.size,
@@ -619,7 +635,7 @@ impl GgufFile {
         }
         f.seek(SeekFrom::Start(start)).map_err(io)?;
         let size = usize::try_from(info.size).map_err(|_| GgufError::Corrupt {
-            path: self.path.clone(),
+            path: path.to_path_buf(),
             what: "tensor too large for this platform".into(),
         })?;
         let mut buf = vec![0u8; size];

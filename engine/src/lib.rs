@@ -2,6 +2,7 @@
 //!
 //! Modules:
 //! - [`gguf`]: validating GGUF reader (metadata, tensor table, tensor bytes).
+//! - [`gguf_split`]: split GGUF models (`NAME-00001-of-0000N.gguf`) opened as one.
 //! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
 //! - [`safetensors`]: validating safetensors reader and streaming writer (F32/F16/BF16).
 //! - [`hf`]: Hugging Face folders (config.json, tokenizer.json, safetensors) opened as a GGUF view.
@@ -45,6 +46,7 @@ pub mod detok;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_split;
 pub mod gguf_write;
 pub mod hf;
 pub mod hf_export;

@@ -72,7 +72,7 @@ fn tiny_valid() -> Vec<u8> {
         .u64(8)
         .u32(0)
         .u64(0);
-    while w.0.len() % 32 != 0 {
+    while !w.0.len().is_multiple_of(32) {
         w.0.push(0);
     }
     w.raw(&[0u8; 32]).0
