@@ -531,6 +531,12 @@ impl Library {
             // A folder holding one GGUF: that file is the model.
             return self.import_with(&checked.path, cancel, progress, create);
         }
+        // A split GGUF (its first part named) goes in as a folder of its parts.
+        let folder = checked.format == ModelFormat::Safetensors || checked.files.len() > 1;
+        let name = match crate::library_st::split_prefix(&name) {
+            Some(prefix) if folder => prefix.to_string(),
+            _ => name,
+        };
         if self.root.join(&name).exists() {
             return Err(IndexError::Exists(name));
         }
@@ -539,12 +545,12 @@ impl Library {
         let total = checked.size;
         let mut done = 0u64;
         let mut files = Vec::new();
-        if checked.format == ModelFormat::Safetensors {
+        if folder {
             std::fs::create_dir(&staged).map_err(|e| write_error(&self.root, &name, &staged, e))?;
         }
         for f in &checked.files {
             let from = file_at(src, &f.name).ok_or_else(|| IndexError::NotFound(f.name.clone()))?;
-            let to = if checked.format == ModelFormat::Safetensors {
+            let to = if folder {
                 staged.join(&f.name)
             } else {
                 staged.clone()

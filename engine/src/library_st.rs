@@ -157,17 +157,41 @@ fn tensors(path: &Path) -> Result<Vec<(String, u64, u64)>, IndexError> {
 
 /// What to load for the model at `entry` (a library entry or a staged copy): a folder holding
 /// one GGUF loads that file; a GGUF file or a safetensors folder loads as it is.
+/// A folder holding a split GGUF loads its first part.
 pub(crate) fn load_path(entry: &Path, format: ModelFormat, files: &[ModelFile]) -> PathBuf {
     match (format, files) {
         (ModelFormat::Gguf, [f]) if entry.is_dir() => entry.join(&f.name),
+        (ModelFormat::Gguf, [f, ..]) if entry.is_dir() => {
+            let first = files.iter().find(|f| is_first_part(&f.name)).unwrap_or(f);
+            entry.join(&first.name)
+        }
         _ => entry.to_path_buf(),
     }
 }
 
-/// `name` inside a model path: the path itself for a single file, else a file of the folder.
+/// `NAME-00001-of-0000N.gguf`: the part a split model opens from.
+pub(crate) fn is_first_part(name: &str) -> bool {
+    split_prefix(name).is_some()
+}
+
+/// `NAME` of a split model's first part `NAME-00001-of-0000N.gguf`.
+pub(crate) fn split_prefix(name: &str) -> Option<&str> {
+    let stem = name.strip_suffix(".gguf")?;
+    let (head, count) = stem.rsplit_once("-of-")?;
+    let prefix = head.strip_suffix("-00001")?;
+    (count.len() == 5 && count.bytes().all(|b| b.is_ascii_digit()) && !prefix.is_empty())
+        .then_some(prefix)
+}
+
+/// `name` inside a model path: the path itself for a single file (or a sibling part of a split
+/// GGUF), else a file of the folder.
 pub(crate) fn file_at(model: &Path, name: &str) -> Option<PathBuf> {
     if model.is_file() {
-        return (model.file_name()?.to_str()? == name).then(|| model.to_path_buf());
+        return if model.file_name()?.to_str()? == name {
+            Some(model.to_path_buf())
+        } else {
+            Some(model.with_file_name(name))
+        };
     }
     Some(model.join(name))
 }
@@ -205,12 +229,8 @@ pub fn describe(
     };
     let md = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
     let (format, mut files, facts) = if md.is_file() {
-        let facts = gguf_facts(path)?;
-        let fname = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        (ModelFormat::Gguf, vec![(fname, md.len())], facts)
+        let (facts, parts) = gguf_facts(path)?;
+        (ModelFormat::Gguf, parts, facts)
     } else {
         let mut listing: Vec<(String, u64)> = std::fs::read_dir(path)
             .map_err(|e| invalid(e.to_string()))?
@@ -227,9 +247,23 @@ pub fn describe(
             .iter()
             .filter(|(n, _)| n.to_ascii_lowercase().ends_with(".gguf"))
             .collect();
+        let first_part = ggufs.iter().find(|(n, _)| is_first_part(n));
         if let [g] = ggufs.as_slice() {
-            let facts = gguf_facts(&path.join(&g.0))?;
+            let (facts, _) = gguf_facts(&path.join(&g.0))?;
             (ModelFormat::Gguf, vec![(*g).clone()], facts)
+        } else if let Some((first, _)) = first_part {
+            // A split GGUF: its parts must be the folder's GGUF files.
+            let (facts, parts) = gguf_facts(&path.join(first))?;
+            let mut names: Vec<&str> = ggufs.iter().map(|(n, _)| n.as_str()).collect();
+            let mut want: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+            names.sort_unstable();
+            want.sort_unstable();
+            if names != want {
+                return Err(invalid(format!(
+                    "the folder's GGUF files {names:?} are not the parts {want:?} of {first}"
+                )));
+            }
+            (ModelFormat::Gguf, parts, facts)
         } else {
             let facts = folder_facts(path, &listing)?;
             let keep = listing
@@ -284,11 +318,27 @@ pub(crate) struct Facts {
     pub context_len: Option<u64>,
 }
 
-fn gguf_facts(path: &Path) -> Result<Facts, IndexError> {
+/// The facts of the GGUF at `path`, and its files (name, size): the file itself, or every part
+/// of a split model.
+fn gguf_facts(path: &Path) -> Result<(Facts, Vec<(String, u64)>), IndexError> {
     let f = GgufFile::open(path).map_err(|e| IndexError::Invalid {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
+    let parts = crate::gguf_split::model_files(&f)
+        .iter()
+        .map(|p| {
+            let len = std::fs::metadata(p).map_err(|e| IndexError::Invalid {
+                path: p.clone(),
+                reason: e.to_string(),
+            })?;
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok((name, len.len()))
+        })
+        .collect::<Result<Vec<_>, IndexError>>()?;
     let arch = f
         .get("general.architecture")
         .and_then(Value::as_str)
@@ -308,12 +358,15 @@ fn gguf_facts(path: &Path) -> Result<Facts, IndexError> {
         .iter()
         .max_by_key(|(_, n)| *n)
         .map_or("unknown".to_string(), |(n, _)| (*n).to_string());
-    Ok(Facts {
-        arch,
-        params: f.tensors.iter().map(|t| t.n_elements()).sum(),
-        precision,
-        context_len,
-    })
+    Ok((
+        Facts {
+            arch,
+            params: f.tensors.iter().map(|t| t.n_elements()).sum(),
+            precision,
+            context_len,
+        },
+        parts,
+    ))
 }
 
 pub(crate) fn read_small_json(path: &Path) -> Result<serde_json::Value, IndexError> {

@@ -10,6 +10,7 @@ use tpslab_engine::gguf::{GgufFile, Value};
 use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS, model_files, part_path};
 use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::kv::{Batch, KvCache};
+use tpslab_engine::library_index::{Library, ModelFormat};
 use tpslab_engine::model::Workspace;
 use tpslab_kernels::ThreadPool;
 
@@ -147,4 +148,50 @@ fn a_broken_set_is_refused_with_the_reason() {
         .expect_err("parts out of order")
         .to_string();
     assert!(err.contains("expected part 2 of 3"), "{err}");
+}
+
+#[test]
+fn the_library_imports_a_split_model_as_a_folder_of_its_parts() {
+    let src = GgufFile::open(default_model()).expect("open");
+    let parts = TempDir::new("src");
+    let first = write_split(&src, &parts.0, 3, |i| i);
+    let lib_dir = TempDir::new("lib");
+    let lib = Library::at(&lib_dir.0);
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let mut last = (0, 0);
+    let entry = lib
+        .import(&first, &cancel, &mut |done, total| last = (done, total))
+        .expect("import");
+    assert_eq!(entry.name, "smol");
+    assert_eq!(entry.format, ModelFormat::Gguf);
+    assert_eq!(entry.files.len(), 3, "{:?}", entry.files);
+    assert!(entry.files.iter().all(|f| f.sha256.len() == 64));
+    assert_eq!(last.0, last.1);
+    assert_eq!(entry.size, last.1);
+    assert_eq!(
+        entry.path,
+        lib_dir.0.join("smol").join("smol-00001-of-00003.gguf")
+    );
+    assert_eq!(
+        entry.params,
+        src.tensors.iter().map(|t| t.n_elements()).sum::<u64>()
+    );
+    // Listed again from the folder, and it loads.
+    let (listed, unreadable) = lib.list().expect("list");
+    assert!(unreadable.is_empty(), "{unreadable:?}");
+    let again = listed.iter().find(|e| e.name == "smol").expect("listed");
+    assert_eq!((&again.path, again.files.len()), (&entry.path, 3));
+    let lm = LoadedModel::load(&entry.path).expect("load");
+    assert_eq!(lm.model.cfg.vocab, 49152);
+    // A part missing from the source: refused, nothing installed.
+    std::fs::remove_file(part_path(&first, 2, 3).expect("name")).expect("rm");
+    let lib2 = Library::at(lib_dir.0.join("other"));
+    let err = lib2
+        .import(&first, &cancel, &mut |_, _| {})
+        .expect_err("missing part");
+    assert!(
+        err.to_string().contains("smol-00002-of-00003.gguf"),
+        "{err}"
+    );
+    assert!(!lib_dir.0.join("other").join("smol").exists());
 }
