@@ -786,3 +786,86 @@ fn cli_pull_then_models_lists_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is not a usable model"), "{err}");
 }
+
+/// The default model as llama.cpp's gguf-split lays out three parts (metadata in part 1), in
+/// memory: `(file name, bytes)`.
+fn split_parts() -> Vec<(String, Vec<u8>)> {
+    use tpslab_engine::gguf::Value;
+    use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
+    use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
+    let src = GgufFile::open(default_model()).expect("open");
+    let n = src.tensors.len();
+    (0..3)
+        .map(|i| {
+            let mut md: Vec<(String, Value)> = if i == 0 {
+                src.metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            md.push((KEY_NO.into(), Value::U16(i as u16)));
+            md.push((KEY_COUNT.into(), Value::U16(3)));
+            md.push((KEY_TENSORS.into(), Value::I32(n as i32)));
+            let tensors: Vec<(TensorDesc, Vec<u8>)> = src.tensors[i * n / 3..(i + 1) * n / 3]
+                .iter()
+                .map(|t| {
+                    let d = TensorDesc::new(t.name.clone(), t.dims.clone(), t.ty);
+                    (d, src.read_tensor(t).expect("read"))
+                })
+                .collect();
+            let bytes = write_gguf(Vec::new(), &md, &tensors).expect("write");
+            (format!("smol-q4_1-{:05}-of-00003.gguf", i + 1), bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn pulls_a_split_gguf_as_one_model() {
+    let s = HubServer::start();
+    let parts: Vec<File> = split_parts()
+        .into_iter()
+        .map(|(name, bytes)| File::new(&name, Arc::new(bytes), true))
+        .collect();
+    s.add(
+        "tpslab/smollm2-split",
+        RepoData {
+            files: parts.clone(),
+            ..RepoData::default()
+        },
+    );
+    s.add(
+        "tpslab/split-missing",
+        RepoData {
+            files: vec![parts[0].clone(), parts[2].clone()],
+            ..RepoData::default()
+        },
+    );
+    let home = TempDir::new("split");
+    let lib = Library::at(home.0.join("models"));
+    let cancel = AtomicBool::new(false);
+    // Auto: the repo holds one split GGUF, so that is the model.
+    let (m, progress) = pull(&cfg(&s), &lib, &req("tpslab/smollm2-split"), &cancel);
+    let m = m.expect("pull");
+    assert_eq!(m.name, "smol-q4_1");
+    assert_eq!(m.format, ModelFormat::Gguf);
+    assert_eq!(m.files.len(), 3, "{:?}", m.files);
+    for (f, p) in m.files.iter().zip(&parts) {
+        assert_eq!((&f.name, &f.sha256), (&p.name, &p.sha256()));
+    }
+    assert_eq!(m.path, lib.root().join("smol-q4_1").join(&parts[0].name));
+    assert_eq!(m.precision, "Q4_1");
+    assert!(progress.iter().any(|p| p.n_files == 3 && p.file_index == 3));
+    tpslab_engine::generate::LoadedModel::load(&m.path).expect("the pulled split model loads");
+    // A first part whose siblings are not all in the repo: refused before any download.
+    let r = PullRequest {
+        choice: Choice::File(parts[0].name.clone()),
+        ..req("tpslab/split-missing")
+    };
+    let other = Library::at(home.0.join("other"));
+    let (e, _) = pull(&cfg(&s), &other, &r, &cancel);
+    let e = e.expect_err("a part is missing").to_string();
+    assert!(e.contains("smol-q4_1-00002-of-00003.gguf"), "{e}");
+    assert_no_model(&other);
+}

@@ -230,6 +230,35 @@ impl RepoListing {
     }
 
     /// The files `choice` means, or a message saying what to choose.
+    /// `f`, or every part of the split GGUF whose first part `f` is (all must be in the repo).
+    fn with_split_parts<'a>(&'a self, f: &'a RepoFile) -> Result<Vec<&'a RepoFile>, HubError> {
+        let (dir, base) = f
+            .name
+            .rsplit_once('/')
+            .map_or(("", f.name.as_str()), |(d, b)| (d, b));
+        let Some(names) = tpslab_engine::gguf_split::part_names(base) else {
+            return Ok(vec![f]);
+        };
+        names
+            .iter()
+            .map(|n| {
+                let full = if dir.is_empty() {
+                    n.clone()
+                } else {
+                    format!("{dir}/{n}")
+                };
+                self.files.iter().find(|g| g.name == full).ok_or_else(|| {
+                    HubError::Choose(format!(
+                        "{} is a split GGUF of {} parts, but {full} is not in {}",
+                        f.name,
+                        names.len(),
+                        self.repo
+                    ))
+                })
+            })
+            .collect()
+    }
+
     pub fn choose(&self, choice: &Choice) -> Result<Vec<&RepoFile>, HubError> {
         let ggufs = self.ggufs();
         let set = self.safetensors_set();
@@ -240,15 +269,15 @@ impl RepoListing {
                 .join(", ")
         };
         match choice {
-            Choice::File(name) => self
-                .files
-                .iter()
-                .find(|f| f.name == *name)
-                .map(|f| vec![f])
-                .ok_or_else(|| HubError::FileNotFound {
-                    repo: self.repo.clone(),
-                    file: name.clone(),
-                }),
+            Choice::File(name) => {
+                let f = self.files.iter().find(|f| f.name == *name).ok_or_else(|| {
+                    HubError::FileNotFound {
+                        repo: self.repo.clone(),
+                        file: name.clone(),
+                    }
+                })?;
+                self.with_split_parts(f)
+            }
             Choice::Safetensors => set.ok_or_else(|| {
                 HubError::Choose(format!(
                     "{} has no safetensors model (config.json, tokenizer.json and *.safetensors)",
@@ -258,6 +287,19 @@ impl RepoListing {
             Choice::Auto => match (ggufs.as_slice(), set) {
                 ([], Some(set)) => Ok(set),
                 ([one], None) => Ok(vec![*one]),
+                // One split GGUF and nothing else: its parts.
+                (many, None)
+                    if many.iter().any(|f| {
+                        self.with_split_parts(f)
+                            .is_ok_and(|parts| parts.len() == many.len() && parts.len() > 1)
+                    }) =>
+                {
+                    let first = many
+                        .iter()
+                        .find(|f| is_split_first(&f.name))
+                        .ok_or_else(|| HubError::Choose("no first part".into()))?;
+                    self.with_split_parts(first)
+                }
                 ([], None) => Err(HubError::Choose(format!(
                     "{} has no GGUF file and no safetensors model (config.json, tokenizer.json, *.safetensors)",
                     self.repo
@@ -331,6 +373,11 @@ struct ApiInfo {
     gated: serde_json::Value,
     #[serde(default)]
     siblings: Vec<ApiSibling>,
+}
+
+fn is_split_first(name: &str) -> bool {
+    let base = name.rsplit('/').next().unwrap_or(name);
+    tpslab_engine::gguf_split::first_part(base).is_some()
 }
 
 /// A search result.

@@ -145,12 +145,16 @@ pub fn pull(
     result
 }
 
-/// The library name for `files`: the GGUF's file name, or the repo's name for a folder.
+/// The library name for `files`: the GGUF's file name, a split GGUF's name before its part
+/// numbers, or the repo's name for a safetensors folder.
 fn model_name(repo: &str, files: &[&RepoFile]) -> String {
+    let base = |f: &RepoFile| f.name.rsplit('/').next().unwrap_or(&f.name).to_string();
     match files {
-        [f] if f.name.to_ascii_lowercase().ends_with(".gguf") => {
-            f.name.rsplit('/').next().unwrap_or(&f.name).to_string()
-        }
+        [f] if f.name.to_ascii_lowercase().ends_with(".gguf") => base(f),
+        [f, ..] => match tpslab_engine::gguf_split::first_part(&base(f)) {
+            Some((prefix, _)) => prefix.to_string(),
+            None => repo.rsplit('/').next().unwrap_or(repo).to_string(),
+        },
         _ => repo.rsplit('/').next().unwrap_or(repo).to_string(),
     }
 }

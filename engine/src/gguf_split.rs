@@ -18,6 +18,27 @@ pub const KEY_TENSORS: &str = "split.tensors.count";
 /// The most parts a split model may have (llama.cpp writes five digits).
 const MAX_PARTS: u64 = 99_999;
 
+/// `("NAME", N)` for a split model's first part `NAME-00001-of-0000N.gguf` (a file name, no
+/// folder); `None` for any other name.
+pub fn first_part(name: &str) -> Option<(&str, u64)> {
+    let stem = name.strip_suffix(".gguf")?;
+    let (head, count) = stem.rsplit_once("-of-")?;
+    let prefix = head.strip_suffix("-00001")?;
+    let n: u64 = count.parse().ok()?;
+    (count.len() == 5 && count.bytes().all(|b| b.is_ascii_digit()) && !prefix.is_empty() && n >= 1)
+        .then_some((prefix, n))
+}
+
+/// The file names of every part of the split model whose first part is `first_name`.
+pub fn part_names(first_name: &str) -> Option<Vec<String>> {
+    let (prefix, n) = first_part(first_name)?;
+    Some(
+        (1..=n)
+            .map(|i| format!("{prefix}-{i:05}-of-{n:05}.gguf"))
+            .collect(),
+    )
+}
+
 /// The file name of part `no` (1-based) of `count` next to `first`
 /// (`model-00001-of-00003.gguf` -> `model-0000{no}-of-00003.gguf`), as llama.cpp names them.
 pub fn part_path(first: &Path, no: u64, count: u64) -> Option<PathBuf> {
@@ -158,6 +179,17 @@ mod tests {
             Some(PathBuf::from("/m/qwen-00003-of-00003.gguf"))
         );
         assert_eq!(part_path(Path::new("/m/qwen.gguf"), 2, 3), None);
+        assert_eq!(first_part("qwen-00001-of-00003.gguf"), Some(("qwen", 3)));
+        assert_eq!(first_part("qwen-00002-of-00003.gguf"), None);
+        assert_eq!(first_part("-00001-of-00003.gguf"), None);
+        assert_eq!(first_part("qwen-00001-of-3.gguf"), None);
+        assert_eq!(
+            part_names("a-00001-of-00002.gguf"),
+            Some(vec![
+                "a-00001-of-00002.gguf".into(),
+                "a-00002-of-00002.gguf".into()
+            ])
+        );
         assert_eq!(
             part_path_any(Path::new("/m/q-00002-of-00003.gguf"), 1, 3),
             Some(PathBuf::from("/m/q-00001-of-00003.gguf"))

@@ -533,8 +533,8 @@ impl Library {
         }
         // A split GGUF (its first part named) goes in as a folder of its parts.
         let folder = checked.format == ModelFormat::Safetensors || checked.files.len() > 1;
-        let name = match crate::library_st::split_prefix(&name) {
-            Some(prefix) if folder => prefix.to_string(),
+        let name = match crate::gguf_split::first_part(&name) {
+            Some((prefix, _)) if folder => prefix.to_string(),
             _ => name,
         };
         if self.root.join(&name).exists() {

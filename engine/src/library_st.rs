@@ -171,16 +171,7 @@ pub(crate) fn load_path(entry: &Path, format: ModelFormat, files: &[ModelFile]) 
 
 /// `NAME-00001-of-0000N.gguf`: the part a split model opens from.
 pub(crate) fn is_first_part(name: &str) -> bool {
-    split_prefix(name).is_some()
-}
-
-/// `NAME` of a split model's first part `NAME-00001-of-0000N.gguf`.
-pub(crate) fn split_prefix(name: &str) -> Option<&str> {
-    let stem = name.strip_suffix(".gguf")?;
-    let (head, count) = stem.rsplit_once("-of-")?;
-    let prefix = head.strip_suffix("-00001")?;
-    (count.len() == 5 && count.bytes().all(|b| b.is_ascii_digit()) && !prefix.is_empty())
-        .then_some(prefix)
+    crate::gguf_split::first_part(name).is_some()
 }
 
 /// `name` inside a model path: the path itself for a single file (or a sibling part of a split
