@@ -289,3 +289,39 @@ fn cancelling_a_quantization_leaves_no_file() {
     drop(h);
     let _ = std::fs::remove_dir_all(&home);
 }
+
+#[test]
+fn cancelling_perplexity_says_cancelled_and_the_wizard_measures_again() {
+    let home = temp_home("ppl-cancel");
+    let lib = home.join("models");
+    with_default_model(&lib);
+    let mut state = open_panels(false, true);
+    state.wizard.ppl_ctx = 128;
+    let mut h = harness(state, "/nonexistent/tpslab-models-test.gguf", &lib);
+    wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);
+    h.get_by_label("Measure perplexity").click();
+    wait_until(&mut h, "the Cancel button", 30, |h| {
+        h.query_by_label("Cancel perplexity").is_some()
+    });
+    h.get_by_label("Cancel perplexity").click();
+    wait_until(&mut h, "the cancellation", 120, |h| {
+        has(h, "perplexity cancelled")
+    });
+    assert!(h.state().state.wizard.measured.is_empty());
+    assert!(h.query_by_label("Cancel perplexity").is_none());
+    // Still usable: the same measurement runs to its end.
+    h.get_by_label("Measure perplexity").click();
+    wait_until(&mut h, "the perplexity", 600, |h| {
+        !h.state().state.wizard.measured.is_empty()
+    });
+    assert!(!has(&h, "perplexity cancelled"));
+    let row = h.state().state.wizard.measured[0].clone();
+    assert_eq!(row.ctx, 128);
+    assert!(
+        row.perplexity > 1.0 && row.perplexity < 1000.0,
+        "{}",
+        row.perplexity
+    );
+    drop(h);
+    let _ = std::fs::remove_dir_all(&home);
+}
