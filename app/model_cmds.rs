@@ -127,7 +127,8 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:40} window {pos}/{len} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let r = perplexity(&lm, &text, a.ctx, a.threads, &mut |done, total| {
+    // Ctrl-C ends the process: no cancel flag.
+    let r = perplexity(&lm, &text, a.ctx, a.threads, None, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });

@@ -1,16 +1,24 @@
 //! The Models panel and the quantization wizard driven by their labels (egui_kittest): no GPU,
-//! no display, the real default model in a temporary library folder. Waits are bounded loops of
-//! frames, never timing checks.
+//! no display, the real default model in a temporary library folder; the Hugging Face download
+//! over real HTTP from a Hub-shaped server on 127.0.0.1 (tests/support/hub_server.rs) serving
+//! the default model's file. Waits are bounded loops of frames, never timing checks.
 
 #[path = "support/gui_wait.rs"]
 mod gui_wait;
+// Shared with tests/hub.rs, which uses the faults and the request log this file does not.
+#[allow(dead_code)]
+#[path = "support/hub_server.rs"]
+mod hub_server;
 use gui_wait::wait_until;
+use hub_server::{File, HubServer, RepoData};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use egui::accesskit::Role;
 use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
+use tpslab::hub::human_bytes;
 use tpslab::ui::catalog::size_text;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::{AppOptions, AppState, Command, TpsApp};
@@ -285,6 +293,247 @@ fn cancelling_a_quantization_leaves_no_file() {
         visible_files(&lib),
         [DEFAULT_FILE],
         "only the source is left"
+    );
+    drop(h);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+/// The Hub's repo serving the default model, as the support server lists it.
+const HUB_REPO: &str = "tpslab/smollm2-gguf";
+
+/// The default model as a served LFS file (read and hashed once for every test).
+fn served_gguf() -> File {
+    static F: OnceLock<File> = OnceLock::new();
+    F.get_or_init(|| {
+        let bytes = std::fs::read(default_model()).expect("read the default model");
+        File::new(DEFAULT_FILE, Arc::new(bytes), true)
+    })
+    .clone()
+}
+
+/// A Hub on 127.0.0.1 with the default model's repo and an unrelated one, sending each 64 KiB
+/// of a file after `slow_us` microseconds (so the window has frames to show progress in).
+fn hub(slow_us: u64) -> HubServer {
+    let s = HubServer::start();
+    let readme = |t: &str| File::new("README.md", Arc::new(t.as_bytes().to_vec()), false);
+    s.add(
+        HUB_REPO,
+        RepoData {
+            files: vec![served_gguf(), readme("# SmolLM2 GGUF")],
+            ..RepoData::default()
+        },
+    );
+    s.add(
+        "someone/unrelated-model",
+        RepoData {
+            files: vec![readme("# nothing")],
+            ..RepoData::default()
+        },
+    );
+    s.faults.slow_us.store(slow_us, Ordering::Relaxed);
+    s
+}
+
+/// The file radio button as the panel labels it.
+fn gguf_choice() -> String {
+    format!(
+        "{DEFAULT_FILE} ({})",
+        human_bytes(served_gguf().bytes.len() as u64)
+    )
+}
+
+#[test]
+fn hub_search_errors_say_why_a_dead_endpoint_and_no_results() {
+    let home = temp_home("hub-search");
+    let lib = home.join("models");
+    // A port nothing listens on: bound, then closed.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", l.local_addr().expect("addr"))
+    };
+    let mut h = harness(
+        open_panels(true, false),
+        "/nonexistent/tpslab-models-test.gguf",
+        &lib,
+    );
+    wait_until(&mut h, "the empty library", 30, |h| {
+        has(h, "No models in the library yet")
+    });
+    type_into(&mut h, "Endpoint", &dead);
+    type_into(&mut h, "Search the Hub", "smollm2");
+    h.get_by_label("Search").click();
+    wait_until(&mut h, "the search error", 60, |h| {
+        has(h, "Error: cannot reach") && has(h, &dead)
+    });
+    assert!(h.query_by_label(HUB_REPO).is_none());
+    drop(h);
+
+    // A live Hub that has nothing by that name.
+    let s = hub(0);
+    let mut h = harness(
+        open_panels(true, false),
+        "/nonexistent/tpslab-models-test.gguf",
+        &lib,
+    );
+    type_into(&mut h, "Endpoint", &s.url);
+    type_into(&mut h, "Search the Hub", "no-such-model");
+    h.get_by_label("Search").click();
+    wait_until(&mut h, "the empty answer", 60, |h| {
+        has(h, "No model repository matches \"no-such-model\"")
+    });
+    assert!(h.query_by_label(HUB_REPO).is_none());
+    assert!(
+        s.seen()
+            .iter()
+            .any(|q| q.method == "GET" && q.path == "/api/models"),
+        "the search reached the server"
+    );
+    drop(h);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn a_searched_hub_repo_downloads_its_gguf_with_progress_into_the_library_and_it_loads() {
+    let s = hub(3_000);
+    let home = temp_home("hub-download");
+    let lib = home.join("models");
+    let mut h = harness(
+        open_panels(true, false),
+        "/nonexistent/tpslab-models-test.gguf",
+        &lib,
+    );
+    wait_until(&mut h, "the empty library", 30, |h| {
+        has(h, "No models in the library yet")
+    });
+    type_into(&mut h, "Endpoint", &s.url);
+    type_into(&mut h, "Search the Hub", "smollm2");
+    h.get_by_label("Search").click();
+    wait_until(&mut h, "the search results", 60, |h| {
+        has(h, "1 result for \"smollm2\"") && h.query_by_label(HUB_REPO).is_some()
+    });
+    assert!(has(&h, "7 downloads"), "the hit's download count");
+    assert!(h.query_by_label("someone/unrelated-model").is_none());
+    // Picking the result fills the repo id and lists its files with sizes.
+    h.get_by_label(HUB_REPO).click();
+    wait_until(&mut h, "the repo's files", 60, |h| {
+        has(h, &format!("{HUB_REPO}: 2 files"))
+    });
+    assert_eq!(h.state().state.models.hf_repo, HUB_REPO);
+    assert!(has(&h, "README.md ("), "the other file is listed too");
+    h.get_by_role_and_label(Role::RadioButton, &gguf_choice())
+        .click();
+    h.step();
+    h.get_by_label("Download").click();
+    let (mut saw_bar, mut saw_speed) = (false, false);
+    wait_until(&mut h, "the download to finish", 600, |h| {
+        saw_bar |= has(h, &format!("Downloading from {HUB_REPO}: {DEFAULT_FILE}"));
+        saw_speed |= has(h, "MiB/s") && has(h, "ETA");
+        has(h, &format!("Downloaded {DEFAULT_FILE}"))
+    });
+    assert!(saw_bar, "no progress line was shown");
+    assert!(saw_speed, "no speed and ETA were shown");
+    wait_until(&mut h, "the model in the library list", 120, |h| {
+        listed(h) == [DEFAULT_FILE] && h.query_by_label(DEFAULT_FILE).is_some()
+    });
+    let path = lib.join(DEFAULT_FILE);
+    let entry = h.state().library().expect("library").models[0].clone();
+    assert_eq!(entry.path, path);
+    assert_eq!(entry.precision, "Q4_1");
+    assert_eq!(entry.size, served_gguf().bytes.len() as u64);
+    // It loads: select its row, then Load.
+    h.get_by_label(DEFAULT_FILE).click();
+    h.step();
+    wait_until(&mut h, "the row to be selected", 10, |h| {
+        has(h, &format!("Selected: {DEFAULT_FILE}"))
+    });
+    h.get_by_label("Load").click();
+    wait_until(&mut h, "the downloaded model to run", 600, |h| {
+        h.state().engine().is_some() && loaded_path(h).is_some_and(|p| p == path)
+    });
+    drop(h);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn a_cancelled_hub_download_leaves_nothing_in_the_library_and_downloads_again() {
+    // Slow enough that the download is still running when Cancel is clicked.
+    let s = hub(20_000);
+    let home = temp_home("hub-cancel");
+    let lib = home.join("models");
+    let mut h = harness(
+        open_panels(true, false),
+        "/nonexistent/tpslab-models-test.gguf",
+        &lib,
+    );
+    wait_until(&mut h, "the empty library", 30, |h| {
+        has(h, "No models in the library yet")
+    });
+    // The typed-repo path: no search.
+    type_into(&mut h, "Endpoint", &s.url);
+    type_into(&mut h, "Repo id", HUB_REPO);
+    h.get_by_label("List files").click();
+    wait_until(&mut h, "the repo's files", 60, |h| {
+        h.query_by_label(&gguf_choice()).is_some()
+    });
+    h.get_by_label("Download").click();
+    wait_until(&mut h, "bytes to arrive", 120, |h| {
+        s.body_bytes.load(Ordering::Relaxed) > 0 && h.query_by_label("Cancel download").is_some()
+    });
+    h.get_by_label("Cancel download").click();
+    wait_until(&mut h, "the cancellation", 60, |h| {
+        has(h, "download cancelled")
+    });
+    assert!(
+        s.body_bytes.load(Ordering::Relaxed) < served_gguf().bytes.len() as u64,
+        "the download stopped before its end"
+    );
+    h.get_by_label("Rescan").click();
+    wait_until(&mut h, "the rescan", 30, |h| {
+        !h.state().library().is_some_and(|l| l.scanning()) && has(h, "No models in the library yet")
+    });
+    assert!(listed(&h).is_empty(), "{:?}", listed(&h));
+    assert!(visible_files(&lib).is_empty(), "{:?}", visible_files(&lib));
+    // The panel carries on: the same download, at full speed now, lands in the list.
+    s.faults.slow_us.store(0, Ordering::Relaxed);
+    h.get_by_label("Download").click();
+    wait_until(&mut h, "the second download", 600, |h| {
+        has(h, &format!("Downloaded {DEFAULT_FILE}")) && listed(h) == [DEFAULT_FILE]
+    });
+    drop(h);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn cancelling_perplexity_says_cancelled_and_the_wizard_measures_again() {
+    let home = temp_home("ppl-cancel");
+    let lib = home.join("models");
+    with_default_model(&lib);
+    let mut state = open_panels(false, true);
+    state.wizard.ppl_ctx = 128;
+    let mut h = harness(state, "/nonexistent/tpslab-models-test.gguf", &lib);
+    wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);
+    h.get_by_label("Measure perplexity").click();
+    wait_until(&mut h, "the Cancel button", 30, |h| {
+        h.query_by_label("Cancel perplexity").is_some()
+    });
+    h.get_by_label("Cancel perplexity").click();
+    wait_until(&mut h, "the cancellation", 120, |h| {
+        has(h, "perplexity cancelled")
+    });
+    assert!(h.state().state.wizard.measured.is_empty());
+    assert!(h.query_by_label("Cancel perplexity").is_none());
+    // Still usable: the same measurement runs to its end.
+    h.get_by_label("Measure perplexity").click();
+    wait_until(&mut h, "the perplexity", 600, |h| {
+        !h.state().state.wizard.measured.is_empty()
+    });
+    assert!(!has(&h, "perplexity cancelled"));
+    let row = h.state().state.wizard.measured[0].clone();
+    assert_eq!(row.ctx, 128);
+    assert!(
+        row.perplexity > 1.0 && row.perplexity < 1000.0,
+        "{}",
+        row.perplexity
     );
     drop(h);
     let _ = std::fs::remove_dir_all(&home);

@@ -1,13 +1,14 @@
-//! The Models panel's seam to the Hugging Face Hub client ([`crate::hub`]): listing a repo's
-//! files and downloading a GGUF file or the safetensors set into the library, reporting bytes,
-//! speed and ETA, stopping when cancelled. Blocking calls, made on the panel's worker threads.
+//! The Models panel's seam to the Hugging Face Hub client ([`crate::hub`]): searching model
+//! repos, listing a repo's files and downloading a GGUF file or the safetensors set into the
+//! library, reporting bytes, speed and ETA, stopping when cancelled. Blocking calls, made on the
+//! panel's worker threads.
 
 use std::path::{Path, PathBuf};
 
 use tpslab_engine::library_index::Library as Index;
 
 use super::task::Reporter;
-use crate::hub::{self, Choice, HubConfig, PullRequest, RepoListing};
+use crate::hub::{self, Choice, HubConfig, PullRequest, RepoListing, SearchHit};
 
 /// Which repo, through which endpoint, with which token.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,6 +29,11 @@ impl HubRequest {
 /// The repo's files (with sizes) at `main`.
 pub fn list_files(req: &HubRequest) -> Result<RepoListing, String> {
     hub::list_files(&req.config(), req.repo.trim(), "main").map_err(|e| e.to_string())
+}
+
+/// Model repos matching `query` at the request's endpoint (its `repo` is not used).
+pub fn search(req: &HubRequest, query: &str, limit: usize) -> Result<Vec<SearchHit>, String> {
+    hub::search(&req.config(), query.trim(), limit).map_err(|e| e.to_string())
 }
 
 /// The first GGUF file, else the safetensors set, else nothing.

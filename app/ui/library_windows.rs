@@ -32,9 +32,12 @@ impl TpsApp {
                     load_locked: locked,
                     dialogs: &self.dialogs,
                 };
-                self.rt
-                    .models
-                    .ui(ui, &mut self.state.models, lib, &view, cmds);
+                // Search results, a repo's files and a download's progress make it tall.
+                egui::ScrollArea::vertical().show(ui, |ui| {
+                    self.rt
+                        .models
+                        .ui(ui, &mut self.state.models, lib, &view, cmds);
+                });
             });
         self.state.models.open = open;
         let mut open = self.state.wizard.open;

@@ -9,7 +9,9 @@
 //! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
 //! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
-//! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (list, download).
+//! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (search, list,
+//!   download).
+//! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
@@ -27,6 +29,7 @@ pub mod dashboard;
 pub mod files;
 mod frame_bench;
 pub mod hub_adapter;
+mod hub_panel;
 mod library_windows;
 pub mod load;
 pub mod markdown;

@@ -1,6 +1,7 @@
 //! The Models panel: the library's models (the loaded one marked), loading one into the engine,
-//! importing a GGUF (file dialog or typed path) and downloading from the Hugging Face Hub. Every
-//! long step (scan, import, listing, download) runs on a worker; the frame never waits.
+//! importing a GGUF (file dialog or typed path) and downloading from the Hugging Face Hub (its
+//! part in `hub_panel`). Every long step (scan, import, search, listing, download) runs
+//! on a worker; the frame never waits.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
@@ -10,9 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::Command;
 use super::catalog::{self, ModelEntry, Scan, params_text, size_text};
 use super::files::{DialogAnswer, DialogRequest, Dialogs};
-use super::hub_adapter::{self, HubRequest};
+use super::hub_panel::HubPanel;
 use super::task::Task;
-use crate::hub::{Choice, RepoListing, human_bytes};
 
 /// What the Models panel keeps across restarts (never the Hub token).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -22,6 +22,8 @@ pub struct ModelsSettings {
     /// The path typed (or last picked) for an import.
     pub import_path: String,
     pub hf_repo: String,
+    /// The last Hub search typed.
+    pub hf_query: String,
     /// Empty: the Hub itself.
     pub hf_endpoint: String,
 }
@@ -132,18 +134,7 @@ pub struct ModelsPanel {
     browse: Option<Receiver<DialogAnswer>>,
     /// The outcome of the last import (Ok: a notice, Err: an error), shown under the import row.
     message: Option<Result<String, String>>,
-    hub: HubUi,
-}
-
-#[derive(Default)]
-struct HubUi {
-    token: String,
-    listing: Option<Task<RepoListing>>,
-    /// The last listing, whose files are offered below.
-    listed: Option<RepoListing>,
-    choice: Option<Choice>,
-    download: Option<Task<PathBuf>>,
-    message: Option<Result<String, String>>,
+    hub: HubPanel,
 }
 
 impl ModelsPanel {
@@ -175,30 +166,12 @@ impl ModelsPanel {
                 }
             }
         }
-        let hub = &mut self.hub;
-        if let Some(r) = hub.listing.as_mut().and_then(Task::poll) {
-            hub.listing = None;
-            match r {
-                Ok(listing) => {
-                    hub.choice = hub_adapter::default_choice(&listing);
-                    let gated = if listing.gated { ", gated" } else { "" };
-                    let n = listing.files.len();
-                    hub.message = Some(Ok(format!("{}: {n} files{gated}", listing.repo)));
-                    hub.listed = Some(listing);
-                }
-                Err(e) => hub.message = Some(Err(e)),
-            }
-        }
-        if let Some(r) = hub.download.as_mut().and_then(Task::poll) {
-            hub.download = None;
-            hub.message = Some(r.map(|p| format!("Downloaded {}", catalog::file_name(&p))));
-            lib.rescan(ctx);
-        }
+        self.hub.poll(lib, ctx);
     }
 
     /// Whether a worker of this panel is running (the app keeps repainting while one is).
     pub fn busy(&self) -> bool {
-        self.import.is_some() || self.hub.listing.is_some() || self.hub.download.is_some()
+        self.import.is_some() || self.hub.busy()
     }
 
     fn start_import(&mut self, src: &Path, lib: &Library, ctx: &egui::Context) {
@@ -279,7 +252,7 @@ impl ModelsPanel {
         ui.separator();
         egui::CollapsingHeader::new("Download from Hugging Face")
             .default_open(true)
-            .show(ui, |ui| self.hub_ui(ui, settings, lib));
+            .show(ui, |ui| self.hub.ui(ui, settings, lib));
     }
 
     fn table_ui(&mut self, ui: &mut egui::Ui, lib: &Library, view: &ModelsView<'_>) {
@@ -416,119 +389,6 @@ impl ModelsPanel {
         }
         message_ui(ui, self.message.as_ref());
     }
-
-    fn hub_ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings, lib: &Library) {
-        let hub = &mut self.hub;
-        egui::Grid::new("hub_fields").num_columns(2).show(ui, |ui| {
-            let l = ui.label("Repo id");
-            ui.add(
-                egui::TextEdit::singleline(&mut settings.hf_repo)
-                    .hint_text("HuggingFaceTB/SmolLM2-135M-Instruct"),
-            )
-            .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Endpoint");
-            ui.add(
-                egui::TextEdit::singleline(&mut settings.hf_endpoint)
-                    .hint_text("https://huggingface.co (optional)"),
-            )
-            .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Token");
-            ui.add(
-                egui::TextEdit::singleline(&mut hub.token)
-                    .password(true)
-                    .hint_text("for gated repos (optional, not saved)"),
-            )
-            .labelled_by(l.id);
-            ui.end_row();
-        });
-        let req = HubRequest {
-            repo: settings.hf_repo.trim().to_string(),
-            endpoint: Some(settings.hf_endpoint.trim().to_string()).filter(|e| !e.is_empty()),
-            token: Some(hub.token.trim().to_string()).filter(|t| !t.is_empty()),
-        };
-        let idle = hub.listing.is_none() && hub.download.is_none();
-        if ui
-            .add_enabled(
-                idle && !req.repo.is_empty(),
-                egui::Button::new("List files"),
-            )
-            .clicked()
-        {
-            hub.listed = None;
-            hub.choice = None;
-            hub.message = None;
-            let r = req.clone();
-            let what = format!("Listing {}", req.repo);
-            match Task::spawn("hub-list", what, ui.ctx(), move |_| {
-                hub_adapter::list_files(&r)
-            }) {
-                Ok(t) => hub.listing = Some(t),
-                Err(e) => hub.message = Some(Err(e)),
-            }
-        }
-        if hub.listing.is_some() {
-            ui.horizontal(|ui| {
-                ui.spinner();
-                ui.label("Listing the repo's files…");
-            });
-        }
-        if let Some(listing) = &hub.listed {
-            files_ui(ui, listing, &mut hub.choice);
-            let can = idle && hub.choice.is_some();
-            if ui.add_enabled(can, egui::Button::new("Download")).clicked()
-                && let Some(choice) = hub.choice.clone()
-            {
-                let (r, dir) = (req.clone(), lib.dir.clone());
-                let what = format!("Downloading from {}", req.repo);
-                hub.message = None;
-                match Task::spawn("hub-download", what, ui.ctx(), move |rep| {
-                    hub_adapter::download(&r, choice, &dir, rep)
-                }) {
-                    Ok(t) => hub.download = Some(t),
-                    Err(e) => hub.message = Some(Err(e)),
-                }
-            }
-        }
-        if let Some(t) = &hub.download {
-            t.progress_ui(ui, true, Some("Cancel download"));
-        }
-        message_ui(ui, hub.message.as_ref());
-    }
-}
-
-/// The repo's files with sizes: each GGUF and the safetensors set to choose from, the rest
-/// greyed.
-fn files_ui(ui: &mut egui::Ui, listing: &RepoListing, choice: &mut Option<Choice>) {
-    ui.label(format!("Files of {} ({}):", listing.repo, listing.revision));
-    egui::ScrollArea::vertical()
-        .id_salt("hub_files")
-        .max_height(160.0)
-        .show(ui, |ui| {
-            let ggufs = listing.ggufs();
-            for f in &ggufs {
-                let text = format!("{} ({})", f.name, human_bytes(f.size));
-                ui.radio_value(choice, Some(Choice::File(f.name.clone())), text);
-            }
-            let set = listing.safetensors_set();
-            if let Some(set) = &set {
-                let bytes: u64 = set.iter().map(|f| f.size).sum();
-                let text = format!(
-                    "Safetensors set: {} files ({})",
-                    set.len(),
-                    human_bytes(bytes)
-                );
-                ui.radio_value(choice, Some(Choice::Safetensors), text);
-            }
-            let offered = |n: &str| {
-                ggufs.iter().any(|f| f.name == n)
-                    || set.as_ref().is_some_and(|s| s.iter().any(|f| f.name == n))
-            };
-            for f in listing.files.iter().filter(|f| !offered(&f.name)) {
-                ui.weak(format!("{} ({})", f.name, human_bytes(f.size)));
-            }
-        });
 }
 
 /// A notice, or an error in the error colour.

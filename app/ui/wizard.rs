@@ -1,8 +1,9 @@
 //! The quantization wizard: a source model from the library, a target type with a note on each,
 //! the predicted file size and memory (from the quantizer's own plan) before starting, the
 //! conversion on a worker with progress and cancel, the output written into the library; then
-//! perplexity over the bundled text on a worker, and a table of the models measured: precision,
-//! size, perplexity and the decode speed the dashboard last measured on each.
+//! perplexity over the bundled text on a worker with progress and cancel, and a table of the
+//! models measured: precision, size, perplexity and the decode speed the dashboard last measured
+//! on each.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -490,7 +491,7 @@ impl Wizard {
             }
         });
         if let Some((_, t)) = &self.ppl {
-            t.progress_ui(ui, false, None);
+            t.progress_ui(ui, false, Some("Cancel perplexity"));
         }
         super::models::message_ui(ui, self.ppl_message.as_ref());
         table_ui(ui, s);
@@ -504,14 +505,14 @@ impl Wizard {
             rep.report(0, 1, "loading the model");
             let lm =
                 LoadedModel::load(&p).map_err(|e| format!("cannot load {}: {e}", p.display()))?;
-            perplexity(&lm, BUNDLED_TEXT, ctx_len, threads, &mut |done, total| {
-                rep.report(
-                    done as u64,
-                    total as u64,
-                    &format!("window {done} of {total}"),
-                );
-            })
-            .map_err(|e| e.to_string())
+            let cancel = rep.cancel_flag();
+            rep.report(0, 1, "scoring the first window");
+            let progress = &mut |done: usize, total: usize| {
+                let text = format!("window {done} of {total}");
+                rep.report(done as u64, total as u64, &text);
+            };
+            perplexity(&lm, BUNDLED_TEXT, ctx_len, threads, Some(&cancel), progress)
+                .map_err(|e| e.to_string())
         });
         match job {
             Ok(t) => self.ppl = Some((path.to_path_buf(), t)),

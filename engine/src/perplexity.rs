@@ -1,8 +1,10 @@
 //! Perplexity of a model over a text, computed as llama.cpp's `llama-perplexity` does: the
 //! tokens cut into non-overlapping windows of `ctx`, each window run through the batched forward
 //! from an empty KV cache, and only the second half of each window scored (so every scored token
-//! sees at least `ctx / 2` tokens of context). The bundled text is public domain.
+//! sees at least `ctx / 2` tokens of context). The bundled text is public domain. A run can be
+//! cancelled through a flag, checked between chunks of a window.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tpslab_kernels::ThreadPool;
@@ -18,6 +20,9 @@ pub const BUNDLED_TEXT_NAME: &str = "Pride and Prejudice, chapter 1 (Project Gut
 
 /// KV block size of the perplexity cache (any works; the whole window fits).
 const BLOCK: usize = 16;
+/// Tokens per forward pass: a window runs as chunks of this many (chunked prefill over the same
+/// KV cache, the same arithmetic per token), so a cancel waits for one chunk, not a whole window.
+const CHUNK: usize = 128;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PerplexityError {
@@ -31,6 +36,8 @@ pub enum PerplexityError {
     Ctx { ctx: usize, max: usize },
     #[error("the text has {tokens} tokens, fewer than one window of {ctx}; use a smaller --ctx")]
     TooShort { tokens: usize, ctx: usize },
+    #[error("perplexity cancelled")]
+    Cancelled,
 }
 
 /// The result of a perplexity run.
@@ -48,14 +55,30 @@ pub struct PerplexityReport {
 }
 
 /// Perplexity of `lm` on `text` with windows of `ctx` tokens, on the CPU with `threads` threads
-/// (0 = one per core). `progress(done, total)` is called after each window.
+/// (0 = one per core). `progress(done, total)` is called after each window. Setting `cancel`
+/// stops the run before its next chunk with [`PerplexityError::Cancelled`].
 pub fn perplexity(
     lm: &LoadedModel,
     text: &str,
     ctx: usize,
     threads: usize,
+    cancel: Option<&AtomicBool>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<PerplexityReport, PerplexityError> {
+    run(lm, text, ctx, threads, CHUNK, cancel, progress)
+}
+
+/// [`perplexity`] with forward passes of at most `chunk` tokens.
+fn run(
+    lm: &LoadedModel,
+    text: &str,
+    ctx: usize,
+    threads: usize,
+    chunk: usize,
+    cancel: Option<&AtomicBool>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<PerplexityReport, PerplexityError> {
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let cfg = &lm.model.cfg;
     if ctx < 8 || ctx > cfg.context_len {
         return Err(PerplexityError::Ctx {
@@ -90,15 +113,22 @@ pub fn perplexity(
         if let Some(b) = bos {
             win[0] = b;
         }
-        let mut batch = Batch::default();
-        batch.push_seq(table.clone(), 0, &win, false);
         // Logits at positions first..ctx-1 predict tokens first+1..ctx.
-        batch.logit_rows = (first..ctx - 1).collect();
-        let logits = lm.model.forward(&pool, &batch, &mut kv, &mut ws)?;
-        for (j, row) in logits.chunks_exact(vocab).enumerate() {
-            let target = tokens[w * ctx + first + j + 1] as usize;
-            nll += neg_log_softmax(row, target);
-            count += 1;
+        for from in (0..ctx).step_by(chunk.max(1)) {
+            if cancelled() {
+                return Err(PerplexityError::Cancelled);
+            }
+            let to = (from + chunk.max(1)).min(ctx);
+            let mut batch = Batch::default();
+            batch.push_seq(table.clone(), from, &win[from..to], false);
+            let scored = first.max(from)..(ctx - 1).min(to);
+            batch.logit_rows = scored.clone().map(|p| p - from).collect();
+            let logits = lm.model.forward(&pool, &batch, &mut kv, &mut ws)?;
+            for (p, row) in scored.zip(logits.chunks_exact(vocab)) {
+                let target = tokens[w * ctx + p + 1] as usize;
+                nll += neg_log_softmax(row, target);
+                count += 1;
+            }
         }
         progress(w + 1, windows);
     }
@@ -119,4 +149,28 @@ fn neg_log_softmax(row: &[f32], target: usize) -> f64 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
     let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
     sum.ln() + max - row[target] as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_windows_score_as_whole_windows_do() {
+        let path = crate::library::resolve_model("default", &mut |m| eprintln!("{m}"))
+            .expect("default model");
+        let lm = LoadedModel::load(&path).expect("load");
+        let ctx = 256;
+        let whole = run(&lm, BUNDLED_TEXT, ctx, 2, ctx, None, &mut |_, _| {}).expect("whole");
+        // Chunks that split both the unscored and the scored half.
+        let chunked = run(&lm, BUNDLED_TEXT, ctx, 2, 96, None, &mut |_, _| {}).expect("chunked");
+        assert_eq!(whole.tokens_scored, chunked.tokens_scored);
+        let rel = (chunked.nll / whole.nll - 1.0).abs();
+        assert!(
+            rel < 1e-4,
+            "nll {} chunked vs {} whole",
+            chunked.nll,
+            whole.nll
+        );
+    }
 }

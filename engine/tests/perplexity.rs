@@ -1,4 +1,7 @@
-//! Perplexity of the real default model on the bundled text, and of its Q8_0 quantization.
+//! Perplexity of the real default model on the bundled text, and of its Q8_0 quantization; a
+//! cancelled run.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::GgufFile;
@@ -8,13 +11,20 @@ use tpslab_kernels::WType;
 
 const CTX: usize = 256;
 
+fn default_model() -> LoadedModel {
+    let path =
+        tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}")).expect("model");
+    LoadedModel::load(&path).expect("load")
+}
+
 #[test]
 fn default_model_perplexity_is_sane_and_q8_0_is_close() {
     let path =
         tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}")).expect("model");
     let lm = LoadedModel::load(&path).expect("load");
     let mut calls = 0;
-    let r = perplexity(&lm, BUNDLED_TEXT, CTX, 2, &mut |_, _| calls += 1).expect("perplexity");
+    let r =
+        perplexity(&lm, BUNDLED_TEXT, CTX, 2, None, &mut |_, _| calls += 1).expect("perplexity");
     eprintln!("original: {r:?}");
     assert!(r.windows >= 3 && calls == r.windows);
     assert_eq!(r.tokens_scored, r.windows * (CTX - 1 - CTX / 2));
@@ -29,7 +39,7 @@ fn default_model_perplexity_is_sane_and_q8_0_is_close() {
     let p = plan(&f, WType::Q8_0).expect("plan");
     quantize_file(&f, &p, &out, QuantizeOptions::default(), &mut |_| {}).expect("quantize");
     let q8 = LoadedModel::load(&out).expect("load Q8_0");
-    let q = perplexity(&q8, BUNDLED_TEXT, CTX, 2, &mut |_, _| {}).expect("perplexity Q8_0");
+    let q = perplexity(&q8, BUNDLED_TEXT, CTX, 2, None, &mut |_, _| {}).expect("perplexity Q8_0");
     eprintln!("Q8_0: {q:?}");
     let rel = (q.perplexity / r.perplexity - 1.0).abs();
     assert!(
@@ -41,7 +51,43 @@ fn default_model_perplexity_is_sane_and_q8_0_is_close() {
     let _ = std::fs::remove_file(&out);
 
     assert!(matches!(
-        perplexity(&lm, "too short", CTX, 1, &mut |_, _| {}),
+        perplexity(&lm, "too short", CTX, 1, None, &mut |_, _| {}),
         Err(PerplexityError::TooShort { .. })
     ));
+}
+
+#[test]
+fn a_cancelled_run_stops_before_its_next_chunk_with_a_cancelled_error() {
+    let lm = default_model();
+    // Cancelled before it starts: no window runs.
+    let cancel = AtomicBool::new(true);
+    let mut calls = 0;
+    let e = perplexity(&lm, BUNDLED_TEXT, CTX, 2, Some(&cancel), &mut |_, _| {
+        calls += 1
+    })
+    .expect_err("cancelled");
+    assert!(matches!(e, PerplexityError::Cancelled), "{e}");
+    assert_eq!(e.to_string(), "perplexity cancelled");
+    assert_eq!(calls, 0);
+    // Cancelled after the first window of several: it stops there, no later window runs.
+    let cancel = AtomicBool::new(false);
+    let mut windows = Vec::new();
+    let e = perplexity(
+        &lm,
+        BUNDLED_TEXT,
+        CTX,
+        2,
+        Some(&cancel),
+        &mut |done, total| {
+            windows.push((done, total));
+            cancel.store(true, Ordering::Relaxed);
+        },
+    )
+    .expect_err("cancelled");
+    assert!(matches!(e, PerplexityError::Cancelled), "{e}");
+    assert_eq!(windows.len(), 1, "{windows:?}");
+    assert!(
+        windows[0].1 >= 3,
+        "the text has several windows: {windows:?}"
+    );
 }

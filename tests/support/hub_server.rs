@@ -394,10 +394,21 @@ fn serve_file(
     let cut = req.faults.cut.lock().expect("cut").clone();
     let cut_here = matches!(&cut, Some((cf, at)) if cf == file && start >= *at && n > 1)
         && !req.faults.cut_done.swap(true, Ordering::SeqCst);
-    let send = if cut_here { body.len() / 2 } else { body.len() };
+    send_body(conn, &body, cut_here, req)
+}
+
+/// Sends `body` in 64 KiB pieces at the faults' pace (counted unless it is a 1-byte probe); with
+/// `cut`, only its first half, then closes the connection.
+fn send_body(
+    conn: &mut TcpStream,
+    body: &[u8],
+    cut: bool,
+    req: &Served<'_>,
+) -> std::io::Result<()> {
+    let send = if cut { body.len() / 2 } else { body.len() };
     for chunk in body[..send].chunks(64 << 10) {
         conn.write_all(chunk)?;
-        if n > 1 {
+        if body.len() > 1 {
             req.body_bytes
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
@@ -407,7 +418,7 @@ fn serve_file(
         }
     }
     conn.flush()?;
-    if cut_here {
+    if cut {
         // Close mid-body: the client sees fewer bytes than Content-Length.
         let _ = conn.shutdown(std::net::Shutdown::Both);
     }

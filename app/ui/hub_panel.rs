@@ -1,0 +1,298 @@
+//! The Models panel's Hugging Face part: search the Hub (or a server that speaks its API), pick a
+//! result or type a repo id, list its files with sizes, choose a GGUF file or the safetensors set,
+//! download it into the library with progress, speed, ETA and cancel. Search, listing and
+//! download each run on a worker; the frame never waits.
+
+use std::path::PathBuf;
+
+use super::catalog;
+use super::hub_adapter::{self, HubRequest};
+use super::models::{Library, ModelsSettings, message_ui};
+use super::task::Task;
+use crate::hub::{Choice, RepoListing, SearchHit, human_bytes};
+
+/// How many search results are asked for.
+const SEARCH_LIMIT: usize = 20;
+
+/// The answer to one search.
+struct Found {
+    query: String,
+    hits: Vec<SearchHit>,
+}
+
+/// The Hub part's runtime state (the token is never saved).
+#[derive(Default)]
+pub(super) struct HubPanel {
+    token: String,
+    search: Option<Task<Found>>,
+    /// The last search's results, offered to pick from.
+    found: Option<Found>,
+    /// Why the last search failed (or that it found nothing).
+    search_message: Option<Result<String, String>>,
+    listing: Option<Task<RepoListing>>,
+    /// The last listing, whose files are offered below.
+    listed: Option<RepoListing>,
+    choice: Option<Choice>,
+    download: Option<Task<PathBuf>>,
+    message: Option<Result<String, String>>,
+}
+
+impl HubPanel {
+    /// Reads the workers' results.
+    pub(super) fn poll(&mut self, lib: &mut Library, ctx: &egui::Context) {
+        if let Some(r) = self.search.as_mut().and_then(Task::poll) {
+            self.search = None;
+            match r {
+                Ok(found) if found.hits.is_empty() => {
+                    self.search_message = Some(Ok(format!(
+                        "No model repository matches \"{}\"",
+                        found.query
+                    )));
+                    self.found = None;
+                }
+                Ok(found) => {
+                    let n = found.hits.len();
+                    let s = if n == 1 { "" } else { "s" };
+                    self.search_message = Some(Ok(format!(
+                        "{n} result{s} for \"{}\": click one to list its files",
+                        found.query
+                    )));
+                    self.found = Some(found);
+                }
+                Err(e) => {
+                    self.search_message = Some(Err(e));
+                    self.found = None;
+                }
+            }
+        }
+        if let Some(r) = self.listing.as_mut().and_then(Task::poll) {
+            self.listing = None;
+            match r {
+                Ok(listing) => {
+                    self.choice = hub_adapter::default_choice(&listing);
+                    let gated = if listing.gated { ", gated" } else { "" };
+                    let n = listing.files.len();
+                    self.message = Some(Ok(format!("{}: {n} files{gated}", listing.repo)));
+                    self.listed = Some(listing);
+                }
+                Err(e) => self.message = Some(Err(e)),
+            }
+        }
+        if let Some(r) = self.download.as_mut().and_then(Task::poll) {
+            self.download = None;
+            self.message = Some(r.map(|p| format!("Downloaded {}", catalog::file_name(&p))));
+            lib.rescan(ctx);
+        }
+    }
+
+    /// Whether a worker of this part is running.
+    pub(super) fn busy(&self) -> bool {
+        self.search.is_some() || self.listing.is_some() || self.download.is_some()
+    }
+
+    fn request(&self, settings: &ModelsSettings) -> HubRequest {
+        HubRequest {
+            repo: settings.hf_repo.trim().to_string(),
+            endpoint: Some(settings.hf_endpoint.trim().to_string()).filter(|e| !e.is_empty()),
+            token: Some(self.token.trim().to_string()).filter(|t| !t.is_empty()),
+        }
+    }
+
+    fn start_search(&mut self, req: HubRequest, query: String, ctx: &egui::Context) {
+        self.search_message = None;
+        let what = format!("Searching for \"{query}\"");
+        match Task::spawn("hub-search", what, ctx, move |_| {
+            let hits = hub_adapter::search(&req, &query, SEARCH_LIMIT)?;
+            Ok(Found { query, hits })
+        }) {
+            Ok(t) => self.search = Some(t),
+            Err(e) => self.search_message = Some(Err(e)),
+        }
+    }
+
+    fn start_listing(&mut self, req: HubRequest, ctx: &egui::Context) {
+        self.listed = None;
+        self.choice = None;
+        self.message = None;
+        let what = format!("Listing {}", req.repo);
+        match Task::spawn("hub-list", what, ctx, move |_| {
+            hub_adapter::list_files(&req)
+        }) {
+            Ok(t) => self.listing = Some(t),
+            Err(e) => self.message = Some(Err(e)),
+        }
+    }
+
+    fn start_download(
+        &mut self,
+        req: HubRequest,
+        choice: Choice,
+        lib: &Library,
+        ctx: &egui::Context,
+    ) {
+        let dir = lib.dir.clone();
+        let what = format!("Downloading from {}", req.repo);
+        self.message = None;
+        match Task::spawn("hub-download", what, ctx, move |rep| {
+            hub_adapter::download(&req, choice, &dir, rep)
+        }) {
+            Ok(t) => self.download = Some(t),
+            Err(e) => self.message = Some(Err(e)),
+        }
+    }
+
+    pub(super) fn ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings, lib: &Library) {
+        egui::Grid::new("hub_fields").num_columns(2).show(ui, |ui| {
+            let l = ui.label("Endpoint");
+            ui.add(
+                egui::TextEdit::singleline(&mut settings.hf_endpoint)
+                    .hint_text("https://huggingface.co (optional)"),
+            )
+            .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Token");
+            ui.add(
+                egui::TextEdit::singleline(&mut self.token)
+                    .password(true)
+                    .hint_text("for gated repos (optional, not saved)"),
+            )
+            .labelled_by(l.id);
+            ui.end_row();
+        });
+        ui.push_id("search", |ui| self.search_ui(ui, settings));
+        ui.push_id("repo", |ui| self.repo_ui(ui, settings, lib));
+    }
+
+    fn search_ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings) {
+        let idle = !self.busy();
+        ui.horizontal(|ui| {
+            let l = ui.label("Search the Hub");
+            let r = ui
+                .add(
+                    egui::TextEdit::singleline(&mut settings.hf_query)
+                        .hint_text("SmolLM2 GGUF")
+                        .desired_width(260.0),
+                )
+                .labelled_by(l.id);
+            let query = settings.hf_query.trim().to_string();
+            let enter = r.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter));
+            let can = idle && !query.is_empty();
+            let clicked = ui.add_enabled(can, egui::Button::new("Search")).clicked();
+            if can && (clicked || enter) {
+                self.start_search(self.request(settings), query, ui.ctx());
+            }
+            ui.add_visible(self.search.is_some(), egui::Spinner::new());
+        });
+        message_ui(ui, self.search_message.as_ref());
+        let Some(found) = &self.found else {
+            return;
+        };
+        let mut picked = None;
+        egui::ScrollArea::vertical()
+            .id_salt("hub_hits")
+            .max_height(140.0)
+            .show(ui, |ui| {
+                egui::Grid::new("hub_hits_grid")
+                    .striped(true)
+                    .num_columns(3)
+                    .show(ui, |ui| {
+                        for hit in &found.hits {
+                            let sel = settings.hf_repo.trim() == hit.id;
+                            let b = egui::Button::selectable(sel, hit.id.as_str());
+                            if ui.add_enabled(idle, b).clicked() {
+                                picked = Some(hit.id.clone());
+                            }
+                            ui.weak(format!("{} downloads", hit.downloads));
+                            ui.weak(format!("{} likes", hit.likes));
+                            ui.end_row();
+                        }
+                    });
+            });
+        if let Some(id) = picked {
+            settings.hf_repo = id;
+            self.start_listing(self.request(settings), ui.ctx());
+        }
+    }
+
+    fn repo_ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings, lib: &Library) {
+        let idle = !self.busy();
+        ui.horizontal(|ui| {
+            let l = ui.label("Repo id");
+            ui.add(
+                egui::TextEdit::singleline(&mut settings.hf_repo)
+                    .hint_text("HuggingFaceTB/SmolLM2-135M-Instruct")
+                    .desired_width(260.0),
+            )
+            .labelled_by(l.id);
+            let req = self.request(settings);
+            let can = idle && !req.repo.is_empty();
+            if ui
+                .add_enabled(can, egui::Button::new("List files"))
+                .clicked()
+            {
+                self.start_listing(req, ui.ctx());
+            }
+        });
+        if self.listing.is_some() {
+            ui.horizontal(|ui| {
+                ui.spinner();
+                ui.label("Listing the repo's files…");
+            });
+        }
+        let mut start = None;
+        if let Some(listing) = &self.listed {
+            files_ui(ui, listing, &mut self.choice);
+            let can = idle && self.choice.is_some();
+            if ui.add_enabled(can, egui::Button::new("Download")).clicked()
+                && let Some(choice) = self.choice.clone()
+            {
+                start = Some((listing.repo.clone(), choice));
+            }
+        }
+        if let Some((repo, choice)) = start {
+            // The repo listed, whatever the field says now.
+            let req = HubRequest {
+                repo,
+                ..self.request(settings)
+            };
+            self.start_download(req, choice, lib, ui.ctx());
+        }
+        if let Some(t) = &self.download {
+            t.progress_ui(ui, true, Some("Cancel download"));
+        }
+        message_ui(ui, self.message.as_ref());
+    }
+}
+
+/// The repo's files with sizes: each GGUF and the safetensors set to choose from, the rest
+/// greyed.
+fn files_ui(ui: &mut egui::Ui, listing: &RepoListing, choice: &mut Option<Choice>) {
+    ui.label(format!("Files of {} ({}):", listing.repo, listing.revision));
+    egui::ScrollArea::vertical()
+        .id_salt("hub_files")
+        .max_height(160.0)
+        .show(ui, |ui| {
+            let ggufs = listing.ggufs();
+            for f in &ggufs {
+                let text = format!("{} ({})", f.name, human_bytes(f.size));
+                ui.radio_value(choice, Some(Choice::File(f.name.clone())), text);
+            }
+            let set = listing.safetensors_set();
+            if let Some(set) = &set {
+                let bytes: u64 = set.iter().map(|f| f.size).sum();
+                let text = format!(
+                    "Safetensors set: {} files ({})",
+                    set.len(),
+                    human_bytes(bytes)
+                );
+                ui.radio_value(choice, Some(Choice::Safetensors), text);
+            }
+            let offered = |n: &str| {
+                ggufs.iter().any(|f| f.name == n)
+                    || set.as_ref().is_some_and(|s| s.iter().any(|f| f.name == n))
+            };
+            for f in listing.files.iter().filter(|f| !offered(&f.name)) {
+                ui.weak(format!("{} ({})", f.name, human_bytes(f.size)));
+            }
+        });
+}
