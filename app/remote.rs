@@ -23,6 +23,9 @@ use tpslab_engine::stop::FinishReason;
 /// Longest SSE line or error body read from a server.
 const MAX_LINE: usize = 1 << 20;
 
+/// Requests on their way, by id: the task streaming each one (to abort it) and where its events go.
+type InFlight = HashMap<RequestId, (tokio::task::AbortHandle, Sender<Event>)>;
+
 /// An OpenAI-compatible server as a load target.
 pub struct RemoteTarget {
     rt: tokio::runtime::Runtime,
@@ -33,7 +36,7 @@ pub struct RemoteTarget {
     model: String,
     next_id: AtomicU64,
     /// Requests in flight: their task (aborted on cancel) and their event channel.
-    flying: Arc<Mutex<HashMap<RequestId, (tokio::task::AbortHandle, Sender<Event>)>>>,
+    flying: Arc<Mutex<InFlight>>,
 }
 
 /// Base URL: trailing slashes and a trailing `/v1` removed (both spellings are common).

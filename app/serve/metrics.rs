@@ -236,30 +236,36 @@ impl ServerMetrics {
                 load(c)
             );
         }
-        self.ttft.render(
-            &mut out,
-            "tpslab:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &l,
-        );
-        self.itl.render(
-            &mut out,
-            "tpslab:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &l,
-        );
-        self.e2e.render(
-            &mut out,
-            "tpslab:e2e_request_latency_seconds",
-            "Histogram of end to end request latency in seconds.",
-            &l,
-        );
-        self.queue.render(
-            &mut out,
-            "tpslab:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            &l,
-        );
+        self.render_histograms(&mut out, &l);
         out
+    }
+
+    /// The latency histograms, labelled `l`.
+    fn render_histograms(&self, out: &mut String, l: &str) {
+        let histograms = [
+            (
+                &self.ttft,
+                "time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+            ),
+            (
+                &self.itl,
+                "inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+            ),
+            (
+                &self.e2e,
+                "e2e_request_latency_seconds",
+                "Histogram of end to end request latency in seconds.",
+            ),
+            (
+                &self.queue,
+                "request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+            ),
+        ];
+        for (h, name, help) in histograms {
+            h.render(out, &format!("tpslab:{name}"), help, l);
+        }
     }
 }

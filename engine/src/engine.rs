@@ -591,6 +591,21 @@ impl EngineThread {
         Ok(())
     }
 
+    /// A bad batch is an engine bug: its requests fail with the reason, the app goes on.
+    fn fail_batch(&mut self, out: &crate::scheduler::SchedulerOutput, error: &str) {
+        for id in out.scheduled.iter().map(|s| s.id) {
+            if let Some(l) = self.live.get(&id) {
+                let _ = l.events.send(Event::Refused {
+                    id,
+                    reason: format!("engine error: {error}"),
+                    kind: RefusalKind::Unavailable,
+                });
+            }
+            self.sched.finish(&[id], FinishReason::Abort);
+            self.live.remove(&id);
+        }
+    }
+
     fn step(&mut self) {
         let t0 = Instant::now();
         let out = self.sched.schedule();
@@ -618,22 +633,7 @@ impl EngineThread {
             .collect();
         let step = match self.backend.forward(&batch, &needs) {
             Ok(l) => l,
-            Err(e) => {
-                // A bad batch is an engine bug; fail the requests in it rather than the app.
-                let ids: Vec<RequestId> = out.scheduled.iter().map(|s| s.id).collect();
-                for id in ids {
-                    if let Some(l) = self.live.get(&id) {
-                        let _ = l.events.send(Event::Refused {
-                            id,
-                            reason: format!("engine error: {e}"),
-                            kind: RefusalKind::Unavailable,
-                        });
-                    }
-                    self.sched.finish(&[id], FinishReason::Abort);
-                    self.live.remove(&id);
-                }
-                return;
-            }
+            Err(e) => return self.fail_batch(&out, &e.to_string()),
         };
         let sampled = sample_rows(&mut self.live, &out, &needs, &step, self.lm.model.cfg.vocab);
         let length_done = self.sched.update(&out, &sampled);

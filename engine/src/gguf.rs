@@ -314,6 +314,51 @@ struct Cursor<'a> {
 }
 
 impl Cursor<'_> {
+    /// One tensor table entry, checked: rank, known type, whole blocks, size, alignment.
+    fn tensor_entry(&mut self, alignment: u64) -> Result<TensorInfo, GgufError> {
+        let name = self.string("tensor name")?;
+        let n_dims = self.u32("tensor rank")? as usize;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(self.corrupt(format!("tensor '{name}' has rank {n_dims} (1..=4 allowed)")));
+        }
+        let mut dims = Vec::with_capacity(n_dims);
+        for _ in 0..n_dims {
+            dims.push(self.u64("tensor dimension")?);
+        }
+        let type_id = self.u32("tensor type")?;
+        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+            path: self.path.to_path_buf(),
+            tensor: name.clone(),
+            type_id,
+        })?;
+        let offset = self.u64("tensor offset")?;
+        let n_elem = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| self.corrupt(format!("tensor '{name}' dimensions {dims:?} overflow")))?;
+        if !dims[0].is_multiple_of(ty.block_size()) {
+            return Err(self.corrupt(format!(
+                "tensor '{name}': first dimension {} is not a multiple of the {ty} block size {}",
+                dims[0],
+                ty.block_size()
+            )));
+        }
+        let size = (n_elem / ty.block_size())
+            .checked_mul(ty.type_size())
+            .ok_or_else(|| self.corrupt(format!("tensor '{name}' size overflows")))?;
+        if !offset.is_multiple_of(alignment) {
+            return Err(self.corrupt(format!("tensor '{name}' offset {offset} is not aligned")));
+        }
+        Ok(TensorInfo {
+            name,
+            dims,
+            ty,
+            offset,
+            size,
+            source: TensorSource::Gguf,
+        })
+    }
+
     fn left(&self) -> u64 {
         self.len.saturating_sub(self.pos)
     }
@@ -433,6 +478,17 @@ impl Cursor<'_> {
     }
 }
 
+/// `general.alignment`, or the default; a power of two up to 1 MiB.
+fn alignment(metadata: &BTreeMap<String, Value>) -> Result<u64, String> {
+    match metadata.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(v) => match v.as_u64() {
+            Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => Ok(a),
+            _ => Err(format!("general.alignment {v:?} is not a power of two")),
+        },
+    }
+}
+
 impl GgufFile {
     /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
     /// as a Hugging Face model ([`crate::hf::open_folder`]).
@@ -511,66 +567,17 @@ impl GgufFile {
             }
         }
 
-        let alignment = match metadata.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(v) => match v.as_u64() {
-                Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
-                _ => {
-                    return Err(c.corrupt(format!("general.alignment {v:?} is not a power of two")));
-                }
-            },
-        };
+        let alignment = alignment(&metadata).map_err(|e| c.corrupt(e))?;
 
         let n_tensors_usize = usize::try_from(n_tensors).map_err(|_| c.corrupt("tensor count"))?;
         let mut tensors = Vec::with_capacity(n_tensors_usize.min(MAX_PREALLOC));
         let mut names = std::collections::HashSet::new();
         for _ in 0..n_tensors {
-            let name = c.string("tensor name")?;
-            let n_dims = c.u32("tensor rank")? as usize;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(c.corrupt(format!("tensor '{name}' has rank {n_dims} (1..=4 allowed)")));
+            let t = c.tensor_entry(alignment)?;
+            if !names.insert(t.name.clone()) {
+                return Err(c.corrupt(format!("tensor '{}' appears twice", t.name)));
             }
-            let mut dims = Vec::with_capacity(n_dims);
-            for _ in 0..n_dims {
-                dims.push(c.u64("tensor dimension")?);
-            }
-            let type_id = c.u32("tensor type")?;
-            let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-                path: path.to_path_buf(),
-                tensor: name.clone(),
-                type_id,
-            })?;
-            let offset = c.u64("tensor offset")?;
-            let n_elem = dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| {
-                    c.corrupt(format!("tensor '{name}' dimensions {dims:?} overflow"))
-                })?;
-            if !dims[0].is_multiple_of(ty.block_size()) {
-                return Err(c.corrupt(format!(
-                    "tensor '{name}': first dimension {} is not a multiple of the {ty} block size {}",
-                    dims[0],
-                    ty.block_size()
-                )));
-            }
-            let size = (n_elem / ty.block_size())
-                .checked_mul(ty.type_size())
-                .ok_or_else(|| c.corrupt(format!("tensor '{name}' size overflows")))?;
-            if !offset.is_multiple_of(alignment) {
-                return Err(c.corrupt(format!("tensor '{name}' offset {offset} is not aligned")));
-            }
-            if !names.insert(name.clone()) {
-                return Err(c.corrupt(format!("tensor '{name}' appears twice")));
-            }
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                offset,
-                size,
-                source: TensorSource::Gguf,
-            });
+            tensors.push(t);
         }
 
         let data_offset = c.pos.div_ceil(alignment) * alignment;

@@ -2,6 +2,7 @@
 //! arrivals at a rate, with exact prompt and output lengths (end-of-sequence ignored), and
 //! times every token on the client side as vLLM's benchmark does.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{EngineHandle, Event, Request};
+use crate::engine::{EngineHandle, Event, Request, Usage};
 use crate::metrics::{FinishKind, LiveMetrics, RequestTiming};
 use crate::sampler::SamplingParams;
 use crate::scheduler::RequestId;
@@ -135,6 +136,53 @@ pub fn run(
 
 /// [`run`], also feeding `live` as the requests arrive, stream and end: the live figures of a
 /// target that publishes none itself (a remote server), measured on this side.
+/// A finished request into the result: counted if aborted, else its timing, with the token
+/// counts of its usage (a remote stream may carry several tokens in one chunk).
+fn record_finish(
+    result: &mut LoadResult,
+    mut timing: RequestTiming,
+    reason: FinishReason,
+    usage: &Usage,
+) {
+    if reason == FinishReason::Abort {
+        result.aborted += 1;
+        return;
+    }
+    timing.finished = true;
+    if usage.completion_tokens > 0 {
+        timing.output_tokens = usage.completion_tokens;
+    }
+    if usage.prompt_tokens > 0 {
+        timing.prompt_tokens = usage.prompt_tokens;
+    }
+    result.timings.push(timing);
+}
+
+/// Request number `i` of a run: lengths drawn from the spec, greedy, end-of-sequence ignored.
+/// Returns it with its prompt and output lengths.
+fn next_request(
+    prompts: &PromptSet,
+    spec: &LoadSpec,
+    rng: &mut StdRng,
+    i: usize,
+) -> (Request, usize, usize) {
+    let plen = spec.prompt_len.draw(rng).max(1);
+    let olen = spec.output_len.draw(rng).max(1);
+    let req = Request {
+        // Runs of another seed (the levels of a sweep) get other prompts, so a server that
+        // keeps its prefix cache across runs finds nothing from the last one.
+        prompt: prompts.prompt(i + spec.seed as usize * spec.num_requests, plen),
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: Some(olen),
+            ignore_eos: true,
+            ..StopCriteria::default()
+        },
+        priority: 0,
+    };
+    (req, plen, olen)
+}
+
 pub fn run_observed(
     engine: &dyn LoadTarget,
     prompts: &PromptSet,
@@ -144,10 +192,10 @@ pub fn run_observed(
     live: Option<&Mutex<LiveMetrics>>,
 ) -> LoadResult {
     let observe = |f: &mut dyn FnMut(&mut LiveMetrics)| {
-        if let Some(m) = live {
-            if let Ok(mut m) = m.lock() {
-                f(&mut m);
-            }
+        if let Some(m) = live
+            && let Ok(mut m) = m.lock()
+        {
+            f(&mut m);
         }
     };
     let (tx, rx) = mpsc::channel();
@@ -158,8 +206,7 @@ pub fn run_observed(
     let mut next_arrival = 0.0f64;
     let mut submitted = 0usize;
     let mut done = 0usize;
-    let mut flying: std::collections::HashMap<RequestId, InFlight> =
-        std::collections::HashMap::new();
+    let mut flying: HashMap<RequestId, InFlight> = HashMap::new();
     let mut result = LoadResult::default();
     let mut cancelled = false;
     while done < spec.num_requests {
@@ -175,20 +222,7 @@ pub fn run_observed(
             && flying.len() < cap
             && now() >= next_arrival
         {
-            let plen = spec.prompt_len.draw(&mut rng).max(1);
-            let olen = spec.output_len.draw(&mut rng).max(1);
-            let req = Request {
-                // Runs of another seed (the levels of a sweep) get other prompts, so a server
-                // that keeps its prefix cache across runs finds nothing from the last one.
-                prompt: prompts.prompt(submitted + spec.seed as usize * spec.num_requests, plen),
-                sampling: SamplingParams::greedy(),
-                stop: StopCriteria {
-                    max_tokens: Some(olen),
-                    ignore_eos: true,
-                    ..StopCriteria::default()
-                },
-                priority: 0,
-            };
+            let (req, plen, olen) = next_request(prompts, spec, &mut rng, submitted);
             let sent = now();
             let id = engine.submit(req, tx.clone());
             observe(&mut |m| m.on_arrival(id, sent, plen));
@@ -242,21 +276,7 @@ pub fn run_observed(
                             _ => FinishKind::Finished,
                         };
                         observe(&mut |m| m.on_finish(id, t, kind));
-                        if reason == FinishReason::Abort {
-                            result.aborted += 1;
-                        } else {
-                            let mut timing = f.timing;
-                            timing.finished = true;
-                            // A remote stream may carry several tokens in one chunk: its
-                            // usage has the true counts.
-                            if usage.completion_tokens > 0 {
-                                timing.output_tokens = usage.completion_tokens;
-                            }
-                            if usage.prompt_tokens > 0 {
-                                timing.prompt_tokens = usage.prompt_tokens;
-                            }
-                            result.timings.push(timing);
-                        }
+                        record_finish(&mut result, f.timing, reason, &usage);
                         progress(done, spec.num_requests);
                     }
                 }
@@ -280,7 +300,6 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::engine::Usage;
 
     /// A target that records each prompt and ends each request at once with one token.
     struct Recorder(Mutex<Vec<Vec<u32>>>);

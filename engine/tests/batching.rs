@@ -297,12 +297,13 @@ fn kv_rebuild_while_running_loses_nothing() {
                 // Mid-generation: a new pool with another block size; running requests are
                 // recomputed in it.
                 if !rebuilt && out.values().map(Vec::len).sum::<usize>() >= 8 {
-                    let mut k = Knobs::default();
-                    k.kv = KvSettings {
-                        budget_bytes: 64 << 20,
-                        block_size: 8,
-                    };
-                    e.set_knobs(k);
+                    e.set_knobs(Knobs {
+                        kv: KvSettings {
+                            budget_bytes: 64 << 20,
+                            block_size: 8,
+                        },
+                        ..Knobs::default()
+                    });
                     rebuilt = true;
                 }
             }
