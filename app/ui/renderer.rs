@@ -2,9 +2,9 @@
 //!
 //! `--renderer auto` (the default) asks wgpu for its best adapter before the window opens and
 //! takes wgpu when that is a real GPU, OpenGL otherwise: on a machine without a usable GPU the
-//! Vulkan fallback is lavapipe, whose frames of this window cost ~150 ms on two cores, while
-//! Mesa's OpenGL rasterizer (llvmpipe) draws the same frame in ~10 ms (BENCHMARKS.md, "UI frame
-//! time"). winit allows one event loop per process, so a painter that cannot start is not
+//! Vulkan fallback is lavapipe, whose 1280x800 frames of this window took ~170 ms on two busy
+//! cores, while Mesa's OpenGL rasterizer (llvmpipe) drew the same frames in ~32 ms (BENCHMARKS.md,
+//! "UI frame time"). winit allows one event loop per process, so a painter that cannot start is not
 //! retried with the other: the error names the flag that picks it.
 
 use std::future::Future;
@@ -84,19 +84,22 @@ fn wgpu_adapter() -> Option<eframe::wgpu::AdapterInfo> {
     let adapter = block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
         power_preference: wgpu::PowerPreference::HighPerformance,
         ..Default::default()
-    }))
+    }))?
     .ok()?;
     Some(adapter.get_info())
 }
 
-/// Runs a future that native wgpu resolves without waiting on anything else.
-fn block_on<F: Future>(f: F) -> F::Output {
+/// Runs a future that native wgpu resolves without waiting on anything else; `None` if it is
+/// still pending after a few seconds (the window then opens with OpenGL instead of hanging).
+fn block_on<F: Future>(f: F) -> Option<F::Output> {
     let mut f = pin!(f);
     let mut cx = Context::from_waker(Waker::noop());
-    loop {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
+            return Some(v);
         }
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    None
 }
