@@ -183,6 +183,14 @@ fn fails_with(args: &[&str], needle: &str) {
 fn broken_model_files_give_one_clear_line() {
     let dir = std::env::temp_dir().join(format!("tpslab-cli-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
+    // Removed when the test ends, passed or not (the cases hold ~30 MB of model bytes).
+    struct Cleanup(PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(dir.clone());
     let real = std::fs::read(model()).expect("read model");
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("empty.gguf", vec![], "empty"),

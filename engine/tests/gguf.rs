@@ -45,10 +45,26 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     p
 }
 
-fn tmpdir(tag: &str) -> PathBuf {
+/// A test's own temporary folder, removed when the test ends (a copy of the model goes in some).
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmpdir(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("tpslab-gguf-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    TempDir(d)
 }
 
 fn open_err(path: &Path) -> (GgufError, String) {
