@@ -50,6 +50,23 @@ fn with_default_model(lib: &Path) -> PathBuf {
 }
 
 /// The window on the CPU with one compute thread, its library in `lib`, `model` loading.
+/// A model path that does not exist: the window starts without an engine.
+const NO_MODEL: &str = "/nonexistent/tpslab-models-test.gguf";
+
+/// The Models panel open over `lib`, with no model loaded (the window runs without an engine).
+fn no_model_window(lib: &Path) -> Harness<'static, TpsApp> {
+    harness(open_panels(true, false), NO_MODEL, lib)
+}
+
+/// [`no_model_window`] once it has listed `lib` as empty.
+fn empty_library_window(lib: &Path) -> Harness<'static, TpsApp> {
+    let mut h = no_model_window(lib);
+    wait_until(&mut h, "the empty library", 30, |h| {
+        has(h, "No models in the library yet")
+    });
+    h
+}
+
 fn harness(state: AppState, model: &str, lib: &Path) -> Harness<'static, TpsApp> {
     let mut app = TpsApp::new(
         state,
@@ -182,14 +199,7 @@ fn a_broken_file_import_shows_an_error_and_the_window_carries_on() {
     bytes.extend_from_slice(&[0xAB; 64]);
     std::fs::write(&bad, &bytes).expect("write");
     // No model: the window runs without an engine, which this test doesn't need.
-    let mut h = harness(
-        open_panels(true, false),
-        "/nonexistent/tpslab-models-test.gguf",
-        &lib,
-    );
-    wait_until(&mut h, "the empty library", 30, |h| {
-        has(h, "No models in the library yet")
-    });
+    let mut h = empty_library_window(&lib);
     type_into(&mut h, "Model path", &bad.display().to_string());
     h.get_by_label("Import").click();
     wait_until(&mut h, "the import error", 30, |h| {
@@ -271,11 +281,7 @@ fn cancelling_a_quantization_leaves_no_file() {
     let home = temp_home("cancel");
     let lib = home.join("models");
     with_default_model(&lib);
-    let mut h = harness(
-        open_panels(false, true),
-        "/nonexistent/tpslab-models-test.gguf",
-        &lib,
-    );
+    let mut h = harness(open_panels(false, true), NO_MODEL, &lib);
     wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);
     h.get_by_role_and_label(Role::RadioButton, "Q4_K").click();
     wait_until(&mut h, "the predicted size", 60, |h| {
@@ -351,14 +357,7 @@ fn hub_search_errors_say_why_a_dead_endpoint_and_no_results() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         format!("http://{}", l.local_addr().expect("addr"))
     };
-    let mut h = harness(
-        open_panels(true, false),
-        "/nonexistent/tpslab-models-test.gguf",
-        &lib,
-    );
-    wait_until(&mut h, "the empty library", 30, |h| {
-        has(h, "No models in the library yet")
-    });
+    let mut h = empty_library_window(&lib);
     type_into(&mut h, "Endpoint", &dead);
     type_into(&mut h, "Search the Hub", "smollm2");
     h.get_by_label("Search").click();
@@ -370,11 +369,7 @@ fn hub_search_errors_say_why_a_dead_endpoint_and_no_results() {
 
     // A live Hub that has nothing by that name.
     let s = hub(0);
-    let mut h = harness(
-        open_panels(true, false),
-        "/nonexistent/tpslab-models-test.gguf",
-        &lib,
-    );
+    let mut h = no_model_window(&lib);
     type_into(&mut h, "Endpoint", &s.url);
     type_into(&mut h, "Search the Hub", "no-such-model");
     h.get_by_label("Search").click();
@@ -397,14 +392,7 @@ fn a_searched_hub_repo_downloads_its_gguf_with_progress_into_the_library_and_it_
     let s = hub(3_000);
     let home = temp_home("hub-download");
     let lib = home.join("models");
-    let mut h = harness(
-        open_panels(true, false),
-        "/nonexistent/tpslab-models-test.gguf",
-        &lib,
-    );
-    wait_until(&mut h, "the empty library", 30, |h| {
-        has(h, "No models in the library yet")
-    });
+    let mut h = empty_library_window(&lib);
     type_into(&mut h, "Endpoint", &s.url);
     type_into(&mut h, "Search the Hub", "smollm2");
     h.get_by_label("Search").click();
@@ -460,14 +448,7 @@ fn a_cancelled_hub_download_leaves_nothing_in_the_library_and_downloads_again() 
     let s = hub(20_000);
     let home = temp_home("hub-cancel");
     let lib = home.join("models");
-    let mut h = harness(
-        open_panels(true, false),
-        "/nonexistent/tpslab-models-test.gguf",
-        &lib,
-    );
-    wait_until(&mut h, "the empty library", 30, |h| {
-        has(h, "No models in the library yet")
-    });
+    let mut h = empty_library_window(&lib);
     // The typed-repo path: no search.
     type_into(&mut h, "Endpoint", &s.url);
     type_into(&mut h, "Repo id", HUB_REPO);
@@ -510,7 +491,7 @@ fn cancelling_perplexity_says_cancelled_and_the_wizard_measures_again() {
     with_default_model(&lib);
     let mut state = open_panels(false, true);
     state.wizard.ppl_ctx = 128;
-    let mut h = harness(state, "/nonexistent/tpslab-models-test.gguf", &lib);
+    let mut h = harness(state, NO_MODEL, &lib);
     wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);
     h.get_by_label("Measure perplexity").click();
     wait_until(&mut h, "the Cancel button", 30, |h| {
