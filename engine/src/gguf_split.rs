@@ -32,21 +32,19 @@ pub fn first_part(name: &str) -> Option<(&str, u64)> {
 /// The file names of every part of the split model whose first part is `first_name`.
 pub fn part_names(first_name: &str) -> Option<Vec<String>> {
     let (prefix, n) = first_part(first_name)?;
-    Some(
-        (1..=n)
-            .map(|i| format!("{prefix}-{i:05}-of-{n:05}.gguf"))
-            .collect(),
-    )
+    Some((1..=n).map(|i| part_name(prefix, i, n)).collect())
+}
+
+/// llama.cpp's name for part `no` (1-based) of `count`.
+fn part_name(prefix: &str, no: u64, count: u64) -> String {
+    format!("{prefix}-{no:05}-of-{count:05}.gguf")
 }
 
 /// The file name of part `no` (1-based) of `count` next to `first`
 /// (`model-00001-of-00003.gguf` -> `model-0000{no}-of-00003.gguf`), as llama.cpp names them.
 pub fn part_path(first: &Path, no: u64, count: u64) -> Option<PathBuf> {
-    let name = first.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".gguf")?;
-    let suffix = format!("-00001-of-{count:05}");
-    let prefix = stem.strip_suffix(&suffix)?;
-    Some(first.with_file_name(format!("{prefix}-{no:05}-of-{count:05}.gguf")))
+    let (prefix, n) = first_part(first.file_name()?.to_str()?)?;
+    (n == count).then(|| first.with_file_name(part_name(prefix, no, count)))
 }
 
 fn split_key(f: &GgufFile, key: &str) -> Result<Option<u64>, GgufError> {
@@ -148,10 +146,9 @@ pub(crate) fn join(mut first: GgufFile) -> Result<GgufFile, GgufError> {
 
 /// The first part's path from any part's (`no` is 0-based).
 fn part_path_any(path: &Path, no: u64, count: u64) -> Option<PathBuf> {
-    let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".gguf")?;
+    let stem = path.file_name()?.to_str()?.strip_suffix(".gguf")?;
     let prefix = stem.strip_suffix(&format!("-{:05}-of-{count:05}", no + 1))?;
-    Some(path.with_file_name(format!("{prefix}-00001-of-{count:05}.gguf")))
+    Some(path.with_file_name(part_name(prefix, 1, count)))
 }
 
 /// Every file of the model at `path`: the parts of a split model, or the file itself.
