@@ -364,7 +364,7 @@ fn a_sweep_plot_saves_as_a_png_with_its_settings() {
         sweep_point(8, 140.0, 18.0),
     ];
     // The PNG carries the run's settings as text (the label drawn above the plot).
-    let settings = tpslab::ui::dashboard::sweep_settings(&points);
+    let settings = tpslab::ui::plots::sweep_settings(&points);
     assert_eq!(
         settings,
         "batch cap 64 · prompt 128 -> output 64 tok · Q4_1 · CPU, 2 threads"

@@ -308,10 +308,10 @@ pub fn conversation_ui(
     ui.separator();
 
     // Input box at the bottom, messages fill the rest.
-    egui::Panel::bottom(("chat_input", conv.id))
+    super::renderer::panel(egui::Panel::bottom(("chat_input", conv.id)), ui)
         .resizable(false)
         .show(ui, |ui| input_ui(ui, conv, busy, view.ready, cmds));
-    egui::CentralPanel::default().show(ui, |ui| {
+    super::renderer::central_panel(ui).show(ui, |ui| {
         egui::ScrollArea::vertical()
             .auto_shrink(false)
             .stick_to_bottom(true)

@@ -1,10 +1,6 @@
-//! The tuning dashboard: knobs, load generator and sweep controls, live plots from a UI-owned
-//! history of engine snapshots, and cost per million output tokens.
+//! The tuning dashboard: knobs, load generator and sweep controls, cost per million output
+//! tokens, and the live plots beside them ([`super::plots`]).
 
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
-
-use egui_plot::{Corner, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
 use tpslab_engine::metrics::cost_per_million_output_tokens;
@@ -16,6 +12,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 use super::Command;
 use super::api_server::ApiServerSettings;
 use super::load::{LoadOutcome, LoadSettings, SweepPoint};
+use super::plots::{History, plots_ui};
 
 /// Dashboard settings (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,110 +34,6 @@ impl Default for DashSettings {
             price_per_hour: 1.0,
             server: ApiServerSettings::default(),
         }
-    }
-}
-
-/// One sample of the live figures, taken by the UI.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// Seconds since the history started.
-    pub t: f64,
-    pub output_tps: f64,
-    pub per_req_mean: Option<f64>,
-    pub per_req_p10: Option<f64>,
-    pub ttft_p50: Option<f64>,
-    pub ttft_p99: Option<f64>,
-    pub batch: usize,
-    pub queue: usize,
-    pub kv_used: usize,
-    pub kv_total: usize,
-    pub rss_mib: Option<f64>,
-    /// Device memory in use (on a GPU).
-    pub vram_mib: Option<f64>,
-}
-
-/// A knob change, drawn as a vertical line.
-#[derive(Debug, Clone)]
-pub struct Mark {
-    pub t: f64,
-    pub text: String,
-}
-
-/// The UI's own bounded history of engine snapshots (the engine keeps no plot history for us).
-pub struct History {
-    origin: Instant,
-    last: Option<Instant>,
-    pub samples: VecDeque<Sample>,
-    pub marks: VecDeque<Mark>,
-}
-
-/// 10 samples a second for 10 minutes.
-const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-const MAX_SAMPLES: usize = 6000;
-const MAX_MARKS: usize = 200;
-
-impl Default for History {
-    fn default() -> Self {
-        Self {
-            origin: Instant::now(),
-            last: None,
-            samples: VecDeque::new(),
-            marks: VecDeque::new(),
-        }
-    }
-}
-
-impl History {
-    pub fn now(&self) -> f64 {
-        self.origin.elapsed().as_secs_f64()
-    }
-
-    /// Records `snap` if ~100 ms have passed since the last sample.
-    pub fn sample(&mut self, snap: &EngineSnapshot) {
-        let now = Instant::now();
-        if self.last.is_some_and(|l| now - l < SAMPLE_EVERY) {
-            return;
-        }
-        self.last = Some(now);
-        let live = &snap.live;
-        let step = live.latest_step.as_ref();
-        let rss = step
-            .and_then(|s| s.rss_bytes)
-            .or_else(|| crate::mem::rss_bytes().map(|(cur, _)| cur));
-        self.samples.push_back(Sample {
-            t: self.now(),
-            output_tps: live.output_tps,
-            per_req_mean: live.per_request_tps_mean,
-            per_req_p10: live.per_request_tps_p10,
-            ttft_p50: live.ttft_p50_ms,
-            ttft_p99: live.ttft_p99_ms,
-            batch: step.map_or(0, |s| s.batch_size),
-            queue: snap.waiting,
-            kv_used: snap.kv_used_blocks,
-            kv_total: snap.kv_total_blocks,
-            rss_mib: rss.map(|b| b as f64 / (1 << 20) as f64),
-            vram_mib: snap.memory.device_used.map(|b| b as f64 / (1 << 20) as f64),
-        });
-        while self.samples.len() > MAX_SAMPLES {
-            self.samples.pop_front();
-        }
-    }
-
-    pub fn mark(&mut self, text: String) {
-        self.marks.push_back(Mark {
-            t: self.now(),
-            text,
-        });
-        while self.marks.len() > MAX_MARKS {
-            self.marks.pop_front();
-        }
-    }
-
-    fn series(&self, f: impl Fn(&Sample) -> Option<f64>) -> Vec<[f64; 2]> {
-        self.samples
-            .iter()
-            .filter_map(|s| f(s).map(|y| [s.t, y]))
-            .collect()
     }
 }
 
@@ -172,7 +65,7 @@ pub fn settings_label(knobs: &Knobs, load: &str, precision: &str, device: &str) 
 }
 
 pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
-    egui::Panel::left("dash_controls")
+    super::renderer::panel(egui::Panel::left("dash_controls"), ui)
         .resizable(true)
         .default_size(300.0)
         .show(ui, |ui| {
@@ -194,7 +87,7 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
                 sweep_ui(ui, s, view, cmds);
             });
         });
-    egui::CentralPanel::default().show(ui, |ui| {
+    super::renderer::central_panel(ui).show(ui, |ui| {
         egui::ScrollArea::vertical().show(ui, |ui| plots_ui(ui, s, view));
     });
 }
@@ -554,215 +447,4 @@ fn sweep_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
             fmt_opt(p.p10_per_request_tps, "tok/s")
         ));
     }
-}
-
-/// Knob changes as unnamed vertical lines (a named line would join the legend, one entry per
-/// change), each with its text at the foot of the line.
-fn marks(plot_ui: &mut egui_plot::PlotUi<'_>, history: &History) {
-    for m in &history.marks {
-        plot_ui.vline(VLine::new("", m.t).color(egui::Color32::GRAY));
-        plot_ui.text(
-            Text::new("", egui_plot::PlotPoint::new(m.t, 0.0), m.text.as_str())
-                .color(egui::Color32::GRAY)
-                .anchor(egui::Align2::LEFT_BOTTOM),
-        );
-    }
-}
-
-/// Height of one legend row and the legend's padding, in points (small text).
-const LEGEND_ROW: f32 = 15.0;
-const LEGEND_PAD: f32 = 12.0;
-
-/// A time plot whose legend sits in its top-left corner above the curves: the y range is
-/// stretched so the highest point stays below the band the legend's `entries` rows take.
-fn plot_with_legend<'a>(id: &str, height: f32, entries: usize, y_max: f64) -> Plot<'a> {
-    let band = ((entries as f32 * LEGEND_ROW + LEGEND_PAD) / height).clamp(0.0, 0.6);
-    let mut plot = Plot::new(id)
-        .height(height)
-        .legend(
-            Legend::default()
-                .position(Corner::LeftTop)
-                .text_style(egui::TextStyle::Small)
-                .follow_insertion_order(true),
-        )
-        .include_y(0.0);
-    if y_max > 0.0 {
-        plot = plot.include_y(y_max / f64::from(1.0 - band));
-    }
-    plot
-}
-
-/// The largest y over `series`.
-fn y_max(series: &[&[[f64; 2]]]) -> f64 {
-    series
-        .iter()
-        .flat_map(|s| s.iter().map(|p| p[1]))
-        .fold(0.0, f64::max)
-}
-
-fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
-    let h = view.history;
-    let knobs = view.snapshot.map_or(&s.knobs, |sn| &sn.knobs);
-    let load = view
-        .load_running
-        .map_or("no load generator", |(label, _, _)| label);
-    let label = settings_label(knobs, load, view.precision, view.device);
-    let height = 170.0;
-    ui.label(egui::RichText::new(format!("Taken under: {label}")).small());
-    if let Some(last) = h.marks.back() {
-        ui.label(
-            egui::RichText::new(format!("Last change: {}", last.text))
-                .small()
-                .weak(),
-        );
-    }
-
-    ui.strong(format!("Tokens per second — {label}"));
-    let agg = h.series(|s| Some(s.output_tps));
-    let mean = h.series(|s| s.per_req_mean);
-    let p10 = h.series(|s| s.per_req_p10);
-    plot_with_legend("plot_tps", height, 3, y_max(&[&agg, &mean, &p10]))
-        .y_axis_label("tok/s")
-        .show(ui, |p| {
-            p.line(Line::new("aggregate output TPS", PlotPoints::from(agg)));
-            p.line(Line::new("per-request TPS (mean)", PlotPoints::from(mean)));
-            p.line(Line::new("per-request TPS (P10)", PlotPoints::from(p10)));
-            marks(p, h);
-        });
-
-    ui.strong(format!("Time to first token — {label}"));
-    let p50 = h.series(|s| s.ttft_p50);
-    let p99 = h.series(|s| s.ttft_p99);
-    plot_with_legend("plot_ttft", height, 2, y_max(&[&p50, &p99]))
-        .y_axis_label("ms")
-        .show(ui, |p| {
-            p.line(Line::new("TTFT P50", PlotPoints::from(p50)));
-            p.line(Line::new("TTFT P99", PlotPoints::from(p99)));
-            marks(p, h);
-        });
-
-    ui.strong(format!("Batch size and queue depth — {label}"));
-    let batch = h.series(|s| Some(s.batch as f64));
-    let queue = h.series(|s| Some(s.queue as f64));
-    plot_with_legend("plot_batch", height, 2, y_max(&[&batch, &queue])).show(ui, |p| {
-        p.line(Line::new("batch size", PlotPoints::from(batch)));
-        p.line(Line::new("queue depth", PlotPoints::from(queue)));
-        marks(p, h);
-    });
-
-    memory_plot_ui(ui, h, &label, height);
-
-    if !view.sweep_points.is_empty() {
-        sweep_plot_ui(ui, view.sweep_points, 260.0);
-    }
-}
-
-/// KV blocks and memory: process RSS, and on a GPU the device's memory in use (the title says
-/// which memory is drawn).
-fn memory_plot_ui(ui: &mut egui::Ui, h: &History, label: &str, height: f32) {
-    let vram = h.series(|s| s.vram_mib);
-    let memory = if vram.is_empty() {
-        "process RSS (MiB)"
-    } else {
-        "process RSS and VRAM used (MiB)"
-    };
-    ui.strong(format!("KV blocks and memory: {memory} — {label}"));
-    let used = h.series(|s| Some(s.kv_used as f64));
-    let total = h.series(|s| Some(s.kv_total as f64));
-    let rss = h.series(|s| s.rss_mib);
-    let entries = if vram.is_empty() { 3 } else { 4 };
-    let top = y_max(&[&used, &total, &rss, &vram]);
-    plot_with_legend("plot_kv", height, entries, top)
-        .y_axis_label("blocks / MiB")
-        .show(ui, |p| {
-            p.line(Line::new("KV blocks used", PlotPoints::from(used)));
-            p.line(Line::new("KV blocks total", PlotPoints::from(total)));
-            p.line(Line::new("process RSS (MiB)", PlotPoints::from(rss)));
-            if !vram.is_empty() {
-                p.line(Line::new("VRAM used (MiB)", PlotPoints::from(vram)));
-            }
-            marks(p, h);
-        });
-}
-
-/// "batch cap 64 · prompt 128 -> output 64 tok · Q4_1 · CPU, 2 threads": the settings a sweep ran
-/// under (its first level's; they don't change during a sweep).
-pub fn sweep_settings(points: &[SweepPoint]) -> String {
-    points.first().map_or_else(String::new, point_settings)
-}
-
-/// The settings label of one sweep point.
-fn point_settings(p: &SweepPoint) -> String {
-    let mut s = String::new();
-    if p.max_batch > 0 {
-        s.push_str(&format!("batch cap {} · ", p.max_batch));
-    }
-    s.push_str(&format!(
-        "prompt {} -> output {} tok · {}",
-        p.prompt_len, p.output_len, p.precision
-    ));
-    if !p.device.is_empty() {
-        s.push_str(&format!(" · {}", p.device));
-    }
-    s
-}
-
-/// The sweep's points by target (the engine's device, or a remote server), in first-seen order.
-fn by_target(points: &[SweepPoint]) -> Vec<(&str, Vec<&SweepPoint>)> {
-    let mut groups: Vec<(&str, Vec<&SweepPoint>)> = Vec::new();
-    for p in points {
-        match groups.iter_mut().find(|(d, _)| *d == p.device) {
-            Some((_, g)) => g.push(p),
-            None => groups.push((&p.device, vec![p])),
-        }
-    }
-    groups
-}
-
-/// The trade-off plot (also drawn into the saved PNG, see [`super::plot_png`]): one curve per
-/// target, so this engine and a remote server compare side by side.
-pub(super) fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f32) {
-    let groups = by_target(points);
-    ui.strong(format!(
-        "Sweep: aggregate vs per-request TPS, one point per concurrency level — {}",
-        groups
-            .iter()
-            .map(|(_, g)| point_settings(g[0]))
-            .collect::<Vec<_>>()
-            .join("  vs  ")
-    ));
-    Plot::new("plot_sweep")
-        .height(height)
-        .x_axis_label("per-request TPS, mean (tok/s)")
-        .y_axis_label("aggregate TPS (tok/s)")
-        .include_y(0.0)
-        .include_x(0.0)
-        .legend(Legend::default().position(Corner::RightTop))
-        .show(ui, |p| {
-            for (device, g) in &groups {
-                let xy: Vec<[f64; 2]> = g
-                    .iter()
-                    .filter_map(|p| p.mean_per_request_tps.map(|x| [x, p.output_throughput]))
-                    .collect();
-                let name = if device.is_empty() {
-                    "trade-off"
-                } else {
-                    device
-                };
-                p.line(Line::new(name, PlotPoints::from(xy.clone())));
-                p.points(Points::new(name, PlotPoints::from(xy)).radius(4.0));
-            }
-            for pt in points {
-                if let Some(x) = pt.mean_per_request_tps {
-                    p.text(
-                        Text::new(
-                            format!("c={}", pt.concurrency),
-                            egui_plot::PlotPoint::new(x, pt.output_throughput),
-                            format!("  c={}", pt.concurrency),
-                        )
-                        .anchor(egui::Align2::LEFT_BOTTOM),
-                    );
-                }
-            }
-        });
 }

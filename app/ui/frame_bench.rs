@@ -1,10 +1,11 @@
 //! The real window measuring its own frame time, rendering included:
-//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json tpslab` (under Xvfb on this machine). Once
-//! the model is loaded it sizes the window to 1280x800, opens the dashboard, starts the load
+//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json[,full] tpslab` (under Xvfb on this machine).
+//! Once the model is loaded it sizes the window to 1280x800, opens the dashboard, starts the load
 //! generator (prompt 32, output 512 tokens, CONCURRENCY requests), repaints continuously with
 //! vsync off, records the time between frames (layout, tessellation and the renderer's work:
 //! the whole frame) and eframe's CPU time per frame, writes the percentiles and the painter to
-//! OUT.json and closes the window.
+//! OUT.json and closes the window. With `full`, the plots' history is first filled to its
+//! 10-minute capacity with noisy samples (the most the plots ever draw, as after a long session).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -26,6 +27,7 @@ pub struct FrameBench {
     cpu_ms: Vec<f64>,
     done: bool,
     renderer: String,
+    full_history: bool,
 }
 
 #[derive(Serialize)]
@@ -43,16 +45,23 @@ struct Report {
     requests_in_flight: usize,
     device: String,
     renderer: String,
+    /// Samples in the plots' history when the report was written.
+    history_samples: usize,
 }
 
 impl FrameBench {
     /// From `TPSLAB_FRAME_BENCH` ("20,64,/tmp/frames.json"); `None` when unset or malformed.
     pub fn from_env() -> Option<Self> {
         let v = std::env::var("TPSLAB_FRAME_BENCH").ok()?;
-        let mut it = v.splitn(3, ',');
+        let mut it = v.splitn(4, ',');
         let secs: f64 = it.next()?.trim().parse().ok()?;
         let concurrency: usize = it.next()?.trim().parse().ok()?;
         let out = PathBuf::from(it.next()?.trim());
+        let full_history = match it.next().map(str::trim) {
+            None => false,
+            Some("full") => true,
+            Some(_) => return None,
+        };
         (secs > 0.0 && concurrency > 0).then_some(Self {
             secs,
             concurrency,
@@ -63,6 +72,7 @@ impl FrameBench {
             cpu_ms: Vec::new(),
             done: false,
             renderer: String::new(),
+            full_history,
         })
     }
 
@@ -105,6 +115,12 @@ impl TpsApp {
                 None => {}
                 Some(t0) => {
                     let t = (now - t0).as_secs_f64();
+                    if fb.full_history
+                        && let Some(last) = self.rt.history.samples.back().cloned()
+                    {
+                        self.rt.history.fill_for_bench(&last);
+                        fb.full_history = false;
+                    }
                     if t > WARMUP_S {
                         if let Some(last) = fb.last {
                             fb.intervals_ms.push((now - last).as_secs_f64() * 1e3);
@@ -142,6 +158,7 @@ impl TpsApp {
             requests_in_flight: snap.live.requests_in_flight,
             device: snap.device,
             renderer: fb.renderer.clone(),
+            history_samples: self.rt.history.samples.len(),
         };
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         if let Err(e) = std::fs::write(&fb.out, text) {

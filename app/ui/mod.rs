@@ -6,7 +6,7 @@
 //! - [`backend`]: loading the model and starting (or restarting) the engine on a worker thread.
 //! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
-//! - [`dashboard`]: knobs, live plots from a UI-owned history, cost, load and sweep controls.
+//! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
 //! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
 //! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (search, list,
@@ -16,6 +16,7 @@
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
+//! - [`plots`]: the live plots and their history (decimated per pixel column), the sweep plot.
 //! - [`renderer`]: `--renderer`: wgpu on a GPU, OpenGL where wgpu would rasterize on the CPU.
 //! - [`status`]: the status bar (backend, memory) and the device selector.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
@@ -35,6 +36,7 @@ pub mod load;
 pub mod markdown;
 pub mod models;
 pub mod plot_png;
+pub mod plots;
 pub mod renderer;
 pub mod status;
 pub mod task;
@@ -50,10 +52,11 @@ use tpslab_engine::engine::{EngineSnapshot, Knobs};
 
 use backend::{DevicePref, ModelSlot, SlotNews};
 use chat::{ChatState, ChatView, Generation, Message, Role};
-use dashboard::{DashSettings, DashView, History};
+use dashboard::{DashSettings, DashView};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
 use models::{Library, ModelsPanel, ModelsSettings};
+use plots::History;
 use wizard::{Wizard, WizardSettings};
 
 /// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
@@ -232,10 +235,13 @@ impl TpsApp {
     pub fn app_ui(&mut self, ui: &mut egui::Ui) {
         self.poll(ui.ctx());
         let mut cmds = Vec::new();
-        egui::Panel::top("top_bar").show(ui, |ui| self.top_bar_ui(ui, &mut cmds));
-        egui::Panel::bottom("status_bar").show(ui, |ui| status::ui(ui, &self.status_view()));
+        renderer::panel(egui::Panel::top("top_bar"), ui)
+            .show(ui, |ui| self.top_bar_ui(ui, &mut cmds));
+        renderer::panel(egui::Panel::bottom("status_bar"), ui)
+            .show(ui, |ui| status::ui(ui, &self.status_view()));
         if !self.rt.errors.is_empty() || self.rt.notice.is_some() {
-            egui::Panel::top("errors").show(ui, |ui| self.errors_ui(ui, &mut cmds));
+            renderer::panel(egui::Panel::top("errors"), ui)
+                .show(ui, |ui| self.errors_ui(ui, &mut cmds));
         }
         match self.state.tab {
             Tab::Chat => self.chat_tab_ui(ui, &mut cmds),
@@ -422,11 +428,11 @@ impl TpsApp {
     fn chat_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
         let busy: Vec<u64> = self.rt.gens.iter().map(|g| g.chat).collect();
         let ready = self.backend().is_some();
-        egui::Panel::left("chat_list")
+        renderer::panel(egui::Panel::left("chat_list"), ui)
             .resizable(true)
             .default_size(180.0)
             .show(ui, |ui| chat::list_ui(ui, &mut self.state.chat, cmds));
-        egui::CentralPanel::default().show(ui, |ui| {
+        renderer::central_panel(ui).show(ui, |ui| {
             let view = ChatView { ready, busy: &busy };
             chat::conversation_ui(ui, &mut self.state.chat, &view, cmds);
         });
@@ -462,7 +468,7 @@ impl TpsApp {
             saving: self.rt.saving.is_some(),
             server: self.rt.server.describe(),
         };
-        egui::CentralPanel::default().show(ui, |ui| {
+        renderer::central_panel(ui).show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
         });
     }
@@ -755,6 +761,10 @@ impl eframe::App for TpsApp {
         self.app_ui(ui);
     }
 
+    fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
+        renderer::clear_color(visuals)
+    }
+
     fn save(&mut self, storage: &mut dyn eframe::Storage) {
         eframe::set_value(storage, STATE_KEY, &self.state);
     }
@@ -772,9 +782,10 @@ impl eframe::App for TpsApp {
 /// Opens the window with the painter `renderer` picks (blocks until it is closed).
 pub fn run(options: AppOptions, renderer: renderer::RendererChoice) -> anyhow::Result<()> {
     let bench = frame_bench::FrameBench::from_env();
-    let (renderer, why) = renderer::resolve(renderer);
-    eprintln!("window: {why}");
-    let native = renderer::native_options(renderer, bench.is_some());
+    let painter = renderer::resolve(renderer);
+    eprintln!("window: {}", painter.why);
+    let native = renderer::native_options(&painter, bench.is_some());
+    let (renderer, why) = (painter.renderer, painter.why);
     eframe::run_native(
         "TPS Lab",
         native,

@@ -76,7 +76,7 @@ fn figure_ui(ui: &mut egui::Ui, points: &[SweepPoint]) {
         return;
     }
     let height = ui.available_height() - 40.0;
-    super::dashboard::sweep_plot_ui(ui, points, height);
+    super::plots::sweep_plot_ui(ui, points, height);
 }
 
 fn apply_textures(textures: &mut HashMap<TextureId, ColorImage>, delta: &egui::TexturesDelta) {

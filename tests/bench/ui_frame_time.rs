@@ -1,6 +1,7 @@
 //! UI frame time while the engine streams 64 concurrent requests: the window's own work per
 //! frame (draining events, chat and dashboard layout, plots) measured through egui_kittest, with
-//! no GPU. Run with `cargo bench --bench ui_frame_time`; prints percentiles, asserts nothing.
+//! no GPU, and the pixels the last frame paints (what a CPU rasterizer shades). Run with
+//! `cargo bench --bench ui_frame_time`; prints figures, asserts nothing.
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +9,9 @@ use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::backend::DeviceChoice;
+
+/// The window size of the measurement (the real-window benchmark's too).
+const SIZE: [f32; 2] = [1280.0, 800.0];
 
 fn main() {
     let mut state = AppState::default();
@@ -24,7 +28,7 @@ fn main() {
         },
     );
     let mut h: Harness<'static, TpsApp> = Harness::builder()
-        .with_size([1400.0, 1000.0])
+        .with_size(SIZE)
         .allow_missing_glyphs()
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -78,6 +82,37 @@ fn main() {
         frames.last().copied().unwrap_or(0.0),
         s.map_or(0.0, |s| s.live.output_tps)
     );
+    let (area, triangles) = painted(&h);
+    println!(
+        "Painted per frame: {triangles} triangles covering {:.2} MPixel ({:.2}x the window; the harness adds one full-window background of its own)",
+        area / 1e6,
+        area / f64::from(SIZE[0] * SIZE[1])
+    );
     h.get_by_label("Stop load").click();
     h.step();
+}
+
+/// The last frame's triangles and the pixels they cover (each triangle's area within its clip
+/// rectangle's bounds, overlaps counted as often as they are drawn): what a CPU rasterizer shades
+/// per frame.
+fn painted(h: &Harness<'static, TpsApp>) -> (f64, usize) {
+    let prims = h.ctx.tessellate(h.output().shapes.clone(), 1.0);
+    let (mut area, mut triangles) = (0.0, 0);
+    for p in &prims {
+        let egui::epaint::Primitive::Mesh(m) = &p.primitive else {
+            continue;
+        };
+        for t in m.indices.chunks_exact(3) {
+            let [a, b, c] = [0, 1, 2].map(|i| m.vertices[t[i] as usize].pos);
+            let bb = egui::Rect::from_points(&[a, b, c]);
+            let whole = bb.area();
+            let kept = bb.intersect(p.clip_rect).area().max(0.0);
+            let tri = f64::from(((b - a).x * (c - a).y - (b - a).y * (c - a).x).abs() * 0.5);
+            if whole > 0.0 {
+                area += tri * f64::from((kept / whole).min(1.0));
+            }
+            triangles += 1;
+        }
+    }
+    (area, triangles)
 }
