@@ -1,17 +1,21 @@
 //! The real window measuring its own frame time, rendering included:
-//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json[,full] tpslab` (under Xvfb on this machine).
+//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json[,full|chat] tpslab` (under Xvfb here).
 //! Once the model is loaded it sizes the window to 1280x800, opens the dashboard, starts the load
 //! generator (prompt 32, output 512 tokens, CONCURRENCY requests), repaints continuously with
 //! vsync off, records the time between frames (layout, tessellation and the renderer's work:
 //! the whole frame) and eframe's CPU time per frame, writes the percentiles and the painter to
 //! OUT.json and closes the window. With `full`, the plots' history is first filled to its
 //! 10-minute capacity with noisy samples (the most the plots ever draw, as after a long session).
+//! With `chat`, the chat tab is measured instead: a conversation of 20 earlier exchanges in
+//! markdown, and a new message whose answer streams in the same batch as CONCURRENCY - 1 load
+//! requests.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
 
+use super::chat::{Message, Role};
 use super::{Command, Tab, TpsApp};
 
 /// Frames after the load starts that are not counted (first plots, font atlas, shader warm-up).
@@ -27,7 +31,18 @@ pub struct FrameBench {
     cpu_ms: Vec<f64>,
     done: bool,
     renderer: String,
-    full_history: bool,
+    scenario: Scenario,
+}
+
+/// What the window shows while it is timed.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Scenario {
+    Dashboard,
+    /// The dashboard with the plots' history filled to capacity.
+    DashboardFullHistory,
+    /// The chat tab, an answer streaming among the load's requests.
+    Chat,
 }
 
 #[derive(Serialize)]
@@ -45,8 +60,11 @@ struct Report {
     requests_in_flight: usize,
     device: String,
     renderer: String,
+    scenario: Scenario,
     /// Samples in the plots' history when the report was written.
     history_samples: usize,
+    /// Characters of the streamed chat answer when the report was written (chat scenario).
+    chat_answer_chars: usize,
 }
 
 impl FrameBench {
@@ -57,9 +75,10 @@ impl FrameBench {
         let secs: f64 = it.next()?.trim().parse().ok()?;
         let concurrency: usize = it.next()?.trim().parse().ok()?;
         let out = PathBuf::from(it.next()?.trim());
-        let full_history = match it.next().map(str::trim) {
-            None => false,
-            Some("full") => true,
+        let scenario = match it.next().map(str::trim) {
+            None => Scenario::Dashboard,
+            Some("full") => Scenario::DashboardFullHistory,
+            Some("chat") => Scenario::Chat,
             Some(_) => return None,
         };
         (secs > 0.0 && concurrency > 0).then_some(Self {
@@ -72,7 +91,7 @@ impl FrameBench {
             cpu_ms: Vec::new(),
             done: false,
             renderer: String::new(),
-            full_history,
+            scenario,
         })
     }
 
@@ -107,19 +126,27 @@ impl TpsApp {
                     )));
                     self.state.tab = Tab::Dashboard;
                     let l = &mut self.state.dash.load;
-                    (l.concurrency, l.prompt_len, l.output_len) = (fb.concurrency, 32, 512);
+                    // In the chat scenario the chat's answer is one of the CONCURRENCY streams.
+                    let load = match fb.scenario {
+                        Scenario::Chat => fb.concurrency.saturating_sub(1).max(1),
+                        _ => fb.concurrency,
+                    };
+                    (l.concurrency, l.prompt_len, l.output_len) = (load, 32, 512);
                     l.remote.enabled = false;
                     self.apply(Command::StartLoad, ctx);
+                    if fb.scenario == Scenario::Chat {
+                        self.start_bench_chat(ctx);
+                    }
                     fb.started = Some(now);
                 }
                 None => {}
                 Some(t0) => {
                     let t = (now - t0).as_secs_f64();
-                    if fb.full_history
+                    if fb.scenario == Scenario::DashboardFullHistory
+                        && self.rt.history.samples.len() < 1000
                         && let Some(last) = self.rt.history.samples.back().cloned()
                     {
                         self.rt.history.fill_for_bench(&last);
-                        fb.full_history = false;
                     }
                     if t > WARMUP_S {
                         if let Some(last) = fb.last {
@@ -137,6 +164,38 @@ impl TpsApp {
             fb.last = Some(now);
         }
         self.rt.frame_bench = Some(fb);
+    }
+
+    /// The chat scenario: a conversation with earlier exchanges (markdown with code blocks, as
+    /// answers come), then a real message whose answer streams while the frames are timed.
+    fn start_bench_chat(&mut self, ctx: &egui::Context) {
+        self.state.tab = Tab::Chat;
+        let Some(conv) =
+            (self.state.chat.conversations.iter_mut()).find(|c| c.id == self.state.chat.active)
+        else {
+            return;
+        };
+        conv.messages.clear();
+        let body = "Here is a **short** answer with a list:\n\n- one item\n- another item\n\n\
+                    ```rust\nfn fib(n: u64) -> u64 {\n    if n < 2 { n } else { fib(n - 1) + fib(n - 2) }\n}\n```\n\n\
+                    And a closing paragraph that wraps over more than one line of the chat panel \
+                    at this window size, as real answers do.";
+        for i in 0..20 {
+            conv.messages.push(Message {
+                role: Role::User,
+                text: format!("Earlier question {i}?"),
+                stats: None,
+            });
+            conv.messages.push(Message {
+                role: Role::Assistant,
+                text: body.to_string(),
+                stats: None,
+            });
+        }
+        conv.max_tokens = 4096;
+        let chat = conv.id;
+        let text = "Write a long story about a lighthouse keeper, in many paragraphs.".to_string();
+        self.apply(Command::Send { chat, text }, ctx);
     }
 
     fn finish_frame_bench(&mut self, fb: &mut FrameBench, ctx: &egui::Context) {
@@ -158,7 +217,13 @@ impl TpsApp {
             requests_in_flight: snap.live.requests_in_flight,
             device: snap.device,
             renderer: fb.renderer.clone(),
+            scenario: fb.scenario,
             history_samples: self.rt.history.samples.len(),
+            chat_answer_chars: (self.state.chat.conversations.iter())
+                .find(|c| c.id == self.state.chat.active)
+                .and_then(|c| c.messages.last())
+                .filter(|m| m.role == Role::Assistant)
+                .map_or(0, |m| m.text.len()),
         };
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         if let Err(e) = std::fs::write(&fb.out, text) {
