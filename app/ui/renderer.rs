@@ -2,8 +2,8 @@
 //!
 //! `--renderer auto` (the default) asks wgpu for its best adapter before the window opens and
 //! takes wgpu when that is a real GPU, OpenGL otherwise: on a machine without a usable GPU the
-//! Vulkan fallback is lavapipe, whose 1280x800 frames of this window took ~170 ms on two busy
-//! cores, while Mesa's OpenGL rasterizer (llvmpipe) drew the same frames in ~32 ms (BENCHMARKS.md,
+//! Vulkan fallback is lavapipe, whose 1280x800 dashboard frames take ~46 ms on two busy cores,
+//! while Mesa's OpenGL rasterizer (llvmpipe) draws the same frames in ~11 ms (BENCHMARKS.md,
 //! "UI frame time"). winit allows one event loop per process, so a painter that cannot start is not
 //! retried with the other: the error names the flag that picks it.
 //!
