@@ -237,6 +237,46 @@ fn precision_ui(ui: &mut egui::Ui, view: &DashView<'_>, cmds: &mut Vec<Command>)
     }
 }
 
+/// "batch cap 64 -> 8, prefix caching off" for the plot markers.
+pub fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
+    let (o, n) = (&old.scheduler, &new.scheduler);
+    let mut parts = Vec::new();
+    if o.max_num_seqs != n.max_num_seqs {
+        parts.push(format!(
+            "batch cap {} -> {}",
+            o.max_num_seqs, n.max_num_seqs
+        ));
+    }
+    if o.max_num_batched_tokens != n.max_num_batched_tokens {
+        parts.push(format!(
+            "token budget {} -> {}",
+            o.max_num_batched_tokens, n.max_num_batched_tokens
+        ));
+    }
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    if o.chunked_prefill != n.chunked_prefill {
+        parts.push(format!("chunked prefill {}", onoff(n.chunked_prefill)));
+    }
+    if o.prefix_caching != n.prefix_caching {
+        parts.push(format!("prefix caching {}", onoff(n.prefix_caching)));
+    }
+    if o.policy != n.policy {
+        parts.push(format!("policy {:?}", n.policy));
+    }
+    if old.kv != new.kv {
+        parts.push(format!(
+            "KV {} MiB × {} tok blocks",
+            new.kv.budget_bytes >> 20,
+            new.kv.block_size
+        ));
+    }
+    if parts.is_empty() {
+        "knobs re-applied".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// The plot mark for a precision change the engine has made.
 pub fn precision_change_text(sn: &EngineSnapshot) -> String {
     match &sn.last_requant {

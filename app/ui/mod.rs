@@ -251,9 +251,15 @@ impl TpsApp {
         for cmd in cmds {
             self.apply(cmd, ui.ctx());
         }
-        // Live plots move while anything runs; the engine's own callback wakes us per step.
-        if self.state.tab == Tab::Dashboard || self.rt.load.is_some() || self.rt.sweep.is_some() {
+        // Live plots move while anything runs (the engine's own callback also wakes us per
+        // step); an idle dashboard only scrolls its time axis, once a second, so an open window
+        // costs next to nothing when nothing runs.
+        let running = (self.rt.snapshot.as_ref()).is_some_and(|s| s.running + s.waiting > 0);
+        if self.rt.load.is_some() || self.rt.sweep.is_some() {
             ui.ctx().request_repaint_after(Duration::from_millis(100));
+        } else if self.state.tab == Tab::Dashboard {
+            let every = if running { 100 } else { 1000 };
+            ui.ctx().request_repaint_after(Duration::from_millis(every));
         }
     }
 
@@ -510,7 +516,9 @@ impl TpsApp {
                 let engine = self.engine().ok_or("the model is not loaded yet")?;
                 let old = engine.stats().knobs;
                 engine.set_knobs(knobs.clone());
-                self.rt.history.mark(describe_knob_change(&old, &knobs));
+                self.rt
+                    .history
+                    .mark(dashboard::describe_knob_change(&old, &knobs));
                 Ok(())
             }
             Command::SetPrecision(name) => {
@@ -711,46 +719,6 @@ impl TpsApp {
                 Err(format!("cannot send: {e}"))
             }
         }
-    }
-}
-
-/// "batch cap 64 -> 8, prefix caching off" for the plot markers.
-fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
-    let (o, n) = (&old.scheduler, &new.scheduler);
-    let mut parts = Vec::new();
-    if o.max_num_seqs != n.max_num_seqs {
-        parts.push(format!(
-            "batch cap {} -> {}",
-            o.max_num_seqs, n.max_num_seqs
-        ));
-    }
-    if o.max_num_batched_tokens != n.max_num_batched_tokens {
-        parts.push(format!(
-            "token budget {} -> {}",
-            o.max_num_batched_tokens, n.max_num_batched_tokens
-        ));
-    }
-    let onoff = |b: bool| if b { "on" } else { "off" };
-    if o.chunked_prefill != n.chunked_prefill {
-        parts.push(format!("chunked prefill {}", onoff(n.chunked_prefill)));
-    }
-    if o.prefix_caching != n.prefix_caching {
-        parts.push(format!("prefix caching {}", onoff(n.prefix_caching)));
-    }
-    if o.policy != n.policy {
-        parts.push(format!("policy {:?}", n.policy));
-    }
-    if old.kv != new.kv {
-        parts.push(format!(
-            "KV {} MiB × {} tok blocks",
-            new.kv.budget_bytes >> 20,
-            new.kv.block_size
-        ));
-    }
-    if parts.is_empty() {
-        "knobs re-applied".into()
-    } else {
-        parts.join(", ")
     }
 }
 

@@ -215,9 +215,8 @@ fn time_plot(
     if let (Some(first), Some(last)) = (h.samples.front(), h.samples.back()) {
         plot = plot.include_x(first.t).include_x(last.t);
     }
-    if top > 0.0 {
-        plot = plot.include_y(top / f64::from(1.0 - band));
-    }
+    // An idle engine's zeros (or no data yet) get 0..1, not egui_plot's -15..15 around zero.
+    plot = plot.include_y(top.max(1.0) / f64::from(1.0 - band));
     let shown = plot.show(ui, |p| {
         for (name, points) in lines {
             p.line(Line::new(name, PlotPoints::from(points)));
