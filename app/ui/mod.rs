@@ -52,7 +52,7 @@ use tpslab_engine::engine::{EngineSnapshot, Knobs};
 
 use backend::{DevicePref, ModelSlot, SlotNews};
 use chat::{ChatState, ChatView, Generation, Message, Role};
-use dashboard::{DashSettings, DashView};
+use dashboard::{DashSettings, DashView, describe_knob_change};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
 use models::{Library, ModelsPanel, ModelsSettings};
@@ -516,9 +516,7 @@ impl TpsApp {
                 let engine = self.engine().ok_or("the model is not loaded yet")?;
                 let old = engine.stats().knobs;
                 engine.set_knobs(knobs.clone());
-                self.rt
-                    .history
-                    .mark(dashboard::describe_knob_change(&old, &knobs));
+                self.rt.history.mark(describe_knob_change(&old, &knobs));
                 Ok(())
             }
             Command::SetPrecision(name) => {
