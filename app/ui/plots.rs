@@ -206,9 +206,22 @@ fn time_plot(
         .show_background(false)
         .include_y(0.0)
         .x_grid_spacer(nice_grid)
-        .y_grid_spacer(nice_grid)
         .grid_spacing(egui::Rangef::new(GRID_MIN_PX, 300.0))
         .y_axis_min_width(Y_AXIS_WIDTH);
+    // Counts (batch size, queue depth, blocks) get no 0.2 or 0.5 steps.
+    if lines
+        .iter()
+        .all(|(_, l)| l.iter().all(|p| p[1].fract() == 0.0))
+    {
+        plot = plot.y_grid_spacer(|input: GridInput| {
+            nice_grid(GridInput {
+                base_step_size: input.base_step_size.max(1.0),
+                ..input
+            })
+        });
+    } else {
+        plot = plot.y_grid_spacer(nice_grid);
+    }
     if let Some(label) = y_label {
         plot = plot.y_axis_label(label);
     }
