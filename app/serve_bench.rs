@@ -135,6 +135,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             output_len: LenDist::Fixed(a.output_len),
             // Other prompts at each level: a server keeps its prefix cache between levels.
             seed: level as u64,
+            priority: 0,
         };
         let bar = ProgressBar::new(n as u64);
         bar.set_style(

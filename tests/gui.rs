@@ -16,6 +16,7 @@ use tpslab::ui::load::{RemoteSettings, SweepPoint};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::sampler::SamplingParams;
+use tpslab_engine::scheduler::Policy;
 
 /// The window on the CPU (the same figures and answers on every machine).
 fn harness(state: AppState) -> Harness<'static, TpsApp> {
@@ -145,6 +146,55 @@ fn chat_streams_an_answer_and_stops() {
     wait_until(&mut h, "the input to be idle", 10, |h| {
         h.query_by_label("Regenerate").is_some() && h.query_by_label("Stop").is_none()
     });
+}
+
+#[test]
+fn under_the_priority_policy_a_chat_goes_ahead_of_a_full_load() {
+    // The load generator fills both batch slots with long requests; a chat then needs one.
+    let mut state = AppState::default();
+    state.chat.conversations = vec![Conversation {
+        id: 1,
+        title: "Chat 1".into(),
+        sampling: SamplingParams::greedy(),
+        max_tokens: 4,
+        ..Conversation::default()
+    }];
+    state.dash.knobs.scheduler.max_num_seqs = 2;
+    state.dash.knobs.scheduler.policy = Policy::Priority;
+    (state.dash.load.concurrency, state.dash.load.prompt_len) = (2, 16);
+    state.dash.load.output_len = 4000;
+    let mut h = harness(state);
+    wait_for_model(&mut h);
+    h.get_by_label("Dashboard").click();
+    h.step();
+    h.get_by_label("Start load").click();
+    wait_until(&mut h, "both load requests to be decoding", 120, |h| {
+        let s = h.state().engine().expect("engine").stats();
+        s.knobs.scheduler.max_num_seqs == 2
+            && s.running == 2
+            && s.live.counters.generation_tokens_total > 0
+    });
+
+    h.get_by_label("Chat").click();
+    h.step();
+    type_message(&mut h, "What is the capital of France?");
+    h.get_by_label("Send").click();
+    wait_until(&mut h, "the chat's answer to finish", 240, |h| {
+        last_message(h).is_some_and(|(role, text, finish)| {
+            role == Role::Assistant && !text.is_empty() && finish == "length"
+        })
+    });
+    // The answer came while both load requests were still far from their 4000 tokens: one of
+    // them gave up its slot (and is recomputed later); none had finished.
+    let s = h.state().engine().expect("engine").stats();
+    let preemptions = s.live.counters.preemptions;
+    assert!(preemptions >= 1, "preemptions: {preemptions}");
+    h.get_by_label("Dashboard").click();
+    wait_until(&mut h, "the load figures", 10, |h| {
+        has(h, "; 0 requests done")
+    });
+    h.get_by_label("Stop load").click();
+    wait_until(&mut h, "the load to stop", 120, |h| has(h, "Start load"));
 }
 
 #[test]

@@ -92,6 +92,21 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
     });
 }
 
+/// The scheduling policy's radio buttons; true when it changed.
+fn policy_ui(ui: &mut egui::Ui, policy: &mut Policy) -> bool {
+    let fcfs = "First come, first served: a chat sent during a load test waits for a free batch \
+                slot.";
+    let priority = "Chats go first: the load generator's requests queue behind them and give up \
+                    a batch slot to one (it is recomputed later).";
+    let a = ui
+        .radio_value(policy, Policy::Fcfs, "FCFS")
+        .on_hover_text(fcfs);
+    let b = ui
+        .radio_value(policy, Policy::Priority, "Priority")
+        .on_hover_text(priority);
+    a.changed() || b.changed()
+}
+
 fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
     ui.heading("Knobs");
     let before = s.knobs.clone();
@@ -125,14 +140,7 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
             .changed();
         ui.end_row();
         ui.label("Policy");
-        ui.horizontal(|ui| {
-            commit |= ui
-                .radio_value(&mut k.policy, Policy::Fcfs, "FCFS")
-                .changed();
-            commit |= ui
-                .radio_value(&mut k.policy, Policy::Priority, "Priority")
-                .changed();
-        });
+        commit |= ui.horizontal(|ui| policy_ui(ui, &mut k.policy)).inner;
         ui.end_row();
     });
     precision_ui(ui, view, cmds);

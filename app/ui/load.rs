@@ -168,9 +168,14 @@ impl LoadSettings {
             prompt_len: LenDist::Fixed(self.prompt_len.max(1)),
             output_len: LenDist::Fixed(self.output_len.max(1)),
             seed,
+            priority: LOAD_PRIORITY,
         }
     }
 }
+
+/// The window's load requests queue behind its chats (priority 0) under the Priority policy, and
+/// give up their batch slot to one: a chat answers during a load test even with the batch full.
+pub const LOAD_PRIORITY: i32 = 1;
 
 /// Live figures measured on this side, for a target that publishes none (a remote server).
 pub struct ClientLive {

@@ -55,6 +55,8 @@ pub struct LoadSpec {
     pub prompt_len: LenDist,
     pub output_len: LenDist,
     pub seed: u64,
+    /// Every request's scheduling priority (lower runs first under `Policy::Priority`).
+    pub priority: i32,
 }
 
 /// Token ids cut from the bundled text, so prompts are real language of an exact length.
@@ -178,7 +180,7 @@ fn next_request(
             ignore_eos: true,
             ..StopCriteria::default()
         },
-        priority: 0,
+        priority: spec.priority,
     };
     (req, plen, olen)
 }
@@ -337,6 +339,7 @@ mod tests {
             prompt_len: LenDist::Fixed(16),
             output_len: LenDist::Fixed(1),
             seed,
+            priority: 0,
         };
         let target = Recorder(Mutex::new(Vec::new()));
         for seed in [0, 1, 0] {

@@ -7,6 +7,9 @@
 //! served first, then waiting ones in policy order. When KV blocks run out, the newest running
 //! request (lowest priority under [`Policy::Priority`]) is preempted: its blocks are freed, its
 //! generated tokens kept, and it goes back to the front of the queue to be recomputed later.
+//! Under [`Policy::Priority`] a full batch also makes room, one request per step, for a waiting
+//! request of a strictly better priority than its worst running one (as vLLM v0's priority
+//! scheduling): the window's chats go ahead of its load generator's requests this way.
 //!
 //! Protocol, once per step: `out = schedule()`, run the model on `out`, sample a token for each
 //! [`ScheduledSeq`] with `sample` set, then `update(&out, &sampled)`. Stop tokens and strings
@@ -392,14 +395,35 @@ impl Scheduler {
         let mut out = SchedulerOutput::default();
         let mut budget = self.config.max_num_batched_tokens;
         self.sort_running();
+        self.preempt_for_priority(&mut out);
+        let for_priority = out.preempted.len();
         self.schedule_running(&mut out, &mut budget);
-        // As vLLM: a step that had to preempt admits nobody, or it would thrash.
-        if out.preempted.is_empty() {
+        // As vLLM: a step that had to preempt for KV blocks admits nobody, or it would thrash.
+        // A slot freed for a better priority is taken in the same step.
+        if out.preempted.len() == for_priority {
             self.schedule_waiting(&mut out, &mut budget);
         }
         out.num_batched_tokens = out.scheduled.iter().map(|s| s.tokens.len()).sum();
         self.last_step = (out.scheduled.len(), out.num_batched_tokens);
         out
+    }
+
+    /// Under [`Policy::Priority`], with every batch slot taken: preempts the worst running
+    /// request when the best waiting one has a strictly lower priority value, so that one can
+    /// start in this step. Equal priorities never preempt each other, so this cannot thrash.
+    fn preempt_for_priority(&mut self, out: &mut SchedulerOutput) {
+        if self.config.policy != Policy::Priority || self.running.len() < self.config.max_num_seqs {
+            return;
+        }
+        let (Some(idx), Some(&worst)) = (self.next_waiting(), self.running.last()) else {
+            return;
+        };
+        if self.order_key(self.waiting[idx]).0 < self.order_key(worst).0 {
+            self.running.pop();
+            self.requeue_front(worst);
+            self.preemptions_total += 1;
+            out.preempted.push(worst);
+        }
     }
 
     fn schedule_running(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {

@@ -689,6 +689,53 @@ fn priority_policy_preempts_lowest_priority() {
 }
 
 #[test]
+fn priority_policy_makes_room_in_a_full_batch() {
+    // Two priority-1 requests fill the batch; a priority-0 one arrives.
+    for (policy, late_priority, preempts) in [
+        (Policy::Fcfs, 0, false),
+        (Policy::Priority, 1, false),
+        (Policy::Priority, 0, true),
+    ] {
+        let config = SchedulerConfig {
+            max_num_seqs: 2,
+            policy,
+            ..cfg()
+        };
+        let mut s = Scheduler::new(config, 64, 4).expect("valid");
+        s.add_request(req(1, &[1, 2], 50, 1)).expect("ok");
+        s.add_request(req(2, &[3, 4], 50, 1)).expect("ok");
+        step(&mut s);
+        s.add_request(req(3, &[5, 6], 50, late_priority))
+            .expect("ok");
+        let (out, _) = step(&mut s);
+        let case = format!("{policy:?}, late priority {late_priority}");
+        if preempts {
+            assert_eq!(
+                out.preempted,
+                vec![2],
+                "{case}: the newest of the worst goes"
+            );
+            let case_ids = ids(&out);
+            assert_eq!(
+                case_ids,
+                vec![1, 3],
+                "{case}: the better one takes its slot"
+            );
+            for _ in 0..3 {
+                let (out, _) = step(&mut s);
+                assert!(out.preempted.is_empty(), "{case}: no thrash");
+            }
+            let (out, _) = step(&mut s);
+            assert!(out.preempted.is_empty(), "{case}: no thrash");
+            assert_eq!(s.stats().preemptions_total, 1, "{case}");
+        } else {
+            assert!(out.preempted.is_empty(), "{case}");
+            assert_eq!(ids(&out), vec![1, 2], "{case}: it waits for a free slot");
+        }
+    }
+}
+
+#[test]
 fn prefix_cache_hits_and_switching_off() {
     let mut s = Scheduler::new(cfg(), 32, 4).expect("valid");
     let prompt: Vec<u32> = (0..10).collect();
