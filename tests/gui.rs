@@ -92,17 +92,23 @@ fn type_message(h: &mut Harness<'static, TpsApp>, text: &str) {
     h.step();
 }
 
-#[test]
-fn chat_streams_an_answer_and_stops() {
-    // Greedy, so the answers are the same on every run.
+/// A fresh window state whose one conversation samples greedily (the same answer every run).
+fn greedy_chat(max_tokens: usize) -> AppState {
     let mut state = AppState::default();
     state.chat.conversations = vec![Conversation {
         id: 1,
         title: "Chat 1".into(),
         sampling: SamplingParams::greedy(),
-        max_tokens: 48,
+        max_tokens,
         ..Conversation::default()
     }];
+    state
+}
+
+#[test]
+fn chat_streams_an_answer_and_stops() {
+    // Greedy, so the answers are the same on every run.
+    let state = greedy_chat(48);
     let mut h = harness(state);
     wait_for_model(&mut h);
 
@@ -151,14 +157,7 @@ fn chat_streams_an_answer_and_stops() {
 #[test]
 fn under_the_priority_policy_a_chat_goes_ahead_of_a_full_load() {
     // The load generator fills both batch slots with long requests; a chat then needs one.
-    let mut state = AppState::default();
-    state.chat.conversations = vec![Conversation {
-        id: 1,
-        title: "Chat 1".into(),
-        sampling: SamplingParams::greedy(),
-        max_tokens: 4,
-        ..Conversation::default()
-    }];
+    let mut state = greedy_chat(4);
     state.dash.knobs.scheduler.max_num_seqs = 2;
     state.dash.knobs.scheduler.policy = Policy::Priority;
     (state.dash.load.concurrency, state.dash.load.prompt_len) = (2, 16);
