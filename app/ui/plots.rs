@@ -203,11 +203,9 @@ fn time_plot(
                 .text_style(egui::TextStyle::Small)
                 .follow_insertion_order(true),
         )
-        .show_background(false)
         .include_y(0.0)
-        .x_grid_spacer(nice_grid)
-        .grid_spacing(egui::Rangef::new(GRID_MIN_PX, 300.0))
         .y_axis_min_width(Y_AXIS_WIDTH);
+    plot = styled(plot);
     // Counts (batch size, queue depth, blocks) get no 0.2 or 0.5 steps.
     if lines
         .iter()
@@ -237,6 +235,14 @@ fn time_plot(
         marks(p, h);
     });
     outline(ui, shown.response.rect);
+}
+
+/// What every plot here shares: no filled background (see [`outline`]), 1-2-5 grid steps on the
+/// x axis (the y axis may take its own), no grid lines closer than [`GRID_MIN_PX`].
+fn styled(plot: Plot<'_>) -> Plot<'_> {
+    plot.show_background(false)
+        .x_grid_spacer(nice_grid)
+        .grid_spacing(egui::Rangef::new(GRID_MIN_PX, 300.0))
 }
 
 /// The border of a plot area drawn without a background.
@@ -356,12 +362,9 @@ pub(super) fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f3
             .collect::<Vec<_>>()
             .join("  vs  ")
     ));
-    let shown = Plot::new("plot_sweep")
+    let shown = styled(Plot::new("plot_sweep"))
         .height(height)
-        .show_background(false)
-        .x_grid_spacer(nice_grid)
         .y_grid_spacer(nice_grid)
-        .grid_spacing(egui::Rangef::new(GRID_MIN_PX, 300.0))
         .x_axis_label("per-request TPS, mean (tok/s)")
         .y_axis_label("aggregate TPS (tok/s)")
         .include_y(0.0)

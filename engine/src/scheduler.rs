@@ -375,6 +375,13 @@ impl Scheduler {
         self.waiting.push_front(id);
     }
 
+    /// Preempts `id` (already out of `running`) in this step: requeued, counted, reported.
+    fn preempt(&mut self, id: RequestId, out: &mut SchedulerOutput) {
+        self.requeue_front(id);
+        self.preemptions_total += 1;
+        out.preempted.push(id);
+    }
+
     fn scheduled_seq(&self, id: RequestId, start: usize, n: usize) -> ScheduledSeq {
         let tokens = self
             .reqs
@@ -420,9 +427,7 @@ impl Scheduler {
         };
         if self.order_key(self.waiting[idx]).0 < self.order_key(worst).0 {
             self.running.pop();
-            self.requeue_front(worst);
-            self.preemptions_total += 1;
-            out.preempted.push(worst);
+            self.preempt(worst, out);
         }
     }
 
@@ -452,9 +457,7 @@ impl Scheduler {
                 let Some(victim) = self.running.pop() else {
                     break false;
                 };
-                self.requeue_front(victim);
-                self.preemptions_total += 1;
-                out.preempted.push(victim);
+                self.preempt(victim, out);
                 if victim == id {
                     break false;
                 }
