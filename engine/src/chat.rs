@@ -14,6 +14,8 @@ use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
+pub use crate::chat_budget::{Overrun, RenderBudget};
+use crate::chat_budget::{Rendered, isolated};
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 
@@ -36,6 +38,9 @@ pub enum ChatError {
     Rejected(String),
     #[error("rendering the chat template failed: {0}")]
     Render(String),
+    /// The template ran past its [`RenderBudget`] and was stopped.
+    #[error("the chat template of {model} was stopped: {overrun}")]
+    OverBudget { model: String, overrun: Overrun },
 }
 
 /// One message of a conversation, in the OpenAI / Hugging Face shape.
@@ -73,6 +78,9 @@ pub struct ChatTemplate {
     source: String,
     bos: String,
     eos: String,
+    budget: RenderBudget,
+    /// Whose template this is, for errors.
+    model: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -110,7 +118,14 @@ impl ChatTemplate {
             id.and_then(|id| tokenizer.id_to_token(id))
                 .unwrap_or_default()
         };
-        Self::new(source, text(tokenizer.bos_id()), text(tokenizer.eos_id()))
+        let model = gguf
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .map_or_else(
+                || "this model".to_string(),
+                |n| n.chars().take(100).collect(),
+            );
+        Ok(Self::new(source, text(tokenizer.bos_id()), text(tokenizer.eos_id()))?.named(model))
     }
 
     /// Compiles `source`; `bos` and `eos` are what the template sees as `bos_token`/`eos_token`.
@@ -129,12 +144,35 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| ChatError::Syntax(e.to_string()))?;
+        let budget = RenderBudget::default();
+        env.set_fuel(Some(budget.fuel));
         Ok(Self {
             env,
             source: source.to_string(),
             bos: bos.into(),
             eos: eos.into(),
+            budget,
+            model: "this model".into(),
         })
+    }
+
+    /// The same template under another budget.
+    #[must_use]
+    pub fn with_budget(mut self, budget: RenderBudget) -> Self {
+        self.env.set_fuel(Some(budget.fuel));
+        self.budget = budget;
+        self
+    }
+
+    /// The same template, named after `model` in its errors.
+    #[must_use]
+    pub fn named(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    pub fn budget(&self) -> &RenderBudget {
+        &self.budget
     }
 
     /// The default ChatML template.
@@ -151,16 +189,33 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation. With `add_generation_prompt`, the text ends with the opening of
-    /// an assistant turn, so the model's next tokens are its answer.
+    /// an assistant turn, so the model's next tokens are its answer. The render runs under the
+    /// template's [`RenderBudget`] (see [`crate::chat_budget`]); may take up to its time limit, so
+    /// call it off a UI thread.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| ChatError::Syntax(e.to_string()))?;
+        match isolated(&self.budget, || {
+            self.render_here(messages, add_generation_prompt)
+        }) {
+            Rendered::Text(t) => Ok(t),
+            Rendered::Rejected(m) => Err(ChatError::Rejected(m)),
+            Rendered::Failed(m) => Err(ChatError::Render(m)),
+            Rendered::Over(overrun) => Err(ChatError::OverBudget {
+                model: self.model.clone(),
+                overrun,
+            }),
+        }
+    }
+
+    /// The render itself, in this process, with fuel and the output cap.
+    fn render_here(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Rendered {
+        let tmpl = match self.env.get_template(TEMPLATE_NAME) {
+            Ok(t) => t,
+            Err(e) => return Rendered::Failed(e.to_string()),
+        };
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| Value::from_object(MessageObject(m.clone())))
@@ -174,17 +229,64 @@ impl ChatTemplate {
             tools => Value::from(()),
             documents => Value::from(()),
         };
-        tmpl.render(ctx).map_err(|e| {
-            let mut source: Option<&(dyn std::error::Error + 'static)> =
-                std::error::Error::source(&e);
-            while let Some(s) = source {
-                if let Some(r) = s.downcast_ref::<Raised>() {
-                    return ChatError::Rejected(r.0.clone());
-                }
-                source = s.source();
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            cap: self.budget.max_output,
+            over: false,
+        };
+        let result = tmpl.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Rendered::Over(Overrun::Output(self.budget.max_output));
+        }
+        match result {
+            Ok(_) => match String::from_utf8(out.buf) {
+                Ok(t) => Rendered::Text(t),
+                Err(e) => Rendered::Failed(e.to_string()),
+            },
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                Rendered::Over(Overrun::Fuel(self.budget.fuel))
             }
-            ChatError::Render(e.to_string())
-        })
+            // minijinja's own guard (its text is the only mark it leaves).
+            Err(e)
+                if e.kind() == ErrorKind::InvalidOperation
+                    && e.to_string().contains("recursion limit exceeded") =>
+            {
+                Rendered::Over(Overrun::Depth(self.env.recursion_limit()))
+            }
+            Err(e) => {
+                let mut source: Option<&(dyn std::error::Error + 'static)> =
+                    std::error::Error::source(&e);
+                while let Some(s) = source {
+                    if let Some(r) = s.downcast_ref::<Raised>() {
+                        return Rendered::Rejected(r.0.clone());
+                    }
+                    source = s.source();
+                }
+                Rendered::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+/// The render's output, refusing to grow past `cap` (the write fails, which ends the render).
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("chat template output over its cap"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -263,3 +263,36 @@ pub fn write_gguf<W: Write>(
     }
     w.finish()
 }
+
+/// Copies the GGUF at `src` to `dst` with metadata keys set (added or replaced) from `set`, as
+/// gguf-py's `gguf_new_metadata` does; tensors are copied one at a time.
+pub fn copy_with_metadata(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    set: &[(String, Value)],
+) -> Result<(), GgufWriteError> {
+    let file = crate::gguf::GgufFile::open(src)
+        .map_err(|e| GgufWriteError::Invalid(format!("{}: {e}", src.display())))?;
+    let mut metadata: Vec<(String, Value)> = file
+        .metadata
+        .iter()
+        .filter(|(k, _)| !set.iter().any(|(s, _)| s == *k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.extend(set.iter().cloned());
+    let descs = file
+        .tensors
+        .iter()
+        .map(|t| TensorDesc::new(t.name.clone(), t.dims.clone(), t.ty))
+        .collect();
+    let out = std::io::BufWriter::new(std::fs::File::create(dst)?);
+    let mut w = GgufWriter::new(out, &metadata, descs)?;
+    for t in &file.tensors {
+        let data = file
+            .read_tensor(t)
+            .map_err(|e| GgufWriteError::Invalid(format!("{}: {e}", t.name)))?;
+        w.write_tensor(&data)?;
+    }
+    w.finish()?.flush()?;
+    Ok(())
+}

@@ -22,6 +22,8 @@
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
 //! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
+//! - [`chat_budget`]: the budgets of a template render (fuel, output, time, memory) and the
+//!   isolated render that enforces them.
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
 //! - [`stop`]: stop tokens, stop strings and token limits; finish reasons.
@@ -39,6 +41,7 @@ pub mod attention;
 pub mod backend;
 pub mod block_pool;
 pub mod chat;
+pub mod chat_budget;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda_model;
