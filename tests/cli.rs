@@ -240,6 +240,63 @@ fn broken_model_files_give_one_clear_line() {
     );
 }
 
+/// A model whose chat template never ends: `generate --chat` stops within seconds with one line
+/// naming the model and the limit; the same model still answers a plain prompt.
+#[test]
+fn a_runaway_chat_template_fails_generate_chat_clearly() {
+    let dir = std::env::temp_dir().join(format!("tpslab-cli-runaway-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("runaway.gguf");
+    tpslab_engine::gguf_write::copy_with_metadata(
+        &model(),
+        &path,
+        &[
+            (
+                "tokenizer.chat_template".into(),
+                tpslab_engine::gguf::Value::String(
+                    include_str!("../engine/tests/data/runaway/string_doubling.jinja").into(),
+                ),
+            ),
+            (
+                "general.name".into(),
+                tpslab_engine::gguf::Value::String("Doubling Template".into()),
+            ),
+        ],
+    )
+    .expect("copy the model with a runaway template");
+    let p = path.to_str().expect("utf8 path");
+    let start = std::time::Instant::now();
+    fails_with(
+        &[
+            "generate",
+            "--model",
+            p,
+            "--chat",
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "4",
+        ],
+        "the chat template of Doubling Template was stopped",
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    let out = tpslab(&[
+        "generate",
+        "--model",
+        p,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_flags_and_prompts_are_refused() {
     let m = model();

@@ -651,3 +651,54 @@ fn the_api_server_starts_from_the_window_and_serves_its_engine() {
             && http(&addr, "GET", "/v1/models", "").is_none()
     });
 }
+
+/// A model whose chat template never ends: the answer says why in the chat, and frames went on
+/// while the template ran (its render is on a worker, never in a frame).
+#[test]
+fn a_runaway_chat_template_is_an_error_in_the_chat_not_a_frozen_window() {
+    let dir = std::env::temp_dir().join(format!("tpslab-gui-runaway-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("runaway.gguf");
+    let default = tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}"))
+        .expect("default model");
+    tpslab_engine::gguf_write::copy_with_metadata(
+        &default,
+        &path,
+        &[(
+            "tokenizer.chat_template".into(),
+            tpslab_engine::gguf::Value::String(
+                include_str!("../engine/tests/data/runaway/nested_loops.jinja").into(),
+            ),
+        )],
+    )
+    .expect("copy the model with a runaway template");
+    let mut h = harness_with(
+        greedy_chat(8),
+        path.to_str().expect("utf8 path"),
+        DeviceChoice::Cpu,
+        [1000.0, 800.0],
+    );
+    wait_for_model(&mut h);
+    type_message(&mut h, "Hello");
+    h.get_by_label("Send").click();
+    let mut frames_while_rendering = 0;
+    wait_until(&mut h, "the template's error in the chat", 60, |h| {
+        let finish = last_message(h).map(|(_, _, f)| f).unwrap_or_default();
+        frames_while_rendering += usize::from(finish == "preparing the prompt");
+        finish.contains("was stopped")
+    });
+    assert!(
+        frames_while_rendering > 0,
+        "no frame was drawn while the template ran"
+    );
+    assert!(
+        has(&h, "ran past its budget"),
+        "the error is shown in the chat"
+    );
+    // The window goes on: a new conversation opens.
+    let before = h.state().state.chat.conversations.len();
+    h.get_by_label("New chat").click();
+    h.step();
+    assert_eq!(h.state().state.chat.conversations.len(), before + 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

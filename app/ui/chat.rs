@@ -1,12 +1,13 @@
 //! The chat panel: conversations (saved), their streaming generations (runtime) and the panel UI.
 
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::Instant;
 
 use egui::{Key, Modifiers};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::chat::ChatMessage;
-use tpslab_engine::engine::{Event, Request};
+use tpslab_engine::engine::{EngineHandle, Event, Request};
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::scheduler::RequestId;
 
@@ -139,9 +140,16 @@ impl ChatState {
 }
 
 /// A generation in flight: its request, its event channel and the timing seen by the UI.
+///
+/// The prompt is rendered (the model's chat template, which may take up to its time limit) and
+/// tokenized on a worker thread, which then submits the request; until it has, `id` is None.
 pub struct Generation {
     pub chat: u64,
-    pub id: RequestId,
+    id: Option<RequestId>,
+    /// The worker's answer: the engine's id for the request, or why it could not be sent.
+    prep: Option<Receiver<Result<RequestId, String>>>,
+    /// Stop was asked before the request reached the engine.
+    stop_asked: bool,
     rx: Receiver<Event>,
     sent: Instant,
     first: Option<Instant>,
@@ -150,7 +158,9 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Submits the conversation (which must end with an empty assistant message) to the engine.
+    /// Starts submitting the conversation (which must end with an empty assistant message):
+    /// the template and tokenizer run on a worker, so a slow or runaway template never holds a
+    /// frame.
     pub fn submit(backend: &Backend, conv: &Conversation) -> Result<Self, String> {
         let mut messages = Vec::new();
         if !conv.system.trim().is_empty() {
@@ -163,37 +173,91 @@ impl Generation {
                 Role::Assistant => ChatMessage::assistant(m.text.clone()),
             });
         }
-        let prompt = backend
-            .lm
-            .chat_prompt(&messages)
-            .map_err(|e| e.to_string())?;
         conv.sampling.validate().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::channel();
-        let req = Request {
-            prompt,
-            sampling: conv.sampling.clone(),
-            stop: backend.lm.default_stop(Some(conv.max_tokens.max(1))),
-            priority: 0,
-        };
-        let sent = Instant::now();
-        let id = backend.engine.submit(req, tx);
+        let (prep_tx, prep) = mpsc::channel();
+        let (lm, engine) = (Arc::clone(&backend.lm), backend.engine.clone());
+        let (sampling, max_tokens) = (conv.sampling.clone(), conv.max_tokens.max(1));
+        std::thread::Builder::new()
+            .name("chat-prompt".into())
+            .spawn(move || {
+                let sent = lm.chat_prompt(&messages).map(|prompt| {
+                    let req = Request {
+                        prompt,
+                        sampling,
+                        stop: lm.default_stop(Some(max_tokens)),
+                        priority: 0,
+                    };
+                    engine.submit(req, tx)
+                });
+                let _ = prep_tx.send(sent.map_err(|e| e.to_string()));
+            })
+            .map_err(|e| format!("cannot start the prompt worker: {e}"))?;
         Ok(Self {
             chat: conv.id,
-            id,
+            id: None,
+            prep: Some(prep),
+            stop_asked: false,
             rx,
-            sent,
+            sent: Instant::now(),
             first: None,
             last: None,
             tokens: 0,
         })
     }
 
+    /// Stops the generation: at once if the engine has it, else as soon as it does.
+    pub fn stop(&mut self, engine: &EngineHandle) {
+        match self.id {
+            Some(id) => engine.cancel(id),
+            None => self.stop_asked = true,
+        }
+    }
+
+    /// Takes the worker's answer when it has come: false (and the reason under the answer) when
+    /// the prompt could not be made, e.g. a chat template over its budget.
+    fn poll_prep(&mut self, msg: &mut Message, engine: Option<&EngineHandle>) -> bool {
+        let Some(prep) = &self.prep else {
+            return true;
+        };
+        match prep.try_recv() {
+            Ok(Ok(id)) => {
+                self.id = Some(id);
+                self.prep = None;
+                if self.stop_asked
+                    && let Some(engine) = engine
+                {
+                    engine.cancel(id);
+                }
+                true
+            }
+            Ok(Err(e)) => {
+                msg.stats = Some(self.stats(&format!("cannot send: {e}")));
+                false
+            }
+            Err(TryRecvError::Empty) => {
+                msg.stats = Some(self.stats("preparing the prompt"));
+                true
+            }
+            Err(TryRecvError::Disconnected) => {
+                msg.stats = Some(self.stats("cannot send: the prompt worker stopped"));
+                false
+            }
+        }
+    }
+
     /// Moves every event waiting on the channel into the conversation's last message (tokens are
     /// batched per frame). Returns true when the generation has ended.
-    pub fn drain(&mut self, conv: &mut Conversation) -> bool {
+    pub fn drain(&mut self, conv: &mut Conversation, engine: Option<&EngineHandle>) -> bool {
         let Some(msg) = conv.messages.last_mut() else {
             return true;
         };
+        if !self.poll_prep(msg, engine) {
+            return true;
+        }
+        if self.id.is_none() {
+            return false;
+        }
         loop {
             match self.rx.try_recv() {
                 Ok(Event::Started { .. }) => {}

@@ -308,8 +308,14 @@ impl TpsApp {
             }
         }
         let chats = &mut self.state.chat;
+        let engine = self
+            .rt
+            .model
+            .as_ref()
+            .and_then(ModelSlot::backend)
+            .map(|b| &b.engine);
         self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
-            Some(conv) => !g.drain(conv),
+            Some(conv) => !g.drain(conv, engine),
             None => false,
         });
         if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
@@ -491,9 +497,15 @@ impl TpsApp {
             Command::Send { chat, text } => self.send(chat, text),
             Command::Regenerate { chat } => self.regenerate(chat),
             Command::Stop { chat } => {
-                if let Some(engine) = self.engine() {
-                    for g in self.rt.gens.iter().filter(|g| g.chat == chat) {
-                        engine.cancel(g.id);
+                if let Some(engine) = self
+                    .rt
+                    .model
+                    .as_ref()
+                    .and_then(ModelSlot::backend)
+                    .map(|b| &b.engine)
+                {
+                    for g in self.rt.gens.iter_mut().filter(|g| g.chat == chat) {
+                        g.stop(engine);
                     }
                 }
                 Ok(())
