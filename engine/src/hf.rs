@@ -204,6 +204,11 @@ fn config_metadata(
             cfg.hidden_size
         )));
     }
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(bad(format!(
+            "{heads} attention heads do not share {kv_heads} key/value heads"
+        )));
+    }
     let head_dim = cfg.hidden_size / heads;
     if cfg.head_dim.is_some_and(|d| d != head_dim) {
         return Err(bad(format!(
@@ -391,7 +396,8 @@ fn tensors(
             };
             if let Some(h) = rope_heads {
                 let rows = t.shape[0];
-                if !rows.is_multiple_of(2 * h) {
+                // h comes from config.json: checked, so a hostile count is an error, not a wrap.
+                if h.checked_mul(2).is_none_or(|d| !rows.is_multiple_of(d)) {
                     return Err(bad(format!(
                         "{rows} rows do not split into {h} heads of an even size"
                     )));
