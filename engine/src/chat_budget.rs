@@ -5,7 +5,7 @@
 //! loops (`range(100000)` three deep) and a capped writer stops one that prints without end, but
 //! neither can stop one that doubles a string in a loop or a macro (`ns.s ~ ns.s`, 40 times: each
 //! step is one instruction, the 35th asks for 16 GiB) or spends its time inside one builtin. On
-//! Unix the render therefore runs in a forked copy of the process with an address-space limit,
+//! Linux the render therefore runs in a forked copy of the process with an address-space limit,
 //! and the caller waits for its answer on a pipe with a deadline: a runaway child is killed and
 //! the caller gets a clear error, whatever the template did. Elsewhere the render runs in
 //! process with fuel and the output cap only.
@@ -25,7 +25,7 @@ pub struct RenderBudget {
     pub max_output: usize,
     /// Wall-clock time for the whole render.
     pub time_limit: Duration,
-    /// Memory the render may allocate beyond what the process already has (Unix only).
+    /// Memory the render may allocate beyond what the process already has (Linux only).
     pub max_memory: usize,
 }
 
@@ -94,14 +94,14 @@ pub enum Rendered {
     Over(Overrun),
 }
 
-/// Runs `render` under `budget`'s time and memory limits: in a forked child on Unix, here
+/// Runs `render` under `budget`'s time and memory limits: in a forked child on Linux, here
 /// elsewhere (where only the fuel and output limits inside `render` hold).
 pub fn isolated(budget: &RenderBudget, render: impl FnOnce() -> Rendered) -> Rendered {
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     {
-        unix::isolated(budget, render)
+        linux::isolated(budget, render)
     }
-    #[cfg(not(unix))]
+    #[cfg(not(target_os = "linux"))]
     {
         let _ = budget;
         render()
@@ -150,8 +150,8 @@ fn decode(bytes: &[u8]) -> Option<Rendered> {
     })
 }
 
-#[cfg(unix)]
-mod unix {
+#[cfg(target_os = "linux")]
+mod linux {
     use std::io::Read;
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::time::Instant;
@@ -336,7 +336,7 @@ mod tests {
         assert_eq!(decode(b"?abc"), None);
     }
 
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_child_that_hangs_is_killed_at_the_deadline() {
         let budget = RenderBudget {
@@ -353,7 +353,7 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(5));
     }
 
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_child_past_its_memory_limit_dies_alone() {
         let budget = RenderBudget {
@@ -379,7 +379,7 @@ mod tests {
         assert_eq!(here.len(), 128 << 20);
     }
 
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_child_answer_past_the_cap_is_cut() {
         let budget = RenderBudget {
