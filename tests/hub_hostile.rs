@@ -629,3 +629,31 @@ fn the_cli_refuses_a_hostile_pull_and_touches_nothing() {
     c.assert_untouched("tpslab pull");
     assert!(walkdir(c.lib.root()).is_empty());
 }
+
+#[test]
+fn two_pulls_never_append_to_the_same_partial_file() {
+    let s = server();
+    let home = TempDir::new("busy");
+    let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
+    *s.faults.cut.lock().expect("cut") = Some((GGUF_NAME.into(), 0));
+    let r = req("tpslab/smollm2-gguf");
+    let e = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
+        .0
+        .expect_err("cut");
+    assert!(matches!(e, HubError::Interrupted { .. }), "{e}");
+    let (part, _) = lib.partial_downloads().remove(0);
+    // Another pull holds the partial file (its lock, as a running pull does).
+    let held = std::fs::File::open(&part).expect("open part");
+    held.lock().expect("lock");
+    let e = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
+        .0
+        .expect_err("busy");
+    assert!(matches!(e, HubError::Busy(_)), "{e}");
+    assert!(e.to_string().contains(GGUF_NAME), "{e}");
+    assert!(part.exists(), "the other pull's partial file is left alone");
+    drop(held);
+    let m = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
+        .0
+        .expect("once the other pull is gone");
+    assert_eq!(m.sha256, gguf_file().sha256());
+}

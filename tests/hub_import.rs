@@ -43,7 +43,7 @@ fn gguf_with(arch: &str, n_tensors: usize) -> Vec<u8> {
     write_gguf(Vec::new(), &md, &tensors).expect("write")
 }
 
-fn st_set(config: &str, weights: Vec<u8>) -> Vec<(&'static str, Vec<u8>)> {
+fn st_set(config: &str, weights: Vec<u8>) -> Files {
     vec![
         ("config.json", config.as_bytes().to_vec()),
         ("tokenizer.json", b"{\"model\":{}}".to_vec()),
@@ -61,8 +61,11 @@ fn empty_safetensors() -> Vec<u8> {
 
 const LLAMA: &str = r#"{"architectures":["LlamaForCausalLM"],"max_position_embeddings":64}"#;
 
+/// A model's files: (name, bytes).
+type Files = Vec<(&'static str, Vec<u8>)>;
+
 /// The broken models, each with what its refusal must say.
-fn broken() -> Vec<(&'static str, Vec<(&'static str, Vec<u8>)>, &'static str)> {
+fn broken() -> Vec<(&'static str, Files, &'static str)> {
     vec![
         (
             "no-tensors",

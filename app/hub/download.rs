@@ -118,6 +118,8 @@ pub(super) async fn fetch(
         result,
         Err(HubError::Interrupted { .. }
             | HubError::Cancelled
+            // Another pull's file: not ours to delete.
+            | HubError::Busy(_)
             | HubError::Network { .. }
             | HubError::Timeout { .. })
     );
@@ -214,25 +216,35 @@ fn rewind(file: &mut std::fs::File, pos: u64) -> std::io::Result<()> {
     file.seek(SeekFrom::Start(pos)).map(|_| ())
 }
 
-/// The partial file at `part`, truncated to `pos` bytes and positioned there: created with
-/// `create_new` when missing; otherwise opened only if the file opened is the plain file that
-/// was checked (same device and inode, one name), so a link swapped in meanwhile is not written
-/// through.
+/// The partial file at `part`, truncated to `pos` bytes and positioned there, locked against a
+/// second pull appending to it at the same time: created with `create_new` when missing;
+/// otherwise opened only if the file opened is the plain file that was checked (same device and
+/// inode, one name), so a link swapped in meanwhile is not written through.
 fn open_part(lib: &Library, name: &str, part: &Path, pos: u64) -> Result<std::fs::File, HubError> {
     let werr = |e| HubError::from(write_error(lib.root(), name, part, e));
-    let Some(md) = plain_file(part)? else {
-        return std::fs::File::create_new(part).map_err(werr);
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(part)
-        .map_err(werr)?;
-    let opened = file.metadata().map_err(werr)?;
-    if !same_file(&md, &opened) {
-        return Err(IndexError::Link {
-            path: part.to_path_buf(),
+    let mut file = match plain_file(part)? {
+        None => std::fs::File::create_new(part).map_err(werr)?,
+        Some(md) => {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(part)
+                .map_err(werr)?;
+            let opened = file.metadata().map_err(werr)?;
+            if !same_file(&md, &opened) {
+                return Err(IndexError::Link {
+                    path: part.to_path_buf(),
+                }
+                .into());
+            }
+            file
         }
-        .into());
+    };
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(HubError::Busy(name.to_string()));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(werr(e)),
     }
     rewind(&mut file, pos).map_err(werr)?;
     Ok(file)

@@ -94,6 +94,8 @@ pub enum HubError {
         file: String,
         expected: u64,
     },
+    #[error("another pull is downloading {0} into this library now; wait for it to finish")]
+    Busy(String),
     #[error("download cancelled; the library is unchanged")]
     Cancelled,
     #[error(transparent)]

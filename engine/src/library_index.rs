@@ -365,8 +365,16 @@ impl Library {
         let base = self.subdir(&[STAGING_DIR])?;
         sweep_staging(&base);
         let dir = base.join(unique());
-        std::fs::create_dir(&dir)
-            .map_err(|e| write_error(&self.root, "a staging folder", &dir, e))?;
+        let mut made = std::fs::create_dir(&dir);
+        if made
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            // Another process's finished staging removed the empty `.staging` in between.
+            self.subdir(&[STAGING_DIR])?;
+            made = std::fs::create_dir(&dir);
+        }
+        made.map_err(|e| write_error(&self.root, "a staging folder", &dir, e))?;
         Ok(Staging { dir })
     }
 

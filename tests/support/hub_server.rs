@@ -464,6 +464,17 @@ fn serve_file(
         ];
         return respond_owned(conn, "302 Found", &with_hostile(headers, h), b"");
     }
+    serve_bytes(conn, data, f, req)
+}
+
+/// A file's bytes: the range asked (unless the repo ignores ranges), with the faults applied.
+fn serve_bytes(
+    conn: &mut TcpStream,
+    data: &RepoData,
+    f: &File,
+    req: &Served<'_>,
+) -> std::io::Result<()> {
+    let (h, sha, file) = (&data.hostile, f.sha256(), f.name.as_str());
     let len = f.bytes.len() as u64;
     let mut headers = vec![
         ("x-repo-commit", COMMIT.to_string()),
