@@ -77,6 +77,17 @@ fn pulls_a_gguf_with_progress_and_registers_it() {
     assert_eq!(models.len(), 1);
     assert_eq!(models[0], m);
     assert!(s.seen().iter().all(|r| !r.path.ends_with("README.md")));
+    // Downloads are pinned to the listed commit, and nothing is left behind: no cache, no
+    // staging folder.
+    assert!(
+        s.seen()
+            .iter()
+            .filter(|r| r.path.contains("/resolve/"))
+            .all(|r| r.path.contains(&format!("/resolve/{}/", hub_server::COMMIT))),
+        "{:?}",
+        s.seen()
+    );
+    assert!(!lib.hub_cache().exists() && !lib.root().join(".staging").exists());
     // Pulling it again is refused by name, before any download.
     let (again, _) = pull(
         &cfg(&s),

@@ -34,14 +34,13 @@ pub fn pull(
     let rt = runtime()?;
     let mut meter = Meter::new(cancel, on_progress);
     let result = rt.block_on(pull_async(&http, lib, req, &mut meter));
-    if result.is_err() {
-        tidy(lib);
-    }
+    tidy(lib);
     result
 }
 
-/// Removes the hub cache's folders when a failed pull left them empty (`remove_dir` removes
-/// only an empty folder, and never follows a link).
+/// Removes the hub cache's folders when a pull left them empty (every file moved into the
+/// library, or nothing kept to resume from); `remove_dir` removes only an empty folder, and
+/// never follows a link.
 fn tidy(lib: &Library) {
     let cache = lib.hub_cache();
     let _ = std::fs::remove_dir(cache.join(BLOBS));
