@@ -210,7 +210,7 @@ pub fn run_pull(a: &PullArgs) -> Result<()> {
             "{} @ {} (commit {}){}",
             l.repo,
             l.revision,
-            l.commit.as_deref().unwrap_or("?"),
+            l.commit,
             if l.gated { ", gated" } else { "" }
         );
         for f in &l.files {
@@ -219,6 +219,7 @@ pub fn run_pull(a: &PullArgs) -> Result<()> {
                 human_bytes(f.size),
                 f.sha256
                     .as_deref()
+                    .or(f.blob_id.as_deref())
                     .map_or("-", |s| s.get(..12).unwrap_or(s)),
                 f.name
             );

@@ -45,14 +45,20 @@ const MAX_DIM: u64 = 1 << 20;
 const MAX_LAYERS: u64 = 1024;
 const MAX_CONTEXT: u64 = 1 << 24;
 
+/// The RoPE layout of a GGUF `general.architecture` the engine runs; `None` for any other (the
+/// library's import check asks this too, so a model it admits is one that loads).
+pub fn rope_style(arch: &str) -> Option<RopeStyle> {
+    match arch {
+        "llama" | "mistral" | "smollm" => Some(RopeStyle::Interleaved),
+        "qwen2" => Some(RopeStyle::Neox),
+        _ => None,
+    }
+}
+
 impl ModelConfig {
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
         let arch = f.get_str("general.architecture")?.to_string();
-        let rope_style = match arch.as_str() {
-            "llama" | "mistral" | "smollm" => RopeStyle::Interleaved,
-            "qwen2" => RopeStyle::Neox,
-            _ => return Err(ConfigError::Arch(arch)),
-        };
+        let rope_style = rope_style(&arch).ok_or_else(|| ConfigError::Arch(arch.clone()))?;
         let key = |k: &str| format!("{arch}.{k}");
         let bounded = |k: &str, max: u64| -> Result<usize, ConfigError> {
             let v = f.get_u64(&key(k))?;

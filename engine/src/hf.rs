@@ -117,19 +117,31 @@ fn required(dir: &Path, file: &'static str) -> Result<PathBuf, HfError> {
 /// The GGUF architecture of a Hugging Face `model_type` (Mistral is Llama in GGUF, as
 /// convert_hf_to_gguf writes it).
 fn gguf_arch(cfg: &HfConfig, path: &Path) -> Result<&'static str, HfError> {
-    let ty = cfg.model_type.clone().unwrap_or_else(|| {
-        cfg.architectures
-            .first()
-            .map(|a| a.trim_end_matches("ForCausalLM").to_lowercase())
-            .unwrap_or_default()
-    });
+    gguf_arch_of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| HfError::Arch {
+        path: path.into(),
+        found,
+    })
+}
+
+/// The GGUF architecture of a `config.json`'s `model_type` (else its `architectures[0]`), or
+/// the type found when the engine does not run it (the library's import check asks this too).
+pub fn gguf_arch_of(
+    model_type: Option<&str>,
+    architectures: &[String],
+) -> Result<&'static str, String> {
+    let ty = model_type.map_or_else(
+        || {
+            architectures
+                .first()
+                .map(|a| a.trim_end_matches("ForCausalLM").to_lowercase())
+                .unwrap_or_default()
+        },
+        str::to_string,
+    );
     match ty.as_str() {
         "llama" | "mistral" => Ok("llama"),
         "qwen2" => Ok("qwen2"),
-        _ => Err(HfError::Arch {
-            path: path.into(),
-            found: ty,
-        }),
+        _ => Err(ty),
     }
 }
 

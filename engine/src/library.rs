@@ -88,6 +88,45 @@ pub fn resolve_model(spec: &str, progress: &mut dyn FnMut(&str)) -> Result<PathB
     Ok(path)
 }
 
+/// Longest part of a name from outside (a server's file listing), and longest whole name: past
+/// these no file system keeps it, and no real model repo has one.
+const MAX_NAME_PART: usize = 255;
+const MAX_NAME: usize = 1024;
+
+/// Checks a relative file name that came from outside (a Hub's listing) before any path is made
+/// from it: not empty, not absolute, `/`-separated parts that are none of empty, `.` or `..`;
+/// no backslash, no `:` (a drive prefix like `C:` or a Windows stream name), no NUL or other
+/// control character; at most 255 bytes a part and 1024 in all. The error says which rule.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > MAX_NAME {
+        return Err("it is longer than 1024 bytes");
+    }
+    if name.starts_with('/') {
+        return Err("it is an absolute path");
+    }
+    if name.contains('\\') {
+        return Err("it holds a backslash");
+    }
+    if name.contains(':') {
+        return Err("it holds a ':' (a drive prefix such as C:)");
+    }
+    if name.chars().any(char::is_control) {
+        return Err("it holds a NUL or another control character");
+    }
+    for part in name.split('/') {
+        match part {
+            "" => return Err("it has an empty part"),
+            "." | ".." => return Err("it has a '.' or '..' part"),
+            p if p.len() > MAX_NAME_PART => return Err("a part of it is longer than 255 bytes"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 pub fn sha256_file(path: &Path) -> Result<String, LibraryError> {
     let io = |source| LibraryError::Io {
         path: path.to_path_buf(),
@@ -221,6 +260,44 @@ pub fn release_free_memory() {
         // SAFETY: malloc_trim only returns free heap pages to the OS; it has no preconditions.
         unsafe {
             malloc_trim(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_name;
+
+    #[test]
+    fn names_from_outside_stay_relative_and_plain() {
+        for ok in [
+            "model.gguf",
+            "q4/model.gguf",
+            "a.b/c-d_e.json",
+            "x..y",
+            ".gitattributes",
+        ] {
+            assert_eq!(check_name(ok), Ok(()), "{ok}");
+        }
+        let long_part = "a".repeat(256);
+        let long = ["a"; 600].join("/");
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x.gguf",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\\b",
+            "C:x.gguf",
+            "c:/x",
+            "a\0b",
+            "a\nb",
+            long_part.as_str(),
+            long.as_str(),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -10,7 +10,8 @@
 //!   SmolLM2-135M/                     ... or a folder (config.json + *.safetensors, or one GGUF)
 //!   .index/<model name>.json          its manifest: source, files with sha256, shape facts
 //!   .staging/<unique>/                work in progress (imports, downloads); never listed
-//!   .hub-cache/                       hf-hub's cache: partial downloads kept for resuming
+//!   .hub-cache/blobs/<sum>[.part]     the Hub client's cache: partial downloads kept for
+//!                                     resuming, named by the checksum the Hub lists
 //! ```
 //!
 //! Every change is staged first and made visible by renames: a model is copied (or downloaded)
@@ -20,6 +21,13 @@
 //! so the library is as it was. Models that arrive without a manifest (the default model fetched
 //! by [`crate::library::ensure_default_model`], a `tpslab quantize` output written into the
 //! folder) are described from their headers and indexed on first listing ([`Library::list_indexed`]).
+//!
+//! Nothing is written or deleted through a symbolic link inside the library: every folder the
+//! library writes into is checked to be a real folder first ([`Library::subdir`]), files are
+//! created with `create_new` (which does not follow links), and a link where a model, a staging
+//! folder or a download would go is refused with [`IndexError::Link`]. (The library folder itself
+//! may be a link: that is the user's choice, not something a download planted.) Whatever goes in
+//! must be a model the engine loads ([`crate::library_st::check_loadable`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -30,11 +38,12 @@ use sha2::{Digest, Sha256};
 
 use crate::library::{self, LibraryError};
 pub use crate::library_st::describe;
-use crate::library_st::{combined_sha, file_at, hex, load_path};
+use crate::library_st::{check_loadable, combined_sha, file_at, hex, load_path};
 
 const INDEX_DIR: &str = ".index";
 const STAGING_DIR: &str = ".staging";
-/// hf-hub's cache inside the library (same file system, so finished files are renamed, not copied).
+/// The Hub client's cache inside the library (same file system, so finished files are renamed,
+/// not copied).
 pub const HUB_CACHE_DIR: &str = ".hub-cache";
 const MANIFEST_VERSION: u32 = 1;
 /// A manifest past this size is not ours: refuse before reading it.
@@ -156,6 +165,10 @@ pub enum IndexError {
     Io { path: PathBuf, err: std::io::Error },
     #[error("cancelled; the library is unchanged")]
     Cancelled,
+    #[error(
+        "{path} is a link (symbolic or hard) or not a plain file or folder, inside the library; nothing is written or deleted through it: remove it and try again"
+    )]
+    Link { path: PathBuf },
 }
 
 /// Sorts an I/O error from writing into the library into a clear error: a full disk and an
@@ -207,6 +220,66 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The shared `.staging` folder too, once no pull or import uses it (remove_dir only
+        // removes an empty folder).
+        if let Some(base) = self.dir.parent() {
+            let _ = std::fs::remove_dir(base);
+        }
+    }
+}
+
+/// Removes staging folders left by processes that died mid-way (killed, power cut): each is
+/// named after its process id, and on Linux a process that is gone has no `/proc/<pid>`.
+/// `base` is the checked `.staging` folder (never a link to somewhere else).
+fn sweep_staging(base: &Path) {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in rd.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Whether something (a file, a folder, a link, even a dangling one) is at `path`.
+pub fn occupied(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// The metadata of the plain file at `path`, `None` when nothing is there; a link or anything
+/// else that is not a plain file with one name is refused ([`IndexError::Link`]): a download
+/// writes, renames and deletes only files it made itself.
+pub fn plain_file(path: &Path) -> Result<Option<std::fs::Metadata>, IndexError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.is_file() && links(&md) == 1 => Ok(Some(md)),
+        Ok(_) => Err(IndexError::Link {
+            path: path.to_path_buf(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(IndexError::Io {
+            path: path.to_path_buf(),
+            err,
+        }),
+    }
+}
+
+/// How many names the file has (a hard link planted in the library would let a write reach a
+/// file elsewhere).
+fn links(md: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::MetadataExt::nlink(md)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = md;
+        1
     }
 }
 
@@ -222,7 +295,9 @@ fn unique() -> String {
     )
 }
 
-fn is_model_name(name: &str) -> bool {
+/// Whether `name` may be a model's file or folder name in the library (not hidden, not a
+/// partial file, one path part).
+pub fn is_model_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('.')
         && !name.contains(['/', '\\'])
@@ -245,9 +320,39 @@ impl Library {
         &self.root
     }
 
-    /// hf-hub's cache folder inside the library (partial downloads live there).
+    /// The Hub client's cache folder inside the library (partial downloads live there).
     pub fn hub_cache(&self) -> PathBuf {
         self.root.join(HUB_CACHE_DIR)
+    }
+
+    /// The folder `parts` (one name each, chosen by the program) inside the library, creating
+    /// it and the library folder when missing. Each folder on the way must be a real folder: a
+    /// symbolic link planted there would send writes and deletes outside the library.
+    pub fn subdir(&self, parts: &[&str]) -> Result<PathBuf, IndexError> {
+        std::fs::create_dir_all(&self.root)
+            .map_err(|e| write_error(&self.root, "the library folder", &self.root, e))?;
+        let mut dir = self.root.clone();
+        for part in parts {
+            dir.push(part);
+            match std::fs::symlink_metadata(&dir) {
+                Ok(md) if md.is_dir() => {}
+                Ok(_) => return Err(IndexError::Link { path: dir }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    match std::fs::create_dir(&dir) {
+                        Ok(()) => {}
+                        // Made by a concurrent pull in between: checked again below.
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                                return Err(IndexError::Link { path: dir });
+                            }
+                        }
+                        Err(e) => return Err(write_error(&self.root, part, &dir, e)),
+                    }
+                }
+                Err(err) => return Err(IndexError::Io { path: dir, err }),
+            }
+        }
+        Ok(dir)
     }
 
     fn manifest_path(&self, name: &str) -> PathBuf {
@@ -257,29 +362,20 @@ impl Library {
     /// Creates a staging folder inside the library; a folder that cannot be created (missing
     /// permissions, a file in the way, a full disk) is reported as such.
     pub fn stage(&self) -> Result<Staging, IndexError> {
-        self.sweep_staging();
-        let dir = self.root.join(STAGING_DIR).join(unique());
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| write_error(&self.root, "a staging folder", &dir, e))?;
+        let base = self.subdir(&[STAGING_DIR])?;
+        sweep_staging(&base);
+        let dir = base.join(unique());
+        let mut made = std::fs::create_dir(&dir);
+        if made
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            // Another process's finished staging removed the empty `.staging` in between.
+            self.subdir(&[STAGING_DIR])?;
+            made = std::fs::create_dir(&dir);
+        }
+        made.map_err(|e| write_error(&self.root, "a staging folder", &dir, e))?;
         Ok(Staging { dir })
-    }
-
-    /// Removes staging folders left by processes that died mid-way (killed, power cut): each
-    /// is named after its process id, and on Linux a process that is gone has no `/proc/<pid>`.
-    fn sweep_staging(&self) {
-        if !cfg!(target_os = "linux") {
-            return;
-        }
-        let Ok(rd) = std::fs::read_dir(self.root.join(STAGING_DIR)) else {
-            return;
-        };
-        for e in rd.filter_map(Result::ok) {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
-            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
     }
 
     /// Partial downloads kept in the hub cache to resume from: (file, bytes on disk).
@@ -414,8 +510,7 @@ impl Library {
 
     /// Writes `entry`'s manifest: to a temporary name in `.index`, then renamed over the old one.
     fn write_manifest(&self, entry: &ModelEntry) -> Result<(), IndexError> {
-        let dir = self.root.join(INDEX_DIR);
-        std::fs::create_dir_all(&dir).map_err(|e| write_error(&self.root, "the index", &dir, e))?;
+        let dir = self.subdir(&[INDEX_DIR])?;
         let json = serde_json::to_vec_pretty(&Manifest {
             version: MANIFEST_VERSION,
             entry: entry.clone(),
@@ -426,7 +521,10 @@ impl Library {
         })?;
         let tmp = dir.join(format!(".{}.{}.tmp", entry.name, unique()));
         let dest = self.manifest_path(&entry.name);
-        let result = std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &dest));
+        // create_new: a link at the temporary name is not followed.
+        let result = std::fs::File::create_new(&tmp)
+            .and_then(|mut f| f.write_all(&json))
+            .and_then(|()| std::fs::rename(&tmp, &dest));
         if let Err(e) = result {
             let _ = std::fs::remove_file(&tmp);
             return Err(write_error(&self.root, "the index", &dest, e));
@@ -452,11 +550,12 @@ impl Library {
             });
         }
         let dest = self.root.join(name);
-        if dest.exists() {
+        if occupied(&dest) {
             return Err(IndexError::Exists(name.to_string()));
         }
         let hash = known.is_empty();
         let mut entry = describe(staged, name, source, hash)?;
+        check_loadable(&entry)?;
         if !hash {
             for f in &mut entry.files {
                 let k = known.iter().find(|k| k.name == f.name && k.size == f.size);
@@ -471,8 +570,7 @@ impl Library {
         }
         // The model is renamed into place first, then its manifest (temp file + rename); if the
         // manifest cannot be written the model is moved back into staging, so neither stays.
-        let dir = self.root.join(INDEX_DIR);
-        std::fs::create_dir_all(&dir).map_err(|e| write_error(&self.root, "the index", &dir, e))?;
+        self.subdir(&[INDEX_DIR])?;
         std::fs::rename(staged, &dest).map_err(|e| write_error(&self.root, name, &dest, e))?;
         if let Err(e) = self.write_manifest(&entry) {
             let _ = std::fs::rename(&dest, staging.path().join("rollback"));
@@ -527,6 +625,7 @@ impl Library {
             .to_string();
         // Refuse a broken source before anything is created.
         let checked = describe(src, &name, ModelSource::Local, false)?;
+        check_loadable(&checked)?;
         if checked.format == ModelFormat::Gguf && src.is_dir() {
             // A folder holding one GGUF: that file is the model.
             return self.import_with(&checked.path, cancel, progress, create);
@@ -537,7 +636,7 @@ impl Library {
             Some((prefix, _)) if folder => prefix.to_string(),
             _ => name,
         };
-        if self.root.join(&name).exists() {
+        if occupied(&self.root.join(&name)) {
             return Err(IndexError::Exists(name));
         }
         let staging = self.stage()?;

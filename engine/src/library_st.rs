@@ -301,6 +301,43 @@ pub fn describe(
     })
 }
 
+/// Refuses a model the engine cannot load, before it enters the library: a GGUF without
+/// tensors or of an architecture the engine does not run, a safetensors set without tensors or
+/// whose `config.json` names such an architecture. (Not a GGUF and a folder without
+/// `config.json` are refused by [`describe`] already.) The reason names what is wrong.
+pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
+    let invalid = |reason: String| IndexError::Invalid {
+        path: entry.path.clone(),
+        reason,
+    };
+    let unsupported =
+        |arch: &str| invalid(crate::config::ConfigError::Arch(arch.to_string()).to_string());
+    match entry.format {
+        ModelFormat::Gguf => {
+            if crate::config::rope_style(&entry.arch).is_none() {
+                return Err(unsupported(&entry.arch));
+            }
+        }
+        ModelFormat::Safetensors => {
+            let config = read_small_json(&entry.path.join("config.json"))?;
+            let architectures: Vec<String> = config["architectures"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            crate::hf::gguf_arch_of(config["model_type"].as_str(), &architectures)
+                .map_err(|found| unsupported(&found))?;
+        }
+    }
+    if entry.params == 0 {
+        return Err(invalid("it holds no tensors".into()));
+    }
+    Ok(())
+}
+
 /// What a model's headers say about it.
 pub(crate) struct Facts {
     pub arch: String,

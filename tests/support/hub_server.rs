@@ -10,7 +10,11 @@
 //!   `X-Error-Code: GatedRepo`.
 //!
 //! Faults for the tests: cut the connection mid-body once (at a range start), serve bytes that
-//! differ from the listed sha256, or send slowly. Every request is logged.
+//! differ from the listed sha256, or send slowly. Hostile modes ([`Hostile`]): a listing with
+//! any `sha`, extra raw siblings, lying sizes, padding or no end; file answers with any headers
+//! (`ETag`, `X-Linked-Etag`, `X-Repo-Commit`, `Location`), ignoring `Range`, with no end, or
+//! stalling; redirects to a second server. Every request is logged, with whether it carried an
+//! `Authorization` header.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -45,6 +49,26 @@ impl File {
     pub fn sha256(&self) -> String {
         self.sha.clone()
     }
+
+    /// The git blob id the Hub lists: of the bytes for a plain file, of the LFS pointer file
+    /// for an LFS one (as git stores it).
+    pub fn blob_id(&self) -> String {
+        let pointer;
+        let bytes: &[u8] = if self.lfs {
+            pointer = format!(
+                "version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize {}\n",
+                self.sha,
+                self.bytes.len()
+            );
+            pointer.as_bytes()
+        } else {
+            &self.bytes
+        };
+        let mut h = sha1::Sha1::new();
+        sha1::Digest::update(&mut h, format!("blob {}\0", bytes.len()).as_bytes());
+        sha1::Digest::update(&mut h, bytes);
+        hex(&sha1::Digest::finalize(h))
+    }
 }
 
 pub fn hex(b: &[u8]) -> String {
@@ -63,6 +87,34 @@ pub struct RepoData {
     pub redirect: bool,
     /// Answer LFS files with a 302 that has no `Location` (a broken server).
     pub redirect_nowhere: bool,
+    /// Answer LFS files with a 302 to `{this}/cdn/{repo}/{file}` (another server's base URL).
+    pub redirect_to: Option<String>,
+    pub hostile: Hostile,
+}
+
+/// What a hostile Hub does to the answers for one repo.
+#[derive(Clone, Default)]
+pub struct Hostile {
+    /// The listing's `sha` in place of [`COMMIT`].
+    pub sha: Option<String>,
+    /// Siblings listed as they are, after the files' own.
+    pub siblings: Vec<serde_json::Value>,
+    /// Added to every listed size (the bytes served stay the true ones).
+    pub size_delta: i64,
+    /// Headers replacing (or added to) the Hub's on every file answer, redirects too.
+    pub headers: Vec<(String, String)>,
+    /// Answer every file request with 200 and the whole file, whatever its `Range`.
+    pub ignore_range: bool,
+    /// File bodies without `Content-Length` that never end (the file's bytes, over and over).
+    pub endless: bool,
+    /// Send this many bytes of a file body, then nothing for a minute.
+    pub stall_after: Option<u64>,
+    /// A listing padded with this many bytes (in a field the client ignores).
+    pub listing_padding: usize,
+    /// A listing without `Content-Length` that never ends.
+    pub endless_listing: bool,
+    /// A listing whose headers come, then nothing for a minute.
+    pub stall_listing: bool,
 }
 
 /// One logged request.
@@ -71,6 +123,8 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub range: Option<(u64, Option<u64>)>,
+    /// Whether the request carried an `Authorization` header.
+    pub auth: bool,
 }
 
 #[derive(Default)]
@@ -81,6 +135,8 @@ pub struct Faults {
     pub cut_done: AtomicBool,
     /// Sleep this many microseconds after each 64 KiB of body.
     pub slow_us: AtomicU64,
+    /// Search answers without `Content-Length` that never end.
+    pub endless_search: AtomicBool,
 }
 
 pub struct HubServer {
@@ -215,12 +271,13 @@ fn handle(
         .split_once('?')
         .unwrap_or((req.target.as_str(), ""));
     let range = req.headers.get("range").and_then(|r| parse_range(r));
+    let auth = req.headers.get("authorization").cloned();
     log.lock().expect("log").push(Seen {
         method: req.method.clone(),
         path: path.to_string(),
         range,
+        auth: auth.is_some(),
     });
-    let auth = req.headers.get("authorization").cloned();
     let repos = repos.lock().expect("repos").clone();
     if path == "/api/models" {
         let q = query
@@ -232,6 +289,9 @@ fn handle(
             .filter(|k| k.contains(q))
             .map(|k| serde_json::json!({"id": k, "downloads": 7, "likes": 1}))
             .collect();
+        if faults.endless_search.load(Ordering::Relaxed) {
+            return endless(&mut conn, "200 OK", &[], b"[", b"{\"id\":\"a/b\"},");
+        }
         let body = serde_json::to_vec(&hits)?;
         return respond(&mut conn, "200 OK", &[], &body);
     }
@@ -273,29 +333,82 @@ fn api_info(
         };
         return hub_error(conn, status, "RepoNotFound", "Repository not found");
     };
-    let siblings: Vec<_> = data
+    let h = &data.hostile;
+    if h.endless_listing {
+        let sib = br#"{"rfilename":"a.json","size":1,"blobId":"0123456789abcdef0123456789abcdef01234567"},"#;
+        return endless(
+            conn,
+            "200 OK",
+            &[],
+            br#"{"sha":"0123456789abcdef0123456789abcdef01234567","siblings":["#,
+            sib,
+        );
+    }
+    if h.stall_listing {
+        conn.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 100\r\n\r\n{")?;
+        conn.flush()?;
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
+    let listed = |n: usize| (n as i64 + h.size_delta).max(0);
+    let mut siblings: Vec<_> = data
         .files
         .iter()
         .map(|f| {
             let mut s = serde_json::json!({
                 "rfilename": f.name,
-                "size": f.bytes.len(),
-                "blobId": &f.sha256()[..40],
+                "size": listed(f.bytes.len()),
+                "blobId": f.blob_id(),
             });
             if f.lfs {
                 s["lfs"] = serde_json::json!({
-                    "sha256": f.sha256(), "size": f.bytes.len(), "pointerSize": 134
+                    "sha256": f.sha256(), "size": listed(f.bytes.len()), "pointerSize": 134
                 });
             }
             s
         })
         .collect();
+    siblings.extend(h.siblings.iter().cloned());
     let info = serde_json::json!({
-        "id": repo, "modelId": repo, "sha": COMMIT, "private": false,
+        "id": repo, "modelId": repo, "sha": h.sha.as_deref().unwrap_or(COMMIT), "private": false,
         "gated": if data.token.is_some() { serde_json::json!("manual") } else { serde_json::json!(false) },
         "siblings": siblings,
+        "padding": "x".repeat(h.listing_padding),
     });
     respond(conn, "200 OK", &[], &serde_json::to_vec(&info)?)
+}
+
+/// An answer without `Content-Length` that sends `head`, then `piece` over and over until the
+/// client hangs up.
+fn endless(
+    conn: &mut TcpStream,
+    status: &str,
+    headers: &[(&str, String)],
+    head: &[u8],
+    piece: &[u8],
+) -> std::io::Result<()> {
+    let mut h = format!("HTTP/1.1 {status}\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        h.push_str(&format!("{k}: {v}\r\n"));
+    }
+    h.push_str("\r\n");
+    conn.write_all(h.as_bytes())?;
+    conn.write_all(head)?;
+    let block: Vec<u8> = piece.iter().copied().cycle().take(64 << 10).collect();
+    // Bounded (4 GiB) so a client that never stops reading cannot keep a test alive forever.
+    for _ in 0..(1 << 16) {
+        conn.write_all(&block)?;
+    }
+    Ok(())
+}
+
+/// `headers` with the hostile ones put in place of (or beside) them.
+fn with_hostile(mut headers: Vec<(&'static str, String)>, h: &Hostile) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    headers.retain(|(k, _)| !h.headers.iter().any(|(hk, _)| hk.eq_ignore_ascii_case(k)));
+    out.extend(headers.into_iter().map(|(k, v)| (k.to_string(), v)));
+    out.extend(h.headers.iter().cloned());
+    out
 }
 
 /// `GET|HEAD /{owner}/{name}/resolve/{rev}/{file}`.
@@ -328,27 +441,40 @@ fn serve_file(
         return hub_error(conn, "404 Not Found", "EntryNotFound", "Entry not found");
     };
     let sha = f.sha256();
+    let h = &data.hostile;
     if data.redirect_nowhere && f.lfs {
-        let headers = [
+        let headers = vec![
             ("x-repo-commit", COMMIT.to_string()),
             ("x-linked-etag", format!("\"{sha}\"")),
         ];
-        return respond(conn, "302 Found", &headers, b"");
+        return respond_owned(conn, "302 Found", &with_hostile(headers, h), b"");
     }
-    if data.redirect && f.lfs && !cdn {
-        let port = conn.local_addr()?.port();
-        let headers = [
+    let cdn_base = match (&data.redirect_to, data.redirect) {
+        (Some(base), _) => Some(base.clone()),
+        (None, true) => Some(format!("http://localhost:{}", conn.local_addr()?.port())),
+        (None, false) => None,
+    };
+    if let Some(base) = cdn_base.filter(|_| f.lfs && !cdn) {
+        let headers = vec![
             ("x-repo-commit", COMMIT.to_string()),
             ("etag", format!("\"{sha}\"")),
             ("x-linked-etag", format!("\"{sha}\"")),
             ("x-linked-size", f.bytes.len().to_string()),
-            (
-                "location",
-                format!("http://localhost:{port}/cdn/{repo}/{file}"),
-            ),
+            ("location", format!("{base}/cdn/{repo}/{file}")),
         ];
-        return respond(conn, "302 Found", &headers, b"");
+        return respond_owned(conn, "302 Found", &with_hostile(headers, h), b"");
     }
+    serve_bytes(conn, data, f, req)
+}
+
+/// A file's bytes: the range asked (unless the repo ignores ranges), with the faults applied.
+fn serve_bytes(
+    conn: &mut TcpStream,
+    data: &RepoData,
+    f: &File,
+    req: &Served<'_>,
+) -> std::io::Result<()> {
+    let (h, sha, file) = (&data.hostile, f.sha256(), f.name.as_str());
     let len = f.bytes.len() as u64;
     let mut headers = vec![
         ("x-repo-commit", COMMIT.to_string()),
@@ -359,12 +485,18 @@ fn serve_file(
         headers.push(("x-linked-etag", format!("\"{sha}\"")));
         headers.push(("x-linked-size", len.to_string()));
     } else {
-        headers.push(("etag", format!("\"{}\"", &sha[..40])));
+        headers.push(("etag", format!("\"{}\"", f.blob_id())));
     }
-    let (start, end, status) = match req.range {
+    let range = req.range.filter(|_| !h.ignore_range);
+    let (start, end, status) = match range {
         Some((a, _)) if a >= len => {
             headers.push(("content-range", format!("bytes */{len}")));
-            return respond(conn, "416 Range Not Satisfiable", &headers, b"");
+            return respond_owned(
+                conn,
+                "416 Range Not Satisfiable",
+                &with_hostile(headers, h),
+                b"",
+            );
         }
         Some((a, b)) => (
             a,
@@ -373,10 +505,19 @@ fn serve_file(
         ),
         None => (0, len.saturating_sub(1), "200 OK"),
     };
-    if req.range.is_some() {
+    if range.is_some() {
         headers.push(("content-range", format!("bytes {start}-{end}/{len}")));
     }
     let n = if len == 0 { 0 } else { end - start + 1 };
+    let headers = with_hostile(headers, h);
+    if h.endless && !req.head {
+        let borrowed: Vec<(&str, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        let from = f.bytes[start as usize..].to_vec();
+        return endless(conn, status, &borrowed, &from, &f.bytes);
+    }
     let mut head = format!("HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: {n}\r\n");
     for (k, v) in &headers {
         head.push_str(&format!("{k}: {v}\r\n"));
@@ -391,10 +532,29 @@ fn serve_file(
         let mid = (len / 2).clamp(start, end) - start;
         body[mid as usize] ^= 0x5a;
     }
+    if let Some(k) = h.stall_after {
+        conn.write_all(&body[..(k as usize).min(body.len())])?;
+        conn.flush()?;
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
     let cut = req.faults.cut.lock().expect("cut").clone();
     let cut_here = matches!(&cut, Some((cf, at)) if cf == file && start >= *at && n > 1)
         && !req.faults.cut_done.swap(true, Ordering::SeqCst);
     send_body(conn, &body, cut_here, req)
+}
+
+fn respond_owned(
+    conn: &mut TcpStream,
+    status: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> std::io::Result<()> {
+    let borrowed: Vec<(&str, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    respond(conn, status, &borrowed, body)
 }
 
 /// Sends `body` in 64 KiB pieces at the faults' pace (counted unless it is a 1-byte probe); with
