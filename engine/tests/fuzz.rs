@@ -19,32 +19,18 @@ use tpslab_engine::chat::{ChatMessage, ChatTemplate, RenderBudget};
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::{GgmlType, GgufFile, Value};
 use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
-use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::Workspace;
 use tpslab_kernels::ThreadPool;
 
+#[path = "support/split.rs"]
+mod split;
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
 #[path = "support/tiny_model.rs"]
 mod tiny_model;
+use temp_dir::TempDir;
 use tiny_model::{tiny_folder, tiny_llama};
-
-/// A temporary folder removed when the test ends.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("tpslab-fuzz-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("temp dir");
-        Self(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn env_u64(key: &str) -> Option<u64> {
     std::env::var(key).ok().and_then(|v| v.trim().parse().ok())
@@ -199,36 +185,16 @@ fn gguf_files_and_model_load() {
 
 /// A two-part split of the tiny model with its split keys set from the case.
 fn split_case(dir: &Path, no: [u64; 2], count: [u64; 2], tensors: [i64; 2]) -> PathBuf {
-    let seed = tiny_llama(&[]);
     let src_path = dir.join("src.gguf");
-    std::fs::write(&src_path, &seed).expect("write");
+    std::fs::write(&src_path, tiny_llama(&[])).expect("write");
     let src = GgufFile::open(&src_path).expect("open tiny");
-    let n = src.tensors.len();
-    let first = dir.join("case-00001-of-00002.gguf");
-    for i in 0..2 {
-        let mut md: Vec<(String, Value)> = if i == 0 {
-            src.metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        md.push((KEY_NO.into(), Value::U64(no[i])));
-        md.push((KEY_COUNT.into(), Value::U64(count[i])));
-        md.push((KEY_TENSORS.into(), Value::I64(tensors[i])));
-        let tensors: Vec<(TensorDesc, Vec<u8>)> = src.tensors[i * n / 2..(i + 1) * n / 2]
-            .iter()
-            .map(|t| {
-                let desc = TensorDesc::new(t.name.clone(), t.dims.clone(), t.ty);
-                (desc, src.read_tensor(t).expect("read"))
-            })
-            .collect();
-        let bytes = write_gguf(Vec::new(), &md, &tensors).expect("write part");
-        std::fs::write(dir.join(format!("case-{:05}-of-00002.gguf", i + 1)), bytes)
-            .expect("write part");
-    }
-    first
+    split::write_split(&src, dir, "case", 2, |i| {
+        vec![
+            (KEY_NO.into(), Value::U64(no[i])),
+            (KEY_COUNT.into(), Value::U64(count[i])),
+            (KEY_TENSORS.into(), Value::I64(tensors[i])),
+        ]
+    })
 }
 
 #[test]

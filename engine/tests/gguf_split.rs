@@ -8,75 +8,37 @@ use std::path::{Path, PathBuf};
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::{GgufFile, Value};
 use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS, model_files, part_path};
-use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::library_index::{Library, ModelFormat};
 use tpslab_engine::model::Workspace;
 use tpslab_kernels::ThreadPool;
 
-/// A temporary folder removed when the test ends.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("tpslab-split-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("temp dir");
-        Self(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "support/split.rs"]
+mod split;
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
 
 fn default_model() -> PathBuf {
     tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("model")
 }
 
-/// Writes `src` as `parts` files `smol-0000i-of-0000N.gguf` in `dir`; returns the first. `no_of`
-/// gives the `split.no` written into part `i` (normally `i`).
+/// `src` as `parts` files `smol-0000i-of-0000N.gguf` in `dir`; returns the first. `no_of` gives
+/// the `split.no` written into part `i` (normally `i`).
 fn write_split(
     src: &GgufFile,
     dir: &Path,
     parts: usize,
     no_of: impl Fn(usize) -> usize,
 ) -> PathBuf {
-    let first = dir.join(format!("smol-00001-of-{parts:05}.gguf"));
     let n = src.tensors.len();
-    let split_keys = |i: usize| {
+    split::write_split(src, dir, "smol", parts, |i| {
         vec![
             (KEY_NO.to_string(), Value::U16(no_of(i) as u16)),
             (KEY_COUNT.to_string(), Value::U16(parts as u16)),
             (KEY_TENSORS.to_string(), Value::I32(n as i32)),
         ]
-    };
-    for i in 0..parts {
-        let mut metadata = if i == 0 {
-            src.metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        metadata.extend(split_keys(i));
-        let tensors: Vec<(TensorDesc, Vec<u8>)> = src.tensors[i * n / parts..(i + 1) * n / parts]
-            .iter()
-            .map(|t| {
-                (
-                    TensorDesc::new(t.name.clone(), t.dims.clone(), t.ty),
-                    src.read_tensor(t).expect("read"),
-                )
-            })
-            .collect();
-        let path = part_path(&first, i as u64 + 1, parts as u64).expect("part name");
-        let f = std::fs::File::create(&path).expect("create");
-        write_gguf(std::io::BufWriter::new(f), &metadata, &tensors).expect("write");
-    }
-    first
+    })
 }
 
 /// Logits of the last of a few prompt tokens.

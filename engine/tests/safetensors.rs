@@ -34,23 +34,9 @@ const GREEDY_TOKENS: usize = 24;
 /// Relative L2 distance allowed between the folder's and the GGUF's logits (norms rounded to F16).
 const LOGITS_REL_L2: f64 = 1e-2;
 
-/// A temporary folder removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("tpslab-st-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
 
 // ---- malformed files ----
 
