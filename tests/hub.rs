@@ -9,6 +9,8 @@ mod hub_fixtures;
 #[allow(dead_code)]
 #[path = "support/hub_server.rs"]
 mod hub_server;
+#[path = "../engine/tests/support/split.rs"]
+mod split;
 
 use std::path::Path;
 use std::process::Command;
@@ -83,7 +85,9 @@ fn pulls_a_gguf_with_progress_and_registers_it() {
         s.seen()
             .iter()
             .filter(|r| r.path.contains("/resolve/"))
-            .all(|r| r.path.contains(&format!("/resolve/{}/", hub_server::COMMIT))),
+            .all(|r| r
+                .path
+                .contains(&format!("/resolve/{}/", hub_server::COMMIT))),
         "{:?}",
         s.seen()
     );
@@ -664,33 +668,15 @@ fn cli_pull_then_models_lists_it() {
 fn split_parts() -> Vec<(String, Vec<u8>)> {
     use tpslab_engine::gguf::Value;
     use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
-    use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
     let src = GgufFile::open(default_model()).expect("open");
     let n = src.tensors.len();
-    (0..3)
-        .map(|i| {
-            let mut md: Vec<(String, Value)> = if i == 0 {
-                src.metadata
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            md.push((KEY_NO.into(), Value::U16(i as u16)));
-            md.push((KEY_COUNT.into(), Value::U16(3)));
-            md.push((KEY_TENSORS.into(), Value::I32(n as i32)));
-            let tensors: Vec<(TensorDesc, Vec<u8>)> = src.tensors[i * n / 3..(i + 1) * n / 3]
-                .iter()
-                .map(|t| {
-                    let d = TensorDesc::new(t.name.clone(), t.dims.clone(), t.ty);
-                    (d, src.read_tensor(t).expect("read"))
-                })
-                .collect();
-            let bytes = write_gguf(Vec::new(), &md, &tensors).expect("write");
-            (format!("smol-q4_1-{:05}-of-00003.gguf", i + 1), bytes)
-        })
-        .collect()
+    split::split_parts(&src, "smol-q4_1", 3, |i| {
+        vec![
+            (KEY_NO.into(), Value::U16(i as u16)),
+            (KEY_COUNT.into(), Value::U16(3)),
+            (KEY_TENSORS.into(), Value::I32(n as i32)),
+        ]
+    })
 }
 
 #[test]
