@@ -173,7 +173,7 @@ impl Generation {
             prompt,
             sampling: conv.sampling.clone(),
             stop: backend.lm.default_stop(Some(conv.max_tokens.max(1))),
-            priority: 0,
+            priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
         };
         let sent = Instant::now();
         let id = backend.engine.submit(req, tx);
