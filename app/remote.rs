@@ -402,8 +402,8 @@ impl StreamReader {
                 self.done = true;
                 return Ok(true);
             }
-            let v: Value = serde_json::from_str(data)
-                .map_err(|_| format!("bad stream chunk: {data:.200}"))?;
+            let v: Value =
+                serde_json::from_str(data).map_err(|_| format!("bad stream chunk: {data:.200}"))?;
             if let Some(e) = v.get("error") {
                 let msg = e["message"].as_str().unwrap_or("error in the stream");
                 return Err(format!("the server sent an error: {msg:.300}"));
@@ -429,7 +429,9 @@ impl StreamReader {
         match (self.done, self.reason) {
             (true, r) => Ok((r.unwrap_or(FinishReason::Stop), self.usage)),
             (false, Some(r)) => Ok((r, self.usage)),
-            (false, None) => Err("the stream ended before the answer did (no finish_reason, no [DONE])".into()),
+            (false, None) => {
+                Err("the stream ended before the answer did (no finish_reason, no [DONE])".into())
+            }
         }
     }
 }

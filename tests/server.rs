@@ -102,7 +102,6 @@ fn completion_usage_counts_tokens_and_length_finish() {
     assert_eq!(text, v["choices"][0]["text"].as_str().expect("text"));
 }
 
-
 #[test]
 fn stop_strings_cut_the_output() {
     let addr = shared();

@@ -66,8 +66,15 @@ fn scalar() -> impl Strategy<Value = Value> {
         any::<i64>().prop_map(|n| json!(n)),
         any::<u64>().prop_map(|n| json!(n)),
         (-1e6f64..1e6).prop_map(|f| json!(f)),
-        prop_oneof![Just(0i64), Just(1), Just(-1), Just(2), Just(100), Just(4096)]
-            .prop_map(|n| json!(n)),
+        prop_oneof![
+            Just(0i64),
+            Just(1),
+            Just(-1),
+            Just(2),
+            Just(100),
+            Just(4096)
+        ]
+        .prop_map(|n| json!(n)),
         "[ -~]{0,12}".prop_map(Value::String),
         Just(json!("user")),
         Just(json!("text")),
@@ -125,7 +132,10 @@ fn check_parsed(p: &openai::Parsed, l: &Limits) {
     if let Some(pr) = p.common.priority {
         assert!((l.min_priority..=l.max_priority).contains(&pr));
     }
-    assert!(p.max_tokens().is_none_or(|m| m >= 1 && (m as usize) < shape().context_len));
+    assert!(
+        p.max_tokens()
+            .is_none_or(|m| m >= 1 && (m as usize) < shape().context_len)
+    );
     assert!(p.common.n.is_none_or(|n| n == 1));
 }
 
@@ -205,8 +215,10 @@ fn sse_piece() -> impl Strategy<Value = String> {
             "data: {}\n\n",
             json!({"choices": [{"text": t, "finish_reason": null}]})
         )),
-        prop_oneof![Just("stop"), Just("length"), Just("other")]
-            .prop_map(|r| format!("data: {}\n\n", json!({"choices": [{"text": "", "finish_reason": r}]}))),
+        prop_oneof![Just("stop"), Just("length"), Just("other")].prop_map(|r| format!(
+            "data: {}\n\n",
+            json!({"choices": [{"text": "", "finish_reason": r}]})
+        )),
         (any::<u64>(), any::<u64>()).prop_map(|(p, c)| format!(
             "data: {}\n\n",
             json!({"choices": [], "usage": {"prompt_tokens": p, "completion_tokens": c}})
@@ -229,7 +241,11 @@ fn read_all(chunks: &[&[u8]]) -> (Vec<String>, Result<String, String>) {
             Err(e) => return (texts, Err(e)),
         }
     }
-    (texts, r.end().map(|(reason, usage)| format!("{reason:?} {usage:?}")))
+    (
+        texts,
+        r.end()
+            .map(|(reason, usage)| format!("{reason:?} {usage:?}")),
+    )
 }
 
 proptest! {

@@ -146,7 +146,10 @@ fn an_idle_kept_alive_connection_is_closed() {
     }
     let t0 = Instant::now();
     read_until_closed(&mut s, Duration::from_secs(10)).expect("idle connection closed");
-    assert!(t0.elapsed() >= Duration::from_millis(500), "closed too early");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "closed too early"
+    );
     models_ok(server.addr);
 }
 
@@ -197,11 +200,7 @@ fn every_request_cap_is_a_400_naming_the_parameter_and_the_limit() {
         "stop",
         &l.max_stop_bytes.to_string(),
     );
-    over_cap(
-        &post(addr, chat, &chat_body(json!({"n": 3}))),
-        "n",
-        "n = 1",
-    );
+    over_cap(&post(addr, chat, &chat_body(json!({"n": 3}))), "n", "n = 1");
     let ctx = model().model.cfg.context_len;
     over_cap(
         &post(addr, chat, &chat_body(json!({"max_tokens": ctx + 1}))),
@@ -236,7 +235,11 @@ fn every_request_cap_is_a_400_naming_the_parameter_and_the_limit() {
         "logit_bias",
         "not supported",
     );
-    let ok = post(addr, chat, &chat_body(json!({"logit_bias": {"5": 0}, "stop": ["s1", "s2"]})));
+    let ok = post(
+        addr,
+        chat,
+        &chat_body(json!({"logit_bias": {"5": 0}, "stop": ["s1", "s2"]})),
+    );
     assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
 }
 
@@ -252,16 +255,28 @@ fn the_prompt_is_capped_in_bytes_before_tokenizing() {
     let r = post(server.addr, "/v1/completions", &json!({"prompt": big}));
     over_cap(&r, "prompt", &(1 << 20).to_string());
     let msgs = json!([{"role": "user", "content": big}]);
-    let r = post(server.addr, "/v1/chat/completions", &json!({"messages": msgs}));
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs}),
+    );
     over_cap(&r, "messages", "--max-prompt-bytes");
 }
 
 #[test]
 fn no_api_client_outranks_the_window_chat_and_the_range_is_the_operators() {
     let addr = shared();
-    let r = post(addr, "/v1/chat/completions", &chat_body(json!({"priority": -1})));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"priority": -1})),
+    );
     over_cap(&r, "priority", "0 to");
-    let ok = post(addr, "/v1/chat/completions", &chat_body(json!({"priority": 0})));
+    let ok = post(
+        addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"priority": 0})),
+    );
     assert_eq!(ok.status, 200);
 
     let limits = Limits {
@@ -310,7 +325,12 @@ fn token_ids_the_model_lacks_are_refused_alone() {
     assert_eq!(replies[1].status, 400);
     let e = replies[1].error();
     assert_eq!(e["param"], "prompt");
-    assert!(e["message"].as_str().expect("msg").contains(&vocab.to_string()));
+    assert!(
+        e["message"]
+            .as_str()
+            .expect("msg")
+            .contains(&vocab.to_string())
+    );
 
     // Straight into the engine (the window's and the CLI's way in): refused at submit while a
     // request already running goes on to its end.
@@ -341,7 +361,10 @@ fn token_ids_the_model_lacks_are_refused_alone() {
             Event::Refused { id, kind, reason } => {
                 assert_eq!(id, refused, "{reason}");
                 assert_eq!(kind, RefusalKind::Invalid);
-                assert!(reason.contains("outside the model's vocabulary"), "{reason}");
+                assert!(
+                    reason.contains("outside the model's vocabulary"),
+                    "{reason}"
+                );
                 was_refused = true;
             }
             Event::Finished { id, usage, .. } => {
@@ -403,7 +426,10 @@ fn metrics_need_the_key_unless_opened() {
 
     let open = start_with(engine(2, None), Some("sesame"), test_limits(), true);
     assert_eq!(request(open.addr, "GET", "/metrics", &[], b"").status, 200);
-    assert_eq!(request(open.addr, "GET", "/v1/models", &[], b"").status, 401);
+    assert_eq!(
+        request(open.addr, "GET", "/v1/models", &[], b"").status,
+        401
+    );
 }
 
 #[test]
@@ -417,13 +443,22 @@ fn a_4_mib_prompt_does_not_hold_up_a_short_request() {
     let addr = server.addr;
     let big = std::thread::spawn(move || {
         let text = "hello world ".repeat((4 << 20) / 12);
-        post(addr, "/v1/completions", &json!({"prompt": text, "max_tokens": 4}))
+        post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": text, "max_tokens": 4}),
+        )
     });
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     let body = json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true, "temperature": 0});
     let short = post(addr, "/v1/completions", &body);
-    assert_eq!(short.status, 200, "{}", String::from_utf8_lossy(&short.body));
+    assert_eq!(
+        short.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&short.body)
+    );
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
     let big = big.join().expect("big client");
     assert_eq!(big.status, 400, "{}", String::from_utf8_lossy(&big.body));

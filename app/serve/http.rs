@@ -85,7 +85,8 @@ impl ConnClock {
     }
 
     fn verdict(&self, l: &Limits) -> Verdict {
-        let over = |clock: &AtomicU64, limit: Duration| self.elapsed(clock).is_some_and(|e| e > limit);
+        let over =
+            |clock: &AtomicU64, limit: Duration| self.elapsed(clock).is_some_and(|e| e > limit);
         if over(&self.head_since, l.header_timeout) || over(&self.blocked_since, l.idle_timeout) {
             return Verdict::Cut;
         }
@@ -237,10 +238,16 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
 
 /// How often a connection's watchdog looks: a fraction of the shortest timeout.
 fn tick(l: &Limits) -> Duration {
-    (l.header_timeout.min(l.idle_timeout) / 8).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    (l.header_timeout.min(l.idle_timeout) / 8)
+        .clamp(Duration::from_millis(20), Duration::from_secs(1))
 }
 
-async fn connection(stream: TcpStream, app: Router, limits: Arc<Limits>, _slot: OwnedSemaphorePermit) {
+async fn connection(
+    stream: TcpStream,
+    app: Router,
+    limits: Arc<Limits>,
+    _slot: OwnedSemaphorePermit,
+) {
     let clock = ConnClock::new();
     let io = TokioIo::new(Watched {
         inner: stream,

@@ -171,7 +171,10 @@ async fn auth(State(st): State<Arc<ServerState>>, req: HttpRequest, next: Next) 
 /// digests (always 32 bytes) are compared without an early exit.
 fn same_key(a: &[u8], b: &[u8]) -> bool {
     let (da, db) = (Sha256::digest(a), Sha256::digest(b));
-    da.iter().zip(db.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 async fn models(State(st): State<Arc<ServerState>>) -> Response {

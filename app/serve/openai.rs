@@ -179,9 +179,9 @@ pub fn parse(
                 ));
             }
             messages = b.messages.into_iter().map(to_chat).collect();
-            let bytes = messages
-                .iter()
-                .fold(0usize, |n, m| n.saturating_add(m.role.len() + m.content.len()));
+            let bytes = messages.iter().fold(0usize, |n, m| {
+                n.saturating_add(m.role.len() + m.content.len())
+            });
             check_prompt_bytes("messages", bytes, limits)?;
         }
         Kind::Completion => match typed::<CompletionBody>(body)?.prompt {
@@ -428,7 +428,10 @@ pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Reque
         prompt: tokens,
         sampling: p.sampling.clone(),
         stop,
-        priority: p.common.priority.unwrap_or_else(|| limits.default_priority()),
+        priority: p
+            .common
+            .priority
+            .unwrap_or_else(|| limits.default_priority()),
     })
 }
 

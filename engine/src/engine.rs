@@ -504,12 +504,7 @@ impl EngineThread {
             Some(m) => m.clamp(1, room),
             // Omitted: as much as fits the context and the KV pool (a context larger than the
             // pool is no reason to refuse; a prompt larger than the pool still is, below).
-            None => room.min(
-                self.sched
-                    .token_capacity()
-                    .saturating_sub(req.prompt.len())
-                    + 1,
-            ),
+            None => room.min(self.sched.token_capacity().saturating_sub(req.prompt.len()) + 1),
         };
         let mut stop = req.stop;
         stop.max_tokens = Some(max_tokens);
@@ -615,7 +610,8 @@ impl EngineThread {
         if out.scheduled.len() > 1 {
             let mut rows = needs.iter();
             for s in &out.scheduled {
-                let need: Vec<RowNeed> = rows.by_ref().take(usize::from(s.sample)).copied().collect();
+                let need: Vec<RowNeed> =
+                    rows.by_ref().take(usize::from(s.sample)).copied().collect();
                 let mut alone = Batch::default();
                 alone.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
                 if let Err(e) = self.backend.forward(&alone, &need) {
@@ -624,7 +620,11 @@ impl EngineThread {
             }
         }
         if at_fault.is_empty() || at_fault.len() == out.scheduled.len() {
-            at_fault = out.scheduled.iter().map(|s| (s.id, error.to_string())).collect();
+            at_fault = out
+                .scheduled
+                .iter()
+                .map(|s| (s.id, error.to_string()))
+                .collect();
         }
         for (id, error) in at_fault {
             if let Some(l) = self.live.get(&id) {

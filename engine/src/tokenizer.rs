@@ -400,7 +400,8 @@ impl Tokenizer {
     /// Decodes with the wrapped Hugging Face tokenizer. Same result as [`Tokenizer::decode`] for
     /// valid ids (tests hold them equal); kept for that check.
     pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        self.hf.decode(ids, skip_special)
+        self.hf
+            .decode(ids, skip_special)
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
@@ -474,7 +475,8 @@ impl Tokenizer {
     /// The wrapped Hugging Face tokenizer (control tokens parsed in text) as `tokenizer.json`:
     /// what a Hugging Face folder of this model holds ([`crate::hf_export`] writes it).
     pub fn hf_json(&self) -> Result<String, TokenizerError> {
-        self.hf.to_string(true)
+        self.hf
+            .to_string(true)
             .map_err(|e| TokenizerError::Build(format!("cannot serialize: {e}")))
     }
 }

@@ -33,7 +33,11 @@ pub fn engine(max_num_seqs: usize, max_waiting: Option<usize>) -> EngineHandle {
 }
 
 /// As [`engine`], with a KV pool of `kv_bytes`.
-pub fn engine_with_kv(max_num_seqs: usize, max_waiting: Option<usize>, kv_bytes: usize) -> EngineHandle {
+pub fn engine_with_kv(
+    max_num_seqs: usize,
+    max_waiting: Option<usize>,
+    kv_bytes: usize,
+) -> EngineHandle {
     let mut knobs = Knobs::default();
     knobs.kv.budget_bytes = kv_bytes;
     knobs.scheduler.max_num_seqs = max_num_seqs;
@@ -221,7 +225,6 @@ pub fn chat_body(extra: Value) -> Value {
     }
     b
 }
-
 
 pub fn serve_model_id() -> String {
     model()
