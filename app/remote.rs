@@ -6,7 +6,9 @@
 //! client side as vLLM's `benchmark_serving` does: every chunk that carries a choice is one
 //! timestamp (TTFT at the first, ITL between them), and the token counts come from the final
 //! `usage`. A cancelled request drops its connection, which a server takes as a cancel. What
-//! comes back is untrusted: lines and error bodies are read up to a bound.
+//! comes back is untrusted: lines and error bodies are read up to a bound, each byte of the
+//! stream is scanned once ([`SseLines`]), counts are checked before any arithmetic, and every
+//! request has a connect, a read (between chunks) and an overall timeout.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +24,17 @@ use tpslab_engine::stop::FinishReason;
 
 /// Longest SSE line or error body read from a server.
 const MAX_LINE: usize = 1 << 20;
+
+/// Time to open a connection, and the longest silence between two chunks of an answer (a
+/// loaded server may take long to start a request: this is generous).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// The most one request may take, start to end.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Token counts a server reports past this are refused as implausible (no context is this
+/// long), so sums over many requests cannot overflow.
+const MAX_COUNT: u64 = 1 << 32;
 
 /// Requests on their way, by id: the task streaming each one (to abort it) and where its events go.
 type InFlight = HashMap<RequestId, (tokio::task::AbortHandle, Sender<Event>)>;
@@ -66,7 +79,8 @@ impl RemoteTarget {
             .build()
             .map_err(|e| format!("cannot start the HTTP client runtime: {e}"))?;
         let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
             .pool_max_idle_per_host(1024)
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
@@ -189,6 +203,7 @@ impl LoadTarget for RemoteTarget {
         let mut rb = self
             .client
             .post(format!("{}/v1/completions", self.url))
+            .timeout(REQUEST_TIMEOUT)
             .json(&body);
         if let Some(k) = &self.api_key {
             rb = rb.bearer_auth(k);
@@ -241,7 +256,8 @@ impl Drop for RemoteTarget {
     }
 }
 
-/// Sends `Started` and a `Token` per chunk, and returns the final event.
+/// Sends `Started` and a `Token` per chunk, and returns the final event: `Finished`, or one
+/// `Refused` saying what broke.
 async fn stream_one(rb: reqwest::RequestBuilder, id: RequestId, tx: &Sender<Event>) -> Event {
     let refused = |reason: String, kind| Event::Refused { id, reason, kind };
     let _ = tx.send(Event::Started { id });
@@ -257,61 +273,190 @@ async fn stream_one(rb: reqwest::RequestBuilder, id: RequestId, tx: &Sender<Even
             refusal_kind(status, &body),
         );
     }
-    let mut buf: Vec<u8> = Vec::new();
-    let (mut usage, mut reason) = (Usage::default(), FinishReason::Stop);
+    let mut reader = StreamReader::new();
+    let mut texts = Vec::new();
     loop {
         let chunk = match resp.chunk().await {
             Ok(Some(c)) => c,
             Ok(None) => break,
             Err(e) => return refused(format!("the stream broke: {e}"), RefusalKind::Unavailable),
         };
-        buf.extend_from_slice(&chunk);
-        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=nl).collect();
-            let line = String::from_utf8_lossy(&line);
+        let done = reader.feed(&chunk, &mut texts);
+        for text in texts.drain(..) {
+            let _ = tx.send(Event::Token { id, token: 0, text });
+        }
+        match done {
+            Ok(false) => {}
+            Ok(true) => break,
+            Err(e) => return refused(e, RefusalKind::Unavailable),
+        }
+    }
+    match reader.end() {
+        Ok((reason, usage)) => finished(id, reason, usage),
+        Err(e) => refused(e, RefusalKind::Unavailable),
+    }
+}
+
+/// An SSE body cut into lines as its chunks arrive. Each byte is scanned for the newline once
+/// (a line that comes in many chunks is not rescanned from its start), the consumed part is
+/// dropped once per chunk, and a line longer than `max` is an error, not a growing buffer.
+#[derive(Debug)]
+pub struct SseLines {
+    buf: Vec<u8>,
+    /// Start of the first line not handed out yet.
+    start: usize,
+    /// Bytes before this (from `start`) hold no newline.
+    scanned: usize,
+    max: usize,
+}
+
+impl SseLines {
+    pub fn new(max: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            max,
+        }
+    }
+
+    pub fn push(&mut self, chunk: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.scanned -= self.start;
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The next whole line (without `\n` or `\r\n`), `None` until one is complete.
+    pub fn next_line(&mut self) -> Result<Option<&[u8]>, String> {
+        match self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                let end = self.scanned + i;
+                let line = &self.buf[self.start..end];
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                self.start = end + 1;
+                self.scanned = self.start;
+                if line.len() > self.max {
+                    return Err(format!("a stream line is longer than {} bytes", self.max));
+                }
+                Ok(Some(line))
+            }
+            None => {
+                self.scanned = self.buf.len();
+                if self.buf.len() - self.start > self.max {
+                    return Err(format!("a stream line is longer than {} bytes", self.max));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Bytes held: the unfinished line (at most `max`) and what the last chunk brought.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+/// The client side of one completion stream, fed chunk by chunk: the text of each choice,
+/// the finish reason and the usage. Pure (no I/O), so it is what the fuzz tests drive.
+#[derive(Debug)]
+pub struct StreamReader {
+    lines: SseLines,
+    usage: Usage,
+    reason: Option<FinishReason>,
+    done: bool,
+}
+
+impl Default for StreamReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamReader {
+    pub fn new() -> Self {
+        Self {
+            lines: SseLines::new(MAX_LINE),
+            usage: Usage::default(),
+            reason: None,
+            done: false,
+        }
+    }
+
+    /// Reads a chunk: each choice's text is pushed to `texts`. `Ok(true)` once `[DONE]` came
+    /// (anything after it is ignored); `Err` says what was wrong with the stream.
+    pub fn feed(&mut self, chunk: &[u8], texts: &mut Vec<String>) -> Result<bool, String> {
+        if self.done {
+            return Ok(true);
+        }
+        self.lines.push(chunk);
+        while let Some(line) = self.lines.next_line()? {
+            let line = String::from_utf8_lossy(line);
             let Some(data) = line.trim().strip_prefix("data:") else {
                 continue;
             };
             let data = data.trim();
             if data == "[DONE]" {
-                return finished(id, reason, usage);
+                self.done = true;
+                return Ok(true);
             }
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
-                return refused(
-                    format!("bad stream chunk: {data:.200}"),
-                    RefusalKind::Unavailable,
-                );
-            };
+            let v: Value =
+                serde_json::from_str(data).map_err(|_| format!("bad stream chunk: {data:.200}"))?;
             if let Some(e) = v.get("error") {
                 let msg = e["message"].as_str().unwrap_or("error in the stream");
-                return refused(msg.to_string(), RefusalKind::Unavailable);
+                return Err(format!("the server sent an error: {msg:.300}"));
             }
             if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
-                let text = c["text"].as_str().unwrap_or_default().to_string();
-                let _ = tx.send(Event::Token { id, token: 0, text });
+                texts.push(c["text"].as_str().unwrap_or_default().to_string());
                 match c["finish_reason"].as_str() {
-                    Some("length") => reason = FinishReason::Length,
-                    Some(_) => reason = FinishReason::Stop,
+                    Some("length") => self.reason = Some(FinishReason::Length),
+                    Some(_) => self.reason = Some(FinishReason::Stop),
                     None => {}
                 }
             }
             if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                let n = |k: &str| u[k].as_u64().unwrap_or(0) as usize;
-                usage = Usage {
-                    prompt_tokens: n("prompt_tokens"),
-                    completion_tokens: n("completion_tokens"),
-                };
+                self.usage = checked_usage(u)?;
             }
         }
-        if buf.len() > MAX_LINE {
-            return refused(
-                format!("a stream line is longer than {MAX_LINE} bytes"),
-                RefusalKind::Unavailable,
-            );
+        Ok(false)
+    }
+
+    /// The stream ended: its finish reason and usage. One without `[DONE]` counts if it said
+    /// how it finished (some servers close at once); otherwise it broke off.
+    pub fn end(self) -> Result<(FinishReason, Usage), String> {
+        match (self.done, self.reason) {
+            (true, r) => Ok((r.unwrap_or(FinishReason::Stop), self.usage)),
+            (false, Some(r)) => Ok((r, self.usage)),
+            (false, None) => {
+                Err("the stream ended before the answer did (no finish_reason, no [DONE])".into())
+            }
         }
     }
-    // Some servers close without [DONE]: what arrived stands.
-    finished(id, reason, usage)
+}
+
+/// A `usage` object's counts, each at most [`MAX_COUNT`] and their total checked.
+fn checked_usage(u: &Value) -> Result<Usage, String> {
+    let n = |k: &str| -> Result<usize, String> {
+        match &u[k] {
+            Value::Null => Ok(0),
+            v => v
+                .as_u64()
+                .filter(|&n| n <= MAX_COUNT)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| format!("the server sent an implausible usage.{k}: {v:.40}")),
+        }
+    };
+    let usage = Usage {
+        prompt_tokens: n("prompt_tokens")?,
+        completion_tokens: n("completion_tokens")?,
+    };
+    usage
+        .prompt_tokens
+        .checked_add(usage.completion_tokens)
+        .ok_or("the server's usage counts overflow")?;
+    Ok(usage)
 }
 
 fn finished(id: RequestId, reason: FinishReason, usage: Usage) -> Event {
@@ -355,5 +500,34 @@ mod tests {
             RefusalKind::TooLong
         );
         assert_eq!(error_message(b"plain text"), "plain text");
+    }
+
+    #[test]
+    fn a_line_in_one_byte_chunks_is_scanned_once() {
+        let mut lines = SseLines::new(64);
+        for &b in b"data: x\r" {
+            lines.push(&[b]);
+            assert_eq!(lines.next_line(), Ok(None));
+        }
+        lines.push(b"\ndata: y\n");
+        assert_eq!(lines.next_line(), Ok(Some(&b"data: x"[..])));
+        assert_eq!(lines.next_line(), Ok(Some(&b"data: y"[..])));
+        assert_eq!(lines.next_line(), Ok(None));
+        lines.push(&[b'z'; 65]);
+        assert!(lines.next_line().is_err());
+    }
+
+    #[test]
+    fn usage_counts_are_checked() {
+        let mut r = StreamReader::new();
+        let mut texts = Vec::new();
+        let huge = format!(
+            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{},\"completion_tokens\":1}}}}\n",
+            u64::MAX
+        );
+        assert!(r.feed(huge.as_bytes(), &mut texts).is_err());
+        let mut r = StreamReader::new();
+        assert!(r.feed(b"data: {\"choices\":[{\"text\":\"a\"}]}\n", &mut texts) == Ok(false));
+        assert!(r.end().is_err(), "no finish_reason, no [DONE]: broken");
     }
 }

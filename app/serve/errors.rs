@@ -1,7 +1,6 @@
 //! Errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with their
 //! HTTP status, and the JSON body parser that tells malformed JSON (400) from wrong types (422).
 
-use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -90,6 +89,36 @@ impl ApiError {
         }
     }
 
+    /// A body past the server's limit (413).
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than the server's limit of {limit} bytes"),
+        )
+    }
+
+    /// A body that did not arrive in time (408; the connection is closed after it).
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
+    /// A request over one of the server's caps: 400 naming the parameter, the value and the
+    /// limit (`code`: `limit_exceeded`).
+    pub fn over_cap(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: Some("limit_exceeded"),
+            ..Self::bad_param(param, message)
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
@@ -125,19 +154,15 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
         }
+        // The rest of the body may still be on its way: end the connection rather than read it.
+        if matches!(
+            self.status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
+        ) {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
-    }
-}
-
-impl From<BytesRejection> for ApiError {
-    fn from(r: BytesRejection) -> Self {
-        let status = r.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is larger than the server's limit".to_string()
-        } else {
-            r.body_text()
-        };
-        Self::new(status, "invalid_request_error", message)
     }
 }
 

@@ -1,15 +1,23 @@
-//! `tpslab serve`: an OpenAI-compatible HTTP server over the engine (tokio + axum).
+//! `tpslab serve`: an OpenAI-compatible HTTP server over the engine (tokio, axum's router on
+//! hyper's HTTP/1.1 connections).
 //!
-//! - [`openai`]: request and response shapes, and their translation to engine requests.
+//! - [`openai`]: request and response shapes, their caps, and their translation to engine requests.
+//! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
 //! - [`bridge`]: engine events to async handlers; cancel on client disconnect; the SSE body.
 //! - [`errors`]: OpenAI's error JSON with its HTTP status.
 //! - [`metrics`]: `GET /metrics` in Prometheus text (`tpslab:*`, vLLM's shapes).
+//! - [`limits`]: every limit the server enforces, and its `tpslab serve` flags.
+//! - [`http`]: connections: the cap, the header and idle timeouts.
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` (behind the API
-//! key when one is set) and `GET /metrics`. Binds to loopback unless told otherwise.
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` and
+//! `GET /metrics`, all behind the API key when one is set (`--metrics-open` leaves `/metrics`
+//! open). Binds to loopback unless told otherwise.
 
 pub mod bridge;
 pub mod errors;
+pub mod handlers;
+pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod openai;
 
@@ -19,27 +27,23 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::extract::{Request as HttpRequest, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
 use serde_json::json;
-use tpslab_engine::engine::{EngineConfig, EngineHandle, Event, Knobs, Usage};
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::stop::FinishReason;
 
-use self::bridge::{SseStream, submit};
 use self::errors::ApiError;
+use self::limits::{LimitArgs, Limits};
 use self::metrics::ServerMetrics;
-use self::openai::{Kind, Meta};
+use self::openai::ModelShape;
 use crate::cli::ModelArgs;
-
-/// Request bodies larger than this get a 413.
-pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -50,15 +54,20 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key (for a scraper that cannot send one).
+    #[arg(long)]
+    pub metrics_open: bool,
     /// Most requests running at once.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
     /// Requests allowed to wait; past it new requests get 429.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// Everything a handler needs; shared by all connections.
@@ -69,8 +78,14 @@ pub struct ServerState {
     pub model_id: String,
     pub aliases: Vec<String>,
     pub api_key: Option<String>,
+    /// `/metrics` without the key even when one is set.
+    pub metrics_open: bool,
+    pub limits: Limits,
     pub metrics: Arc<ServerMetrics>,
     pub created: u64,
+    /// Requests parsing, rendering or tokenizing at once (each holds its prompt several times
+    /// over, and a big one takes seconds): the rest wait for a slot without holding a thread.
+    pub prepare: Arc<Semaphore>,
 }
 
 impl ServerState {
@@ -87,7 +102,20 @@ impl ServerState {
             aliases: Vec::new(),
             model_id,
             api_key,
+            metrics_open: false,
+            limits: Limits::default(),
             created: unix_now(),
+            prepare: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+            )),
+        }
+    }
+
+    /// What the request checks need to know of the model.
+    pub fn shape(&self) -> ModelShape {
+        ModelShape {
+            context_len: self.lm.model.cfg.context_len,
+            vocab: self.lm.model.cfg.vocab,
         }
     }
 
@@ -100,24 +128,28 @@ impl ServerState {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-/// The routes, with the API key check on /v1/* and the body size limit.
-pub fn router(state: Arc<ServerState>, body_limit: usize) -> Router {
-    let v1 = Router::new()
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/models", get(models))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
-    Router::new()
-        .merge(v1)
-        .route("/metrics", get(prometheus))
-        .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
-        .layer(DefaultBodyLimit::max(body_limit))
+/// The routes, with the API key check on /v1/* (and /metrics unless `metrics_open`).
+pub fn router(state: Arc<ServerState>) -> Router {
+    let mut v1 = Router::new()
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/models", get(models));
+    let open = Router::new().route("/metrics", get(prometheus));
+    if state.metrics_open {
+        v1 = v1.route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+        v1 = v1.merge(open);
+    } else {
+        v1 = v1
+            .merge(open)
+            .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    }
+    v1.fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
         .with_state(state)
 }
 
@@ -135,9 +167,14 @@ async fn auth(State(st): State<Arc<ServerState>>, req: HttpRequest, next: Next) 
     next.run(req).await
 }
 
-/// Compares keys without an early exit on the first differing byte.
+/// Compares keys in time independent of where they differ and of their lengths: the SHA-256
+/// digests (always 32 bytes) are compared without an early exit.
 fn same_key(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (da, db) = (Sha256::digest(a), Sha256::digest(b));
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 async fn models(State(st): State<Arc<ServerState>>) -> Response {
@@ -168,99 +205,6 @@ async fn prometheus(State(st): State<Arc<ServerState>>) -> Response {
         .into_response()
 }
 
-async fn chat(st: State<Arc<ServerState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    complete(st, Kind::Chat, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn completions(st: State<Arc<ServerState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    complete(st, Kind::Completion, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
-/// Both endpoints: parse, tokenize (off the runtime threads), submit, then answer whole or as
-/// an SSE stream. The response status waits for the engine's first event, so a refusal (queue
-/// full) is a real 429 and not an error inside a 200 stream.
-async fn complete(
-    State(st): State<Arc<ServerState>>,
-    kind: Kind,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = errors::parse_body(&body?)?;
-    let parsed = openai::parse(kind, &body)?;
-    st.check_model(parsed.common.model.as_deref())?;
-    let lm = Arc::clone(&st.lm);
-    let p = parsed.clone();
-    let req = tokio::task::spawn_blocking(move || openai::to_request(&p, &lm))
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??;
-    let mut sub = submit(&st.engine, req, Arc::clone(&st.metrics));
-    let meta = Meta {
-        kind,
-        id: format!("{}-{}", kind.id_prefix(), sub.guard.id()),
-        created: unix_now(),
-        model: st.model_id.clone(),
-    };
-    match sub.events.recv().await {
-        Some(Event::Started { .. }) => {}
-        Some(Event::Refused { reason, kind, .. }) => {
-            sub.guard.done();
-            return Err(ApiError::refused(&reason, kind));
-        }
-        Some(_) | None => {
-            sub.guard.done();
-            return Err(ApiError::internal("the engine stopped"));
-        }
-    }
-    if parsed.stream() {
-        let stream = SseStream::new(sub, meta, parsed.include_usage());
-        return Ok((
-            StatusCode::OK,
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            Body::from_stream(stream),
-        )
-            .into_response());
-    }
-    // Dropping this future (the client hung up) drops `sub`, whose guard cancels the request.
-    let (text, reason, usage) = collect(&mut sub).await?;
-    Ok(errors::json_response(
-        StatusCode::OK,
-        &openai::full_response(&meta, &text, reason, &usage),
-    ))
-}
-
-/// The whole text of a non-streamed request.
-async fn collect(sub: &mut bridge::Submitted) -> Result<(String, FinishReason, Usage), ApiError> {
-    let mut out = String::new();
-    while let Some(ev) = sub.events.recv().await {
-        match ev {
-            Event::Started { .. } => {}
-            Event::Token { text, .. } => out.push_str(&text),
-            Event::Finished {
-                reason,
-                usage,
-                text,
-                ..
-            } => {
-                sub.guard.done();
-                out.push_str(&text);
-                return Ok((out, reason, usage));
-            }
-            Event::Refused { reason, kind, .. } => {
-                sub.guard.done();
-                return Err(ApiError::refused(&reason, kind));
-            }
-        }
-    }
-    sub.guard.done();
-    Err(ApiError::internal("the engine stopped"))
-}
-
 /// A server running on its own thread and runtime; dropping it stops the server (requests in
 /// flight are dropped, which cancels them in the engine).
 pub struct RunningServer {
@@ -289,26 +233,21 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the HTTP runtime")
 }
 
-/// Binds `addr` (port 0 picks a free one) and serves on a background thread.
-pub fn spawn(
-    state: Arc<ServerState>,
-    addr: SocketAddr,
-    body_limit: usize,
-) -> Result<RunningServer> {
+/// Binds `addr` (port 0 picks a free one) and serves on a background thread, under the
+/// state's limits.
+pub fn spawn(state: Arc<ServerState>, addr: SocketAddr) -> Result<RunningServer> {
     let rt = runtime()?;
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .with_context(|| format!("cannot listen on {addr}"))?;
     let addr = listener.local_addr()?;
-    let app = router(state, body_limit);
+    let limits = state.limits.clone();
+    let app = router(state);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("tpslab-serve".into())
         .spawn(move || {
-            rt.spawn(async move {
-                let _ = axum::serve(listener, app).await;
-            });
-            let _ = rt.block_on(stopped);
+            rt.block_on(http::serve_until(listener, app, limits, stopped));
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
         })
         .context("cannot start the server thread")?;
@@ -321,6 +260,7 @@ pub fn spawn(
 
 /// `tpslab serve`: loads the model, starts the engine and serves until killed.
 pub fn run(a: &ServeArgs) -> Result<()> {
+    let limits = a.limits.limits().map_err(anyhow::Error::msg)?;
     let lm = a.model.load()?;
     let mut knobs = Knobs::default();
     knobs.scheduler.max_num_seqs = a.max_num_seqs;
@@ -333,6 +273,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;
     let mut state = ServerState::new(engine, lm, a.api_key.clone());
+    state.metrics_open = a.metrics_open;
+    state.limits = limits.clone();
     state.aliases.push(a.model.model.clone());
     if let Some(s) = &a.model.synthetic {
         state.aliases.push(s.clone());
@@ -351,7 +293,21 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         listener.local_addr()?,
         state.engine.stats().device
     );
-    let app = router(Arc::new(state), DEFAULT_BODY_LIMIT);
-    rt.block_on(async move { axum::serve(listener, app).await })
-        .context("the server stopped")
+    let app = router(Arc::new(state));
+    rt.block_on(http::serve(listener, app, limits));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_key;
+
+    #[test]
+    fn keys_compare_by_content_whatever_their_lengths() {
+        assert!(same_key(b"sesame", b"sesame"));
+        assert!(!same_key(b"sesame", b"sesamE"));
+        assert!(!same_key(b"sesame", b"sesame-and-more"));
+        assert!(!same_key(b"", b"sesame"));
+        assert!(same_key(b"", b""));
+    }
 }

@@ -1,5 +1,8 @@
-//! OpenAI's request and response shapes for `/v1/completions` and `/v1/chat/completions`, and
-//! their translation to an engine [`Request`] (prompt tokens, sampling, stop criteria).
+//! OpenAI's request and response shapes for `/v1/completions` and `/v1/chat/completions`, the
+//! caps a request is held to ([`Limits`]), and the translation to an engine [`Request`] (prompt
+//! tokens, sampling, stop criteria).
+
+use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -10,6 +13,7 @@ use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::FinishReason;
 
 use super::errors::{ApiError, typed};
+use super::limits::Limits;
 
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +51,8 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     /// vLLM's extension: lower runs first under the priority policy.
     pub priority: Option<i32>,
+    /// Token id (as a string) to a bias in [-100, 100].
+    pub logit_bias: Option<HashMap<String, f64>>,
 }
 
 /// A message's content: a string, or a list of parts of which the text ones are used.
@@ -142,8 +148,22 @@ impl Parsed {
     }
 }
 
-/// Reads a body of either endpoint: the types (422) and then the values (400).
-pub fn parse(kind: Kind, body: &Value) -> Result<Parsed, ApiError> {
+/// What the request checks need to know of the model being served.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelShape {
+    pub context_len: usize,
+    /// Rows of the embedding: the token ids the model can take.
+    pub vocab: usize,
+}
+
+/// Reads a body of either endpoint: the types (422), then the values and the caps (400).
+/// Nothing here tokenizes or renders: a request over a cap costs no more than its parse.
+pub fn parse(
+    kind: Kind,
+    body: &Value,
+    limits: &Limits,
+    shape: ModelShape,
+) -> Result<Parsed, ApiError> {
     if !body.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
@@ -159,6 +179,10 @@ pub fn parse(kind: Kind, body: &Value) -> Result<Parsed, ApiError> {
                 ));
             }
             messages = b.messages.into_iter().map(to_chat).collect();
+            let bytes = messages.iter().fold(0usize, |n, m| {
+                n.saturating_add(m.role.len() + m.content.len())
+            });
+            check_prompt_bytes("messages", bytes, limits)?;
         }
         Kind::Completion => match typed::<CompletionBody>(body)?.prompt {
             PromptField::Text(t) => prompt_text = Some(t),
@@ -172,8 +196,11 @@ pub fn parse(kind: Kind, body: &Value) -> Result<Parsed, ApiError> {
             PromptField::Tokens(t) => prompt_tokens = Some(t),
         },
     }
+    if let Some(t) = &prompt_text {
+        check_prompt_bytes("prompt", t.len(), limits)?;
+    }
     let sampling = sampling(&common)?;
-    check_limits(&common)?;
+    check_limits(&common, limits, shape)?;
     Ok(Parsed {
         kind,
         common,
@@ -182,6 +209,20 @@ pub fn parse(kind: Kind, body: &Value) -> Result<Parsed, ApiError> {
         prompt_tokens,
         sampling,
     })
+}
+
+fn check_prompt_bytes(param: &str, bytes: usize, limits: &Limits) -> Result<(), ApiError> {
+    if bytes > limits.max_prompt_bytes {
+        return Err(ApiError::over_cap(
+            param,
+            format!(
+                "the {param} text is {bytes} bytes; this server takes at most {} \
+                 (--max-prompt-bytes)",
+                limits.max_prompt_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn to_chat(m: Message) -> ChatMessage {
@@ -198,22 +239,129 @@ fn to_chat(m: Message) -> ChatMessage {
     ChatMessage::new(m.role, content)
 }
 
-fn check_limits(c: &Common) -> Result<(), ApiError> {
+/// The stop strings of a request, as given.
+fn stop_list(c: &Common) -> &[String] {
+    match &c.stop {
+        None => &[],
+        Some(StopField::One(s)) => std::slice::from_ref(s),
+        Some(StopField::Many(v)) => v,
+    }
+}
+
+fn check_limits(c: &Common, l: &Limits, shape: ModelShape) -> Result<(), ApiError> {
     if let Some(n) = c.n
         && n != 1
     {
-        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
+        return Err(ApiError::over_cap(
+            "n",
+            format!("n = {n} is not supported: this server returns one choice (n = 1)"),
+        ));
     }
     for (name, v) in [
         ("max_tokens", c.max_tokens),
         ("max_completion_tokens", c.max_completion_tokens),
     ] {
-        if v == Some(0) {
-            return Err(ApiError::bad_param(
-                name,
-                format!("{name} must be at least 1"),
+        match v {
+            Some(0) => {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("{name} must be at least 1"),
+                ));
+            }
+            Some(m) if m as usize >= shape.context_len => {
+                return Err(ApiError::over_cap(
+                    name,
+                    format!(
+                        "{name} = {m} does not fit: the model's context holds {} tokens, \
+                         prompt included",
+                        shape.context_len
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    check_stop(stop_list(c), l)?;
+    if let Some(bias) = &c.logit_bias {
+        check_logit_bias(bias, l, shape)?;
+    }
+    if let Some(p) = c.priority
+        && !(l.min_priority..=l.max_priority).contains(&p)
+    {
+        return Err(ApiError::over_cap(
+            "priority",
+            format!(
+                "priority {p} is outside the range this server allows, {} to {} (lower runs \
+                 first; the window's own chat runs at {})",
+                l.min_priority,
+                l.max_priority,
+                super::limits::WINDOW_CHAT_PRIORITY
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_stop(stop: &[String], l: &Limits) -> Result<(), ApiError> {
+    if stop.len() > l.max_stop {
+        return Err(ApiError::over_cap(
+            "stop",
+            format!(
+                "{} stop strings; this server takes at most {} (--max-stop)",
+                stop.len(),
+                l.max_stop
+            ),
+        ));
+    }
+    if let Some((i, s)) = stop
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.len() > l.max_stop_bytes)
+    {
+        return Err(ApiError::over_cap(
+            "stop",
+            format!(
+                "stop string {i} is {} bytes; this server takes at most {} (--max-stop-bytes)",
+                s.len(),
+                l.max_stop_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Entries past the cap, ids the model lacks and values outside OpenAI's [-100, 100] are
+/// refused. The sampler applies no per-token bias, so a non-zero bias is refused too rather
+/// than silently ignored.
+fn check_logit_bias(
+    bias: &HashMap<String, f64>,
+    l: &Limits,
+    shape: ModelShape,
+) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::over_cap("logit_bias", m));
+    if bias.len() > l.max_logit_bias {
+        return bad(format!(
+            "{} logit_bias entries; this server takes at most {} (--max-logit-bias)",
+            bias.len(),
+            l.max_logit_bias
+        ));
+    }
+    for (k, &v) in bias {
+        if !k.parse::<u32>().is_ok_and(|id| (id as usize) < shape.vocab) {
+            return bad(format!(
+                "logit_bias key {k:.40?} is not a token id of this model (0 to {})",
+                shape.vocab.saturating_sub(1)
             ));
         }
+        if !(v.is_finite() && (-100.0..=100.0).contains(&v)) {
+            return bad(format!("logit_bias[{k}] = {v} is outside [-100, 100]"));
+        }
+    }
+    if bias.values().any(|&v| v != 0.0) {
+        return Err(ApiError::bad_param(
+            "logit_bias",
+            "logit_bias is not supported by this server (send no entries, or zeros)",
+        ));
     }
     Ok(())
 }
@@ -238,22 +386,21 @@ fn sampling(c: &Common) -> Result<SamplingParams, ApiError> {
 }
 
 /// Tokenizes the prompt and builds the engine request; a prompt that leaves no room for
-/// `max_tokens` in the context is a 400 (`context_length_exceeded`), as in vLLM.
-pub fn to_request(p: &Parsed, lm: &LoadedModel) -> Result<Request, ApiError> {
+/// `max_tokens` in the context is a 400 (`context_length_exceeded`), as in vLLM. Blocking (the
+/// chat template and the tokenizer): call it off the async runtime.
+pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Request, ApiError> {
     let tokens = match (&p.prompt_tokens, &p.prompt_text) {
         (Some(t), _) => {
-            let vocab = lm.model.cfg.vocab;
-            if let Some(bad) = t.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ApiError::bad_param(
-                    "prompt",
-                    format!("token id {bad} is outside the vocabulary of {vocab}"),
-                ));
+            if let Some(e) = tpslab_engine::request::out_of_vocab(t, lm.model.cfg.vocab) {
+                return Err(ApiError::bad_param("prompt", e));
             }
             t.clone()
         }
         (None, Some(text)) => lm
             .raw_prompt(text)
             .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?,
+        // Any template error (a budget it ran past included) is the request's: 400 with the
+        // engine's message.
         (None, None) => lm
             .chat_prompt(&p.messages)
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?,
@@ -273,18 +420,18 @@ pub fn to_request(p: &Parsed, lm: &LoadedModel) -> Result<Request, ApiError> {
             max.unwrap_or(1)
         )));
     }
+    // Omitted: the engine gives as many as fit the context and the KV pool.
     let mut stop = lm.default_stop(max);
-    stop.stop_strings = match &p.common.stop {
-        None => Vec::new(),
-        Some(StopField::One(s)) => vec![s.clone()],
-        Some(StopField::Many(v)) => v.clone(),
-    };
+    stop.stop_strings = stop_list(&p.common).to_vec();
     stop.ignore_eos = p.common.ignore_eos.unwrap_or(false);
     Ok(Request {
         prompt: tokens,
         sampling: p.sampling.clone(),
         stop,
-        priority: p.common.priority.unwrap_or(0),
+        priority: p
+            .common
+            .priority
+            .unwrap_or_else(|| limits.default_priority()),
     })
 }
 

@@ -54,8 +54,8 @@ impl ApiServer {
         let state = ServerState::new(b.engine.clone(), Arc::clone(&b.lm), api_key.clone());
         let model_id = state.model_id.clone();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let server = serve::spawn(Arc::new(state), addr, serve::DEFAULT_BODY_LIMIT)
-            .map_err(|e| format!("API server: {e:#}"))?;
+        let server =
+            serve::spawn(Arc::new(state), addr).map_err(|e| format!("API server: {e:#}"))?;
         self.running = Some(Running {
             server,
             engine: b.engine.clone(),

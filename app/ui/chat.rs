@@ -186,7 +186,7 @@ impl Generation {
                         prompt,
                         sampling,
                         stop: lm.default_stop(Some(max_tokens)),
-                        priority: 0,
+                        priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
                     };
                     engine.submit(req, tx)
                 });

@@ -491,11 +491,21 @@ impl EngineThread {
                 RefusalKind::TooLong,
             );
         }
+        // Every path in (server, window, CLI) comes through here: an id the model cannot embed
+        // would fail the whole batch step it lands in.
+        if let Some(e) = crate::request::out_of_vocab(&req.prompt, self.lm.model.cfg.vocab) {
+            return refuse(e, RefusalKind::Invalid);
+        }
         if let Err(e) = req.sampling.validate() {
             return refuse(e.to_string(), RefusalKind::Invalid);
         }
         let room = ctx - req.prompt.len();
-        let max_tokens = req.stop.max_tokens.map_or(room, |m| m.clamp(1, room));
+        let max_tokens = match req.stop.max_tokens {
+            Some(m) => m.clamp(1, room),
+            // Omitted: as much as fits the context and the KV pool (a context larger than the
+            // pool is no reason to refuse; a prompt larger than the pool still is, below).
+            None => room.min(self.sched.token_capacity().saturating_sub(req.prompt.len()) + 1),
+        };
         let mut stop = req.stop;
         stop.max_tokens = Some(max_tokens);
         let sr = SchedRequest {
@@ -591,9 +601,32 @@ impl EngineThread {
         Ok(())
     }
 
-    /// A bad batch is an engine bug: its requests fail with the reason, the app goes on.
-    fn fail_batch(&mut self, out: &crate::scheduler::SchedulerOutput, error: &str) {
-        for id in out.scheduled.iter().map(|s| s.id) {
+    /// A forward pass failed. With several sequences in it, each runs alone to find the ones at
+    /// fault: only those fail, and the others run this step again next time (nothing of it was
+    /// recorded: `update` never ran). When each one runs fine alone the batch itself is the bug
+    /// and all of its requests fail with the reason; the app goes on either way.
+    fn forward_failed(&mut self, out: &SchedulerOutput, needs: &[RowNeed], error: &str) {
+        let mut at_fault = Vec::new();
+        if out.scheduled.len() > 1 {
+            let mut rows = needs.iter();
+            for s in &out.scheduled {
+                let need: Vec<RowNeed> =
+                    rows.by_ref().take(usize::from(s.sample)).copied().collect();
+                let mut alone = Batch::default();
+                alone.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
+                if let Err(e) = self.backend.forward(&alone, &need) {
+                    at_fault.push((s.id, e.to_string()));
+                }
+            }
+        }
+        if at_fault.is_empty() || at_fault.len() == out.scheduled.len() {
+            at_fault = out
+                .scheduled
+                .iter()
+                .map(|s| (s.id, error.to_string()))
+                .collect();
+        }
+        for (id, error) in at_fault {
             if let Some(l) = self.live.get(&id) {
                 let _ = l.events.send(Event::Refused {
                     id,
@@ -633,7 +666,7 @@ impl EngineThread {
             .collect();
         let step = match self.backend.forward(&batch, &needs) {
             Ok(l) => l,
-            Err(e) => return self.fail_batch(&out, &e.to_string()),
+            Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
         };
         let sampled = sample_rows(&mut self.live, &out, &needs, &step, self.lm.model.cfg.vocab);
         let length_done = self.sched.update(&out, &sampled);
@@ -786,3 +819,7 @@ pub fn batch_from(out: &SchedulerOutput) -> Batch {
     }
     b
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -79,6 +79,18 @@ impl RefusalKind {
     }
 }
 
+/// Why `prompt` cannot run on a model whose embedding has `vocab` rows: its first token id
+/// outside them (a tokenizer may know more ids than the model embeds). `None` when all fit.
+pub fn out_of_vocab(prompt: &[u32], vocab: usize) -> Option<String> {
+    let (i, bad) = prompt
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t as usize >= vocab)?;
+    Some(format!(
+        "prompt token {i} has id {bad}, outside the model's vocabulary of {vocab} tokens"
+    ))
+}
+
 impl Event {
     pub fn id(&self) -> RequestId {
         match self {

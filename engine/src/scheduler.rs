@@ -295,6 +295,11 @@ impl Scheduler {
         Ok(too_long)
     }
 
+    /// Tokens the whole KV pool holds: the most any one request can have computed at once.
+    pub fn token_capacity(&self) -> usize {
+        self.kv.pool().num_blocks() * self.kv.block_size()
+    }
+
     /// Refuses requests that could never complete in the pool: the K/V of every token but the
     /// last generated one must fit at once.
     fn fit_check(&self, prompt_len: usize, max_tokens: usize) -> Result<(), SchedError> {

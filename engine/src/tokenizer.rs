@@ -5,15 +5,19 @@
 //! has, and llama.cpp (our reference) tokenizes from exactly these keys. The pre-tokenizer regexes
 //! mirror llama.cpp's `llm_tokenizer_bpe` table for each supported `tokenizer.ggml.pre` value.
 
-use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::models::bpe::{BPE, BpeTrainer, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+use tokenizers::{
+    AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper,
+    PreTokenizerWrapper, SplitDelimiterBehavior, Token, TokenizerImpl,
+};
 
 use crate::gguf::{GgufError, GgufFile, Value};
 
@@ -133,14 +137,69 @@ impl PreTokenizerKind {
     }
 }
 
+/// The BPE model (vocabulary, merges, word cache) behind both of a [`Tokenizer`]'s pipelines:
+/// one copy in memory, read-only (its word cache takes its own lock with `try_*` calls, so it
+/// never makes an encode wait).
+#[derive(Clone)]
+struct SharedBpe(Arc<BPE>);
+
+impl Model for SharedBpe {
+    type Trainer = BpeTrainer;
+
+    fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
+        self.0.tokenize(sequence)
+    }
+
+    fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.0.token_to_id(token)
+    }
+
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        self.0.id_to_token(id)
+    }
+
+    fn get_vocab(&self) -> std::collections::HashMap<String, u32> {
+        self.0.get_vocab()
+    }
+
+    fn get_vocab_size(&self) -> usize {
+        self.0.get_vocab_size()
+    }
+
+    fn save(&self, folder: &Path, prefix: Option<&str>) -> tokenizers::Result<Vec<PathBuf>> {
+        self.0.save(folder, prefix)
+    }
+
+    fn get_trainer(&self) -> BpeTrainer {
+        self.0.get_trainer()
+    }
+}
+
+impl serde::Serialize for SharedBpe {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(&*self.0, s)
+    }
+}
+
+/// A Hugging Face tokenizer pipeline over the shared BPE model.
+type HfTokenizer = TokenizerImpl<
+    SharedBpe,
+    NormalizerWrapper,
+    PreTokenizerWrapper,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
 /// A model's tokenizer. Cheap to clone and share across threads (`Send + Sync`).
 ///
-/// One Hugging Face tokenizer serves both encodings: control tokens written in the text are
-/// parsed, except while [`Tokenizer::encode`] runs with `parse_special = false`, which switches
-/// that off under the write lock (one BPE vocabulary and merge table in memory, not two).
+/// Two Hugging Face pipelines, both immutable after the build, so no encode ever waits on
+/// another: `hf` parses control tokens written in the text, `plain` tokenizes them as ordinary
+/// text. They share one BPE model ([`SharedBpe`]); each has only its own small added-token
+/// table and pre-tokenizer, so the second pipeline costs kilobytes, not a second vocabulary.
 #[derive(Clone)]
 pub struct Tokenizer {
-    hf: Arc<RwLock<tokenizers::Tokenizer>>,
+    hf: Arc<HfTokenizer>,
+    plain: Arc<HfTokenizer>,
     n_vocab: usize,
     /// Every token's decoded bytes, flattened; token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
@@ -152,22 +211,6 @@ pub struct Tokenizer {
     add_bos: bool,
     stop_ids: Vec<u32>,
     pre: PreTokenizerKind,
-}
-
-/// The tokenizer with control-token parsing off; back on when dropped (even on unwinding).
-struct PlainText<'a>(RwLockWriteGuard<'a, tokenizers::Tokenizer>);
-
-impl<'a> PlainText<'a> {
-    fn new(mut hf: RwLockWriteGuard<'a, tokenizers::Tokenizer>) -> Self {
-        hf.set_encode_special_tokens(true);
-        Self(hf)
-    }
-}
-
-impl Drop for PlainText<'_> {
-    fn drop(&mut self) {
-        self.0.set_encode_special_tokens(false);
-    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -297,9 +340,12 @@ impl Tokenizer {
         stop_ids.sort_unstable();
         stop_ids.dedup();
 
-        let hf = c.build_hf(vocab)?;
+        let bpe = SharedBpe(Arc::new(c.build_bpe(vocab)?));
+        let hf = c.build_hf(bpe.clone(), false)?;
+        let plain = c.build_hf(bpe, true)?;
         Ok(Self {
-            hf: Arc::new(RwLock::new(hf)),
+            hf: Arc::new(hf),
+            plain: Arc::new(plain),
             n_vocab: n,
             bytes,
             offsets,
@@ -315,14 +361,10 @@ impl Tokenizer {
     /// Text to token ids, without BOS. With `parse_special`, control tokens written in the text
     /// ("<|im_start|>") become their ids; without it they are tokenized as ordinary text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = if parse_special {
-            let hf = self.hf.read().unwrap_or_else(PoisonError::into_inner);
-            hf.encode_fast(text, false)
-        } else {
-            let plain = PlainText::new(self.hf.write().unwrap_or_else(PoisonError::into_inner));
-            plain.0.encode_fast(text, false)
-        }
-        .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let hf = if parse_special { &self.hf } else { &self.plain };
+        let enc = hf
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -359,8 +401,6 @@ impl Tokenizer {
     /// valid ids (tests hold them equal); kept for that check.
     pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         self.hf
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
             .decode(ids, skip_special)
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
@@ -421,17 +461,11 @@ impl Tokenizer {
     /// The token's string as the vocabulary stores it (byte-level form, e.g. "Ġthe"); `None`
     /// outside the vocabulary (and for a later duplicate of an earlier token's string).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.hf
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .id_to_token(id)
+        self.hf.id_to_token(id)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.hf
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .token_to_id(token)
+        self.hf.token_to_id(token)
     }
 
     pub fn pre_tokenizer(&self) -> PreTokenizerKind {
@@ -442,8 +476,6 @@ impl Tokenizer {
     /// what a Hugging Face folder of this model holds ([`crate::hf_export`] writes it).
     pub fn hf_json(&self) -> Result<String, TokenizerError> {
         self.hf
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
             .to_string(true)
             .map_err(|e| TokenizerError::Build(format!("cannot serialize: {e}")))
     }
@@ -495,8 +527,8 @@ impl TokenizerConfig {
         Ok(())
     }
 
-    /// The Hugging Face tokenizer over `vocab` (token string -> id), parsing control tokens in text.
-    fn build_hf(&self, vocab: Vocab) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    /// The BPE model over `vocab` (token string -> id) and the merges.
+    fn build_bpe(&self, vocab: Vocab) -> Result<BPE, TokenizerError> {
         let mut merge_pairs = Vec::with_capacity(self.merges.len());
         for (i, m) in self.merges.iter().enumerate() {
             let (a, b) = m.split_once(' ').ok_or_else(|| {
@@ -506,13 +538,17 @@ impl TokenizerConfig {
             })?;
             merge_pairs.push((a.to_string(), b.to_string()));
         }
-        let bpe = BPE::builder()
+        BPE::builder()
             .vocab_and_merges(vocab, merge_pairs)
             .ignore_merges(self.pre == PreTokenizerKind::Llama3)
             .build()
-            .map_err(|e| TokenizerError::Build(format!("BPE model: {e}")))?;
+            .map_err(|e| TokenizerError::Build(format!("BPE model: {e}")))
+    }
 
-        let mut hf = tokenizers::Tokenizer::new(bpe);
+    /// A Hugging Face pipeline over `bpe`: control tokens in the text are parsed, unless
+    /// `plain_text`, which tokenizes them as ordinary text.
+    fn build_hf(&self, bpe: SharedBpe, plain_text: bool) -> Result<HfTokenizer, TokenizerError> {
+        let mut hf = HfTokenizer::new(bpe);
         hf.with_pre_tokenizer(Some(self.pre.build()?));
         hf.with_decoder(Some(ByteLevelDecoder::default()));
         let mut special_added = Vec::new();
@@ -530,6 +566,9 @@ impl TokenizerConfig {
         }
         hf.add_special_tokens(&special_added);
         hf.add_tokens(&user_added);
+        // Set once at build time: the flag is the pipeline's, so flipping it per call would
+        // need a write lock that every other encode waits on.
+        hf.set_encode_special_tokens(plain_text);
         Ok(hf)
     }
 }

@@ -1,0 +1,167 @@
+//! The server's limits, as `tpslab serve` flags: what one request may ask for (stop strings,
+//! prompt bytes, `logit_bias`, priority range, body size) and what one connection may take
+//! (header, body and idle timeouts) and how many connections are served at once.
+
+use std::time::Duration;
+
+use clap::Args;
+
+/// The priority the window submits its own chats at (lower runs first under the Priority
+/// policy). API clients are held at or below it by default, so none outranks the chat.
+pub const WINDOW_CHAT_PRIORITY: i32 = 0;
+
+/// Every limit the server enforces. `Default` is what `tpslab serve` and the window use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Request bodies larger than this get a 413.
+    pub max_body_bytes: usize,
+    /// Prompt text (completions) or message text (chat: roles and contents) before tokenizing.
+    pub max_prompt_bytes: usize,
+    /// Stop strings per request, and bytes in each.
+    pub max_stop: usize,
+    pub max_stop_bytes: usize,
+    /// Entries in `logit_bias`.
+    pub max_logit_bias: usize,
+    /// The `priority` values an API client may ask for (inclusive); others get a 400.
+    pub min_priority: i32,
+    pub max_priority: i32,
+    /// From a request's first byte to the end of its headers.
+    pub header_timeout: Duration,
+    /// From the end of the headers to the end of the body.
+    pub body_timeout: Duration,
+    /// A kept-alive connection with no request in flight is closed after this; so is one whose
+    /// client stopped reading a response for this long.
+    pub idle_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 << 20,
+            max_prompt_bytes: 1 << 20,
+            max_stop: 16,
+            max_stop_bytes: 256,
+            max_logit_bias: 300,
+            min_priority: WINDOW_CHAT_PRIORITY,
+            max_priority: i32::MAX,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
+        }
+    }
+}
+
+impl Limits {
+    /// The priority of a request that names none: 0, moved into the allowed range.
+    pub fn default_priority(&self) -> i32 {
+        0.clamp(self.min_priority, self.max_priority.max(self.min_priority))
+    }
+}
+
+/// Seconds as a flag value: a positive, finite number (fractions allowed).
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+        return Err(format!("{s}: seconds must be in (0, 86400]"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?}: {e}")),
+    }
+}
+
+/// The limits as `tpslab serve` flags (defaults: [`Limits::default`]).
+#[derive(Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Largest request body, in bytes (413 past it).
+    #[arg(long, default_value_t = Limits::default().max_body_bytes, value_parser = at_least_one)]
+    pub max_body_bytes: usize,
+    /// Largest prompt (or chat messages) in bytes, checked before tokenizing (400 past it).
+    #[arg(long, default_value_t = Limits::default().max_prompt_bytes, value_parser = at_least_one)]
+    pub max_prompt_bytes: usize,
+    /// Most stop strings in one request.
+    #[arg(long, default_value_t = Limits::default().max_stop)]
+    pub max_stop: usize,
+    /// Longest stop string, in bytes.
+    #[arg(long, default_value_t = Limits::default().max_stop_bytes)]
+    pub max_stop_bytes: usize,
+    /// Most `logit_bias` entries in one request.
+    #[arg(long, default_value_t = Limits::default().max_logit_bias)]
+    pub max_logit_bias: usize,
+    /// Lowest (most urgent) `priority` an API client may ask for; the window's chat runs at 0,
+    /// so the default lets no client outrank it. Requests outside the range get a 400.
+    #[arg(long, default_value_t = Limits::default().min_priority, allow_hyphen_values = true)]
+    pub min_priority: i32,
+    /// Highest `priority` an API client may ask for.
+    #[arg(long, default_value_t = Limits::default().max_priority, allow_hyphen_values = true)]
+    pub max_priority: i32,
+    /// Seconds from a request's first byte to the end of its headers.
+    #[arg(long, default_value = "10", value_parser = seconds, value_name = "S")]
+    pub header_timeout: Duration,
+    /// Seconds to receive a request body once its headers are in (408 past it).
+    #[arg(long, default_value = "30", value_parser = seconds, value_name = "S")]
+    pub body_timeout: Duration,
+    /// Seconds a kept-alive connection may sit idle (or a client may stop reading) before it
+    /// is closed.
+    #[arg(long, default_value = "60", value_parser = seconds, value_name = "S")]
+    pub idle_timeout: Duration,
+    /// Connections served at once; more wait until one closes.
+    #[arg(long, default_value_t = Limits::default().max_connections, value_parser = at_least_one)]
+    pub max_connections: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Result<Limits, String> {
+        if self.min_priority > self.max_priority {
+            return Err(format!(
+                "--min-priority {} is above --max-priority {}",
+                self.min_priority, self.max_priority
+            ));
+        }
+        Ok(Limits {
+            max_body_bytes: self.max_body_bytes,
+            max_prompt_bytes: self.max_prompt_bytes,
+            max_stop: self.max_stop,
+            max_stop_bytes: self.max_stop_bytes,
+            max_logit_bias: self.max_logit_bias,
+            min_priority: self.min_priority,
+            max_priority: self.max_priority,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_positive_and_finite() {
+        assert_eq!(seconds("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in ["0", "-1", "inf", "NaN", "x", "1e9"] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_default_priority_is_inside_the_range() {
+        let mut l = Limits::default();
+        assert_eq!(l.default_priority(), 0);
+        l.min_priority = 5;
+        assert_eq!(l.default_priority(), 5);
+        l.min_priority = -10;
+        l.max_priority = -3;
+        assert_eq!(l.default_priority(), -3);
+    }
+}

@@ -1,0 +1,236 @@
+//! The HTTP side of the server tests: the real default model, engines of their own, servers
+//! over loopback, and a plain HTTP/1.1 client over `TcpStream`, so what is tested is the bytes
+//! on the wire.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tpslab::serve::limits::Limits;
+use tpslab::serve::{self, RunningServer, ServerState};
+use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
+use tpslab_engine::generate::LoadedModel;
+
+/// Small enough to test the 413 cheaply, large enough for the too-long prompt.
+pub const BODY_LIMIT: usize = 256 << 10;
+
+pub fn model() -> Arc<LoadedModel> {
+    static LM: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    Arc::clone(LM.get_or_init(|| {
+        let path = tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}"))
+            .expect("default model");
+        Arc::new(LoadedModel::load(&path).expect("load model"))
+    }))
+}
+
+/// An engine of its own (so tests that count or fill the queue see only their own requests).
+pub fn engine(max_num_seqs: usize, max_waiting: Option<usize>) -> EngineHandle {
+    engine_with_kv(max_num_seqs, max_waiting, 64 << 20)
+}
+
+/// As [`engine`], with a KV pool of `kv_bytes`.
+pub fn engine_with_kv(
+    max_num_seqs: usize,
+    max_waiting: Option<usize>,
+    kv_bytes: usize,
+) -> EngineHandle {
+    let mut knobs = Knobs::default();
+    knobs.kv.budget_bytes = kv_bytes;
+    knobs.scheduler.max_num_seqs = max_num_seqs;
+    knobs.scheduler.max_waiting = max_waiting;
+    let config = EngineConfig {
+        threads: 2,
+        knobs,
+        device: DeviceChoice::Cpu,
+        gpu_kv_fraction: 0.0,
+    };
+    EngineHandle::start(model(), config, None).expect("engine")
+}
+
+/// The test servers' limits: the defaults with a body limit of [`BODY_LIMIT`].
+pub fn test_limits() -> Limits {
+    Limits {
+        max_body_bytes: BODY_LIMIT,
+        ..Limits::default()
+    }
+}
+
+pub fn start(engine: EngineHandle, api_key: Option<&str>) -> RunningServer {
+    start_with(engine, api_key, test_limits(), false)
+}
+
+pub fn start_with(
+    engine: EngineHandle,
+    api_key: Option<&str>,
+    limits: Limits,
+    metrics_open: bool,
+) -> RunningServer {
+    let mut state = ServerState::new(engine, model(), api_key.map(String::from));
+    state.limits = limits;
+    state.metrics_open = metrics_open;
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    serve::spawn(Arc::new(state), addr).expect("server")
+}
+
+/// One server shared by the tests that neither count nor cancel.
+pub fn shared() -> SocketAddr {
+    static S: OnceLock<RunningServer> = OnceLock::new();
+    S.get_or_init(|| start(engine(8, None), None)).addr
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of an SSE body, in order.
+    pub fn events(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.body)
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: ").map(String::from))
+            .collect()
+    }
+
+    /// The error object, checked for OpenAI's shape.
+    pub fn error(&self) -> Value {
+        let v = self.json();
+        let e = v["error"].clone();
+        assert!(e["message"].is_string(), "no error message: {v}");
+        assert!(e["type"].is_string(), "no error type: {v}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+        e
+    }
+}
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    s
+}
+
+pub fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("connection"))
+    {
+        req.push_str("Connection: close\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    // A server that answers early (413) may close before it read everything: keep its answer.
+    let _ = s.write_all(&bytes);
+}
+
+pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&b[..i]).expect("chunk size");
+        let n = usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16)
+            .expect("hex size");
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + n]);
+        b = &b[i + 2 + n + 2..];
+    }
+    out
+}
+
+pub fn parse(raw: &[u8]) -> Resp {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let rest = &raw[end + 4..];
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
+    let mut s = connect(addr);
+    send(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
+    request(addr, "POST", path, &[], body.to_string().as_bytes())
+}
+
+pub fn chat_body(extra: Value) -> Value {
+    let mut b = json!({
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 12,
+    });
+    for (k, v) in extra.as_object().expect("object") {
+        b[k] = v.clone();
+    }
+    b
+}
+
+pub fn serve_model_id() -> String {
+    model()
+        .path
+        .file_stem()
+        .expect("stem")
+        .to_string_lossy()
+        .into_owned()
+}
