@@ -15,7 +15,6 @@ use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::Value;
 
 #[path = "support/http_client.rs"]
-#[allow(dead_code)]
 mod http_client;
 use http_client::{chat_body, post, request, test_limits};
 

@@ -307,17 +307,7 @@ impl TpsApp {
                 self.state.device = back;
             }
         }
-        let chats = &mut self.state.chat;
-        let engine = self
-            .rt
-            .model
-            .as_ref()
-            .and_then(ModelSlot::backend)
-            .map(|b| &b.engine);
-        self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
-            Some(conv) => !g.drain(conv, engine),
-            None => false,
-        });
+        self.drain_generations();
         if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
             if let Some(e) = outcome.error.take() {
                 self.rt.errors.push(e);
@@ -497,17 +487,7 @@ impl TpsApp {
             Command::Send { chat, text } => self.send(chat, text),
             Command::Regenerate { chat } => self.regenerate(chat),
             Command::Stop { chat } => {
-                if let Some(engine) = self
-                    .rt
-                    .model
-                    .as_ref()
-                    .and_then(ModelSlot::backend)
-                    .map(|b| &b.engine)
-                {
-                    for g in self.rt.gens.iter_mut().filter(|g| g.chat == chat) {
-                        g.stop(engine);
-                    }
-                }
+                self.stop_chat(chat);
                 Ok(())
             }
             Command::NewChat => {
@@ -701,6 +681,37 @@ impl TpsApp {
             conv.messages.pop();
         }
         self.start_answer(chat)
+    }
+
+    /// Moves each generation's new events into its conversation; drops the ended ones.
+    fn drain_generations(&mut self) {
+        let chats = &mut self.state.chat;
+        let engine = self
+            .rt
+            .model
+            .as_ref()
+            .and_then(ModelSlot::backend)
+            .map(|b| &b.engine);
+        self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
+            Some(conv) => !g.drain(conv, engine),
+            None => false,
+        });
+    }
+
+    /// Stops the generations of `chat` (one whose prompt is still being made stops once sent).
+    fn stop_chat(&mut self, chat: u64) {
+        let Some(engine) = self
+            .rt
+            .model
+            .as_ref()
+            .and_then(ModelSlot::backend)
+            .map(|b| &b.engine)
+        else {
+            return;
+        };
+        for g in self.rt.gens.iter_mut().filter(|g| g.chat == chat) {
+            g.stop(engine);
+        }
     }
 
     /// Appends an empty answer to `chat` and submits the conversation.
