@@ -6,6 +6,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "support/runaway.rs"]
+mod runaway;
+
 fn model() -> PathBuf {
     tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
 }
@@ -246,24 +249,7 @@ fn broken_model_files_give_one_clear_line() {
 fn a_runaway_chat_template_fails_generate_chat_clearly() {
     let dir = std::env::temp_dir().join(format!("tpslab-cli-runaway-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("runaway.gguf");
-    tpslab_engine::gguf_write::copy_with_metadata(
-        &model(),
-        &path,
-        &[
-            (
-                "tokenizer.chat_template".into(),
-                tpslab_engine::gguf::Value::String(
-                    include_str!("../engine/tests/data/runaway/string_doubling.jinja").into(),
-                ),
-            ),
-            (
-                "general.name".into(),
-                tpslab_engine::gguf::Value::String("Doubling Template".into()),
-            ),
-        ],
-    )
-    .expect("copy the model with a runaway template");
+    let path = runaway::model_with_template(&dir, runaway::STRING_DOUBLING, "Doubling Template");
     let p = path.to_str().expect("utf8 path");
     let start = std::time::Instant::now();
     fails_with(

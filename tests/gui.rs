@@ -3,6 +3,8 @@
 
 #[path = "support/gui_wait.rs"]
 mod gui_wait;
+#[path = "support/runaway.rs"]
+mod runaway;
 use gui_wait::wait_until;
 use std::sync::Arc;
 use std::time::Duration;
@@ -658,20 +660,7 @@ fn the_api_server_starts_from_the_window_and_serves_its_engine() {
 fn a_runaway_chat_template_is_an_error_in_the_chat_not_a_frozen_window() {
     let dir = std::env::temp_dir().join(format!("tpslab-gui-runaway-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("runaway.gguf");
-    let default = tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}"))
-        .expect("default model");
-    tpslab_engine::gguf_write::copy_with_metadata(
-        &default,
-        &path,
-        &[(
-            "tokenizer.chat_template".into(),
-            tpslab_engine::gguf::Value::String(
-                include_str!("../engine/tests/data/runaway/nested_loops.jinja").into(),
-            ),
-        )],
-    )
-    .expect("copy the model with a runaway template");
+    let path = runaway::model_with_template(&dir, runaway::NESTED_LOOPS, "Runaway Window");
     let mut h = harness_with(
         greedy_chat(8),
         path.to_str().expect("utf8 path"),

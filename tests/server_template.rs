@@ -12,32 +12,16 @@ use tpslab::serve::{self, ServerState};
 use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::Value;
 
 #[path = "support/http_client.rs"]
 mod http_client;
+#[path = "support/runaway.rs"]
+mod runaway;
 use http_client::{chat_body, post, request, test_limits};
 
 /// The default model with `template` as its chat template, loaded, behind a server of its own.
 fn server_with_template(dir: &std::path::Path, template: &str) -> (serve::RunningServer, String) {
-    let path = dir.join("runaway.gguf");
-    let default = tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}"))
-        .expect("default model");
-    tpslab_engine::gguf_write::copy_with_metadata(
-        &default,
-        &path,
-        &[
-            (
-                "tokenizer.chat_template".into(),
-                Value::String(template.into()),
-            ),
-            (
-                "general.name".into(),
-                Value::String("Runaway Served".into()),
-            ),
-        ],
-    )
-    .expect("copy the model");
+    let path = runaway::model_with_template(dir, template, "Runaway Served");
     let lm = Arc::new(LoadedModel::load(&path).expect("load"));
     let mut knobs = Knobs::default();
     knobs.kv.budget_bytes = 64 << 20;
@@ -59,10 +43,7 @@ fn server_with_template(dir: &std::path::Path, template: &str) -> (serve::Runnin
 fn a_runaway_template_is_a_400_and_the_server_goes_on() {
     let dir = std::env::temp_dir().join(format!("tpslab-serve-runaway-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let (server, model_id) = server_with_template(
-        &dir,
-        include_str!("../engine/tests/data/runaway/nested_loops.jinja"),
-    );
+    let (server, model_id) = server_with_template(&dir, runaway::NESTED_LOOPS);
     let addr = server.addr;
     // More runaway requests at once than the server has blocking workers (one per core, at
     // least 2), and a completion among them.
