@@ -381,18 +381,25 @@ fn endless_bodies_are_cut_at_the_listed_size() {
     }
 }
 
+/// Pulls the GGUF repo with its download cut after `at` bytes: the pull fails as interrupted and
+/// leaves a partial file. Returns the request, for the pulls that follow.
+fn cut_pull(s: &HubServer, lib: &tpslab_engine::library_index::Library, at: u64) -> PullRequest {
+    *s.faults.cut.lock().expect("cut") = Some((GGUF_NAME.into(), at));
+    let r = req("tpslab/smollm2-gguf");
+    let e = pull(&cfg(s), lib, &r, &AtomicBool::new(false))
+        .0
+        .expect_err("cut");
+    assert!(matches!(e, HubError::Interrupted { .. }), "{e}");
+    r
+}
+
 #[test]
 fn a_server_that_ignores_range_still_gives_the_right_file() {
     let s = server();
     let home = TempDir::new("norange");
     let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
     // A first pull cut half-way through the second chunk leaves a partial file ...
-    *s.faults.cut.lock().expect("cut") = Some((GGUF_NAME.into(), hub_fixtures::CHUNK as u64));
-    let r = req("tpslab/smollm2-gguf");
-    let e = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
-        .0
-        .expect_err("cut");
-    assert!(matches!(e, HubError::Interrupted { .. }), "{e}");
+    let r = cut_pull(&s, &lib, hub_fixtures::CHUNK as u64);
     assert!(lib.partial_downloads()[0].1 > hub_fixtures::CHUNK as u64);
     // ... which the next pull, from a server that now answers every range with the whole
     // file, must not append to: it starts over from byte 0.
@@ -635,12 +642,7 @@ fn two_pulls_never_append_to_the_same_partial_file() {
     let s = server();
     let home = TempDir::new("busy");
     let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
-    *s.faults.cut.lock().expect("cut") = Some((GGUF_NAME.into(), 0));
-    let r = req("tpslab/smollm2-gguf");
-    let e = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
-        .0
-        .expect_err("cut");
-    assert!(matches!(e, HubError::Interrupted { .. }), "{e}");
+    let r = cut_pull(&s, &lib, 0);
     let (part, _) = lib.partial_downloads().remove(0);
     // Another pull holds the partial file (its lock, as a running pull does).
     let held = std::fs::File::open(&part).expect("open part");
