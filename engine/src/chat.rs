@@ -197,7 +197,16 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        match isolated(&self.budget, || {
+        let job = RenderJob {
+            source: &self.source,
+            bos: &self.bos,
+            eos: &self.eos,
+            budget: self.budget,
+            messages,
+            add_generation_prompt,
+        };
+        let job = serde_json::to_vec(&job).unwrap_or_default();
+        match isolated(&self.budget, &job, || {
             self.render_here(messages, add_generation_prompt)
         }) {
             Rendered::Text(t) => Ok(t),
@@ -266,6 +275,49 @@ impl ChatTemplate {
             }
         }
     }
+}
+
+/// What the render server needs to render a template: everything [`ChatTemplate::render`] uses.
+#[derive(Serialize)]
+struct RenderJob<'a> {
+    source: &'a str,
+    bos: &'a str,
+    eos: &'a str,
+    budget: RenderBudget,
+    messages: &'a [ChatMessage],
+    add_generation_prompt: bool,
+}
+
+#[derive(Deserialize)]
+struct OwnedRenderJob {
+    source: String,
+    bos: String,
+    eos: String,
+    budget: RenderBudget,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+}
+
+/// The render server's runner: a job's bytes to its answer.
+fn run_job(bytes: &[u8]) -> Rendered {
+    let job: OwnedRenderJob = match serde_json::from_slice(bytes) {
+        Ok(j) => j,
+        Err(e) => return Rendered::Failed(format!("bad render job: {e}")),
+    };
+    match ChatTemplate::new(&job.source, job.bos, job.eos) {
+        Ok(t) => t
+            .with_budget(job.budget)
+            .render_here(&job.messages, job.add_generation_prompt),
+        Err(e) => Rendered::Failed(e.to_string()),
+    }
+}
+
+/// Starts the process's chat-template render server (Linux): call it first thing in `main`,
+/// before any model is loaded, so that each render forks from a small process (a fork costs in
+/// proportion to the memory of the process it copies). Without it, renders fork from the
+/// process itself. Returns whether the server runs.
+pub fn start_render_server() -> bool {
+    crate::chat_budget::start_server(run_job)
 }
 
 /// The render's output, refusing to grow past `cap` (the write fails, which ends the render).

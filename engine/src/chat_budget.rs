@@ -10,13 +10,22 @@
 //! the caller gets a clear error, whatever the template did. Elsewhere the render runs in
 //! process with fuel and the output cap only.
 //!
-//! The fork copies no memory (copy-on-write) and costs about a millisecond; the child runs only
-//! the render (no locks other threads may hold, no I/O but its pipe) and leaves with `_exit`.
+//! The child runs only the render (no locks other threads may hold, no I/O but its pipe) and
+//! leaves with `_exit`. A fork costs in proportion to the memory of the process it copies (~4 ms
+//! at 100 MB, ~210 ms with 4 GiB resident), so a binary starts the render server of
+//! `chat_zygote.rs` first ([`start_server`]): renders are then children of that small process,
+//! under 1 ms each whatever model is loaded; without it (tests, libraries) they fork from here.
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+#[cfg(target_os = "linux")]
+#[path = "chat_zygote.rs"]
+mod zygote;
+
 /// What one render of a chat template may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenderBudget {
     /// minijinja instructions (its `fuel`): a real template renders a long conversation in a few
     /// hundred thousand.
@@ -70,6 +79,12 @@ impl std::fmt::Display for Overrun {
                 "it needed more than its memory limit of {} MiB (a string or list that keeps doubling?)",
                 memory >> 20
             ),
+            // Through the render server the signal is not known.
+            Self::Died { memory, signal: 0 } => write!(
+                f,
+                "it needed more than its memory limit of {} MiB, or crashed",
+                memory >> 20
+            ),
             Self::Died { signal, .. } => {
                 write!(
                     f,
@@ -94,17 +109,34 @@ pub enum Rendered {
     Over(Overrun),
 }
 
-/// Runs `render` under `budget`'s time and memory limits: in a forked child on Linux, here
-/// elsewhere (where only the fuel and output limits inside `render` hold).
-pub fn isolated(budget: &RenderBudget, render: impl FnOnce() -> Rendered) -> Rendered {
+/// Runs a render under `budget`'s time and memory limits. On Linux: `job` through the render
+/// server when one was started ([`start_server`]), else `render` in a child forked here. Elsewhere
+/// `render` runs here (where only the fuel and output limits inside it hold).
+pub fn isolated(budget: &RenderBudget, job: &[u8], render: impl FnOnce() -> Rendered) -> Rendered {
     #[cfg(target_os = "linux")]
     {
-        linux::isolated(budget, render)
+        zygote::render(budget, job).unwrap_or_else(|| linux::isolated(budget, render))
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = budget;
+        let _ = (budget, job);
         render()
+    }
+}
+
+/// Starts the render server (Linux; see `chat_zygote.rs`): call it first thing in `main`, while
+/// the process is small and has one thread, so that later renders fork from a small process
+/// whatever model is loaded. `runner` turns a job's bytes into its answer. Returns whether one
+/// runs.
+pub fn start_server(runner: fn(&[u8]) -> Rendered) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        zygote::start(runner)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = runner;
+        false
     }
 }
 
@@ -159,12 +191,12 @@ mod linux {
     use super::{Overrun, RenderBudget, Rendered, decode, encode};
 
     /// The answer's longest possible size: the output cap, its tag, and room for an error text.
-    fn answer_cap(budget: &RenderBudget) -> usize {
+    pub(super) fn answer_cap(budget: &RenderBudget) -> usize {
         budget.max_output.saturating_add(64 << 10)
     }
 
-    /// The process's address-space size now, from /proc (Linux); None elsewhere.
-    fn address_space() -> Option<u64> {
+    /// The process's address-space size now, from /proc.
+    pub(super) fn address_space() -> Option<u64> {
         let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
         let pages: u64 = statm.split_whitespace().next()?.parse().ok()?;
         // SAFETY: sysconf has no preconditions.
@@ -195,7 +227,10 @@ mod linux {
         }
         // SAFETY: the parent's copy of the write end is ours and open.
         unsafe { libc::close(write_end) };
-        let answer = collect(read_end, pid, budget);
+        let answer = collect(read_end, budget, || {
+            // SAFETY: pid is our child, not yet reaped, so the id is still its own.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
         let mut status = 0;
         // SAFETY: pid is our child; waiting reaps it whether it exited or was killed.
         unsafe { libc::waitpid(pid, &raw mut status, 0) };
@@ -206,27 +241,42 @@ mod linux {
         }
     }
 
-    /// The child: no other fd than its pipe, an address-space limit, the render, its answer.
-    fn child(write_end: i32, limit: Option<u64>, render: impl FnOnce() -> Rendered) -> ! {
-        // SAFETY: plain syscalls on descriptors and limits of this (child) process only.
+    /// Keeps only `fd` open (as fd 3) and sends stderr to /dev/null: a failed allocation prints a
+    /// line before it aborts, and nothing of the parent's (sockets, files) stays open here.
+    pub(super) fn keep_only(fd: i32) {
+        // SAFETY: plain syscalls on this (child) process's own descriptors.
         unsafe {
-            // Nothing of the parent's (sockets, files) stays open in the child longer than this.
-            if libc::dup2(write_end, 3) == 3 {
+            if libc::dup2(fd, 3) == 3 {
                 libc::close_range(4, u32::MAX, 0);
             }
-            // A failed allocation prints a line before it aborts: not into the parent's stderr.
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
             if null >= 0 {
                 libc::dup2(null, 2);
             }
-            if let Some(limit) = limit {
-                let rl = libc::rlimit {
-                    rlim_cur: limit,
-                    rlim_max: limit,
-                };
-                libc::setrlimit(libc::RLIMIT_AS, &raw const rl);
-            }
         }
+    }
+
+    /// Sets this process's address-space limit.
+    pub(super) fn limit_memory(limit: Option<u64>) {
+        if let Some(limit) = limit {
+            let rl = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            // SAFETY: a valid rlimit for this process.
+            unsafe { libc::setrlimit(libc::RLIMIT_AS, &raw const rl) };
+        }
+    }
+
+    /// The child: no other fd than its pipe, an address-space limit, the render, its answer.
+    fn child(write_end: i32, limit: Option<u64>, render: impl FnOnce() -> Rendered) -> ! {
+        keep_only(write_end);
+        limit_memory(limit);
+        answer(render)
+    }
+
+    /// Runs `render` and writes its answer to fd 3, then ends this (child) process.
+    pub(super) fn answer(render: impl FnOnce() -> Rendered) -> ! {
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(render))
             .unwrap_or_else(|_| Rendered::Failed("the template renderer panicked".into()));
         let bytes = encode(&out);
@@ -243,15 +293,15 @@ mod linux {
         unsafe { libc::_exit(0) }
     }
 
-    enum Answer {
+    pub(super) enum Answer {
         Whole(Vec<u8>),
         TooLong,
         TimedOut,
     }
 
-    /// Reads the child's answer until it closes the pipe, killing it past the deadline or the
+    /// Reads the child's answer until it closes its end, calling `kill` past the deadline or the
     /// size cap.
-    fn collect(read_end: OwnedFd, pid: libc::pid_t, budget: &RenderBudget) -> Answer {
+    pub(super) fn collect(read_end: OwnedFd, budget: &RenderBudget, kill: impl Fn()) -> Answer {
         use std::os::fd::AsRawFd;
         let deadline = Instant::now() + budget.time_limit;
         let cap = answer_cap(budget);
@@ -259,10 +309,6 @@ mod linux {
         let mut file = std::fs::File::from(read_end);
         let mut bytes = Vec::new();
         let mut chunk = vec![0u8; 64 << 10];
-        let kill = || {
-            // SAFETY: pid is our child, not yet reaped, so the id is still its own.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -344,7 +390,7 @@ mod tests {
             ..RenderBudget::default()
         };
         let t = std::time::Instant::now();
-        let r = isolated(&budget, || {
+        let r = isolated(&budget, b"", || {
             loop {
                 std::hint::spin_loop();
             }
@@ -360,7 +406,7 @@ mod tests {
             max_memory: 64 << 20,
             ..RenderBudget::default()
         };
-        let r = isolated(&budget, || {
+        let r = isolated(&budget, b"", || {
             let mut v: Vec<Vec<u8>> = Vec::new();
             loop {
                 v.push(vec![1u8; 16 << 20]);
@@ -386,9 +432,9 @@ mod tests {
             max_output: 1 << 20,
             ..RenderBudget::default()
         };
-        let r = isolated(&budget, || Rendered::Text("x".repeat(4 << 20)));
+        let r = isolated(&budget, b"", || Rendered::Text("x".repeat(4 << 20)));
         assert_eq!(r, Rendered::Over(Overrun::Output(1 << 20)));
-        let ok = isolated(&budget, || Rendered::Text("y".repeat(1000)));
+        let ok = isolated(&budget, b"", || Rendered::Text("y".repeat(1000)));
         assert_eq!(ok, Rendered::Text("y".repeat(1000)));
     }
 }
