@@ -112,19 +112,12 @@ fn known_shapes() {
     assert!(s.tied_embeddings && s.qkv_bias);
 }
 
-/// The table's SmolLM2 is the real default model's shape, when that file is already here.
+/// The table's SmolLM2 is the real default model's shape.
 #[test]
 fn smollm2_matches_the_default_model_file() {
-    let (Ok(dir), Ok(m)) = (
-        tpslab_engine::library::models_dir(),
-        tpslab_engine::library::default_manifest(),
-    ) else {
-        return;
-    };
-    let Ok(f) = tpslab_engine::gguf::GgufFile::open(dir.join(&m.file)) else {
-        eprintln!("default model not downloaded; shape check skipped");
-        return;
-    };
+    let path = tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}"))
+        .expect("default model");
+    let f = tpslab_engine::gguf::GgufFile::open(path).expect("open the default model");
     let real = tpslab_engine::config::ModelConfig::from_gguf(&f).expect("config");
     assert_eq!(arch("smollm2-135m").expect("arch").config, real);
 }

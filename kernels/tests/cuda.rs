@@ -15,14 +15,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, GemmScratch, Gpu, has_kernel};
 use tpslab_kernels::{WType, dequantize_row};
 
-fn gpu() -> Option<Gpu> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            println!("skipped: {e}");
-            None
-        }
-    }
+/// The first GPU. These tests are `#[ignore]`d (a machine without a GPU lists them as ignored,
+/// never as passed); run with `--include-ignored` where there is one, and fail when there is not.
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
 }
 
 fn rng() -> StdRng {
@@ -115,8 +111,9 @@ fn types() -> Vec<WType> {
 
 /// A type without a CUDA kernel is refused with an error naming it, not launched.
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn types_without_a_kernel_are_refused() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let mut r = rng();
     for ty in WType::ALL.into_iter().filter(|&t| !has_kernel(t)) {
         let (n, k) = (8, 256);
@@ -155,8 +152,9 @@ fn q8_round(x: &[f32]) -> Vec<f64> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn matmul_every_type_and_batch_size() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let mut r = rng();
     let mut scratch = GemmScratch::default();
     for ty in types() {
@@ -199,8 +197,9 @@ fn matmul_every_type_and_batch_size() {
 /// The K-quant kernels over 8-bit activations (mmvq.cu, off unless `TPSLAB_CUDA_MMVQ=1`), Q5_K's
 /// included: against a reference fed the same 8-bit activations, and against the f32 ones.
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn kquant_kernels_over_8bit_activations() {
-    let Some(mut g) = gpu() else { return };
+    let mut g = gpu();
     g.set_mmvq(true);
     let mut r = rng();
     let mut scratch = GemmScratch::default();
@@ -248,8 +247,9 @@ fn kquant_kernels_over_8bit_activations() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn embedding_rows_of_every_type() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let mut r = rng();
     for ty in types() {
         let (n, k) = (300, 512);
@@ -281,8 +281,9 @@ fn embedding_rows_of_every_type() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn norms_swiglu_bias_add_argmax() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let mut r = rng();
     let (rows, dim, eps) = (7, 576, 1e-5f32);
     let x = floats(&mut r, rows * dim);
@@ -381,8 +382,9 @@ fn norms_swiglu_bias_add_argmax() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn topk_matches_a_sort() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let mut r = rng();
     let (rows, vocab) = (5, 49_152);
     let mut logits = floats(&mut r, rows * vocab);
@@ -427,9 +429,10 @@ fn topk_matches_a_sort() {
 
 /// Reference RoPE (as the engine's CPU ops do it) and attention in f64.
 #[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 #[allow(clippy::too_many_lines)] // one scenario: inputs, both kernels, then the f64 reference
 fn rope_store_and_paged_attention() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let mut r = rng();
     for (n_heads, n_kv_heads, hd, neox) in [
         (9, 3, 64, false),
