@@ -241,17 +241,22 @@ mod linux {
         }
     }
 
-    /// Keeps only `fd` open (as fd 3) and sends stderr to /dev/null: a failed allocation prints a
-    /// line before it aborts, and nothing of the parent's (sockets, files) stays open here.
+    /// Keeps only `fd` open (as fd 3) and points stdin, stdout and stderr at /dev/null: a failed
+    /// allocation prints a line before it aborts, and nothing of the parent's (sockets, files,
+    /// pipes) stays open here.
     pub(super) fn keep_only(fd: i32) {
         // SAFETY: plain syscalls on this (child) process's own descriptors.
         unsafe {
             if libc::dup2(fd, 3) == 3 {
                 libc::close_range(4, u32::MAX, 0);
             }
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+            // Nor the parent's stdin and stdout: a caller waiting for the end of the app's output
+            // must not wait for a render child (or the render server) too.
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             if null >= 0 {
-                libc::dup2(null, 2);
+                for std_fd in 0..=2 {
+                    libc::dup2(null, std_fd);
+                }
             }
         }
     }
