@@ -21,7 +21,7 @@ use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::StopCriteria;
 use tpslab_kernels::WType;
 
-/// These tests are `#[ignore]`d (a machine without a GPU lists them as ignored, never as
+/// These tests are ignored by default, with the reason (a machine without a GPU lists them as ignored, never as
 /// passed); run with `--include-ignored` where there is one, and fail when there is not.
 fn require_gpu() {
     if let Err(e) = tpslab_kernels::cuda::probe() {
