@@ -8,6 +8,7 @@
 //! `": "` separators, no HTML escaping), and messages as ordered maps so key order matches
 //! Python dicts.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
@@ -197,16 +198,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let job = RenderJob {
-            source: &self.source,
-            bos: &self.bos,
-            eos: &self.eos,
-            budget: self.budget,
-            messages,
-            add_generation_prompt,
+        let job = || {
+            let job = RenderJob {
+                source: Cow::Borrowed(&self.source),
+                bos: Cow::Borrowed(&self.bos),
+                eos: Cow::Borrowed(&self.eos),
+                budget: self.budget,
+                messages: Cow::Borrowed(messages),
+                add_generation_prompt,
+            };
+            serde_json::to_vec(&job).unwrap_or_default()
         };
-        let job = serde_json::to_vec(&job).unwrap_or_default();
-        match isolated(&self.budget, &job, || {
+        match isolated(&self.budget, job, || {
             self.render_here(messages, add_generation_prompt)
         }) {
             Rendered::Text(t) => Ok(t),
@@ -277,30 +280,21 @@ impl ChatTemplate {
     }
 }
 
-/// What the render server needs to render a template: everything [`ChatTemplate::render`] uses.
-#[derive(Serialize)]
+/// What the render server needs to render a template: everything [`ChatTemplate::render`] uses
+/// (borrowed to send, owned when received).
+#[derive(Serialize, Deserialize)]
 struct RenderJob<'a> {
-    source: &'a str,
-    bos: &'a str,
-    eos: &'a str,
+    source: Cow<'a, str>,
+    bos: Cow<'a, str>,
+    eos: Cow<'a, str>,
     budget: RenderBudget,
-    messages: &'a [ChatMessage],
-    add_generation_prompt: bool,
-}
-
-#[derive(Deserialize)]
-struct OwnedRenderJob {
-    source: String,
-    bos: String,
-    eos: String,
-    budget: RenderBudget,
-    messages: Vec<ChatMessage>,
+    messages: Cow<'a, [ChatMessage]>,
     add_generation_prompt: bool,
 }
 
 /// The render server's runner: a job's bytes to its answer.
 fn run_job(bytes: &[u8]) -> Rendered {
-    let job: OwnedRenderJob = match serde_json::from_slice(bytes) {
+    let job: RenderJob<'static> = match serde_json::from_slice(bytes) {
         Ok(j) => j,
         Err(e) => return Rendered::Failed(format!("bad render job: {e}")),
     };

@@ -109,10 +109,14 @@ pub enum Rendered {
     Over(Overrun),
 }
 
-/// Runs a render under `budget`'s time and memory limits. On Linux: `job` through the render
+/// Runs a render under `budget`'s time and memory limits. On Linux: `job()` (made only then) through the render
 /// server when one was started ([`start_server`]), else `render` in a child forked here. Elsewhere
 /// `render` runs here (where only the fuel and output limits inside it hold).
-pub fn isolated(budget: &RenderBudget, job: &[u8], render: impl FnOnce() -> Rendered) -> Rendered {
+pub fn isolated(
+    budget: &RenderBudget,
+    job: impl FnOnce() -> Vec<u8>,
+    render: impl FnOnce() -> Rendered,
+) -> Rendered {
     #[cfg(target_os = "linux")]
     {
         zygote::render(budget, job).unwrap_or_else(|| linux::isolated(budget, render))
@@ -234,11 +238,10 @@ mod linux {
         let mut status = 0;
         // SAFETY: pid is our child; waiting reaps it whether it exited or was killed.
         unsafe { libc::waitpid(pid, &raw mut status, 0) };
-        match answer {
-            Answer::Whole(bytes) => decode(&bytes).unwrap_or_else(|| died(budget, status)),
-            Answer::TooLong => Rendered::Over(Overrun::Output(budget.max_output)),
-            Answer::TimedOut => Rendered::Over(Overrun::Time(budget.time_limit)),
-        }
+        answer.rendered(
+            budget,
+            libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+        )
     }
 
     /// Keeps only `fd` open (as fd 3) and points stdin, stdout and stderr at /dev/null: a failed
@@ -304,6 +307,21 @@ mod linux {
         TimedOut,
     }
 
+    impl Answer {
+        /// What the child's answer means; an unreadable one is a child that died, of `signal`
+        /// where it is known (0 where it is not: a child of the render server).
+        pub(super) fn rendered(self, budget: &RenderBudget, signal: Option<i32>) -> Rendered {
+            match self {
+                Answer::Whole(bytes) => decode(&bytes).unwrap_or(Rendered::Over(Overrun::Died {
+                    memory: budget.max_memory,
+                    signal: signal.unwrap_or(0),
+                })),
+                Answer::TooLong => Rendered::Over(Overrun::Output(budget.max_output)),
+                Answer::TimedOut => Rendered::Over(Overrun::Time(budget.time_limit)),
+            }
+        }
+    }
+
     /// Reads the child's answer until it closes its end, calling `kill` past the deadline or the
     /// size cap.
     pub(super) fn collect(read_end: OwnedFd, budget: &RenderBudget, kill: impl Fn()) -> Answer {
@@ -345,19 +363,6 @@ mod linux {
             }
         }
     }
-
-    /// What a child that answered nothing readable died of.
-    fn died(budget: &RenderBudget, status: i32) -> Rendered {
-        let signal = if libc::WIFSIGNALED(status) {
-            libc::WTERMSIG(status)
-        } else {
-            0
-        };
-        Rendered::Over(Overrun::Died {
-            memory: budget.max_memory,
-            signal,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -395,7 +400,7 @@ mod tests {
             ..RenderBudget::default()
         };
         let t = std::time::Instant::now();
-        let r = isolated(&budget, b"", || {
+        let r = isolated(&budget, Vec::new, || {
             loop {
                 std::hint::spin_loop();
             }
@@ -411,7 +416,7 @@ mod tests {
             max_memory: 64 << 20,
             ..RenderBudget::default()
         };
-        let r = isolated(&budget, b"", || {
+        let r = isolated(&budget, Vec::new, || {
             let mut v: Vec<Vec<u8>> = Vec::new();
             loop {
                 v.push(vec![1u8; 16 << 20]);
@@ -437,9 +442,9 @@ mod tests {
             max_output: 1 << 20,
             ..RenderBudget::default()
         };
-        let r = isolated(&budget, b"", || Rendered::Text("x".repeat(4 << 20)));
+        let r = isolated(&budget, Vec::new, || Rendered::Text("x".repeat(4 << 20)));
         assert_eq!(r, Rendered::Over(Overrun::Output(1 << 20)));
-        let ok = isolated(&budget, b"", || Rendered::Text("y".repeat(1000)));
+        let ok = isolated(&budget, Vec::new, || Rendered::Text("y".repeat(1000)));
         assert_eq!(ok, Rendered::Text("y".repeat(1000)));
     }
 }

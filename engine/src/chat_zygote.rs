@@ -20,8 +20,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::linux::{Answer, address_space, answer, collect, keep_only, limit_memory};
-use super::{Overrun, RenderBudget, Rendered, decode};
+use super::linux::{address_space, answer, collect, keep_only, limit_memory};
+use super::{Overrun, RenderBudget, Rendered};
 
 /// Runs one job's bytes (the renderer the app registered).
 pub type Runner = fn(&[u8]) -> Rendered;
@@ -68,7 +68,7 @@ pub fn start(runner: Runner) -> bool {
 }
 
 /// The render through the server; None when there is none (the caller forks directly).
-pub fn render(budget: &RenderBudget, job: &[u8]) -> Option<Rendered> {
+pub fn render(budget: &RenderBudget, job: impl FnOnce() -> Vec<u8>) -> Option<Rendered> {
     let server = SERVER.get().filter(|s| s.alive.load(Ordering::Relaxed))?;
     let control = server.control.as_ref()?;
     let (ours, theirs) = UnixStream::pair().ok()?;
@@ -82,18 +82,12 @@ pub fn render(budget: &RenderBudget, job: &[u8]) -> Option<Rendered> {
     }
     drop(theirs);
     let _ = ours.set_write_timeout(Some(budget.time_limit));
+    let job = job();
     let mut w = &ours;
-    if w.write_all(&(job.len() as u64).to_le_bytes()).is_err() || w.write_all(job).is_err() {
+    if w.write_all(&(job.len() as u64).to_le_bytes()).is_err() || w.write_all(&job).is_err() {
         return Some(Rendered::Over(Overrun::Time(budget.time_limit)));
     }
-    Some(match collect(OwnedFd::from(ours), budget, || {}) {
-        Answer::Whole(bytes) => decode(&bytes).unwrap_or(Rendered::Over(Overrun::Died {
-            memory: budget.max_memory,
-            signal: 0,
-        })),
-        Answer::TooLong => Rendered::Over(Overrun::Output(budget.max_output)),
-        Answer::TimedOut => Rendered::Over(Overrun::Time(budget.time_limit)),
-    })
+    Some(collect(OwnedFd::from(ours), budget, || {}).rendered(budget, None))
 }
 
 /// One message of `header` carrying `fd`.
