@@ -21,8 +21,9 @@ use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::StopCriteria;
 use tpslab_kernels::WType;
 
-/// These tests are ignored by default, with the reason (a machine without a GPU lists them as ignored, never as
-/// passed); run with `--include-ignored` where there is one, and fail when there is not.
+/// These tests are ignored by default, with the reason (a machine without a GPU lists them as
+/// ignored, never as passed); run with `--include-ignored` where there is one, and fail when
+/// there is not.
 fn require_gpu() {
     if let Err(e) = tpslab_kernels::cuda::probe() {
         panic!("this test needs a CUDA GPU: {e}");

@@ -15,8 +15,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, GemmScratch, Gpu, has_kernel};
 use tpslab_kernels::{WType, dequantize_row};
 
-/// The first GPU. These tests are ignored by default, with the reason (a machine without a GPU lists them as ignored,
-/// never as passed); run with `--include-ignored` where there is one, and fail when there is not.
+/// The first GPU. These tests are ignored by default, with the reason (a machine without a GPU
+/// lists them as ignored, never as passed); run with `--include-ignored` where there is one, and
+/// fail when there is not.
 fn gpu() -> Gpu {
     Gpu::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
 }
