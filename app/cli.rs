@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use tpslab_engine::backend::DeviceChoice;
 use tpslab_engine::chat::ChatMessage;
+use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::generate::{LoadedModel, generate_on};
 use tpslab_engine::library;
 use tpslab_engine::sampler::SamplingParams;

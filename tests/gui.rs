@@ -16,7 +16,7 @@ use tpslab::ui::chat::{Conversation, Message, Role};
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::load::{RemoteSettings, SweepPoint};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
-use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::scheduler::Policy;
 

@@ -22,7 +22,7 @@ use tpslab::hub::human_bytes;
 use tpslab::ui::catalog::size_text;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::{AppOptions, AppState, Command, TpsApp};
-use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::device::DeviceChoice;
 
 const DEFAULT_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tpslab::serve::{self, ServerState};
-use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::generate::LoadedModel;
 

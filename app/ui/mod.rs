@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
 
 use backend::{DevicePref, ModelSlot, SlotNews};

@@ -129,7 +129,7 @@ pub fn memory_line(s: &EngineSnapshot, rss: Option<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tpslab_engine::backend::MemoryUse;
+    use tpslab_engine::device::MemoryUse;
 
     fn snapshot(memory: MemoryUse) -> EngineSnapshot {
         EngineSnapshot {

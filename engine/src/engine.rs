@@ -16,8 +16,8 @@ use tpslab_kernels::WType;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, DeviceChoice, MemoryUse, RowNeed, StepOutput};
 use crate::detok::Detokenizer;
+use crate::device::{Backend, DeviceChoice, MemoryUse, RowNeed, StepOutput};
 use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
 use crate::metrics::{
@@ -241,8 +241,8 @@ pub enum EngineError {
     Start(String),
     #[error("KV cache: {0}")]
     Kv(String),
-    #[error("{0}")]
-    Device(String),
+    #[error(transparent)]
+    Device(#[from] crate::device::BackendError),
 }
 
 /// Per-request state the engine keeps besides the scheduler's token bookkeeping.
@@ -314,7 +314,7 @@ impl EngineThread {
         notify: Option<Notify>,
     ) -> Result<Self, EngineError> {
         kv_blocks(&lm, &config.knobs.kv)?;
-        let opened = crate::backend::open(
+        let opened = crate::device::open(
             Arc::clone(&lm),
             config.device,
             config.threads,

@@ -2,8 +2,8 @@
 //! fail is refused alone, and the requests batched with it run to their end.
 
 use super::*;
-use crate::backend::DeviceChoice;
-use crate::model::ModelError;
+use crate::device::BackendError;
+use crate::device::DeviceChoice;
 use crate::stop::StopCriteria;
 
 /// The real CPU backend, except that any batch holding `poison` fails (as a bad input would).
@@ -16,13 +16,17 @@ impl Backend for Poisoned {
     fn describe(&self) -> String {
         self.inner.describe()
     }
-    fn forward(&mut self, batch: &Batch, needs: &[RowNeed]) -> Result<StepOutput<'_>, ModelError> {
+    fn forward(
+        &mut self,
+        batch: &Batch,
+        needs: &[RowNeed],
+    ) -> Result<StepOutput<'_>, BackendError> {
         if batch.tokens.contains(&self.poison) {
-            return Err(ModelError::Batch("poisoned token".into()));
+            return Err(BackendError::Other("poisoned token".into()));
         }
         self.inner.forward(batch, needs)
     }
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String> {
+    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
         self.inner.rebuild_kv(block_size, num_blocks)
     }
     fn num_blocks(&self) -> usize {
@@ -37,7 +41,7 @@ impl Backend for Poisoned {
     fn threads(&self) -> usize {
         self.inner.threads()
     }
-    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String> {
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), BackendError> {
         self.inner.set_model(lm)
     }
 }
@@ -61,7 +65,7 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
     let (tx, rx) = mpsc::channel();
     let mut t = EngineThread::new(Arc::clone(&lm), &config, rx, tx, Arc::default(), None)
         .expect("engine thread");
-    let inner = crate::backend::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, 0.0)
+    let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, 0.0)
         .expect("backend")
         .backend;
     assert_eq!(inner.num_blocks(), t.backend.num_blocks());

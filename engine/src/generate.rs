@@ -7,12 +7,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::backend::DeviceChoice;
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
-use crate::config::ModelConfig;
+use crate::device::DeviceChoice;
 use crate::engine::{EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Request};
 use crate::gguf::GgufFile;
 use crate::kv::KvCache;
+use crate::model::config::ModelConfig;
 use crate::model::{Model, ModelError};
 use crate::sampler::SamplingParams;
 use crate::stop::{FinishReason, StopCriteria};

@@ -16,13 +16,13 @@ use serde_json::json;
 use tpslab_kernels::WType;
 
 use crate::chat::ChatTemplate;
-use crate::config::ModelConfig;
 use crate::gguf::{GgufError, GgufFile};
 use crate::hf::{CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, hf_name, rope_permute};
+use crate::model::config::ModelConfig;
+use crate::model::weights::kernel_type;
 use crate::quantize::{convert, ggml_type};
 use crate::safetensors::{StDesc, StWriter};
 use crate::tokenizer::Tokenizer;
-use crate::weights::kernel_type;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {

@@ -8,7 +8,7 @@
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
-use crate::config::ModelConfig;
+use crate::model::config::ModelConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {

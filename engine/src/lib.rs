@@ -11,14 +11,9 @@
 //! - [`library`]: the model library folder and fetching the default model.
 //! - [`library_index`]: the library's models with source, shape facts and sha256; import, install, remove.
 //! - [`library_st`]: a model described from its headers (GGUF, safetensors folder) for the index.
-//! - [`config`]: model shape resolved from GGUF metadata (every Llama-family architecture).
-//! - [`weights`]: the weight set by tensor name; [`weights::Linear`] dense or quantized.
 //! - [`kv`]: paged KV storage and the [`kv::Batch`] the forward pass reads it through.
-//! - [`ops`]: per-row ops (RMSNorm, RoPE, SwiGLU).
-//! - [`attention`]: paged attention on the CPU and its plain reference.
-//! - [`model`]: the batched Llama-family forward pass.
-//! - [`backend`]: the device seam (model forward + KV pool) under the engine; the CPU backend.
-//! - `cuda_model` (feature `cuda`): the same forward pass and KV pool on a GPU.
+//! - [`model`]: configuration, weights, the backend-ops seam and each architecture's recipe.
+//! - [`device`]: the devices that run a recipe (CPU, CUDA) behind the engine's `Backend` seam.
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
 //! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
@@ -37,15 +32,11 @@
 //! - [`quantize`]: re-quantizing a GGUF to another weight type (llama.cpp's per-tensor rules).
 //! - [`requant`]: precision as a live knob: the loaded weights re-quantized in memory.
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
-pub mod attention;
-pub mod backend;
 pub mod block_pool;
 pub mod chat;
 pub mod chat_budget;
-pub mod config;
-#[cfg(feature = "cuda")]
-pub mod cuda_model;
 pub mod detok;
+pub mod device;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
@@ -61,7 +52,6 @@ pub mod library_st;
 pub mod loadgen;
 pub mod metrics;
 pub mod model;
-pub mod ops;
 pub mod perplexity;
 pub mod quantize;
 pub mod requant;
@@ -72,4 +62,3 @@ pub mod scheduler;
 pub mod stop;
 pub mod synthetic;
 pub mod tokenizer;
-pub mod weights;

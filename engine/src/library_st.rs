@@ -311,10 +311,10 @@ pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
         reason,
     };
     let unsupported =
-        |arch: &str| invalid(crate::config::ConfigError::Arch(arch.to_string()).to_string());
+        |arch: &str| invalid(crate::model::config::ConfigError::Arch(arch.to_string()).to_string());
     match entry.format {
         ModelFormat::Gguf => {
-            if crate::config::rope_style(&entry.arch).is_none() {
+            if crate::model::arch::lookup(&entry.arch).is_none() {
                 return Err(unsupported(&entry.arch));
             }
         }

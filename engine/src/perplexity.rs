@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use tpslab_kernels::ThreadPool;
 
+use crate::device::{BatchError, Workspace};
 use crate::generate::{GenerateError, LoadedModel};
 use crate::kv::{Batch, KvCache, KvError};
-use crate::model::{ModelError, Workspace};
+use crate::model::ModelError;
 
 /// Chapter 1 of *Pride and Prejudice* (Project Gutenberg #1342), see `assets/perplexity/`.
 pub const BUNDLED_TEXT: &str = include_str!("../../assets/perplexity/pride-and-prejudice-ch1.txt");
@@ -32,6 +33,8 @@ pub enum PerplexityError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Kv(#[from] KvError),
+    #[error(transparent)]
+    Batch(#[from] BatchError),
     #[error("context {ctx} is out of range: it must be at least 8 and at most the model's {max}")]
     Ctx { ctx: usize, max: usize },
     #[error("the text has {tokens} tokens, fewer than one window of {ctx}; use a smaller --ctx")]

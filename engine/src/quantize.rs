@@ -16,8 +16,8 @@ use tpslab_kernels::WType;
 
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo, Value};
 use crate::gguf_write::{GgufWriteError, GgufWriter, TensorDesc};
+use crate::model::weights::kernel_type;
 use crate::synthetic::{matrix_type, precision_name};
-use crate::weights::kernel_type;
 
 /// The targets `tpslab quantize --type` accepts, with a note on each.
 pub const TARGETS: [(WType, &str); 9] = [

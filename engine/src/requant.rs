@@ -14,8 +14,8 @@ use tpslab_kernels::WType;
 
 use crate::generate::LoadedModel;
 use crate::model::Model;
+use crate::model::weights::{LayerWeights, Linear, Weights};
 use crate::quantize::convert;
-use crate::weights::{LayerWeights, Linear, Weights};
 
 /// The weight types the live knob offers, highest precision first.
 pub const LIVE_TYPES: [WType; 9] = [

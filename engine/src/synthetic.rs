@@ -13,11 +13,11 @@ use std::sync::OnceLock;
 use tpslab_kernels::WType;
 
 use crate::chat::ChatTemplate;
-use crate::config::{ModelConfig, RopeStyle};
 use crate::generate::LoadedModel;
 use crate::model::Model;
+use crate::model::config::ModelConfig;
+use crate::model::weights::{LayerWeights, Linear, Weights};
 use crate::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
-use crate::weights::{LayerWeights, Linear, Weights};
 
 /// What a synthetic model's path starts with ("synthetic:llama-3-8b").
 pub const SYNTHETIC_PREFIX: &str = "synthetic:";
@@ -73,7 +73,6 @@ struct Row {
     vocab: usize,
     context_len: usize,
     rope_theta: f32,
-    rope_style: RopeStyle,
     rms_eps: f32,
     tied_embeddings: bool,
     qkv_bias: bool,
@@ -93,7 +92,6 @@ const TABLE: [Row; 4] = [
         vocab: 49152,
         context_len: 8192,
         rope_theta: 100_000.0,
-        rope_style: RopeStyle::Interleaved,
         rms_eps: 1e-5,
         tied_embeddings: true,
         qkv_bias: false,
@@ -110,7 +108,6 @@ const TABLE: [Row; 4] = [
         vocab: 128_256,
         context_len: 131_072,
         rope_theta: 500_000.0,
-        rope_style: RopeStyle::Interleaved,
         rms_eps: 1e-5,
         tied_embeddings: true,
         qkv_bias: false,
@@ -127,7 +124,6 @@ const TABLE: [Row; 4] = [
         vocab: 151_936,
         context_len: 32_768,
         rope_theta: 1_000_000.0,
-        rope_style: RopeStyle::Neox,
         rms_eps: 1e-6,
         tied_embeddings: true,
         qkv_bias: true,
@@ -144,7 +140,6 @@ const TABLE: [Row; 4] = [
         vocab: 128_256,
         context_len: 8192,
         rope_theta: 500_000.0,
-        rope_style: RopeStyle::Interleaved,
         rms_eps: 1e-5,
         tied_embeddings: false,
         qkv_bias: false,
@@ -166,10 +161,16 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
             name: name.to_string(),
             known: known_archs().join(", "),
         })?;
+    // The recipe and RoPE layout are the architecture's (one owner: `model::arch`).
+    let known = crate::model::arch::lookup(r.arch).ok_or_else(|| SyntheticError::Arch {
+        name: r.arch.to_string(),
+        known: crate::model::arch::names(),
+    })?;
     Ok(ArchSpec {
         name: r.name,
         config: ModelConfig {
             arch: r.arch.into(),
+            family: known.family,
             n_layers: r.n_layers,
             hidden: r.hidden,
             ffn: r.ffn,
@@ -180,7 +181,7 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
             context_len: r.context_len,
             rope_theta: r.rope_theta,
             rope_dim: r.head_dim,
-            rope_style: r.rope_style,
+            rope_style: known.rope_style,
             rms_eps: r.rms_eps,
         },
         tied_embeddings: r.tied_embeddings,

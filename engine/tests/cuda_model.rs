@@ -1,7 +1,8 @@
 //! A whole model on the GPU against the CPU: logits of a prefill and of decode steps through
 //! the paged KV pool, and the engine end to end on CUDA. Synthetic weights of the default
 //! model's exact shape (smollm2-135m), since no model file travels to a GPU machine; with the
-//! real default model present it is checked too. Without a GPU each test prints why and passes.
+//! real default model present it is checked too. Without a GPU the tests that need one are listed
+//! as ignored, with the reason.
 //!
 //! Tolerance: relative L2 error of the logits under 3e-2. The CPU path quantizes activations to
 //! 8 bits (as llama.cpp does) and the GPU path keeps them in f32 (f16 on the cuBLAS path), so the
@@ -12,11 +13,13 @@
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use tpslab_engine::backend::{Backend, CpuBackend, DeviceChoice, RowNeed};
-use tpslab_engine::cuda_model::CudaBackend;
+use tpslab_engine::device::cuda::CudaBackend;
+use tpslab_engine::device::{Backend, CpuBackend, DeviceChoice, RowNeed};
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::kv::Batch;
+use tpslab_engine::model::arch;
+use tpslab_engine::model::record::Recording;
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::StopCriteria;
 use tpslab_kernels::WType;
@@ -104,6 +107,31 @@ fn synthetic_model_logits_match_cpu_in_every_precision() {
 
 /// A model with weights the CUDA kernels do not read (Q5_K, while it has no kernel) is refused
 /// with an error naming the type, before any GPU is touched (so this runs without one too).
+/// The CUDA device receives the recording device's op sequence for each synthetic
+/// architecture (same recipe, same shapes), on a mixed prefill + decode batch.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn the_cuda_device_receives_the_recorded_sequence() {
+    require_gpu();
+    for name in ["smollm2-135m", "qwen2.5-0.5b"] {
+        let lm = Arc::new(LoadedModel::synthetic(name, WType::Q8_0, 3, 0).unwrap());
+        let bs = 16;
+        let bytes = 8 * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs);
+        let mut gpu = CudaBackend::new(&lm, 0, bs, bytes, 0.0).unwrap();
+        let mut b = Batch::default();
+        b.push_seq(vec![0, 1], 0, &[1, 2, 3, 4, 5], true);
+        b.push_seq(vec![2], 3, &[7], true);
+        let ops = gpu.recorded_step(&b).unwrap();
+        let mut rec = Recording::new();
+        match arch::forward(&lm.model.cfg, &lm.model.weights.shapes(), &mut rec) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+        assert_eq!(ops, rec.ops, "{name}");
+        assert!(!ops.is_empty());
+    }
+}
+
 #[test]
 fn types_without_a_cuda_kernel_are_refused() {
     for prec in WType::ALL
@@ -113,7 +141,8 @@ fn types_without_a_cuda_kernel_are_refused() {
         let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", prec, 7, 0).unwrap());
         let err = CudaBackend::new(&lm, 0, 16, 64 << 20, 0.0)
             .err()
-            .expect("refused");
+            .expect("refused")
+            .to_string();
         let name = tpslab_engine::synthetic::precision_name(prec);
         assert!(
             err.contains(&format!("{name} has no CUDA kernel yet")),

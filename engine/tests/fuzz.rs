@@ -16,11 +16,11 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::Value as Json;
 use tpslab_engine::chat::{ChatMessage, ChatTemplate, RenderBudget};
+use tpslab_engine::device::Workspace;
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::{GgmlType, GgufFile, Value};
 use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::model::Workspace;
 use tpslab_kernels::ThreadPool;
 
 #[path = "support/split.rs"]

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use tpslab_engine::device::Workspace;
 use tpslab_engine::generate::{LoadedModel, generate};
 use tpslab_engine::gguf::{GgmlType, GgufFile};
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::model::Workspace;
 use tpslab_engine::quantize::{QuantizeOptions, plan, quantize_file, temp_path};
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_kernels::quantize::relative_rms_error;
@@ -178,7 +178,7 @@ fn real_weight_rows_error_order() {
     let t = f.tensor("blk.3.ffn_down.weight").expect("ffn_down");
     let k = t.dims[0] as usize;
     let bytes = f.read_tensor(t).expect("read");
-    let src = tpslab_engine::weights::kernel_type(t.ty).expect("type");
+    let src = tpslab_engine::model::weights::kernel_type(t.ty).expect("type");
     let rows = 64;
     let mut x = vec![0f32; rows * k];
     for (r, out) in x.chunks_mut(k).enumerate() {

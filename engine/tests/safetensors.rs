@@ -16,13 +16,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tpslab_engine::chat::ChatMessage;
-use tpslab_engine::config::ModelConfig;
+use tpslab_engine::device::Workspace;
 use tpslab_engine::generate::{LoadedModel, generate};
 use tpslab_engine::gguf::{GgmlType, GgufFile};
 use tpslab_engine::hf::WEIGHTS_INDEX;
 use tpslab_engine::hf_export::export_folder;
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::model::Workspace;
+use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::quantize::{QuantizeOptions, plan, quantize_file};
 use tpslab_engine::safetensors::{SafetensorsFile, StDesc, StWriter};
 use tpslab_engine::sampler::SamplingParams;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use tpslab::ui::{AppOptions, AppState, TpsApp};
-use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::device::DeviceChoice;
 
 /// The window size of the measurement (the real-window benchmark's too).
 const SIZE: [f32; 2] = [1280.0, 800.0];

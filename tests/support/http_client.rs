@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tpslab::serve::limits::Limits;
 use tpslab::serve::{self, RunningServer, ServerState};
-use tpslab_engine::backend::DeviceChoice;
+use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::generate::LoadedModel;
 

@@ -1,7 +1,7 @@
 //! Small per-row operations of the forward pass: RMSNorm, rotary embeddings, SwiGLU, residual add.
 //! Each row is computed on its own, so results never depend on what else is in the batch.
 
-use crate::config::RopeStyle;
+use crate::model::config::RopeStyle;
 
 /// `out = x / rms(x) * w` for each row of `x`, as ggml computes it (sum of squares in f64).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

@@ -1,7 +1,9 @@
-//! Model configuration resolved from GGUF metadata: one shape description for every
-//! Llama-family architecture (Llama, Mistral, Qwen2, SmolLM).
+//! Model configuration resolved once from GGUF metadata into typed fields: the shape, the
+//! architecture's recipe ([`Family`]) and its RoPE layout, for every architecture in
+//! [`crate::model::arch::ARCHS`].
 
 use crate::gguf::{GgufError, GgufFile};
+use crate::model::arch::{self, Family};
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,7 +16,10 @@ pub enum RopeStyle {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
+    /// The GGUF `general.architecture` ("llama").
     pub arch: String,
+    /// The recipe that runs it.
+    pub family: Family,
     pub n_layers: usize,
     pub hidden: usize,
     pub ffn: usize,
@@ -33,7 +38,7 @@ pub struct ModelConfig {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture '{0}' (supported: llama, mistral, qwen2, smollm)")]
+    #[error("unsupported model architecture '{0}' (supported: {names})", names = arch::names())]
     Arch(String),
     #[error("bad model shape: {0}")]
     Shape(String),
@@ -45,20 +50,11 @@ const MAX_DIM: u64 = 1 << 20;
 const MAX_LAYERS: u64 = 1024;
 const MAX_CONTEXT: u64 = 1 << 24;
 
-/// The RoPE layout of a GGUF `general.architecture` the engine runs; `None` for any other (the
-/// library's import check asks this too, so a model it admits is one that loads).
-pub fn rope_style(arch: &str) -> Option<RopeStyle> {
-    match arch {
-        "llama" | "mistral" | "smollm" => Some(RopeStyle::Interleaved),
-        "qwen2" => Some(RopeStyle::Neox),
-        _ => None,
-    }
-}
-
 impl ModelConfig {
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
         let arch = f.get_str("general.architecture")?.to_string();
-        let rope_style = rope_style(&arch).ok_or_else(|| ConfigError::Arch(arch.clone()))?;
+        let known = arch::lookup(&arch).ok_or_else(|| ConfigError::Arch(arch.clone()))?;
+        let (family, rope_style) = (known.family, known.rope_style);
         let key = |k: &str| format!("{arch}.{k}");
         let bounded = |k: &str, max: u64| -> Result<usize, ConfigError> {
             let v = f.get_u64(&key(k))?;
@@ -85,7 +81,7 @@ impl ModelConfig {
             )));
         }
         let head_dim = hidden / n_heads;
-        if head_dim > crate::attention::MAX_HEAD_DIM {
+        if head_dim > tpslab_kernels::attn::MAX_HEAD_DIM {
             return Err(ConfigError::Shape(format!(
                 "head dimension {head_dim} is over 256"
             )));
@@ -118,6 +114,7 @@ impl ModelConfig {
         }
         Ok(Self {
             arch,
+            family,
             n_layers,
             hidden,
             ffn,

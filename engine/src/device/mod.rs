@@ -1,16 +1,117 @@
-//! The seam between the engine loop and the hardware. The scheduler, block manager, samplers and
-//! metrics are the same for every device; what differs is behind [`Backend`]: the model forward
-//! and the KV pool it writes. [`CpuBackend`] runs the kernels crate's CPU code; the CUDA backend
-//! (`cuda_model`) runs the same model on a GPU.
+//! The devices a model runs on, and the seam between the engine loop and them. The scheduler,
+//! block manager, samplers and metrics are the same for every device; what differs is behind
+//! [`Backend`]: the model forward and the KV pool it writes. Each device implements the
+//! backend-ops seam ([`crate::model::ops::Ops`]) and runs the architecture's recipe on it.
+//!
+//! Modules:
+//! - [`cpu`]: the CPU device over `tpslab_kernels` and [`cpu::CpuBackend`].
+//! - [`rowops`]: the CPU's per-row ops (RMSNorm, RoPE, SwiGLU, residual add).
+//! - [`attention`]: paged attention on the CPU and its plain reference.
+//! - `cuda` (feature `cuda`): the CUDA device over the PTX kernels and its backend.
 
 use std::str::FromStr;
 use std::sync::Arc;
 
-use tpslab_kernels::ThreadPool;
-
 use crate::generate::LoadedModel;
-use crate::kv::{Batch, KvCache};
-use crate::model::{ModelError, Workspace};
+use crate::kv::{Batch, KvCache, KvError};
+use crate::model::config::ModelConfig;
+
+pub mod attention;
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod rowops;
+
+pub use cpu::{CpuBackend, Workspace};
+
+/// A batch a device refuses before touching memory with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("empty batch")]
+    Empty,
+    #[error("tokens, positions and sequence indices differ in length")]
+    Lengths,
+    #[error("token id {0} is outside the vocabulary")]
+    Token(u32),
+    #[error("position {0} is past the context length")]
+    Position(usize),
+    #[error("token {0}: block table does not cover its position")]
+    BlockTable(usize),
+    #[error("a logits row is outside the batch")]
+    LogitsRow,
+}
+
+/// Why a device could not be opened or could not run a step.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("bad batch: {0}")]
+    Batch(#[from] BatchError),
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error("a KV budget of {budget} bytes holds no block of {block_size} tokens")]
+    NoBlock { budget: usize, block_size: usize },
+    #[error("the KV budget holds no block")]
+    EmptyPool,
+    #[error("KV pool size overflows")]
+    PoolOverflow,
+    #[error("the new weights are of another model shape")]
+    ShapeChanged,
+    #[error("the CUDA attention kernel does not take head size {0}")]
+    HeadDim(usize),
+    /// A CUDA call failed; `what` says what the engine was doing.
+    #[cfg(feature = "cuda")]
+    #[error("{what}: {source}")]
+    Cuda {
+        what: String,
+        #[source]
+        source: tpslab_kernels::cuda::CudaError,
+    },
+    #[error("warm-up step on {device}: {source}")]
+    WarmUp {
+        device: String,
+        #[source]
+        source: Box<BackendError>,
+    },
+    #[error("the CUDA driver could not be used ({0}); a driver for CUDA 13 is needed")]
+    Driver(String),
+    #[error("this build has no CUDA support (built without the `cuda` feature)")]
+    NoCudaBuild,
+    /// The error of a backend from outside this crate (the trait is public).
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Checks a batch against the model and a KV pool of `num_blocks` blocks of `block_size` before
+/// any device touches memory with it: token ids, positions, block tables, logits rows.
+pub fn check_batch(
+    cfg: &ModelConfig,
+    batch: &Batch,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<(), BatchError> {
+    let n = batch.len();
+    if batch.positions.len() != n || batch.seq_of.len() != n {
+        return Err(BatchError::Lengths);
+    }
+    for i in 0..n {
+        if batch.tokens[i] as usize >= cfg.vocab {
+            return Err(BatchError::Token(batch.tokens[i]));
+        }
+        if batch.positions[i] >= cfg.context_len {
+            return Err(BatchError::Position(batch.positions[i]));
+        }
+        let table = batch.block_tables.get(batch.seq_of[i]);
+        let need = batch.positions[i] / block_size;
+        match table {
+            Some(t) if need < t.len() && t[..=need].iter().all(|&b| (b as usize) < num_blocks) => {}
+            _ => return Err(BatchError::BlockTable(i)),
+        }
+    }
+    if batch.logit_rows.iter().any(|&r| r >= n) {
+        return Err(BatchError::LogitsRow);
+    }
+    Ok(())
+}
 
 /// Which device runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -93,9 +194,10 @@ pub trait Backend: Send {
     fn describe(&self) -> String;
     /// Runs the batch (writing its K/V), returning what each logits row's sampler needs
     /// (`needs[j]` for row `j`; see [`StepOutput`]).
-    fn forward(&mut self, batch: &Batch, needs: &[RowNeed]) -> Result<StepOutput<'_>, ModelError>;
+    fn forward(&mut self, batch: &Batch, needs: &[RowNeed])
+    -> Result<StepOutput<'_>, BackendError>;
     /// Replaces the KV pool (everything in it is dropped).
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String>;
+    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError>;
     fn num_blocks(&self) -> usize;
     fn block_size(&self) -> usize;
     fn memory(&self) -> MemoryUse;
@@ -104,88 +206,7 @@ pub trait Backend: Send {
     /// Runs `lm`'s weights from now on (same architecture and shape; another precision). The
     /// KV pool is kept as it is; the caller recomputes what it held. On an error the old
     /// weights stay.
-    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String>;
-}
-
-/// The model on the CPU: the kernels crate's quantized matmuls and paged attention.
-pub struct CpuBackend {
-    lm: Arc<LoadedModel>,
-    pool: ThreadPool,
-    kv: KvCache,
-    ws: Workspace,
-}
-
-impl CpuBackend {
-    pub fn new(
-        lm: Arc<LoadedModel>,
-        threads: usize,
-        block_size: usize,
-        num_blocks: usize,
-    ) -> Result<Self, String> {
-        let kv = KvCache::new(&lm.model.cfg, block_size, num_blocks).map_err(|e| e.to_string())?;
-        Ok(Self {
-            lm,
-            pool: ThreadPool::new(threads),
-            kv,
-            ws: Workspace::default(),
-        })
-    }
-}
-
-impl Backend for CpuBackend {
-    fn describe(&self) -> String {
-        format!("CPU, {} threads", self.pool.n_threads())
-    }
-
-    fn forward(&mut self, batch: &Batch, _: &[RowNeed]) -> Result<StepOutput<'_>, ModelError> {
-        let logits = self
-            .lm
-            .model
-            .forward(&self.pool, batch, &mut self.kv, &mut self.ws)?;
-        Ok(StepOutput {
-            logits,
-            argmax: &[],
-            topk_k: 0,
-            topk_ids: &[],
-            topk_vals: &[],
-        })
-    }
-
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String> {
-        self.kv =
-            KvCache::new(&self.lm.model.cfg, block_size, num_blocks).map_err(|e| e.to_string())?;
-        Ok(())
-    }
-
-    fn num_blocks(&self) -> usize {
-        self.kv.num_blocks
-    }
-
-    fn block_size(&self) -> usize {
-        self.kv.block_size
-    }
-
-    fn memory(&self) -> MemoryUse {
-        MemoryUse {
-            weights: self.lm.model.weights.bytes(),
-            kv: self.kv.bytes(),
-            activations: self.ws.bytes(),
-            device_used: None,
-            device_total: None,
-        }
-    }
-
-    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String> {
-        if lm.model.cfg != self.lm.model.cfg {
-            return Err("the new weights are of another model shape".into());
-        }
-        self.lm = Arc::clone(lm);
-        Ok(())
-    }
-
-    fn threads(&self) -> usize {
-        self.pool.n_threads()
-    }
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), BackendError>;
 }
 
 /// What [`open`] chose, and why when it fell back to the CPU.
@@ -205,19 +226,17 @@ pub fn open(
     block_size: usize,
     kv_budget: usize,
     gpu_kv_fraction: f32,
-) -> Result<Opened, String> {
+) -> Result<Opened, BackendError> {
     let cfg = lm.model.cfg.clone();
     let blocks = |budget: usize| {
         let n = KvCache::blocks_for_budget(&cfg, block_size.max(1), budget);
         if n == 0 {
-            Err(format!(
-                "a KV budget of {budget} bytes holds no block of {block_size} tokens"
-            ))
+            Err(BackendError::NoBlock { budget, block_size })
         } else {
             Ok(n)
         }
     };
-    let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, String> {
+    let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, BackendError> {
         Ok(Box::new(CpuBackend::new(
             lm,
             threads,
@@ -255,11 +274,11 @@ fn open_cuda(
     block_size: usize,
     kv_budget: usize,
     fraction: f32,
-) -> Result<Box<dyn Backend>, String> {
+) -> Result<Box<dyn Backend>, BackendError> {
     // cudarc resolves driver symbols lazily and panics on one an old driver lacks: turn that
     // into an error (and a CPU fallback under `auto`) instead of taking the app down.
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::cuda_model::CudaBackend::new(lm, ordinal, block_size, kv_budget, fraction)
+        cuda::CudaBackend::new(lm, ordinal, block_size, kv_budget, fraction)
     }));
     match made {
         Ok(b) => Ok(Box::new(b?)),
@@ -269,9 +288,7 @@ fn open_cuda(
                 .map(String::as_str)
                 .or_else(|| p.downcast_ref::<&str>().copied())
                 .unwrap_or("unknown panic");
-            Err(format!(
-                "the CUDA driver could not be used ({why}); a driver for CUDA 13 is needed"
-            ))
+            Err(BackendError::Driver(why.to_string()))
         }
     }
 }
@@ -283,6 +300,6 @@ fn open_cuda(
     _: usize,
     _: usize,
     _: f32,
-) -> Result<Box<dyn Backend>, String> {
-    Err("this build has no CUDA support (built without the `cuda` feature)".into())
+) -> Result<Box<dyn Backend>, BackendError> {
+    Err(BackendError::NoCudaBuild)
 }

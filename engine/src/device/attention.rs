@@ -102,12 +102,13 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::config::{ModelConfig, RopeStyle};
     use crate::kv::KvCache;
+    use crate::model::config::{ModelConfig, RopeStyle};
 
     fn cfg(n_heads: usize, n_kv_heads: usize, hd: usize) -> ModelConfig {
         ModelConfig {
             arch: "llama".into(),
+            family: crate::model::arch::Family::Llama,
             n_layers: 1,
             hidden: n_heads * hd,
             ffn: 8,

@@ -1,38 +1,41 @@
-//! The Llama-family forward pass on a GPU: the same weights (uploaded in their file format), the
-//! same batch and paged-KV contract as the CPU [`crate::model::Model`], with the kernels of
-//! `tpslab_kernels::cuda`. Per step: one upload of the batch's integers, the layers' kernels in
-//! order on one stream, one download of the greedy tokens (and of logits rows only where a
-//! sampler needs them).
+//! The CUDA device: the backend-ops seam over the PTX kernels of `tpslab_kernels::cuda`, and
+//! [`CudaBackend`], the model (weights uploaded in their file format) and its paged KV pool on a
+//! GPU, with the same batch and KV contract as the CPU. Per step: one upload of the batch's
+//! integers, the recipe's kernels in order on one stream (replayed as a CUDA graph for decode
+//! steps), one download of the greedy tokens (and of logits rows only where a sampler needs
+//! them).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tpslab_kernels::cuda::{AttnGeom, AttnIo, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
 
-use crate::backend::{Backend, MemoryUse, RowNeed, StepOutput};
-use crate::config::{ModelConfig, RopeStyle};
+use crate::device::{
+    Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
+};
 use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
-use crate::model::{ModelError, check_batch};
-use crate::weights::{Linear, Weights};
+use crate::model::arch;
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::ops::{Activation, Buf, Heads, Ops, Param, ParamShape, Rope};
+use crate::model::record::{Op, Recording};
+use crate::model::weights::{Linear, Weights};
 
-fn gpu_err(e: CudaError) -> ModelError {
-    ModelError::Batch(format!("GPU: {e}"))
+/// A CUDA error with what the engine was doing.
+fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {
+    let what = what.into();
+    move |source| BackendError::Cuda { what, source }
 }
 
 /// Refuses, before touching a GPU, weights of a type the CUDA kernels do not read (Q5_K).
-fn check_weight_types(w: &Weights) -> Result<(), String> {
-    let layers = w
-        .layers
-        .iter()
-        .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
-    for l in std::iter::once(&w.embed).chain(layers).chain(&w.lm_head) {
-        tpslab_kernels::cuda::check_type(l.ty).map_err(|e| e.to_string())?;
+fn check_weight_types(w: &Weights) -> Result<(), BackendError> {
+    for l in w.matrices() {
+        tpslab_kernels::cuda::check_type(l.ty).map_err(cuda("checking the weight types"))?;
     }
     Ok(())
 }
 
-struct DevLinear {
+pub struct DevLinear {
     m: DevMatrix,
     bias: Option<DBuf>,
     _data: DBuf,
@@ -70,52 +73,42 @@ impl DevLinear {
     }
 }
 
-struct DevLayer {
-    attn_norm: DBuf,
-    wqkv: DevLinear,
-    wo: DevLinear,
-    ffn_norm: DBuf,
-    w_gate_up: DevLinear,
-    w_down: DevLinear,
-}
-
-struct DevWeights {
-    embed: DevLinear,
-    layers: Vec<DevLayer>,
-    out_norm: DBuf,
-    lm_head: Option<DevLinear>,
-    bytes: usize,
-}
-
-impl DevWeights {
-    fn upload(gpu: &Gpu, w: &Weights) -> Result<Self, CudaError> {
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            layers.push(DevLayer {
-                attn_norm: gpu.upload(&l.attn_norm)?,
-                wqkv: DevLinear::upload(gpu, &l.wqkv)?,
-                wo: DevLinear::upload(gpu, &l.wo)?,
-                ffn_norm: gpu.upload(&l.ffn_norm)?,
-                w_gate_up: DevLinear::upload(gpu, &l.w_gate_up)?,
-                w_down: DevLinear::upload(gpu, &l.w_down)?,
-            });
+impl Param for DevLinear {
+    fn shape(&self) -> ParamShape {
+        ParamShape::Matrix {
+            ty: self.m.ty,
+            n: self.m.n,
+            k: self.m.k,
+            bias: self.bias.is_some(),
         }
-        Ok(Self {
-            embed: DevLinear::upload(gpu, &w.embed)?,
-            layers,
-            out_norm: gpu.upload(&w.out_norm)?,
-            lm_head: w
-                .lm_head
-                .as_ref()
-                .map(|l| DevLinear::upload(gpu, l))
-                .transpose()?,
-            bytes: w.bytes(),
-        })
     }
+}
 
-    fn lm_head(&self) -> &DevLinear {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+/// A norm weight on the device, with its length.
+pub struct DevVector {
+    buf: DBuf,
+    len: usize,
+}
+
+impl Param for DevVector {
+    fn shape(&self) -> ParamShape {
+        ParamShape::Vector(self.len)
     }
+}
+
+/// The weights on the device: the host [`Weights`] structure of device buffers.
+type DevWeights = Weights<DevLinear, DevVector>;
+
+fn upload_weights(gpu: &Gpu, w: &Weights) -> Result<DevWeights, CudaError> {
+    w.try_map(
+        |l| DevLinear::upload(gpu, l),
+        |v| {
+            Ok(DevVector {
+                buf: gpu.upload(v)?,
+                len: v.len(),
+            })
+        },
+    )
 }
 
 /// Activation buffers for up to `cap` tokens and `cap` logits rows, one allocation.
@@ -123,25 +116,32 @@ struct DevWorkspace {
     cap: usize,
     buf: Option<DBuf>,
     ints: Option<DBuf>,
-    offs: [usize; 9],
+    offs: [usize; ACTS + 1],
     /// Logits rows (only the sampled rows have logits, so this is sized by the number of
     /// sequences, not tokens: a 128k vocabulary is 0.5 MB a row).
     logits: Option<DBuf>,
 }
 
-/// Floats per token of each activation buffer: x, h, qkv, attn, tmp, gu, act, last.
-fn act_sizes(c: &ModelConfig) -> [usize; 8] {
-    let qkv = c.hidden + 2 * c.kv_dim();
-    [
-        c.hidden,
-        c.hidden,
-        qkv,
-        c.hidden,
-        c.hidden,
-        2 * c.ffn,
-        c.ffn,
-        c.hidden,
-    ]
+/// Sub-buffers of the activation allocation: those of [`Buf`] but the logits (x, h, qkv, attn,
+/// tmp, last), then the FFN's gate|up and activation, then the greedy tokens.
+const ACTS: usize = 9;
+const GU: usize = 6;
+const ACT: usize = 7;
+const ARGMAX: usize = 8;
+
+/// Floats (4-byte words) per token of each sub-buffer.
+fn act_sizes(c: &ModelConfig) -> [usize; ACTS] {
+    let heads = Heads::of(c);
+    let mut s = [0; ACTS];
+    for b in [Buf::X, Buf::H, Buf::Tmp, Buf::Last] {
+        s[b.index()] = c.hidden;
+    }
+    s[Buf::Qkv.index()] = heads.qkv_dim();
+    s[Buf::Attn.index()] = heads.q_dim();
+    s[GU] = 2 * c.ffn;
+    s[ACT] = c.ffn;
+    s[ARGMAX] = 1;
+    s
 }
 
 /// The model and its paged KV pool on one GPU.
@@ -149,6 +149,7 @@ pub struct CudaBackend {
     gpu: Gpu,
     cfg: ModelConfig,
     w: DevWeights,
+    weights_bytes: usize,
     kv: DBuf,
     block_size: usize,
     num_blocks: usize,
@@ -180,37 +181,35 @@ impl CudaBackend {
         block_size: usize,
         kv_budget: usize,
         fraction: f32,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BackendError> {
         let cfg = lm.model.cfg.clone();
         if !Gpu::supports_head_dim(cfg.head_dim) {
-            return Err(format!(
-                "the CUDA attention kernel does not take head size {}",
-                cfg.head_dim
-            ));
+            return Err(BackendError::HeadDim(cfg.head_dim));
         }
         check_weight_types(&lm.model.weights)?;
-        let gpu = Gpu::new(ordinal).map_err(|e| e.to_string())?;
-        let w = DevWeights::upload(&gpu, &lm.model.weights)
-            .map_err(|e| format!("uploading the weights to {}: {e}", gpu.name()))?;
+        let gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
+        let w = upload_weights(&gpu, &lm.model.weights)
+            .map_err(cuda(format!("uploading the weights to {}", gpu.name())))?;
         let budget = if fraction > 0.0 {
-            let (free, _) = gpu.mem_info().map_err(|e| e.to_string())?;
+            let (free, _) = gpu.mem_info().map_err(cuda("asking the free memory"))?;
             (free as f64 * f64::from(fraction.min(0.95))) as usize
         } else {
             kv_budget
         };
         let blocks = KvCache::blocks_for_budget(&cfg, block_size.max(1), budget);
         let mut me = Self {
-            kv: gpu.alloc(1).map_err(|e| e.to_string())?,
+            kv: gpu.alloc(1).map_err(cuda("allocating the KV pool"))?,
             gpu,
             cfg,
             w,
+            weights_bytes: lm.model.weights.bytes(),
             block_size,
             num_blocks: 0,
             ws: DevWorkspace {
                 cap: 0,
                 buf: None,
                 ints: None,
-                offs: [0; 9],
+                offs: [0; ACTS + 1],
                 logits: None,
             },
             scratch: GemmScratch::default(),
@@ -233,7 +232,7 @@ impl CudaBackend {
     /// A profile run as vLLM does at start: one prefill long enough for the GEMM path and one
     /// decode, so cuBLAS's initialisation, the buffers and the driver's first launches are paid
     /// here and not in the first request's TTFT. It also fails early if a kernel cannot run.
-    fn warm_up(&mut self) -> Result<(), String> {
+    fn warm_up(&mut self) -> Result<(), BackendError> {
         let n = (self.num_blocks * self.block_size)
             .min(64)
             .min(self.cfg.context_len);
@@ -249,7 +248,10 @@ impl CudaBackend {
         for (b, full) in [(prefill, false), (decode, true)] {
             let need = if full { RowNeed::Full } else { RowNeed::Argmax };
             if let Err(e) = self.forward(&b, &[need]) {
-                return Err(format!("warm-up step on {name}: {e}"));
+                return Err(BackendError::WarmUp {
+                    device: name,
+                    source: Box::new(e),
+                });
             }
         }
         Ok(())
@@ -265,14 +267,14 @@ impl CudaBackend {
             return Ok(());
         }
         let cap = n.max(self.ws.cap * 2).max(16);
-        let mut offs = [0usize; 9];
+        let mut offs = [0usize; ACTS + 1];
         let mut at = 0;
         for (i, s) in act_sizes(&self.cfg).iter().enumerate() {
             offs[i] = at;
             // 256-byte aligned sub-buffers.
             at += (s * cap * 4).div_ceil(256) * 256;
         }
-        offs[8] = at;
+        offs[ACTS] = at;
         self.ws.buf = None;
         self.ws.buf = Some(self.gpu.alloc(at)?);
         self.ws.offs = offs;
@@ -348,7 +350,7 @@ impl CudaBackend {
                 self.gpu.launch_graph(g)?;
             } else if self.graph_seen.contains(&n) {
                 self.gpu.begin_capture()?;
-                let launched = self.launch(n, r, ints);
+                let launched = self.launch(n, r, ints, None);
                 match (launched, self.gpu.end_capture()) {
                     (Ok(()), Ok(graph)) => {
                         self.gpu.launch_graph(&graph)?;
@@ -359,103 +361,257 @@ impl CudaBackend {
                     _ => {
                         self.use_graphs = false;
                         self.graphs.clear();
-                        self.launch(n, r, ints)?;
+                        self.launch(n, r, ints, None)?;
                     }
                 }
             } else {
-                self.launch(n, r, ints)?;
+                self.launch(n, r, ints, None)?;
                 self.graph_seen.insert(n);
             }
         } else {
-            self.launch(n, r, ints)?;
+            self.launch(n, r, ints, None)?;
         }
         let logits = self.ws.logits.as_ref().map_or(0, DBuf::ptr);
-        // The greedy tokens were written into the (free by then) `tmp` buffer.
         self.argmax.resize(r, 0);
-        let tmp = self.ws.buf.as_ref().map_or(0, DBuf::ptr) + self.ws.offs[4] as u64;
-        self.gpu.dtoh(tmp, &mut self.argmax)?;
+        let greedy = self.ws.buf.as_ref().map_or(0, DBuf::ptr) + self.ws.offs[ARGMAX] as u64;
+        self.gpu.dtoh(greedy, &mut self.argmax)?;
         Ok(logits)
     }
 
     /// Queues every kernel of one step (no host copies, no synchronization, no allocation
-    /// once the buffers have grown to this batch: safe to capture).
-    fn launch(&mut self, n: usize, r: usize, ints: u64) -> Result<(), CudaError> {
-        let c = &self.cfg;
+    /// once the buffers have grown to this batch: safe to capture): the recipe on [`CudaOps`].
+    /// With `record`, the ops are listed there too (see [`Self::recorded_step`]).
+    fn launch(
+        &mut self,
+        n: usize,
+        r: usize,
+        ints: u64,
+        record: Option<&mut Vec<Op>>,
+    ) -> Result<(), CudaError> {
         let at = |k: usize| ints + 4 * k as u64;
-        let (tokens, pos, slots, bt_off, rows, bt) =
-            (at(0), at(n), at(2 * n), at(3 * n), at(4 * n), at(4 * n + r));
         let base = self.ws.buf.as_ref().map_or(0, DBuf::ptr);
-        let o = |i: usize| base + self.ws.offs[i] as u64;
-        let (x, h, qkv, attn, tmp, gu, act, last) =
-            (o(0), o(1), o(2), o(3), o(4), o(5), o(6), o(7));
-        let logits = self.ws.logits.as_ref().map_or(0, DBuf::ptr);
-        let g = &self.gpu;
-        let sc = &mut self.scratch;
-        let geom = AttnGeom {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
+        let mut bufs = [0u64; ACTS];
+        for (b, off) in bufs.iter_mut().zip(&self.ws.offs) {
+            *b = base + *off as u64;
+        }
+        let mut ops = CudaOps {
+            g: &self.gpu,
+            sc: &mut self.scratch,
+            n,
+            r,
+            bufs,
+            widths: act_sizes(&self.cfg),
+            logits: self.ws.logits.as_ref().map_or(0, DBuf::ptr),
+            tokens: at(0),
+            pos: at(n),
+            slots: at(2 * n),
+            bt_off: at(3 * n),
+            rows: at(4 * n),
+            bt: at(4 * n + r),
+            kv: self.kv.ptr(),
+            layer_bytes: (self.num_blocks * self.block_size * self.cfg.kv_dim() * 2) as u64,
             block_size: self.block_size,
         };
-        let stride = c.hidden + 2 * c.kv_dim();
-        let per = (self.num_blocks * self.block_size * c.kv_dim() * 2) as u64;
-        let neox = c.rope_style == RopeStyle::Neox;
-        g.embed(&self.w.embed.m, tokens, n, x)?;
-        for (li, l) in self.w.layers.iter().enumerate() {
-            if li == 0 {
-                g.rms_norm(x, None, n, l.attn_norm.ptr(), h, c.hidden, c.rms_eps)?;
-            } else {
-                g.add_rms_norm(x, tmp, l.attn_norm.ptr(), h, n, c.hidden, c.rms_eps)?;
+        match record {
+            None => arch::forward(&self.cfg, &self.w, &mut ops),
+            Some(out) => {
+                let mut rec = Recording::around(ops);
+                arch::forward(&self.cfg, &self.w, &mut rec)?;
+                *out = rec.into_parts().1;
+                Ok(())
             }
-            l.wqkv.forward(g, h, n, qkv, sc)?;
-            let kc = self.kv.ptr() + 2 * li as u64 * per;
-            let vc = kc + per;
-            g.rope_store(
-                qkv,
-                stride,
-                pos,
-                slots,
-                kc,
-                vc,
-                n,
-                &geom,
-                c.rope_dim,
-                c.rope_theta,
-                neox,
-            )?;
-            let io = AttnIo {
-                qkv,
-                stride,
-                kc,
-                vc,
-                pos,
-                bt_off,
-                bt,
-                out: attn,
-                n,
-            };
-            g.paged_attention(&io, &geom)?;
-            l.wo.forward(g, attn, n, tmp, sc)?;
-            g.add_rms_norm(x, tmp, l.ffn_norm.ptr(), h, n, c.hidden, c.rms_eps)?;
-            l.w_gate_up.forward(g, h, n, gu, sc)?;
-            g.swiglu(gu, act, c.ffn, n)?;
-            l.w_down.forward(g, act, n, tmp, sc)?;
         }
-        g.add(x, tmp, n * c.hidden)?;
-        if r > 0 {
-            g.rms_norm(
-                x,
-                Some(rows),
-                r,
-                self.w.out_norm.ptr(),
-                last,
-                c.hidden,
-                c.rms_eps,
-            )?;
-            self.w.lm_head().forward(g, last, r, logits, sc)?;
-            g.argmax(logits, r, c.vocab, tmp)?;
+    }
+
+    /// Runs one step (never as a graph) with its ops recorded, and returns them: the GPU check
+    /// holds CUDA's op sequence against the recording device's.
+    pub fn recorded_step(&mut self, batch: &Batch) -> Result<Vec<Op>, BackendError> {
+        check_batch(&self.cfg, batch, self.num_blocks, self.block_size)?;
+        let (n, r) = (batch.len(), batch.logit_rows.len());
+        let mut ops = Vec::new();
+        let mut step = |me: &mut Self| -> Result<(), CudaError> {
+            me.gpu.bind()?;
+            me.ensure_workspace(n, r)?;
+            let ints = me.upload_ints(batch)?;
+            me.launch(n, r, ints, Some(&mut ops))?;
+            me.gpu.sync()
+        };
+        step(self).map_err(cuda("running a recorded step"))?;
+        Ok(ops)
+    }
+}
+
+/// One step of one batch on the GPU: device addresses of the step's integers (uploaded once),
+/// its activation sub-buffers and the KV pool.
+struct CudaOps<'a> {
+    g: &'a Gpu,
+    sc: &'a mut GemmScratch,
+    /// Tokens and logits rows of the step.
+    n: usize,
+    r: usize,
+    /// Addresses of the activation sub-buffers (see [`ACTS`]) and floats per row of each.
+    bufs: [u64; ACTS],
+    widths: [usize; ACTS],
+    logits: u64,
+    tokens: u64,
+    pos: u64,
+    slots: u64,
+    bt_off: u64,
+    rows: u64,
+    bt: u64,
+    kv: u64,
+    /// Bytes of one layer's K (or V) slots; a layer's K then V follow the previous layer's.
+    layer_bytes: u64,
+    block_size: usize,
+}
+
+impl CudaOps<'_> {
+    fn buf(&self, b: Buf) -> u64 {
+        match b {
+            Buf::Logits => self.logits,
+            _ => self.bufs[b.index()],
         }
-        Ok(())
+    }
+
+    fn geom(&self, heads: Heads) -> AttnGeom {
+        AttnGeom {
+            n_heads: heads.n_heads,
+            n_kv_heads: heads.n_kv_heads,
+            head_dim: heads.head_dim,
+            block_size: self.block_size,
+        }
+    }
+
+    /// K and V slots of `layer`.
+    fn kv_of(&self, layer: usize) -> (u64, u64) {
+        let k = self.kv + 2 * layer as u64 * self.layer_bytes;
+        (k, k + self.layer_bytes)
+    }
+}
+
+impl Ops for CudaOps<'_> {
+    type Matrix = DevLinear;
+    type Vector = DevVector;
+    type Error = CudaError;
+
+    fn embed(&mut self, table: &DevLinear, out: Buf) -> Result<(), CudaError> {
+        self.g.embed(&table.m, self.tokens, self.n, self.buf(out))
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: &DevVector, eps: f32, out: Buf) -> Result<(), CudaError> {
+        let (x, out) = (self.buf(x), self.buf(out));
+        self.g
+            .rms_norm(x, None, self.n, w.buf.ptr(), out, w.len, eps)
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: Buf,
+        y: Buf,
+        w: &DevVector,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        let (x, y, out) = (self.buf(x), self.buf(y), self.buf(out));
+        self.g
+            .add_rms_norm(x, y, w.buf.ptr(), out, self.n, w.len, eps)
+    }
+
+    fn linear(&mut self, w: &DevLinear, x: Buf, y: Buf) -> Result<(), CudaError> {
+        let (x, y) = (self.buf(x), self.buf(y));
+        w.forward(self.g, x, self.n, y, self.sc)
+    }
+
+    fn rope_store(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        rope: Rope,
+    ) -> Result<(), CudaError> {
+        let (kc, vc) = self.kv_of(layer);
+        self.g.rope_store(
+            self.buf(qkv),
+            heads.qkv_dim(),
+            self.pos,
+            self.slots,
+            kc,
+            vc,
+            self.n,
+            &self.geom(heads),
+            rope.dim,
+            rope.theta,
+            rope.style == RopeStyle::Neox,
+        )
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        let (kc, vc) = self.kv_of(layer);
+        let io = AttnIo {
+            qkv: self.buf(qkv),
+            stride: heads.qkv_dim(),
+            kc,
+            vc,
+            pos: self.pos,
+            bt_off: self.bt_off,
+            bt: self.bt,
+            out: self.buf(out),
+            n: self.n,
+        };
+        self.g.paged_attention(&io, &self.geom(heads))
+    }
+
+    fn gated_ffn(
+        &mut self,
+        gate_up: &DevLinear,
+        down: &DevLinear,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        let (x, out, gu, a) = (self.buf(x), self.buf(out), self.bufs[GU], self.bufs[ACT]);
+        gate_up.forward(self.g, x, self.n, gu, self.sc)?;
+        match act {
+            Activation::Silu => self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?,
+        }
+        down.forward(self.g, a, self.n, out, self.sc)
+    }
+
+    fn add(&mut self, x: Buf, y: Buf) -> Result<(), CudaError> {
+        let count = self.n * self.widths[x.index()];
+        self.g.add(self.buf(x), self.buf(y), count)
+    }
+
+    fn gather_rms_norm(
+        &mut self,
+        x: Buf,
+        w: &DevVector,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        if self.r == 0 {
+            return Ok(());
+        }
+        let (x, out) = (self.buf(x), self.buf(out));
+        self.g
+            .rms_norm(x, Some(self.rows), self.r, w.buf.ptr(), out, w.len, eps)
+    }
+
+    /// The logits rows, and their greedy tokens (one launch more, so a greedy step copies back
+    /// one integer a row instead of a vocabulary of floats).
+    fn logits(&mut self, head: &DevLinear, x: Buf, out: Buf) -> Result<(), CudaError> {
+        if self.r == 0 {
+            return Ok(());
+        }
+        let (x, out) = (self.buf(x), self.buf(out));
+        head.forward(self.g, x, self.r, out, self.sc)?;
+        self.g.argmax(out, self.r, head.m.n, self.bufs[ARGMAX])
     }
 }
 
@@ -464,12 +620,16 @@ impl Backend for CudaBackend {
         format!("CUDA cuda:{} {}", self.gpu.ordinal(), self.gpu.name())
     }
 
-    fn forward(&mut self, batch: &Batch, needs: &[RowNeed]) -> Result<StepOutput<'_>, ModelError> {
+    fn forward(
+        &mut self,
+        batch: &Batch,
+        needs: &[RowNeed],
+    ) -> Result<StepOutput<'_>, BackendError> {
         check_batch(&self.cfg, batch, self.num_blocks, self.block_size)?;
         if batch.is_empty() {
-            return Err(ModelError::Batch("empty batch".into()));
+            return Err(BatchError::Empty.into());
         }
-        let logits = self.run(batch).map_err(gpu_err)?;
+        let logits = self.run(batch).map_err(cuda("running a step"))?;
         let (vocab, r) = (self.cfg.vocab, batch.logit_rows.len());
         let need = |j: usize| needs.get(j).copied().unwrap_or(RowNeed::Full);
         // Top-k rows: the largest k of all of them, selected on the device for every row (one
@@ -488,11 +648,11 @@ impl Backend for CudaBackend {
             let ids = self
                 .gpu
                 .grow(&mut self.topk_buf, 2 * bytes, |_| 2 * bytes)
-                .map_err(gpu_err)?;
+                .map_err(cuda("copying the logits back"))?;
             let vals = ids + bytes as u64;
             self.gpu
                 .topk(logits, r, vocab, kmax, ids, vals)
-                .map_err(gpu_err)?;
+                .map_err(cuda("copying the logits back"))?;
             for j in (0..r).filter(|&j| matches!(need(j), RowNeed::TopK(_))) {
                 let at = self.topk_ids.len();
                 self.topk_ids.resize(at + kmax, 0);
@@ -500,10 +660,10 @@ impl Backend for CudaBackend {
                 let off = (j * kmax * 4) as u64;
                 self.gpu
                     .dtoh(ids + off, &mut self.topk_ids[at..])
-                    .map_err(gpu_err)?;
+                    .map_err(cuda("copying the logits back"))?;
                 self.gpu
                     .dtoh(vals + off, &mut self.topk_vals[at..])
-                    .map_err(gpu_err)?;
+                    .map_err(cuda("copying the logits back"))?;
             }
         }
         self.logits.clear();
@@ -512,7 +672,7 @@ impl Backend for CudaBackend {
             self.logits.resize(at + vocab, 0.0);
             self.gpu
                 .dtoh(logits + (j * vocab * 4) as u64, &mut self.logits[at..])
-                .map_err(gpu_err)?;
+                .map_err(cuda("copying the logits back"))?;
         }
         Ok(StepOutput {
             logits: &self.logits,
@@ -523,22 +683,22 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), String> {
+    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
         if num_blocks == 0 {
-            return Err("the KV budget holds no block".into());
+            return Err(BackendError::EmptyPool);
         }
         let bytes = KvCache::bytes_per_block(&self.cfg, block_size)
             .checked_mul(num_blocks)
-            .ok_or("KV pool size overflows")?;
+            .ok_or(BackendError::PoolOverflow)?;
         // Graphs captured the old pool's address and block size.
         self.graphs.clear();
         self.graph_seen.clear();
         // Free the old pool before taking the new one.
-        self.kv = self.gpu.alloc(1).map_err(|e| e.to_string())?;
+        self.kv = self.gpu.alloc(1).map_err(cuda("freeing the KV pool"))?;
         self.kv = self
             .gpu
             .alloc(bytes)
-            .map_err(|e| format!("KV pool of {num_blocks} blocks: {e}"))?;
+            .map_err(cuda(format!("KV pool of {num_blocks} blocks")))?;
         self.block_size = block_size;
         self.num_blocks = num_blocks;
         Ok(())
@@ -558,7 +718,7 @@ impl Backend for CudaBackend {
             Err(_) => (None, None),
         };
         MemoryUse {
-            weights: self.w.bytes,
+            weights: self.weights_bytes,
             kv: self.kv.len(),
             activations: self.ws.buf.as_ref().map_or(0, DBuf::len)
                 + self.ws.ints.as_ref().map_or(0, DBuf::len)
@@ -573,15 +733,18 @@ impl Backend for CudaBackend {
         0
     }
 
-    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), String> {
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), BackendError> {
         if lm.model.cfg != self.cfg {
-            return Err("the new weights are of another model shape".into());
+            return Err(BackendError::ShapeChanged);
         }
         check_weight_types(&lm.model.weights)?;
         // Both sets are on the device for a moment; without room for that the old one stays.
-        let w = DevWeights::upload(&self.gpu, &lm.model.weights)
-            .map_err(|e| format!("uploading the new weights to {}: {e}", self.gpu.name()))?;
+        let w = upload_weights(&self.gpu, &lm.model.weights).map_err(cuda(format!(
+            "uploading the new weights to {}",
+            self.gpu.name()
+        )))?;
         self.w = w;
+        self.weights_bytes = lm.model.weights.bytes();
         // The captured graphs point at the old weights.
         self.graphs.clear();
         self.graph_seen.clear();

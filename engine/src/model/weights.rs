@@ -1,9 +1,11 @@
-//! Model weights: one [`Linear`] that is dense or quantized, and the Llama-family weight set
-//! looked up by GGUF tensor name, with an error naming any missing or misshapen tensor.
+//! Model weights: one [`Linear`] that is dense or quantized, the weight set the recipes read
+//! ([`Weights`], generic over how a device holds its parts), and the loaders an architecture
+//! reads GGUF tensors with, erring with the name of any missing or misshapen tensor.
 
 use tpslab_kernels::{QMatrix, ThreadPool, WType};
 
-use crate::config::ModelConfig;
+use crate::model::ops::{Param, ParamShape};
+
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
@@ -106,90 +108,110 @@ impl Linear {
 }
 
 /// Weights of one transformer block. Q, K, V are stacked into `wqkv`; gate and up into
-/// `w_gate_up` (gate rows first), so each becomes one matmul.
+/// `w_gate_up` (gate rows first), so each becomes one matmul. Generic over how a device holds a
+/// matrix (`L`) and a vector (`V`): the host copy is `LayerWeights<Linear, Vec<f32>>`, a GPU's
+/// is the same structure of device buffers ([`Weights::try_map`]).
 #[derive(Debug, Clone)]
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wqkv: Linear,
-    pub wo: Linear,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate_up: Linear,
-    pub w_down: Linear,
+pub struct LayerWeights<L = Linear, V = Vec<f32>> {
+    pub attn_norm: V,
+    pub wqkv: L,
+    pub wo: L,
+    pub ffn_norm: V,
+    pub w_gate_up: L,
+    pub w_down: L,
 }
 
+/// A model's weights, as the recipes of [`crate::model::arch`] read them.
 #[derive(Debug, Clone)]
-pub struct Weights {
-    pub embed: Linear,
-    pub layers: Vec<LayerWeights>,
-    pub out_norm: Vec<f32>,
+pub struct Weights<L = Linear, V = Vec<f32>> {
+    pub embed: L,
+    pub layers: Vec<LayerWeights<L, V>>,
+    pub out_norm: V,
     /// `None` when the output projection is tied to the embedding.
-    pub lm_head: Option<Linear>,
+    pub lm_head: Option<L>,
 }
 
-impl Weights {
-    pub fn lm_head(&self) -> &Linear {
+impl<L, V> Weights<L, V> {
+    pub fn lm_head(&self) -> &L {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    pub fn bytes(&self) -> usize {
-        let layer = |l: &LayerWeights| {
-            (l.attn_norm.len() + l.ffn_norm.len()) * 4
-                + l.wqkv.bytes()
-                + l.wo.bytes()
-                + l.w_gate_up.bytes()
-                + l.w_down.bytes()
-        };
-        self.embed.bytes()
-            + self.layers.iter().map(layer).sum::<usize>()
-            + self.out_norm.len() * 4
-            + self.lm_head.as_ref().map_or(0, Linear::bytes)
+    /// Every matrix, each once (a tied output projection is the embedding).
+    pub fn matrices(&self) -> impl Iterator<Item = &L> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+        std::iter::once(&self.embed)
+            .chain(layers)
+            .chain(&self.lm_head)
     }
 
-    pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Self, WeightError> {
-        let (h, kv, ffn) = (cfg.hidden as u64, cfg.kv_dim() as u64, cfg.ffn as u64);
-        let embed = linear(f, "token_embd.weight", h, cfg.vocab as u64)?;
-        let lm_head = match f.tensor("output.weight") {
-            Some(_) => Some(linear(f, "output.weight", h, cfg.vocab as u64)?),
-            None => None,
-        };
-        let out_norm = vector(f, "output_norm.weight", h)?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let p = |s: &str| format!("blk.{i}.{s}");
-            let mut q = linear(f, &p("attn_q.weight"), h, h)?;
-            let mut k = linear(f, &p("attn_k.weight"), h, kv)?;
-            let mut v = linear(f, &p("attn_v.weight"), h, kv)?;
-            // Qwen2 has biases on Q, K and V.
-            q.bias = optional_vector(f, &p("attn_q.bias"), h)?;
-            k.bias = optional_vector(f, &p("attn_k.bias"), kv)?;
-            v.bias = optional_vector(f, &p("attn_v.bias"), kv)?;
-            let gate = linear(f, &p("ffn_gate.weight"), h, ffn)?;
-            let up = linear(f, &p("ffn_up.weight"), h, ffn)?;
-            let stack = |parts: &[&Linear], what: &str| {
-                Linear::concat(parts).ok_or_else(|| WeightError::Type {
-                    name: format!("blk.{i}.{what} (parts differ in type)"),
-                    ty: GgmlType::F32,
-                })
-            };
+    /// The same weights held another way (uploaded to a device, or described by shape), each
+    /// matrix through `fm` and each vector through `fv`; the first error stops it.
+    pub fn try_map<L2, V2, E>(
+        &self,
+        mut fm: impl FnMut(&L) -> Result<L2, E>,
+        mut fv: impl FnMut(&V) -> Result<V2, E>,
+    ) -> Result<Weights<L2, V2>, E> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
             layers.push(LayerWeights {
-                attn_norm: vector(f, &p("attn_norm.weight"), h)?,
-                wqkv: stack(&[&q, &k, &v], "attn_qkv")?,
-                wo: linear(f, &p("attn_output.weight"), h, h)?,
-                ffn_norm: vector(f, &p("ffn_norm.weight"), h)?,
-                w_gate_up: stack(&[&gate, &up], "ffn_gate_up")?,
-                w_down: linear(f, &p("ffn_down.weight"), ffn, h)?,
+                attn_norm: fv(&l.attn_norm)?,
+                wqkv: fm(&l.wqkv)?,
+                wo: fm(&l.wo)?,
+                ffn_norm: fv(&l.ffn_norm)?,
+                w_gate_up: fm(&l.w_gate_up)?,
+                w_down: fm(&l.w_down)?,
             });
         }
-        Ok(Self {
-            embed,
+        Ok(Weights {
+            embed: fm(&self.embed)?,
             layers,
-            out_norm,
-            lm_head,
+            out_norm: fv(&self.out_norm)?,
+            lm_head: self.lm_head.as_ref().map(&mut fm).transpose()?,
         })
+    }
+
+    /// The weights as shapes only (what the recording device runs on).
+    pub fn shapes(&self) -> Weights<ParamShape, ParamShape>
+    where
+        L: Param,
+        V: Param,
+    {
+        let shape = |p: &dyn Param| Ok::<_, std::convert::Infallible>(p.shape());
+        match self.try_map(|m| shape(m), |v| shape(v)) {
+            Ok(w) => w,
+            Err(never) => match never {},
+        }
     }
 }
 
-fn info<'a>(f: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo, WeightError> {
+impl Weights {
+    pub fn bytes(&self) -> usize {
+        let layer = |l: &LayerWeights| (l.attn_norm.len() + l.ffn_norm.len()) * 4;
+        self.matrices().map(Linear::bytes).sum::<usize>()
+            + self.layers.iter().map(layer).sum::<usize>()
+            + self.out_norm.len() * 4
+    }
+}
+
+impl Param for Linear {
+    fn shape(&self) -> ParamShape {
+        ParamShape::Matrix {
+            ty: self.ty,
+            n: self.n,
+            k: self.k,
+            bias: self.bias.is_some(),
+        }
+    }
+}
+
+pub(crate) fn info<'a>(
+    f: &'a GgufFile,
+    name: &str,
+    dims: &[u64],
+) -> Result<&'a TensorInfo, WeightError> {
     let t = f
         .tensor(name)
         .ok_or_else(|| GgufError::MissingTensor(name.into()))?;
@@ -213,7 +235,7 @@ fn info<'a>(f: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo,
 }
 
 /// A matrix with `k` inputs (ggml dim 0) and `n` outputs (ggml dim 1).
-fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear, WeightError> {
+pub(crate) fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear, WeightError> {
     let t = info(f, name, &[k, n])?;
     let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
         name: name.into(),
@@ -229,7 +251,7 @@ fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear, WeightErro
     })
 }
 
-fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
+pub(crate) fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
     let t = info(f, name, &[n])?;
     let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
         name: name.into(),
@@ -241,7 +263,11 @@ fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
     Ok(out)
 }
 
-fn optional_vector(f: &GgufFile, name: &str, n: u64) -> Result<Option<Vec<f32>>, WeightError> {
+pub(crate) fn optional_vector(
+    f: &GgufFile,
+    name: &str,
+    n: u64,
+) -> Result<Option<Vec<f32>>, WeightError> {
     match f.tensor(name) {
         Some(_) => vector(f, name, n).map(Some),
         None => Ok(None),

@@ -1,0 +1,373 @@
+//! The CPU device: the backend-ops seam over `tpslab_kernels` (quantized matmuls, paged
+//! attention) and the per-row ops of [`crate::device::rowops`], plus [`CpuBackend`], the model
+//! and its KV pool on the CPU.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use tpslab_kernels::ThreadPool;
+
+use crate::device::attention::{AttnShape, paged_attention};
+use crate::device::rowops;
+use crate::device::{
+    Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
+};
+use crate::generate::LoadedModel;
+use crate::kv::{Batch, KvCache};
+use crate::model::Model;
+use crate::model::arch;
+use crate::model::ops::{Activation, Buf, Heads, Ops, Rope};
+use crate::model::weights::Linear;
+
+/// Reusable activation buffers, grown to the largest batch seen.
+#[derive(Default)]
+pub struct Workspace {
+    bufs: [Vec<f32>; Buf::ALL.len()],
+    /// Floats in use of each buffer in this step (a buffer may be longer from a larger step).
+    lens: [usize; Buf::ALL.len()],
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    gathered: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Workspace {
+    /// Bytes held by the activation buffers.
+    pub fn bytes(&self) -> usize {
+        self.bufs
+            .iter()
+            .chain([&self.gu, &self.act, &self.gathered, &self.cos, &self.sin])
+            .map(|v| v.capacity() * 4)
+            .sum()
+    }
+
+    /// The floats of buffer `b` as the last step left them.
+    pub fn buf(&self, b: Buf) -> &[f32] {
+        &self.bufs[b.index()][..self.lens[b.index()]]
+    }
+}
+
+/// Most tokens whose FFN intermediates are held at once (see [`CpuOps::gated_ffn`]).
+const FFN_ROWS: usize = 128;
+
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// One step of one batch on the CPU.
+pub struct CpuOps<'a> {
+    pool: &'a ThreadPool,
+    batch: &'a Batch,
+    kv: &'a mut KvCache,
+    ws: &'a mut Workspace,
+    /// The rotary tables of this step's positions, computed by the first `rope_store`.
+    rope: Option<Rope>,
+}
+
+impl<'a> CpuOps<'a> {
+    pub fn new(
+        pool: &'a ThreadPool,
+        batch: &'a Batch,
+        kv: &'a mut KvCache,
+        ws: &'a mut Workspace,
+    ) -> Self {
+        Self {
+            pool,
+            batch,
+            kv,
+            ws,
+            rope: None,
+        }
+    }
+
+    /// Runs `f(input, output)` with `src` read and `dst` (sized to `len` floats) written.
+    fn map(&mut self, src: Buf, dst: Buf, len: usize, f: impl FnOnce(&[f32], &mut [f32])) {
+        let mut out = std::mem::take(&mut self.ws.bufs[dst.index()]);
+        f(self.ws.buf(src), sized(&mut out, len));
+        self.ws.bufs[dst.index()] = out;
+        self.ws.lens[dst.index()] = len;
+    }
+
+    fn rope_tables(&mut self, rope: Rope) {
+        if self.rope == Some(rope) {
+            return;
+        }
+        let half = rope.dim / 2;
+        let n = self.batch.len();
+        let cos = sized(&mut self.ws.cos, n * half);
+        let sin = sized(&mut self.ws.sin, n * half);
+        for (i, &p) in self.batch.positions.iter().enumerate() {
+            let r = i * half..(i + 1) * half;
+            rowops::rope_cache(p, rope.dim, rope.theta, &mut cos[r.clone()], &mut sin[r]);
+        }
+        self.rope = Some(rope);
+    }
+}
+
+impl Ops for CpuOps<'_> {
+    type Matrix = Linear;
+    type Vector = Vec<f32>;
+    type Error = Infallible;
+
+    fn embed(&mut self, table: &Linear, out: Buf) -> Result<(), Infallible> {
+        let (n, k) = (self.batch.len(), table.k);
+        let x = sized(&mut self.ws.bufs[out.index()], n * k);
+        for (i, &t) in self.batch.tokens.iter().enumerate() {
+            table.row(t as usize, &mut x[i * k..(i + 1) * k]);
+        }
+        self.ws.lens[out.index()] = n * k;
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: &Vec<f32>, eps: f32, out: Buf) -> Result<(), Infallible> {
+        let len = self.ws.lens[x.index()];
+        self.map(x, out, len, |x, o| rowops::rms_norm(x, w, eps, o));
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: Buf,
+        y: Buf,
+        w: &Vec<f32>,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), Infallible> {
+        self.add(x, y)?;
+        self.rms_norm(x, w, eps, out)
+    }
+
+    fn linear(&mut self, w: &Linear, x: Buf, y: Buf) -> Result<(), Infallible> {
+        let (pool, n) = (self.pool, self.batch.len());
+        self.map(x, y, n * w.n, |x, y| w.forward(pool, x, n, y));
+        Ok(())
+    }
+
+    fn rope_store(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        rope: Rope,
+    ) -> Result<(), Infallible> {
+        self.rope_tables(rope);
+        let (half, hd, block) = (rope.dim / 2, heads.head_dim, self.kv.block_size);
+        let (q_dim, kv_dim, width) = (heads.q_dim(), heads.kv_dim(), heads.qkv_dim());
+        let rows = &mut self.ws.bufs[qkv.index()][..self.ws.lens[qkv.index()]];
+        for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+            let (cs, sn) = (
+                &self.ws.cos[i * half..(i + 1) * half],
+                &self.ws.sin[i * half..(i + 1) * half],
+            );
+            let (q, rest) = row.split_at_mut(q_dim);
+            let (k, v) = rest.split_at_mut(kv_dim);
+            rowops::rope(q, hd, rope.style, cs, sn);
+            rowops::rope(k, hd, rope.style, cs, sn);
+            self.kv.write(layer, self.batch.slot(i, block), k, v);
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        out: Buf,
+    ) -> Result<(), Infallible> {
+        let shape = AttnShape {
+            n_heads: heads.n_heads,
+            n_kv_heads: heads.n_kv_heads,
+            head_dim: heads.head_dim,
+            block_size: self.kv.block_size,
+        };
+        let (pool, batch, n) = (self.pool, self.batch, self.batch.len());
+        let (kc, vc) = self.kv.layer(layer);
+        let mut o = std::mem::take(&mut self.ws.bufs[out.index()]);
+        let q = self.ws.buf(qkv);
+        let len = n * heads.q_dim();
+        paged_attention(
+            pool,
+            shape,
+            batch,
+            q,
+            heads.qkv_dim(),
+            kc,
+            vc,
+            sized(&mut o, len),
+        );
+        self.ws.bufs[out.index()] = o;
+        self.ws.lens[out.index()] = len;
+        Ok(())
+    }
+
+    /// The FFN's rows are 3x (gate+up: 6x) the hidden width: a long prefill takes them
+    /// [`FFN_ROWS`] tokens at a time instead of holding them all. Same results: every output
+    /// row depends on its own input row only.
+    fn gated_ffn(
+        &mut self,
+        gate_up: &Linear,
+        down: &Linear,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), Infallible> {
+        let (pool, n, ffn) = (self.pool, self.batch.len(), gate_up.n / 2);
+        let (k, width) = (gate_up.k, down.n);
+        let mut o = std::mem::take(&mut self.ws.bufs[out.index()]);
+        let o_rows = sized(&mut o, n * width);
+        let h = &self.ws.bufs[x.index()];
+        for r0 in (0..n).step_by(FFN_ROWS) {
+            let m = (n - r0).min(FFN_ROWS);
+            let gu = sized(&mut self.ws.gu, m * 2 * ffn);
+            gate_up.forward(pool, &h[r0 * k..(r0 + m) * k], m, gu);
+            let a = sized(&mut self.ws.act, m * ffn);
+            match act {
+                Activation::Silu => rowops::swiglu(gu, ffn, a),
+            }
+            down.forward(pool, a, m, &mut o_rows[r0 * width..(r0 + m) * width]);
+        }
+        self.ws.bufs[out.index()] = o;
+        self.ws.lens[out.index()] = n * width;
+        Ok(())
+    }
+
+    fn add(&mut self, x: Buf, y: Buf) -> Result<(), Infallible> {
+        let len = self.ws.lens[x.index()];
+        let mut xs = std::mem::take(&mut self.ws.bufs[x.index()]);
+        rowops::add_assign(&mut xs[..len], self.ws.buf(y));
+        self.ws.bufs[x.index()] = xs;
+        Ok(())
+    }
+
+    fn gather_rms_norm(
+        &mut self,
+        x: Buf,
+        w: &Vec<f32>,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), Infallible> {
+        let (width, rows) = (w.len(), &self.batch.logit_rows);
+        let src = &self.ws.bufs[x.index()];
+        let g = sized(&mut self.ws.gathered, rows.len() * width);
+        for (j, &row) in rows.iter().enumerate() {
+            g[j * width..(j + 1) * width].copy_from_slice(&src[row * width..(row + 1) * width]);
+        }
+        let len = rows.len() * width;
+        let o = sized(&mut self.ws.bufs[out.index()], len);
+        rowops::rms_norm(&self.ws.gathered[..len], w, eps, o);
+        self.ws.lens[out.index()] = len;
+        Ok(())
+    }
+
+    fn logits(&mut self, head: &Linear, x: Buf, out: Buf) -> Result<(), Infallible> {
+        let (pool, r) = (self.pool, self.batch.logit_rows.len());
+        self.map(x, out, r * head.n, |x, y| head.forward(pool, x, r, y));
+        Ok(())
+    }
+}
+
+impl Model {
+    /// Runs every token of `batch` through the model on the CPU, writing their K/V into `kv`,
+    /// and returns the logits of `batch.logit_rows` (`logit_rows.len() * vocab` floats, in that
+    /// order).
+    pub fn forward<'w>(
+        &self,
+        pool: &ThreadPool,
+        batch: &Batch,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32], BatchError> {
+        check_batch(&self.cfg, batch, kv.num_blocks, kv.block_size)?;
+        let mut ops = CpuOps::new(pool, batch, kv, ws);
+        match arch::forward(&self.cfg, &self.weights, &mut ops) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+        Ok(ws.buf(Buf::Logits))
+    }
+}
+
+/// The model on the CPU: the kernels crate's quantized matmuls and paged attention.
+pub struct CpuBackend {
+    lm: Arc<LoadedModel>,
+    pool: ThreadPool,
+    kv: KvCache,
+    ws: Workspace,
+}
+
+impl CpuBackend {
+    pub fn new(
+        lm: Arc<LoadedModel>,
+        threads: usize,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, BackendError> {
+        let kv = KvCache::new(&lm.model.cfg, block_size, num_blocks)?;
+        Ok(Self {
+            lm,
+            pool: ThreadPool::new(threads),
+            kv,
+            ws: Workspace::default(),
+        })
+    }
+}
+
+impl Backend for CpuBackend {
+    fn describe(&self) -> String {
+        format!("CPU, {} threads", self.pool.n_threads())
+    }
+
+    fn forward(&mut self, batch: &Batch, _: &[RowNeed]) -> Result<StepOutput<'_>, BackendError> {
+        let logits = self
+            .lm
+            .model
+            .forward(&self.pool, batch, &mut self.kv, &mut self.ws)?;
+        Ok(StepOutput {
+            logits,
+            argmax: &[],
+            topk_k: 0,
+            topk_ids: &[],
+            topk_vals: &[],
+        })
+    }
+
+    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
+        self.kv = KvCache::new(&self.lm.model.cfg, block_size, num_blocks)?;
+        Ok(())
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.kv.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+
+    fn memory(&self) -> MemoryUse {
+        MemoryUse {
+            weights: self.lm.model.weights.bytes(),
+            kv: self.kv.bytes(),
+            activations: self.ws.bytes(),
+            device_used: None,
+            device_total: None,
+        }
+    }
+
+    fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), BackendError> {
+        if lm.model.cfg != self.lm.model.cfg {
+            return Err(BackendError::ShapeChanged);
+        }
+        self.lm = Arc::clone(lm);
+        Ok(())
+    }
+
+    fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+}

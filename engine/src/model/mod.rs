@@ -1,0 +1,53 @@
+//! A model: its configuration resolved from metadata, its weights, and its architecture's
+//! recipe written once against the backend-ops seam. Nothing here knows a device; the devices
+//! (`crate::device`) implement the seam and run the recipe.
+//!
+//! Modules:
+//! - [`config`]: the shape and architecture resolved from GGUF metadata into typed fields.
+//! - [`weights`]: [`weights::Linear`] dense or quantized, the weight set, the tensor loaders.
+//! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
+//! - [`arch`]: the registered architectures and their recipes.
+//! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
+
+use std::path::Path;
+
+use crate::gguf::{GgufError, GgufFile};
+
+pub mod arch;
+pub mod config;
+pub mod ops;
+pub mod record;
+pub mod weights;
+
+use config::{ConfigError, ModelConfig};
+use weights::{WeightError, Weights};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub weights: Weights,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<(Self, GgufFile), ModelError> {
+        let file = GgufFile::open(path)?;
+        let cfg = ModelConfig::from_gguf(&file)?;
+        let model = Self::from_file(&file, cfg)?;
+        Ok((model, file))
+    }
+
+    /// The model of an already opened file whose configuration was resolved.
+    pub fn from_file(file: &GgufFile, cfg: ModelConfig) -> Result<Self, ModelError> {
+        let weights = arch::load(file, &cfg)?;
+        Ok(Self { cfg, weights })
+    }
+}

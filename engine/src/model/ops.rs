@@ -1,0 +1,201 @@
+//! The backend-ops seam: the operations a layer recipe is written against, once for every
+//! device. A device (the CPU over `tpslab_kernels`, CUDA over the PTX kernels, the recording
+//! test double) implements [`Ops`] for one step of one batch: it knows the batch's tokens,
+//! positions, block tables and logits rows, and holds the activation buffers the recipe names by
+//! role ([`Buf`]). The recipe ([`crate::model::arch`]) decides the order of the operations; a
+//! device decides how each one runs (and may fuse inside one, as the CPU chunks the FFN of a
+//! long prefill or CUDA picks a matrix-vector kernel for a decode).
+//!
+//! Every buffer holds one row per token of the step (`Last` and `Logits`: one per logits row);
+//! widths follow from the weights an op is given and the [`Heads`] geometry.
+
+use crate::model::config::{ModelConfig, RopeStyle};
+
+/// The activation buffers of a step, by role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The residual stream.
+    X,
+    /// A normalized copy of the residual stream (input of the next matrix).
+    H,
+    /// Fused Q | K | V rows.
+    Qkv,
+    /// Attention output (all query heads).
+    Attn,
+    /// A block's output before it is added to the residual stream.
+    Tmp,
+    /// The normalized residual rows whose logits are wanted.
+    Last,
+    /// Logits rows.
+    Logits,
+}
+
+impl Buf {
+    pub const ALL: [Buf; 7] = [
+        Buf::X,
+        Buf::H,
+        Buf::Qkv,
+        Buf::Attn,
+        Buf::Tmp,
+        Buf::Last,
+        Buf::Logits,
+    ];
+
+    /// Index into a per-buffer array.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Attention geometry: query heads, key/value heads (grouped-query attention) and head size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    pub fn of(c: &ModelConfig) -> Self {
+        Self {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        }
+    }
+
+    /// Width of all query heads of one token.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Width of the K (or V) heads of one token.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Width of one fused Q | K | V row.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+}
+
+/// Rotary embedding: how many dimensions of each head rotate, the base, and the pairing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    pub dim: usize,
+    pub theta: f32,
+    pub style: RopeStyle,
+}
+
+impl Rope {
+    pub fn of(c: &ModelConfig) -> Self {
+        Self {
+            dim: c.rope_dim,
+            theta: c.rope_theta,
+            style: c.rope_style,
+        }
+    }
+}
+
+/// The activation of a gated feed-forward block (`act(gate) * up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen2, Mistral).
+    Silu,
+}
+
+/// What a recorder shows of a weight: a matrix's type and shape, or a vector's length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamShape {
+    Matrix {
+        ty: tpslab_kernels::WType,
+        n: usize,
+        k: usize,
+        bias: bool,
+    },
+    Vector(usize),
+}
+
+/// A weight as a device holds it, described for the recorder.
+pub trait Param {
+    fn shape(&self) -> ParamShape;
+}
+
+impl Param for ParamShape {
+    fn shape(&self) -> ParamShape {
+        *self
+    }
+}
+
+impl Param for Vec<f32> {
+    fn shape(&self) -> ParamShape {
+        ParamShape::Vector(self.len())
+    }
+}
+
+/// The operations of a forward step on one device. Ops run in call order; each reads and
+/// writes whole buffers (every token of the step, or every logits row).
+pub trait Ops {
+    /// A weight matrix as this device holds it (dense or quantized, with an optional bias).
+    type Matrix: Param;
+    /// A weight vector (norm weights) as this device holds it.
+    type Vector: Param;
+    type Error;
+
+    /// `out[t]` = row `tokens[t]` of `table` (as floats).
+    fn embed(&mut self, table: &Self::Matrix, out: Buf) -> Result<(), Self::Error>;
+    /// `out = rms_norm(x) * w`, row by row.
+    fn rms_norm(&mut self, x: Buf, w: &Self::Vector, eps: f32, out: Buf)
+    -> Result<(), Self::Error>;
+    /// `x += y`, then `out = rms_norm(x) * w` (the residual add fused with the next norm).
+    fn add_rms_norm(
+        &mut self,
+        x: Buf,
+        y: Buf,
+        w: &Self::Vector,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), Self::Error>;
+    /// `y = x W^T (+ b)`.
+    fn linear(&mut self, w: &Self::Matrix, x: Buf, y: Buf) -> Result<(), Self::Error>;
+    /// Rotates the Q and K heads inside the fused `qkv` rows at each token's position, and stores
+    /// each token's K and V for `layer` in its KV slot (through the block tables).
+    fn rope_store(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        rope: Rope,
+    ) -> Result<(), Self::Error>;
+    /// Causal paged attention of each token's query heads (in `qkv`) over its sequence's keys and
+    /// values of `layer` up to its position.
+    fn attention(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        out: Buf,
+    ) -> Result<(), Self::Error>;
+    /// `out = down(act(gate) * up)` where `gate_up` holds the gate rows then the up rows.
+    fn gated_ffn(
+        &mut self,
+        gate_up: &Self::Matrix,
+        down: &Self::Matrix,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), Self::Error>;
+    /// `x += y`.
+    fn add(&mut self, x: Buf, y: Buf) -> Result<(), Self::Error>;
+    /// `out[j] = rms_norm(x[logit_rows[j]]) * w`: the rows whose logits are wanted.
+    fn gather_rms_norm(
+        &mut self,
+        x: Buf,
+        w: &Self::Vector,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), Self::Error>;
+    /// `out = x head^T`: the logits of the gathered rows.
+    fn logits(&mut self, head: &Self::Matrix, x: Buf, out: Buf) -> Result<(), Self::Error>;
+}
