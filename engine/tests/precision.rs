@@ -177,3 +177,24 @@ fn type_names_and_fallbacks() {
     assert_eq!(matrix_type(WType::Q4K, 1536), WType::Q4K);
     assert_eq!(matrix_type(WType::Q4_0, 40), WType::F16);
 }
+
+/// The knob compares types: asking a synthetic Q4_K SmolLM2 ("Q4_K+Q4_1": its 576-wide rows
+/// fell back) for Q4_K again starts nothing, so a switch to Q8_0 asked right after is not
+/// refused as "already re-quantizing", and its report starts from the Q4_K label.
+#[test]
+fn asking_for_the_type_already_served_changes_nothing() {
+    let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::Q4K, 0, 2).expect("model"));
+    assert_eq!(lm.precision.to_string(), "Q4_K+Q4_1");
+    let e = engine(Arc::clone(&lm));
+    e.set_precision(WType::Q4K);
+    e.set_precision(WType::Q8_0);
+    let s = wait_for(&e, "Q8_0 or an error", |s| {
+        label(s) == "Q8_0" || s.last_error.is_some()
+    });
+    assert!(s.last_error.is_none(), "{:?}", s.last_error);
+    let (from, to, ..) = s.last_requant.expect("last_requant");
+    assert_eq!(
+        (from.to_string(), to.to_string()),
+        ("Q4_K+Q4_1".into(), "Q8_0".into())
+    );
+}

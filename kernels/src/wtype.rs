@@ -100,8 +100,8 @@ impl fmt::Display for WType {
 impl FromStr for WType {
     type Err = UnknownWType;
 
-    /// ggml's names and the [`ALIASES`], ignoring case and surrounding blanks: "q8_0", " Q4_K ",
-    /// "Q4_K_M" (-> Q4_K).
+    /// ggml's names and the other spellings (`ALIASES`), ignoring case and surrounding blanks:
+    /// "q8_0", " Q4_K ", "Q4_K_M" (-> Q4_K).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let name = s.trim();
         let alias = || ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(name));
