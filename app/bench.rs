@@ -6,6 +6,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
 use tpslab_engine::generate::{LoadedModel, generate_on};
+use tpslab_engine::precision::Precision;
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::StopCriteria;
 use tpslab_engine::synthetic;
@@ -96,7 +97,7 @@ struct Row {
 struct Report {
     date: String,
     model: String,
-    precision: String,
+    precision: Precision,
     threads: usize,
     rows: Vec<Row>,
     peak_rss_bytes: Option<u64>,
@@ -187,7 +188,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let report = Report {
         date: utc_now(),
         model: lm.path.display().to_string(),
-        precision: lm.precision.clone(),
+        precision: lm.precision,
         threads: a.model.n_threads(),
         rows,
         peak_rss_bytes: crate::mem::rss_bytes().map(|(_, peak)| peak),

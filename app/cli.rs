@@ -12,7 +12,7 @@ use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::generate::{LoadedModel, generate_on};
 use tpslab_engine::library;
 use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::synthetic;
+use tpslab_kernels::WType;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -73,11 +73,11 @@ pub struct ModelArgs {
     /// no model file can travel. Its output is noise.
     #[arg(long, value_name = "ARCH", conflicts_with = "model")]
     pub synthetic: Option<String>,
-    /// Weight precision of --synthetic: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k (default
-    /// f16, as vLLM's dummy weights in half precision). K-quants fall back to q4_1 / q8_0 for
-    /// rows that are not whole 256-element blocks, as llama.cpp's quantizer does.
+    /// Weight precision of --synthetic: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k
+    /// (default f16, as vLLM's dummy weights in half precision). K-quants fall back to q4_1 /
+    /// q8_0 for rows that are not whole 256-element blocks, as llama.cpp's quantizer does.
     #[arg(long, value_name = "T", requires = "synthetic")]
-    pub precision: Option<String>,
+    pub precision: Option<WType>,
     /// Seed of the --synthetic weights: the same seed builds the same bytes.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "synthetic")]
     pub synthetic_seed: u64,
@@ -98,7 +98,7 @@ pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
 impl ModelArgs {
     pub fn load(&self) -> Result<Arc<LoadedModel>> {
         if let Some(arch) = &self.synthetic {
-            let ty = synthetic::parse_precision(self.precision.as_deref().unwrap_or("f16"))?;
+            let ty = self.precision.unwrap_or(WType::F16);
             let start = std::time::Instant::now();
             let lm = LoadedModel::synthetic(arch, ty, self.synthetic_seed, self.n_threads())?;
             eprintln!(

@@ -12,7 +12,7 @@ use tpslab_engine::gguf::GgufFile;
 use tpslab_engine::library;
 use tpslab_engine::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
 use tpslab_engine::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
-use tpslab_engine::synthetic::{self, precision_name};
+use tpslab_kernels::WType;
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -22,16 +22,17 @@ pub struct QuantizeArgs {
     pub input: String,
     /// Where to write the quantized GGUF (written as OUT.tmp, renamed when complete).
     pub output: PathBuf,
-    /// Target type: f32, f16, bf16, q8_0, q6_k, q4_k (q4_k_m, q4_k_s), q4_1 or q4_0.
+    /// Target type: f32, f16, bf16, q8_0, q6_k, q5_k (q5_k_m), q4_k (q4_k_m, q4_k_s), q4_1 or
+    /// q4_0.
     #[arg(long = "type", value_name = "T")]
-    pub ty: String,
+    pub ty: WType,
     /// Threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
 pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
-    let target = synthetic::parse_precision(&a.ty)?;
+    let target = a.ty;
     let note = TARGETS
         .iter()
         .find(|(t, _)| *t == target)
@@ -68,8 +69,7 @@ pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
     })
     .with_context(|| {
         format!(
-            "quantizing to {} failed; {} was not written",
-            precision_name(target),
+            "quantizing to {target} failed; {} was not written",
             a.output.display()
         )
     });
@@ -165,14 +165,14 @@ pub struct ExportArgs {
     pub output: PathBuf,
     /// Weight type of every tensor: f32, f16 or bf16.
     #[arg(long, default_value = "f16")]
-    pub dtype: String,
+    pub dtype: WType,
     /// Threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
 pub fn run_export(a: &ExportArgs) -> Result<()> {
-    let dtype = synthetic::parse_precision(&a.dtype)?;
+    let dtype = a.dtype;
     let input = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
     let f = GgufFile::open(&input)?;
     let threads = match a.threads {
@@ -188,11 +188,10 @@ pub fn run_export(a: &ExportArgs) -> Result<()> {
     bar.finish_and_clear();
     let report = report?;
     println!(
-        "wrote {} ({} tensors, {:.1} MiB of {} weights)",
+        "wrote {} ({} tensors, {:.1} MiB of {dtype} weights)",
         a.output.display(),
         report.tensors,
         report.weights_bytes as f64 / MIB,
-        precision_name(dtype)
     );
     Ok(())
 }

@@ -12,6 +12,7 @@ use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::metrics::{BenchSummary, RequestTiming};
+use tpslab_engine::precision::Precision;
 use tpslab_engine::synthetic;
 
 use crate::bench::BenchArgs;
@@ -37,13 +38,26 @@ struct LevelResult {
 struct Report {
     date: String,
     model: String,
-    precision: String,
+    /// `None` for a remote server (written as "", as reports always had it).
+    #[serde(serialize_with = "empty_when_unknown")]
+    precision: Option<Precision>,
     threads: usize,
     /// The device that ran the model ("CPU, 2 threads", "CUDA cuda:0 NVIDIA H200").
     device: String,
     weights_bytes: usize,
     knobs: Knobs,
     runs: Vec<LevelResult>,
+}
+
+/// A report's precision: its label, or "" where it is not known (a remote server's).
+fn empty_when_unknown<S: serde::Serializer>(
+    p: &Option<Precision>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => p.serialize(s),
+        None => s.serialize_str(""),
+    }
 }
 
 /// Tokens per second after the last request got its first token, until the end of the run.
@@ -205,7 +219,7 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
         let report = Report {
             date: crate::bench::utc_now(),
             model: target.model().to_string(),
-            precision: String::new(),
+            precision: None,
             threads: 0,
             device,
             weights_bytes: 0,
@@ -291,7 +305,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let report = Report {
             date: crate::bench::utc_now(),
             model: lm.path.display().to_string(),
-            precision: lm.precision.clone(),
+            precision: Some(lm.precision),
             threads,
             device,
             weights_bytes: lm.model.weights.bytes(),

@@ -242,7 +242,8 @@ fn dashboard_knobs_load_generator_and_sweep() {
     h.run_steps(2);
     h.get_by_label("Q8_0").click();
     wait_until(&mut h, "the engine to serve Q8_0 weights", 120, |h| {
-        h.state().engine().expect("engine").stats().precision == "Q8_0"
+        (h.state().engine().expect("engine").stats().precision)
+            .is_some_and(|p| p.to_string() == "Q8_0")
     });
     wait_until(&mut h, "the precision mark and label", 10, |h| {
         h.query_by_label_contains("precision Q4_1 -> Q8_0 (weights")

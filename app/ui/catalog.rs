@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 pub use tpslab_engine::library_index::ModelEntry;
 use tpslab_engine::library_index::{Library as Index, ModelSource};
+use tpslab_kernels::WType;
 
 /// What a scan found: the models, and the entries it could not read (shown, not fatal).
 #[derive(Debug, Clone, Default)]
@@ -38,7 +39,12 @@ pub fn import(
 }
 
 /// Records that `out` (in the library at `dir`) was quantized from `from` to `target`.
-pub fn register_quantized(dir: &Path, out: &Path, from: &Path, target: &str) -> Result<(), String> {
+pub fn register_quantized(
+    dir: &Path,
+    out: &Path,
+    from: &Path,
+    target: WType,
+) -> Result<(), String> {
     let source = ModelSource::Quantized {
         from: file_name(from),
         target: target.to_string(),

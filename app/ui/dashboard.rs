@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
 use tpslab_engine::metrics::cost_per_million_output_tokens;
-use tpslab_engine::requant::{LIVE_TYPES, type_name};
+use tpslab_engine::requant::LIVE_TYPES;
 use tpslab_engine::scheduler::Policy;
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -214,14 +214,15 @@ fn precision_ui(ui: &mut egui::Ui, view: &DashView<'_>, cmds: &mut Vec<Command>)
         let l = ui.label("Weight precision");
         let busy = sn.requantizing.is_some();
         ui.add_enabled_ui(!busy, |ui| {
+            let current = sn.precision.map_or_else(String::new, |p| p.to_string());
             egui::ComboBox::from_id_salt("weight_precision")
-                .selected_text(&sn.precision)
+                .selected_text(current)
                 .show_ui(ui, |ui| {
                     for ty in LIVE_TYPES {
-                        let name = type_name(ty);
-                        let chosen = sn.precision == name;
-                        if ui.selectable_label(chosen, name).clicked() && !chosen {
-                            cmds.push(Command::SetPrecision(name.to_string()));
+                        // The matrices' type (fallbacks aside): picking it would change nothing.
+                        let chosen = sn.precision.is_some_and(|p| p.main == ty);
+                        if ui.selectable_label(chosen, ty.name()).clicked() && !chosen {
+                            cmds.push(Command::SetPrecision(ty));
                         }
                     }
                 })
@@ -288,12 +289,15 @@ pub fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
 /// The plot mark for a precision change the engine has made.
 pub fn precision_change_text(sn: &EngineSnapshot) -> String {
     match &sn.last_requant {
-        Some((from, to, b0, b1, _)) if *to == sn.precision => format!(
+        Some((from, to, b0, b1, _)) if Some(*to) == sn.precision => format!(
             "precision {from} -> {to} (weights {:.0} -> {:.0} MiB)",
             *b0 as f64 / MIB,
             *b1 as f64 / MIB
         ),
-        _ => format!("precision -> {}", sn.precision),
+        _ => format!(
+            "precision -> {}",
+            sn.precision.map_or_else(String::new, |p| p.to_string())
+        ),
     }
 }
 

@@ -203,7 +203,7 @@ impl ClientLive {
         Some(EngineSnapshot {
             live,
             device: self.device.get().cloned().unwrap_or_default(),
-            precision: "remote".into(),
+            // The remote server's precision is not known here (its label says "remote").
             ..EngineSnapshot::default()
         })
     }

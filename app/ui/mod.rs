@@ -49,6 +49,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::engine::{EngineSnapshot, Knobs};
+use tpslab_kernels::WType;
 
 use backend::{DevicePref, ModelSlot, SlotNews};
 use chat::{ChatState, ChatView, Generation, Message, Role};
@@ -76,8 +77,8 @@ pub enum Command {
     SelectChat(u64),
     DeleteChat(u64),
     SetKnobs(Knobs),
-    /// Re-quantize the loaded weights to this type (ggml name, "Q8_0").
-    SetPrecision(String),
+    /// Re-quantize the loaded weights to this type.
+    SetPrecision(WType),
     ResetMetrics,
     StartLoad,
     StopLoad,
@@ -355,8 +356,8 @@ impl TpsApp {
             self.rt.history.sample(s);
         }
         if let Some(s) = &snap {
-            let old = self.rt.snapshot.as_ref().map(|o| o.precision.as_str());
-            if old.is_some_and(|o| !o.is_empty() && o != s.precision) {
+            let old = self.rt.snapshot.as_ref().and_then(|o| o.precision);
+            if old.is_some_and(|o| Some(o) != s.precision) {
                 self.rt.history.mark(dashboard::precision_change_text(s));
             }
         }
@@ -406,11 +407,9 @@ impl TpsApp {
 
     /// The precision the engine serves at now (the live knob may have changed the file's).
     fn precision(&self) -> String {
-        match (&self.rt.snapshot, self.backend()) {
-            (Some(s), _) if !s.precision.is_empty() => s.precision.clone(),
-            (_, Some(b)) => b.lm.precision.clone(),
-            _ => "–".into(),
-        }
+        (self.rt.snapshot.as_ref().and_then(|s| s.precision))
+            .or_else(|| self.backend().map(|b| b.lm.precision))
+            .map_or_else(|| "–".into(), |p| p.to_string())
     }
 
     fn errors_ui(&self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
@@ -511,10 +510,8 @@ impl TpsApp {
                 self.rt.history.mark(describe_knob_change(&old, &knobs));
                 Ok(())
             }
-            Command::SetPrecision(name) => {
+            Command::SetPrecision(ty) => {
                 let engine = self.engine().ok_or("the model is not loaded yet")?;
-                let ty = tpslab_engine::requant::parse_type(&name)
-                    .ok_or_else(|| format!("unknown weight type {name}"))?;
                 engine.set_precision(ty);
                 Ok(())
             }

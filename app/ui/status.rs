@@ -34,11 +34,7 @@ pub fn ui(ui: &mut egui::Ui, view: &StatusView<'_>) {
         Some(ModelSlot::Ready(b)) => {
             ui.label(format!("Model: {}", b.model_name()));
             ui.separator();
-            let precision = view
-                .snapshot
-                .map(|s| s.precision.as_str())
-                .filter(|p| !p.is_empty())
-                .unwrap_or(&b.lm.precision);
+            let precision = (view.snapshot.and_then(|s| s.precision)).unwrap_or(b.lm.precision);
             ui.label(format!("Precision: {precision}"));
             if let Some(s) = view.snapshot {
                 engine_ui(ui, s);

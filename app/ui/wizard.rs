@@ -14,7 +14,6 @@ use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::gguf::GgufFile;
 use tpslab_engine::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, PerplexityReport, perplexity};
 use tpslab_engine::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
-use tpslab_engine::synthetic::{parse_precision, precision_name};
 use tpslab_kernels::WType;
 
 use super::catalog::{self, size_text};
@@ -22,8 +21,15 @@ use super::models::{Library, same_file};
 use super::task::Task;
 
 /// The targets in the order the wizard offers them (those the quantizer knows are shown).
-const ORDER: [&str; 8] = [
-    "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1",
+const ORDER: [WType; 8] = [
+    WType::F16,
+    WType::BF16,
+    WType::Q8_0,
+    WType::Q6K,
+    WType::Q5K,
+    WType::Q4K,
+    WType::Q4_0,
+    WType::Q4_1,
 ];
 
 /// What the wizard keeps across restarts: its window, choices and the measured table.
@@ -109,11 +115,11 @@ pub struct Wizard {
 pub fn targets() -> Vec<(WType, &'static str, &'static str)> {
     ORDER
         .iter()
-        .filter_map(|n| {
+        .filter_map(|&t| {
             TARGETS
                 .iter()
-                .find(|(t, _)| precision_name(*t) == *n)
-                .map(|(t, note)| (*t, *n, *note))
+                .find(|(q, _)| *q == t)
+                .map(|(_, note)| (t, t.name(), *note))
         })
         .collect()
 }
@@ -130,7 +136,7 @@ pub fn output_name(source: &Path, source_precision: &str, target: WType) -> Stri
         .iter()
         .find_map(|sep| lower.strip_suffix(&format!("{sep}{p}")).map(str::len))
         .map_or(stem.as_str(), |n| &stem[..n]);
-    format!("{base}.{}.gguf", precision_name(target))
+    format!("{base}.{target}.gguf")
 }
 
 impl Wizard {
@@ -229,7 +235,7 @@ impl Wizard {
         let ctx = ui.ctx().clone();
         self.source_ui(ui, lib, view);
         ui.separator();
-        let target = parse_precision(&s.target).unwrap_or(WType::Q8_0);
+        let target = s.target.parse().unwrap_or(WType::Q8_0);
         let mut chosen = target;
         ui.strong("Target type");
         egui::Grid::new("wizard_targets")
@@ -242,7 +248,7 @@ impl Wizard {
                 }
             });
         if chosen != target {
-            s.target = precision_name(chosen).into();
+            s.target = chosen.to_string();
         }
         let src = self.source.clone().and_then(|p| lib.find(&p).cloned());
         if let Some(src) = &src
@@ -418,7 +424,7 @@ impl Wizard {
         ctx: &egui::Context,
     ) {
         let (src, out) = (src.to_path_buf(), out.to_path_buf());
-        let what = format!("Quantizing to {}", precision_name(target));
+        let what = format!("Quantizing to {target}");
         self.message = None;
         let job = Task::spawn("quantize", what, ctx, move |rep| {
             let f = GgufFile::open(&src).map_err(|e| e.to_string())?;
@@ -435,7 +441,7 @@ impl Wizard {
             // Its source in the index (hashing it too); the file is whole and loads either way.
             rep.report(1, 1, "indexing");
             let dir = out.parent().unwrap_or(Path::new("."));
-            let _ = catalog::register_quantized(dir, &out, &src, precision_name(target));
+            let _ = catalog::register_quantized(dir, &out, &src, target);
             Ok(out)
         });
         match job {

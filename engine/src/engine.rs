@@ -23,6 +23,7 @@ use crate::kv::{Batch, KvCache};
 use crate::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, StepStats, process_rss_bytes,
 };
+use crate::precision::Precision;
 use crate::requant::RequantReport;
 use crate::sampler::Sampler;
 use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
@@ -136,12 +137,14 @@ pub struct EngineSnapshot {
     pub waiting: usize,
     pub kv_used_blocks: usize,
     pub kv_total_blocks: usize,
-    /// Weight precision of the model being served ("Q4_1"; the live knob changes it).
-    pub precision: String,
+    /// Weight precision of the model being served ("Q4_1"; the live knob changes it); `None`
+    /// before the engine's first report.
+    pub precision: Option<Precision>,
     /// Set while the weights are being re-quantized to this type.
-    pub requantizing: Option<String>,
+    #[serde(serialize_with = "crate::precision::serialize_type")]
+    pub requantizing: Option<WType>,
     /// The last precision change: from, to, weight bytes before and after, seconds taken.
-    pub last_requant: Option<(String, String, usize, usize, f64)>,
+    pub last_requant: Option<(Precision, Precision, usize, usize, f64)>,
     /// Prefix-cache lookups and hits in tokens since the scheduler was built (vLLM's
     /// `prefix_cache_queries` / `prefix_cache_hits`); a KV pool rebuild starts them again.
     pub prefix_cache_queries: u64,
@@ -263,7 +266,7 @@ struct EngineThread {
     /// For workers that report back (precision changes).
     inbox: Sender<Command>,
     requantizing: Option<WType>,
-    last_requant: Option<(String, String, usize, usize, f64)>,
+    last_requant: Option<(Precision, Precision, usize, usize, f64)>,
     threads: usize,
     backend: Box<dyn Backend>,
     device_note: Option<String>,
@@ -413,12 +416,13 @@ impl EngineThread {
         self.last_error = None;
         if let Some(busy) = self.requantizing {
             self.last_error = Some(format!(
-                "already re-quantizing to {}; try again when it is done",
-                crate::requant::type_name(busy)
+                "already re-quantizing to {busy}; try again when it is done"
             ));
             return;
         }
-        if crate::requant::type_name(ty) == self.lm.precision {
+        // Asking for the type the matrices already have changes nothing (those that fell back
+        // would fall back again).
+        if ty == self.lm.precision.main {
             return;
         }
         let (lm, inbox, threads) = (Arc::clone(&self.lm), self.inbox.clone(), self.threads);
@@ -745,11 +749,9 @@ impl EngineThread {
             kv_total_blocks: st.kv_total_blocks,
             prefix_cache_queries: st.prefix_cache_queries,
             prefix_cache_hits: st.prefix_cache_hits,
-            precision: self.lm.precision.clone(),
-            requantizing: self
-                .requantizing
-                .map(|t| crate::requant::type_name(t).to_string()),
-            last_requant: self.last_requant.clone(),
+            precision: Some(self.lm.precision),
+            requantizing: self.requantizing,
+            last_requant: self.last_requant,
             live: self.metrics.snapshot(self.now()),
             knobs: self.knobs.clone(),
             threads: self.backend.threads(),

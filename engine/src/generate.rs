@@ -14,6 +14,7 @@ use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::model::config::ModelConfig;
 use crate::model::{Model, ModelError};
+use crate::precision::Precision;
 use crate::sampler::SamplingParams;
 use crate::stop::{FinishReason, StopCriteria};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -47,8 +48,9 @@ pub struct LoadedModel {
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
-    /// Weight precision of the matrices, as in the file (e.g. "Q4_1").
-    pub precision: String,
+    /// Weight precision of the matrices: the file's dominant type ("Q4_1"), or what a synthetic
+    /// model or a re-quantization was built with.
+    pub precision: Precision,
 }
 
 impl LoadedModel {
@@ -57,7 +59,6 @@ impl LoadedModel {
         let cfg = ModelConfig::from_gguf(&file).map_err(ModelError::from)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
-        let precision = dominant_type(&file);
         // The vocabulary and merges (~100k strings) are in the tokenizer now; freeing them and
         // the tokenizer's build-time garbage before the weights arrive keeps the peak RSS down.
         file.metadata
@@ -65,6 +66,9 @@ impl LoadedModel {
         crate::library::release_free_memory();
         let model = Model::from_file(&file, cfg)?;
         crate::library::release_free_memory();
+        // A file that loaded has matrices the kernels run; were its dominant type one they
+        // don't (tensors the model never reads), the embedding's type stands in.
+        let precision = Precision::of_file(&file).unwrap_or_else(|| model.weights.embed.ty.into());
         Ok(Self {
             path: path.to_path_buf(),
             model,
@@ -90,21 +94,6 @@ impl LoadedModel {
     pub fn default_stop(&self, max_tokens: Option<usize>) -> StopCriteria {
         StopCriteria::new(max_tokens, self.tokenizer.stop_token_ids())
     }
-}
-
-/// The type holding most matrix bytes: what a user calls the model's precision.
-pub(crate) fn dominant_type(file: &crate::gguf::GgufFile) -> String {
-    let mut by_type: Vec<(crate::gguf::GgmlType, u64)> = Vec::new();
-    for t in file.tensors.iter().filter(|t| t.dims.len() >= 2) {
-        match by_type.iter_mut().find(|(ty, _)| *ty == t.ty) {
-            Some((_, n)) => *n += t.size,
-            None => by_type.push((t.ty, t.size)),
-        }
-    }
-    by_type
-        .iter()
-        .max_by_key(|(_, n)| *n)
-        .map_or("unknown".into(), |(ty, _)| ty.name().into())
 }
 
 #[derive(Debug, Clone, Serialize)]

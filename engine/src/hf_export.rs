@@ -31,7 +31,7 @@ pub enum ExportError {
     #[error("{0}")]
     Model(String),
     #[error("export to {dtype} is not supported (F32, F16 and BF16 are)")]
-    Dtype { dtype: &'static str },
+    Dtype { dtype: WType },
     #[error("{path} exists and is not an empty folder; refusing to write over it")]
     NotEmpty { path: PathBuf },
     #[error("{what} {path}: {err}")]
@@ -79,9 +79,7 @@ pub fn export_folder(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ExportReport, ExportError> {
     if !matches!(dtype, WType::F32 | WType::F16 | WType::BF16) {
-        return Err(ExportError::Dtype {
-            dtype: crate::synthetic::precision_name(dtype),
-        });
+        return Err(ExportError::Dtype { dtype });
     }
     let cfg = ModelConfig::from_gguf(f).map_err(|e| ExportError::Model(e.to_string()))?;
     let tokenizer = Tokenizer::from_gguf(f).map_err(|e| ExportError::Model(e.to_string()))?;

@@ -30,6 +30,7 @@
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
 //! - [`quantize`]: re-quantizing a GGUF to another weight type (llama.cpp's per-tensor rules).
+//! - [`precision`]: a model's weight precision, typed (its matrices' type and any fallback).
 //! - [`requant`]: precision as a live knob: the loaded weights re-quantized in memory.
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
 pub mod block_pool;
@@ -53,6 +54,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod model;
 pub mod perplexity;
+pub mod precision;
 pub mod quantize;
 pub mod requant;
 pub mod request;

@@ -375,17 +375,10 @@ fn gguf_facts(path: &Path) -> Result<(Facts, Vec<(String, u64)>), IndexError> {
     let context_len = f
         .get(&format!("{arch}.context_length"))
         .and_then(Value::as_u64);
-    let mut by_type: Vec<(&'static str, u64)> = Vec::new();
-    for t in f.tensors.iter().filter(|t| t.dims.len() >= 2) {
-        match by_type.iter_mut().find(|(n, _)| *n == t.ty.name()) {
-            Some((_, n)) => *n += t.size,
-            None => by_type.push((t.ty.name(), t.size)),
-        }
-    }
-    let precision = by_type
-        .iter()
-        .max_by_key(|(_, n)| *n)
-        .map_or("unknown".to_string(), |(n, _)| (*n).to_string());
+    // The file's dominant type, named even where the kernels cannot run it: the library lists
+    // every model it holds.
+    let precision =
+        crate::precision::dominant_type(&f).map_or("unknown".to_string(), |t| t.name().to_string());
     Ok((
         Facts {
             arch,

@@ -17,7 +17,7 @@ use tpslab_kernels::WType;
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo, Value};
 use crate::gguf_write::{GgufWriteError, GgufWriter, TensorDesc};
 use crate::model::weights::kernel_type;
-use crate::synthetic::{matrix_type, precision_name};
+use crate::synthetic::matrix_type;
 
 /// The targets `tpslab quantize --type` accepts, with a note on each.
 pub const TARGETS: [(WType, &str); 9] = [
@@ -242,11 +242,8 @@ impl QuantizePlan {
                 None => counts.push((t.to, 1)),
             }
         }
-        let mix: Vec<String> = counts
-            .iter()
-            .map(|(ty, n)| format!("{} x {n}", precision_name(*ty)))
-            .collect();
-        format!("{} ({})", precision_name(self.target), mix.join(", "))
+        let mix: Vec<String> = counts.iter().map(|(ty, n)| format!("{ty} x {n}")).collect();
+        format!("{} ({})", self.target, mix.join(", "))
     }
 }
 

@@ -15,6 +15,7 @@ use tpslab_kernels::WType;
 use crate::generate::LoadedModel;
 use crate::model::Model;
 use crate::model::weights::{LayerWeights, Linear, Weights};
+use crate::precision::Precision;
 use crate::quantize::convert;
 
 /// The weight types the live knob offers, highest precision first.
@@ -29,18 +30,6 @@ pub const LIVE_TYPES: [WType; 9] = [
     WType::Q4_1,
     WType::Q4_0,
 ];
-
-/// ggml's name of a weight type ("Q4_K").
-pub fn type_name(ty: WType) -> &'static str {
-    crate::quantize::ggml_type(ty).name()
-}
-
-/// A weight type by its ggml name, case-insensitive ("q8_0", "Q4_K").
-pub fn parse_type(name: &str) -> Option<WType> {
-    LIVE_TYPES
-        .into_iter()
-        .find(|&t| type_name(t).eq_ignore_ascii_case(name.trim()))
-}
 
 /// The type a matrix with rows of `k` elements gets when the target is `target`: the fallbacks
 /// of the file quantizer and the synthetic models ([`crate::synthetic::matrix_type`]: a K-quant
@@ -57,8 +46,8 @@ pub fn matrix_type(target: WType, k: usize) -> WType {
 /// What [`requantize`] did.
 #[derive(Debug, Clone)]
 pub struct RequantReport {
-    pub from: String,
-    pub to: String,
+    pub from: Precision,
+    pub to: Precision,
     pub weights_bytes_before: usize,
     pub weights_bytes_after: usize,
     /// Whether the source was the model file (else the weights in memory).
@@ -88,9 +77,8 @@ pub fn requantize(
                 lm.path.display()
             ));
         }
-        let file_type = crate::generate::dominant_type(&file);
-        if file_type == type_name(target) {
-            label = Some(file_type);
+        label = Precision::of_file(&file).filter(|p| p.main == target);
+        if label.is_some() {
             file_model.weights
         } else {
             convert_weights(&file_model.weights, target, threads)
@@ -103,19 +91,19 @@ pub fn requantize(
         weights,
     };
     let after = model.weights.bytes();
-    let to = label.unwrap_or_else(|| crate::synthetic::precision_label(&lm.model.cfg, target));
+    let to = label.unwrap_or_else(|| Precision::built(&lm.model.cfg, target));
     let out = LoadedModel {
         path: lm.path.clone(),
         model,
         tokenizer: lm.tokenizer.clone(),
         template: lm.template.clone(),
-        precision: to.clone(),
+        precision: to,
     };
     crate::library::release_free_memory();
     Ok((
         out,
         RequantReport {
-            from: lm.precision.clone(),
+            from: lm.precision,
             to,
             weights_bytes_before: before,
             weights_bytes_after: after,

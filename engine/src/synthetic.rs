@@ -17,13 +17,11 @@ use crate::generate::LoadedModel;
 use crate::model::Model;
 use crate::model::config::ModelConfig;
 use crate::model::weights::{LayerWeights, Linear, Weights};
+use crate::precision::Precision;
 use crate::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
 
 /// What a synthetic model's path starts with ("synthetic:llama-3-8b").
 pub const SYNTHETIC_PREFIX: &str = "synthetic:";
-
-/// The precisions [`parse_precision`] accepts.
-pub const KNOWN_PRECISIONS: &str = "f32, f16, bf16, q8_0, q4_0, q4_1, q4_k (q4_k_m, q4_k_s), q6_k";
 
 /// Spread of the random weights: uniform on [-A, A] has a standard deviation of 0.02, the usual
 /// initializer scale, so activations stay finite through every layer.
@@ -36,9 +34,7 @@ const CHUNK_BYTES: usize = 256 << 10;
 pub enum SyntheticError {
     #[error("unknown synthetic architecture '{name}' (known: {known})")]
     Arch { name: String, known: String },
-    #[error("unknown precision '{0}' (supported: {KNOWN_PRECISIONS})")]
-    Precision(String),
-    #[error("{what} has {k} inputs, not a multiple of the {ty:?} block of {block}")]
+    #[error("{what} has {k} inputs, not a multiple of the {ty} block of {block}")]
     Shape {
         what: String,
         k: usize,
@@ -189,37 +185,6 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
     })
 }
 
-/// A precision name, case-insensitively: "f16", "Q8_0", "q4_k_m" (-> Q4_K), ...
-pub fn parse_precision(name: &str) -> Result<WType, SyntheticError> {
-    Ok(match name.trim().to_ascii_lowercase().as_str() {
-        "f32" | "fp32" => WType::F32,
-        "f16" | "fp16" => WType::F16,
-        "bf16" => WType::BF16,
-        "q8_0" => WType::Q8_0,
-        "q4_0" => WType::Q4_0,
-        "q4_1" => WType::Q4_1,
-        "q4_k" | "q4_k_m" | "q4_k_s" => WType::Q4K,
-        "q5_k" | "q5_k_m" => WType::Q5K,
-        "q6_k" => WType::Q6K,
-        _ => return Err(SyntheticError::Precision(name.to_string())),
-    })
-}
-
-/// The ggml name of a weight type ("Q4_K").
-pub fn precision_name(ty: WType) -> &'static str {
-    match ty {
-        WType::F32 => "F32",
-        WType::F16 => "F16",
-        WType::BF16 => "BF16",
-        WType::Q4_0 => "Q4_0",
-        WType::Q4_1 => "Q4_1",
-        WType::Q8_0 => "Q8_0",
-        WType::Q4K => "Q4_K",
-        WType::Q5K => "Q5_K",
-        WType::Q6K => "Q6_K",
-    }
-}
-
 /// The type a matrix with `k` inputs gets. K-quants need rows in whole 256-element blocks; like
 /// llama.cpp's quantizer, rows that aren't fall back to a 32-element type: Q6_K -> Q8_0 (as
 /// llama.cpp), Q4_K -> Q4_1 (llama.cpp picks Q5_0, which these kernels lack; Q4_1 is the nearest
@@ -231,19 +196,6 @@ pub fn matrix_type(precision: WType, k: usize) -> WType {
         WType::Q4K if !k.is_multiple_of(256) => WType::Q4_1,
         WType::Q5K | WType::Q6K if !k.is_multiple_of(256) => WType::Q8_0,
         t => t,
-    }
-}
-
-/// The precision label of a model built with `precision`: "Q4_K", or "Q4_K+Q4_1" when some
-/// matrices fell back (see [`matrix_type`]).
-pub fn precision_label(cfg: &ModelConfig, precision: WType) -> String {
-    let fallback = [cfg.hidden, cfg.ffn]
-        .iter()
-        .map(|&k| matrix_type(precision, k))
-        .find(|&t| t != precision);
-    match fallback {
-        Some(t) => format!("{}+{}", precision_name(precision), precision_name(t)),
-        None => precision_name(precision).to_string(),
     }
 }
 
@@ -381,7 +333,7 @@ impl LoadedModel {
         let tokenizer = synthetic_tokenizer(spec.config.vocab)?;
         Ok(Self {
             path: PathBuf::from(format!("{SYNTHETIC_PREFIX}{}", spec.name)),
-            precision: precision_label(&spec.config, precision),
+            precision: Precision::built(&spec.config, precision),
             model: Model {
                 cfg: spec.config,
                 weights,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tpslab_engine::engine::{EngineConfig, EngineHandle, EngineSnapshot, Event, Request};
 use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::requant::{matrix_type, parse_type, requantize, type_name};
+use tpslab_engine::requant::{matrix_type, requantize};
 use tpslab_engine::stop::{FinishReason, StopCriteria};
 use tpslab_kernels::WType;
 
@@ -90,10 +90,15 @@ fn wait_for(
 
 const PROMPT: &str = "The capital of France is";
 
+/// The precision label the engine reports ("" before its first report).
+fn label(s: &EngineSnapshot) -> String {
+    s.precision.map_or_else(String::new, |p| p.to_string())
+}
+
 #[test]
 fn precision_switch_serves_on_and_matches_offline_requantization() {
     let lm = model();
-    assert_eq!(lm.precision, "Q4_1");
+    assert_eq!(lm.precision.to_string(), "Q4_1");
     let e = engine(Arc::clone(&lm));
     let before = greedy(&e, &lm, PROMPT, 12);
     let bytes_before = e.stats().memory.weights;
@@ -106,11 +111,14 @@ fn precision_switch_serves_on_and_matches_offline_requantization() {
         tx,
     );
     e.set_precision(WType::Q8_0);
-    let s = wait_for(&e, "Q8_0", |s| s.precision == "Q8_0");
+    let s = wait_for(&e, "Q8_0", |s| label(s) == "Q8_0");
     assert!(s.last_error.is_none(), "{:?}", s.last_error);
     assert_eq!(collect(&long_rx).len(), 40);
-    let (from, to, b0, b1, _) = s.last_requant.clone().expect("last_requant");
-    assert_eq!((from.as_str(), to.as_str()), ("Q4_1", "Q8_0"));
+    let (from, to, b0, b1, _) = s.last_requant.expect("last_requant");
+    assert_eq!(
+        (from.to_string(), to.to_string()),
+        ("Q4_1".into(), "Q8_0".into())
+    );
     assert_eq!((b0, b1), (bytes_before, s.memory.weights));
     assert!(
         b1 > b0,
@@ -121,7 +129,7 @@ fn precision_switch_serves_on_and_matches_offline_requantization() {
     let after = greedy(&e, &lm, PROMPT, 12);
     let (q8, report) = requantize(&lm, WType::Q8_0, 2).expect("requantize");
     assert!(report.from_file);
-    assert_eq!(q8.precision, "Q8_0");
+    assert_eq!(q8.precision.to_string(), "Q8_0");
     let q8 = Arc::new(q8);
     let offline = greedy(&engine(Arc::clone(&q8)), &q8, PROMPT, 12);
     assert_eq!(after, offline);
@@ -129,7 +137,7 @@ fn precision_switch_serves_on_and_matches_offline_requantization() {
     // Back to the file's own type: the weights come from the file again, so the tokens are
     // the original ones exactly.
     e.set_precision(WType::Q4_1);
-    let s = wait_for(&e, "Q4_1", |s| s.precision == "Q4_1");
+    let s = wait_for(&e, "Q4_1", |s| label(s) == "Q4_1");
     assert_eq!(s.memory.weights, bytes_before);
     assert_eq!(greedy(&e, &lm, PROMPT, 12), before);
 }
@@ -151,7 +159,7 @@ fn a_failed_switch_keeps_the_old_weights_serving() {
         err.contains("precision unchanged") && err.contains("model.gguf"),
         "{err}"
     );
-    assert_eq!(s.precision, "Q4_1");
+    assert_eq!(label(&s), "Q4_1");
     assert!(s.requantizing.is_none());
     assert_eq!(greedy(&e, &lm, PROMPT, 4).len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
@@ -159,13 +167,34 @@ fn a_failed_switch_keeps_the_old_weights_serving() {
 
 #[test]
 fn type_names_and_fallbacks() {
-    assert_eq!(parse_type("q4_k"), Some(WType::Q4K));
-    assert_eq!(parse_type(" Q8_0 "), Some(WType::Q8_0));
-    assert_eq!(parse_type("q3_k"), None);
-    assert_eq!(type_name(WType::Q4_1), "Q4_1");
+    assert_eq!("q4_k".parse(), Ok(WType::Q4K));
+    assert_eq!(" Q8_0 ".parse(), Ok(WType::Q8_0));
+    assert!("q3_k".parse::<WType>().is_err());
+    assert_eq!(WType::Q4_1.to_string(), "Q4_1");
     // A row of 576 elements (SmolLM2's hidden size) is not a multiple of 256.
     assert_eq!(matrix_type(WType::Q4K, 576), WType::Q4_1);
     assert_eq!(matrix_type(WType::Q6K, 576), WType::Q8_0);
     assert_eq!(matrix_type(WType::Q4K, 1536), WType::Q4K);
     assert_eq!(matrix_type(WType::Q4_0, 40), WType::F16);
+}
+
+/// The knob compares types: asking a synthetic Q4_K SmolLM2 ("Q4_K+Q4_1": its 576-wide rows
+/// fell back) for Q4_K again starts nothing, so a switch to Q8_0 asked right after is not
+/// refused as "already re-quantizing", and its report starts from the Q4_K label.
+#[test]
+fn asking_for_the_type_already_served_changes_nothing() {
+    let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::Q4K, 0, 2).expect("model"));
+    assert_eq!(lm.precision.to_string(), "Q4_K+Q4_1");
+    let e = engine(Arc::clone(&lm));
+    e.set_precision(WType::Q4K);
+    e.set_precision(WType::Q8_0);
+    let s = wait_for(&e, "Q8_0 or an error", |s| {
+        label(s) == "Q8_0" || s.last_error.is_some()
+    });
+    assert!(s.last_error.is_none(), "{:?}", s.last_error);
+    let (from, to, ..) = s.last_requant.expect("last_requant");
+    assert_eq!(
+        (from.to_string(), to.to_string()),
+        ("Q4_K+Q4_1".into(), "Q8_0".into())
+    );
 }

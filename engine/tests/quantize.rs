@@ -100,7 +100,7 @@ fn q8_0_and_q4_k_load_generate_and_stay_close() {
         assert_eq!(t.ty, want, "{}", t.name);
     }
     let q8 = LoadedModel::load(&out8).expect("load Q8_0");
-    assert_eq!(q8.precision, "Q8_0");
+    assert_eq!(q8.precision.to_string(), "Q8_0");
     let got = last_logits(&q8, &prompt);
     let argmax = |v: &[f32]| {
         v.iter()

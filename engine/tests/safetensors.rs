@@ -272,7 +272,7 @@ fn f16_folder_matches_the_f16_gguf_and_quantizes_to_q8_0_and_q4_k() {
 
     let from_folder = Arc::new(LoadedModel::load(&folder).expect("load folder"));
     let from_gguf = Arc::new(LoadedModel::load(&gguf16).expect("load f16 gguf"));
-    assert_eq!(from_folder.precision, "F16");
+    assert_eq!(from_folder.precision.to_string(), "F16");
     let conv = conversation();
     assert_eq!(
         from_folder.template.render(&conv, true).expect("render"),

@@ -12,9 +12,7 @@ use tpslab_engine::model::config::RopeStyle;
 use tpslab_engine::model::weights::Weights;
 use tpslab_engine::sampler::SamplingParams;
 use tpslab_engine::stop::{FinishReason, StopCriteria};
-use tpslab_engine::synthetic::{
-    self, SyntheticError, arch, matrix_type, parse_precision, synthetic_weights,
-};
+use tpslab_engine::synthetic::{self, SyntheticError, arch, matrix_type, synthetic_weights};
 use tpslab_kernels::{ThreadPool, WType};
 
 const ALL: [WType; 9] = WType::ALL;
@@ -205,7 +203,7 @@ fn unknown_names_are_refused_with_the_known_ones() {
     let msg = e.to_string();
     assert!(msg.contains("gpt-5") && msg.contains("llama-3-8b") && msg.contains("smollm2-135m"));
 
-    let e = parse_precision("q3_k").expect_err("unknown precision");
+    let e = "q3_k".parse::<WType>().expect_err("unknown precision");
     assert!(e.to_string().contains("q3_k") && e.to_string().contains("q8_0"));
     assert!(LoadedModel::synthetic("nope", WType::F16, 0, 1).is_err());
 
@@ -216,7 +214,7 @@ fn unknown_names_are_refused_with_the_known_ones() {
         ("bf16", WType::BF16),
         ("Q6_K", WType::Q6K),
     ] {
-        assert_eq!(parse_precision(name).expect("precision"), ty);
+        assert_eq!(name.parse::<WType>().expect("precision"), ty);
     }
 }
 
@@ -228,7 +226,7 @@ fn loaded_synthetic_model_generates() {
     );
     assert!(lm.is_synthetic());
     assert_eq!(lm.path.to_str(), Some("synthetic:smollm2-135m"));
-    assert_eq!(lm.precision, "Q4_0");
+    assert_eq!(lm.precision.to_string(), "Q4_0");
     assert_eq!(lm.tokenizer.vocab_size(), 49152);
     assert!(lm.tokenizer.stop_token_ids().is_empty());
     let prompt = lm.raw_prompt("hello").expect("bytes encode");

@@ -99,8 +99,7 @@ pub fn check_type(ty: WType) -> Result<()> {
         Ok(())
     } else {
         Err(CudaError(format!(
-            "{} has no CUDA kernel yet; run this model on the CPU (--device cpu)",
-            mmv_name(ty).to_ascii_uppercase()
+            "{ty} has no CUDA kernel yet; run this model on the CPU (--device cpu)"
         )))
     }
 }
@@ -115,18 +114,9 @@ fn has_mmvq(ty: WType) -> bool {
     matches!(ty, WType::Q4K | WType::Q5K | WType::Q6K)
 }
 
-fn mmv_name(ty: WType) -> &'static str {
-    match ty {
-        WType::F32 => "f32",
-        WType::F16 => "f16",
-        WType::BF16 => "bf16",
-        WType::Q4_0 => "q4_0",
-        WType::Q4_1 => "q4_1",
-        WType::Q8_0 => "q8_0",
-        WType::Q4K => "q4_k",
-        WType::Q6K => "q6_k",
-        WType::Q5K => "q5_k",
-    }
+/// The kernels' type suffix: ggml's name in lower case ("q4_k"), as the .cu files spell it.
+fn mmv_name(ty: WType) -> String {
+    ty.name().to_ascii_lowercase()
 }
 
 /// Whether a driver and at least one device are present: `Ok(device count)`, or why not.

@@ -2,7 +2,9 @@
 //! each can be tested against a plain reference implementation.
 //!
 //! Modules:
-//! - (this file) the public API: weight types, [`QMatrix`], [`matmul`], [`dequantize_row`].
+//! - (this file) the public API: [`QMatrix`], [`matmul`], [`dequantize_row`].
+//! - `wtype`: the weight types ([`WType`]): ggml's block sizes, and the one table of their names
+//!   (`Display`, `FromStr`).
 //! - `dequant`: weight blocks (ggml layouts) back to f32, the plain reference for every type.
 //! - `quantize`: weight quantization, f32 rows to ggml block bytes, byte-exact with ggml's
 //!   reference quantizers (`quantize_row_*_ref`, the K-quants' scale searches included).
@@ -28,72 +30,13 @@ mod matmul;
 pub mod pool;
 pub mod quant;
 pub mod quantize;
+mod wtype;
 
 pub use dequant::dequantize_row;
 pub use matmul::{Backend, matmul, matmul_with, quantize_activations, reference_matmul};
 pub use pool::ThreadPool;
 pub use quantize::quantize_row;
-
-/// Weight element types, with ggml's block layouts (so GGUF tensor bytes are used as they are).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-    /// ggml `block_q4_K`: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 bytes of
-    /// nibbles; 256 elements.
-    Q4K,
-    /// ggml `block_q6_K`: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d;
-    /// 256 elements.
-    Q6K,
-    /// ggml `block_q5_K`: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins (as Q4_K), 32
-    /// bytes of fifth bits, 128 bytes of low nibbles; 256 elements.
-    Q5K,
-}
-
-impl WType {
-    /// Every type, in the order of the kernels' type ids.
-    pub const ALL: [WType; 9] = [
-        Self::F32,
-        Self::F16,
-        Self::BF16,
-        Self::Q4_0,
-        Self::Q4_1,
-        Self::Q8_0,
-        Self::Q4K,
-        Self::Q6K,
-        Self::Q5K,
-    ];
-
-    /// Elements per block.
-    pub fn block_size(self) -> usize {
-        match self {
-            Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K => 256,
-        }
-    }
-    /// Bytes per block.
-    pub fn type_size(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 | Self::BF16 => 2,
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q8_0 => 34,
-            Self::Q4K => 144,
-            Self::Q5K => 176,
-            Self::Q6K => 210,
-        }
-    }
-    /// Bytes of one row of `k` elements.
-    pub fn row_bytes(self, k: usize) -> usize {
-        k / self.block_size() * self.type_size()
-    }
-}
+pub use wtype::{UnknownWType, WType};
 
 /// A weight matrix of `n` rows (output features) by `k` columns (input features), row-major,
 /// each row stored as `k / block_size` blocks.
