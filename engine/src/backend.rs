@@ -207,16 +207,7 @@ pub fn open(
     gpu_kv_fraction: f32,
 ) -> Result<Opened, String> {
     let cfg = lm.model.cfg.clone();
-    let blocks = |budget: usize| {
-        let n = KvCache::blocks_for_budget(&cfg, block_size.max(1), budget);
-        if n == 0 {
-            Err(format!(
-                "a KV budget of {budget} bytes holds no block of {block_size} tokens"
-            ))
-        } else {
-            Ok(n)
-        }
-    };
+    let blocks = |budget| KvCache::pool_for_budget(&cfg, block_size, budget).map_err(|e| e.to_string());
     let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, String> {
         Ok(Box::new(CpuBackend::new(
             lm,

@@ -16,6 +16,7 @@ use tpslab_kernels::WType;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::Admission;
 use crate::backend::{Backend, DeviceChoice, MemoryUse, RowNeed, StepOutput};
 use crate::detok::Detokenizer;
 use crate::generate::LoadedModel;
@@ -28,7 +29,7 @@ use crate::sampler::Sampler;
 use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::stop::{FinishReason, StopChecker};
 
-pub use crate::request::{Event, RefusalKind, Request, Usage};
+pub use crate::request::{Event, Refusal, RefusalKind, Request, Usage};
 
 /// Settings that take a rebuild of the KV pool when they change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -186,7 +187,8 @@ impl EngineHandle {
     }
 
     /// Queues a request; its events arrive on `events`. Returns the request id at once; a
-    /// refusal (queue full, prompt too long) arrives as `Event::Refused`.
+    /// refusal (see [`crate::admission`]: queue full, prompt too long, ...) arrives as
+    /// `Event::Refused`.
     pub fn submit(&self, req: Request, events: Sender<Event>) -> RequestId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Err(mpsc::SendError(Command::Submit { events, .. })) =
@@ -194,8 +196,7 @@ impl EngineHandle {
         {
             let _ = events.send(Event::Refused {
                 id,
-                reason: "the engine has stopped".into(),
-                kind: RefusalKind::Unavailable,
+                reason: Refusal::Stopped,
             });
         }
         id
@@ -245,13 +246,15 @@ pub enum EngineError {
     Device(String),
 }
 
-/// Per-request state the engine keeps besides the scheduler's token bookkeeping.
+/// Per-request state the engine keeps besides the scheduler's token bookkeeping (the
+/// scheduler holds the token history, prompt and generated, for the sampler's penalties too).
 struct Live {
     events: Sender<Event>,
     sampler: Sampler,
     detok: Detokenizer,
+    /// Decides when the request ends and why (stop tokens, stop strings, `max_tokens`); it sees
+    /// every generated token, so its count is the completion's.
     stop: StopChecker,
-    history: Vec<u32>,
     prompt_len: usize,
     accepted: Instant,
     /// Set by the first step that schedules the request.
@@ -293,16 +296,6 @@ fn backend_threads(threads: usize) -> usize {
     }
 }
 
-fn kv_blocks(lm: &LoadedModel, kv: &KvSettings) -> Result<usize, EngineError> {
-    let blocks = KvCache::blocks_for_budget(&lm.model.cfg, kv.block_size.max(1), kv.budget_bytes);
-    if blocks == 0 {
-        return Err(EngineError::Kv(format!(
-            "a budget of {} bytes holds no block of {} tokens",
-            kv.budget_bytes, kv.block_size
-        )));
-    }
-    Ok(blocks)
-}
 
 impl EngineThread {
     fn new(
@@ -313,7 +306,7 @@ impl EngineThread {
         snapshot: Arc<Mutex<EngineSnapshot>>,
         notify: Option<Notify>,
     ) -> Result<Self, EngineError> {
-        kv_blocks(&lm, &config.knobs.kv)?;
+        // The backend sizes the pool from the budget (`KvCache::pool_for_budget`).
         let opened = crate::backend::open(
             Arc::clone(&lm),
             config.device,
@@ -474,65 +467,54 @@ impl EngineThread {
         self.publish();
     }
 
+    /// What requests are checked against now: the model, and the pool as it is.
+    fn admission(&self) -> Admission {
+        Admission::with_pool(&self.lm.model.cfg, self.sched.kv_pool())
+    }
+
+    /// Every path in (server, window, CLI) comes through here: the one admission check, then
+    /// the scheduler's queue (which trusts what was admitted).
     fn submit(&mut self, id: RequestId, req: Request, events: Sender<Event>) {
-        let ctx = self.lm.model.cfg.context_len;
-        let refuse = |reason: String, kind: RefusalKind| {
-            let _ = events.send(Event::Refused { id, reason, kind });
+        let admitted = match self.admission().check(&req) {
+            Ok(a) => a,
+            Err(e) => return self.refuse(id, &events, e),
         };
-        if req.prompt.is_empty() {
-            return refuse("the prompt is empty".into(), RefusalKind::Invalid);
-        }
-        if req.prompt.len() >= ctx {
-            return refuse(
-                format!(
-                    "the prompt has {} tokens; the model's context holds {ctx}",
-                    req.prompt.len()
-                ),
-                RefusalKind::TooLong,
-            );
-        }
-        // Every path in (server, window, CLI) comes through here: an id the model cannot embed
-        // would fail the whole batch step it lands in.
-        if let Some(e) = crate::request::out_of_vocab(&req.prompt, self.lm.model.cfg.vocab) {
-            return refuse(e, RefusalKind::Invalid);
-        }
-        if let Err(e) = req.sampling.validate() {
-            return refuse(e.to_string(), RefusalKind::Invalid);
-        }
-        let room = ctx - req.prompt.len();
-        let max_tokens = match req.stop.max_tokens {
-            Some(m) => m.clamp(1, room),
-            // Omitted: as much as fits the context and the KV pool (a context larger than the
-            // pool is no reason to refuse; a prompt larger than the pool still is, below).
-            None => room.min(self.sched.token_capacity().saturating_sub(req.prompt.len()) + 1),
-        };
-        let mut stop = req.stop;
-        stop.max_tokens = Some(max_tokens);
+        let Request {
+            prompt,
+            sampling,
+            mut stop,
+            priority,
+        } = req;
+        stop.max_tokens = Some(admitted.max_tokens);
+        let prompt_len = prompt.len();
         let sr = SchedRequest {
             id,
-            prompt: req.prompt.clone(),
-            max_tokens,
-            priority: req.priority,
+            prompt,
+            max_tokens: admitted.max_tokens,
+            priority,
         };
-        if let Err(e) = self.sched.add_request(sr) {
-            self.metrics.on_refused(self.now());
-            return refuse(e.to_string(), RefusalKind::of(&e));
+        if let Err(e) = self.sched.add_admitted(sr) {
+            return self.refuse(id, &events, e.into());
         }
         let _ = events.send(Event::Started { id });
-        self.metrics.on_arrival(id, self.now(), req.prompt.len());
+        self.metrics.on_arrival(id, self.now(), prompt_len);
         self.live.insert(
             id,
             Live {
                 events,
-                sampler: Sampler::new(&req.sampling),
+                sampler: Sampler::new(&sampling),
                 detok: Detokenizer::new(true),
                 stop: StopChecker::new(stop),
-                prompt_len: req.prompt.len(),
-                history: req.prompt,
+                prompt_len,
                 accepted: Instant::now(),
                 queue_time: None,
             },
         );
+    }
+
+    fn refuse(&mut self, id: RequestId, events: &Sender<Event>, reason: Refusal) {
+        self.metrics.on_refused(self.now());
+        let _ = events.send(Event::Refused { id, reason });
     }
 
     /// Ends a request (finished or cancelled): frees its blocks and sends its last event.
@@ -542,7 +524,7 @@ impl EngineThread {
             let tail = l.stop.flush(&l.detok.finish());
             let usage = Usage {
                 prompt_tokens: l.prompt_len,
-                completion_tokens: l.history.len() - l.prompt_len,
+                completion_tokens: l.stop.n_tokens(),
             };
             let _ = l.events.send(Event::Finished {
                 id,
@@ -579,7 +561,8 @@ impl EngineThread {
     /// together (everything running is preempted and recomputed later; nothing is lost). On a
     /// failure the old geometry is restored.
     fn rebuild_kv(&mut self, kv: &KvSettings) -> Result<(), String> {
-        let blocks = kv_blocks(&self.lm, kv).map_err(|e| e.to_string())?;
+        let blocks = KvCache::pool_for_budget(&self.lm.model.cfg, kv.block_size, kv.budget_bytes)
+            .map_err(|e| e.to_string())?;
         let old = (self.backend.block_size(), self.backend.num_blocks());
         let dropped = self
             .sched
@@ -630,8 +613,7 @@ impl EngineThread {
             if let Some(l) = self.live.get(&id) {
                 let _ = l.events.send(Event::Refused {
                     id,
-                    reason: format!("engine error: {error}"),
-                    kind: RefusalKind::Unavailable,
+                    reason: Refusal::Failed(error),
                 });
             }
             self.sched.finish(&[id], FinishReason::Abort);
@@ -668,32 +650,32 @@ impl EngineThread {
             Ok(l) => l,
             Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
         };
-        let sampled = sample_rows(&mut self.live, &out, &needs, &step, self.lm.model.cfg.vocab);
-        let length_done = self.sched.update(&out, &sampled);
+        let sampled = sample_rows(
+            &mut self.live,
+            &self.sched,
+            &out,
+            &needs,
+            &step,
+            self.lm.model.cfg.vocab,
+        );
         let now = self.now();
-        let mut ended = Vec::new();
-        for &(id, tok) in &sampled {
-            let Some(l) = self.live.get_mut(&id) else {
-                continue;
+        let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
+        // The scheduler appends each token and asks the request's stop checker whether it ends
+        // there: one decision per token, made in one place.
+        let ended = self.sched.update_with(&out, &sampled, |a| {
+            let Some(l) = live.get_mut(&a.id) else {
+                return Some(FinishReason::Abort);
             };
-            l.history.push(tok);
-            let piece = l.detok.push(&self.lm.tokenizer, tok).unwrap_or_default();
-            let st = l.stop.push(tok, &piece);
-            self.metrics.on_token(id, now);
+            let piece = l.detok.push(tokenizer, a.token).unwrap_or_default();
+            let st = l.stop.push(a.token, &piece);
+            metrics.on_token(a.id, now);
             let _ = l.events.send(Event::Token {
-                id,
-                token: tok,
+                id: a.id,
+                token: a.token,
                 text: st.text,
             });
-            if let Some(reason) = st.finish {
-                ended.push((id, reason));
-            }
-        }
-        for (id, reason) in length_done {
-            if !ended.iter().any(|(e, _)| *e == id) {
-                ended.push((id, reason));
-            }
-        }
+            st.finish
+        });
         for (id, reason) in ended {
             self.end(id, reason);
         }
@@ -771,6 +753,7 @@ impl EngineThread {
 /// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
 fn sample_rows(
     live: &mut HashMap<RequestId, Live>,
+    sched: &Scheduler,
     out: &SchedulerOutput,
     needs: &[RowNeed],
     step: &StepOutput<'_>,
@@ -801,8 +784,9 @@ fn sample_rows(
             (_, _, Some(r)) => {
                 scratch.clear();
                 scratch.extend_from_slice(r);
+                let history = sched.tokens(s.id).unwrap_or_default();
                 l.sampler
-                    .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
+                    .sample_with_prompt(&mut scratch, history, l.prompt_len)
             }
             _ => continue,
         };

@@ -87,8 +87,8 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
             Event::Finished { id, usage, .. } => {
                 ends.insert(id, Ok(usage.completion_tokens));
             }
-            Event::Refused { id, reason, .. } => {
-                ends.insert(id, Err(reason));
+            Event::Refused { id, reason } => {
+                ends.insert(id, Err(reason.to_string()));
             }
             _ => {}
         }
