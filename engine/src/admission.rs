@@ -242,7 +242,11 @@ mod tests {
         };
         let a = admission(Some(pool));
         let cases = [
-            (req(vec![], Some(4)), Refusal::EmptyPrompt, RefusalKind::Invalid),
+            (
+                req(vec![], Some(4)),
+                Refusal::EmptyPrompt,
+                RefusalKind::Invalid,
+            ),
             (
                 req(vec![1], Some(0)),
                 Refusal::ZeroMaxTokens,
@@ -307,7 +311,10 @@ mod tests {
             ..req(vec![1], Some(1))
         };
         let e = a.check(&hot).expect_err("bad temperature");
-        assert!(matches!(&e, Refusal::Sampling(s) if s.name == "temperature"), "{e}");
+        assert!(
+            matches!(&e, Refusal::Sampling(s) if s.name == "temperature"),
+            "{e}"
+        );
         assert_eq!(e.kind(), RefusalKind::Invalid);
     }
 
@@ -319,19 +326,35 @@ mod tests {
         };
         // Exactly the pool: 10 + 7 - 1 = 16 slots.
         let a = admission(Some(pool));
-        assert_eq!(a.check(&req(vec![1; 10], Some(7))).map(|x| x.max_tokens), Ok(7));
+        assert_eq!(
+            a.check(&req(vec![1; 10], Some(7))).map(|x| x.max_tokens),
+            Ok(7)
+        );
         // Omitted: what the pool holds, plus the last token sampled.
-        assert_eq!(a.check(&req(vec![1; 10], None)).map(|x| x.max_tokens), Ok(7));
+        assert_eq!(
+            a.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
+            Ok(7)
+        );
         // Omitted with no pool, or a pool past the context: the context's room.
         let none = admission(None);
-        assert_eq!(none.check(&req(vec![1; 10], None)).map(|x| x.max_tokens), Ok(90));
+        assert_eq!(
+            none.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
+            Ok(90)
+        );
         let big = admission(Some(KvPool {
             num_blocks: 1000,
             block_size: 16,
         }));
-        assert_eq!(big.check(&req(vec![1; 10], None)).map(|x| x.max_tokens), Ok(90));
+        assert_eq!(
+            big.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
+            Ok(90)
+        );
         // The whole context, exactly.
-        assert_eq!(none.check(&req(vec![1; 10], Some(90))).map(|x| x.max_tokens), Ok(90));
+        assert_eq!(
+            none.check(&req(vec![1; 10], Some(90)))
+                .map(|x| x.max_tokens),
+            Ok(90)
+        );
     }
 
     #[test]
@@ -343,7 +366,10 @@ mod tests {
         };
         let m = e.to_string();
         assert!(m.contains("maximum context length is 100 tokens"), "{m}");
-        assert!(m.contains("you requested 105 tokens (10 in the prompt, 95 for"), "{m}");
+        assert!(
+            m.contains("you requested 105 tokens (10 in the prompt, 95 for"),
+            "{m}"
+        );
         let m = Refusal::OutOfVocab {
             index: 2,
             id: 77,

@@ -207,7 +207,8 @@ pub fn open(
     gpu_kv_fraction: f32,
 ) -> Result<Opened, String> {
     let cfg = lm.model.cfg.clone();
-    let blocks = |budget| KvCache::pool_for_budget(&cfg, block_size, budget).map_err(|e| e.to_string());
+    let blocks =
+        |budget| KvCache::pool_for_budget(&cfg, block_size, budget).map_err(|e| e.to_string());
     let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, String> {
         Ok(Box::new(CpuBackend::new(
             lm,

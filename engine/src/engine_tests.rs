@@ -2,7 +2,8 @@
 //! fail is refused alone, and the requests batched with it run to their end.
 
 use super::*;
-use crate::backend::DeviceChoice;
+use crate::backend::{DeviceChoice, RowNeed, StepOutput};
+use crate::kv::Batch;
 use crate::model::ModelError;
 use crate::stop::StopCriteria;
 

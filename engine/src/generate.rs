@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::admission::Admission;
 use crate::backend::DeviceChoice;
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
 use crate::config::ModelConfig;
-use crate::admission::Admission;
 use crate::engine::{
     EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Refusal, Request,
 };
