@@ -82,7 +82,10 @@ impl Default for SchedulerConfig {
 pub struct SchedRequest {
     pub id: RequestId,
     pub prompt: Vec<u32>,
-    /// Generated tokens after which the request ends with [`FinishReason::Length`].
+    /// The most tokens it generates: what its KV blocks are reserved for (admission and
+    /// `rebuild_pool` check it fits), and where [`Scheduler::update`] ends it with
+    /// [`FinishReason::Length`]. Under [`Scheduler::update_with`] the caller's stop checker,
+    /// given the same admitted number, says when it ends.
     pub max_tokens: usize,
     /// Lower runs first under [`Policy::Priority`]; ignored under FCFS.
     pub priority: i32,
