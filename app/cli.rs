@@ -5,10 +5,11 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tpslab_engine::chat::ChatMessage;
 use tpslab_engine::device::DeviceChoice;
+use tpslab_engine::engine::Refusal;
 use tpslab_engine::generate::{LoadedModel, generate_on};
 use tpslab_engine::library;
 use tpslab_engine::sampler::SamplingParams;
@@ -223,7 +224,8 @@ fn run_generate(a: &GenerateArgs) -> Result<()> {
     };
     sampling.validate()?;
     if a.prompt.is_empty() {
-        bail!("the prompt is empty");
+        // Before the model loads; the engine's admission says it the same way for tokens.
+        return Err(Refusal::EmptyPrompt.into());
     }
     let lm = a.model.load()?;
     if lm.is_synthetic() {

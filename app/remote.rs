@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tpslab_engine::engine::{Event, RefusalKind, Request, Usage};
+use tpslab_engine::engine::{Event, Refusal, RefusalKind, Request, Usage};
 use tpslab_engine::loadgen::LoadTarget;
 use tpslab_engine::scheduler::RequestId;
 use tpslab_engine::stop::FinishReason;
@@ -259,7 +259,10 @@ impl Drop for RemoteTarget {
 /// Sends `Started` and a `Token` per chunk, and returns the final event: `Finished`, or one
 /// `Refused` saying what broke.
 async fn stream_one(rb: reqwest::RequestBuilder, id: RequestId, tx: &Sender<Event>) -> Event {
-    let refused = |reason: String, kind| Event::Refused { id, reason, kind };
+    let refused = |message: String, kind| Event::Refused {
+        id,
+        reason: Refusal::Remote { kind, message },
+    };
     let _ = tx.send(Event::Started { id });
     let mut resp = match rb.send().await {
         Ok(r) => r,

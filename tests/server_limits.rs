@@ -358,7 +358,8 @@ fn token_ids_the_model_lacks_are_refused_alone() {
     let (mut finished, mut was_refused) = (false, false);
     while !(finished && was_refused) {
         match rx.recv_timeout(Duration::from_secs(60)).expect("events") {
-            Event::Refused { id, kind, reason } => {
+            Event::Refused { id, reason } => {
+                let (kind, reason) = (reason.kind(), reason.to_string());
                 assert_eq!(id, refused, "{reason}");
                 assert_eq!(kind, RefusalKind::Invalid);
                 assert!(

@@ -146,8 +146,8 @@ impl SseStream {
                 text,
                 ..
             } => self.finish(reason, &usage, &text),
-            Event::Refused { reason, kind, .. } => {
-                let err = super::errors::ApiError::refused(&reason, kind);
+            Event::Refused { reason, .. } => {
+                let err = super::errors::ApiError::refused(&reason);
                 self.pending.push_back(frame(&err.body()));
                 self.pending
                     .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -174,10 +174,8 @@ impl futures_core::Stream for SseStream {
                 Poll::Ready(Some(ev)) => this.on_event(ev),
                 Poll::Ready(None) => {
                     // The engine went away without a last event.
-                    let err = super::errors::ApiError::refused(
-                        "the engine has stopped",
-                        tpslab_engine::engine::RefusalKind::Unavailable,
-                    );
+                    let err =
+                        super::errors::ApiError::refused(&tpslab_engine::engine::Refusal::Stopped);
                     this.pending.push_back(frame(&err.body()));
                     this.ended = true;
                     this.guard.done();

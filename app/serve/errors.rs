@@ -5,7 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tpslab_engine::engine::RefusalKind;
+use tpslab_engine::engine::{Refusal, RefusalKind};
 
 /// Seconds a client is told to wait after a 429.
 pub const RETRY_AFTER_S: u64 = 1;
@@ -123,16 +123,23 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    /// An engine refusal, by its kind: queue full is 429, a stopped or failed engine 503, a
-    /// prompt that cannot fit 400 `context_length_exceeded`, the rest 400.
-    pub fn refused(reason: &str, kind: RefusalKind) -> Self {
-        match kind {
-            RefusalKind::Busy => Self::busy(reason),
-            RefusalKind::Unavailable => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", reason)
-            }
-            RefusalKind::TooLong => Self::context_exceeded(reason),
-            RefusalKind::Invalid => Self::bad_request(reason),
+    /// An engine refusal: queue full is 429, a stopped or failed engine 503, a request that
+    /// cannot fit the context or the KV pool 400 `context_length_exceeded`, a bad prompt or
+    /// parameter 400 naming it, the rest 400. The message is the refusal's own.
+    pub fn refused(r: &Refusal) -> Self {
+        let message = r.to_string();
+        match r {
+            Refusal::EmptyPrompt | Refusal::OutOfVocab { .. } => Self::bad_param("prompt", message),
+            Refusal::ZeroMaxTokens => Self::bad_param("max_tokens", message),
+            Refusal::Sampling(e) => Self::bad_param(e.name, message),
+            _ => match r.kind() {
+                RefusalKind::Busy => Self::busy(message),
+                RefusalKind::Unavailable => {
+                    Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                }
+                RefusalKind::TooLong => Self::context_exceeded(message),
+                RefusalKind::Invalid => Self::bad_request(message),
+            },
         }
     }
 

@@ -102,9 +102,9 @@ async fn complete(
     };
     match sub.events.recv().await {
         Some(Event::Started { .. }) => {}
-        Some(Event::Refused { reason, kind, .. }) => {
+        Some(Event::Refused { reason, .. }) => {
             sub.guard.done();
-            return Err(ApiError::refused(&reason, kind));
+            return Err(ApiError::refused(&reason));
         }
         Some(_) | None => {
             sub.guard.done();
@@ -148,9 +148,9 @@ async fn collect(sub: &mut bridge::Submitted) -> Result<(String, FinishReason, U
                 out.push_str(&text);
                 return Ok((out, reason, usage));
             }
-            Event::Refused { reason, kind, .. } => {
+            Event::Refused { reason, .. } => {
                 sub.guard.done();
-                return Err(ApiError::refused(&reason, kind));
+                return Err(ApiError::refused(&reason));
             }
         }
     }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tpslab_engine::admission::Admission;
 use tpslab_engine::chat::ChatMessage;
 use tpslab_engine::engine::{Request, Usage};
 use tpslab_engine::generate::LoadedModel;
@@ -385,17 +386,15 @@ fn sampling(c: &Common) -> Result<SamplingParams, ApiError> {
     Ok(s)
 }
 
-/// Tokenizes the prompt and builds the engine request; a prompt that leaves no room for
-/// `max_tokens` in the context is a 400 (`context_length_exceeded`), as in vLLM. Blocking (the
-/// chat template and the tokenizer): call it off the async runtime.
+/// Tokenizes the prompt and builds the engine request. Blocking (the chat template and the
+/// tokenizer): call it off the async runtime. The request is then put to the engine's own
+/// admission against the model (an empty prompt, the context, the vocabulary: a prompt past
+/// the context is a 400 `context_length_exceeded`, as in vLLM), so what cannot run is never
+/// queued; the engine asks the same question at submit with its KV pool, and that refusal
+/// maps the same way (`ApiError::refused`).
 pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Request, ApiError> {
     let tokens = match (&p.prompt_tokens, &p.prompt_text) {
-        (Some(t), _) => {
-            if let Some(e) = tpslab_engine::request::out_of_vocab(t, lm.model.cfg.vocab) {
-                return Err(ApiError::bad_param("prompt", e));
-            }
-            t.clone()
-        }
+        (Some(t), _) => t.clone(),
         (None, Some(text)) => lm
             .raw_prompt(text)
             .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?,
@@ -405,26 +404,12 @@ pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Reque
             .chat_prompt(&p.messages)
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?,
     };
-    if tokens.is_empty() {
-        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
-    }
-    let ctx = lm.model.cfg.context_len;
     let max = p.max_tokens().map(|m| m as usize);
-    let wanted = tokens.len() + max.unwrap_or(1);
-    if tokens.len() >= ctx || wanted > ctx {
-        return Err(ApiError::context_exceeded(format!(
-            "This model's maximum context length is {ctx} tokens. However, you requested {wanted} \
-             tokens ({} in the prompt, {} for the completion). Please reduce the length of the \
-             prompt or max_tokens.",
-            tokens.len(),
-            max.unwrap_or(1)
-        )));
-    }
     // Omitted: the engine gives as many as fit the context and the KV pool.
     let mut stop = lm.default_stop(max);
     stop.stop_strings = stop_list(&p.common).to_vec();
     stop.ignore_eos = p.common.ignore_eos.unwrap_or(false);
-    Ok(Request {
+    let req = Request {
         prompt: tokens,
         sampling: p.sampling.clone(),
         stop,
@@ -432,7 +417,11 @@ pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Reque
             .common
             .priority
             .unwrap_or_else(|| limits.default_priority()),
-    })
+    };
+    Admission::for_model(&lm.model.cfg)
+        .check(&req)
+        .map_err(|e| ApiError::refused(&e))?;
+    Ok(req)
 }
 
 pub fn usage_json(u: &Usage) -> Value {

@@ -16,20 +16,19 @@ use tpslab_kernels::WType;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::Admission;
 use crate::detok::Detokenizer;
-use crate::device::{Backend, DeviceChoice, MemoryUse, RowNeed, StepOutput};
+use crate::device::{Backend, DeviceChoice, MemoryUse};
 use crate::generate::LoadedModel;
-use crate::kv::{Batch, KvCache};
-use crate::metrics::{
-    FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, StepStats, process_rss_bytes,
-};
+use crate::kv::KvCache;
+use crate::metrics::{FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes};
 use crate::precision::Precision;
 use crate::requant::RequantReport;
 use crate::sampler::Sampler;
-use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::scheduler::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
 use crate::stop::{FinishReason, StopChecker};
 
-pub use crate::request::{Event, RefusalKind, Request, Usage};
+pub use crate::request::{Event, Refusal, RefusalKind, Request, Usage};
 
 /// Settings that take a rebuild of the KV pool when they change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -189,7 +188,8 @@ impl EngineHandle {
     }
 
     /// Queues a request; its events arrive on `events`. Returns the request id at once; a
-    /// refusal (queue full, prompt too long) arrives as `Event::Refused`.
+    /// refusal (see [`crate::admission`]: queue full, prompt too long, ...) arrives as
+    /// `Event::Refused`.
     pub fn submit(&self, req: Request, events: Sender<Event>) -> RequestId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Err(mpsc::SendError(Command::Submit { events, .. })) =
@@ -197,8 +197,7 @@ impl EngineHandle {
         {
             let _ = events.send(Event::Refused {
                 id,
-                reason: "the engine has stopped".into(),
-                kind: RefusalKind::Unavailable,
+                reason: Refusal::Stopped,
             });
         }
         id
@@ -248,13 +247,15 @@ pub enum EngineError {
     Device(#[from] crate::device::BackendError),
 }
 
-/// Per-request state the engine keeps besides the scheduler's token bookkeeping.
+/// Per-request state the engine keeps besides the scheduler's token bookkeeping (the
+/// scheduler holds the token history, prompt and generated, for the sampler's penalties too).
 struct Live {
     events: Sender<Event>,
     sampler: Sampler,
     detok: Detokenizer,
+    /// Decides when the request ends and why (stop tokens, stop strings, `max_tokens`); it sees
+    /// every generated token, so its count is the completion's.
     stop: StopChecker,
-    history: Vec<u32>,
     prompt_len: usize,
     accepted: Instant,
     /// Set by the first step that schedules the request.
@@ -296,17 +297,6 @@ fn backend_threads(threads: usize) -> usize {
     }
 }
 
-fn kv_blocks(lm: &LoadedModel, kv: &KvSettings) -> Result<usize, EngineError> {
-    let blocks = KvCache::blocks_for_budget(&lm.model.cfg, kv.block_size.max(1), kv.budget_bytes);
-    if blocks == 0 {
-        return Err(EngineError::Kv(format!(
-            "a budget of {} bytes holds no block of {} tokens",
-            kv.budget_bytes, kv.block_size
-        )));
-    }
-    Ok(blocks)
-}
-
 impl EngineThread {
     fn new(
         lm: Arc<LoadedModel>,
@@ -316,7 +306,7 @@ impl EngineThread {
         snapshot: Arc<Mutex<EngineSnapshot>>,
         notify: Option<Notify>,
     ) -> Result<Self, EngineError> {
-        kv_blocks(&lm, &config.knobs.kv)?;
+        // The backend sizes the pool from the budget (`KvCache::pool_for_budget`).
         let opened = crate::device::open(
             Arc::clone(&lm),
             config.device,
@@ -478,65 +468,54 @@ impl EngineThread {
         self.publish();
     }
 
+    /// What requests are checked against now: the model, and the pool as it is.
+    fn admission(&self) -> Admission {
+        Admission::with_pool(&self.lm.model.cfg, self.sched.kv_pool())
+    }
+
+    /// Every path in (server, window, CLI) comes through here: the one admission check, then
+    /// the scheduler's queue (which trusts what was admitted).
     fn submit(&mut self, id: RequestId, req: Request, events: Sender<Event>) {
-        let ctx = self.lm.model.cfg.context_len;
-        let refuse = |reason: String, kind: RefusalKind| {
-            let _ = events.send(Event::Refused { id, reason, kind });
+        let admitted = match self.admission().check(&req) {
+            Ok(a) => a,
+            Err(e) => return self.refuse(id, &events, e),
         };
-        if req.prompt.is_empty() {
-            return refuse("the prompt is empty".into(), RefusalKind::Invalid);
-        }
-        if req.prompt.len() >= ctx {
-            return refuse(
-                format!(
-                    "the prompt has {} tokens; the model's context holds {ctx}",
-                    req.prompt.len()
-                ),
-                RefusalKind::TooLong,
-            );
-        }
-        // Every path in (server, window, CLI) comes through here: an id the model cannot embed
-        // would fail the whole batch step it lands in.
-        if let Some(e) = crate::request::out_of_vocab(&req.prompt, self.lm.model.cfg.vocab) {
-            return refuse(e, RefusalKind::Invalid);
-        }
-        if let Err(e) = req.sampling.validate() {
-            return refuse(e.to_string(), RefusalKind::Invalid);
-        }
-        let room = ctx - req.prompt.len();
-        let max_tokens = match req.stop.max_tokens {
-            Some(m) => m.clamp(1, room),
-            // Omitted: as much as fits the context and the KV pool (a context larger than the
-            // pool is no reason to refuse; a prompt larger than the pool still is, below).
-            None => room.min(self.sched.token_capacity().saturating_sub(req.prompt.len()) + 1),
-        };
-        let mut stop = req.stop;
-        stop.max_tokens = Some(max_tokens);
+        let Request {
+            prompt,
+            sampling,
+            mut stop,
+            priority,
+        } = req;
+        stop.max_tokens = Some(admitted.max_tokens);
+        let prompt_len = prompt.len();
         let sr = SchedRequest {
             id,
-            prompt: req.prompt.clone(),
-            max_tokens,
-            priority: req.priority,
+            prompt,
+            max_tokens: admitted.max_tokens,
+            priority,
         };
-        if let Err(e) = self.sched.add_request(sr) {
-            self.metrics.on_refused(self.now());
-            return refuse(e.to_string(), RefusalKind::of(&e));
+        if let Err(e) = self.sched.add_admitted(sr) {
+            return self.refuse(id, &events, e.into());
         }
         let _ = events.send(Event::Started { id });
-        self.metrics.on_arrival(id, self.now(), req.prompt.len());
+        self.metrics.on_arrival(id, self.now(), prompt_len);
         self.live.insert(
             id,
             Live {
                 events,
-                sampler: Sampler::new(&req.sampling),
+                sampler: Sampler::new(&sampling),
                 detok: Detokenizer::new(true),
                 stop: StopChecker::new(stop),
-                prompt_len: req.prompt.len(),
-                history: req.prompt,
+                prompt_len,
                 accepted: Instant::now(),
                 queue_time: None,
             },
         );
+    }
+
+    fn refuse(&mut self, id: RequestId, events: &Sender<Event>, reason: Refusal) {
+        self.metrics.on_refused(self.now());
+        let _ = events.send(Event::Refused { id, reason });
     }
 
     /// Ends a request (finished or cancelled): frees its blocks and sends its last event.
@@ -546,7 +525,7 @@ impl EngineThread {
             let tail = l.stop.flush(&l.detok.finish());
             let usage = Usage {
                 prompt_tokens: l.prompt_len,
-                completion_tokens: l.history.len() - l.prompt_len,
+                completion_tokens: l.stop.n_tokens(),
             };
             let _ = l.events.send(Event::Finished {
                 id,
@@ -583,7 +562,8 @@ impl EngineThread {
     /// together (everything running is preempted and recomputed later; nothing is lost). On a
     /// failure the old geometry is restored.
     fn rebuild_kv(&mut self, kv: &KvSettings) -> Result<(), String> {
-        let blocks = kv_blocks(&self.lm, kv).map_err(|e| e.to_string())?;
+        let blocks = KvCache::pool_for_budget(&self.lm.model.cfg, kv.block_size, kv.budget_bytes)
+            .map_err(|e| e.to_string())?;
         let old = (self.backend.block_size(), self.backend.num_blocks());
         let dropped = self
             .sched
@@ -603,138 +583,6 @@ impl EngineThread {
         }
         self.knobs.kv = kv.clone();
         Ok(())
-    }
-
-    /// A forward pass failed. With several sequences in it, each runs alone to find the ones at
-    /// fault: only those fail, and the others run this step again next time (nothing of it was
-    /// recorded: `update` never ran). When each one runs fine alone the batch itself is the bug
-    /// and all of its requests fail with the reason; the app goes on either way.
-    fn forward_failed(&mut self, out: &SchedulerOutput, needs: &[RowNeed], error: &str) {
-        let mut at_fault = Vec::new();
-        if out.scheduled.len() > 1 {
-            let mut rows = needs.iter();
-            for s in &out.scheduled {
-                let need: Vec<RowNeed> =
-                    rows.by_ref().take(usize::from(s.sample)).copied().collect();
-                let mut alone = Batch::default();
-                alone.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
-                if let Err(e) = self.backend.forward(&alone, &need) {
-                    at_fault.push((s.id, e.to_string()));
-                }
-            }
-        }
-        if at_fault.is_empty() || at_fault.len() == out.scheduled.len() {
-            at_fault = out
-                .scheduled
-                .iter()
-                .map(|s| (s.id, error.to_string()))
-                .collect();
-        }
-        for (id, error) in at_fault {
-            if let Some(l) = self.live.get(&id) {
-                let _ = l.events.send(Event::Refused {
-                    id,
-                    reason: format!("engine error: {error}"),
-                    kind: RefusalKind::Unavailable,
-                });
-            }
-            self.sched.finish(&[id], FinishReason::Abort);
-            self.live.remove(&id);
-        }
-    }
-
-    fn step(&mut self) {
-        let t0 = Instant::now();
-        let out = self.sched.schedule();
-        if out.scheduled.is_empty() {
-            // Nothing fits (should not happen: add_request refuses what can never fit).
-            std::thread::sleep(Duration::from_millis(1));
-            return;
-        }
-        for s in &out.scheduled {
-            if let Some(l) = self.live.get_mut(&s.id) {
-                l.queue_time
-                    .get_or_insert_with(|| t0.saturating_duration_since(l.accepted));
-            }
-        }
-        let batch = batch_from(&out);
-        let needs: Vec<RowNeed> = out
-            .scheduled
-            .iter()
-            .filter(|s| s.sample)
-            .map(|s| match self.live.get(&s.id) {
-                Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
-                Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
-                None => RowNeed::Argmax,
-            })
-            .collect();
-        let step = match self.backend.forward(&batch, &needs) {
-            Ok(l) => l,
-            Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
-        };
-        let sampled = sample_rows(&mut self.live, &out, &needs, &step, self.lm.model.cfg.vocab);
-        let length_done = self.sched.update(&out, &sampled);
-        let now = self.now();
-        let mut ended = Vec::new();
-        for &(id, tok) in &sampled {
-            let Some(l) = self.live.get_mut(&id) else {
-                continue;
-            };
-            l.history.push(tok);
-            let piece = l.detok.push(&self.lm.tokenizer, tok).unwrap_or_default();
-            let st = l.stop.push(tok, &piece);
-            self.metrics.on_token(id, now);
-            let _ = l.events.send(Event::Token {
-                id,
-                token: tok,
-                text: st.text,
-            });
-            if let Some(reason) = st.finish {
-                ended.push((id, reason));
-            }
-        }
-        for (id, reason) in length_done {
-            if !ended.iter().any(|(e, _)| *e == id) {
-                ended.push((id, reason));
-            }
-        }
-        for (id, reason) in ended {
-            self.end(id, reason);
-        }
-        self.steps += 1;
-        let st = self.sched.stats();
-        let prefill: usize = out
-            .scheduled
-            .iter()
-            .filter(|s| !s.sample || s.tokens.len() > 1)
-            .map(|s| s.tokens.len())
-            .sum();
-        self.metrics.on_step(StepStats {
-            t: now,
-            batch_size: out.scheduled.len(),
-            scheduled_tokens: batch.len(),
-            prefill_tokens: prefill,
-            decode_tokens: batch.len() - prefill,
-            kv_used_blocks: st.kv_used_blocks,
-            kv_total_blocks: st.kv_total_blocks,
-            running: st.running,
-            waiting: st.waiting,
-            preemptions_total: st.preemptions_total,
-            prefix_cache_queries: st.prefix_cache_queries
-                - self.cache_seen.0.min(st.prefix_cache_queries),
-            prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
-            rss_bytes: self.rss,
-            step_ms: t0.elapsed().as_secs_f64() * 1e3,
-        });
-        self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
-        // Percentiles and /proc reads cost ~0.1-1 ms: publish at most every PUBLISH_EVERY, and
-        // always when the engine goes idle so the last state is never stale.
-        if self.live.is_empty() || self.last_publish.elapsed() >= PUBLISH_EVERY {
-            self.publish();
-        }
-        if let Some(n) = &self.notify {
-            n();
-        }
     }
 
     fn publish(&mut self) {
@@ -769,58 +617,10 @@ impl EngineThread {
     }
 }
 
-/// One token per sampling entry of the step, in order, each from what its sampler asked the
-/// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
-fn sample_rows(
-    live: &mut HashMap<RequestId, Live>,
-    out: &SchedulerOutput,
-    needs: &[RowNeed],
-    step: &StepOutput<'_>,
-    vocab: usize,
-) -> Vec<(RequestId, u32)> {
-    let mut sampled = Vec::new();
-    let mut scratch = Vec::with_capacity(vocab);
-    let mut rows = step.logits.chunks_exact(vocab);
-    let kk = step.topk_k.max(1);
-    let mut cands = step
-        .topk_ids
-        .chunks_exact(kk)
-        .zip(step.topk_vals.chunks_exact(kk));
-    let on_host = step.argmax.is_empty();
-    for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
-        let need = if on_host { RowNeed::Full } else { needs[j] };
-        let (greedy, cand, row) = match need {
-            RowNeed::Argmax => (step.argmax.get(j).copied(), None, None),
-            RowNeed::TopK(_) => (None, cands.next(), None),
-            RowNeed::Full => (None, None, rows.next()),
-        };
-        let Some(l) = live.get_mut(&s.id) else {
-            continue;
-        };
-        let tok = match (greedy, cand, row) {
-            (Some(t), _, _) => t,
-            (_, Some((ids, vals)), _) => l.sampler.sample_candidates(ids, vals),
-            (_, _, Some(r)) => {
-                scratch.clear();
-                scratch.extend_from_slice(r);
-                l.sampler
-                    .sample_with_prompt(&mut scratch, &l.history, l.prompt_len)
-            }
-            _ => continue,
-        };
-        sampled.push((s.id, tok));
-    }
-    sampled
-}
-
-/// The forward pass's input for one scheduler step.
-pub fn batch_from(out: &SchedulerOutput) -> Batch {
-    let mut b = Batch::default();
-    for s in &out.scheduled {
-        b.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
-    }
-    b
-}
+// One step of the loop: schedule, forward, sample, stop checks, metrics.
+#[path = "engine_step.rs"]
+mod step;
+pub use step::batch_from;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

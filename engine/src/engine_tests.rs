@@ -2,8 +2,8 @@
 //! fail is refused alone, and the requests batched with it run to their end.
 
 use super::*;
-use crate::device::BackendError;
-use crate::device::DeviceChoice;
+use crate::device::{BackendError, DeviceChoice, RowNeed, StepOutput};
+use crate::kv::Batch;
 use crate::stop::StopCriteria;
 
 /// The real CPU backend, except that any batch holding `poison` fails (as a bad input would).
@@ -91,8 +91,8 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
             Event::Finished { id, usage, .. } => {
                 ends.insert(id, Ok(usage.completion_tokens));
             }
-            Event::Refused { id, reason, .. } => {
-                ends.insert(id, Err(reason));
+            Event::Refused { id, reason } => {
+                ends.insert(id, Err(reason.to_string()));
             }
             _ => {}
         }

@@ -7,9 +7,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::admission::Admission;
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
 use crate::device::DeviceChoice;
-use crate::engine::{EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Request};
+use crate::engine::{
+    EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Refusal, Request,
+};
 use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::model::config::ModelConfig;
@@ -32,14 +35,9 @@ pub enum GenerateError {
     Chat(#[from] ChatError),
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("{0}")]
-    Refused(String),
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error(
-        "the prompt has {prompt} tokens; the model's context holds {context}, leaving no room to generate"
-    )]
-    PromptTooLong { prompt: usize, context: usize },
+    /// The request's refusal, as the window and the server show it too.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
 }
 
 /// Everything needed to turn text into tokens and tokens into logits.
@@ -143,21 +141,17 @@ pub fn generate_on(
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateOutput, GenerateError> {
     let cfg = &lm.model.cfg;
-    if prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
-    if prompt.len() >= cfg.context_len {
-        return Err(GenerateError::PromptTooLong {
-            prompt: prompt.len(),
-            context: cfg.context_len,
-        });
-    }
-    let room = cfg.context_len - prompt.len();
-    let max_new = stop.max_tokens.map_or(room, |m| m.min(room));
-    // A pool that holds exactly this request.
+    let req = Request {
+        prompt: prompt.to_vec(),
+        sampling: sampling.clone(),
+        stop,
+        priority: 0,
+    };
+    // The engine's own admission, asked before there is a pool, sizes one that holds exactly
+    // this request (the engine then admits it against that pool).
+    let max_new = Admission::for_model(cfg).check(&req)?.max_tokens;
     let kv = KvSettings {
-        budget_bytes: KvCache::bytes_per_block(cfg, BLOCK_SIZE)
-            * (prompt.len() + max_new).div_ceil(BLOCK_SIZE),
+        budget_bytes: KvCache::budget_for_tokens(cfg, BLOCK_SIZE, prompt.len() + max_new),
         block_size: BLOCK_SIZE,
     };
     let knobs = Knobs {
@@ -173,12 +167,6 @@ pub fn generate_on(
     let engine = EngineHandle::start(Arc::clone(lm), config, None)?;
     let (tx, rx) = mpsc::channel();
     let start = Instant::now();
-    let req = Request {
-        prompt: prompt.to_vec(),
-        sampling: sampling.clone(),
-        stop,
-        priority: 0,
-    };
     engine.submit(req, tx);
     let mut output = Vec::new();
     let mut text = String::new();
@@ -205,8 +193,8 @@ pub fn generate_on(
                 emit(&t, &mut text);
                 break reason;
             }
-            Ok(Event::Refused { reason, .. }) => return Err(GenerateError::Refused(reason)),
-            Err(_) => return Err(GenerateError::Refused("the engine stopped".into())),
+            Ok(Event::Refused { reason, .. }) => return Err(reason.into()),
+            Err(_) => return Err(Refusal::Stopped.into()),
         }
     };
     let first = first.unwrap_or(last);

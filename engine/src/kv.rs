@@ -22,6 +22,8 @@ pub enum KvError {
     },
     #[error("KV block size must be between 1 and 1024, got {0}")]
     BlockSize(usize),
+    #[error("a KV budget of {budget} bytes holds no block of {block_size} tokens")]
+    NoBlock { budget: usize, block_size: usize },
 }
 
 /// K and V for every layer, `num_blocks * block_size` token slots each, stored as f16 (as
@@ -46,6 +48,28 @@ impl KvCache {
     /// How many blocks a memory budget of `bytes` holds.
     pub fn blocks_for_budget(cfg: &ModelConfig, block_size: usize, bytes: usize) -> usize {
         bytes / Self::bytes_per_block(cfg, block_size).max(1)
+    }
+
+    /// The pool a budget of `bytes` sizes: its block count, refused when not even one block
+    /// fits. Every place that turns a KV budget into a pool asks this.
+    pub fn pool_for_budget(
+        cfg: &ModelConfig,
+        block_size: usize,
+        bytes: usize,
+    ) -> Result<usize, KvError> {
+        match Self::blocks_for_budget(cfg, block_size.max(1), bytes) {
+            0 => Err(KvError::NoBlock {
+                budget: bytes,
+                block_size,
+            }),
+            n => Ok(n),
+        }
+    }
+
+    /// The budget that holds `tokens` token slots in blocks of `block_size` (the inverse of
+    /// [`Self::pool_for_budget`], for a pool sized to one request).
+    pub fn budget_for_tokens(cfg: &ModelConfig, block_size: usize, tokens: usize) -> usize {
+        Self::bytes_per_block(cfg, block_size).saturating_mul(tokens.div_ceil(block_size.max(1)))
     }
 
     pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<Self, KvError> {

@@ -26,6 +26,7 @@
 //! - [`scheduler`]: vLLM-v1-style continuous-batching scheduler (token budget, chunking, preemption).
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 //! - [`request`]: a request and the events it gets back (re-exported by [`engine`]).
+//! - [`admission`]: the one check a request passes at submit, its typed refusal, its `max_tokens`.
 //! - [`engine`]: the engine thread (continuous batching) and its message-passing handle.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
@@ -33,6 +34,7 @@
 //! - [`precision`]: a model's weight precision, typed (its matrices' type and any fallback).
 //! - [`requant`]: precision as a live knob: the loaded weights re-quantized in memory.
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
+pub mod admission;
 pub mod block_pool;
 pub mod chat;
 pub mod chat_budget;

@@ -286,7 +286,7 @@ pub fn run_observed(
                     if flying.remove(&id).is_some() {
                         done += 1;
                         observe(&mut |m| m.on_refused(t));
-                        result.refused.push(reason);
+                        result.refused.push(reason.to_string());
                         progress(done, spec.num_requests);
                     }
                 }

@@ -6,8 +6,8 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 use tpslab_kernels::WType;
 
-use crate::model::config::ModelConfig;
 use crate::gguf::{GgmlType, GgufFile};
+use crate::model::config::ModelConfig;
 
 /// The weight precision of a model: what the engine serves at, what the live knob changes and
 /// what every figure is labelled with.

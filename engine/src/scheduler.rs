@@ -12,9 +12,11 @@
 //! scheduling): the window's chats go ahead of its load generator's requests this way.
 //!
 //! Protocol, once per step: `out = schedule()`, run the model on `out`, sample a token for each
-//! [`ScheduledSeq`] with `sample` set, then `update(&out, &sampled)`. Stop tokens and strings
-//! are the caller's business: it ends such requests with [`Scheduler::finish`]. Everything here
-//! is plain data and deterministic; there are no threads and no model.
+//! [`ScheduledSeq`] with `sample` set, then `update(&out, &sampled)`. Alone, the scheduler ends
+//! a request at its `max_tokens`; the engine instead passes its stop checker to
+//! [`Scheduler::update_with`], which then decides every ending (stop token, stop string,
+//! length) in one place. Everything here is plain data and deterministic; there are no threads
+//! and no model.
 //!
 //! Chunked prefill off: a waiting request starts only if everything it has left to compute fits
 //! the step's remaining budget. One that could never fit (more tokens left than
@@ -28,6 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::admission::{KvNeverFits, KvPool};
 pub use crate::block_pool::RequestId;
 use crate::block_pool::{BlockId, KvManager};
 use crate::stop::FinishReason;
@@ -79,7 +82,10 @@ impl Default for SchedulerConfig {
 pub struct SchedRequest {
     pub id: RequestId,
     pub prompt: Vec<u32>,
-    /// Generated tokens after which the request ends with [`FinishReason::Length`].
+    /// The most tokens it generates: what its KV blocks are reserved for (admission and
+    /// `rebuild_pool` check it fits), and where [`Scheduler::update`] ends it with
+    /// [`FinishReason::Length`]. Under [`Scheduler::update_with`] the caller's stop checker,
+    /// given the same admitted number, says when it ends.
     pub max_tokens: usize,
     /// Lower runs first under [`Policy::Priority`]; ignored under FCFS.
     pub priority: i32,
@@ -95,10 +101,7 @@ pub enum SchedError {
     EmptyPrompt,
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
-    #[error(
-        "request needs {needed_blocks} KV blocks ({tokens} tokens) but the cache has only \
-         {num_blocks}; shorten the prompt or max_tokens, or enlarge the KV budget"
-    )]
+    #[error("{}", KvNeverFits { tokens: *tokens, needed_blocks: *needed_blocks, num_blocks: *num_blocks })]
     TooLong {
         tokens: usize,
         needed_blocks: usize,
@@ -106,6 +109,28 @@ pub enum SchedError {
     },
     #[error("invalid scheduler setting: {0}")]
     InvalidConfig(String),
+}
+
+impl From<KvNeverFits> for SchedError {
+    fn from(e: KvNeverFits) -> Self {
+        Self::TooLong {
+            tokens: e.tokens,
+            needed_blocks: e.needed_blocks,
+            num_blocks: e.num_blocks,
+        }
+    }
+}
+
+/// A token just appended to a request in [`Scheduler::update_with`], for the caller's decision
+/// whether the request ends with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub id: RequestId,
+    pub token: u32,
+    /// Generated tokens now, this one included.
+    pub generated: usize,
+    /// The request's `max_tokens`.
+    pub max_tokens: usize,
 }
 
 /// Where a live request is.
@@ -295,30 +320,55 @@ impl Scheduler {
         Ok(too_long)
     }
 
-    /// Tokens the whole KV pool holds: the most any one request can have computed at once.
-    pub fn token_capacity(&self) -> usize {
-        self.kv.pool().num_blocks() * self.kv.block_size()
+    /// The KV pool's shape (what [`crate::admission::Admission`] checks requests against).
+    pub fn kv_pool(&self) -> KvPool {
+        KvPool {
+            num_blocks: self.kv.pool().num_blocks(),
+            block_size: self.kv.block_size(),
+        }
     }
 
-    /// Refuses requests that could never complete in the pool: the K/V of every token but the
-    /// last generated one must fit at once.
+    /// Refuses requests that could never complete in the pool (the rule is
+    /// [`KvPool::fit`]'s, the one admission applies).
     fn fit_check(&self, prompt_len: usize, max_tokens: usize) -> Result<(), SchedError> {
-        let tokens = prompt_len + max_tokens.saturating_sub(1);
-        let needed_blocks = self.kv.blocks_for(tokens);
-        let num_blocks = self.kv.pool().num_blocks();
-        if needed_blocks > num_blocks {
-            return Err(SchedError::TooLong {
-                tokens,
-                needed_blocks,
-                num_blocks,
-            });
-        }
+        self.kv_pool().fit(prompt_len, max_tokens)?;
         Ok(())
     }
 
     /// Queues a request. Refused (and not queued) when the queue is at `max_waiting`, the id
     /// is live already, the prompt is empty, `max_tokens` is 0, or it could never fit the pool.
+    /// The engine admits requests itself and queues them with [`Self::add_admitted`]; this is
+    /// for callers that drive the scheduler alone.
     pub fn add_request(&mut self, req: SchedRequest) -> Result<(), SchedError> {
+        self.check_queue(&req)?;
+        if req.prompt.is_empty() {
+            return Err(SchedError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(SchedError::ZeroMaxTokens);
+        }
+        self.fit_check(req.prompt.len(), req.max_tokens)?;
+        self.insert(req);
+        Ok(())
+    }
+
+    /// Queues a request already admitted ([`crate::admission::Admission::check`] against this
+    /// pool): only the queue's state can refuse it.
+    pub fn add_admitted(&mut self, req: SchedRequest) -> Result<(), SchedError> {
+        self.check_queue(&req)?;
+        debug_assert!(
+            !req.prompt.is_empty()
+                && req.max_tokens > 0
+                && self.fit_check(req.prompt.len(), req.max_tokens).is_ok(),
+            "request {} was not admitted against this pool",
+            req.id
+        );
+        self.insert(req);
+        Ok(())
+    }
+
+    /// Load shedding and id reuse: what refuses a request however well-formed it is.
+    fn check_queue(&self, req: &SchedRequest) -> Result<(), SchedError> {
         if let Some(max_waiting) = self.config.max_waiting
             && self.waiting.len() >= max_waiting
         {
@@ -327,13 +377,10 @@ impl Scheduler {
         if self.reqs.contains_key(&req.id) {
             return Err(SchedError::DuplicateId(req.id));
         }
-        if req.prompt.is_empty() {
-            return Err(SchedError::EmptyPrompt);
-        }
-        if req.max_tokens == 0 {
-            return Err(SchedError::ZeroMaxTokens);
-        }
-        self.fit_check(req.prompt.len(), req.max_tokens)?;
+        Ok(())
+    }
+
+    fn insert(&mut self, req: SchedRequest) {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         self.reqs.insert(
@@ -349,7 +396,6 @@ impl Scheduler {
             },
         );
         self.waiting.push_back(req.id);
-        Ok(())
     }
 
     /// Preemption order key: the greatest is preempted first, the least is served first.
@@ -543,6 +589,22 @@ impl Scheduler {
         out: &SchedulerOutput,
         sampled: &[(RequestId, u32)],
     ) -> Vec<(RequestId, FinishReason)> {
+        self.update_with(out, sampled, |a| {
+            (a.generated >= a.max_tokens).then_some(FinishReason::Length)
+        })
+    }
+
+    /// As [`Self::update`], but whether a request ends with the token just appended, and why,
+    /// is `ends`'s to say (the engine's stop checker: stop tokens, stop strings and
+    /// `max_tokens` in one place); it is asked once per appended token, in step order. The
+    /// requests it ends are finished here and returned with its reason. It must end each one by
+    /// its `max_tokens`, the most the request was admitted to the pool for.
+    pub fn update_with(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+        mut ends: impl FnMut(Appended) -> Option<FinishReason>,
+    ) -> Vec<(RequestId, FinishReason)> {
         let sampled: HashMap<RequestId, u32> = sampled.iter().copied().collect();
         let mut done = Vec::new();
         for s in &out.scheduled {
@@ -559,18 +621,26 @@ impl Scheduler {
                 continue;
             }
             match sampled.get(&s.id) {
-                Some(&tok) if r.num_computed_tokens == r.all_tokens.len() => {
-                    r.all_tokens.push(tok);
-                    if r.num_generated() >= r.max_tokens {
-                        done.push((s.id, FinishReason::Length));
+                Some(&token) if r.num_computed_tokens == r.all_tokens.len() => {
+                    r.all_tokens.push(token);
+                    let a = Appended {
+                        id: s.id,
+                        token,
+                        generated: r.num_generated(),
+                        max_tokens: r.max_tokens,
+                    };
+                    debug_assert!(a.generated <= a.max_tokens, "{a:?} runs past max_tokens");
+                    if let Some(reason) = ends(a) {
+                        done.push((s.id, reason));
                     }
                 }
                 // Without a token there are no logits for the next step to extend from.
                 _ => r.num_computed_tokens = r.num_computed_tokens.saturating_sub(1),
             }
         }
-        let ids: Vec<RequestId> = done.iter().map(|d| d.0).collect();
-        self.finish(&ids, FinishReason::Length);
+        for &(id, reason) in &done {
+            self.finish(&[id], reason);
+        }
         done
     }
 

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StopCriteria {
-    /// At most this many generated tokens (the stop token counts); `None` = no limit here (the
-    /// engine still stops at the context length).
+    /// At most this many generated tokens (the stop token counts); `None` = no limit here. The
+    /// engine's admission replaces `None` with as many as fit the context and the KV pool.
     pub max_tokens: Option<usize>,
     /// Tokens that end generation: usually the model's `Tokenizer::stop_token_ids()` plus any
     /// the caller adds.

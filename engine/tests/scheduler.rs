@@ -865,3 +865,35 @@ fn rebuild_pool_preempts_and_drops_what_cannot_fit() {
     assert_eq!(out.scheduled[0].tokens, vec![1, 1, 1, 1, 7]);
     assert!(out.scheduled[0].block_table.iter().all(|&b| b < 4));
 }
+
+#[test]
+fn update_with_asks_the_caller_once_per_appended_token() {
+    let mut s = Scheduler::new(cfg(), 16, 4).expect("valid");
+    s.add_request(req(1, &[1, 2], 5, 0)).expect("ok");
+    s.add_request(req(2, &[3, 4], 5, 0)).expect("ok");
+    s.add_request(req(3, &[5, 6], 5, 0)).expect("ok");
+    let mut asked = Vec::new();
+    let out = s.schedule();
+    // 3 finished between schedule and update: its token is dropped, and nobody is asked.
+    s.finish(&[3], FinishReason::Abort);
+    let done = s.update_with(&out, &[(1, 9), (2, 8), (3, 7)], |a| {
+        asked.push(a);
+        (a.token == 8).then_some(FinishReason::Stop)
+    });
+    assert_eq!(done, vec![(2, FinishReason::Stop)]);
+    assert_eq!(
+        asked
+            .iter()
+            .map(|a| (a.id, a.token, a.generated, a.max_tokens))
+            .collect::<Vec<_>>(),
+        vec![(1, 9, 1, 5), (2, 8, 1, 5)]
+    );
+    assert_eq!(s.status(2), None, "ended by the caller: finished and freed");
+    assert_eq!(s.kv().block_table(2), &[] as &[u32]);
+    assert_eq!(s.generated(1), Some(&[9][..]));
+    // No ending said: the request runs on, whatever its count (the caller owns max_tokens).
+    let out = s.schedule();
+    let done = s.update_with(&out, &[(1, 9)], |_| None);
+    assert!(done.is_empty());
+    assert_eq!(s.generated(1), Some(&[9, 9][..]));
+}

@@ -48,8 +48,6 @@ pub enum BackendError {
     Batch(#[from] BatchError),
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error("a KV budget of {budget} bytes holds no block of {block_size} tokens")]
-    NoBlock { budget: usize, block_size: usize },
     #[error("the KV budget holds no block")]
     EmptyPool,
     #[error("KV pool size overflows")]
@@ -228,14 +226,8 @@ pub fn open(
     gpu_kv_fraction: f32,
 ) -> Result<Opened, BackendError> {
     let cfg = lm.model.cfg.clone();
-    let blocks = |budget: usize| {
-        let n = KvCache::blocks_for_budget(&cfg, block_size.max(1), budget);
-        if n == 0 {
-            Err(BackendError::NoBlock { budget, block_size })
-        } else {
-            Ok(n)
-        }
-    };
+    let blocks =
+        |budget| KvCache::pool_for_budget(&cfg, block_size, budget).map_err(BackendError::from);
     let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, BackendError> {
         Ok(Box::new(CpuBackend::new(
             lm,
