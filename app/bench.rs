@@ -5,11 +5,11 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
-use tpslab_engine::generate::{LoadedModel, generate_on};
-use tpslab_engine::precision::Precision;
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::stop::StopCriteria;
-use tpslab_engine::synthetic;
+use tpslab_engine::model::precision::Precision;
+use tpslab_engine::model::synthetic;
+use tpslab_engine::sched::stop::StopCriteria;
+use tpslab_engine::serving::generate::{LoadedModel, generate_on};
+use tpslab_engine::serving::sampler::SamplingParams;
 
 use crate::cli::ModelArgs;
 
@@ -235,7 +235,7 @@ pub fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    tpslab_engine::chat::strftime_utc("%Y-%m-%d %H:%M:%S UTC", secs)
+    tpslab_engine::text::chat::strftime_utc("%Y-%m-%d %H:%M:%S UTC", secs)
 }
 
 /// A fraction in (0, 0.95].
@@ -268,9 +268,9 @@ fn parse_slo_part(v: &str) -> Result<(String, f64), String> {
 }
 
 /// `--goodput`'s objectives (`None` when none was given).
-pub fn slo(parts: &[(String, f64)]) -> Option<tpslab_engine::metrics::Slo> {
+pub fn slo(parts: &[(String, f64)]) -> Option<tpslab_engine::serving::metrics::Slo> {
     let get = |key: &str| parts.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v);
-    (!parts.is_empty()).then(|| tpslab_engine::metrics::Slo {
+    (!parts.is_empty()).then(|| tpslab_engine::serving::metrics::Slo {
         ttft_ms: get("ttft"),
         tpot_ms: get("tpot"),
         e2el_ms: get("e2el"),

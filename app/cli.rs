@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use tpslab_engine::chat::ChatMessage;
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::engine::Refusal;
-use tpslab_engine::generate::{LoadedModel, generate_on};
 use tpslab_engine::library;
-use tpslab_engine::sampler::SamplingParams;
+use tpslab_engine::serving::engine::Refusal;
+use tpslab_engine::serving::generate::{LoadedModel, generate_on};
+use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::text::chat::ChatMessage;
 use tpslab_kernels::WType;
 
 #[derive(Parser, Debug)]

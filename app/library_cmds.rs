@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use tpslab_engine::library_index::{Library, ModelEntry};
+use tpslab_engine::library::index::{Library, ModelEntry};
 
 use crate::hub::{self, Choice, HubConfig, PullRequest, human_bytes};
 

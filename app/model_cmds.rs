@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::GgufFile;
+use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::library;
-use tpslab_engine::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
-use tpslab_engine::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
+use tpslab_engine::quant::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
 use tpslab_kernels::WType;
 
 const MIB: f64 = (1 << 20) as f64;
@@ -180,11 +180,14 @@ pub fn run_export(a: &ExportArgs) -> Result<()> {
         n => n,
     };
     let bar = ProgressBar::new(f.tensors.len() as u64);
-    let report =
-        tpslab_engine::hf_export::export_folder(&f, &a.output, dtype, threads, &mut |d, _| {
-            bar.set_position(d as u64)
-        })
-        .with_context(|| format!("exporting {} to {}", input.display(), a.output.display()));
+    let report = tpslab_engine::quant::hf_export::export_folder(
+        &f,
+        &a.output,
+        dtype,
+        threads,
+        &mut |d, _| bar.set_position(d as u64),
+    )
+    .with_context(|| format!("exporting {} to {}", input.display(), a.output.display()));
     bar.finish_and_clear();
     let report = report?;
     println!(

@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tpslab_engine::engine::{Event, Refusal, RefusalKind, Request, Usage};
-use tpslab_engine::loadgen::LoadTarget;
-use tpslab_engine::scheduler::RequestId;
-use tpslab_engine::stop::FinishReason;
+use tpslab_engine::sched::RequestId;
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::serving::engine::{Event, Refusal, RefusalKind, Request, Usage};
+use tpslab_engine::serving::loadgen::LoadTarget;
 
 /// Longest SSE line or error body read from a server.
 const MAX_LINE: usize = 1 << 20;

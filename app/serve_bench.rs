@@ -8,12 +8,12 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tpslab_engine::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::loadgen::{self, LenDist, LoadSpec, PromptSet};
-use tpslab_engine::metrics::{BenchSummary, RequestTiming};
-use tpslab_engine::precision::Precision;
-use tpslab_engine::synthetic;
+use tpslab_engine::model::precision::Precision;
+use tpslab_engine::model::synthetic;
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
+use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 
 use crate::bench::BenchArgs;
 

@@ -9,11 +9,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tpslab_engine::admission::{KvNeverFits, Refusal, RefusalKind};
-use tpslab_engine::engine::{EngineHandle, Event, Request};
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::scheduler::SchedError;
-use tpslab_engine::stop::{FinishReason, StopCriteria};
+use tpslab_engine::sched::SchedError;
+use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
+use tpslab_engine::serving::admission::{KvNeverFits, Refusal, RefusalKind};
+use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
+use tpslab_engine::serving::sampler::SamplingParams;
 
 #[path = "support/http_client.rs"]
 mod http_client;

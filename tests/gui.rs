@@ -17,8 +17,8 @@ use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::load::{RemoteSettings, SweepPoint};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::scheduler::Policy;
+use tpslab_engine::sched::Policy;
+use tpslab_engine::serving::sampler::SamplingParams;
 
 /// The window on the CPU (the same figures and answers on every machine).
 fn harness(state: AppState) -> Harness<'static, TpsApp> {

@@ -23,8 +23,8 @@ use hub_fixtures::{
 };
 use hub_server::{File, HubServer, RepoData};
 use tpslab::hub::{self, Choice, HubConfig, HubError, PullProgress, PullRequest};
-use tpslab_engine::gguf::GgufFile;
-use tpslab_engine::library_index::{Library, ModelFormat, ModelSource};
+use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::library::index::{Library, ModelFormat, ModelSource};
 
 #[test]
 fn pulls_a_gguf_with_progress_and_registers_it() {
@@ -666,8 +666,8 @@ fn cli_pull_then_models_lists_it() {
 /// The default model as llama.cpp's gguf-split lays out three parts (metadata in part 1), in
 /// memory: `(file name, bytes)`.
 fn split_parts() -> Vec<(String, Vec<u8>)> {
-    use tpslab_engine::gguf::Value;
-    use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
+    use tpslab_engine::formats::gguf::Value;
+    use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
     let src = GgufFile::open(default_model()).expect("open");
     let n = src.tensors.len();
     split::split_parts(&src, "smol-q4_1", 3, |i| {
@@ -715,7 +715,8 @@ fn pulls_a_split_gguf_as_one_model() {
     assert_eq!(m.path, lib.root().join("smol-q4_1").join(&parts[0].name));
     assert_eq!(m.precision, "Q4_1");
     assert!(progress.iter().any(|p| p.n_files == 3 && p.file_index == 3));
-    tpslab_engine::generate::LoadedModel::load(&m.path).expect("the pulled split model loads");
+    tpslab_engine::serving::generate::LoadedModel::load(&m.path)
+        .expect("the pulled split model loads");
     // A first part whose siblings are not all in the repo: refused before any download.
     let r = PullRequest {
         choice: Choice::File(parts[0].name.clone()),

@@ -383,7 +383,7 @@ fn endless_bodies_are_cut_at_the_listed_size() {
 
 /// Pulls the GGUF repo with its download cut after `at` bytes: the pull fails as interrupted and
 /// leaves a partial file. Returns the request, for the pulls that follow.
-fn cut_pull(s: &HubServer, lib: &tpslab_engine::library_index::Library, at: u64) -> PullRequest {
+fn cut_pull(s: &HubServer, lib: &tpslab_engine::library::index::Library, at: u64) -> PullRequest {
     *s.faults.cut.lock().expect("cut") = Some((GGUF_NAME.into(), at));
     let r = req("tpslab/smollm2-gguf");
     let e = pull(&cfg(s), lib, &r, &AtomicBool::new(false))
@@ -397,7 +397,7 @@ fn cut_pull(s: &HubServer, lib: &tpslab_engine::library_index::Library, at: u64)
 fn a_server_that_ignores_range_still_gives_the_right_file() {
     let s = server();
     let home = TempDir::new("norange");
-    let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
+    let lib = tpslab_engine::library::index::Library::at(home.0.join("models"));
     // A first pull cut half-way through the second chunk leaves a partial file ...
     let r = cut_pull(&s, &lib, hub_fixtures::CHUNK as u64);
     assert!(lib.partial_downloads()[0].1 > hub_fixtures::CHUNK as u64);
@@ -440,7 +440,7 @@ fn a_stalled_body_is_cut_and_the_next_pull_resumes() {
     };
     s.add("tpslab/stall", stalling(Some(3 << 20)));
     let home = TempDir::new("stall");
-    let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
+    let lib = tpslab_engine::library::index::Library::at(home.0.join("models"));
     let t0 = Instant::now();
     let r = req("tpslab/stall");
     let e = pull(&cfg(&s), &lib, &r, &AtomicBool::new(false))
@@ -535,7 +535,7 @@ fn the_token_goes_to_the_endpoint_only_never_to_a_redirect_target() {
         },
     );
     let home = TempDir::new("token");
-    let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
+    let lib = tpslab_engine::library::index::Library::at(home.0.join("models"));
     let c = HubConfig {
         token: Some("hf_secret".into()),
         ..cfg(&hub_s)
@@ -641,7 +641,7 @@ fn the_cli_refuses_a_hostile_pull_and_touches_nothing() {
 fn two_pulls_never_append_to_the_same_partial_file() {
     let s = server();
     let home = TempDir::new("busy");
-    let lib = tpslab_engine::library_index::Library::at(home.0.join("models"));
+    let lib = tpslab_engine::library::index::Library::at(home.0.join("models"));
     let r = cut_pull(&s, &lib, 0);
     let (part, _) = lib.partial_downloads().remove(0);
     // Another pull holds the partial file (its lock, as a running pull does).

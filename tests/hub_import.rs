@@ -17,9 +17,9 @@ use std::sync::atomic::AtomicBool;
 use hub_fixtures::{TempDir, assert_no_model, cfg, default_model, pull, req, tiny_safetensors};
 use hub_server::{File, HubServer, RepoData};
 use tpslab::hub::{Choice, PullRequest};
-use tpslab_engine::gguf::{GgufFile, Value};
-use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
-use tpslab_engine::library_index::Library;
+use tpslab_engine::formats::gguf::{GgufFile, Value};
+use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
+use tpslab_engine::library::index::Library;
 
 /// The default model's metadata with `general.architecture` set to `arch`, and its first
 /// `n_tensors` tensors.

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tpslab_engine::engine::EngineHandle;
+use tpslab_engine::serving::engine::EngineHandle;
 
 #[path = "support/http_client.rs"]
 mod http_client;
@@ -32,7 +32,7 @@ fn chat_whole_and_streamed_agree_with_usage() {
     assert!(text.contains("Paris"), "{text}");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     let prompt = model()
-        .chat_prompt(&[tpslab_engine::chat::ChatMessage::user(
+        .chat_prompt(&[tpslab_engine::text::chat::ChatMessage::user(
             "What is the capital of France?",
         )])
         .expect("prompt");

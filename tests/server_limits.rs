@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tpslab::serve::limits::Limits;
-use tpslab_engine::engine::{Event, RefusalKind, Request};
 use tpslab_engine::kv::KvCache;
+use tpslab_engine::serving::engine::{Event, RefusalKind, Request};
 
 #[path = "support/http_client.rs"]
 mod http_client;

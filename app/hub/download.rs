@@ -22,7 +22,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{Response, Url};
 use sha1::{Digest, Sha1};
 use tpslab_engine::library;
-use tpslab_engine::library_index::{HUB_CACHE_DIR, IndexError, Library, plain_file, write_error};
+use tpslab_engine::library::index::{HUB_CACHE_DIR, IndexError, Library, plain_file, write_error};
 
 use super::error::chain;
 use super::http::{Http, header, server_of};

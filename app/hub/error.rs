@@ -1,7 +1,7 @@
 //! [`HubError`]: why a Hub operation failed, each naming the server and, for a download, the
 //! file; and the mapping of the Hub's HTTP error answers onto it.
 
-use tpslab_engine::library_index::IndexError;
+use tpslab_engine::library::index::IndexError;
 
 use super::HubConfig;
 

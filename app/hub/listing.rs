@@ -56,12 +56,12 @@ pub enum Choice {
 
 /// Files of the safetensors set kept at the repo root.
 fn in_safetensors_set(name: &str) -> bool {
-    !name.contains('/') && tpslab_engine::library_st::is_model_file(name)
+    !name.contains('/') && tpslab_engine::library::describe::is_model_file(name)
 }
 
 fn is_split_first(name: &str) -> bool {
     let base = name.rsplit('/').next().unwrap_or(name);
-    tpslab_engine::gguf_split::first_part(base).is_some()
+    tpslab_engine::formats::gguf_split::first_part(base).is_some()
 }
 
 impl RepoListing {
@@ -94,7 +94,7 @@ impl RepoListing {
             .name
             .rsplit_once('/')
             .map_or(("", f.name.as_str()), |(d, b)| (d, b));
-        let Some(names) = tpslab_engine::gguf_split::part_names(base) else {
+        let Some(names) = tpslab_engine::formats::gguf_split::part_names(base) else {
             return Ok(vec![f]);
         };
         names

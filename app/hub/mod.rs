@@ -38,7 +38,7 @@ use std::time::Duration;
 use hf_hub::Cache;
 use hf_hub::api::tokio::{Api, ApiBuilder};
 #[cfg(doc)]
-use tpslab_engine::library_index::Library;
+use tpslab_engine::library::index::Library;
 
 mod download;
 mod error;

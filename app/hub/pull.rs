@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 use hf_hub::{Repo, RepoType};
-use tpslab_engine::library_index::{
+use tpslab_engine::library::index::{
     IndexError, Library, ModelEntry, ModelFile, ModelSource, is_model_name, occupied, write_error,
 };
 
@@ -53,7 +53,7 @@ fn model_name(repo: &str, files: &[&RepoFile]) -> String {
     let base = |f: &RepoFile| f.name.rsplit('/').next().unwrap_or(&f.name).to_string();
     match files {
         [f] if f.name.to_ascii_lowercase().ends_with(".gguf") => base(f),
-        [f, ..] => match tpslab_engine::gguf_split::first_part(&base(f)) {
+        [f, ..] => match tpslab_engine::formats::gguf_split::first_part(&base(f)) {
             Some((prefix, _)) => prefix.to_string(),
             None => repo.rsplit('/').next().unwrap_or(repo).to_string(),
         },

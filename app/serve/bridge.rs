@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
-use tpslab_engine::engine::{EngineHandle, Event, Request, Usage};
-use tpslab_engine::scheduler::RequestId;
-use tpslab_engine::stop::FinishReason;
+use tpslab_engine::sched::RequestId;
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::serving::engine::{EngineHandle, Event, Request, Usage};
 
 use super::metrics::ServerMetrics;
 use super::openai::{Meta, chunk, usage_chunk};
@@ -174,8 +174,9 @@ impl futures_core::Stream for SseStream {
                 Poll::Ready(Some(ev)) => this.on_event(ev),
                 Poll::Ready(None) => {
                     // The engine went away without a last event.
-                    let err =
-                        super::errors::ApiError::refused(&tpslab_engine::engine::Refusal::Stopped);
+                    let err = super::errors::ApiError::refused(
+                        &tpslab_engine::serving::engine::Refusal::Stopped,
+                    );
                     this.pending.push_back(frame(&err.body()));
                     this.ended = true;
                     this.guard.done();

@@ -5,7 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tpslab_engine::engine::{Refusal, RefusalKind};
+use tpslab_engine::serving::engine::{Refusal, RefusalKind};
 
 /// Seconds a client is told to wait after a 429.
 pub const RETRY_AFTER_S: u64 = 1;

@@ -8,8 +8,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tpslab_engine::engine::{Event, Usage};
-use tpslab_engine::stop::FinishReason;
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::serving::engine::{Event, Usage};
 
 use super::bridge::{self, SseStream, submit};
 use super::errors::{self, ApiError};

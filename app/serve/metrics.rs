@@ -6,8 +6,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use tpslab_engine::engine::{EngineSnapshot, Event};
-use tpslab_engine::stop::FinishReason;
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::serving::engine::{EngineSnapshot, Event};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

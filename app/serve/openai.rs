@@ -6,12 +6,12 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tpslab_engine::admission::Admission;
-use tpslab_engine::chat::ChatMessage;
-use tpslab_engine::engine::{Request, Usage};
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::stop::FinishReason;
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::serving::admission::Admission;
+use tpslab_engine::serving::engine::{Request, Usage};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::text::chat::ChatMessage;
 
 use super::errors::{ApiError, typed};
 use super::limits::Limits;

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tpslab_engine::engine::EngineHandle;
+use tpslab_engine::serving::engine::EngineHandle;
 
 use super::Command;
 use super::backend::Backend;

@@ -1,13 +1,13 @@
 //! The model library as the window sees it: a thin adapter over the engine's library index
-//! ([`tpslab_engine::library_index`]): listing (models without a manifest are hashed and indexed
+//! ([`tpslab_engine::library::index`]): listing (models without a manifest are hashed and indexed
 //! once, on the scan worker), importing a GGUF or a safetensors folder, and recording a
 //! quantizer output's source. The panels call only these functions.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use tpslab_engine::library_index::ModelEntry;
-use tpslab_engine::library_index::{Library as Index, ModelSource};
+pub use tpslab_engine::library::index::ModelEntry;
+use tpslab_engine::library::index::{Library as Index, ModelSource};
 use tpslab_kernels::WType;
 
 /// What a scan found: the models, and the entries it could not read (shown, not fatal).

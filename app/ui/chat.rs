@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use egui::{Key, Modifiers};
 use serde::{Deserialize, Serialize};
-use tpslab_engine::chat::ChatMessage;
-use tpslab_engine::engine::{EngineHandle, Event, Request};
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::scheduler::RequestId;
+use tpslab_engine::sched::RequestId;
+use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
+use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::text::chat::ChatMessage;
 
 use super::Command;
 use super::backend::Backend;

@@ -2,10 +2,10 @@
 //! tokens, and the live plots beside them ([`super::plots`]).
 
 use serde::{Deserialize, Serialize};
-use tpslab_engine::engine::{EngineSnapshot, Knobs};
-use tpslab_engine::metrics::cost_per_million_output_tokens;
-use tpslab_engine::requant::LIVE_TYPES;
-use tpslab_engine::scheduler::Policy;
+use tpslab_engine::sched::Policy;
+use tpslab_engine::serving::engine::{EngineSnapshot, Knobs};
+use tpslab_engine::serving::metrics::cost_per_million_output_tokens;
+use tpslab_engine::serving::requant::LIVE_TYPES;
 
 const MIB: f64 = (1u64 << 20) as f64;
 

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tpslab_engine::library_index::Library as Index;
+use tpslab_engine::library::index::Library as Index;
 
 use super::task::Reporter;
 use crate::hub::{self, Choice, HubConfig, PullRequest, RepoListing, SearchHit};

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tpslab_engine::engine::{EngineHandle, EngineSnapshot};
-use tpslab_engine::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
+use tpslab_engine::serving::engine::{EngineHandle, EngineSnapshot};
+use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
 
 use crate::remote::RemoteTarget;
-use tpslab_engine::metrics::{BenchSummary, LiveConfig, LiveMetrics, Slo};
+use tpslab_engine::serving::metrics::{BenchSummary, LiveConfig, LiveMetrics, Slo};
 
 /// The load the user asks for (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

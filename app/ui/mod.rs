@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::engine::{EngineSnapshot, Knobs};
+use tpslab_engine::serving::engine::{EngineSnapshot, Knobs};
 use tpslab_kernels::WType;
 
 use backend::{DevicePref, ModelSlot, SlotNews};
@@ -219,7 +219,7 @@ impl TpsApp {
     }
 
     /// The running engine, once the model is loaded.
-    pub fn engine(&self) -> Option<&tpslab_engine::engine::EngineHandle> {
+    pub fn engine(&self) -> Option<&tpslab_engine::serving::engine::EngineHandle> {
         self.backend().map(|b| &b.engine)
     }
 

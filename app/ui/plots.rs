@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use egui_plot::{Corner, GridInput, GridMark, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
-use tpslab_engine::engine::EngineSnapshot;
+use tpslab_engine::serving::engine::EngineSnapshot;
 
 use super::dashboard::{DashSettings, DashView, settings_label};
 use super::load::SweepPoint;

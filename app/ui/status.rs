@@ -1,7 +1,7 @@
 //! The device selector (top bar) and the status bar: the model, the backend the engine reports
 //! (with its fallback note) and memory, weights / KV / activations apart.
 
-use tpslab_engine::engine::EngineSnapshot;
+use tpslab_engine::serving::engine::EngineSnapshot;
 
 use super::Command;
 use super::backend::{DevicePref, ModelSlot};

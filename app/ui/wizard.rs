@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::GgufFile;
-use tpslab_engine::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, PerplexityReport, perplexity};
-use tpslab_engine::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
+use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::quant::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::serving::perplexity::{
+    BUNDLED_TEXT, BUNDLED_TEXT_NAME, PerplexityReport, perplexity,
+};
 use tpslab_kernels::WType;
 
 use super::catalog::{self, size_text};

@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tpslab_engine::engine::{EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request};
-use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::kv::KvCache;
-use tpslab_engine::scheduler::{Policy, SchedulerConfig};
-use tpslab_engine::stop::{FinishReason, StopCriteria};
+use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
+use tpslab_engine::sched::{Policy, SchedulerConfig};
+use tpslab_engine::serving::engine::{
+    EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
+};
+use tpslab_engine::serving::generate::LoadedModel;
 
 fn model() -> Arc<LoadedModel> {
     static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
@@ -199,7 +201,7 @@ fn soak_with_random_cancels_loses_nothing() {
     };
     let e = engine(knobs);
     let base = lm
-        .raw_prompt(tpslab_engine::loadgen::PROMPT_TEXT)
+        .raw_prompt(tpslab_engine::serving::loadgen::PROMPT_TEXT)
         .expect("tokens");
     let mut rng = StdRng::seed_from_u64(11);
     let (tx, rx) = mpsc::channel();

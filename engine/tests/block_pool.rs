@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use tpslab_engine::block_pool::{BlockPool, KvManager, RequestId, hash_block};
+use tpslab_engine::kv::block_pool::{BlockPool, KvManager, RequestId, hash_block};
 
 #[test]
 fn block_pool_evicts_least_recently_freed_and_revives_hits() {

@@ -12,9 +12,9 @@
 //! `namespace`, filtered loops, negative indexing, slicing, `tojson` (with and without indent)
 //! and block whitespace control.
 
-use tpslab_engine::chat::{ChatError, ChatMessage, ChatTemplate};
-use tpslab_engine::gguf::GgufFile;
-use tpslab_engine::tokenizer::Tokenizer;
+use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::text::chat::{ChatError, ChatMessage, ChatTemplate};
+use tpslab_engine::text::tokenizer::Tokenizer;
 
 fn conversation(name: &str) -> Vec<ChatMessage> {
     match name {

@@ -15,13 +15,13 @@ use std::sync::mpsc;
 
 use tpslab_engine::device::cuda::CudaBackend;
 use tpslab_engine::device::{Backend, CpuBackend, DeviceChoice, RowNeed};
-use tpslab_engine::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
-use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::kv::Batch;
 use tpslab_engine::model::arch;
 use tpslab_engine::model::record::Recording;
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::stop::StopCriteria;
+use tpslab_engine::sched::stop::StopCriteria;
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::WType;
 
 /// These tests are ignored by default, with the reason (a machine without a GPU lists them as
@@ -350,7 +350,7 @@ fn precision_switch_on_cuda_matches_a_fresh_engine() {
     let switched: Vec<_> = (0..2)
         .map(|_| run_requests(&engine, (0..3).map(req).collect()))
         .collect();
-    let (q4, _) = tpslab_engine::requant::requantize(&lm, WType::Q4K, 0).unwrap();
+    let (q4, _) = tpslab_engine::serving::requant::requantize(&lm, WType::Q4K, 0).unwrap();
     let fresh = run_requests(&start(&Arc::new(q4)), (0..3).map(req).collect());
     assert_eq!(switched[0], fresh);
     assert_eq!(switched[1], fresh);

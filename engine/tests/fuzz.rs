@@ -15,12 +15,12 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::Value as Json;
-use tpslab_engine::chat::{ChatMessage, ChatTemplate, RenderBudget};
 use tpslab_engine::device::Workspace;
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::{GgmlType, GgufFile, Value};
-use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
+use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
+use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
 use tpslab_engine::kv::{Batch, KvCache};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::text::chat::{ChatMessage, ChatTemplate, RenderBudget};
 use tpslab_kernels::ThreadPool;
 
 #[path = "support/split.rs"]
@@ -294,7 +294,7 @@ fn safetensors_headers() {
                 }
                 let bytes = safetensors_bytes(&h.to_string(), &data);
                 std::fs::write(&path, mutate(&bytes, &bm, 256)).expect("write");
-                if let Ok(f) = tpslab_engine::safetensors::SafetensorsFile::open(&path) {
+                if let Ok(f) = tpslab_engine::formats::safetensors::SafetensorsFile::open(&path) {
                     // What the folder loader does next: look tensors up by name.
                     let _ = (f.tensor("a.weight"), f.tensor("b.weight"));
                 }

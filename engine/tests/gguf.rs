@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use tpslab_engine::gguf::{GgufError, GgufFile};
+use tpslab_engine::formats::gguf::{GgufError, GgufFile};
 use tpslab_engine::library::ensure_default_model;
 
 /// A minimal GGUF writer for building test files byte by byte.

@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::{GgufFile, Value};
-use tpslab_engine::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS, model_files, part_path};
+use tpslab_engine::formats::gguf::{GgufFile, Value};
+use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS, model_files, part_path};
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::library_index::{Library, ModelFormat};
+use tpslab_engine::library::index::{Library, ModelFormat};
+use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_kernels::ThreadPool;
 
 #[path = "support/split.rs"]

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use tpslab_engine::gguf::{GgmlType, GgufFile, Value};
-use tpslab_engine::gguf_write::{GgufWriteError, GgufWriter, TensorDesc, write_gguf};
+use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
+use tpslab_engine::formats::gguf_write::{GgufWriteError, GgufWriter, TensorDesc, write_gguf};
 use tpslab_engine::library::ensure_default_model;
 
 fn tmp(name: &str) -> PathBuf {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
+use tpslab_engine::library::index::{IndexError, Library, ModelFormat, ModelSource};
 use tpslab_engine::library::{self, default_manifest, sha256_file};
-use tpslab_engine::library_index::{IndexError, Library, ModelFormat, ModelSource};
 
 fn default_model() -> PathBuf {
     library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")

@@ -2,7 +2,7 @@
 //! the live sliding-window figures, cost and process memory.
 
 use proptest::prelude::*;
-use tpslab_engine::metrics::{
+use tpslab_engine::serving::metrics::{
     BenchSummary, FinishKind, LiveConfig, LiveMetrics, MetricsError, RequestTiming, Ring, Slo,
     StepStats, cost_per_million_output_tokens, parse_proc_status, percentile, process_rss_bytes,
 };
@@ -455,7 +455,7 @@ fn live_metrics_track_a_small_run() {
     m.reset();
     assert_eq!(
         m.snapshot(11.0),
-        tpslab_engine::metrics::LiveSnapshot {
+        tpslab_engine::serving::metrics::LiveSnapshot {
             t: 11.0,
             window_s: 5.0,
             output_tps_window_s: 5.0,

@@ -4,8 +4,8 @@
 //! llama.cpp builds disagree there too); teacher forcing checks all 96 steps.
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::generate::LoadedModel;
 use tpslab_engine::kv::{Batch, KvCache};
+use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_kernels::ThreadPool;
 
 /// Facts from ../shared/refs/llamacpp_greedy.json (llama.cpp llama-server, greedy, same file).

@@ -3,10 +3,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::GgufFile;
-use tpslab_engine::perplexity::{BUNDLED_TEXT, PerplexityError, perplexity};
-use tpslab_engine::quantize::{QuantizeOptions, plan, quantize_file};
+use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
+use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, PerplexityError, perplexity};
 use tpslab_kernels::WType;
 
 const CTX: usize = 256;

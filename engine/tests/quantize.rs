@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::generate::{LoadedModel, generate};
-use tpslab_engine::gguf::{GgmlType, GgufFile};
+use tpslab_engine::formats::gguf::{GgmlType, GgufFile};
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::quantize::{QuantizeOptions, plan, quantize_file, temp_path};
-use tpslab_engine::sampler::SamplingParams;
+use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file, temp_path};
+use tpslab_engine::serving::generate::{LoadedModel, generate};
+use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::quantize::relative_rms_error;
 use tpslab_kernels::{ThreadPool, WType};
 

@@ -11,7 +11,7 @@ use tpslab_engine::model::arch::{self, ARCHS, Family};
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::ops::{Activation, Buf, Heads, ParamShape, Rope};
 use tpslab_engine::model::record::{Op, Recording};
-use tpslab_engine::synthetic::{ArchSpec, synthetic_weights};
+use tpslab_engine::model::synthetic::{ArchSpec, synthetic_weights};
 use tpslab_kernels::{ThreadPool, WType};
 
 /// A two-layer model of architecture `name` with grouped-query attention, small enough to run.

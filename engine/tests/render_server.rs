@@ -3,7 +3,9 @@
 //! the same limits as a render forked here.
 #![cfg(target_os = "linux")]
 
-use tpslab_engine::chat::{ChatError, ChatMessage, ChatTemplate, Overrun, start_render_server};
+use tpslab_engine::text::chat::{
+    ChatError, ChatMessage, ChatTemplate, Overrun, start_render_server,
+};
 
 #[test]
 fn renders_go_through_the_server_with_the_same_answers_and_limits() {

@@ -15,17 +15,17 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tpslab_engine::chat::ChatMessage;
 use tpslab_engine::device::Workspace;
-use tpslab_engine::generate::{LoadedModel, generate};
-use tpslab_engine::gguf::{GgmlType, GgufFile};
-use tpslab_engine::hf::WEIGHTS_INDEX;
-use tpslab_engine::hf_export::export_folder;
+use tpslab_engine::formats::gguf::{GgmlType, GgufFile};
+use tpslab_engine::formats::hf::WEIGHTS_INDEX;
+use tpslab_engine::formats::safetensors::{SafetensorsFile, StDesc, StWriter};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::config::ModelConfig;
-use tpslab_engine::quantize::{QuantizeOptions, plan, quantize_file};
-use tpslab_engine::safetensors::{SafetensorsFile, StDesc, StWriter};
-use tpslab_engine::sampler::SamplingParams;
+use tpslab_engine::quant::hf_export::export_folder;
+use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
+use tpslab_engine::serving::generate::{LoadedModel, generate};
+use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::text::chat::ChatMessage;
 use tpslab_kernels::{ThreadPool, WType};
 
 const REFS: &str = include_str!("../../tests/data/llamacpp_greedy.json");
@@ -363,7 +363,7 @@ fn same_tokenizer_keys_and_matrices(fv: &GgufFile, gv: &GgufFile) {
         assert!(a.is_some(), "folder has {key}");
         // Token types are I32 in convert_hf_to_gguf's files and may be another integer type
         // in the original; compare values.
-        let ints = |v: Option<&tpslab_engine::gguf::Value>| {
+        let ints = |v: Option<&tpslab_engine::formats::gguf::Value>| {
             v.and_then(|v| v.as_array())
                 .map(|a| a.iter().map(|x| x.as_u64()).collect::<Vec<_>>())
         };

@@ -2,7 +2,7 @@
 //! their sets, greedy is argmax, penalties move choices the expected way, bad logits never panic.
 
 use proptest::prelude::*;
-use tpslab_engine::sampler::{Sampler, SamplingParams, argmax};
+use tpslab_engine::serving::sampler::{Sampler, SamplingParams, argmax};
 
 fn params(temperature: f32) -> SamplingParams {
     SamplingParams {

@@ -5,11 +5,11 @@
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
-use tpslab_engine::scheduler::{
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::sched::{
     Policy, RequestId, RequestStatus, SchedError, SchedRequest, Scheduler, SchedulerConfig,
     SchedulerOutput,
 };
-use tpslab_engine::stop::FinishReason;
 
 // ---------------------------------------------------------------------------------------------
 // The fake model: the K/V of position p is mix(K/V of p-1, token, p), so the value read at the

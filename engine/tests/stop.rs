@@ -4,10 +4,10 @@
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use tpslab_engine::detok::Detokenizer;
-use tpslab_engine::gguf::GgufFile;
-use tpslab_engine::stop::{FinishReason, StopChecker, StopCriteria, StopMatch};
-use tpslab_engine::tokenizer::Tokenizer;
+use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::sched::stop::{FinishReason, StopChecker, StopCriteria, StopMatch};
+use tpslab_engine::text::detok::Detokenizer;
+use tpslab_engine::text::tokenizer::Tokenizer;
 
 fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::generate::{LoadedModel, generate};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::Model;
 use tpslab_engine::model::config::RopeStyle;
+use tpslab_engine::model::synthetic::{self, SyntheticError, arch, matrix_type, synthetic_weights};
 use tpslab_engine::model::weights::Weights;
-use tpslab_engine::sampler::SamplingParams;
-use tpslab_engine::stop::{FinishReason, StopCriteria};
-use tpslab_engine::synthetic::{self, SyntheticError, arch, matrix_type, synthetic_weights};
+use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
+use tpslab_engine::serving::generate::{LoadedModel, generate};
+use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::{ThreadPool, WType};
 
 const ALL: [WType; 9] = WType::ALL;
@@ -116,7 +116,7 @@ fn known_shapes() {
 fn smollm2_matches_the_default_model_file() {
     let path = tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}"))
         .expect("default model");
-    let f = tpslab_engine::gguf::GgufFile::open(path).expect("open the default model");
+    let f = tpslab_engine::formats::gguf::GgufFile::open(path).expect("open the default model");
     let real = tpslab_engine::model::config::ModelConfig::from_gguf(&f).expect("config");
     assert_eq!(arch("smollm2-135m").expect("arch").config, real);
 }

@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tpslab_engine::chat::{ChatError, ChatMessage, ChatTemplate, Overrun, RenderBudget};
-use tpslab_engine::generate::{GenerateError, LoadedModel};
-use tpslab_engine::gguf::Value;
-use tpslab_engine::gguf_write::copy_with_metadata;
+use tpslab_engine::formats::gguf::Value;
+use tpslab_engine::formats::gguf_write::copy_with_metadata;
+use tpslab_engine::serving::generate::{GenerateError, LoadedModel};
+use tpslab_engine::text::chat::{ChatError, ChatMessage, ChatTemplate, Overrun, RenderBudget};
 
 /// Templates that never end on their own (also used by the CLI, server and window tests).
 const NESTED_LOOPS: &str = include_str!("data/runaway/nested_loops.jinja");

@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use tpslab_engine::gguf::{GgufFile, Value};
-use tpslab_engine::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
+use tpslab_engine::formats::gguf::{GgufFile, Value};
+use tpslab_engine::text::tokenizer::{
+    PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError,
+};
 
 fn model_path() -> PathBuf {
     tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
@@ -343,8 +345,8 @@ fn bad_metadata_is_reported_clearly() {
 fn text_pipeline_types_can_move_to_the_engine_thread() {
     fn send_sync<T: Send + Sync + 'static>() {}
     send_sync::<Tokenizer>();
-    send_sync::<tpslab_engine::chat::ChatTemplate>();
-    send_sync::<tpslab_engine::detok::Detokenizer>();
-    send_sync::<tpslab_engine::sampler::Sampler>();
-    send_sync::<tpslab_engine::stop::StopChecker>();
+    send_sync::<tpslab_engine::text::chat::ChatTemplate>();
+    send_sync::<tpslab_engine::text::detok::Detokenizer>();
+    send_sync::<tpslab_engine::serving::sampler::Sampler>();
+    send_sync::<tpslab_engine::sched::stop::StopChecker>();
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tpslab::hub::{self, Choice, HubConfig, HubError, PullProgress, PullRequest};
-use tpslab_engine::library_index::{Library, ModelEntry};
+use tpslab_engine::library::index::{Library, ModelEntry};
 
 use crate::hub_server::{File, HubServer, RepoData};
 

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tpslab_engine::gguf::Value;
+use tpslab_engine::formats::gguf::Value;
 
 /// The templates of engine/tests/data/runaway/ that never end on their own.
 pub const NESTED_LOOPS: &str = include_str!("../../engine/tests/data/runaway/nested_loops.jinja");
@@ -17,7 +17,7 @@ pub fn model_with_template(dir: &Path, template: &str, name: &str) -> PathBuf {
     let default = tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}"))
         .expect("default model");
     let path = dir.join("runaway.gguf");
-    tpslab_engine::gguf_write::copy_with_metadata(
+    tpslab_engine::formats::gguf_write::copy_with_metadata(
         &default,
         &path,
         &[

@@ -13,13 +13,13 @@ use tpslab_kernels::cuda::{AttnGeom, AttnIo, CudaError, DBuf, DevMatrix, GemmScr
 use crate::device::{
     Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
 };
-use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache};
 use crate::model::arch;
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::ops::{Activation, Buf, Heads, Ops, Param, ParamShape, Rope};
 use crate::model::record::{Op, Recording};
 use crate::model::weights::{Linear, Weights};
+use crate::serving::generate::LoadedModel;
 
 /// A CUDA error with what the engine was doing.
 fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {

@@ -12,9 +12,9 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::generate::LoadedModel;
 use crate::kv::{Batch, KvCache, KvError};
 use crate::model::config::ModelConfig;
+use crate::serving::generate::LoadedModel;
 
 pub mod attention;
 pub mod cpu;

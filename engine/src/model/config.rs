@@ -2,7 +2,7 @@
 //! architecture's recipe ([`Family`]) and its RoPE layout, for every architecture in
 //! [`crate::model::arch::ARCHS`].
 
-use crate::gguf::{GgufError, GgufFile};
+use crate::formats::gguf::{GgufError, GgufFile};
 use crate::model::arch::{self, Family};
 
 /// How rotary embeddings pair up the dimensions of a head.

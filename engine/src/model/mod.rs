@@ -8,15 +8,19 @@
 //! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
 //! - [`arch`]: the registered architectures and their recipes.
 //! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
+//! - [`precision`]: a model's weight precision, typed (its matrices' type and any fallback).
+//! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
 
 use std::path::Path;
 
-use crate::gguf::{GgufError, GgufFile};
+use crate::formats::gguf::{GgufError, GgufFile};
 
 pub mod arch;
 pub mod config;
 pub mod ops;
+pub mod precision;
 pub mod record;
+pub mod synthetic;
 pub mod weights;
 
 use config::{ConfigError, ModelConfig};

@@ -6,7 +6,7 @@ use tpslab_kernels::{QMatrix, ThreadPool, WType};
 
 use crate::model::ops::{Param, ParamShape};
 
-use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {

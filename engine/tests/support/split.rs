@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use tpslab_engine::gguf::{GgufFile, Value};
-use tpslab_engine::gguf_split::part_path;
-use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
+use tpslab_engine::formats::gguf::{GgufFile, Value};
+use tpslab_engine::formats::gguf_split::part_path;
+use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
 
 /// `src` as `parts` split parts in memory, `(file name, bytes)`: `{stem}-0000i-of-0000N.gguf`,
 /// part `i` carrying the metadata `split_keys(i)` adds.

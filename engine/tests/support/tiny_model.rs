@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value as Json, json};
-use tpslab_engine::generate::LoadedModel;
-use tpslab_engine::gguf::{GgmlType, Value};
-use tpslab_engine::gguf_write::{TensorDesc, write_gguf};
-use tpslab_engine::safetensors::{StDesc, StWriter};
+use tpslab_engine::formats::gguf::{GgmlType, Value};
+use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
+use tpslab_engine::formats::safetensors::{StDesc, StWriter};
+use tpslab_engine::serving::generate::LoadedModel;
 
 const HIDDEN: u64 = 64;
 const FFN: u64 = 128;
@@ -134,7 +134,7 @@ pub fn tiny_llama(extra: &[(String, Value)]) -> Vec<u8> {
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(258)),
         (
             "tokenizer.chat_template".into(),
-            Value::String(tpslab_engine::chat::CHATML_TEMPLATE.into()),
+            Value::String(tpslab_engine::text::chat::CHATML_TEMPLATE.into()),
         ),
     ];
     md.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
@@ -183,7 +183,7 @@ pub fn tiny_folder(dir: &Path) -> (Json, Json) {
     let descs: Vec<StDesc> = tensors
         .iter()
         .map(|(name, dims, _)| StDesc {
-            name: tpslab_engine::hf::hf_name(name).expect("an HF name"),
+            name: tpslab_engine::formats::hf::hf_name(name).expect("an HF name"),
             dtype: GgmlType::F32,
             // safetensors shapes are row-major: ggml's dims reversed.
             shape: dims.iter().rev().copied().collect(),

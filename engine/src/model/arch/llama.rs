@@ -3,7 +3,7 @@
 //! a SwiGLU feed-forward block; the output projection tied to the embedding when the file has no
 //! `output.weight`.
 
-use crate::gguf::{GgmlType, GgufFile};
+use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, Buf, Heads, Ops, Rope};
 use crate::model::weights::{

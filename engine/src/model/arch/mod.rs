@@ -9,7 +9,7 @@
 //! Adding an architecture is one file with its `load` (tensors by GGUF name) and `forward`
 //! (the recipe), plus its entries in [`ARCHS`] and a [`Family`] variant dispatched below.
 
-use crate::gguf::GgufFile;
+use crate::formats::gguf::GgufFile;
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::ops::Ops;
 use crate::model::weights::{WeightError, Weights};

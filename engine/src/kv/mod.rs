@@ -1,0 +1,180 @@
+//! Paged KV storage and the batch description the forward pass reads it through.
+//!
+//! The cache is a pool of fixed-size blocks per layer; a sequence owns a list of block ids (its
+//! block table) handed out by whoever schedules it. The model writes each new token's K and V
+//! into its slot (`block * block_size + offset`) and attention reads them back through the
+//! block table, so nothing is ever copied when a sequence grows.
+//!
+//! Modules:
+//! - [`block_pool`]: KV block pool (free list, ref counts, prefix-cache hashes) and per-request
+//!   block tables.
+
+pub mod block_pool;
+
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+
+use crate::model::config::ModelConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error(
+        "KV cache of {blocks} blocks x {block_size} tokens does not fit in memory ({bytes} bytes)"
+    )]
+    TooLarge {
+        blocks: usize,
+        block_size: usize,
+        bytes: u128,
+    },
+    #[error("KV block size must be between 1 and 1024, got {0}")]
+    BlockSize(usize),
+    #[error("a KV budget of {budget} bytes holds no block of {block_size} tokens")]
+    NoBlock { budget: usize, block_size: usize },
+}
+
+/// K and V for every layer, `num_blocks * block_size` token slots each, stored as f16 (as
+/// llama.cpp and vLLM do by default: half the memory of f32 for a rounding well below the
+/// activation quantization error).
+#[derive(Debug)]
+pub struct KvCache {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    kv_dim: usize,
+    // Stored as raw f16 bits: `vec![0u16; n]` comes from calloc, so untouched blocks cost no
+    // resident memory until a sequence first writes them.
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
+}
+
+impl KvCache {
+    pub fn bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
+        2 * cfg.n_layers * block_size * cfg.kv_dim() * std::mem::size_of::<f16>()
+    }
+
+    /// How many blocks a memory budget of `bytes` holds.
+    pub fn blocks_for_budget(cfg: &ModelConfig, block_size: usize, bytes: usize) -> usize {
+        bytes / Self::bytes_per_block(cfg, block_size).max(1)
+    }
+
+    /// The pool a budget of `bytes` sizes: its block count, refused when not even one block
+    /// fits. Every place that turns a KV budget into a pool asks this.
+    pub fn pool_for_budget(
+        cfg: &ModelConfig,
+        block_size: usize,
+        bytes: usize,
+    ) -> Result<usize, KvError> {
+        match Self::blocks_for_budget(cfg, block_size.max(1), bytes) {
+            0 => Err(KvError::NoBlock {
+                budget: bytes,
+                block_size,
+            }),
+            n => Ok(n),
+        }
+    }
+
+    /// The budget that holds `tokens` token slots in blocks of `block_size` (the inverse of
+    /// [`Self::pool_for_budget`], for a pool sized to one request).
+    pub fn budget_for_tokens(cfg: &ModelConfig, block_size: usize, tokens: usize) -> usize {
+        Self::bytes_per_block(cfg, block_size).saturating_mul(tokens.div_ceil(block_size.max(1)))
+    }
+
+    pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<Self, KvError> {
+        if block_size == 0 || block_size > 1024 {
+            return Err(KvError::BlockSize(block_size));
+        }
+        let per_layer = num_blocks
+            .checked_mul(block_size)
+            .and_then(|s| s.checked_mul(cfg.kv_dim()))
+            .filter(|&n| n <= isize::MAX as usize / 4)
+            .ok_or(KvError::TooLarge {
+                blocks: num_blocks,
+                block_size,
+                bytes: Self::bytes_per_block(cfg, block_size) as u128 * num_blocks as u128,
+            })?;
+        let alloc = || {
+            (0..cfg.n_layers)
+                .map(|_| vec![0u16; per_layer])
+                .collect::<Vec<_>>()
+        };
+        Ok(Self {
+            block_size,
+            num_blocks,
+            kv_dim: cfg.kv_dim(),
+            k: alloc(),
+            v: alloc(),
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|l| l.len() * 2).sum()
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Stores one token's K and V for `layer` in `slot`.
+    pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
+        self.k[layer][r.clone()]
+            .reinterpret_cast_mut::<f16>()
+            .convert_from_f32_slice(k);
+        self.v[layer][r]
+            .reinterpret_cast_mut::<f16>()
+            .convert_from_f32_slice(v);
+    }
+
+    /// All K and V slots of one layer.
+    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
+        (
+            self.k[layer].reinterpret_cast(),
+            self.v[layer].reinterpret_cast(),
+        )
+    }
+}
+
+/// One forward step's input: every scheduled token of every sequence, flattened.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub positions: Vec<usize>,
+    /// Index into `block_tables` of each token's sequence.
+    pub seq_of: Vec<usize>,
+    /// Block table of each sequence in the batch.
+    pub block_tables: Vec<Vec<u32>>,
+    /// Token indices whose logits are wanted (the last scheduled token of each sequence that
+    /// will sample), in the order the logits rows come back.
+    pub logit_rows: Vec<usize>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Adds `tokens` of sequence `block_table` starting at position `start`; when `logits` is
+    /// set, the last one's logits are computed.
+    pub fn push_seq(&mut self, block_table: Vec<u32>, start: usize, tokens: &[u32], logits: bool) {
+        let s = self.block_tables.len();
+        self.block_tables.push(block_table);
+        for (i, &t) in tokens.iter().enumerate() {
+            self.tokens.push(t);
+            self.positions.push(start + i);
+            self.seq_of.push(s);
+        }
+        if logits && !tokens.is_empty() {
+            self.logit_rows.push(self.tokens.len() - 1);
+        }
+    }
+
+    /// KV slot of token `i`.
+    pub fn slot(&self, i: usize, block_size: usize) -> usize {
+        let pos = self.positions[i];
+        self.block_tables[self.seq_of[i]][pos / block_size] as usize * block_size + pos % block_size
+    }
+}

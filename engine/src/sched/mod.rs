@@ -1,0 +1,724 @@
+//! The continuous-batching scheduler in the shape of vLLM v1: per step, which tokens of which
+//! requests to compute, under a token budget and a sequence cap, over a paged KV pool.
+//!
+//! There is no prefill or decode phase. Each request has `all_tokens` (prompt + generated) and
+//! `num_computed_tokens`; a step gives a request the next tokens it has not computed yet (a
+//! whole prompt, a chunk of one, or the single newest token of a decode). Running requests are
+//! served first, then waiting ones in policy order. When KV blocks run out, the newest running
+//! request (lowest priority under [`Policy::Priority`]) is preempted: its blocks are freed, its
+//! generated tokens kept, and it goes back to the front of the queue to be recomputed later.
+//! Under [`Policy::Priority`] a full batch also makes room, one request per step, for a waiting
+//! request of a strictly better priority than its worst running one (as vLLM v0's priority
+//! scheduling): the window's chats go ahead of its load generator's requests this way.
+//!
+//! Protocol, once per step: `out = schedule()`, run the model on `out`, sample a token for each
+//! [`ScheduledSeq`] with `sample` set, then `update(&out, &sampled)`. Alone, the scheduler ends
+//! a request at its `max_tokens`; the engine instead passes its stop checker to
+//! [`Scheduler::update_with`], which then decides every ending (stop token, stop string,
+//! length) in one place. Everything here is plain data and deterministic; there are no threads
+//! and no model.
+//!
+//! Chunked prefill off: a waiting request starts only if everything it has left to compute fits
+//! the step's remaining budget. One that could never fit (more tokens left than
+//! `max_num_batched_tokens`: a long prompt, or a long request recomputed after preemption)
+//! starts when it is first in line and nothing else has been scheduled in the step, and then
+//! proceeds in budget-sized chunks. Such requests are therefore accepted, never refused, and the
+//! budget is never exceeded.
+
+//!
+//! Modules:
+//! - [`stop`]: stop tokens, stop strings and token limits; finish reasons (the one owner of when
+//!   a sequence ends).
+
+pub mod stop;
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub use crate::kv::block_pool::RequestId;
+use crate::kv::block_pool::{BlockId, KvManager};
+use crate::sched::stop::FinishReason;
+use crate::serving::admission::{KvNeverFits, KvPool};
+
+/// The order waiting requests start in, and which running request is preempted first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Policy {
+    /// First come, first served; the newest arrival is preempted first.
+    #[default]
+    Fcfs,
+    /// Lower `priority` value first, then arrival; the highest value (newest among equals) is
+    /// preempted first.
+    Priority,
+}
+
+/// Batching knobs; all of them may change while the engine runs ([`Scheduler::set_config`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SchedulerConfig {
+    /// Most requests running at once (the batch size).
+    pub max_num_seqs: usize,
+    /// Most tokens computed in one step, over all requests.
+    pub max_num_batched_tokens: usize,
+    /// Split long prompts across steps so decodes keep flowing beside them.
+    pub chunked_prefill: bool,
+    /// Reuse computed KV blocks of identical prompt prefixes.
+    pub prefix_caching: bool,
+    pub policy: Policy,
+    /// Load shedding: refuse new requests while this many wait. `None` = unbounded.
+    pub max_waiting: Option<usize>,
+}
+
+impl Default for SchedulerConfig {
+    /// vLLM-like defaults sized for a desktop machine.
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            chunked_prefill: true,
+            prefix_caching: true,
+            policy: Policy::Fcfs,
+            max_waiting: None,
+        }
+    }
+}
+
+/// A request as the scheduler sees it: token ids only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedRequest {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    /// The most tokens it generates: what its KV blocks are reserved for (admission and
+    /// `rebuild_pool` check it fits), and where [`Scheduler::update`] ends it with
+    /// [`FinishReason::Length`]. Under [`Scheduler::update_with`] the caller's stop checker,
+    /// given the same admitted number, says when it ends.
+    pub max_tokens: usize,
+    /// Lower runs first under [`Policy::Priority`]; ignored under FCFS.
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SchedError {
+    #[error("server busy: {max_waiting} requests already waiting")]
+    QueueFull { max_waiting: usize },
+    #[error("request id {0} is already queued or running")]
+    DuplicateId(RequestId),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("{}", KvNeverFits { tokens: *tokens, needed_blocks: *needed_blocks, num_blocks: *num_blocks })]
+    TooLong {
+        tokens: usize,
+        needed_blocks: usize,
+        num_blocks: usize,
+    },
+    #[error("invalid scheduler setting: {0}")]
+    InvalidConfig(String),
+}
+
+impl From<KvNeverFits> for SchedError {
+    fn from(e: KvNeverFits) -> Self {
+        Self::TooLong {
+            tokens: e.tokens,
+            needed_blocks: e.needed_blocks,
+            num_blocks: e.num_blocks,
+        }
+    }
+}
+
+/// A token just appended to a request in [`Scheduler::update_with`], for the caller's decision
+/// whether the request ends with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub id: RequestId,
+    pub token: u32,
+    /// Generated tokens now, this one included.
+    pub generated: usize,
+    /// The request's `max_tokens`.
+    pub max_tokens: usize,
+}
+
+/// Where a live request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    Waiting,
+    Running,
+}
+
+/// One sequence's share of a step: compute `tokens` at positions `start_pos..`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub id: RequestId,
+    pub start_pos: usize,
+    pub tokens: Vec<u32>,
+    /// Covers at least positions `0..start_pos + tokens.len()`.
+    pub block_table: Vec<BlockId>,
+    /// After this step every known token of the request is computed, so the last position's
+    /// logits give its next token: sample one and pass it to [`Scheduler::update`].
+    pub sample: bool,
+}
+
+/// One step's plan, as plain data.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedulerOutput {
+    /// Running requests first (oldest / most urgent first), then newly started ones.
+    pub scheduled: Vec<ScheduledSeq>,
+    /// Requests preempted in this step (back in the queue, to be recomputed).
+    pub preempted: Vec<RequestId>,
+    /// Total tokens in `scheduled`.
+    pub num_batched_tokens: usize,
+}
+
+impl SchedulerOutput {
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+}
+
+/// Counters for the dashboard, read after any step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_used_blocks: usize,
+    pub kv_total_blocks: usize,
+    pub kv_block_size: usize,
+    /// Blocks registered in the prefix cache (in use or free but still reusable).
+    pub kv_cached_blocks: usize,
+    pub preemptions_total: u64,
+    /// Prefix cache: prompt tokens looked up, and of those found computed (vLLM's counters).
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    /// Sequences and tokens in the last step.
+    pub last_step_seqs: usize,
+    pub last_step_tokens: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    all_tokens: Vec<u32>,
+    num_prompt_tokens: usize,
+    max_tokens: usize,
+    priority: i32,
+    arrival: u64,
+    num_computed_tokens: usize,
+    status: RequestStatus,
+}
+
+impl Request {
+    fn num_generated(&self) -> usize {
+        self.all_tokens.len() - self.num_prompt_tokens
+    }
+}
+
+/// The scheduler; see the module docs for the step protocol.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvManager,
+    reqs: HashMap<RequestId, Request>,
+    waiting: VecDeque<RequestId>,
+    /// Kept sorted by preemption order at the start of each step (see `sort_running`).
+    running: Vec<RequestId>,
+    next_arrival: u64,
+    preemptions_total: u64,
+    last_step: (usize, usize),
+}
+
+fn check_config(c: &SchedulerConfig) -> Result<(), SchedError> {
+    if c.max_num_seqs == 0 {
+        return Err(SchedError::InvalidConfig(
+            "max_num_seqs must be at least 1".into(),
+        ));
+    }
+    if c.max_num_batched_tokens == 0 {
+        return Err(SchedError::InvalidConfig(
+            "max_num_batched_tokens must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_pool(num_blocks: usize, block_size: usize) -> Result<(), SchedError> {
+    if num_blocks == 0 || block_size == 0 {
+        return Err(SchedError::InvalidConfig(format!(
+            "KV pool needs at least one block of at least one token (got {num_blocks} x {block_size})"
+        )));
+    }
+    if num_blocks >= u32::MAX as usize {
+        return Err(SchedError::InvalidConfig(format!(
+            "{num_blocks} KV blocks is too many"
+        )));
+    }
+    Ok(())
+}
+
+impl Scheduler {
+    pub fn new(
+        config: SchedulerConfig,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, SchedError> {
+        check_config(&config)?;
+        check_pool(num_blocks, block_size)?;
+        Ok(Self {
+            kv: KvManager::new(num_blocks, block_size, config.prefix_caching),
+            config,
+            reqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_arrival: 0,
+            preemptions_total: 0,
+            last_step: (0, 0),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// New knobs, effective from the next [`Self::schedule`]. Requests already admitted are
+    /// kept even if they exceed a lowered `max_num_seqs` (only that many are scheduled per
+    /// step) or `max_waiting`.
+    pub fn set_config(&mut self, config: SchedulerConfig) -> Result<(), SchedError> {
+        check_config(&config)?;
+        self.kv.set_prefix_caching(config.prefix_caching);
+        self.config = config;
+        Ok(())
+    }
+
+    /// The KV pool's bookkeeping (block tables, reference counts), read-only.
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    /// Replaces the KV pool with `num_blocks` blocks of `block_size` tokens (the KV budget or
+    /// block size changed; the caller rebuilds its `KvCache` to match). Every running request
+    /// is preempted first (it keeps its tokens and is recomputed in the new pool) and the
+    /// prefix cache starts empty. Waiting requests that can no longer fit at all are finished
+    /// with [`FinishReason::Abort`] and returned. Call it between an `update` and the next
+    /// `schedule`, never with a step in flight.
+    pub fn rebuild_pool(
+        &mut self,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Vec<RequestId>, SchedError> {
+        check_pool(num_blocks, block_size)?;
+        self.sort_running();
+        while let Some(id) = self.running.pop() {
+            self.requeue_front(id);
+        }
+        let stats = self.kv.prefix_cache_stats();
+        self.kv = KvManager::new(num_blocks, block_size, self.config.prefix_caching);
+        self.kv.restore_prefix_cache_stats(stats);
+        let too_long: Vec<RequestId> = self
+            .waiting
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.reqs
+                    .get(id)
+                    .is_some_and(|r| self.fit_check(r.num_prompt_tokens, r.max_tokens).is_err())
+            })
+            .collect();
+        self.finish(&too_long, FinishReason::Abort);
+        Ok(too_long)
+    }
+
+    /// The KV pool's shape (what [`crate::serving::admission::Admission`] checks requests against).
+    pub fn kv_pool(&self) -> KvPool {
+        KvPool {
+            num_blocks: self.kv.pool().num_blocks(),
+            block_size: self.kv.block_size(),
+        }
+    }
+
+    /// Refuses requests that could never complete in the pool (the rule is
+    /// [`KvPool::fit`]'s, the one admission applies).
+    fn fit_check(&self, prompt_len: usize, max_tokens: usize) -> Result<(), SchedError> {
+        self.kv_pool().fit(prompt_len, max_tokens)?;
+        Ok(())
+    }
+
+    /// Queues a request. Refused (and not queued) when the queue is at `max_waiting`, the id
+    /// is live already, the prompt is empty, `max_tokens` is 0, or it could never fit the pool.
+    /// The engine admits requests itself and queues them with [`Self::add_admitted`]; this is
+    /// for callers that drive the scheduler alone.
+    pub fn add_request(&mut self, req: SchedRequest) -> Result<(), SchedError> {
+        self.check_queue(&req)?;
+        if req.prompt.is_empty() {
+            return Err(SchedError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(SchedError::ZeroMaxTokens);
+        }
+        self.fit_check(req.prompt.len(), req.max_tokens)?;
+        self.insert(req);
+        Ok(())
+    }
+
+    /// Queues a request already admitted ([`crate::serving::admission::Admission::check`] against this
+    /// pool): only the queue's state can refuse it.
+    pub fn add_admitted(&mut self, req: SchedRequest) -> Result<(), SchedError> {
+        self.check_queue(&req)?;
+        debug_assert!(
+            !req.prompt.is_empty()
+                && req.max_tokens > 0
+                && self.fit_check(req.prompt.len(), req.max_tokens).is_ok(),
+            "request {} was not admitted against this pool",
+            req.id
+        );
+        self.insert(req);
+        Ok(())
+    }
+
+    /// Load shedding and id reuse: what refuses a request however well-formed it is.
+    fn check_queue(&self, req: &SchedRequest) -> Result<(), SchedError> {
+        if let Some(max_waiting) = self.config.max_waiting
+            && self.waiting.len() >= max_waiting
+        {
+            return Err(SchedError::QueueFull { max_waiting });
+        }
+        if self.reqs.contains_key(&req.id) {
+            return Err(SchedError::DuplicateId(req.id));
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, req: SchedRequest) {
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        self.reqs.insert(
+            req.id,
+            Request {
+                num_prompt_tokens: req.prompt.len(),
+                all_tokens: req.prompt,
+                max_tokens: req.max_tokens,
+                priority: req.priority,
+                arrival,
+                num_computed_tokens: 0,
+                status: RequestStatus::Waiting,
+            },
+        );
+        self.waiting.push_back(req.id);
+    }
+
+    /// Preemption order key: the greatest is preempted first, the least is served first.
+    fn order_key(&self, id: RequestId) -> (i32, u64) {
+        let r = self.reqs.get(&id);
+        let arrival = r.map_or(u64::MAX, |r| r.arrival);
+        match self.config.policy {
+            Policy::Fcfs => (0, arrival),
+            Policy::Priority => (r.map_or(i32::MAX, |r| r.priority), arrival),
+        }
+    }
+
+    /// Keeps `running` in service order, so the preemption victim (the last) is never a
+    /// request already scheduled earlier in the same step.
+    fn sort_running(&mut self) {
+        let mut running = std::mem::take(&mut self.running);
+        running.sort_by_key(|&id| self.order_key(id));
+        self.running = running;
+    }
+
+    /// Frees `id`'s blocks and queues it first for recompute; its tokens are kept.
+    fn requeue_front(&mut self, id: RequestId) {
+        self.kv.free(id);
+        if let Some(r) = self.reqs.get_mut(&id) {
+            r.num_computed_tokens = 0;
+            r.status = RequestStatus::Waiting;
+        }
+        self.waiting.push_front(id);
+    }
+
+    /// Preempts `id` (already out of `running`) in this step: requeued, counted, reported.
+    fn preempt(&mut self, id: RequestId, out: &mut SchedulerOutput) {
+        self.requeue_front(id);
+        self.preemptions_total += 1;
+        out.preempted.push(id);
+    }
+
+    fn scheduled_seq(&self, id: RequestId, start: usize, n: usize) -> ScheduledSeq {
+        let tokens = self
+            .reqs
+            .get(&id)
+            .map_or(&[][..], |r| &r.all_tokens[start..start + n]);
+        let len = self.reqs.get(&id).map_or(0, |r| r.all_tokens.len());
+        ScheduledSeq {
+            id,
+            start_pos: start,
+            tokens: tokens.to_vec(),
+            block_table: self.kv.block_table(id).to_vec(),
+            sample: start + n == len,
+        }
+    }
+
+    /// Plans the next step: running requests first, then waiting ones. See the module docs.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        self.sort_running();
+        self.preempt_for_priority(&mut out);
+        let for_priority = out.preempted.len();
+        self.schedule_running(&mut out, &mut budget);
+        // As vLLM: a step that had to preempt for KV blocks admits nobody, or it would thrash.
+        // A slot freed for a better priority is taken in the same step.
+        if out.preempted.len() == for_priority {
+            self.schedule_waiting(&mut out, &mut budget);
+        }
+        out.num_batched_tokens = out.scheduled.iter().map(|s| s.tokens.len()).sum();
+        self.last_step = (out.scheduled.len(), out.num_batched_tokens);
+        out
+    }
+
+    /// Under [`Policy::Priority`], with every batch slot taken: preempts the worst running
+    /// request when the best waiting one has a strictly lower priority value, so that one can
+    /// start in this step. Equal priorities never preempt each other, so this cannot thrash.
+    fn preempt_for_priority(&mut self, out: &mut SchedulerOutput) {
+        if self.config.policy != Policy::Priority || self.running.len() < self.config.max_num_seqs {
+            return;
+        }
+        let (Some(idx), Some(&worst)) = (self.next_waiting(), self.running.last()) else {
+            return;
+        };
+        if self.order_key(self.waiting[idx]).0 < self.order_key(worst).0 {
+            self.running.pop();
+            self.preempt(worst, out);
+        }
+    }
+
+    fn schedule_running(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
+        let mut i = 0;
+        while i < self.running.len()
+            && *budget > 0
+            && out.scheduled.len() < self.config.max_num_seqs
+        {
+            let id = self.running[i];
+            let Some(r) = self.reqs.get(&id) else {
+                self.running.remove(i);
+                continue;
+            };
+            let start = r.num_computed_tokens;
+            let n = (r.all_tokens.len() - start).min(*budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            // Free blocks by preempting from the back until this request fits, or it is
+            // the back itself.
+            let scheduled = loop {
+                if self.kv.allocate_slots(id, start + n, &[]).is_some() {
+                    break true;
+                }
+                let Some(victim) = self.running.pop() else {
+                    break false;
+                };
+                self.preempt(victim, out);
+                if victim == id {
+                    break false;
+                }
+            };
+            if !scheduled {
+                break;
+            }
+            out.scheduled.push(self.scheduled_seq(id, start, n));
+            *budget -= n;
+            i += 1;
+        }
+    }
+
+    /// Index in `waiting` of the next request to start under the policy.
+    fn next_waiting(&self) -> Option<usize> {
+        match self.config.policy {
+            Policy::Fcfs => (!self.waiting.is_empty()).then_some(0),
+            Policy::Priority => (0..self.waiting.len()).min_by_key(|&i| {
+                let id = self.waiting[i];
+                (self.order_key(id), i)
+            }),
+        }
+    }
+
+    fn schedule_waiting(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
+        while *budget > 0
+            && self.running.len() < self.config.max_num_seqs
+            && out.scheduled.len() < self.config.max_num_seqs
+        {
+            let Some(idx) = self.next_waiting() else {
+                break;
+            };
+            let id = self.waiting[idx];
+            let Some(r) = self.reqs.get(&id) else {
+                self.waiting.remove(idx);
+                continue;
+            };
+            let (hit_blocks, hit_tokens) = self.kv.computed_blocks(&r.all_tokens);
+            let total = r.all_tokens.len();
+            let left = total - hit_tokens;
+            if !self.config.chunked_prefill && left > *budget {
+                // Only a request that can never fit whole may go in chunks, and only as the
+                // step's first entry (see the module docs).
+                let untouched = *budget == self.config.max_num_batched_tokens;
+                if !(left > self.config.max_num_batched_tokens && untouched) {
+                    break;
+                }
+            }
+            let n = left.min(*budget);
+            if self
+                .kv
+                .allocate_slots(id, hit_tokens + n, &hit_blocks)
+                .is_none()
+            {
+                break;
+            }
+            self.kv.record_prefix_query(total, hit_tokens);
+            self.waiting.remove(idx);
+            if let Some(r) = self.reqs.get_mut(&id) {
+                r.num_computed_tokens = hit_tokens;
+                r.status = RequestStatus::Running;
+            }
+            self.running.push(id);
+            out.scheduled.push(self.scheduled_seq(id, hit_tokens, n));
+            *budget -= n;
+        }
+    }
+
+    /// Applies a step's results: advances each scheduled request by what it computed,
+    /// registers its newly full blocks in the prefix cache and appends its sampled token.
+    /// Returns the requests that reached `max_tokens`, already finished with `Length`.
+    ///
+    /// Entries of requests finished (or preempted by `rebuild_pool`) since `schedule` are
+    /// ignored, as are sampled tokens for requests that did not ask for one. A request that
+    /// asked for a token but got none recomputes its last position next step.
+    pub fn update(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+    ) -> Vec<(RequestId, FinishReason)> {
+        self.update_with(out, sampled, |a| {
+            (a.generated >= a.max_tokens).then_some(FinishReason::Length)
+        })
+    }
+
+    /// As [`Self::update`], but whether a request ends with the token just appended, and why,
+    /// is `ends`'s to say (the engine's stop checker: stop tokens, stop strings and
+    /// `max_tokens` in one place); it is asked once per appended token, in step order. The
+    /// requests it ends are finished here and returned with its reason. It must end each one by
+    /// its `max_tokens`, the most the request was admitted to the pool for.
+    pub fn update_with(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+        mut ends: impl FnMut(Appended) -> Option<FinishReason>,
+    ) -> Vec<(RequestId, FinishReason)> {
+        let sampled: HashMap<RequestId, u32> = sampled.iter().copied().collect();
+        let mut done = Vec::new();
+        for s in &out.scheduled {
+            let Some(r) = self.reqs.get_mut(&s.id) else {
+                continue;
+            };
+            if r.status != RequestStatus::Running || r.num_computed_tokens != s.start_pos {
+                continue;
+            }
+            r.num_computed_tokens = (s.start_pos + s.tokens.len()).min(r.all_tokens.len());
+            self.kv
+                .cache_blocks(s.id, &r.all_tokens, r.num_computed_tokens);
+            if !s.sample {
+                continue;
+            }
+            match sampled.get(&s.id) {
+                Some(&token) if r.num_computed_tokens == r.all_tokens.len() => {
+                    r.all_tokens.push(token);
+                    let a = Appended {
+                        id: s.id,
+                        token,
+                        generated: r.num_generated(),
+                        max_tokens: r.max_tokens,
+                    };
+                    debug_assert!(a.generated <= a.max_tokens, "{a:?} runs past max_tokens");
+                    if let Some(reason) = ends(a) {
+                        done.push((s.id, reason));
+                    }
+                }
+                // Without a token there are no logits for the next step to extend from.
+                _ => r.num_computed_tokens = r.num_computed_tokens.saturating_sub(1),
+            }
+        }
+        for &(id, reason) in &done {
+            self.finish(&[id], reason);
+        }
+        done
+    }
+
+    /// Ends requests (stop, length, abort), freeing their blocks; unknown ids are ignored.
+    /// Returns the ids that were live. The reason is the caller's to report; it does not change
+    /// what is freed.
+    pub fn finish(&mut self, ids: &[RequestId], _reason: FinishReason) -> Vec<RequestId> {
+        let mut removed = Vec::new();
+        for &id in ids {
+            let Some(r) = self.reqs.remove(&id) else {
+                continue;
+            };
+            match r.status {
+                RequestStatus::Running => self.running.retain(|&x| x != id),
+                RequestStatus::Waiting => self.waiting.retain(|&x| x != id),
+            }
+            self.kv.free(id);
+            removed.push(id);
+        }
+        removed
+    }
+
+    pub fn status(&self, id: RequestId) -> Option<RequestStatus> {
+        self.reqs.get(&id).map(|r| r.status)
+    }
+
+    /// Prompt plus generated tokens of a live request.
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        self.reqs.get(&id).map(|r| &r.all_tokens[..])
+    }
+
+    /// Generated tokens of a live request.
+    pub fn generated(&self, id: RequestId) -> Option<&[u32]> {
+        self.reqs
+            .get(&id)
+            .map(|r| &r.all_tokens[r.num_prompt_tokens..])
+    }
+
+    pub fn num_computed_tokens(&self, id: RequestId) -> Option<usize> {
+        self.reqs.get(&id).map(|r| r.num_computed_tokens)
+    }
+
+    /// Waiting requests, next to start first under FCFS (queue order).
+    pub fn waiting_ids(&self) -> Vec<RequestId> {
+        self.waiting.iter().copied().collect()
+    }
+
+    pub fn running_ids(&self) -> Vec<RequestId> {
+        self.running.clone()
+    }
+
+    /// True while any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.reqs.is_empty()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        let (used, total) = self.kv.usage();
+        let pc = self.kv.prefix_cache_stats();
+        SchedulerStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_used_blocks: used,
+            kv_total_blocks: total,
+            kv_block_size: self.kv.block_size(),
+            kv_cached_blocks: self.kv.pool().num_cached(),
+            preemptions_total: self.preemptions_total,
+            prefix_cache_queries: pc.queries,
+            prefix_cache_hits: pc.hits,
+            last_step_seqs: self.last_step.0,
+            last_step_tokens: self.last_step.1,
+        }
+    }
+}

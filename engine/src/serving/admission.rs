@@ -1,0 +1,381 @@
+//! Admission: the one check a [`Request`] passes before the engine takes it (prompt, context,
+//! `max_tokens`, vocabulary, sampling, KV pool), the typed [`Refusal`] every front end shows
+//! (the window, the CLI, the server's 4xx/5xx), and the `max_tokens` the request then runs under.
+//!
+//! The engine thread calls [`Admission::check`] once per submitted request; what it admits the
+//! scheduler trusts. A front end that must size something before there is an engine (the
+//! single-request path sizes its KV pool) asks [`Admission::for_model`] the same question.
+
+use serde::Serialize;
+
+use crate::model::config::ModelConfig;
+use crate::sched::SchedError;
+use crate::serving::request::Request;
+use crate::serving::sampler::SamplingError;
+
+/// Why a request was refused, for callers that map it (the server: 429, 400, 503).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RefusalKind {
+    /// The waiting queue is at its limit (load shedding): try again later.
+    Busy,
+    /// The prompt (plus at least one output token) cannot fit the context or the KV pool.
+    TooLong,
+    /// Bad parameters or an empty prompt.
+    Invalid,
+    /// The engine has stopped or failed on the step that carried the request.
+    Unavailable,
+}
+
+/// A request the KV pool can never hold whole: the K/V of every token but the last generated
+/// one must fit at once, or the request could never complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "request needs {needed_blocks} KV blocks ({tokens} tokens) but the cache has only \
+     {num_blocks}; shorten the prompt or max_tokens, or enlarge the KV budget"
+)]
+pub struct KvNeverFits {
+    pub tokens: usize,
+    pub needed_blocks: usize,
+    pub num_blocks: usize,
+}
+
+/// Why a request is not (or no longer) run. Its message is what the user reads, in the window,
+/// on the command line and in the server's error body alike.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// vLLM's wording, which OpenAI clients recognise.
+    #[error(
+        "This model's maximum context length is {context} tokens. However, you requested {} \
+         tokens ({prompt} in the prompt, {max_tokens} for the completion). Please reduce the \
+         length of the prompt or max_tokens.", prompt.saturating_add(*max_tokens)
+    )]
+    PastContext {
+        prompt: usize,
+        max_tokens: usize,
+        context: usize,
+    },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    /// A tokenizer may know more ids than the model embeds; such an id would fail the whole
+    /// batch step it lands in.
+    #[error("prompt token {index} has id {id}, outside the model's vocabulary of {vocab} tokens")]
+    OutOfVocab { index: usize, id: u32, vocab: usize },
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    KvNeverFits(#[from] KvNeverFits),
+    /// The scheduler's queue state refused it (load shedding).
+    #[error(transparent)]
+    Scheduler(#[from] SchedError),
+    #[error("the engine has stopped")]
+    Stopped,
+    /// The forward pass carrying the request failed.
+    #[error("engine error: {0}")]
+    Failed(String),
+    /// Another server's refusal, as its answer said (a remote load-test target).
+    #[error("{message}")]
+    Remote { kind: RefusalKind, message: String },
+}
+
+impl Refusal {
+    pub fn kind(&self) -> RefusalKind {
+        match self {
+            Self::EmptyPrompt
+            | Self::ZeroMaxTokens
+            | Self::OutOfVocab { .. }
+            | Self::Sampling(_) => RefusalKind::Invalid,
+            Self::PastContext { .. } | Self::KvNeverFits(_) => RefusalKind::TooLong,
+            Self::Scheduler(e) => match e {
+                SchedError::QueueFull { .. } => RefusalKind::Busy,
+                SchedError::TooLong { .. } => RefusalKind::TooLong,
+                _ => RefusalKind::Invalid,
+            },
+            Self::Stopped | Self::Failed(_) => RefusalKind::Unavailable,
+            Self::Remote { kind, .. } => *kind,
+        }
+    }
+}
+
+/// A KV pool's shape as admission sees it: blocks of `block_size` token slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvPool {
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+impl KvPool {
+    /// Token slots in the whole pool: the most any one request can have computed at once.
+    pub fn tokens(&self) -> usize {
+        self.num_blocks.saturating_mul(self.block_size)
+    }
+
+    /// Whether a request of `prompt_len` tokens generating up to `max_tokens` can complete in
+    /// the pool (see [`KvNeverFits`]).
+    pub fn fit(&self, prompt_len: usize, max_tokens: usize) -> Result<(), KvNeverFits> {
+        let tokens = prompt_len.saturating_add(max_tokens.saturating_sub(1));
+        let needed_blocks = tokens.div_ceil(self.block_size.max(1));
+        if needed_blocks > self.num_blocks {
+            return Err(KvNeverFits {
+                tokens,
+                needed_blocks,
+                num_blocks: self.num_blocks,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a request is checked against: the model's context and vocabulary, and the KV pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub context_len: usize,
+    /// Rows of the embedding: the token ids the model can take.
+    pub vocab: usize,
+    /// `None` before a pool is sized (to size one for a request).
+    pub pool: Option<KvPool>,
+}
+
+/// An admitted request's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// Generated tokens after which it ends with `FinishReason::Length`: the request's own, or
+    /// when it gave none as many as fit the context and the KV pool.
+    pub max_tokens: usize,
+}
+
+impl Admission {
+    /// The model's limits alone (no KV pool yet).
+    pub fn for_model(cfg: &ModelConfig) -> Self {
+        Self {
+            context_len: cfg.context_len,
+            vocab: cfg.vocab,
+            pool: None,
+        }
+    }
+
+    /// The model's limits and a KV pool.
+    pub fn with_pool(cfg: &ModelConfig, pool: KvPool) -> Self {
+        Self {
+            pool: Some(pool),
+            ..Self::for_model(cfg)
+        }
+    }
+
+    /// Admits `req` with the `max_tokens` it will run under, or says why not. A `max_tokens`
+    /// that does not fit the context is refused, never cut short (as vLLM and OpenAI do).
+    pub fn check(&self, req: &Request) -> Result<Admitted, Refusal> {
+        let (prompt, ctx) = (req.prompt.len(), self.context_len);
+        if prompt == 0 {
+            return Err(Refusal::EmptyPrompt);
+        }
+        let asked = req.stop.max_tokens;
+        if asked == Some(0) {
+            return Err(Refusal::ZeroMaxTokens);
+        }
+        // At least one token must fit after the prompt.
+        let wanted = asked.unwrap_or(1);
+        if prompt.saturating_add(wanted) > ctx {
+            return Err(Refusal::PastContext {
+                prompt,
+                max_tokens: wanted,
+                context: ctx,
+            });
+        }
+        if let Some((index, &id)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= self.vocab)
+        {
+            return Err(Refusal::OutOfVocab {
+                index,
+                id,
+                vocab: self.vocab,
+            });
+        }
+        req.sampling.validate()?;
+        let room = ctx - prompt;
+        let max_tokens = match (asked, self.pool) {
+            (Some(m), _) => m,
+            (None, None) => room,
+            // Omitted: as much as fits the context and the pool (the last token sampled needs
+            // no slot). A context larger than the pool is no reason to refuse; a prompt larger
+            // than the pool still is, below.
+            (None, Some(pool)) => room.min(pool.tokens().saturating_sub(prompt) + 1),
+        };
+        if let Some(pool) = self.pool {
+            pool.fit(prompt, max_tokens)?;
+        }
+        Ok(Admitted { max_tokens })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::stop::StopCriteria;
+    use crate::serving::sampler::SamplingParams;
+
+    fn admission(pool: Option<KvPool>) -> Admission {
+        Admission {
+            context_len: 100,
+            vocab: 50,
+            pool,
+        }
+    }
+
+    fn req(prompt: Vec<u32>, max_tokens: Option<usize>) -> Request {
+        Request {
+            prompt,
+            stop: StopCriteria::new(max_tokens, Vec::new()),
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn each_refusal_with_its_kind() {
+        let pool = KvPool {
+            num_blocks: 4,
+            block_size: 4,
+        };
+        let a = admission(Some(pool));
+        let cases = [
+            (
+                req(vec![], Some(4)),
+                Refusal::EmptyPrompt,
+                RefusalKind::Invalid,
+            ),
+            (
+                req(vec![1], Some(0)),
+                Refusal::ZeroMaxTokens,
+                RefusalKind::Invalid,
+            ),
+            (
+                req(vec![1; 100], None),
+                Refusal::PastContext {
+                    prompt: 100,
+                    max_tokens: 1,
+                    context: 100,
+                },
+                RefusalKind::TooLong,
+            ),
+            (
+                req(vec![1; 10], Some(91)),
+                Refusal::PastContext {
+                    prompt: 10,
+                    max_tokens: 91,
+                    context: 100,
+                },
+                RefusalKind::TooLong,
+            ),
+            (
+                req(vec![1, 2, 50, 60], Some(2)),
+                Refusal::OutOfVocab {
+                    index: 2,
+                    id: 50,
+                    vocab: 50,
+                },
+                RefusalKind::Invalid,
+            ),
+            (
+                req(vec![1; 10], Some(8)),
+                Refusal::KvNeverFits(KvNeverFits {
+                    tokens: 17,
+                    needed_blocks: 5,
+                    num_blocks: 4,
+                }),
+                RefusalKind::TooLong,
+            ),
+            (
+                req(vec![1; 17], None),
+                Refusal::KvNeverFits(KvNeverFits {
+                    tokens: 17,
+                    needed_blocks: 5,
+                    num_blocks: 4,
+                }),
+                RefusalKind::TooLong,
+            ),
+        ];
+        for (r, refusal, kind) in cases {
+            let got = a.check(&r).expect_err("refused");
+            assert_eq!(got, refusal, "{got}");
+            assert_eq!(got.kind(), kind, "{got}");
+        }
+        let hot = Request {
+            sampling: SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::default()
+            },
+            ..req(vec![1], Some(1))
+        };
+        let e = a.check(&hot).expect_err("bad temperature");
+        assert!(
+            matches!(&e, Refusal::Sampling(s) if s.name == "temperature"),
+            "{e}"
+        );
+        assert_eq!(e.kind(), RefusalKind::Invalid);
+    }
+
+    #[test]
+    fn max_tokens_is_decided_here() {
+        let pool = KvPool {
+            num_blocks: 4,
+            block_size: 4,
+        };
+        // Exactly the pool: 10 + 7 - 1 = 16 slots.
+        let a = admission(Some(pool));
+        assert_eq!(
+            a.check(&req(vec![1; 10], Some(7))).map(|x| x.max_tokens),
+            Ok(7)
+        );
+        // Omitted: what the pool holds, plus the last token sampled.
+        assert_eq!(
+            a.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
+            Ok(7)
+        );
+        // Omitted with no pool, or a pool past the context: the context's room.
+        let none = admission(None);
+        assert_eq!(
+            none.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
+            Ok(90)
+        );
+        let big = admission(Some(KvPool {
+            num_blocks: 1000,
+            block_size: 16,
+        }));
+        assert_eq!(
+            big.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
+            Ok(90)
+        );
+        // The whole context, exactly.
+        assert_eq!(
+            none.check(&req(vec![1; 10], Some(90)))
+                .map(|x| x.max_tokens),
+            Ok(90)
+        );
+    }
+
+    #[test]
+    fn messages_name_the_numbers() {
+        let e = Refusal::PastContext {
+            prompt: 10,
+            max_tokens: 95,
+            context: 100,
+        };
+        let m = e.to_string();
+        assert!(m.contains("maximum context length is 100 tokens"), "{m}");
+        assert!(
+            m.contains("you requested 105 tokens (10 in the prompt, 95 for"),
+            "{m}"
+        );
+        let m = Refusal::OutOfVocab {
+            index: 2,
+            id: 77,
+            vocab: 50,
+        }
+        .to_string();
+        assert!(m.contains("outside the model's vocabulary of 50"), "{m}");
+    }
+}

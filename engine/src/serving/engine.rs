@@ -1,0 +1,629 @@
+//! The engine thread and its handle: continuous batching of many requests over one model.
+//!
+//! The thread owns every piece of mutable engine state (model workspace, KV cache, scheduler,
+//! per-request samplers and detokenizers, metrics). Everything else talks to it by message:
+//! requests, cancels and knob changes in; events on each request's own channel, and a stats
+//! snapshot, out. One step = one `schedule()`, ONE batched forward for every scheduled token of
+//! every request, sampling, `update()`, stop checks, events.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tpslab_kernels::WType;
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::{Backend, DeviceChoice, MemoryUse};
+use crate::kv::KvCache;
+use crate::model::precision::Precision;
+use crate::sched::stop::{FinishReason, StopChecker};
+use crate::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
+use crate::serving::admission::Admission;
+use crate::serving::generate::LoadedModel;
+use crate::serving::metrics::{
+    FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes,
+};
+use crate::serving::requant::RequantReport;
+use crate::serving::sampler::Sampler;
+use crate::text::detok::Detokenizer;
+
+pub use crate::serving::request::{Event, Refusal, RefusalKind, Request, Usage};
+
+/// Settings that take a rebuild of the KV pool when they change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvSettings {
+    /// Memory for the KV pool, in bytes.
+    pub budget_bytes: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl Default for KvSettings {
+    fn default() -> Self {
+        Self {
+            budget_bytes: 512 << 20,
+            block_size: 16,
+        }
+    }
+}
+
+/// Every knob the user can turn while the engine runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Knobs {
+    pub scheduler: SchedulerConfig,
+    pub kv: KvSettings,
+}
+
+enum Command {
+    Submit {
+        id: RequestId,
+        req: Request,
+        events: Sender<Event>,
+    },
+    Cancel(RequestId),
+    SetKnobs(Knobs),
+    /// Re-quantize the weights to this type on a worker; the engine serves on meanwhile.
+    SetPrecision(WType),
+    /// The worker's result: the model at the new precision, swapped in between two steps.
+    /// Boxed: a whole model is far larger than the other commands.
+    PrecisionReady(Box<Result<(LoadedModel, RequantReport), String>>),
+    ResetMetrics,
+    Shutdown,
+}
+
+/// Engine-wide settings fixed at start.
+#[derive(Debug, Clone, Default)]
+pub struct EngineConfig {
+    /// Compute threads (0 = one per core).
+    pub threads: usize,
+    pub knobs: Knobs,
+    /// Where the model runs.
+    pub device: DeviceChoice,
+    /// On a GPU, when above 0: the KV budget is this fraction of the memory left free after the
+    /// weights (vLLM's `gpu_memory_utilization` in spirit), instead of `knobs.kv.budget_bytes`.
+    pub gpu_kv_fraction: f32,
+}
+
+/// How often the stats snapshot is refreshed while the engine is busy.
+const PUBLISH_EVERY: Duration = Duration::from_millis(50);
+
+/// Called after every step that produced events (the UI passes `ctx.request_repaint`).
+pub type Notify = Box<dyn Fn() + Send>;
+
+/// The handle: cheap to clone, usable from any thread. Dropping the last one stops the engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    snapshot: Arc<Mutex<EngineSnapshot>>,
+    _guard: Arc<ShutdownGuard>,
+}
+
+struct ShutdownGuard {
+    tx: Sender<Command>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for ShutdownGuard {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the engine publishes after every step for anyone to read without waiting on it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineSnapshot {
+    pub live: LiveSnapshot,
+    pub knobs: Knobs,
+    pub threads: usize,
+    pub kv_bytes: usize,
+    pub weights_bytes: usize,
+    /// The device running the model ("CPU, 2 threads", "CUDA cuda:0 NVIDIA H200").
+    pub device: String,
+    /// Why the engine is on the CPU when a GPU was asked for with `auto`.
+    pub device_note: Option<String>,
+    /// Weights, KV pool, activations and device memory (on a GPU).
+    pub memory: MemoryUse,
+    pub steps: u64,
+    /// Scheduler state now (not as of the last step): requests and KV blocks.
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_used_blocks: usize,
+    pub kv_total_blocks: usize,
+    /// Weight precision of the model being served ("Q4_1"; the live knob changes it); `None`
+    /// before the engine's first report.
+    pub precision: Option<Precision>,
+    /// Set while the weights are being re-quantized to this type.
+    #[serde(serialize_with = "crate::model::precision::serialize_type")]
+    pub requantizing: Option<WType>,
+    /// The last precision change: from, to, weight bytes before and after, seconds taken.
+    pub last_requant: Option<(Precision, Precision, usize, usize, f64)>,
+    /// Prefix-cache lookups and hits in tokens since the scheduler was built (vLLM's
+    /// `prefix_cache_queries` / `prefix_cache_hits`); a KV pool rebuild starts them again.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    /// Set when a knob change could not be applied.
+    pub last_error: Option<String>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread over a loaded model.
+    pub fn start(
+        model: Arc<LoadedModel>,
+        config: EngineConfig,
+        notify: Option<Notify>,
+    ) -> Result<Self, EngineError> {
+        let (tx, rx) = mpsc::channel();
+        let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
+        let mut state = EngineThread::new(
+            model,
+            &config,
+            rx,
+            tx.clone(),
+            Arc::clone(&snapshot),
+            notify,
+        )?;
+        // The first snapshot (device, memory, pool) is there before `start` returns.
+        state.publish();
+        let thread = std::thread::Builder::new()
+            .name("tpslab-engine".into())
+            .spawn(move || state.run())
+            .map_err(|e| EngineError::Start(e.to_string()))?;
+        let guard = ShutdownGuard {
+            tx: tx.clone(),
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok(Self {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            snapshot,
+            _guard: Arc::new(guard),
+        })
+    }
+
+    /// Queues a request; its events arrive on `events`. Returns the request id at once; a
+    /// refusal (see [`crate::serving::admission`]: queue full, prompt too long, ...) arrives as
+    /// `Event::Refused`.
+    pub fn submit(&self, req: Request, events: Sender<Event>) -> RequestId {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Err(mpsc::SendError(Command::Submit { events, .. })) =
+            self.tx.send(Command::Submit { id, req, events })
+        {
+            let _ = events.send(Event::Refused {
+                id,
+                reason: Refusal::Stopped,
+            });
+        }
+        id
+    }
+
+    /// Cancels a request (ends with `FinishReason::Abort` and frees its KV blocks at once).
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Applies new knobs from the next step on (a KV change rebuilds the pool).
+    pub fn set_knobs(&self, knobs: Knobs) {
+        let _ = self.tx.send(Command::SetKnobs(knobs));
+    }
+
+    /// Switches the weight precision: the weights are re-quantized in memory on a worker (from
+    /// the model file when there is one) while requests keep running on the old ones; then the
+    /// new weights are swapped in between two steps and the requests in flight are recomputed on
+    /// them (nothing is lost). `stats().requantizing` is set meanwhile, `precision` after; a
+    /// failure lands in `stats().last_error` and the old weights stay.
+    pub fn set_precision(&self, ty: WType) {
+        let _ = self.tx.send(Command::SetPrecision(ty));
+    }
+
+    pub fn reset_metrics(&self) {
+        let _ = self.tx.send(Command::ResetMetrics);
+    }
+
+    /// Whether `other` is a handle of the same engine thread.
+    pub fn same_engine(&self, other: &EngineHandle) -> bool {
+        Arc::ptr_eq(&self._guard, &other._guard)
+    }
+
+    /// The latest published stats (never waits on the engine's step).
+    pub fn stats(&self) -> EngineSnapshot {
+        self.snapshot.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot start the engine thread: {0}")]
+    Start(String),
+    #[error("KV cache: {0}")]
+    Kv(String),
+    #[error(transparent)]
+    Device(#[from] crate::device::BackendError),
+}
+
+/// Per-request state the engine keeps besides the scheduler's token bookkeeping (the
+/// scheduler holds the token history, prompt and generated, for the sampler's penalties too).
+struct Live {
+    events: Sender<Event>,
+    sampler: Sampler,
+    detok: Detokenizer,
+    /// Decides when the request ends and why (stop tokens, stop strings, `max_tokens`); it sees
+    /// every generated token, so its count is the completion's.
+    stop: StopChecker,
+    prompt_len: usize,
+    accepted: Instant,
+    /// Set by the first step that schedules the request.
+    queue_time: Option<Duration>,
+}
+
+struct EngineThread {
+    lm: Arc<LoadedModel>,
+    /// For workers that report back (precision changes).
+    inbox: Sender<Command>,
+    requantizing: Option<WType>,
+    last_requant: Option<(Precision, Precision, usize, usize, f64)>,
+    threads: usize,
+    backend: Box<dyn Backend>,
+    device_note: Option<String>,
+    rx: Receiver<Command>,
+    snapshot: Arc<Mutex<EngineSnapshot>>,
+    notify: Option<Notify>,
+    knobs: Knobs,
+    sched: Scheduler,
+    live: HashMap<RequestId, Live>,
+    metrics: LiveMetrics,
+    origin: Instant,
+    steps: u64,
+    last_error: Option<String>,
+    /// Prefix-cache (queries, hits) totals at the last step, for per-step deltas.
+    cache_seen: (u64, u64),
+    last_publish: Instant,
+    /// Resident memory as of the last publish.
+    rss: Option<u64>,
+}
+
+/// Threads the CPU backend computes on for a setting of `threads` (0 = one per core).
+fn backend_threads(threads: usize) -> usize {
+    if threads > 0 {
+        threads
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
+impl EngineThread {
+    fn new(
+        lm: Arc<LoadedModel>,
+        config: &EngineConfig,
+        rx: Receiver<Command>,
+        inbox: Sender<Command>,
+        snapshot: Arc<Mutex<EngineSnapshot>>,
+        notify: Option<Notify>,
+    ) -> Result<Self, EngineError> {
+        // The backend sizes the pool from the budget (`KvCache::pool_for_budget`).
+        let opened = crate::device::open(
+            Arc::clone(&lm),
+            config.device,
+            config.threads,
+            config.knobs.kv.block_size,
+            config.knobs.kv.budget_bytes,
+            config.gpu_kv_fraction,
+        )
+        .map_err(EngineError::Device)?;
+        let backend = opened.backend;
+        let mut knobs = config.knobs.clone();
+        if config.gpu_kv_fraction > 0.0 {
+            // The pool actually built (a GPU sizes it from its free memory).
+            knobs.kv.budget_bytes = backend.memory().kv;
+        }
+        let sched = Scheduler::new(
+            config.knobs.scheduler.clone(),
+            backend.num_blocks(),
+            backend.block_size(),
+        )
+        .map_err(|e| EngineError::Kv(e.to_string()))?;
+        let metrics =
+            LiveMetrics::new(LiveConfig::default()).map_err(|e| EngineError::Kv(e.to_string()))?;
+        Ok(Self {
+            backend,
+            device_note: opened.note,
+            threads: backend_threads(config.threads),
+            lm,
+            inbox,
+            requantizing: None,
+            last_requant: None,
+            rx,
+            snapshot,
+            notify,
+            knobs,
+            sched,
+            live: HashMap::new(),
+            metrics,
+            cache_seen: (0, 0),
+            last_publish: Instant::now(),
+            rss: None,
+            origin: Instant::now(),
+            steps: 0,
+            last_error: None,
+        })
+    }
+
+    fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    fn run(mut self) {
+        loop {
+            // Idle: block until something arrives; busy: take what is there and step.
+            let first = if self.live.is_empty() {
+                match self.rx.recv_timeout(Duration::from_millis(250)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.publish();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                None
+            };
+            let mut cmds: Vec<Command> = first.into_iter().collect();
+            cmds.extend(self.rx.try_iter());
+            for c in cmds {
+                if !self.handle(c) {
+                    return;
+                }
+            }
+            if self.live.is_empty() {
+                self.publish();
+            } else {
+                self.step();
+            }
+        }
+    }
+
+    /// Applies one command; false means shut down.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit { id, req, events } => self.submit(id, req, events),
+            Command::Cancel(id) => self.end(id, FinishReason::Abort),
+            Command::SetKnobs(k) => self.set_knobs(k),
+            Command::SetPrecision(ty) => self.start_requant(ty),
+            Command::PrecisionReady(r) => self.finish_requant(*r),
+            Command::ResetMetrics => self.metrics.reset(),
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn start_requant(&mut self, ty: WType) {
+        self.last_error = None;
+        if let Some(busy) = self.requantizing {
+            self.last_error = Some(format!(
+                "already re-quantizing to {busy}; try again when it is done"
+            ));
+            return;
+        }
+        // Asking for the type the matrices already have changes nothing (those that fell back
+        // would fall back again).
+        if ty == self.lm.precision.main {
+            return;
+        }
+        let (lm, inbox, threads) = (Arc::clone(&self.lm), self.inbox.clone(), self.threads);
+        let spawned = std::thread::Builder::new()
+            .name("tpslab-requant".into())
+            .spawn(move || {
+                let r = crate::serving::requant::requantize(&lm, ty, threads);
+                let _ = inbox.send(Command::PrecisionReady(Box::new(r)));
+            });
+        match spawned {
+            Ok(_) => self.requantizing = Some(ty),
+            Err(e) => self.last_error = Some(format!("cannot start re-quantizing: {e}")),
+        }
+        self.publish();
+    }
+
+    fn finish_requant(&mut self, r: Result<(LoadedModel, RequantReport), String>) {
+        self.requantizing = None;
+        let (lm, report) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                self.last_error = Some(format!("precision unchanged: {e}"));
+                self.publish();
+                return;
+            }
+        };
+        let lm = Arc::new(lm);
+        if let Err(e) = self.backend.set_model(&lm) {
+            self.last_error = Some(format!("precision unchanged: {e}"));
+            self.publish();
+            return;
+        }
+        // The KV written by the old weights is stale: a fresh pool of the same size (and prefix
+        // cache); everything running is preempted and recomputed on the new weights.
+        let (blocks, bs) = (self.backend.num_blocks(), self.backend.block_size());
+        match self.sched.rebuild_pool(blocks, bs) {
+            Ok(dropped) => {
+                for id in dropped {
+                    self.end(id, FinishReason::Abort);
+                }
+            }
+            Err(e) => self.last_error = Some(e.to_string()),
+        }
+        self.lm = lm;
+        self.last_requant = Some((
+            report.from,
+            report.to,
+            report.weights_bytes_before,
+            report.weights_bytes_after,
+            report.seconds,
+        ));
+        crate::library::release_free_memory();
+        self.publish();
+    }
+
+    /// What requests are checked against now: the model, and the pool as it is.
+    fn admission(&self) -> Admission {
+        Admission::with_pool(&self.lm.model.cfg, self.sched.kv_pool())
+    }
+
+    /// Every path in (server, window, CLI) comes through here: the one admission check, then
+    /// the scheduler's queue (which trusts what was admitted).
+    fn submit(&mut self, id: RequestId, req: Request, events: Sender<Event>) {
+        let admitted = match self.admission().check(&req) {
+            Ok(a) => a,
+            Err(e) => return self.refuse(id, &events, e),
+        };
+        let Request {
+            prompt,
+            sampling,
+            mut stop,
+            priority,
+        } = req;
+        stop.max_tokens = Some(admitted.max_tokens);
+        let prompt_len = prompt.len();
+        let sr = SchedRequest {
+            id,
+            prompt,
+            max_tokens: admitted.max_tokens,
+            priority,
+        };
+        if let Err(e) = self.sched.add_admitted(sr) {
+            return self.refuse(id, &events, e.into());
+        }
+        let _ = events.send(Event::Started { id });
+        self.metrics.on_arrival(id, self.now(), prompt_len);
+        self.live.insert(
+            id,
+            Live {
+                events,
+                sampler: Sampler::new(&sampling),
+                detok: Detokenizer::new(true),
+                stop: StopChecker::new(stop),
+                prompt_len,
+                accepted: Instant::now(),
+                queue_time: None,
+            },
+        );
+    }
+
+    fn refuse(&mut self, id: RequestId, events: &Sender<Event>, reason: Refusal) {
+        self.metrics.on_refused(self.now());
+        let _ = events.send(Event::Refused { id, reason });
+    }
+
+    /// Ends a request (finished or cancelled): frees its blocks and sends its last event.
+    fn end(&mut self, id: RequestId, reason: FinishReason) {
+        self.sched.finish(&[id], reason);
+        if let Some(mut l) = self.live.remove(&id) {
+            let tail = l.stop.flush(&l.detok.finish());
+            let usage = Usage {
+                prompt_tokens: l.prompt_len,
+                completion_tokens: l.stop.n_tokens(),
+            };
+            let _ = l.events.send(Event::Finished {
+                id,
+                reason,
+                usage,
+                text: tail.text,
+                queue_time: l.queue_time.unwrap_or_else(|| l.accepted.elapsed()),
+            });
+            let kind = if reason == FinishReason::Abort {
+                FinishKind::Aborted
+            } else {
+                FinishKind::Finished
+            };
+            self.metrics.on_finish(id, self.now(), kind);
+        }
+    }
+
+    fn set_knobs(&mut self, k: Knobs) {
+        self.last_error = None;
+        if k.kv != self.knobs.kv {
+            // A new pool: everything running is preempted (recomputed later), nothing is lost.
+            if let Err(e) = self.rebuild_kv(&k.kv) {
+                self.last_error = Some(e);
+            }
+        }
+        match self.sched.set_config(k.scheduler.clone()) {
+            Ok(()) => self.knobs.scheduler = k.scheduler,
+            Err(e) => self.last_error = Some(e.to_string()),
+        }
+        self.publish();
+    }
+
+    /// A new KV pool of the given settings: the scheduler's block pool and the backend's storage
+    /// together (everything running is preempted and recomputed later; nothing is lost). On a
+    /// failure the old geometry is restored.
+    fn rebuild_kv(&mut self, kv: &KvSettings) -> Result<(), String> {
+        let blocks = KvCache::pool_for_budget(&self.lm.model.cfg, kv.block_size, kv.budget_bytes)
+            .map_err(|e| e.to_string())?;
+        let old = (self.backend.block_size(), self.backend.num_blocks());
+        let dropped = self
+            .sched
+            .rebuild_pool(blocks, kv.block_size)
+            .map_err(|e| e.to_string())?;
+        for id in dropped {
+            self.end(id, FinishReason::Abort);
+        }
+        if let Err(e) = self.backend.rebuild_kv(kv.block_size, blocks) {
+            let restored = self.backend.rebuild_kv(old.0, old.1).is_ok()
+                && self.sched.rebuild_pool(old.1, old.0).is_ok();
+            return Err(if restored {
+                format!("{e}; kept the previous KV pool")
+            } else {
+                format!("{e}; the previous KV pool could not be restored either")
+            });
+        }
+        self.knobs.kv = kv.clone();
+        Ok(())
+    }
+
+    fn publish(&mut self) {
+        self.last_publish = Instant::now();
+        self.rss = process_rss_bytes().map(|(cur, _)| cur);
+        let st = self.sched.stats();
+        let mem = self.backend.memory();
+        let snap = EngineSnapshot {
+            running: st.running,
+            waiting: st.waiting,
+            kv_used_blocks: st.kv_used_blocks,
+            kv_total_blocks: st.kv_total_blocks,
+            prefix_cache_queries: st.prefix_cache_queries,
+            prefix_cache_hits: st.prefix_cache_hits,
+            precision: Some(self.lm.precision),
+            requantizing: self.requantizing,
+            last_requant: self.last_requant,
+            live: self.metrics.snapshot(self.now()),
+            knobs: self.knobs.clone(),
+            threads: self.backend.threads(),
+            kv_bytes: mem.kv,
+            weights_bytes: mem.weights,
+            device: self.backend.describe(),
+            device_note: self.device_note.clone(),
+            memory: mem,
+            steps: self.steps,
+            last_error: self.last_error.clone(),
+        };
+        if let Ok(mut s) = self.snapshot.lock() {
+            *s = snap;
+        }
+    }
+}
+
+// One step of the loop: schedule, forward, sample, stop checks, metrics.
+#[path = "engine_step.rs"]
+mod step;
+pub use step::batch_from;
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

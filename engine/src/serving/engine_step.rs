@@ -1,0 +1,203 @@
+//! One step of the engine thread: `schedule()`, ONE batched forward for every scheduled token,
+//! sampling, `update_with` (the scheduler appends each token and asks the request's stop
+//! checker whether it ends there), events and step metrics; and the failure isolation of a
+//! forward pass that fails.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::{EngineThread, Live, PUBLISH_EVERY};
+use crate::device::{RowNeed, StepOutput};
+use crate::kv::Batch;
+use crate::sched::stop::FinishReason;
+use crate::sched::{RequestId, Scheduler, SchedulerOutput};
+use crate::serving::metrics::StepStats;
+use crate::serving::request::{Event, Refusal};
+
+impl EngineThread {
+    /// A forward pass failed. With several sequences in it, each runs alone to find the ones at
+    /// fault: only those fail, and the others run this step again next time (nothing of it was
+    /// recorded: `update` never ran). When each one runs fine alone the batch itself is the bug
+    /// and all of its requests fail with the reason; the app goes on either way.
+    fn forward_failed(&mut self, out: &SchedulerOutput, needs: &[RowNeed], error: &str) {
+        let mut at_fault = Vec::new();
+        if out.scheduled.len() > 1 {
+            let mut rows = needs.iter();
+            for s in &out.scheduled {
+                let need: Vec<RowNeed> =
+                    rows.by_ref().take(usize::from(s.sample)).copied().collect();
+                let mut alone = Batch::default();
+                alone.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
+                if let Err(e) = self.backend.forward(&alone, &need) {
+                    at_fault.push((s.id, e.to_string()));
+                }
+            }
+        }
+        if at_fault.is_empty() || at_fault.len() == out.scheduled.len() {
+            at_fault = out
+                .scheduled
+                .iter()
+                .map(|s| (s.id, error.to_string()))
+                .collect();
+        }
+        for (id, error) in at_fault {
+            if let Some(l) = self.live.get(&id) {
+                let _ = l.events.send(Event::Refused {
+                    id,
+                    reason: Refusal::Failed(error),
+                });
+            }
+            self.sched.finish(&[id], FinishReason::Abort);
+            self.live.remove(&id);
+        }
+    }
+
+    pub(super) fn step(&mut self) {
+        let t0 = Instant::now();
+        let out = self.sched.schedule();
+        if out.scheduled.is_empty() {
+            // Nothing fits (should not happen: add_request refuses what can never fit).
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        for s in &out.scheduled {
+            if let Some(l) = self.live.get_mut(&s.id) {
+                l.queue_time
+                    .get_or_insert_with(|| t0.saturating_duration_since(l.accepted));
+            }
+        }
+        let batch = batch_from(&out);
+        let needs: Vec<RowNeed> = out
+            .scheduled
+            .iter()
+            .filter(|s| s.sample)
+            .map(|s| match self.live.get(&s.id) {
+                Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
+                Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
+                None => RowNeed::Argmax,
+            })
+            .collect();
+        let step = match self.backend.forward(&batch, &needs) {
+            Ok(l) => l,
+            Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
+        };
+        let sampled = sample_rows(
+            &mut self.live,
+            &self.sched,
+            &out,
+            &needs,
+            &step,
+            self.lm.model.cfg.vocab,
+        );
+        let now = self.now();
+        let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
+        // The scheduler appends each token and asks the request's stop checker whether it ends
+        // there: one decision per token, made in one place.
+        let ended = self.sched.update_with(&out, &sampled, |a| {
+            let Some(l) = live.get_mut(&a.id) else {
+                return Some(FinishReason::Abort);
+            };
+            let piece = l.detok.push(tokenizer, a.token).unwrap_or_default();
+            let st = l.stop.push(a.token, &piece);
+            metrics.on_token(a.id, now);
+            let _ = l.events.send(Event::Token {
+                id: a.id,
+                token: a.token,
+                text: st.text,
+            });
+            st.finish
+        });
+        for (id, reason) in ended {
+            self.end(id, reason);
+        }
+        self.steps += 1;
+        let st = self.sched.stats();
+        let prefill: usize = out
+            .scheduled
+            .iter()
+            .filter(|s| !s.sample || s.tokens.len() > 1)
+            .map(|s| s.tokens.len())
+            .sum();
+        self.metrics.on_step(StepStats {
+            t: now,
+            batch_size: out.scheduled.len(),
+            scheduled_tokens: batch.len(),
+            prefill_tokens: prefill,
+            decode_tokens: batch.len() - prefill,
+            kv_used_blocks: st.kv_used_blocks,
+            kv_total_blocks: st.kv_total_blocks,
+            running: st.running,
+            waiting: st.waiting,
+            preemptions_total: st.preemptions_total,
+            prefix_cache_queries: st.prefix_cache_queries
+                - self.cache_seen.0.min(st.prefix_cache_queries),
+            prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
+            rss_bytes: self.rss,
+            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+        });
+        self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
+        // Percentiles and /proc reads cost ~0.1-1 ms: publish at most every PUBLISH_EVERY, and
+        // always when the engine goes idle so the last state is never stale.
+        if self.live.is_empty() || self.last_publish.elapsed() >= PUBLISH_EVERY {
+            self.publish();
+        }
+        if let Some(n) = &self.notify {
+            n();
+        }
+    }
+}
+
+/// One token per sampling entry of the step, in order, each from what its sampler asked the
+/// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
+fn sample_rows(
+    live: &mut HashMap<RequestId, Live>,
+    sched: &Scheduler,
+    out: &SchedulerOutput,
+    needs: &[RowNeed],
+    step: &StepOutput<'_>,
+    vocab: usize,
+) -> Vec<(RequestId, u32)> {
+    let mut sampled = Vec::new();
+    let mut scratch = Vec::with_capacity(vocab);
+    let mut rows = step.logits.chunks_exact(vocab);
+    let kk = step.topk_k.max(1);
+    let mut cands = step
+        .topk_ids
+        .chunks_exact(kk)
+        .zip(step.topk_vals.chunks_exact(kk));
+    let on_host = step.argmax.is_empty();
+    for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
+        let need = if on_host { RowNeed::Full } else { needs[j] };
+        let (greedy, cand, row) = match need {
+            RowNeed::Argmax => (step.argmax.get(j).copied(), None, None),
+            RowNeed::TopK(_) => (None, cands.next(), None),
+            RowNeed::Full => (None, None, rows.next()),
+        };
+        let Some(l) = live.get_mut(&s.id) else {
+            continue;
+        };
+        let tok = match (greedy, cand, row) {
+            (Some(t), _, _) => t,
+            (_, Some((ids, vals)), _) => l.sampler.sample_candidates(ids, vals),
+            (_, _, Some(r)) => {
+                scratch.clear();
+                scratch.extend_from_slice(r);
+                let history = sched.tokens(s.id).unwrap_or_default();
+                l.sampler
+                    .sample_with_prompt(&mut scratch, history, l.prompt_len)
+            }
+            _ => continue,
+        };
+        sampled.push((s.id, tok));
+    }
+    sampled
+}
+
+/// The forward pass's input for one scheduler step.
+pub fn batch_from(out: &SchedulerOutput) -> Batch {
+    let mut b = Batch::default();
+    for s in &out.scheduled {
+        b.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
+    }
+    b
+}

@@ -1,0 +1,217 @@
+//! A loaded model bundle (weights, tokenizer, chat template) and the single-request generation
+//! loop: the batch-of-one case of the engine, used by `tpslab generate` and the benchmarks.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::device::DeviceChoice;
+use crate::formats::gguf::GgufFile;
+use crate::kv::KvCache;
+use crate::model::config::ModelConfig;
+use crate::model::precision::Precision;
+use crate::model::{Model, ModelError};
+use crate::sched::stop::{FinishReason, StopCriteria};
+use crate::serving::admission::Admission;
+use crate::serving::engine::{
+    EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Refusal, Request,
+};
+use crate::serving::sampler::SamplingParams;
+use crate::text::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::text::tokenizer::{Tokenizer, TokenizerError};
+
+/// KV block size of the single-request path (the engine's default too).
+pub const BLOCK_SIZE: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The request's refusal, as the window and the server show it too.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+}
+
+/// Everything needed to turn text into tokens and tokens into logits.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Weight precision of the matrices: the file's dominant type ("Q4_1"), or what a synthetic
+    /// model or a re-quantization was built with.
+    pub precision: Precision,
+}
+
+impl LoadedModel {
+    pub fn load(path: &Path) -> Result<Self, GenerateError> {
+        let mut file = GgufFile::open(path).map_err(ModelError::from)?;
+        let cfg = ModelConfig::from_gguf(&file).map_err(ModelError::from)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
+        // The vocabulary and merges (~100k strings) are in the tokenizer now; freeing them and
+        // the tokenizer's build-time garbage before the weights arrive keeps the peak RSS down.
+        file.metadata
+            .retain(|k, _| !k.starts_with("tokenizer.ggml."));
+        crate::library::release_free_memory();
+        let model = Model::from_file(&file, cfg)?;
+        crate::library::release_free_memory();
+        // A file that loaded has matrices the kernels run; were its dominant type one they
+        // don't (tensors the model never reads), the embedding's type stands in.
+        let precision = Precision::of_file(&file).unwrap_or_else(|| model.weights.embed.ty.into());
+        Ok(Self {
+            path: path.to_path_buf(),
+            model,
+            tokenizer,
+            template,
+            precision,
+        })
+    }
+
+    /// Prompt tokens for raw text: no template, BOS only if the model's metadata asks for it.
+    pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, GenerateError> {
+        Ok(self.tokenizer.encode_prompt(text, false)?)
+    }
+
+    /// Prompt tokens for a conversation, through the model's chat template.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, GenerateError> {
+        let text = self.template.render(messages, true)?;
+        // The template writes BOS itself where the model wants one.
+        Ok(self.tokenizer.encode(&text, true)?)
+    }
+
+    /// The stop criteria a plain request gets: the model's stop tokens and a token limit.
+    pub fn default_stop(&self, max_tokens: Option<usize>) -> StopCriteria {
+        StopCriteria::new(max_tokens, self.tokenizer.stop_token_ids())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerateOutput {
+    pub prompt_token_ids: Vec<u32>,
+    pub output_token_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    /// Request start (tokens in hand) to the first generated token.
+    pub ttft_ms: f64,
+    /// Prompt tokens over the prefill time (the TTFT).
+    pub prefill_tokens_per_s: f64,
+    /// 1 / TPOT: (output tokens - 1) over the time from first to last token; 0 with < 2 tokens.
+    pub decode_tokens_per_s: f64,
+    pub e2e_ms: f64,
+}
+
+/// Generates for one prompt on the CPU, calling `on_text` with each piece of text as it becomes
+/// final: the batch-of-one case of the engine (an engine thread is started for the request).
+pub fn generate(
+    lm: &Arc<LoadedModel>,
+    threads: usize,
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    stop: StopCriteria,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateOutput, GenerateError> {
+    generate_on(
+        lm,
+        DeviceChoice::Cpu,
+        threads,
+        prompt,
+        sampling,
+        stop,
+        on_text,
+    )
+}
+
+/// As [`generate`], on `device`.
+pub fn generate_on(
+    lm: &Arc<LoadedModel>,
+    device: DeviceChoice,
+    threads: usize,
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    stop: StopCriteria,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateOutput, GenerateError> {
+    let cfg = &lm.model.cfg;
+    let req = Request {
+        prompt: prompt.to_vec(),
+        sampling: sampling.clone(),
+        stop,
+        priority: 0,
+    };
+    // The engine's own admission, asked before there is a pool, sizes one that holds exactly
+    // this request (the engine then admits it against that pool).
+    let max_new = Admission::for_model(cfg).check(&req)?.max_tokens;
+    let kv = KvSettings {
+        budget_bytes: KvCache::budget_for_tokens(cfg, BLOCK_SIZE, prompt.len() + max_new),
+        block_size: BLOCK_SIZE,
+    };
+    let knobs = Knobs {
+        kv,
+        ..Knobs::default()
+    };
+    let config = EngineConfig {
+        threads,
+        knobs,
+        device,
+        gpu_kv_fraction: 0.0,
+    };
+    let engine = EngineHandle::start(Arc::clone(lm), config, None)?;
+    let (tx, rx) = mpsc::channel();
+    let start = Instant::now();
+    engine.submit(req, tx);
+    let mut output = Vec::new();
+    let mut text = String::new();
+    let (mut first, mut last) = (None, start);
+    let mut emit = |t: &str, text: &mut String| {
+        if !t.is_empty() {
+            on_text(t);
+            text.push_str(t);
+        }
+    };
+    let finish_reason = loop {
+        match rx.recv() {
+            Ok(Event::Started { .. }) => {}
+            Ok(Event::Token { token, text: t, .. }) => {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = now;
+                output.push(token);
+                emit(&t, &mut text);
+            }
+            Ok(Event::Finished {
+                reason, text: t, ..
+            }) => {
+                emit(&t, &mut text);
+                break reason;
+            }
+            Ok(Event::Refused { reason, .. }) => return Err(reason.into()),
+            Err(_) => return Err(Refusal::Stopped.into()),
+        }
+    };
+    let first = first.unwrap_or(last);
+    let ttft = first.duration_since(start).as_secs_f64();
+    let decode_s = last.duration_since(first).as_secs_f64();
+    Ok(GenerateOutput {
+        prompt_token_ids: prompt.to_vec(),
+        ttft_ms: ttft * 1e3,
+        prefill_tokens_per_s: prompt.len() as f64 / ttft.max(1e-9),
+        decode_tokens_per_s: if output.len() > 1 && decode_s > 0.0 {
+            (output.len() - 1) as f64 / decode_s
+        } else {
+            0.0
+        },
+        e2e_ms: last.duration_since(start).as_secs_f64() * 1e3,
+        output_token_ids: output,
+        text,
+        finish_reason,
+    })
+}

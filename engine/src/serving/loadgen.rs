@@ -1,0 +1,364 @@
+//! Load generator: drives an engine with many requests at a fixed concurrency or with Poisson
+//! arrivals at a rate, with exact prompt and output lengths (end-of-sequence ignored), and
+//! times every token on the client side as vLLM's benchmark does.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::RequestId;
+use crate::sched::stop::{FinishReason, StopCriteria};
+use crate::serving::engine::{EngineHandle, Event, Request, Usage};
+use crate::serving::metrics::{FinishKind, LiveMetrics, RequestTiming};
+use crate::serving::sampler::SamplingParams;
+
+/// The bundled prompt text requests are cut from.
+pub const PROMPT_TEXT: &str = include_str!("../../../assets/prompts/bench.txt");
+
+/// A length, fixed or drawn uniformly from a range (inclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum LenDist {
+    Fixed(usize),
+    Uniform { min: usize, max: usize },
+}
+
+impl LenDist {
+    fn draw(self, rng: &mut StdRng) -> usize {
+        match self {
+            LenDist::Fixed(n) => n,
+            LenDist::Uniform { min, max } => rng.random_range(min.min(max)..=max.max(min)),
+        }
+    }
+
+    pub fn max(self) -> usize {
+        match self {
+            LenDist::Fixed(n) => n,
+            LenDist::Uniform { min, max } => min.max(max),
+        }
+    }
+}
+
+/// How to load the engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadSpec {
+    /// Most requests in flight at once (`None` = no cap; then `rate` must be set).
+    pub concurrency: Option<usize>,
+    /// Poisson arrivals at this many requests per second (`None` = all at once, capped by
+    /// `concurrency`).
+    pub rate: Option<f64>,
+    pub num_requests: usize,
+    pub prompt_len: LenDist,
+    pub output_len: LenDist,
+    pub seed: u64,
+    /// Every request's scheduling priority (lower runs first under `Policy::Priority`).
+    pub priority: i32,
+}
+
+/// Token ids cut from the bundled text, so prompts are real language of an exact length.
+#[derive(Debug, Clone)]
+pub struct PromptSet {
+    tokens: Vec<u32>,
+}
+
+impl PromptSet {
+    pub fn new(tokens: Vec<u32>) -> Option<Self> {
+        (!tokens.is_empty()).then_some(Self { tokens })
+    }
+
+    /// Prompt `i` of length `len`: a window of the text starting at an offset that differs per
+    /// request, so prompts don't share prefixes (no accidental prefix-cache hits).
+    pub fn prompt(&self, i: usize, len: usize) -> Vec<u32> {
+        let start = (i * 97) % self.tokens.len();
+        self.tokens
+            .iter()
+            .copied()
+            .cycle()
+            .skip(start)
+            .take(len)
+            .collect()
+    }
+}
+
+/// Everything measured in one load run.
+#[derive(Debug, Clone, Default)]
+pub struct LoadResult {
+    pub timings: Vec<RequestTiming>,
+    pub duration_s: f64,
+    pub refused: Vec<String>,
+    pub aborted: usize,
+}
+
+struct InFlight {
+    timing: RequestTiming,
+}
+
+/// What a load run drives: the in-process engine, or a remote server through its API (the app's
+/// `remote` client). Events come back on the request's channel in the engine's order (`Started`,
+/// `Token`s, then `Finished` or `Refused`); a remote target may send one `Token` per streamed
+/// chunk and give the true counts in `Finished`'s usage, which the run then takes.
+pub trait LoadTarget {
+    fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId;
+    fn cancel(&self, id: RequestId);
+}
+
+impl LoadTarget for EngineHandle {
+    fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId {
+        EngineHandle::submit(self, req, events)
+    }
+    fn cancel(&self, id: RequestId) {
+        EngineHandle::cancel(self, id);
+    }
+}
+
+impl<T: LoadTarget + ?Sized> LoadTarget for &T {
+    fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId {
+        (**self).submit(req, events)
+    }
+    fn cancel(&self, id: RequestId) {
+        (**self).cancel(id);
+    }
+}
+
+/// Runs `spec` against `engine` until every request has ended or `stop` is set (then the
+/// requests still in flight are cancelled). `progress(done, total)` is called as requests end.
+pub fn run(
+    engine: &dyn LoadTarget,
+    prompts: &PromptSet,
+    spec: &LoadSpec,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> LoadResult {
+    run_observed(engine, prompts, spec, stop, progress, None)
+}
+
+/// [`run`], also feeding `live` as the requests arrive, stream and end: the live figures of a
+/// target that publishes none itself (a remote server), measured on this side.
+/// A finished request into the result: counted if aborted, else its timing, with the token
+/// counts of its usage (a remote stream may carry several tokens in one chunk).
+fn record_finish(
+    result: &mut LoadResult,
+    mut timing: RequestTiming,
+    reason: FinishReason,
+    usage: &Usage,
+) {
+    if reason == FinishReason::Abort {
+        result.aborted += 1;
+        return;
+    }
+    timing.finished = true;
+    if usage.completion_tokens > 0 {
+        timing.output_tokens = usage.completion_tokens;
+    }
+    if usage.prompt_tokens > 0 {
+        timing.prompt_tokens = usage.prompt_tokens;
+    }
+    result.timings.push(timing);
+}
+
+/// Request number `i` of a run: lengths drawn from the spec, greedy, end-of-sequence ignored.
+/// Returns it with its prompt and output lengths.
+fn next_request(
+    prompts: &PromptSet,
+    spec: &LoadSpec,
+    rng: &mut StdRng,
+    i: usize,
+) -> (Request, usize, usize) {
+    let plen = spec.prompt_len.draw(rng).max(1);
+    let olen = spec.output_len.draw(rng).max(1);
+    let req = Request {
+        // Runs of another seed (the levels of a sweep) get other prompts, so a server that
+        // keeps its prefix cache across runs finds nothing from the last one.
+        prompt: prompts.prompt(i + spec.seed as usize * spec.num_requests, plen),
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: Some(olen),
+            ignore_eos: true,
+            ..StopCriteria::default()
+        },
+        priority: spec.priority,
+    };
+    (req, plen, olen)
+}
+
+pub fn run_observed(
+    engine: &dyn LoadTarget,
+    prompts: &PromptSet,
+    spec: &LoadSpec,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize),
+    live: Option<&Mutex<LiveMetrics>>,
+) -> LoadResult {
+    let observe = |f: &mut dyn FnMut(&mut LiveMetrics)| {
+        if let Some(m) = live
+            && let Ok(mut m) = m.lock()
+        {
+            f(&mut m);
+        }
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    let origin = Instant::now();
+    let now = || origin.elapsed().as_secs_f64();
+    let cap = spec.concurrency.unwrap_or(usize::MAX).max(1);
+    let mut next_arrival = 0.0f64;
+    let mut submitted = 0usize;
+    let mut done = 0usize;
+    let mut flying: HashMap<RequestId, InFlight> = HashMap::new();
+    let mut result = LoadResult::default();
+    let mut cancelled = false;
+    while done < spec.num_requests {
+        if stop.load(Ordering::Relaxed) && !cancelled {
+            cancelled = true;
+            for id in flying.keys() {
+                engine.cancel(*id);
+            }
+        }
+        // Submit whatever is due.
+        while !cancelled
+            && submitted < spec.num_requests
+            && flying.len() < cap
+            && now() >= next_arrival
+        {
+            let (req, plen, olen) = next_request(prompts, spec, &mut rng, submitted);
+            let sent = now();
+            let id = engine.submit(req, tx.clone());
+            observe(&mut |m| m.on_arrival(id, sent, plen));
+            flying.insert(
+                id,
+                InFlight {
+                    timing: RequestTiming {
+                        sent,
+                        token_times: Vec::with_capacity(olen),
+                        prompt_tokens: plen,
+                        output_tokens: 0,
+                        finished: false,
+                    },
+                },
+            );
+            submitted += 1;
+            if let Some(rate) = spec.rate.filter(|r| *r > 0.0) {
+                // Exponential gaps: a Poisson process at `rate` requests per second.
+                let u: f64 = rng.random_range(f64::EPSILON..1.0);
+                next_arrival += -u.ln() / rate;
+            }
+        }
+        if cancelled && flying.is_empty() {
+            break;
+        }
+        let wait = if submitted < spec.num_requests && flying.len() < cap && !cancelled {
+            Duration::from_secs_f64((next_arrival - now()).clamp(0.0, 0.05))
+        } else {
+            Duration::from_millis(50)
+        };
+        let Ok(ev) = rx.recv_timeout(wait) else {
+            continue;
+        };
+        let t = now();
+        for ev in std::iter::once(ev).chain(rx.try_iter()) {
+            let id = ev.id();
+            match ev {
+                Event::Started { .. } => {}
+                Event::Token { .. } => {
+                    if let Some(f) = flying.get_mut(&id) {
+                        f.timing.token_times.push(t);
+                        f.timing.output_tokens += 1;
+                        observe(&mut |m| m.on_token(id, t));
+                    }
+                }
+                Event::Finished { reason, usage, .. } => {
+                    if let Some(f) = flying.remove(&id) {
+                        done += 1;
+                        let kind = match reason {
+                            FinishReason::Abort => FinishKind::Aborted,
+                            _ => FinishKind::Finished,
+                        };
+                        observe(&mut |m| m.on_finish(id, t, kind));
+                        record_finish(&mut result, f.timing, reason, &usage);
+                        progress(done, spec.num_requests);
+                    }
+                }
+                Event::Refused { reason, .. } => {
+                    if flying.remove(&id).is_some() {
+                        done += 1;
+                        observe(&mut |m| m.on_refused(t));
+                        result.refused.push(reason.to_string());
+                        progress(done, spec.num_requests);
+                    }
+                }
+            }
+        }
+    }
+    result.duration_s = now();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A target that records each prompt and ends each request at once with one token.
+    struct Recorder(Mutex<Vec<Vec<u32>>>);
+
+    impl LoadTarget for Recorder {
+        fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId {
+            let mut seen = self.0.lock().expect("lock");
+            seen.push(req.prompt);
+            let id = seen.len() as RequestId;
+            let _ = events.send(Event::Started { id });
+            let _ = events.send(Event::Token {
+                id,
+                token: 1,
+                text: String::new(),
+            });
+            let _ = events.send(Event::Finished {
+                id,
+                reason: FinishReason::Length,
+                usage: Usage::default(),
+                text: String::new(),
+                queue_time: Duration::ZERO,
+            });
+            id
+        }
+        fn cancel(&self, _: RequestId) {}
+    }
+
+    #[test]
+    fn runs_of_other_seeds_send_other_prompts() {
+        let prompts = PromptSet::new((0..5000).collect()).expect("tokens");
+        let spec = |seed| LoadSpec {
+            concurrency: Some(2),
+            rate: None,
+            num_requests: 4,
+            prompt_len: LenDist::Fixed(16),
+            output_len: LenDist::Fixed(1),
+            seed,
+            priority: 0,
+        };
+        let target = Recorder(Mutex::new(Vec::new()));
+        for seed in [0, 1, 0] {
+            let r = run(
+                &target,
+                &prompts,
+                &spec(seed),
+                &AtomicBool::new(false),
+                &mut |_, _| {},
+            );
+            assert_eq!(r.timings.len(), 4);
+        }
+        let seen = target.0.lock().expect("lock");
+        let (a, b, again) = (&seen[0..4], &seen[4..8], &seen[8..12]);
+        assert!(a.iter().all(|p| p.len() == 16));
+        assert!(
+            a.iter().all(|p| !b.contains(p)),
+            "seed 1 repeated a prompt of seed 0"
+        );
+        assert_eq!(a, again, "the same seed sends the same prompts");
+    }
+}

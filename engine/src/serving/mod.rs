@@ -1,0 +1,24 @@
+//! The serving core: the engine thread that batches requests continuously over a device, the
+//! requests and events that pass between it and its clients, and what measures it.
+//!
+//! Modules:
+//! - [`engine`]: the engine thread (continuous batching) and its message-passing handle (its
+//!   step in `engine_step`).
+//! - [`request`]: a request and the events it gets back (re-exported by [`engine`]).
+//! - [`admission`]: the one check a request passes at submit, its typed refusal, its `max_tokens`.
+//! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
+//! - [`generate`]: a loaded model bundle and the single-request generation loop.
+//! - [`requant`]: precision as a live knob: the loaded weights re-quantized in memory.
+//! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
+//! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
+//! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
+
+pub mod admission;
+pub mod engine;
+pub mod generate;
+pub mod loadgen;
+pub mod metrics;
+pub mod perplexity;
+pub mod requant;
+pub mod request;
+pub mod sampler;

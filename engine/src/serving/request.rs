@@ -1,0 +1,66 @@
+//! What goes into the engine and what comes back: a [`Request`], and the [`Event`]s on its own
+//! channel (with [`Usage`] at the end, or a [`Refusal`]). Re-exported by [`crate::serving::engine`],
+//! where they are used.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::sched::RequestId;
+use crate::sched::stop::{FinishReason, StopCriteria};
+pub use crate::serving::admission::{Refusal, RefusalKind};
+use crate::serving::sampler::SamplingParams;
+
+/// What a request needs besides its prompt.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCriteria,
+    pub priority: i32,
+}
+
+/// Token counts of a finished request (OpenAI's `usage`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a request's channel receives, in this order: `Started`, any number of `Token`s, then
+/// exactly one of `Finished` or `Refused`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The engine accepted the request.
+    Started { id: RequestId },
+    /// One generated token and the text that became final with it (may be empty).
+    Token {
+        id: RequestId,
+        token: u32,
+        text: String,
+    },
+    /// The request ended: `text` is any held-back tail.
+    Finished {
+        id: RequestId,
+        reason: FinishReason,
+        usage: Usage,
+        text: String,
+        /// Time from acceptance to the first step that scheduled the request (vLLM's queue
+        /// time); the whole wait for a request that ended before it was ever scheduled.
+        queue_time: Duration,
+    },
+    /// The request was not accepted (queue full, prompt too long, bad parameters), or failed:
+    /// `reason.kind()` says which for callers that map it (the server: 429, 400, 503).
+    Refused { id: RequestId, reason: Refusal },
+}
+
+impl Event {
+    pub fn id(&self) -> RequestId {
+        match self {
+            Event::Started { id }
+            | Event::Token { id, .. }
+            | Event::Finished { id, .. }
+            | Event::Refused { id, .. } => *id,
+        }
+    }
+}

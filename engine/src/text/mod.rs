@@ -1,0 +1,13 @@
+//! Text in and out of a model: its tokenizer, the incremental detokenizer, and chat templates.
+//!
+//! Modules:
+//! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
+//! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
+//! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
+//! - [`chat_budget`]: the budgets of a template render (fuel, output, time, memory) and the
+//!   isolated render that enforces them (with its render server, `chat_zygote`).
+
+pub mod chat;
+pub mod chat_budget;
+pub mod detok;
+pub mod tokenizer;
