@@ -5,10 +5,11 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
 use tpslab_engine::sched::stop::StopCriteria;
-use tpslab_engine::serving::generate::{LoadedModel, generate_on};
+use tpslab_engine::serving::generate::generate_on;
 use tpslab_engine::serving::sampler::SamplingParams;
 
 use crate::cli::ModelArgs;

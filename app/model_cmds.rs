@@ -9,8 +9,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::library;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
 use tpslab_kernels::WType;
 

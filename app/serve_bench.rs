@@ -8,10 +8,10 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 

@@ -715,8 +715,7 @@ fn pulls_a_split_gguf_as_one_model() {
     assert_eq!(m.path, lib.root().join("smol-q4_1").join(&parts[0].name));
     assert_eq!(m.precision, "Q4_1");
     assert!(progress.iter().any(|p| p.n_files == 3 && p.file_index == 3));
-    tpslab_engine::serving::generate::LoadedModel::load(&m.path)
-        .expect("the pulled split model loads");
+    tpslab_engine::model::LoadedModel::load(&m.path).expect("the pulled split model loads");
     // A first part whose siblings are not all in the repo: refused before any download.
     let r = PullRequest {
         choice: Choice::File(parts[0].name.clone()),

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tpslab::serve::{self, ServerState};
 use tpslab_engine::device::DeviceChoice;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::generate::LoadedModel;
 
 #[path = "support/http_client.rs"]
 mod http_client;

@@ -36,8 +36,8 @@ use clap::Args;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::generate::LoadedModel;
 
 use self::errors::ApiError;
 use self::limits::{LimitArgs, Limits};

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::admission::Admission;
 use tpslab_engine::serving::engine::{Request, Usage};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 

@@ -8,8 +8,8 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::library;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::loadgen::{self, PromptSet};
 
 /// The device choice as saved with the window's state (the engine's [`DeviceChoice`] is not

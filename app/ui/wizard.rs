@@ -11,8 +11,8 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::perplexity::{
     BUNDLED_TEXT, BUNDLED_TEXT_NAME, PerplexityReport, perplexity,
 };

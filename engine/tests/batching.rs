@@ -11,12 +11,12 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tpslab_engine::kv::KvCache;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
 use tpslab_engine::sched::{Policy, SchedulerConfig};
 use tpslab_engine::serving::engine::{
     EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
 };
-use tpslab_engine::serving::generate::LoadedModel;
 
 fn model() -> Arc<LoadedModel> {
     static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();

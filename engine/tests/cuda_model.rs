@@ -16,11 +16,11 @@ use std::sync::mpsc;
 use tpslab_engine::device::cuda::CudaBackend;
 use tpslab_engine::device::{Backend, CpuBackend, DeviceChoice, RowNeed};
 use tpslab_engine::kv::Batch;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::arch;
 use tpslab_engine::model::record::Recording;
 use tpslab_engine::sched::stop::StopCriteria;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::WType;
 

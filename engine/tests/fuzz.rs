@@ -19,7 +19,7 @@ use tpslab_engine::device::Workspace;
 use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
 use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::text::chat::{ChatMessage, ChatTemplate, RenderBudget};
 use tpslab_kernels::ThreadPool;
 

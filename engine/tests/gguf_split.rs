@@ -10,7 +10,7 @@ use tpslab_engine::formats::gguf::{GgufFile, Value};
 use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS, model_files, part_path};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::library::index::{Library, ModelFormat};
-use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::model::LoadedModel;
 use tpslab_kernels::ThreadPool;
 
 #[path = "support/split.rs"]

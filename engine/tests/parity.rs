@@ -5,7 +5,7 @@
 
 use tpslab_engine::device::Workspace;
 use tpslab_engine::kv::{Batch, KvCache};
-use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::model::LoadedModel;
 use tpslab_kernels::ThreadPool;
 
 /// Facts from ../shared/refs/llamacpp_greedy.json (llama.cpp llama-server, greedy, same file).

@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, PerplexityError, perplexity};
 use tpslab_kernels::WType;
 

@@ -8,9 +8,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, EngineSnapshot, Event, Request};
-use tpslab_engine::serving::generate::LoadedModel;
 use tpslab_engine::serving::requant::{matrix_type, requantize};
 use tpslab_kernels::WType;
 

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use tpslab_engine::device::Workspace;
 use tpslab_engine::kv::{Batch, KvCache};
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::Model;
 use tpslab_engine::model::config::RopeStyle;
 use tpslab_engine::model::synthetic::{self, SyntheticError, arch, matrix_type, synthetic_weights};
 use tpslab_engine::model::weights::Weights;
 use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
-use tpslab_engine::serving::generate::{LoadedModel, generate};
+use tpslab_engine::serving::generate::generate;
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::{ThreadPool, WType};
 

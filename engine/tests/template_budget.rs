@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use tpslab_engine::formats::gguf::Value;
 use tpslab_engine::formats::gguf_write::copy_with_metadata;
-use tpslab_engine::serving::generate::{GenerateError, LoadedModel};
+use tpslab_engine::model::LoadedModel;
+use tpslab_engine::serving::generate::GenerateError;
 use tpslab_engine::text::chat::{ChatError, ChatMessage, ChatTemplate, Overrun, RenderBudget};
 
 /// Templates that never end on their own (also used by the CLI, server and window tests).
@@ -211,7 +212,8 @@ fn a_model_file_with_a_runaway_template_refuses_its_chat_prompt() {
     .expect("copy");
     let lm = LoadedModel::load(&path).expect("loads: the template is only run when used");
     let start = Instant::now();
-    let err = lm.chat_prompt(&conversation()).expect_err("runaway");
+    // The bundle's own error (`LoadError`), as a generation reports it.
+    let err = GenerateError::from(lm.chat_prompt(&conversation()).expect_err("runaway"));
     assert!(start.elapsed() < few_seconds());
     assert!(
         matches!(err, GenerateError::Chat(ChatError::OverBudget { .. })),

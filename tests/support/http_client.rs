@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tpslab::serve::limits::Limits;
 use tpslab::serve::{self, RunningServer, ServerState};
 use tpslab_engine::device::DeviceChoice;
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::generate::LoadedModel;
 
 /// Small enough to test the 413 cheaply, large enough for the too-long prompt.
 pub const BODY_LIMIT: usize = 256 << 10;

@@ -13,11 +13,11 @@ use crate::device::{
     Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
 };
 use crate::kv::{Batch, KvCache};
+use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::arch;
 use crate::model::ops::{Activation, Buf, Heads, Ops, Rope};
 use crate::model::weights::Linear;
-use crate::serving::generate::LoadedModel;
 
 /// Reusable activation buffers, grown to the largest batch seen.
 #[derive(Default)]

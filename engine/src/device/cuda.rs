@@ -14,12 +14,12 @@ use crate::device::{
     Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
 };
 use crate::kv::{Batch, KvCache};
+use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::ops::{Activation, Buf, Heads, Ops, Param, ParamShape, Rope};
 use crate::model::record::{Op, Recording};
 use crate::model::weights::{Linear, Weights};
-use crate::serving::generate::LoadedModel;
 
 /// A CUDA error with what the engine was doing.
 fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {

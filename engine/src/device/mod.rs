@@ -13,8 +13,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::kv::{Batch, KvCache, KvError};
+use crate::model::LoadedModel;
 use crate::model::config::ModelConfig;
-use crate::serving::generate::LoadedModel;
 
 pub mod attention;
 pub mod cpu;

@@ -256,20 +256,7 @@ fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError>
     })
 }
 
-/// Hands freed heap memory back to the OS (glibc keeps it otherwise, and it counts as resident):
-/// called after loading a model, whose parsing leaves tens of MB of freed buffers behind.
-pub fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        unsafe extern "C" {
-            fn malloc_trim(pad: usize) -> i32;
-        }
-        // SAFETY: malloc_trim only returns free heap pages to the OS; it has no preconditions.
-        unsafe {
-            malloc_trim(0);
-        }
-    }
-}
+pub use crate::model::loaded::release_free_memory;
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 //! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
 //! - [`arch`]: the registered architectures and their recipes.
 //! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
+//! - [`loaded`]: the model bundle (model, tokenizer, chat template, precision) front ends hold.
 //! - [`precision`]: a model's weight precision, typed (its matrices' type and any fallback).
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
 
@@ -17,6 +18,7 @@ use crate::formats::gguf::{GgufError, GgufFile};
 
 pub mod arch;
 pub mod config;
+pub mod loaded;
 pub mod ops;
 pub mod precision;
 pub mod record;
@@ -24,6 +26,7 @@ pub mod synthetic;
 pub mod weights;
 
 use config::{ConfigError, ModelConfig};
+pub use loaded::LoadedModel;
 use weights::{WeightError, Weights};
 
 #[derive(Debug, thiserror::Error)]

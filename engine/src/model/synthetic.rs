@@ -12,11 +12,11 @@ use std::sync::OnceLock;
 
 use tpslab_kernels::WType;
 
+use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::config::ModelConfig;
 use crate::model::precision::Precision;
 use crate::model::weights::{LayerWeights, Linear, Weights};
-use crate::serving::generate::LoadedModel;
 use crate::text::chat::ChatTemplate;
 use crate::text::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
 

@@ -39,8 +39,8 @@ use thiserror::Error;
 
 pub use crate::kv::block_pool::RequestId;
 use crate::kv::block_pool::{BlockId, KvManager};
+use crate::kv::{KvNeverFits, KvPool};
 use crate::sched::stop::FinishReason;
-use crate::serving::admission::{KvNeverFits, KvPool};
 
 /// The order waiting requests start in, and which running request is preempted first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@
 //! scheduler trusts. A front end that must size something before there is an engine (the
 //! single-request path sizes its KV pool) asks [`Admission::for_model`] the same question.
 
+pub use crate::kv::{KvNeverFits, KvPool};
 use serde::Serialize;
 
 use crate::model::config::ModelConfig;
@@ -24,19 +25,6 @@ pub enum RefusalKind {
     Invalid,
     /// The engine has stopped or failed on the step that carried the request.
     Unavailable,
-}
-
-/// A request the KV pool can never hold whole: the K/V of every token but the last generated
-/// one must fit at once, or the request could never complete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "request needs {needed_blocks} KV blocks ({tokens} tokens) but the cache has only \
-     {num_blocks}; shorten the prompt or max_tokens, or enlarge the KV budget"
-)]
-pub struct KvNeverFits {
-    pub tokens: usize,
-    pub needed_blocks: usize,
-    pub num_blocks: usize,
 }
 
 /// Why a request is not (or no longer) run. Its message is what the user reads, in the window,
@@ -95,35 +83,6 @@ impl Refusal {
             Self::Stopped | Self::Failed(_) => RefusalKind::Unavailable,
             Self::Remote { kind, .. } => *kind,
         }
-    }
-}
-
-/// A KV pool's shape as admission sees it: blocks of `block_size` token slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvPool {
-    pub num_blocks: usize,
-    pub block_size: usize,
-}
-
-impl KvPool {
-    /// Token slots in the whole pool: the most any one request can have computed at once.
-    pub fn tokens(&self) -> usize {
-        self.num_blocks.saturating_mul(self.block_size)
-    }
-
-    /// Whether a request of `prompt_len` tokens generating up to `max_tokens` can complete in
-    /// the pool (see [`KvNeverFits`]).
-    pub fn fit(&self, prompt_len: usize, max_tokens: usize) -> Result<(), KvNeverFits> {
-        let tokens = prompt_len.saturating_add(max_tokens.saturating_sub(1));
-        let needed_blocks = tokens.div_ceil(self.block_size.max(1));
-        if needed_blocks > self.num_blocks {
-            return Err(KvNeverFits {
-                tokens,
-                needed_blocks,
-                num_blocks: self.num_blocks,
-            });
-        }
-        Ok(())
     }
 }
 

@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::{Backend, DeviceChoice, MemoryUse};
 use crate::kv::KvCache;
+use crate::model::LoadedModel;
 use crate::model::precision::Precision;
 use crate::sched::stop::{FinishReason, StopChecker};
 use crate::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
 use crate::serving::admission::Admission;
-use crate::serving::generate::LoadedModel;
 use crate::serving::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes,
 };

@@ -1,26 +1,23 @@
 //! A loaded model bundle (weights, tokenizer, chat template) and the single-request generation
 //! loop: the batch-of-one case of the engine, used by `tpslab generate` and the benchmarks.
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::device::DeviceChoice;
-use crate::formats::gguf::GgufFile;
 use crate::kv::KvCache;
-use crate::model::config::ModelConfig;
-use crate::model::precision::Precision;
-use crate::model::{Model, ModelError};
+use crate::model::ModelError;
+use crate::model::loaded::{LoadError, LoadedModel};
 use crate::sched::stop::{FinishReason, StopCriteria};
 use crate::serving::admission::Admission;
 use crate::serving::engine::{
     EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Refusal, Request,
 };
 use crate::serving::sampler::SamplingParams;
-use crate::text::chat::{ChatError, ChatMessage, ChatTemplate};
-use crate::text::tokenizer::{Tokenizer, TokenizerError};
+use crate::text::chat::ChatError;
+use crate::text::tokenizer::TokenizerError;
 
 /// KV block size of the single-request path (the engine's default too).
 pub const BLOCK_SIZE: usize = 16;
@@ -40,54 +37,19 @@ pub enum GenerateError {
     Refused(#[from] Refusal),
 }
 
-/// Everything needed to turn text into tokens and tokens into logits.
-pub struct LoadedModel {
-    pub path: PathBuf,
-    pub model: Model,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
-    /// Weight precision of the matrices: the file's dominant type ("Q4_1"), or what a synthetic
-    /// model or a re-quantization was built with.
-    pub precision: Precision,
+impl From<LoadError> for GenerateError {
+    fn from(e: LoadError) -> Self {
+        match e {
+            LoadError::Model(e) => Self::Model(e),
+            LoadError::Tokenizer(e) => Self::Tokenizer(e),
+            LoadError::Chat(e) => Self::Chat(e),
+        }
+    }
 }
 
+/// The stop rule a plain request gets (here, since stop rules are the scheduler's and the model
+/// bundle sits below it).
 impl LoadedModel {
-    pub fn load(path: &Path) -> Result<Self, GenerateError> {
-        let mut file = GgufFile::open(path).map_err(ModelError::from)?;
-        let cfg = ModelConfig::from_gguf(&file).map_err(ModelError::from)?;
-        let tokenizer = Tokenizer::from_gguf(&file)?;
-        let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
-        // The vocabulary and merges (~100k strings) are in the tokenizer now; freeing them and
-        // the tokenizer's build-time garbage before the weights arrive keeps the peak RSS down.
-        file.metadata
-            .retain(|k, _| !k.starts_with("tokenizer.ggml."));
-        crate::library::release_free_memory();
-        let model = Model::from_file(&file, cfg)?;
-        crate::library::release_free_memory();
-        // A file that loaded has matrices the kernels run; were its dominant type one they
-        // don't (tensors the model never reads), the embedding's type stands in.
-        let precision = Precision::of_file(&file).unwrap_or_else(|| model.weights.embed.ty.into());
-        Ok(Self {
-            path: path.to_path_buf(),
-            model,
-            tokenizer,
-            template,
-            precision,
-        })
-    }
-
-    /// Prompt tokens for raw text: no template, BOS only if the model's metadata asks for it.
-    pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, GenerateError> {
-        Ok(self.tokenizer.encode_prompt(text, false)?)
-    }
-
-    /// Prompt tokens for a conversation, through the model's chat template.
-    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, GenerateError> {
-        let text = self.template.render(messages, true)?;
-        // The template writes BOS itself where the model wants one.
-        Ok(self.tokenizer.encode(&text, true)?)
-    }
-
     /// The stop criteria a plain request gets: the model's stop tokens and a token limit.
     pub fn default_stop(&self, max_tokens: Option<usize>) -> StopCriteria {
         StopCriteria::new(max_tokens, self.tokenizer.stop_token_ids())

@@ -11,8 +11,9 @@ use tpslab_kernels::ThreadPool;
 
 use crate::device::{BatchError, Workspace};
 use crate::kv::{Batch, KvCache, KvError};
+use crate::model::LoadedModel;
 use crate::model::ModelError;
-use crate::serving::generate::{GenerateError, LoadedModel};
+use crate::serving::generate::GenerateError;
 
 /// Chapter 1 of *Pride and Prejudice* (Project Gutenberg #1342), see `assets/perplexity/`.
 pub const BUNDLED_TEXT: &str =
@@ -91,7 +92,7 @@ fn run(
         });
     }
     let start = Instant::now();
-    let tokens = lm.raw_prompt(text)?;
+    let tokens = lm.raw_prompt(text).map_err(GenerateError::from)?;
     let windows = tokens.len() / ctx;
     if windows == 0 {
         return Err(PerplexityError::TooShort {

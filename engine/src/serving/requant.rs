@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use tpslab_kernels::WType;
 
+use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::precision::Precision;
 use crate::model::weights::{LayerWeights, Linear, Weights};
 use crate::quant::quantize::convert;
-use crate::serving::generate::LoadedModel;
 
 /// The weight types the live knob offers, highest precision first.
 pub const LIVE_TYPES: [WType; 9] = [

@@ -9,7 +9,7 @@ use serde_json::{Value as Json, json};
 use tpslab_engine::formats::gguf::{GgmlType, Value};
 use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::formats::safetensors::{StDesc, StWriter};
-use tpslab_engine::serving::generate::LoadedModel;
+use tpslab_engine::model::LoadedModel;
 
 const HIDDEN: u64 = 64;
 const FFN: u64 = 128;

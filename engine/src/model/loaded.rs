@@ -1,0 +1,86 @@
+//! A loaded model bundle: the model with its tokenizer, chat template and precision, as every
+//! front end (window, CLI, server, engine) holds it.
+
+use std::path::{Path, PathBuf};
+
+use crate::formats::gguf::GgufFile;
+use crate::model::config::ModelConfig;
+use crate::model::precision::Precision;
+use crate::model::{Model, ModelError};
+use crate::text::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::text::tokenizer::{Tokenizer, TokenizerError};
+
+/// Why a model bundle could not be loaded, or a prompt not built from it.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+}
+
+/// Everything needed to turn text into tokens and tokens into logits.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Weight precision of the matrices: the file's dominant type ("Q4_1"), or what a synthetic
+    /// model or a re-quantization was built with.
+    pub precision: Precision,
+}
+
+impl LoadedModel {
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        let mut file = GgufFile::open(path).map_err(ModelError::from)?;
+        let cfg = ModelConfig::from_gguf(&file).map_err(ModelError::from)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
+        // The vocabulary and merges (~100k strings) are in the tokenizer now; freeing them and
+        // the tokenizer's build-time garbage before the weights arrive keeps the peak RSS down.
+        file.metadata
+            .retain(|k, _| !k.starts_with("tokenizer.ggml."));
+        release_free_memory();
+        let model = Model::from_file(&file, cfg)?;
+        release_free_memory();
+        // A file that loaded has matrices the kernels run; were its dominant type one they
+        // don't (tensors the model never reads), the embedding's type stands in.
+        let precision = Precision::of_file(&file).unwrap_or_else(|| model.weights.embed.ty.into());
+        Ok(Self {
+            path: path.to_path_buf(),
+            model,
+            tokenizer,
+            template,
+            precision,
+        })
+    }
+
+    /// Prompt tokens for raw text: no template, BOS only if the model's metadata asks for it.
+    pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, LoadError> {
+        Ok(self.tokenizer.encode_prompt(text, false)?)
+    }
+
+    /// Prompt tokens for a conversation, through the model's chat template.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, LoadError> {
+        let text = self.template.render(messages, true)?;
+        // The template writes BOS itself where the model wants one.
+        Ok(self.tokenizer.encode(&text, true)?)
+    }
+}
+
+/// Hands freed heap memory back to the OS (glibc keeps it otherwise, and it counts as resident):
+/// called after loading a model, whose parsing leaves tens of MB of freed buffers behind.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim only returns free heap pages to the OS; it has no preconditions.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
