@@ -12,7 +12,7 @@ use serde_json::Value as Json;
 
 use crate::formats::gguf::Value;
 use crate::formats::hf::{HfConfig, HfError, TOKENIZER, TOKENIZER_CONFIG, read_json};
-use crate::text::tokenizer::PreTokenizerKind;
+use crate::formats::pretokenizer::PreTokenizerKind;
 
 /// GGUF token types.
 const NORMAL: i32 = 1;

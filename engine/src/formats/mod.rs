@@ -9,10 +9,12 @@
 //! - [`safetensors`]: validating safetensors reader and streaming writer (F32/F16/BF16).
 //! - [`hf`]: Hugging Face folders (config.json, tokenizer.json, safetensors) opened as a GGUF view.
 //! - [`hf_tokenizer`]: tokenizer.json + tokenizer_config.json mapped to the GGUF tokenizer keys.
+//! - [`pretokenizer`]: the pre-tokenizers by `tokenizer.ggml.pre` name (GGUF and HF share it).
 
 pub mod gguf;
 pub mod gguf_split;
 pub mod gguf_write;
 pub mod hf;
 pub mod hf_tokenizer;
+pub mod pretokenizer;
 pub mod safetensors;

@@ -10,16 +10,14 @@ use std::sync::Arc;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, BpeTrainer, Vocab};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
     AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper,
-    PreTokenizerWrapper, SplitDelimiterBehavior, Token, TokenizerImpl,
+    PreTokenizerWrapper, Token, TokenizerImpl,
 };
 
 use crate::formats::gguf::{GgufError, GgufFile, Value};
+use crate::formats::pretokenizer::PreTokenizerError;
+pub use crate::formats::pretokenizer::PreTokenizerKind;
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
@@ -35,11 +33,6 @@ const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 /// The pre-tokenizer `pre` values this build knows, for error messages.
 const SUPPORTED_PRE: &str = "gpt2, default, smollm, starcoder, refact, codeshell, mpt, olmo, \
                              llama3, llama-bpe, llama-v3, qwen2, stablelm2";
-
-/// Llama 3's split (from its tokenizer.json; digits in groups of up to three).
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Qwen2's split: as Llama 3 but single digits.
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// End-of-turn token texts that stop generation when the vocabulary has them as control tokens
 /// (the same list llama.cpp uses to build its end-of-generation set).
@@ -57,6 +50,15 @@ const END_OF_TURN_TEXTS: &[&str] = &[
 const TYPE_UNKNOWN: u64 = 2;
 const TYPE_CONTROL: u64 = 3;
 const TYPE_USER_DEFINED: u64 = 4;
+
+impl From<PreTokenizerError> for TokenizerError {
+    fn from(e: PreTokenizerError) -> Self {
+        match e {
+            PreTokenizerError::Unsupported(name) => Self::UnsupportedPre(name),
+            PreTokenizerError::Regex(e) => Self::Build(format!("pre-tokenizer regex: {e}")),
+        }
+    }
+}
 
 /// Why a tokenizer could not be built or used.
 #[derive(Debug, thiserror::Error)]
@@ -77,64 +79,6 @@ pub enum TokenizerError {
     Encode(String),
     #[error("token id {id} is out of range (the vocabulary has {vocab_size} tokens)")]
     UnknownId { id: u32, vocab_size: usize },
-}
-
-/// How text is split into words before BPE, by llama.cpp's `tokenizer.ggml.pre` name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PreTokenizerKind {
-    /// GPT-2's regex (also used when the key is missing or says "default").
-    Gpt2,
-    /// GPT-2's regex after splitting every digit apart (SmolLM, StarCoder).
-    Gpt2Digits,
-    /// Llama 3 (also ignores merges for words that are whole vocabulary entries).
-    Llama3,
-    /// Qwen2.
-    Qwen2,
-}
-
-impl PreTokenizerKind {
-    /// Maps a `tokenizer.ggml.pre` value; unknown names are refused rather than guessed, because
-    /// a wrong split silently changes token ids and degrades the model.
-    pub fn from_gguf_name(name: Option<&str>) -> Result<Self, TokenizerError> {
-        Ok(match name {
-            // llama.cpp's own "default" regex is a legacy oddity; HF's GPT-2 split is what the
-            // GPT-2 family was trained with, so missing/"default" use that.
-            None | Some("gpt2" | "default" | "mpt" | "olmo") => Self::Gpt2,
-            Some("smollm" | "starcoder" | "refact" | "codeshell") => Self::Gpt2Digits,
-            Some("llama3" | "llama-bpe" | "llama-v3") => Self::Llama3,
-            Some("qwen2" | "stablelm2") => Self::Qwen2,
-            Some(other) => return Err(TokenizerError::UnsupportedPre(other.to_string())),
-        })
-    }
-
-    pub(crate) fn build(self) -> Result<PreTokenizerWrapper, TokenizerError> {
-        let split = |re: &str| {
-            Split::new(
-                SplitPattern::Regex(re.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex: {e}")))
-        };
-        Ok(match self {
-            Self::Gpt2 => ByteLevel::new(false, true, true).into(),
-            Self::Gpt2Digits => Sequence::new(vec![
-                Digits::new(true).into(),
-                ByteLevel::new(false, true, true).into(),
-            ])
-            .into(),
-            Self::Llama3 => Sequence::new(vec![
-                split(LLAMA3_REGEX)?.into(),
-                ByteLevel::new(false, true, false).into(),
-            ])
-            .into(),
-            Self::Qwen2 => Sequence::new(vec![
-                split(QWEN2_REGEX)?.into(),
-                ByteLevel::new(false, false, false).into(),
-            ])
-            .into(),
-        })
-    }
 }
 
 /// The BPE model (vocabulary, merges, word cache) behind both of a [`Tokenizer`]'s pipelines:
@@ -252,7 +196,7 @@ impl Tokenizer {
                 TokenizerError::BadMetadata(format!("'{KEY_PRE}' is not a string"))
             })?),
         };
-        let pre = PreTokenizerKind::from_gguf_name(pre_name)?;
+        let pre = PreTokenizerKind::from_gguf_name(pre_name).map_err(TokenizerError::from)?;
         let tokens = gguf.get_str_array(KEY_TOKENS)?;
         let types: Vec<u64> = match gguf.get(KEY_TYPES) {
             None => vec![1; tokens.len()],
