@@ -1,27 +1,20 @@
 //! TPS Lab app: the desktop window and the command line front end over the engine.
 //!
-//! Modules:
-//! - [`cli`]: argument parsing and the subcommands (`generate`, `bench`, `quantize`,
-//!   `perplexity`).
-//! - [`bench`]: `tpslab bench` arguments and the single-stream mode (llama-bench style).
-//! - [`serve_bench`]: the serving benchmark over the engine or a remote server (vLLM's figures
-//!   per concurrency).
-//! - [`remote`]: a remote OpenAI-compatible server as the load generator's target.
-//! - [`model_cmds`]: `tpslab quantize` (re-quantize a GGUF, predicted size, progress bar) and
-//!   `tpslab perplexity`.
-//! - [`hub`]: Hugging Face Hub client (hf-hub): list, search, and `pull` into the library.
-//! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
-//! - [`mem`]: process memory readings (RSS, peak RSS).
+//! Modules (each imports only those listed after it, or none of these):
+//! - [`cli`]: the clap definitions and the subcommands (`generate`, `bench`, `quantize`,
+//!   `perplexity`, `export`, `models`, `pull`), dispatched from one `main`.
+//! - [`ui`]: the eframe window: chat, tuning dashboard, load generator, sweep, model library.
 //! - [`serve`]: `tpslab serve`, the OpenAI-compatible HTTP server and its Prometheus metrics.
-//! - [`ui`]: the eframe window: chat, tuning dashboard, load generator, sweep.
+//! - [`model_args`]: where a command's model comes from and what runs it (`--model`,
+//!   `--synthetic`, `--device`, `--threads`), shared by `cli` and `serve`.
+//! - [`remote`]: a remote OpenAI-compatible server as the load generator's target.
+//! - [`hub`]: Hugging Face Hub client (hf-hub): list, search, and `pull` into the library.
+//! - [`mem`]: process memory readings (RSS, peak RSS).
 
-pub mod bench;
 pub mod cli;
 pub mod hub;
-pub mod library_cmds;
 pub mod mem;
-pub mod model_cmds;
+pub mod model_args;
 pub mod remote;
 pub mod serve;
-pub mod serve_bench;
 pub mod ui;

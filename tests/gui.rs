@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
-use tpslab::ui::backend::DevicePref;
-use tpslab::ui::chat::{Conversation, Message, Role};
+use tpslab::ui::engine_link::DevicePref;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::load::{RemoteSettings, SweepPoint};
+use tpslab::ui::panels::chat::{Conversation, Message, Role};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::sched::Policy;
@@ -457,7 +457,10 @@ fn saved_state_loads_from_older_or_partial_json() {
     let s: AppState = serde_json::from_str(r#"{"tab":"Dashboard","chat":{"active":1}}"#)
         .expect("partial state parses");
     assert_eq!(s.chat.conversations.len(), 1);
-    assert_eq!(s.dash, tpslab::ui::dashboard::DashSettings::default());
+    assert_eq!(
+        s.dash,
+        tpslab::ui::panels::dashboard::DashSettings::default()
+    );
     assert_eq!(s.device, DevicePref::Auto);
     let s: AppState = serde_json::from_str(r#"{"device":{"Cuda":1}}"#).expect("device parses");
     assert_eq!(s.device, DevicePref::Cuda(1));

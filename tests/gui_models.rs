@@ -20,8 +20,9 @@ use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
 use tpslab::hub::human_bytes;
 use tpslab::ui::catalog::size_text;
+use tpslab::ui::command::Command;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
-use tpslab::ui::{AppOptions, AppState, Command, TpsApp};
+use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 
 const DEFAULT_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -43,7 +43,7 @@ use self::errors::ApiError;
 use self::limits::{LimitArgs, Limits};
 use self::metrics::ServerMetrics;
 use self::openai::ModelShape;
-use crate::cli::ModelArgs;
+use crate::model_args::ModelArgs;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {

@@ -1,7 +1,8 @@
 //! The model library as the window sees it: a thin adapter over the engine's library index
 //! ([`tpslab_engine::library::index`]): listing (models without a manifest are hashed and indexed
 //! once, on the scan worker), importing a GGUF or a safetensors folder, and recording a
-//! quantizer output's source. The panels call only these functions.
+//! quantizer output's source. The panels call only these functions, and share the library's
+//! folder and last scan as one [`Library`].
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -9,6 +10,8 @@ use std::sync::atomic::AtomicBool;
 pub use tpslab_engine::library::index::ModelEntry;
 use tpslab_engine::library::index::{Library as Index, ModelSource};
 use tpslab_kernels::WType;
+
+use super::task::Task;
 
 /// What a scan found: the models, and the entries it could not read (shown, not fatal).
 #[derive(Debug, Clone, Default)]
@@ -80,6 +83,92 @@ pub fn size_text(bytes: u64) -> String {
     } else {
         format!("{mib:.1} MiB")
     }
+}
+
+/// The library as the panels share it: its folder, the last scan and the scan in flight.
+pub struct Library {
+    pub dir: PathBuf,
+    pub models: Vec<ModelEntry>,
+    /// Files in the folder that did not parse as models (shown, not fatal).
+    pub unreadable: Vec<String>,
+    pub error: Option<String>,
+    scan: Option<Task<Scan>>,
+    /// A rescan was asked for while one ran (a file may have landed after it listed the folder).
+    again: bool,
+    scanned: bool,
+}
+
+impl Library {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            models: Vec::new(),
+            unreadable: Vec::new(),
+            error: None,
+            scan: None,
+            again: false,
+            scanned: false,
+        }
+    }
+
+    /// The folder the engine's library uses (`TPSLAB_HOME/models`).
+    pub fn default_dir() -> PathBuf {
+        tpslab_engine::library::models_dir().unwrap_or_else(|_| PathBuf::from("models"))
+    }
+
+    /// Lists the folder again on a worker.
+    pub fn rescan(&mut self, ctx: &egui::Context) {
+        if self.scan.is_some() {
+            self.again = true;
+            return;
+        }
+        let dir = self.dir.clone();
+        match Task::spawn(
+            "library-scan",
+            "Reading the library".into(),
+            ctx,
+            move |_| scan(&dir),
+        ) {
+            Ok(t) => self.scan = Some(t),
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// Takes in a finished scan (the first call starts one).
+    pub fn poll(&mut self, ctx: &egui::Context) {
+        if !self.scanned {
+            self.scanned = true;
+            self.rescan(ctx);
+        }
+        let Some(result) = self.scan.as_mut().and_then(Task::poll) else {
+            return;
+        };
+        self.scan = None;
+        match result {
+            Ok(s) => {
+                self.models = s.models;
+                self.unreadable = s.unreadable;
+                self.error = None;
+            }
+            Err(e) => self.error = Some(e),
+        }
+        if std::mem::take(&mut self.again) {
+            self.rescan(ctx);
+        }
+    }
+
+    pub fn scanning(&self) -> bool {
+        self.scan.is_some()
+    }
+
+    pub fn find(&self, path: &Path) -> Option<&ModelEntry> {
+        self.models.iter().find(|m| same_file(&m.path, path))
+    }
+}
+
+/// The same file, whether or not the two paths are spelled alike.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
 #[cfg(test)]

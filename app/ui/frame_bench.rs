@@ -15,8 +15,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::chat::{Message, Role};
-use super::{Command, Tab, TpsApp};
+use super::command::Command;
+use super::panels::chat::{Message, Role};
+use super::{Tab, TpsApp};
 
 /// Frames after the load starts that are not counted (first plots, font atlas, shader warm-up).
 const WARMUP_S: f64 = 3.0;
@@ -110,11 +111,13 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 impl TpsApp {
-    /// One frame of the frame benchmark (nothing when it is off).
-    pub(super) fn frame_bench_tick(&mut self, ctx: &egui::Context, cpu_s: Option<f32>) {
-        let Some(mut fb) = self.rt.frame_bench.take() else {
-            return;
-        };
+    /// One frame of the frame benchmark, before the app's frame.
+    pub(super) fn frame_bench_tick(
+        &mut self,
+        fb: &mut FrameBench,
+        ctx: &egui::Context,
+        cpu_s: Option<f32>,
+    ) {
         if !fb.done {
             ctx.request_repaint();
             let now = Instant::now();
@@ -157,13 +160,12 @@ impl TpsApp {
                         }
                     }
                     if t > WARMUP_S + fb.secs {
-                        self.finish_frame_bench(&mut fb, ctx);
+                        self.finish_frame_bench(fb, ctx);
                     }
                 }
             }
             fb.last = Some(now);
         }
-        self.rt.frame_bench = Some(fb);
     }
 
     /// The chat scenario: a conversation with earlier exchanges (markdown with code blocks, as

@@ -3,15 +3,18 @@
 
 use std::path::PathBuf;
 
-use super::models::{Library, ModelsView};
-use super::wizard::WizardView;
-use super::{Command, ModelSlot, TpsApp};
+use super::TpsApp;
+use super::catalog::Library;
+use super::command::Command;
+use super::engine_link::ModelSlot;
+use super::panels::models::ModelsView;
+use super::panels::wizard::WizardView;
 
 impl TpsApp {
     /// The Models panel and the quantization wizard, as windows over the tab when open.
     pub(super) fn library_windows_ui(&mut self, ctx: &egui::Context, cmds: &mut Vec<Command>) {
         let locked = self.device_locked();
-        let loaded = self.backend().map(|b| b.path.clone());
+        let loaded = self.link().map(|b| b.path.clone());
         let loading = match &self.rt.model {
             Some(ModelSlot::Loading { .. }) => Some(PathBuf::from(&self.options.model)),
             _ => None,
@@ -87,7 +90,7 @@ impl TpsApp {
 
     /// Notes the decode speed a finished run measured on the loaded model, for the wizard's table.
     pub(super) fn record_speed(&mut self, run: &str, tps: Option<f64>) {
-        let (Some(tps), Some(path)) = (tps, self.backend().map(|b| b.path.clone())) else {
+        let (Some(tps), Some(path)) = (tps, self.link().map(|b| b.path.clone())) else {
             return;
         };
         self.rt
@@ -100,7 +103,7 @@ impl TpsApp {
         let key = Some(self.state.dash.server.api_key.trim().to_string()).filter(|k| !k.is_empty());
         let port = self.state.dash.server.port;
         let mut server = std::mem::take(&mut self.rt.server);
-        let r = match self.backend() {
+        let r = match self.link() {
             Some(b) => server.start(b, port, key),
             None => Err("the model is not loaded yet".into()),
         };

@@ -1,7 +1,7 @@
 //! Load generator and concurrency sweep, each on its own thread with a stop flag; the UI polls
 //! their results every frame and never waits on them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -463,81 +463,4 @@ impl SweepRun {
             }
         }
     }
-}
-
-/// Writes `points` as `<base>.json`, `<base>.csv` and the plot as `<base>.png`; returns the paths.
-pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<[PathBuf; 3], String> {
-    if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let json_path = base.with_extension("json");
-    let csv_path = base.with_extension("csv");
-    let json = serde_json::to_string_pretty(points).map_err(|e| e.to_string())?;
-    std::fs::write(&json_path, json)
-        .map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
-    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
-    let mut csv = String::from(
-        "concurrency,prompt_len,output_len,precision,completed,duration_s,output_throughput,\
-         mean_per_request_tps,p10_per_request_tps,median_ttft_ms,p99_ttft_ms,max_batch,device\n",
-    );
-    for p in points {
-        csv.push_str(&format!(
-            "{},{},{},{},{},{:.3},{:.3},{},{},{:.3},{:.3},{},\"{}\"\n",
-            p.concurrency,
-            p.prompt_len,
-            p.output_len,
-            p.precision,
-            p.completed,
-            p.duration_s,
-            p.output_throughput,
-            opt(p.mean_per_request_tps),
-            opt(p.p10_per_request_tps),
-            p.median_ttft_ms,
-            p.p99_ttft_ms,
-            p.max_batch,
-            p.device.replace('"', "'")
-        ));
-    }
-    std::fs::write(&csv_path, csv)
-        .map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
-    let png_path = base.with_extension("png");
-    super::plot_png::save(&png_path, points)?;
-    Ok([json_path, csv_path, png_path])
-}
-
-/// The load generator's target: this engine, or a remote OpenAI-compatible server (vLLM, SGLang,
-/// TGI, llama.cpp's server, `tpslab serve`), measured on the client side.
-pub fn remote_ui(ui: &mut egui::Ui, r: &mut RemoteSettings) {
-    ui.horizontal(|ui| {
-        ui.label("Target");
-        ui.radio_value(&mut r.enabled, false, "This engine");
-        ui.radio_value(&mut r.enabled, true, "Remote endpoint");
-    });
-    if !r.enabled {
-        return;
-    }
-    egui::Grid::new("remote_grid")
-        .num_columns(2)
-        .show(ui, |ui| {
-            let lb = ui.label("Endpoint URL");
-            ui.add(egui::TextEdit::singleline(&mut r.url).hint_text("http://127.0.0.1:8000"))
-                .labelled_by(lb.id);
-            ui.end_row();
-            let lb = ui.label("Served model");
-            ui.add(egui::TextEdit::singleline(&mut r.model).hint_text("first listed"))
-                .labelled_by(lb.id);
-            ui.end_row();
-            let lb = ui.label("Endpoint API key");
-            ui.add(egui::TextEdit::singleline(&mut r.api_key).password(true))
-                .labelled_by(lb.id);
-            ui.end_row();
-        });
-    ui.label(
-        egui::RichText::new(
-            "Timed on this side as vLLM's benchmark does; the live plots stay on this engine, \
-             the summary and the sweep show the remote figures.",
-        )
-        .small(),
-    );
 }

@@ -1,46 +1,45 @@
-//! The desktop window: the app shell (saved state, runtime handles, status bar, errors) and the
-//! commands the panels return, applied once per frame.
+//! The desktop window's app: its saved state and runtime handles, the frame loop (top bar,
+//! status bar, errors, the tab, the library windows), and the commands the panels return,
+//! applied once per frame.
 //!
 //! Modules:
-//! - [`api_server`]: the OpenAI-compatible API server over the window's engine.
-//! - [`backend`]: loading the model and starting (or restarting) the engine on a worker thread.
-//! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
-//! - [`chat`]: conversations, their streaming generations and the chat panel.
-//! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
+//! - [`panels`]: the panels (chat, dashboard, models, wizard, status, API server).
+//! - [`command`]: what the panels ask the app for (a leaf: it names no panel).
+//! - [`engine_link`]: the link to the engine (model slot, engine handle) and the saved device.
+//! - `library_windows`: the app's Models and Quantize windows, and loading another model.
+//! - [`window`]: the native window (`tpslab` with no subcommand) and its eframe hooks.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
+//! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
 //! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
 //! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (search, list,
 //!   download).
-//! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
 //! - [`load`]: the load generator and the concurrency sweep, each on its own thread.
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
-//! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
 //! - [`plots`]: the live plots and their history (decimated per pixel column), the sweep plot.
 //! - [`renderer`]: `--renderer`: wgpu on a GPU, OpenGL where wgpu would rasterize on the CPU.
-//! - [`status`]: the status bar (backend, memory) and the device selector.
+//! - [`sweep_file`]: a sweep saved as JSON, CSV and its plot as PNG.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
-//! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
+//!
+//! This module imports the others; of them only `window`, `frame_bench` and `library_windows`
+//! (which add to the app) import this one, and this one imports none of them.
 
-pub mod api_server;
-pub mod backend;
 pub mod catalog;
-pub mod chat;
-pub mod dashboard;
+pub mod command;
+pub mod engine_link;
 pub mod files;
 mod frame_bench;
 pub mod hub_adapter;
-mod hub_panel;
 mod library_windows;
 pub mod load;
 pub mod markdown;
-pub mod models;
+pub mod panels;
 pub mod plot_png;
 pub mod plots;
 pub mod renderer;
-pub mod status;
+pub mod sweep_file;
 pub mod task;
-pub mod wizard;
+pub mod window;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,50 +47,19 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::serving::engine::{EngineSnapshot, Knobs};
-use tpslab_kernels::WType;
+use tpslab_engine::serving::engine::EngineSnapshot;
 
-use backend::{DevicePref, ModelSlot, SlotNews};
-use chat::{ChatState, ChatView, Generation, Message, Role};
-use dashboard::{DashSettings, DashView, describe_knob_change};
+use catalog::Library;
+use command::Command;
+use engine_link::{DevicePref, EngineLink, ModelSlot, SlotNews};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
-use models::{Library, ModelsPanel, ModelsSettings};
+use panels::chat::{self, ChatState, ChatView, Generation, Message, Role};
+use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
+use panels::models::{ModelsPanel, ModelsSettings};
+use panels::wizard::{Wizard, WizardSettings};
+use panels::{api_server, status};
 use plots::History;
-use wizard::{Wizard, WizardSettings};
-
-/// What the panels ask for; applied by [`TpsApp::apply`] at the end of the frame.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Command {
-    Send {
-        chat: u64,
-        text: String,
-    },
-    Stop {
-        chat: u64,
-    },
-    Regenerate {
-        chat: u64,
-    },
-    NewChat,
-    SelectChat(u64),
-    DeleteChat(u64),
-    SetKnobs(Knobs),
-    /// Re-quantize the loaded weights to this type.
-    SetPrecision(WType),
-    ResetMetrics,
-    StartLoad,
-    StopLoad,
-    StartSweep,
-    StopSweep,
-    SaveSweep,
-    DismissError(usize),
-    SetDevice(DevicePref),
-    /// Restart the engine on this model file.
-    LoadModel(PathBuf),
-    StartServer,
-    StopServer,
-}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Tab {
@@ -161,7 +129,6 @@ struct Runtime {
     models: ModelsPanel,
     wizard: Wizard,
     server: api_server::ApiServer,
-    frame_bench: Option<frame_bench::FrameBench>,
 }
 
 /// The app: saved state plus runtime handles.
@@ -196,7 +163,7 @@ impl TpsApp {
 
     /// The file of the model the engine runs.
     pub fn loaded_model(&self) -> Option<&std::path::Path> {
-        self.backend().map(|b| b.path.as_path())
+        self.link().map(|b| b.path.as_path())
     }
 
     /// The model library as last scanned.
@@ -220,11 +187,11 @@ impl TpsApp {
 
     /// The running engine, once the model is loaded.
     pub fn engine(&self) -> Option<&tpslab_engine::serving::engine::EngineHandle> {
-        self.backend().map(|b| &b.engine)
+        self.link().map(|b| &b.engine)
     }
 
-    fn backend(&self) -> Option<&backend::Backend> {
-        self.rt.model.as_ref().and_then(ModelSlot::backend)
+    fn link(&self) -> Option<&EngineLink> {
+        self.rt.model.as_ref().and_then(ModelSlot::link)
     }
 
     /// Errors shown in the window.
@@ -280,7 +247,7 @@ impl TpsApp {
             SlotNews::Nothing => {}
             SlotNews::Ready => {
                 if self.rt.model_before.take().is_some() {
-                    let name = self.backend().map(backend::Backend::model_name);
+                    let name = self.link().map(EngineLink::model_name);
                     let name = name.unwrap_or_default();
                     self.rt.history.mark(format!("model {name}"));
                 }
@@ -343,11 +310,11 @@ impl TpsApp {
         self.rt.models.poll(&mut self.state.models, lib, ctx);
         self.rt.wizard.poll(&mut self.state.wizard, lib, ctx);
         let mut server = std::mem::take(&mut self.rt.server);
-        if let Err(e) = server.follow(self.backend()) {
+        if let Err(e) = server.follow(self.link()) {
             self.rt.errors.push(e);
         }
         self.rt.server = server;
-        let snap = self.backend().map(|b| b.engine.stats());
+        let snap = self.link().map(|b| b.engine.stats());
         // A remote load run: the plots show its figures, measured here, not the idle engine's.
         let remote = self.rt.load.as_ref().and_then(|l| l.client_live.as_ref());
         if let Some(r) = remote.and_then(|l| l.snapshot()) {
@@ -408,7 +375,7 @@ impl TpsApp {
     /// The precision the engine serves at now (the live knob may have changed the file's).
     fn precision(&self) -> String {
         (self.rt.snapshot.as_ref().and_then(|s| s.precision))
-            .or_else(|| self.backend().map(|b| b.lm.precision))
+            .or_else(|| self.link().map(|b| b.lm.precision))
             .map_or_else(|| "–".into(), |p| p.to_string())
     }
 
@@ -428,7 +395,7 @@ impl TpsApp {
 
     fn chat_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
         let busy: Vec<u64> = self.rt.gens.iter().map(|g| g.chat).collect();
-        let ready = self.backend().is_some();
+        let ready = self.link().is_some();
         renderer::panel(egui::Panel::left("chat_list"), ui)
             .resizable(true)
             .default_size(180.0)
@@ -522,7 +489,7 @@ impl TpsApp {
                 Ok(())
             }
             Command::StartLoad => {
-                let b = self.backend().ok_or("the model is not loaded yet")?;
+                let b = self.link().ok_or("the model is not loaded yet")?;
                 let target = TargetSpec::of(&b.engine, &self.state.dash.load);
                 let run = LoadRun::start(target, &b.prompts, &self.state.dash.load, ctx)?;
                 self.rt.history.mark(format!("load started: {}", run.label));
@@ -537,7 +504,7 @@ impl TpsApp {
                 Ok(())
             }
             Command::StartSweep => {
-                let b = self.backend().ok_or("the model is not loaded yet")?;
+                let b = self.link().ok_or("the model is not loaded yet")?;
                 let settings = &self.state.dash.load;
                 let run = SweepRun::start(
                     TargetSpec::of(&b.engine, settings),
@@ -592,7 +559,7 @@ impl TpsApp {
         req.filters = vec![("JSON".into(), vec!["json".into()])];
         let points = self.rt.sweep_points.clone();
         let job = PendingSave::start(&self.dialogs, req, default, ctx, move |path| {
-            load::save_sweep(path, &points)
+            sweep_file::save_sweep(path, &points)
         })?;
         self.rt.saving = Some(job);
         self.rt.notice = Some("Saving the sweep…".into());
@@ -687,7 +654,7 @@ impl TpsApp {
             .rt
             .model
             .as_ref()
-            .and_then(ModelSlot::backend)
+            .and_then(ModelSlot::link)
             .map(|b| &b.engine);
         self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
             Some(conv) => !g.drain(conv, engine),
@@ -701,7 +668,7 @@ impl TpsApp {
             .rt
             .model
             .as_ref()
-            .and_then(ModelSlot::backend)
+            .and_then(ModelSlot::link)
             .map(|b| &b.engine)
         else {
             return;
@@ -723,11 +690,11 @@ impl TpsApp {
             text: String::new(),
             stats: None,
         });
-        let Some(backend) = self.rt.model.as_ref().and_then(ModelSlot::backend) else {
+        let Some(link) = self.rt.model.as_ref().and_then(ModelSlot::link) else {
             conv.messages.pop();
             return Err("the model is not loaded yet".into());
         };
-        match Generation::submit(backend, conv) {
+        match Generation::submit(link, conv) {
             Ok(g) => {
                 self.rt.gens.push(g);
                 Ok(())
@@ -738,50 +705,4 @@ impl TpsApp {
             }
         }
     }
-}
-
-impl eframe::App for TpsApp {
-    fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
-        let ctx = ui.ctx().clone();
-        self.frame_bench_tick(&ctx, frame.info().cpu_usage);
-        self.app_ui(ui);
-    }
-
-    fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
-        renderer::clear_color(visuals)
-    }
-
-    fn save(&mut self, storage: &mut dyn eframe::Storage) {
-        eframe::set_value(storage, STATE_KEY, &self.state);
-    }
-
-    fn on_exit(&mut self, _gl: Option<&eframe::glow::Context>) {
-        if let Some(l) = &self.rt.load {
-            l.stop();
-        }
-        if let Some(s) = &self.rt.sweep {
-            s.stop();
-        }
-    }
-}
-
-/// Opens the window with the painter `renderer` picks (blocks until it is closed).
-pub fn run(options: AppOptions, renderer: renderer::RendererChoice) -> anyhow::Result<()> {
-    let bench = frame_bench::FrameBench::from_env();
-    let painter = renderer::resolve(renderer);
-    eprintln!("window: {}", painter.why);
-    let native = renderer::native_options(&painter, bench.is_some());
-    let (renderer, why) = (painter.renderer, painter.why);
-    eframe::run_native(
-        "TPS Lab",
-        native,
-        Box::new(move |cc| {
-            let mut app = TpsApp::from_creation_context(cc, options);
-            app.rt.frame_bench = bench.map(|b| b.with_renderer(why));
-            Ok(Box::new(app))
-        }),
-    )
-    .map_err(|e| {
-        anyhow::anyhow!("cannot open the window ({renderer:?}): {e}; --renderer wgpu|glow picks the other painter")
-    })
 }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use egui_plot::{Corner, GridInput, GridMark, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
 use tpslab_engine::serving::engine::EngineSnapshot;
 
-use super::dashboard::{DashSettings, DashView, settings_label};
 use super::load::SweepPoint;
 
 /// One sample of the live figures, taken by the UI.
@@ -251,13 +250,9 @@ fn outline(ui: &egui::Ui, rect: egui::Rect) {
     (ui.painter()).rect_stroke(rect, 2.0, stroke, egui::StrokeKind::Inside);
 }
 
-pub(super) fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>) {
-    let h = view.history;
-    let knobs = view.snapshot.map_or(&s.knobs, |sn| &sn.knobs);
-    let load = view
-        .load_running
-        .map_or("no load generator", |(label, _, _)| label);
-    let label = settings_label(knobs, load, view.precision, view.device);
+/// The time plots of `h`, each titled with `label` (the settings they were taken under), and the
+/// sweep's plot when it has points.
+pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[SweepPoint]) {
     // Pixel columns of a plot's data area.
     let columns = ((ui.available_width() - Y_AXIS_WIDTH) * ui.ctx().pixels_per_point()) as usize;
     let series = |f: &dyn Fn(&Sample) -> Option<f64>| h.series(columns, f);
@@ -311,8 +306,8 @@ pub(super) fn plots_ui(ui: &mut egui::Ui, s: &DashSettings, view: &DashView<'_>)
     }
     time_plot(ui, "plot_kv", h, Some("blocks / MiB"), lines);
 
-    if !view.sweep_points.is_empty() {
-        sweep_plot_ui(ui, view.sweep_points, 260.0);
+    if !sweep_points.is_empty() {
+        sweep_plot_ui(ui, sweep_points, 260.0);
     }
 }
 

@@ -18,9 +18,9 @@ use tpslab_engine::serving::perplexity::{
 };
 use tpslab_kernels::WType;
 
-use super::catalog::{self, size_text};
-use super::models::{Library, same_file};
-use super::task::Task;
+use super::message_ui;
+use crate::ui::catalog::{self, Library, same_file, size_text};
+use crate::ui::task::Task;
 
 /// The targets in the order the wizard offers them (those the quantizer knows are shown).
 const ORDER: [WType; 8] = [
@@ -414,7 +414,7 @@ impl Wizard {
         if let Some(t) = &self.quantize {
             t.progress_ui(ui, true, Some("Cancel quantization"));
         }
-        super::models::message_ui(ui, self.message.as_ref());
+        message_ui(ui, self.message.as_ref());
     }
 
     fn start(
@@ -501,7 +501,7 @@ impl Wizard {
         if let Some((_, t)) = &self.ppl {
             t.progress_ui(ui, false, Some("Cancel perplexity"));
         }
-        super::models::message_ui(ui, self.ppl_message.as_ref());
+        message_ui(ui, self.ppl_message.as_ref());
         table_ui(ui, s);
     }
 

@@ -11,8 +11,8 @@ use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 
-use super::Command;
-use super::backend::Backend;
+use crate::ui::command::Command;
+use crate::ui::engine_link::EngineLink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -161,7 +161,7 @@ impl Generation {
     /// Starts submitting the conversation (which must end with an empty assistant message):
     /// the template and tokenizer run on a worker, so a slow or runaway template never holds a
     /// frame.
-    pub fn submit(backend: &Backend, conv: &Conversation) -> Result<Self, String> {
+    pub fn submit(link: &EngineLink, conv: &Conversation) -> Result<Self, String> {
         let mut messages = Vec::new();
         if !conv.system.trim().is_empty() {
             messages.push(ChatMessage::system(conv.system.clone()));
@@ -176,7 +176,7 @@ impl Generation {
         conv.sampling.validate().map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::channel();
         let (prep_tx, prep) = mpsc::channel();
-        let (lm, engine) = (Arc::clone(&backend.lm), backend.engine.clone());
+        let (lm, engine) = (Arc::clone(&link.lm), link.engine.clone());
         let (sampling, max_tokens) = (conv.sampling.clone(), conv.max_tokens.max(1));
         std::thread::Builder::new()
             .name("chat-prompt".into())
@@ -372,10 +372,10 @@ pub fn conversation_ui(
     ui.separator();
 
     // Input box at the bottom, messages fill the rest.
-    super::renderer::panel(egui::Panel::bottom(("chat_input", conv.id)), ui)
+    crate::ui::renderer::panel(egui::Panel::bottom(("chat_input", conv.id)), ui)
         .resizable(false)
         .show(ui, |ui| input_ui(ui, conv, busy, view.ready, cmds));
-    super::renderer::central_panel(ui).show(ui, |ui| {
+    crate::ui::renderer::central_panel(ui).show(ui, |ui| {
         egui::ScrollArea::vertical()
             .auto_shrink(false)
             .stick_to_bottom(true)
@@ -467,7 +467,7 @@ fn message_ui(
     });
     // Answers are markdown; the user's own text is shown as typed.
     match m.role {
-        Role::Assistant => super::markdown::ui(ui, &m.text),
+        Role::Assistant => crate::ui::markdown::ui(ui, &m.text),
         Role::User => {
             ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
         }

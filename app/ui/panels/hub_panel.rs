@@ -5,14 +5,23 @@
 
 use std::path::PathBuf;
 
-use super::catalog;
-use super::hub_adapter::{self, HubRequest};
-use super::models::{Library, ModelsSettings, message_ui};
-use super::task::Task;
+use super::message_ui;
 use crate::hub::{Choice, RepoListing, SearchHit, human_bytes};
+use crate::ui::catalog::{self, Library};
+use crate::ui::hub_adapter::{self, HubRequest};
+use crate::ui::task::Task;
 
 /// How many search results are asked for.
 const SEARCH_LIMIT: usize = 20;
+
+/// The Hub fields of the Models panel's saved settings, borrowed for one frame: this part edits
+/// them, and they are saved with the rest of the panel's settings.
+pub(super) struct HubFields<'a> {
+    pub repo: &'a mut String,
+    pub query: &'a mut String,
+    /// Empty: the Hub itself.
+    pub endpoint: &'a mut String,
+}
 
 /// The answer to one search.
 struct Found {
@@ -90,10 +99,10 @@ impl HubPanel {
         self.search.is_some() || self.listing.is_some() || self.download.is_some()
     }
 
-    fn request(&self, settings: &ModelsSettings) -> HubRequest {
+    fn request(&self, f: &HubFields<'_>) -> HubRequest {
         HubRequest {
-            repo: settings.hf_repo.trim().to_string(),
-            endpoint: Some(settings.hf_endpoint.trim().to_string()).filter(|e| !e.is_empty()),
+            repo: f.repo.trim().to_string(),
+            endpoint: Some(f.endpoint.trim().to_string()).filter(|e| !e.is_empty()),
             token: Some(self.token.trim().to_string()).filter(|t| !t.is_empty()),
         }
     }
@@ -141,11 +150,11 @@ impl HubPanel {
         }
     }
 
-    pub(super) fn ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings, lib: &Library) {
+    pub(super) fn ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>, lib: &Library) {
         egui::Grid::new("hub_fields").num_columns(2).show(ui, |ui| {
             let l = ui.label("Endpoint");
             ui.add(
-                egui::TextEdit::singleline(&mut settings.hf_endpoint)
+                egui::TextEdit::singleline(&mut *f.endpoint)
                     .hint_text("https://huggingface.co (optional)"),
             )
             .labelled_by(l.id);
@@ -159,27 +168,27 @@ impl HubPanel {
             .labelled_by(l.id);
             ui.end_row();
         });
-        ui.push_id("search", |ui| self.search_ui(ui, settings));
-        ui.push_id("repo", |ui| self.repo_ui(ui, settings, lib));
+        ui.push_id("search", |ui| self.search_ui(ui, f));
+        ui.push_id("repo", |ui| self.repo_ui(ui, f, lib));
     }
 
-    fn search_ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings) {
+    fn search_ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>) {
         let idle = !self.busy();
         ui.horizontal(|ui| {
             let l = ui.label("Search the Hub");
             let r = ui
                 .add(
-                    egui::TextEdit::singleline(&mut settings.hf_query)
+                    egui::TextEdit::singleline(&mut *f.query)
                         .hint_text("SmolLM2 GGUF")
                         .desired_width(260.0),
                 )
                 .labelled_by(l.id);
-            let query = settings.hf_query.trim().to_string();
+            let query = f.query.trim().to_string();
             let enter = r.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter));
             let can = idle && !query.is_empty();
             let clicked = ui.add_enabled(can, egui::Button::new("Search")).clicked();
             if can && (clicked || enter) {
-                self.start_search(self.request(settings), query, ui.ctx());
+                self.start_search(self.request(f), query, ui.ctx());
             }
             ui.add_visible(self.search.is_some(), egui::Spinner::new());
         });
@@ -197,7 +206,7 @@ impl HubPanel {
                     .num_columns(3)
                     .show(ui, |ui| {
                         for hit in &found.hits {
-                            let sel = settings.hf_repo.trim() == hit.id;
+                            let sel = f.repo.trim() == hit.id;
                             let b = egui::Button::selectable(sel, hit.id.as_str());
                             if ui.add_enabled(idle, b).clicked() {
                                 picked = Some(hit.id.clone());
@@ -209,22 +218,22 @@ impl HubPanel {
                     });
             });
         if let Some(id) = picked {
-            settings.hf_repo = id;
-            self.start_listing(self.request(settings), ui.ctx());
+            *f.repo = id;
+            self.start_listing(self.request(f), ui.ctx());
         }
     }
 
-    fn repo_ui(&mut self, ui: &mut egui::Ui, settings: &mut ModelsSettings, lib: &Library) {
+    fn repo_ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>, lib: &Library) {
         let idle = !self.busy();
         ui.horizontal(|ui| {
             let l = ui.label("Repo id");
             ui.add(
-                egui::TextEdit::singleline(&mut settings.hf_repo)
+                egui::TextEdit::singleline(&mut *f.repo)
                     .hint_text("HuggingFaceTB/SmolLM2-135M-Instruct")
                     .desired_width(260.0),
             )
             .labelled_by(l.id);
-            let req = self.request(settings);
+            let req = self.request(f);
             let can = idle && !req.repo.is_empty();
             if ui
                 .add_enabled(can, egui::Button::new("List files"))
@@ -253,7 +262,7 @@ impl HubPanel {
             // The repo listed, whatever the field says now.
             let req = HubRequest {
                 repo,
-                ..self.request(settings)
+                ..self.request(f)
             };
             self.start_download(req, choice, lib, ui.ctx());
         }

@@ -8,11 +8,12 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use serde::{Deserialize, Serialize};
 
-use super::Command;
-use super::catalog::{self, ModelEntry, Scan, params_text, size_text};
-use super::files::{DialogAnswer, DialogRequest, Dialogs};
-use super::hub_panel::HubPanel;
-use super::task::Task;
+use super::hub_panel::{HubFields, HubPanel};
+use super::message_ui;
+use crate::ui::catalog::{self, Library, params_text, same_file, size_text};
+use crate::ui::command::Command;
+use crate::ui::files::{DialogAnswer, DialogRequest, Dialogs};
+use crate::ui::task::Task;
 
 /// What the Models panel keeps across restarts (never the Hub token).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -26,92 +27,6 @@ pub struct ModelsSettings {
     pub hf_query: String,
     /// Empty: the Hub itself.
     pub hf_endpoint: String,
-}
-
-/// The library as the panels share it: its folder, the last scan and the scan in flight.
-pub struct Library {
-    pub dir: PathBuf,
-    pub models: Vec<ModelEntry>,
-    /// Files in the folder that did not parse as models (shown, not fatal).
-    pub unreadable: Vec<String>,
-    pub error: Option<String>,
-    scan: Option<Task<Scan>>,
-    /// A rescan was asked for while one ran (a file may have landed after it listed the folder).
-    again: bool,
-    scanned: bool,
-}
-
-impl Library {
-    pub fn new(dir: PathBuf) -> Self {
-        Self {
-            dir,
-            models: Vec::new(),
-            unreadable: Vec::new(),
-            error: None,
-            scan: None,
-            again: false,
-            scanned: false,
-        }
-    }
-
-    /// The folder the engine's library uses (`TPSLAB_HOME/models`).
-    pub fn default_dir() -> PathBuf {
-        tpslab_engine::library::models_dir().unwrap_or_else(|_| PathBuf::from("models"))
-    }
-
-    /// Lists the folder again on a worker.
-    pub fn rescan(&mut self, ctx: &egui::Context) {
-        if self.scan.is_some() {
-            self.again = true;
-            return;
-        }
-        let dir = self.dir.clone();
-        match Task::spawn(
-            "library-scan",
-            "Reading the library".into(),
-            ctx,
-            move |_| catalog::scan(&dir),
-        ) {
-            Ok(t) => self.scan = Some(t),
-            Err(e) => self.error = Some(e),
-        }
-    }
-
-    /// Takes in a finished scan (the first call starts one).
-    pub fn poll(&mut self, ctx: &egui::Context) {
-        if !self.scanned {
-            self.scanned = true;
-            self.rescan(ctx);
-        }
-        let Some(result) = self.scan.as_mut().and_then(Task::poll) else {
-            return;
-        };
-        self.scan = None;
-        match result {
-            Ok(s) => {
-                self.models = s.models;
-                self.unreadable = s.unreadable;
-                self.error = None;
-            }
-            Err(e) => self.error = Some(e),
-        }
-        if std::mem::take(&mut self.again) {
-            self.rescan(ctx);
-        }
-    }
-
-    pub fn scanning(&self) -> bool {
-        self.scan.is_some()
-    }
-
-    pub fn find(&self, path: &Path) -> Option<&ModelEntry> {
-        self.models.iter().find(|m| same_file(&m.path, path))
-    }
-}
-
-/// The same file, whether or not the two paths are spelled alike.
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
 /// What the panel needs from the app this frame.
@@ -252,7 +167,14 @@ impl ModelsPanel {
         ui.separator();
         egui::CollapsingHeader::new("Download from Hugging Face")
             .default_open(true)
-            .show(ui, |ui| self.hub.ui(ui, settings, lib));
+            .show(ui, |ui| {
+                let mut hub = HubFields {
+                    repo: &mut settings.hf_repo,
+                    query: &mut settings.hf_query,
+                    endpoint: &mut settings.hf_endpoint,
+                };
+                self.hub.ui(ui, &mut hub, lib);
+            });
     }
 
     fn table_ui(&mut self, ui: &mut egui::Ui, lib: &Library, view: &ModelsView<'_>) {
@@ -388,18 +310,5 @@ impl ModelsPanel {
             t.progress_ui(ui, true, Some("Cancel import"));
         }
         message_ui(ui, self.message.as_ref());
-    }
-}
-
-/// A notice, or an error in the error colour.
-pub(super) fn message_ui(ui: &mut egui::Ui, m: Option<&Result<String, String>>) {
-    match m {
-        Some(Ok(n)) => {
-            ui.label(n);
-        }
-        Some(Err(e)) => {
-            ui.colored_label(ui.visuals().error_fg_color, format!("Error: {e}"));
-        }
-        None => {}
     }
 }

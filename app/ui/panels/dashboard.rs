@@ -1,5 +1,5 @@
 //! The tuning dashboard: knobs, load generator and sweep controls, cost per million output
-//! tokens, and the live plots beside them ([`super::plots`]).
+//! tokens, and the live plots beside them ([`crate::ui::plots`]).
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::sched::Policy;
@@ -9,10 +9,10 @@ use tpslab_engine::serving::requant::LIVE_TYPES;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
-use super::Command;
 use super::api_server::ApiServerSettings;
-use super::load::{LoadOutcome, LoadSettings, SweepPoint};
-use super::plots::{History, plots_ui};
+use crate::ui::command::Command;
+use crate::ui::load::{LoadOutcome, LoadSettings, RemoteSettings, SweepPoint};
+use crate::ui::plots::{History, plots_ui};
 
 /// Dashboard settings (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ pub fn settings_label(knobs: &Knobs, load: &str, precision: &str, device: &str) 
 }
 
 pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
-    super::renderer::panel(egui::Panel::left("dash_controls"), ui)
+    crate::ui::renderer::panel(egui::Panel::left("dash_controls"), ui)
         .resizable(true)
         .default_size(300.0)
         .show(ui, |ui| {
@@ -87,8 +87,13 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
                 sweep_ui(ui, s, view, cmds);
             });
         });
-    super::renderer::central_panel(ui).show(ui, |ui| {
-        egui::ScrollArea::vertical().show(ui, |ui| plots_ui(ui, s, view));
+    crate::ui::renderer::central_panel(ui).show(ui, |ui| {
+        let knobs = view.snapshot.map_or(&s.knobs, |sn| &sn.knobs);
+        let load = (view.load_running).map_or("no load generator", |(label, _, _)| label);
+        let label = settings_label(knobs, load, view.precision, view.device);
+        egui::ScrollArea::vertical().show(ui, |ui| {
+            plots_ui(ui, view.history, &label, view.sweep_points)
+        });
     });
 }
 
@@ -332,7 +337,7 @@ fn load_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &
         egui::CollapsingHeader::new("Goodput objectives").show(ui, |ui| {
             slo_grid(ui, l);
         });
-        super::load::remote_ui(ui, &mut l.remote);
+        remote_ui(ui, &mut l.remote);
     });
     load_controls_ui(ui, view, cmds);
 }
@@ -499,4 +504,40 @@ fn sweep_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
             fmt_opt(p.p10_per_request_tps, "tok/s")
         ));
     }
+}
+
+/// The load generator's target: this engine, or a remote OpenAI-compatible server (vLLM, SGLang,
+/// TGI, llama.cpp's server, `tpslab serve`), measured on the client side.
+fn remote_ui(ui: &mut egui::Ui, r: &mut RemoteSettings) {
+    ui.horizontal(|ui| {
+        ui.label("Target");
+        ui.radio_value(&mut r.enabled, false, "This engine");
+        ui.radio_value(&mut r.enabled, true, "Remote endpoint");
+    });
+    if !r.enabled {
+        return;
+    }
+    egui::Grid::new("remote_grid")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let lb = ui.label("Endpoint URL");
+            ui.add(egui::TextEdit::singleline(&mut r.url).hint_text("http://127.0.0.1:8000"))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Served model");
+            ui.add(egui::TextEdit::singleline(&mut r.model).hint_text("first listed"))
+                .labelled_by(lb.id);
+            ui.end_row();
+            let lb = ui.label("Endpoint API key");
+            ui.add(egui::TextEdit::singleline(&mut r.api_key).password(true))
+                .labelled_by(lb.id);
+            ui.end_row();
+        });
+    ui.label(
+        egui::RichText::new(
+            "Timed on this side as vLLM's benchmark does; the live plots stay on this engine, \
+             the summary and the sweep show the remote figures.",
+        )
+        .small(),
+    );
 }

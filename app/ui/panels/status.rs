@@ -3,8 +3,8 @@
 
 use tpslab_engine::serving::engine::EngineSnapshot;
 
-use super::Command;
-use super::backend::{DevicePref, ModelSlot};
+use crate::ui::command::Command;
+use crate::ui::engine_link::{DevicePref, ModelSlot};
 
 /// What the status bar and the device selector show.
 pub struct StatusView<'a> {

@@ -1,5 +1,7 @@
-//! The bridge to the engine: loading the model and starting (or restarting) the engine on a
-//! worker thread, on the device the user chose.
+//! The window's link to the engine: the model it loaded and the engine running over it
+//! ([`EngineLink`]), the slot that loads or restarts them on a worker thread ([`ModelSlot`]), and
+//! the device choice saved with the window ([`DevicePref`]). Not the engine's own compute
+//! `Backend`: this is what the panels hold to submit work.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,8 +51,9 @@ impl std::fmt::Display for DevicePref {
     }
 }
 
-/// A loaded model with its running engine: everything the panels need to submit work.
-pub struct Backend {
+/// The window's link to the engine: a loaded model with the engine running over it, and the
+/// prompts the load generator cuts from it; everything the panels need to submit work.
+pub struct EngineLink {
     pub lm: Arc<LoadedModel>,
     pub engine: EngineHandle,
     /// Prompts the load generator cuts its requests from.
@@ -60,7 +63,7 @@ pub struct Backend {
     pub threads: usize,
 }
 
-impl Backend {
+impl EngineLink {
     /// The model's file name, as the status bar shows it.
     pub fn model_name(&self) -> String {
         self.path.file_name().map_or_else(
@@ -78,9 +81,9 @@ pub enum ModelSlot {
         status: String,
         /// While the engine restarts on another device: the running one, kept until the new one
         /// is up, and kept on if it fails to start.
-        previous: Option<Box<Backend>>,
+        previous: Option<Box<EngineLink>>,
     },
-    Ready(Box<Backend>),
+    Ready(Box<EngineLink>),
     Failed(String),
 }
 
@@ -98,11 +101,11 @@ pub enum SlotNews {
 /// What the loading worker sends: progress lines, then exactly one result.
 pub enum LoadMsg {
     Progress(String),
-    Done(Result<Box<Backend>, String>),
+    Done(Result<Box<EngineLink>, String>),
 }
 
 impl ModelSlot {
-    pub fn backend(&self) -> Option<&Backend> {
+    pub fn link(&self) -> Option<&EngineLink> {
         match self {
             ModelSlot::Ready(b) => Some(b),
             _ => None,
@@ -125,7 +128,7 @@ impl ModelSlot {
     /// keeps running; `previous` is dropped once the new engine is up, and stays if it fails
     /// ([`poll`](Self::poll) reports why).
     pub fn load_over(
-        previous: Option<Box<Backend>>,
+        previous: Option<Box<EngineLink>>,
         spec: String,
         threads: usize,
         device: DeviceChoice,
@@ -149,7 +152,7 @@ impl ModelSlot {
                     .ok_or_else(|| "cannot tokenize the load-test prompt text".to_string())?;
                 progress(&format!("starting the engine on {device} ..."));
                 let engine = start_engine(&lm, threads, device, knobs, ctx)?;
-                Ok(Box::new(Backend {
+                Ok(Box::new(EngineLink {
                     lm,
                     engine,
                     prompts,
@@ -164,7 +167,7 @@ impl ModelSlot {
     /// stays loaded). `previous` keeps running until the new engine is up; if that fails, it
     /// stays and [`poll`](Self::poll) reports why.
     pub fn restart(
-        previous: Box<Backend>,
+        previous: Box<EngineLink>,
         device: DeviceChoice,
         knobs: Knobs,
         ctx: egui::Context,
@@ -178,7 +181,7 @@ impl ModelSlot {
         let status = format!("starting the engine on {device} ...");
         spawn_worker(ctx, status, Some(previous), move |ctx, _| {
             let engine = start_engine(&lm, threads, device, knobs, ctx)?;
-            Ok(Box::new(Backend {
+            Ok(Box::new(EngineLink {
                 lm,
                 engine,
                 prompts,
@@ -238,8 +241,8 @@ impl ModelSlot {
 fn spawn_worker(
     ctx: egui::Context,
     status: String,
-    previous: Option<Box<Backend>>,
-    work: impl FnOnce(&egui::Context, &mut dyn FnMut(&str)) -> Result<Box<Backend>, String>
+    previous: Option<Box<EngineLink>>,
+    work: impl FnOnce(&egui::Context, &mut dyn FnMut(&str)) -> Result<Box<EngineLink>, String>
     + Send
     + 'static,
 ) -> ModelSlot {

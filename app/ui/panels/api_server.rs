@@ -10,9 +10,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tpslab_engine::serving::engine::EngineHandle;
 
-use super::Command;
-use super::backend::Backend;
 use crate::serve::{self, RunningServer, ServerState};
+use crate::ui::command::Command;
+use crate::ui::engine_link::EngineLink;
 
 /// What persists: the port (the key does not: secrets stay out of the saved state).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,7 +49,12 @@ pub struct ApiServer {
 
 impl ApiServer {
     /// Starts serving `b`'s engine on 127.0.0.1:`port` (0: any free port).
-    pub fn start(&mut self, b: &Backend, port: u16, api_key: Option<String>) -> Result<(), String> {
+    pub fn start(
+        &mut self,
+        b: &EngineLink,
+        port: u16,
+        api_key: Option<String>,
+    ) -> Result<(), String> {
         self.stop();
         let state = ServerState::new(b.engine.clone(), Arc::clone(&b.lm), api_key.clone());
         let model_id = state.model_id.clone();
@@ -76,7 +81,7 @@ impl ApiServer {
 
     /// Once a frame: a server whose engine was replaced restarts on the new engine (same port
     /// and key); with no engine it stops. `Err` when the restart failed (it is stopped then).
-    pub fn follow(&mut self, b: Option<&Backend>) -> Result<(), String> {
+    pub fn follow(&mut self, b: Option<&EngineLink>) -> Result<(), String> {
         let Some(r) = &self.running else {
             return Ok(());
         };

@@ -15,7 +15,7 @@ use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettin
 use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 
-use crate::bench::BenchArgs;
+use super::bench_args::BenchArgs;
 
 /// One concurrency level: vLLM's result fields (flattened) plus ours.
 #[derive(Debug, Serialize)]
@@ -173,7 +173,7 @@ fn run_levels<T: loadgen::LoadTarget>(
         let summary = BenchSummary::from_requests(
             &result.timings,
             result.duration_s,
-            crate::bench::slo(&a.goodput),
+            super::bench_args::slo(&a.goodput),
         );
         runs.push(LevelResult {
             max_concurrency: c,
@@ -217,7 +217,7 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
     print_table(&runs);
     if let Some(path) = &a.json {
         let report = Report {
-            date: crate::bench::utc_now(),
+            date: super::bench_args::utc_now(),
             model: target.model().to_string(),
             precision: None,
             threads: 0,
@@ -303,7 +303,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     if let Some(path) = &a.json {
         let report = Report {
-            date: crate::bench::utc_now(),
+            date: super::bench_args::utc_now(),
             model: lm.path.display().to_string(),
             precision: Some(lm.precision),
             threads,

@@ -1,0 +1,133 @@
+//! `tpslab generate`: one prompt's text streamed to stdout (or one JSON object with `--json`).
+
+use std::io::Write;
+
+use anyhow::Result;
+use clap::Args;
+use tpslab_engine::serving::engine::Refusal;
+use tpslab_engine::serving::generate::generate_on;
+use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::text::chat::ChatMessage;
+
+use crate::model_args::ModelArgs;
+
+/// `tpslab generate`'s arguments: the prompt, sampling and stopping.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat (otherwise the template's default applies).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: u32,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// 1 = off.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// 1 = off.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop generating at this string (repeatable); it is not included in the output.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Don't stop at end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (token ids, text, finish reason, timings) instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: &GenerateArgs) -> Result<()> {
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
+        seed: a.seed,
+    };
+    sampling.validate()?;
+    if a.prompt.is_empty() {
+        // Before the model loads; the engine's admission says it the same way for tokens.
+        return Err(Refusal::EmptyPrompt.into());
+    }
+    let lm = a.model.load()?;
+    if lm.is_synthetic() {
+        eprintln!(
+            "note: {} has random weights; the text is noise",
+            lm.path.display()
+        );
+    }
+    let prompt = if a.chat {
+        let mut messages = Vec::new();
+        if let Some(s) = &a.system {
+            messages.push(ChatMessage::system(s.clone()));
+        }
+        messages.push(ChatMessage::user(a.prompt.clone()));
+        lm.chat_prompt(&messages)?
+    } else {
+        lm.raw_prompt(&a.prompt)?
+    };
+    let mut stop = lm.default_stop(Some(a.max_tokens as usize));
+    stop.stop_strings = a.stop.clone();
+    stop.ignore_eos = a.ignore_eos;
+    let stdout = std::io::stdout();
+    let json = a.json;
+    let mut on_text = |t: &str| {
+        if !json {
+            let mut out = stdout.lock();
+            let _ = out.write_all(t.as_bytes());
+            let _ = out.flush();
+        }
+    };
+    let out = generate_on(
+        &lm,
+        a.model.device,
+        a.model.threads,
+        &prompt,
+        &sampling,
+        stop,
+        &mut on_text,
+    )?;
+    if json {
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {} generated, finish: {}; TTFT {:.1} ms, decode {:.1} tok/s; {} threads, {}]",
+            out.prompt_token_ids.len(),
+            out.output_token_ids.len(),
+            out.finish_reason,
+            out.ttft_ms,
+            out.decode_tokens_per_s,
+            a.model.n_threads(),
+            lm.precision,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! Command line: the clap definitions and the dispatch to each subcommand. Errors are handled
+//! once, here: one line on stderr naming the problem and a non-zero exit status.
+//!
+//! Modules:
+//! - [`generate`]: `tpslab generate` (one prompt, streamed or as JSON).
+//! - [`bench_args`]: `tpslab bench`'s arguments and the helpers both of its modes report with.
+//! - [`bench`](mod@bench): `tpslab bench`'s dispatch and its single-stream mode (llama-bench style).
+//! - [`serve_bench`]: the serving benchmark over the engine or a remote server (vLLM's figures
+//!   per concurrency).
+//! - [`model_cmds`]: `tpslab quantize`, `tpslab perplexity` and `tpslab export`.
+//! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
+
+pub mod bench;
+pub mod bench_args;
+pub mod generate;
+pub mod library_cmds;
+pub mod model_cmds;
+pub mod serve_bench;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tpslab_engine::device::DeviceChoice;
+
+use crate::model_args::parse_device;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tpslab",
+    version,
+    about = "Run LLMs locally and see what batching does to tokens per second"
+)]
+pub struct Cli {
+    /// With no subcommand, the window opens on this model (a GGUF file, or `default`).
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Compute threads for the window's engine (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Compute device for the window's engine: cpu, cuda, cuda:N, or auto (the first GPU when a
+    /// CUDA driver and GPU are present, else the CPU). Without it, the device last chosen in the
+    /// window, and auto the first time.
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<DeviceChoice>,
+    /// The window's painter: auto (wgpu on a GPU, OpenGL when wgpu would draw on the CPU),
+    /// wgpu, or glow (OpenGL).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub renderer: crate::ui::renderer::RendererChoice,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text for one prompt, streaming it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Serving benchmark at several concurrency levels (or single-stream with --pp/--tg).
+    Bench(bench_args::BenchArgs),
+    /// Re-quantize a GGUF model to another weight type (F16, Q8_0, Q4_K, ...).
+    Quantize(model_cmds::QuantizeArgs),
+    /// Perplexity over a text (the bundled public-domain one by default), llama.cpp's way.
+    Perplexity(model_cmds::PerplexityArgs),
+    /// Export a model to a Hugging Face safetensors folder (F32, F16 or BF16).
+    Export(model_cmds::ExportArgs),
+    /// OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /metrics).
+    Serve(crate::serve::ServeArgs),
+    /// The model library: list (NAME, source, shape, size, sha256), `import PATH`, `rm NAME`,
+    /// `search QUERY`.
+    Models(library_cmds::ModelsArgs),
+    /// Download a model from the Hugging Face Hub into the library (resumable, sha256-checked).
+    Pull(library_cmds::PullArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap formats usage errors and help itself; exit 2 for errors, 0 for --help.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Some(Command::Generate(args)) => generate::run(&args),
+        Some(Command::Bench(args)) => bench::run(&args),
+        Some(Command::Quantize(args)) => model_cmds::run_quantize(&args),
+        Some(Command::Perplexity(args)) => model_cmds::run_perplexity(&args),
+        Some(Command::Export(args)) => model_cmds::run_export(&args),
+        Some(Command::Serve(args)) => crate::serve::run(&args),
+        Some(Command::Models(args)) => library_cmds::run_models(&args),
+        Some(Command::Pull(args)) => library_cmds::run_pull(&args),
+        None => crate::ui::window::run(
+            crate::ui::AppOptions {
+                model: cli.model,
+                threads: cli.threads,
+                device: cli.device,
+            },
+            cli.renderer,
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! `Command`: what the panels ask the app for, returned from their frame and applied by the app
+//! once per frame. A leaf: it names no panel, so every panel can return one.
+
+use std::path::PathBuf;
+
+use tpslab_engine::serving::engine::Knobs;
+use tpslab_kernels::WType;
+
+use super::engine_link::DevicePref;
+
+/// What the panels ask for; applied by [`TpsApp::apply`](super::TpsApp::apply) at the end of
+/// the frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Send {
+        chat: u64,
+        text: String,
+    },
+    Stop {
+        chat: u64,
+    },
+    Regenerate {
+        chat: u64,
+    },
+    NewChat,
+    SelectChat(u64),
+    DeleteChat(u64),
+    SetKnobs(Knobs),
+    /// Re-quantize the loaded weights to this type.
+    SetPrecision(WType),
+    ResetMetrics,
+    StartLoad,
+    StopLoad,
+    StartSweep,
+    StopSweep,
+    SaveSweep,
+    DismissError(usize),
+    SetDevice(DevicePref),
+    /// Restart the engine on this model file.
+    LoadModel(PathBuf),
+    StartServer,
+    StopServer,
+}

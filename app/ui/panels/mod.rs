@@ -1,0 +1,33 @@
+//! The window's panels: each draws its part of the frame from its saved settings and a view of
+//! the app, and returns what it wants done as [`Command`](crate::ui::command::Command)s. Panels
+//! import the UI's infrastructure (`crate::ui::*`) and each other only one way round.
+//!
+//! Modules:
+//! - [`api_server`]: the dashboard's API server section, and the server over the window's engine.
+//! - [`chat`]: conversations, their streaming generations and the chat panel.
+//! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
+//! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
+//! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
+//! - [`status`]: the status bar (model, device, memory) and the device selector.
+//! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
+
+pub mod api_server;
+pub mod chat;
+pub mod dashboard;
+mod hub_panel;
+pub mod models;
+pub mod status;
+pub mod wizard;
+
+/// A notice, or an error in the error colour.
+fn message_ui(ui: &mut egui::Ui, m: Option<&Result<String, String>>) {
+    match m {
+        Some(Ok(n)) => {
+            ui.label(n);
+        }
+        Some(Err(e)) => {
+            ui.colored_label(ui.visuals().error_fg_color, format!("Error: {e}"));
+        }
+        None => {}
+    }
+}

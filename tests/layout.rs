@@ -1,0 +1,176 @@
+//! The house's layout rule, checked: no module of the engine or the app imports one that imports
+//! it back. Each crate's top-level modules (a file or a folder) are nodes; a `crate::name` path in
+//! a module's code (comments aside) is an edge; the graph must have no cycle.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The code of a file without its `//` comments (doc links name modules without using them).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|l| l.find("//").map_or(l, |i| &l[..i]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every `crate::name` in `src`.
+fn crate_refs(src: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = src;
+    while let Some(i) = rest.find("crate::") {
+        let before = rest[..i].chars().last();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // `tpslab_crate::` or similar
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+    }
+    out
+}
+
+fn graph(root: &Path) -> Graph {
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    let mut g = Graph::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let top = top.trim_end_matches(".rs").to_string();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let refs = crate_refs(&code(&std::fs::read_to_string(f).unwrap()));
+        let e = g.entry(top.clone()).or_default();
+        e.extend(refs.into_iter().filter(|r| *r != top));
+    }
+    let nodes: BTreeSet<String> = g.keys().cloned().collect();
+    for deps in g.values_mut() {
+        deps.retain(|d| nodes.contains(d));
+    }
+    g
+}
+
+/// The strongly connected components with more than one module (Tarjan's algorithm).
+fn cycles(g: &Graph) -> Vec<BTreeSet<String>> {
+    struct T<'a> {
+        g: &'a Graph,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        out: Vec<BTreeSet<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        let i = t.index.len();
+        t.index.insert(v, i);
+        t.low.insert(v, i);
+        t.stack.push(v);
+        t.on.insert(v);
+        for w in &t.g[v] {
+            let w = w.as_str();
+            if !t.index.contains_key(w) {
+                visit(t, w);
+                let lw = t.low[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(w) {
+                let iw = t.index[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut comp = BTreeSet::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                comp.insert(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in g.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+fn check(dir: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let g = graph(&root);
+    assert!(g.len() > 3, "{dir}: found only {:?}", g.keys());
+    let found = cycles(&g);
+    let edges = |c: &BTreeSet<String>| {
+        c.iter()
+            .map(|m| format!("{m} -> {:?}", g[m].intersection(c).collect::<Vec<_>>()))
+            .collect::<Vec<_>>()
+    };
+    let described: Vec<_> = found.iter().map(edges).collect();
+    assert!(found.is_empty(), "{dir}: import cycles {described:?}");
+}
+
+#[test]
+fn engine_modules_import_no_cycle() {
+    check("engine/src");
+}
+
+#[test]
+fn app_modules_import_no_cycle() {
+    check("app");
+}
+
+#[test]
+fn the_checker_sees_a_cycle() {
+    let mut g = Graph::new();
+    g.insert("a".into(), ["b".to_string()].into());
+    g.insert("b".into(), ["c".to_string()].into());
+    g.insert("c".into(), ["a".to_string()].into());
+    g.insert("d".into(), ["a".to_string()].into());
+    assert_eq!(
+        cycles(&g),
+        vec![["a", "b", "c"].iter().map(|s| s.to_string()).collect()]
+    );
+    assert_eq!(
+        crate_refs("use crate::x::Y; tpslab_crate::z; crate::w"),
+        ["w", "x"].iter().map(|s| s.to_string()).collect()
+    );
+}
