@@ -1,12 +1,29 @@
 //! The house's layout rule, checked: no module of the engine or the app imports one that imports
 //! it back. Each crate's top-level modules (a file or a folder) are nodes; a `crate::name` path in
-//! a module's code (comments aside) is an edge; the graph must have no cycle.
+//! a module's code (comments aside) is an edge; the graph must have no cycle. The same holds for
+//! every file's module inside the folders (test modules aside), but for the cycles listed in
+//! `KNOWN_FILE_CYCLES`, each a debt to pay: a new one fails here, and a paid one must be struck
+//! off the list.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// File-level cycles still to break (issue 15): `GgufFile::open` dispatches a folder to
+/// `formats::hf` and a split set to `formats::gguf_split`, and reads a safetensors-backed tensor
+/// through `formats::hf`, while those read GGUF types.
+const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[(
+    "engine/src",
+    &[
+        "formats::gguf",
+        "formats::gguf_split",
+        "formats::hf",
+        "formats::hf_tokenizer",
+        "formats::safetensors",
+    ],
+)];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
@@ -25,6 +42,72 @@ fn code(text: &str) -> String {
         .map(|l| l.find("//").map_or(l, |i| &l[..i]))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Every `crate::a::b::c` path in `src`, as its names.
+fn crate_paths(src: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = src;
+    while let Some(i) = rest.find("crate::") {
+        let before = rest[..i].chars().last();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let path: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        out.push(
+            path.split("::")
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Each file's module (`formats::gguf`; a folder's `mod.rs` is the folder) and the modules its
+/// non-test code names, by the longest module prefix of each `crate::` path; a module and its
+/// own parent or children are not counted (a folder's `mod.rs` declares and re-exports them).
+fn file_graph(root: &Path) -> Graph {
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    let mut mods = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|p| p == "mod") {
+            parts.pop();
+        }
+        if parts.is_empty() || parts == ["lib"] || parts == ["main"] {
+            continue;
+        }
+        mods.insert(parts.join("::"), f.clone());
+    }
+    let related = |a: &str, b: &str| {
+        a == b || a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"))
+    };
+    let mut g = Graph::new();
+    for (m, f) in &mods {
+        let text = std::fs::read_to_string(f).unwrap();
+        let non_test = text.split("#[cfg(test)]").next().unwrap_or("");
+        let deps = g.entry(m.clone()).or_default();
+        for path in crate_paths(&code(non_test)) {
+            let target = (1..=path.len())
+                .rev()
+                .map(|k| path[..k].join("::"))
+                .find(|c| mods.contains_key(c));
+            if let Some(t) = target.filter(|t| !related(m, t)) {
+                deps.insert(t);
+            }
+        }
+    }
+    g
 }
 
 /// Every `crate::name` in `src`.
@@ -146,6 +229,36 @@ fn check(dir: &str) {
     };
     let described: Vec<_> = found.iter().map(edges).collect();
     assert!(found.is_empty(), "{dir}: import cycles {described:?}");
+}
+
+fn check_files(dir: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let g = file_graph(&root);
+    assert!(g.len() > 10, "{dir}: found only {:?}", g.keys());
+    let known: Vec<BTreeSet<String>> = KNOWN_FILE_CYCLES
+        .iter()
+        .filter(|(d, _)| *d == dir)
+        .map(|(_, m)| m.iter().map(|s| s.to_string()).collect())
+        .collect();
+    let found = cycles(&g);
+    let new: Vec<_> = found.iter().filter(|c| !known.contains(c)).collect();
+    assert!(new.is_empty(), "{dir}: import cycles between files {new:?}");
+    for k in &known {
+        assert!(
+            found.contains(k),
+            "{dir}: the cycle {k:?} is gone: strike it off KNOWN_FILE_CYCLES"
+        );
+    }
+}
+
+#[test]
+fn engine_files_import_no_cycle_but_the_known_one() {
+    check_files("engine/src");
+}
+
+#[test]
+fn app_files_import_no_cycle() {
+    check_files("app");
 }
 
 #[test]

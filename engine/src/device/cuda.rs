@@ -196,7 +196,7 @@ impl CudaBackend {
         } else {
             kv_budget
         };
-        let blocks = KvCache::blocks_for_budget(&cfg, block_size.max(1), budget);
+        let blocks = KvCache::pool_for_budget(&cfg, block_size, budget)?;
         let mut me = Self {
             kv: gpu.alloc(1).map_err(cuda("allocating the KV pool"))?,
             gpu,

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::formats::gguf::{GgufFile, Value};
 use crate::library;
-use crate::library::index::{IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource};
+use crate::library::entry::{IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource};
 
 /// A manifest or config.json past this size is not ours: refuse before reading it.
 const MAX_JSON: u64 = 64 << 20;

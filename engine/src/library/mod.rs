@@ -3,9 +3,11 @@
 //!
 //! Modules:
 //! - [`index`]: the library's models with source, shape facts and sha256; import, install, remove.
+//! - [`entry`]: what the index records of a model, and why a library operation fails.
 //! - [`describe`]: a model described from its headers (GGUF, safetensors folder) for the index.
 
 pub mod describe;
+pub mod entry;
 pub mod index;
 
 use std::io::Read;

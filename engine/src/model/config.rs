@@ -1,9 +1,8 @@
 //! Model configuration resolved once from GGUF metadata into typed fields: the shape, the
-//! architecture's recipe ([`Family`]) and its RoPE layout, for every architecture in
-//! [`crate::model::arch::ARCHS`].
+//! architecture's recipe ([`Family`]) and its RoPE layout, for every architecture in [`ARCHS`]
+//! (the registry; each recipe is in `model::arch`).
 
 use crate::formats::gguf::{GgufError, GgufFile};
-use crate::model::arch::{self, Family};
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +11,56 @@ pub enum RopeStyle {
     Interleaved,
     /// First half with second half (x[i], x[i + d/2]): Qwen2 and HF-layout weights (NeoX).
     Neox,
+}
+
+/// A recipe: the graph one or more GGUF architectures share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+}
+
+/// What the engine knows of a GGUF `general.architecture` it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arch {
+    /// The GGUF name ("llama"), which also prefixes its metadata keys.
+    pub name: &'static str,
+    pub family: Family,
+    pub rope_style: RopeStyle,
+}
+
+/// Every architecture the engine runs, by GGUF name.
+pub const ARCHS: &[Arch] = &[
+    Arch {
+        name: "llama",
+        family: Family::Llama,
+        rope_style: RopeStyle::Interleaved,
+    },
+    Arch {
+        name: "mistral",
+        family: Family::Llama,
+        rope_style: RopeStyle::Interleaved,
+    },
+    Arch {
+        name: "smollm",
+        family: Family::Llama,
+        rope_style: RopeStyle::Interleaved,
+    },
+    Arch {
+        name: "qwen2",
+        family: Family::Llama,
+        rope_style: RopeStyle::Neox,
+    },
+];
+
+/// The architecture of a GGUF `general.architecture`, if the engine runs it (the library's
+/// import check asks this too, so a model it admits is one that loads).
+pub fn lookup(name: &str) -> Option<&'static Arch> {
+    ARCHS.iter().find(|a| a.name == name)
+}
+
+/// The names of [`ARCHS`], for messages ("llama, mistral, ...").
+pub fn names() -> String {
+    ARCHS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +87,7 @@ pub struct ModelConfig {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture '{0}' (supported: {names})", names = arch::names())]
+    #[error("unsupported model architecture '{0}' (supported: {names})", names = names())]
     Arch(String),
     #[error("bad model shape: {0}")]
     Shape(String),
@@ -53,7 +102,7 @@ const MAX_CONTEXT: u64 = 1 << 24;
 impl ModelConfig {
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
         let arch = f.get_str("general.architecture")?.to_string();
-        let known = arch::lookup(&arch).ok_or_else(|| ConfigError::Arch(arch.clone()))?;
+        let known = lookup(&arch).ok_or_else(|| ConfigError::Arch(arch.clone()))?;
         let (family, rope_style) = (known.family, known.rope_style);
         let key = |k: &str| format!("{arch}.{k}");
         let bounded = |k: &str, max: u64| -> Result<usize, ConfigError> {

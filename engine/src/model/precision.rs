@@ -32,11 +32,11 @@ impl From<WType> for Precision {
 
 impl Precision {
     /// The precision of a model of shape `cfg` built with every matrix in `target`: the
-    /// fallback ([`crate::model::synthetic::matrix_type`]) of its hidden or FFN rows, if any.
+    /// fallback ([`matrix_type`]) of its hidden or FFN rows, if any.
     pub fn built(cfg: &ModelConfig, target: WType) -> Self {
         let fallback = [cfg.hidden, cfg.ffn]
             .iter()
-            .map(|&k| crate::model::synthetic::matrix_type(target, k))
+            .map(|&k| matrix_type(target, k))
             .find(|&t| t != target);
         Self {
             main: target,
@@ -80,6 +80,20 @@ pub fn dominant_type(file: &GgufFile) -> Option<GgmlType> {
         }
     }
     by_type.iter().max_by_key(|(_, n)| *n).map(|&(ty, _)| ty)
+}
+
+/// The type a matrix with `k` inputs gets. K-quants need rows in whole 256-element blocks; like
+/// llama.cpp's quantizer, rows that aren't fall back to a 32-element type: Q6_K -> Q8_0 (as
+/// llama.cpp), Q4_K -> Q4_1 (llama.cpp picks Q5_0, which these kernels lack; Q4_1 is the nearest
+/// in bytes), Q5_K -> Q8_0 (llama.cpp picks Q5_1, 6 bits per weight, which these kernels lack;
+/// Q4_1 would be below what was asked for). SmolLM2's hidden 576 and Qwen2.5's 896 are such
+/// rows.
+pub fn matrix_type(precision: WType, k: usize) -> WType {
+    match precision {
+        WType::Q4K if !k.is_multiple_of(256) => WType::Q4_1,
+        WType::Q5K | WType::Q6K if !k.is_multiple_of(256) => WType::Q8_0,
+        t => t,
+    }
 }
 
 /// Serializes an optional weight type as its name (`null` when absent), for serde's

@@ -16,6 +16,7 @@ use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::config::ModelConfig;
 use crate::model::precision::Precision;
+pub use crate::model::precision::matrix_type;
 use crate::model::weights::{LayerWeights, Linear, Weights};
 use crate::text::chat::ChatTemplate;
 use crate::text::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
@@ -183,20 +184,6 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
         tied_embeddings: r.tied_embeddings,
         qkv_bias: r.qkv_bias,
     })
-}
-
-/// The type a matrix with `k` inputs gets. K-quants need rows in whole 256-element blocks; like
-/// llama.cpp's quantizer, rows that aren't fall back to a 32-element type: Q6_K -> Q8_0 (as
-/// llama.cpp), Q4_K -> Q4_1 (llama.cpp picks Q5_0, which these kernels lack; Q4_1 is the nearest
-/// in bytes), Q5_K -> Q8_0 (llama.cpp picks Q5_1, 6 bits per weight, which these kernels lack;
-/// Q4_1 would be below what was asked for). SmolLM2's hidden 576 and Qwen2.5's 896 are such
-/// rows.
-pub fn matrix_type(precision: WType, k: usize) -> WType {
-    match precision {
-        WType::Q4K if !k.is_multiple_of(256) => WType::Q4_1,
-        WType::Q5K | WType::Q6K if !k.is_multiple_of(256) => WType::Q8_0,
-        t => t,
-    }
 }
 
 /// Tensor ids for the generator seeds (stable: changing them changes every synthetic model).

@@ -5,6 +5,7 @@
 //! - [`engine`]: the engine thread (continuous batching) and its message-passing handle (its
 //!   step in `engine_step`).
 //! - [`request`]: a request and the events it gets back (re-exported by [`engine`]).
+//! - [`refusal`]: why a request is not run, typed, as every front end shows it.
 //! - [`admission`]: the one check a request passes at submit, its typed refusal, its `max_tokens`.
 //! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
@@ -19,6 +20,7 @@ pub mod generate;
 pub mod loadgen;
 pub mod metrics;
 pub mod perplexity;
+pub mod refusal;
 pub mod requant;
 pub mod request;
 pub mod sampler;

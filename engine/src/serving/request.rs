@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
-pub use crate::serving::admission::{Refusal, RefusalKind};
+pub use crate::serving::refusal::{Refusal, RefusalKind};
 use crate::serving::sampler::SamplingParams;
 
 /// What a request needs besides its prompt.
