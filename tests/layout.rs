@@ -1,29 +1,14 @@
 //! The house's layout rule, checked: no module of the engine or the app imports one that imports
 //! it back. Each crate's top-level modules (a file or a folder) are nodes; a `crate::name` path in
 //! a module's code (comments aside) is an edge; the graph must have no cycle. The same holds for
-//! every file's module inside the folders (test modules aside), but for the cycles listed in
-//! `KNOWN_FILE_CYCLES`, each a debt to pay: a new one fails here, and a paid one must be struck
-//! off the list.
+//! every file's module inside the folders (test modules aside; a folder's `mod.rs` and its own
+//! children are not counted against each other, since it declares and re-exports them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
-
-/// File-level cycles still to break (issue 15): `GgufFile::open` dispatches a folder to
-/// `formats::hf` and a split set to `formats::gguf_split`, and reads a safetensors-backed tensor
-/// through `formats::hf`, while those read GGUF types.
-const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[(
-    "engine/src",
-    &[
-        "formats::gguf",
-        "formats::gguf_split",
-        "formats::hf",
-        "formats::hf_tokenizer",
-        "formats::safetensors",
-    ],
-)];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
@@ -235,24 +220,15 @@ fn check_files(dir: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let g = file_graph(&root);
     assert!(g.len() > 10, "{dir}: found only {:?}", g.keys());
-    let known: Vec<BTreeSet<String>> = KNOWN_FILE_CYCLES
-        .iter()
-        .filter(|(d, _)| *d == dir)
-        .map(|(_, m)| m.iter().map(|s| s.to_string()).collect())
-        .collect();
     let found = cycles(&g);
-    let new: Vec<_> = found.iter().filter(|c| !known.contains(c)).collect();
-    assert!(new.is_empty(), "{dir}: import cycles between files {new:?}");
-    for k in &known {
-        assert!(
-            found.contains(k),
-            "{dir}: the cycle {k:?} is gone: strike it off KNOWN_FILE_CYCLES"
-        );
-    }
+    assert!(
+        found.is_empty(),
+        "{dir}: import cycles between files {found:?}"
+    );
 }
 
 #[test]
-fn engine_files_import_no_cycle_but_the_known_one() {
+fn engine_files_import_no_cycle() {
     check_files("engine/src");
 }
 

@@ -61,9 +61,11 @@ pub enum GgufError {
     MissingKey { key: String },
     #[error("metadata key '{key}' has the wrong type: expected {expected}")]
     WrongType { key: String, expected: &'static str },
-    /// A Hugging Face folder (config.json, tokenizer.json, safetensors) that could not be mapped.
+    /// A Hugging Face folder (config.json, tokenizer.json, safetensors) that could not be mapped
+    /// (a `formats::hf::HfError`; boxed as an error so this reader does not name the folder
+    /// reader that builds on it).
     #[error(transparent)]
-    Hf(Box<crate::formats::hf::HfError>),
+    Hf(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Tensor element types as ggml numbers them. Only the ones listed are accepted.
@@ -490,17 +492,6 @@ fn alignment(metadata: &BTreeMap<String, Value>) -> Result<u64, String> {
 }
 
 impl GgufFile {
-    /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
-    /// as a Hugging Face model ([`crate::formats::hf::open_folder`]).
-    /// The first part of a split model (`NAME-00001-of-0000N.gguf`) opens every part.
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            return crate::formats::hf::open_folder(path).map_err(|e| GgufError::Hf(Box::new(e)));
-        }
-        crate::formats::gguf_split::join(Self::open_single(path)?)
-    }
-
     /// One GGUF file's header, validated against its own size (a split part on its own).
     pub(crate) fn open_single(path: &Path) -> Result<Self, GgufError> {
         let file = File::open(path).map_err(|source| GgufError::Open {
@@ -608,17 +599,9 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// Reads the bytes of one tensor. The size was validated against the file in `open`.
-    pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
-        if let TensorSource::Safetensors {
-            path,
-            start,
-            rope_heads,
-        } = &info.source
-        {
-            return crate::formats::hf::read_tensor(info, path, *start, *rope_heads)
-                .map_err(|e| GgufError::Hf(Box::new(e)));
-        }
+    /// Reads the bytes of one tensor stored in a GGUF file (this one or a split part); see
+    /// `GgufFile::read_tensor` for every source.
+    pub(crate) fn read_gguf_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
         let (path, data_offset) = match &info.source {
             TensorSource::GgufPart { path, data_offset } => (&**path, *data_offset),
             _ => (self.path.as_path(), self.data_offset),

@@ -145,8 +145,12 @@ pub fn gguf_arch_of(
     }
 }
 
+/// The GGUF tokenizer keys of a folder (`formats::hf_tokenizer::metadata`, passed in by
+/// `GgufFile::open` so this reader does not import the tokenizer mapping that reads its types).
+pub type TokenizerKeys = fn(&Path, &HfConfig) -> Result<Vec<(String, Value)>, HfError>;
+
 /// Opens the Hugging Face model in `dir` as a [`GgufFile`] view.
-pub fn open_folder(dir: &Path) -> Result<GgufFile, HfError> {
+pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfError> {
     let config_path = required(dir, CONFIG)?;
     // Checked up front so a folder missing either file is named as such.
     required(dir, TOKENIZER)?;
@@ -159,7 +163,7 @@ pub fn open_folder(dir: &Path) -> Result<GgufFile, HfError> {
     let mut metadata = config_metadata(dir, &cfg, arch, &config_path)?;
     let heads = cfg.num_attention_heads;
     let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    metadata.extend(crate::formats::hf_tokenizer::metadata(dir, &cfg)?);
+    metadata.extend(tokenizer(dir, &cfg)?);
 
     let (tensors, file_len) = tensors(dir, &cfg, arch, heads, kv_heads)?;
     let dominant = tensors

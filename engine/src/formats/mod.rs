@@ -18,3 +18,37 @@ pub mod hf;
 pub mod hf_tokenizer;
 pub mod pretokenizer;
 pub mod safetensors;
+
+use std::path::Path;
+
+use gguf::{GgufError, GgufFile, TensorInfo, TensorSource};
+
+/// The one `open` for every format, and the one tensor read for every source: each format's
+/// reader builds on the GGUF types, and only here are they put together.
+impl GgufFile {
+    /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
+    /// as a Hugging Face model ([`hf::open_folder`]); the first part of a split model
+    /// (`NAME-00001-of-0000N.gguf`) opens every part ([`gguf_split::join`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return hf::open_folder(path, hf_tokenizer::metadata)
+                .map_err(|e| GgufError::Hf(Box::new(e)));
+        }
+        gguf_split::join(Self::open_single(path)?)
+    }
+
+    /// Reads the bytes of one tensor. The size was validated against the file in `open`.
+    pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
+        if let TensorSource::Safetensors {
+            path,
+            start,
+            rope_heads,
+        } = &info.source
+        {
+            return hf::read_tensor(info, path, *start, *rope_heads)
+                .map_err(|e| GgufError::Hf(Box::new(e)));
+        }
+        self.read_gguf_tensor(info)
+    }
+}
