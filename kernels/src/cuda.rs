@@ -45,27 +45,43 @@ pub struct Graph(CudaGraph);
 // `Gpu` (the engine thread); CUDA graph handles may be used from any thread of the context.
 unsafe impl Send for Graph {}
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaError(pub String);
-
-impl std::fmt::Display for CudaError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for CudaError {}
-
-impl From<cudarc::driver::DriverError> for CudaError {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        Self(format!("CUDA driver: {e}"))
-    }
-}
-
-impl From<cudarc::cublas::result::CublasError> for CudaError {
-    fn from(e: cudarc::cublas::result::CublasError) -> Self {
-        Self(format!("cuBLAS: {e:?}"))
-    }
+/// Why a CUDA call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    #[error("cuBLAS: {0:?}")]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+    #[error("cuBLAS workspace: {0}")]
+    CublasWorkspace(String),
+    #[error("no CUDA driver found (libcuda is not installed)")]
+    NoDriver,
+    #[error("the CUDA driver reports no GPU")]
+    NoGpu,
+    #[error("there is no GPU cuda:{ordinal} ({found} found)")]
+    NoSuchGpu { ordinal: usize, found: usize },
+    #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
+    NoKernel(WType),
+    #[error("{0} has no CUDA kernel yet (its 8-bit one is off)")]
+    NoMatvec(WType),
+    #[error("kernel {name} missing from the PTX: {source}")]
+    MissingKernel {
+        name: String,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    #[error("cannot allocate {bytes} bytes of GPU memory: {source}")]
+    Alloc {
+        bytes: usize,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    #[error("the graph capture recorded nothing")]
+    EmptyCapture,
+    #[error("no attention kernel for head size {0}")]
+    HeadDim(usize),
+    #[error("top-k of {k} out of {vocab}")]
+    TopK { k: usize, vocab: usize },
 }
 
 type Result<T> = std::result::Result<T, CudaError>;
@@ -98,9 +114,7 @@ pub fn check_type(ty: WType) -> Result<()> {
     if has_kernel(ty) {
         Ok(())
     } else {
-        Err(CudaError(format!(
-            "{ty} has no CUDA kernel yet; run this model on the CPU (--device cpu)"
-        )))
+        Err(CudaError::NoKernel(ty))
     }
 }
 
@@ -123,13 +137,11 @@ fn mmv_name(ty: WType) -> String {
 pub fn probe() -> Result<usize> {
     // SAFETY: only tries to open the library; without this check cudarc panics on first use.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(CudaError(
-            "no CUDA driver found (libcuda is not installed)".into(),
-        ));
+        return Err(CudaError::NoDriver);
     }
     let n = CudaContext::device_count()?;
     if n <= 0 {
-        return Err(CudaError("the CUDA driver reports no GPU".into()));
+        return Err(CudaError::NoGpu);
     }
     Ok(n as usize)
 }
@@ -260,7 +272,10 @@ pub struct Gpu {
 
 fn load(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
     m.load_function(name)
-        .map_err(|e| CudaError(format!("kernel {name} missing from the PTX: {e}")))
+        .map_err(|source| CudaError::MissingKernel {
+            name: name.to_string(),
+            source,
+        })
 }
 
 impl Gpu {
@@ -268,9 +283,7 @@ impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
         let n = probe()?;
         if ordinal >= n {
-            return Err(CudaError(format!(
-                "there is no GPU cuda:{ordinal} ({n} found)"
-            )));
+            return Err(CudaError::NoSuchGpu { ordinal, found: n });
         }
         let ctx = CudaContext::new(ordinal)?;
         // One stream, in order: no per-buffer events needed.
@@ -361,7 +374,7 @@ impl Gpu {
                 )
             };
             if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(CudaError(format!("cuBLAS workspace: {st:?}")));
+                return Err(CudaError::CublasWorkspace(format!("{st:?}")));
             }
         }
         Ok((Some(blas), Some(workspace)))
@@ -408,7 +421,7 @@ impl Gpu {
         let s = self
             .stream
             .alloc_zeros::<u8>(bytes.max(1))
-            .map_err(|e| CudaError(format!("cannot allocate {bytes} bytes of GPU memory: {e}")))?;
+            .map_err(|source| CudaError::Alloc { bytes, source })?;
         Ok(self.wrap(s))
     }
 
@@ -458,7 +471,7 @@ impl Gpu {
     pub fn end_capture(&self) -> Result<Graph> {
         match self.stream.end_capture(CUgraphInstantiate_flags(0))? {
             Some(g) => Ok(Graph(g)),
-            None => Err(CudaError("the graph capture recorded nothing".into())),
+            None => Err(CudaError::EmptyCapture),
         }
     }
 
@@ -646,9 +659,7 @@ impl Gpu {
             .get(g.head_dim / 32)
             .and_then(Option::as_ref)
             .filter(|_| Self::supports_head_dim(g.head_dim))
-            .ok_or_else(|| {
-                CudaError(format!("no attention kernel for head size {}", g.head_dim))
-            })?;
+            .ok_or(CudaError::HeadDim(g.head_dim))?;
         let group = g.n_heads / g.n_kv_heads.max(1);
         let y = g.n_kv_heads * group.div_ceil(8);
         let a = [
@@ -686,7 +697,7 @@ impl Gpu {
         vals: u64,
     ) -> Result<()> {
         if k == 0 || k > vocab {
-            return Err(CudaError(format!("top-k of {k} out of {vocab}")));
+            return Err(CudaError::TopK { k, vocab });
         }
         let a = [
             Arg::P(logits),

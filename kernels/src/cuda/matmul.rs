@@ -7,7 +7,7 @@ use cudarc::driver::CudaFunction;
 
 use super::{
     Arg, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, MMV_MAX_ROWS, MMV_QUANT_ROWS, Result,
-    check_type, mmv_name, wtype_id,
+    check_type, wtype_id,
 };
 use crate::WType;
 
@@ -46,12 +46,7 @@ impl Gpu {
         {
             return self.matvec_q8(fs, w, x, m, y, scratch);
         }
-        let fs = self.k.mmv[id].as_ref().ok_or_else(|| {
-            CudaError(format!(
-                "{} has no CUDA kernel yet (its 8-bit one is off)",
-                mmv_name(w.ty).to_ascii_uppercase()
-            ))
-        })?;
+        let fs = self.k.mmv[id].as_ref().ok_or(CudaError::NoMatvec(w.ty))?;
         let mut done = 0;
         while done < m {
             let rows = (m - done).min(MMV_MAX_ROWS);
