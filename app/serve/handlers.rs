@@ -14,7 +14,7 @@ use tpslab_engine::serving::engine::{Event, Usage};
 use super::bridge::{self, SseStream, submit};
 use super::errors::{self, ApiError};
 use super::openai::{self, Kind, Meta};
-use super::{ServerState, unix_now};
+use super::state::{ServerState, unix_now};
 
 pub async fn chat(st: State<Arc<ServerState>>, headers: HeaderMap, body: Body) -> Response {
     complete(st, Kind::Chat, headers, body)
