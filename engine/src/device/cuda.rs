@@ -117,6 +117,8 @@ struct DevWorkspace {
     buf: Option<DBuf>,
     ints: Option<DBuf>,
     offs: [usize; ACTS + 1],
+    /// Floats per token of each sub-buffer ([`act_sizes`] of the model, fixed).
+    sizes: [usize; ACTS],
     /// Logits rows (only the sampled rows have logits, so this is sized by the number of
     /// sequences, not tokens: a 128k vocabulary is 0.5 MB a row).
     logits: Option<DBuf>,
@@ -197,6 +199,7 @@ impl CudaBackend {
             kv_budget
         };
         let blocks = KvCache::pool_for_budget(&cfg, block_size, budget)?;
+        let sizes = act_sizes(&cfg);
         let mut me = Self {
             kv: gpu.alloc(1).map_err(cuda("allocating the KV pool"))?,
             gpu,
@@ -210,6 +213,7 @@ impl CudaBackend {
                 buf: None,
                 ints: None,
                 offs: [0; ACTS + 1],
+                sizes,
                 logits: None,
             },
             scratch: GemmScratch::default(),
@@ -269,7 +273,7 @@ impl CudaBackend {
         let cap = n.max(self.ws.cap * 2).max(16);
         let mut offs = [0usize; ACTS + 1];
         let mut at = 0;
-        for (i, s) in act_sizes(&self.cfg).iter().enumerate() {
+        for (i, s) in self.ws.sizes.iter().enumerate() {
             offs[i] = at;
             // 256-byte aligned sub-buffers.
             at += (s * cap * 4).div_ceil(256) * 256;
@@ -280,6 +284,14 @@ impl CudaBackend {
         self.ws.offs = offs;
         self.ws.cap = cap;
         Ok(())
+    }
+
+    /// A step's setup: the context bound, the buffers sized for it, its integers uploaded
+    /// (their device address returned).
+    fn prepare(&mut self, batch: &Batch) -> Result<u64, CudaError> {
+        self.gpu.bind()?;
+        self.ensure_workspace(batch.len(), batch.logit_rows.len())?;
+        self.upload_ints(batch)
     }
 
     fn ints(&mut self, len: usize) -> Result<u64, CudaError> {
@@ -334,9 +346,7 @@ impl CudaBackend {
     fn run(&mut self, batch: &Batch) -> Result<u64, CudaError> {
         let n = batch.len();
         let r = batch.logit_rows.len();
-        self.gpu.bind()?;
-        self.ensure_workspace(n, r)?;
-        let ints = self.upload_ints(batch)?;
+        let ints = self.prepare(batch)?;
         let decode =
             self.use_graphs && n == r && n == batch.block_tables.len() && n <= GRAPH_MAX_BATCH;
         if decode {
@@ -400,7 +410,7 @@ impl CudaBackend {
             n,
             r,
             bufs,
-            widths: act_sizes(&self.cfg),
+            widths: self.ws.sizes,
             logits: self.ws.logits.as_ref().map_or(0, DBuf::ptr),
             tokens: at(0),
             pos: at(n),
@@ -430,9 +440,7 @@ impl CudaBackend {
         let (n, r) = (batch.len(), batch.logit_rows.len());
         let mut ops = Vec::new();
         let mut step = |me: &mut Self| -> Result<(), CudaError> {
-            me.gpu.bind()?;
-            me.ensure_workspace(n, r)?;
-            let ints = me.upload_ints(batch)?;
+            let ints = me.prepare(batch)?;
             me.launch(n, r, ints, Some(&mut ops))?;
             me.gpu.sync()
         };

@@ -258,8 +258,6 @@ fn fetch_into(m: &Manifest, tmp: &Path, dest: &Path) -> Result<(), LibraryError>
     })
 }
 
-pub use crate::model::loaded::release_free_memory;
-
 #[cfg(test)]
 mod tests {
     use super::check_name;

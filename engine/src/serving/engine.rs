@@ -466,7 +466,7 @@ impl EngineThread {
             report.weights_bytes_after,
             report.seconds,
         ));
-        crate::library::release_free_memory();
+        crate::model::loaded::release_free_memory();
         self.publish();
     }
 

@@ -99,7 +99,7 @@ pub fn requantize(
         template: lm.template.clone(),
         precision: to,
     };
-    crate::library::release_free_memory();
+    crate::model::loaded::release_free_memory();
     Ok((
         out,
         RequantReport {
