@@ -103,6 +103,9 @@ fn new_layers(pool: &ThreadPool, c: &Case, out: &mut [f32]) {
             q_stride: c.q_stride,
             k_cache: k,
             v_cache: v,
+            scale: 1.0 / (SHAPE.head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
         };
         attn::paged_attention(pool, &input, out);
     }

@@ -63,10 +63,23 @@ pub struct AttnInput<'a, T> {
     /// Caches of one layer: `n_kv_heads * head_dim` values per slot.
     pub k_cache: &'a [f16],
     pub v_cache: &'a [f16],
+    /// How scores are formed: `dot(q, k) * scale`, then `tanh(s / cap) * cap` with a soft-cap.
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    /// Sliding window: token `t` sees positions `positions[t] + 1 - window ..= positions[t]`.
+    pub window: Option<usize>,
+}
+
+impl<T> AttnInput<'_, T> {
+    /// The first position token `pos` attends to.
+    fn first_pos(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
 }
 
 /// `out[t]` (`n_heads * head_dim` floats per token) = attention of token `t`'s query heads over
-/// positions `0..=positions[t]` of its sequence, on the fastest backend this CPU has.
+/// positions `0..=positions[t]` of its sequence (the window's part of them, with one), on the
+/// fastest backend this CPU has.
 pub fn paged_attention<T: AsRef<[u32]> + Sync>(
     pool: &ThreadPool,
     input: &AttnInput<'_, T>,
@@ -107,6 +120,7 @@ pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
     );
     assert!(hd > 0 && hd <= MAX_HEAD_DIM, "head_dim {hd} out of range");
     assert!(block_size > 0, "block_size is 0");
+    assert!(input.window != Some(0), "a window of 0 positions");
     let n = input.positions.len();
     let hidden = n_heads * hd;
     assert_eq!(
@@ -152,8 +166,10 @@ pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
         }
         let pos = &input.positions[t0..t0 + nt];
         let max_pos = pos.iter().copied().max().unwrap_or(0);
+        let min_first = pos.iter().map(|&p| input.first_pos(p)).min().unwrap_or(0);
         // Query work (scores and V accumulation) plus converting K and V rows.
-        let cost = (group * pos.iter().map(|p| p + 1).sum::<usize>() + 2 * (max_pos + 1)) as u64;
+        let span: usize = pos.iter().map(|&p| p + 1 - input.first_pos(p)).sum();
+        let cost = (group * span + 2 * (max_pos + 1 - min_first)) as u64;
         items.extend((0..n_kv_heads).map(|g| Item { cost, t0, nt, g }));
         t0 += nt;
     }
@@ -225,10 +241,19 @@ fn run_item<T: AsRef<[u32]>>(
     } = input.shape;
     let group = n_heads / n_kv_heads;
     let kv_dim = n_kv_heads * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let (scale, softcap) = (input.scale, input.softcap);
     let Item { t0, nt, g, .. } = item;
     let positions = &input.positions[t0..t0 + nt];
     let max_pos = positions.iter().copied().max().unwrap_or(0);
+    // Blocks wholly before every token's window are skipped (block boundaries stay multiples of
+    // `BLOCK` from position 0, so a token's arithmetic does not depend on its tile).
+    let start = positions
+        .iter()
+        .map(|&p| input.first_pos(p))
+        .min()
+        .unwrap_or(0)
+        / BLOCK
+        * BLOCK;
     let table = input.tables[input.seq_of[t0]].as_ref();
 
     for i in 0..nt {
@@ -255,10 +280,10 @@ fn run_item<T: AsRef<[u32]>>(
         g * hd,
         hd,
         cache_len,
-        0,
-        &mut next[..rows_at(0)],
+        start,
+        &mut next[..rows_at(start)],
     );
-    for base in (0..=max_pos).step_by(BLOCK) {
+    for base in (start..=max_pos).step_by(BLOCK) {
         let rows = rows_at(base);
         offs[..rows].copy_from_slice(&next[..rows]);
         let next_rows = rows_at(base + BLOCK);
@@ -281,7 +306,8 @@ fn run_item<T: AsRef<[u32]>>(
             }
         }
         for (i, &pos) in positions.iter().enumerate() {
-            if pos < base {
+            let first = input.first_pos(pos);
+            if pos < base || first >= base + BLOCK {
                 continue;
             }
             let nv = rows.min(pos + 1 - base);
@@ -290,8 +316,10 @@ fn run_item<T: AsRef<[u32]>>(
                     q: &s.q[qi * hd..][..hd],
                     k: &s.k[..BLOCK * hd],
                     v: &s.v[..BLOCK * hd],
+                    lo: first.saturating_sub(base),
                     nv,
                     scale,
+                    softcap,
                 };
                 let acc = &mut s.acc[qi * hd..][..hd];
                 match backend {
@@ -324,14 +352,24 @@ fn run_item<T: AsRef<[u32]>>(
     }
 }
 
-/// One query against one block of converted K/V rows: rows `0..nv` are its positions.
+/// One query against one block of converted K/V rows: rows `lo..nv` are its positions.
 struct Block<'a> {
     q: &'a [f32],
-    /// `BLOCK` rows of `q.len()` floats (rows past `nv` may hold anything finite).
+    /// `BLOCK` rows of `q.len()` floats (rows outside `lo..nv` may hold anything finite).
     k: &'a [f32],
     v: &'a [f32],
+    lo: usize,
     nv: usize,
     scale: f32,
+    softcap: Option<f32>,
+}
+
+/// `tanh(s / cap) * cap`, as ggml soft-caps scores.
+fn cap_score(s: f32, cap: Option<f32>) -> f32 {
+    match cap {
+        Some(c) => (s / c).tanh() * c,
+        None => s,
+    }
 }
 
 fn round_to_f16(backend: Backend, src: &[f32], dst: &mut [f32]) {
@@ -395,11 +433,14 @@ fn dot_portable(q: &[f32], k: &[f32]) -> f32 {
 
 fn block_portable(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
     let hd = b.q.len();
-    let mut s = [0f32; BLOCK];
-    for (p, s) in s[..b.nv].iter_mut().enumerate() {
-        *s = dot_portable(b.q, &b.k[p * hd..][..hd]) * b.scale;
+    let mut s = [f32::NEG_INFINITY; BLOCK];
+    for (p, s) in s[..b.nv].iter_mut().enumerate().skip(b.lo) {
+        *s = cap_score(dot_portable(b.q, &b.k[p * hd..][..hd]) * b.scale, b.softcap);
     }
-    let m = s[..b.nv].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = s[b.lo..b.nv]
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
     if m > state.0 {
         if state.0 > f32::NEG_INFINITY {
             let r = (state.0 - m).exp();
@@ -409,7 +450,7 @@ fn block_portable(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
         state.0 = m;
     }
     let mut sum = 0f32;
-    for (p, &sp) in s[..b.nv].iter().enumerate() {
+    for (p, &sp) in s[..b.nv].iter().enumerate().skip(b.lo) {
         let w = (sp - state.0).exp();
         sum += w;
         for (a, &v) in acc.iter_mut().zip(&b.v[p * hd..][..hd]) {
@@ -441,7 +482,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{BLOCK, Block};
+    use super::{BLOCK, Block, cap_score};
 
     /// Rounds `src` to f16 and back (round to nearest even, like `f16::from_f32`).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -635,19 +676,29 @@ mod x86 {
     pub(super) fn block(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
         let hd = b.q.len();
         assert!(hd.is_multiple_of(8) && b.k.len() >= BLOCK * hd && b.v.len() >= BLOCK * hd);
-        assert!(b.nv >= 1 && b.nv <= BLOCK && acc.len() == hd);
+        assert!(b.lo < b.nv && b.nv <= BLOCK && acc.len() == hd);
         let ng = b.nv.div_ceil(8);
         let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
         let scale = _mm256_set1_ps(b.scale);
         let nv = _mm256_set1_epi32(b.nv as i32);
+        let lo = _mm256_set1_epi32(b.lo as i32 - 1);
         let mut s = [neg_inf; BLOCK / 8];
         for (j, s) in s[..ng].iter_mut().enumerate() {
-            let x = _mm256_mul_ps(dot8(b.q, &b.k[j * 8 * hd..]), scale);
+            let mut x = _mm256_mul_ps(dot8(b.q, &b.k[j * 8 * hd..]), scale);
+            if b.softcap.is_some() {
+                let mut lanes = [0f32; 8];
+                // SAFETY: `lanes` is 8 floats.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), x) };
+                lanes.iter_mut().for_each(|v| *v = cap_score(*v, b.softcap));
+                // SAFETY: as above.
+                x = unsafe { _mm256_loadu_ps(lanes.as_ptr()) };
+            }
             let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             let lane = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * j as i32));
-            // Lanes at or past `nv` are other queries' (or no) positions: -inf, weight 0.
-            let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, lane));
-            *s = _mm256_blendv_ps(neg_inf, x, keep);
+            // Lanes at or past `nv` are other queries' (or no) positions, lanes before `lo` are
+            // outside the window: -inf, weight 0.
+            let keep = _mm256_and_si256(_mm256_cmpgt_epi32(nv, lane), _mm256_cmpgt_epi32(lane, lo));
+            *s = _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(keep));
         }
         let m = hmax(_mm256_max_ps(
             _mm256_max_ps(s[0], s[1]),

@@ -82,6 +82,9 @@ pub enum CudaError {
     HeadDim(usize),
     #[error("top-k of {k} out of {vocab}")]
     TopK { k: usize, vocab: usize },
+    /// An operation of a model family that has no CUDA kernel yet.
+    #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
+    NoOp(&'static str),
 }
 
 type Result<T> = std::result::Result<T, CudaError>;

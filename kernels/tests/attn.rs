@@ -35,6 +35,8 @@ struct Case {
     q_stride: usize,
     k: Vec<f16>,
     v: Vec<f16>,
+    softcap: Option<f32>,
+    window: Option<usize>,
 }
 
 impl Case {
@@ -82,6 +84,8 @@ impl Case {
             q_stride,
             k,
             v,
+            softcap: None,
+            window: None,
         }
     }
 
@@ -95,6 +99,9 @@ impl Case {
             q_stride: self.q_stride,
             k_cache: &self.k,
             v_cache: &self.v,
+            scale: 1.0 / (self.shape.head_dim as f32).sqrt(),
+            softcap: self.softcap,
+            window: self.window,
         }
     }
 
@@ -117,6 +124,8 @@ impl Case {
             q_stride: hidden,
             k: self.k.clone(),
             v: self.v.clone(),
+            softcap: self.softcap,
+            window: self.window,
         }
     }
 
@@ -140,19 +149,23 @@ impl Case {
                     .iter()
                     .map(|&x| f64::from(f16::from_f32(x)))
                     .collect();
-                let s: Vec<f64> = (0..=pos)
+                let first = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let s: Vec<f64> = (first..=pos)
                     .map(|p| {
                         let k = &self.k[off(p) + g * hd..][..hd];
-                        q.iter().zip(k).map(|(a, b)| a * f64::from(*b)).sum::<f64>()
-                            / (hd as f64).sqrt()
+                        let s = q.iter().zip(k).map(|(a, b)| a * f64::from(*b)).sum::<f64>()
+                            / (hd as f64).sqrt();
+                        self.softcap
+                            .map_or(s, |c| (s / f64::from(c)).tanh() * f64::from(c))
                     })
                     .collect();
                 let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
                 let sum: f64 = w.iter().sum();
                 for d in 0..hd {
-                    let acc: f64 = (0..=pos)
-                        .map(|p| w[p] * f64::from(self.v[off(p) + g * hd + d]))
+                    let acc: f64 = (first..=pos)
+                        .zip(&w)
+                        .map(|(p, w)| w * f64::from(self.v[off(p) + g * hd + d]))
                         .sum();
                     out.push(acc / sum);
                 }
@@ -201,6 +214,57 @@ fn matches_f64_reference() {
         }
     }
     eprintln!("worst |error| vs f64 reference: {worst:e}");
+}
+
+/// Sliding windows (narrower and wider than a softmax block, of one position, past the context)
+/// and soft-capped scores, on every backend, against the f64 reference; and a token's output
+/// with a window still does not depend on its batch.
+#[test]
+fn windows_and_softcap_match_reference() {
+    let shape = AttnShape {
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 64,
+        block_size: 16,
+    };
+    let seqs = [(1, 1), (300, 1), (70, 70), (129, 13), (33, 2)];
+    for (i, &(window, softcap)) in [
+        (Some(1), None),
+        (Some(7), None),
+        (Some(32), None),
+        (Some(45), Some(50.0)),
+        (Some(1000), None),
+        (None, Some(5.0)),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut case = Case::random(shape, &seqs, 6.0, 500 + i as u64);
+        case.window = window;
+        case.softcap = softcap;
+        let want = case.reference();
+        for b in backends() {
+            let got = case.run(b, &pools()[1]);
+            for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 2e-5,
+                    "{b:?} window {window:?} softcap {softcap:?} elem {e}: {g} vs {w}"
+                );
+            }
+            let hidden = shape.n_heads * shape.head_dim;
+            for t in [0, 5, 40, case.positions.len() - 1] {
+                let alone = case.alone(t).run(b, &pools()[0]);
+                let batched = &got[t * hidden..(t + 1) * hidden];
+                assert!(
+                    alone
+                        .iter()
+                        .zip(batched)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{b:?} window {window:?}: token {t} differs alone"
+                );
+            }
+        }
+    }
 }
 
 /// Head dims that are not a multiple of 8 run on the portable path whatever the backend asked.

@@ -10,6 +10,7 @@ use tpslab_kernels::ThreadPool;
 use tpslab_kernels::attn::{self, AttnInput};
 
 use crate::kv::Batch;
+use crate::model::ops::AttnOpts;
 
 pub use tpslab_kernels::attn::AttnShape;
 
@@ -17,12 +18,14 @@ pub use tpslab_kernels::attn::AttnShape;
 pub const MAX_HEAD_DIM: usize = attn::MAX_HEAD_DIM;
 
 /// `out[t]` = attention of the query rows `q[t]` over positions `0..=positions[t]` of token
-/// `t`'s sequence, K/V read from `k_cache`/`v_cache` through the batch's block tables.
-/// `q` rows are `q_stride` floats apart (they sit inside the fused QKV output).
+/// `t`'s sequence (those in the window of `opts`), K/V read from `k_cache`/`v_cache` through the
+/// batch's block tables. `q` rows are `q_stride` floats apart (they sit inside the fused QKV
+/// output).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     pool: &ThreadPool,
     shape: AttnShape,
+    opts: AttnOpts,
     batch: &Batch,
     q: &[f32],
     q_stride: usize,
@@ -39,6 +42,9 @@ pub fn paged_attention(
         q_stride,
         k_cache,
         v_cache,
+        scale: opts.scale,
+        softcap: opts.softcap,
+        window: opts.window,
     };
     attn::paged_attention(pool, &input, out);
 }
@@ -103,7 +109,7 @@ mod tests {
 
     use super::*;
     use crate::kv::KvCache;
-    use crate::model::config::{ModelConfig, RopeStyle};
+    use crate::model::config::{Extras, ModelConfig, RopeScaling, RopeStyle};
 
     fn cfg(n_heads: usize, n_kv_heads: usize, hd: usize) -> ModelConfig {
         ModelConfig {
@@ -120,7 +126,9 @@ mod tests {
             rope_theta: 10000.0,
             rope_dim: hd,
             rope_style: RopeStyle::Interleaved,
+            rope_scaling: RopeScaling::None,
             rms_eps: 1e-5,
+            extras: Extras::plain(hd),
         }
     }
 
@@ -189,7 +197,10 @@ mod tests {
                 block_size: bs,
             };
             let (kc, vc) = kv.layer(0);
-            paged_attention(&pool, shape, &batch, &q_all, q_stride, kc, vc, &mut out);
+            let opts = AttnOpts::plain(hd);
+            paged_attention(
+                &pool, shape, opts, &batch, &q_all, q_stride, kc, vc, &mut out,
+            );
             let mut off = 0;
             for (q, k, v) in &seqs {
                 let want = reference_attention(n_heads, n_kv, hd, q, k, v);

@@ -16,7 +16,7 @@ use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::arch;
-use crate::model::ops::{Activation, Buf, Heads, Ops, Rope};
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::Linear;
 
 /// Reusable activation buffers, grown to the largest batch seen.
@@ -64,8 +64,9 @@ pub struct CpuOps<'a> {
     batch: &'a Batch,
     kv: &'a mut KvCache,
     ws: &'a mut Workspace,
-    /// The rotary tables of this step's positions, computed by the first `rope_store`.
-    rope: Option<Rope>,
+    /// What the rotary tables of this step's positions were computed for (the rotation and the
+    /// address of its frequency factors): layers that share it share the tables.
+    rope: Option<(Rope, Option<usize>)>,
 }
 
 impl<'a> CpuOps<'a> {
@@ -92,8 +93,9 @@ impl<'a> CpuOps<'a> {
         self.ws.lens[dst.index()] = len;
     }
 
-    fn rope_tables(&mut self, rope: Rope) {
-        if self.rope == Some(rope) {
+    fn rope_tables(&mut self, rope: Rope, factors: Option<&[f32]>) {
+        let key = (rope, factors.map(|f| f.as_ptr() as usize));
+        if self.rope == Some(key) {
             return;
         }
         let half = rope.dim / 2;
@@ -102,9 +104,15 @@ impl<'a> CpuOps<'a> {
         let sin = sized(&mut self.ws.sin, n * half);
         for (i, &p) in self.batch.positions.iter().enumerate() {
             let r = i * half..(i + 1) * half;
-            rowops::rope_cache(p, rope.dim, rope.theta, &mut cos[r.clone()], &mut sin[r]);
+            rowops::rope_cache(p, &rope, factors, &mut cos[r.clone()], &mut sin[r]);
         }
-        self.rope = Some(rope);
+        self.rope = Some(key);
+    }
+
+    /// Buffer `x`'s floats in use, to change in place.
+    fn rows_mut(&mut self, x: Buf) -> &mut [f32] {
+        let len = self.ws.lens[x.index()];
+        &mut self.ws.bufs[x.index()][..len]
     }
 }
 
@@ -124,8 +132,38 @@ impl Ops for CpuOps<'_> {
     }
 
     fn rms_norm(&mut self, x: Buf, w: &Vec<f32>, eps: f32, out: Buf) -> Result<(), Infallible> {
+        if x == out {
+            rowops::rms_norm_in_place(self.rows_mut(x), w, eps);
+            return Ok(());
+        }
         let len = self.ws.lens[x.index()];
         self.map(x, out, len, |x, o| rowops::rms_norm(x, w, eps, o));
+        Ok(())
+    }
+
+    fn scale(&mut self, x: Buf, s: f32) -> Result<(), Infallible> {
+        self.rows_mut(x).iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn softcap(&mut self, x: Buf, cap: f32) -> Result<(), Infallible> {
+        rowops::softcap(self.rows_mut(x), cap);
+        Ok(())
+    }
+
+    fn qk_norm(
+        &mut self,
+        qkv: Buf,
+        heads: Heads,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        eps: f32,
+    ) -> Result<(), Infallible> {
+        let (q_dim, kv_dim, width) = (heads.q_dim(), heads.kv_dim(), heads.qkv_dim());
+        for row in self.rows_mut(qkv).chunks_exact_mut(width) {
+            rowops::rms_norm_in_place(&mut row[..q_dim], q, eps);
+            rowops::rms_norm_in_place(&mut row[q_dim..q_dim + kv_dim], k, eps);
+        }
         Ok(())
     }
 
@@ -152,21 +190,27 @@ impl Ops for CpuOps<'_> {
         layer: usize,
         qkv: Buf,
         heads: Heads,
-        rope: Rope,
+        rope: Option<Rope>,
+        factors: Option<&Vec<f32>>,
     ) -> Result<(), Infallible> {
-        self.rope_tables(rope);
-        let (half, hd, block) = (rope.dim / 2, heads.head_dim, self.kv.block_size);
+        if let Some(r) = rope {
+            self.rope_tables(r, factors.map(Vec::as_slice));
+        }
+        let (hd, block) = (heads.head_dim, self.kv.block_size);
         let (q_dim, kv_dim, width) = (heads.q_dim(), heads.kv_dim(), heads.qkv_dim());
         let rows = &mut self.ws.bufs[qkv.index()][..self.ws.lens[qkv.index()]];
         for (i, row) in rows.chunks_exact_mut(width).enumerate() {
-            let (cs, sn) = (
-                &self.ws.cos[i * half..(i + 1) * half],
-                &self.ws.sin[i * half..(i + 1) * half],
-            );
             let (q, rest) = row.split_at_mut(q_dim);
             let (k, v) = rest.split_at_mut(kv_dim);
-            rowops::rope(q, hd, rope.style, cs, sn);
-            rowops::rope(k, hd, rope.style, cs, sn);
+            if let Some(r) = rope {
+                let half = r.dim / 2;
+                let (cs, sn) = (
+                    &self.ws.cos[i * half..(i + 1) * half],
+                    &self.ws.sin[i * half..(i + 1) * half],
+                );
+                rowops::rope(q, hd, r.style, cs, sn);
+                rowops::rope(k, hd, r.style, cs, sn);
+            }
             self.kv.write(layer, self.batch.slot(i, block), k, v);
         }
         Ok(())
@@ -177,6 +221,7 @@ impl Ops for CpuOps<'_> {
         layer: usize,
         qkv: Buf,
         heads: Heads,
+        opts: AttnOpts,
         out: Buf,
     ) -> Result<(), Infallible> {
         let shape = AttnShape {
@@ -193,6 +238,7 @@ impl Ops for CpuOps<'_> {
         paged_attention(
             pool,
             shape,
+            opts,
             batch,
             q,
             heads.qkv_dim(),
@@ -228,6 +274,7 @@ impl Ops for CpuOps<'_> {
             let a = sized(&mut self.ws.act, m * ffn);
             match act {
                 Activation::Silu => rowops::swiglu(gu, ffn, a),
+                Activation::GeluTanh => rowops::geglu(gu, ffn, a),
             }
             down.forward(pool, a, m, &mut o_rows[r0 * width..(r0 + m) * width]);
         }

@@ -17,7 +17,7 @@ use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::{ModelConfig, RopeStyle};
-use crate::model::ops::{Activation, Buf, Heads, Ops, Param, ParamShape, Rope};
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Param, ParamShape, Rope};
 use crate::model::record::{Op, Recording};
 use crate::model::weights::{Linear, Weights};
 
@@ -174,6 +174,53 @@ pub struct CudaBackend {
 /// Largest decode batch replayed as a CUDA graph (as vLLM's default capture sizes end at 512).
 pub const GRAPH_MAX_BATCH: usize = 512;
 
+/// The first operation of `cfg`'s recipe that the CUDA path cannot run yet (found by running
+/// the recipe on the recording device), so a model is refused before anything is uploaded.
+pub fn cuda_gap(cfg: &ModelConfig, w: &Weights) -> Option<&'static str> {
+    let mut rec = Recording::new();
+    match arch::forward(cfg, &w.shapes(), &mut rec) {
+        Ok(()) => {}
+        Err(never) => match never {},
+    }
+    let (_, ops) = rec.into_parts();
+    ops.iter().find_map(|op| match op {
+        Op::Scale { .. } => Some("the embedding scale"),
+        Op::Softcap { .. } => Some("logit soft-capping"),
+        Op::QkNorm { .. } => Some("QK-norm"),
+        Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),
+        Op::RopeStore { rope, factors, .. } => rope_gap(rope.as_ref(), factors.is_some()),
+        Op::Attention { heads, opts, .. } => attn_gap(*heads, opts),
+        Op::GatedFfn {
+            act: Activation::GeluTanh,
+            ..
+        } => Some("GELU gating"),
+        _ => None,
+    })
+}
+
+fn rope_gap(rope: Option<&Rope>, factors: bool) -> Option<&'static str> {
+    match rope {
+        None => Some("a layer without RoPE"),
+        Some(_) if factors => Some("RoPE frequency factors"),
+        Some(r) if r.freq_scale != 1.0 || r.yarn.is_some() || r.mscale != 1.0 => {
+            Some("RoPE scaling")
+        }
+        Some(_) => None,
+    }
+}
+
+fn attn_gap(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
+    if opts.window.is_some() {
+        Some("sliding-window attention")
+    } else if opts.softcap.is_some() {
+        Some("attention soft-capping")
+    } else if *opts != AttnOpts::plain(heads.head_dim) {
+        Some("a query scale other than 1/sqrt(head size)")
+    } else {
+        None
+    }
+}
+
 impl CudaBackend {
     /// Uploads the model to GPU `ordinal` and sizes the KV pool: `kv_budget` bytes, or with
     /// `fraction > 0` that fraction of the memory left free after the weights.
@@ -189,6 +236,9 @@ impl CudaBackend {
             return Err(BackendError::HeadDim(cfg.head_dim));
         }
         check_weight_types(&lm.model.weights)?;
+        if let Some(what) = cuda_gap(&cfg, &lm.model.weights) {
+            return Err(BackendError::NoCudaOp(what.into()));
+        }
         let gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
         let w = upload_weights(&gpu, &lm.model.weights)
             .map_err(cuda(format!("uploading the weights to {}", gpu.name())))?;
@@ -507,6 +557,9 @@ impl Ops for CudaOps<'_> {
     }
 
     fn rms_norm(&mut self, x: Buf, w: &DevVector, eps: f32, out: Buf) -> Result<(), CudaError> {
+        if x == out {
+            return Err(CudaError::NoOp("an in-place RMS norm"));
+        }
         let (x, out) = (self.buf(x), self.buf(out));
         self.g
             .rms_norm(x, None, self.n, w.buf.ptr(), out, w.len, eps)
@@ -530,13 +583,39 @@ impl Ops for CudaOps<'_> {
         w.forward(self.g, x, self.n, y, self.sc)
     }
 
+    fn scale(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("the embedding scale"))
+    }
+
+    fn softcap(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("logit soft-capping"))
+    }
+
+    fn qk_norm(
+        &mut self,
+        _: Buf,
+        _: Heads,
+        _: &DevVector,
+        _: &DevVector,
+        _: f32,
+    ) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("QK-norm"))
+    }
+
     fn rope_store(
         &mut self,
         layer: usize,
         qkv: Buf,
         heads: Heads,
-        rope: Rope,
+        rope: Option<Rope>,
+        factors: Option<&DevVector>,
     ) -> Result<(), CudaError> {
+        if let Some(what) = rope_gap(rope.as_ref(), factors.is_some()) {
+            return Err(CudaError::NoOp(what));
+        }
+        let Some(rope) = rope else {
+            return Err(CudaError::NoOp("a layer without RoPE"));
+        };
         let (kc, vc) = self.kv_of(layer);
         self.g.rope_store(
             self.buf(qkv),
@@ -558,8 +637,12 @@ impl Ops for CudaOps<'_> {
         layer: usize,
         qkv: Buf,
         heads: Heads,
+        opts: AttnOpts,
         out: Buf,
     ) -> Result<(), CudaError> {
+        if let Some(what) = attn_gap(heads, &opts) {
+            return Err(CudaError::NoOp(what));
+        }
         let (kc, vc) = self.kv_of(layer);
         let io = AttnIo {
             qkv: self.buf(qkv),
@@ -587,6 +670,7 @@ impl Ops for CudaOps<'_> {
         gate_up.forward(self.g, x, self.n, gu, self.sc)?;
         match act {
             Activation::Silu => self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?,
+            Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
         }
         down.forward(self.g, a, self.n, out, self.sc)
     }

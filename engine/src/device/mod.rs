@@ -56,6 +56,9 @@ pub enum BackendError {
     ShapeChanged,
     #[error("the CUDA attention kernel does not take head size {0}")]
     HeadDim(usize),
+    /// The model needs an operation the CUDA path does not have yet.
+    #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
+    NoCudaOp(String),
     /// A CUDA call failed; `what` says what the engine was doing.
     #[cfg(feature = "cuda")]
     #[error("{what}: {source}")]

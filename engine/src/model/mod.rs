@@ -11,6 +11,8 @@
 //! - [`loaded`]: the model bundle (model, tokenizer, chat template, precision) front ends hold.
 //! - [`precision`]: a model's weight precision, typed (its matrices' type and any fallback).
 //! - [`synthetic`]: models of known shapes with seeded random weights (vLLM's "dummy" format).
+//! - [`tiny`]: tiny random models of each architecture as GGUF files laid out as the family's
+//!   real ones, with a real tokenizer: what the engine is held against llama.cpp with.
 
 use std::path::Path;
 
@@ -23,6 +25,7 @@ pub mod ops;
 pub mod precision;
 pub mod record;
 pub mod synthetic;
+pub mod tiny;
 pub mod weights;
 
 use config::{ConfigError, ModelConfig};

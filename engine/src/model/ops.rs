@@ -9,7 +9,7 @@
 //! Every buffer holds one row per token of the step (`Last` and `Logits`: one per logits row);
 //! widths follow from the weights an op is given and the [`Heads`] geometry.
 
-use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::config::{ModelConfig, RopeScaling, RopeStyle};
 
 /// The activation buffers of a step, by role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,20 +80,92 @@ impl Heads {
     }
 }
 
-/// Rotary embedding: how many dimensions of each head rotate, the base, and the pairing.
+/// Rotary embedding of one layer: how many dimensions of each head rotate, the base, the
+/// pairing, and the scaling (ggml's `rope_ext` parameters; per-dimension frequency factors, when
+/// a model has them, are passed beside it as a weight).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rope {
     pub dim: usize,
     pub theta: f32,
     pub style: RopeStyle,
+    /// Positions are multiplied by this (1 / the linear or YaRN factor).
+    pub freq_scale: f32,
+    /// YaRN's ramp between the correction dimensions `[low, high]` (ext_factor 1).
+    pub yarn: Option<[f32; 2]>,
+    /// Factor on cos and sin (YaRN's magnitude correction, `rope.scaling.attn_factor`).
+    pub mscale: f32,
 }
 
 impl Rope {
-    pub fn of(c: &ModelConfig) -> Self {
-        Self {
+    /// The rotation of layer `layer`, or `None` where the layer has none (SmolLM3's NoPE
+    /// layers). Sliding-window layers use their own base and no scaling (Gemma 3's local
+    /// layers), as llama.cpp's `get_rope_freq_base` / `get_rope_freq_scale` do.
+    pub fn of(c: &ModelConfig, layer: usize) -> Option<Self> {
+        if !c.has_rope(layer) {
+            return None;
+        }
+        let mut r = Self {
             dim: c.rope_dim,
             theta: c.rope_theta,
             style: c.rope_style,
+            freq_scale: 1.0,
+            yarn: None,
+            mscale: c.extras.rope_attn_factor,
+        };
+        if !c.extras.swa_layers.is_empty() && c.window(layer).is_some() {
+            r.theta = c.extras.rope_theta_swa;
+            return Some(r);
+        }
+        match c.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => r.freq_scale = 1.0 / factor,
+            RopeScaling::Yarn { factor, orig_ctx } => {
+                r.freq_scale = 1.0 / factor;
+                r.yarn = Some(yarn_corr_dims(r.dim, orig_ctx, r.theta));
+                // llama.cpp divides its attention factor by the magnitude correction that
+                // the rotation then multiplies back in: the net factor is the correction.
+                r.mscale *= 1.0 + 0.1 * factor.ln();
+            }
+        }
+        Some(r)
+    }
+}
+
+/// ggml's `ggml_rope_yarn_corr_dims` with its default betas (fast 32, slow 1).
+fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32) -> [f32; 2] {
+    let dim = |n_rot: f32| {
+        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * base.ln())
+    };
+    let start = dim(32.0).floor();
+    let end = dim(1.0).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+/// How one layer's attention scores are formed: the query scale, Gemma 2's soft-cap, and the
+/// sliding window (a token sees the last `window` positions, itself included).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnOpts {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub window: Option<usize>,
+}
+
+impl AttnOpts {
+    pub fn of(c: &ModelConfig, layer: usize) -> Self {
+        Self {
+            scale: c.extras.attn_scale,
+            softcap: c.extras.attn_softcap,
+            window: c.window(layer),
+        }
+    }
+
+    /// Plain causal attention with the usual `1 / sqrt(head_dim)` (what every device runs).
+    pub fn plain(head_dim: usize) -> Self {
+        Self {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
         }
     }
 }
@@ -101,8 +173,10 @@ impl Rope {
 /// The activation of a gated feed-forward block (`act(gate) * up`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// SwiGLU (Llama, Qwen2, Mistral).
+    /// SwiGLU (Llama, Qwen, Mistral, Phi-3).
     Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
 }
 
 /// What a recorder shows of a weight: a matrix's type and shape, or a vector's length.
@@ -145,7 +219,7 @@ pub trait Ops {
 
     /// `out[t]` = row `tokens[t]` of `table` (as floats).
     fn embed(&mut self, table: &Self::Matrix, out: Buf) -> Result<(), Self::Error>;
-    /// `out = rms_norm(x) * w`, row by row.
+    /// `out = rms_norm(x) * w`, row by row (`out` may be `x`).
     fn rms_norm(&mut self, x: Buf, w: &Self::Vector, eps: f32, out: Buf)
     -> Result<(), Self::Error>;
     /// `x += y`, then `out = rms_norm(x) * w` (the residual add fused with the next norm).
@@ -159,22 +233,39 @@ pub trait Ops {
     ) -> Result<(), Self::Error>;
     /// `y = x W^T (+ b)`.
     fn linear(&mut self, w: &Self::Matrix, x: Buf, y: Buf) -> Result<(), Self::Error>;
-    /// Rotates the Q and K heads inside the fused `qkv` rows at each token's position, and stores
-    /// each token's K and V for `layer` in its KV slot (through the block tables).
+    /// `x *= s`.
+    fn scale(&mut self, x: Buf, s: f32) -> Result<(), Self::Error>;
+    /// `x = tanh(x / cap) * cap` (soft-capped logits).
+    fn softcap(&mut self, x: Buf, cap: f32) -> Result<(), Self::Error>;
+    /// RMS norm of each query head with `q` and of each key head with `k`, inside the fused
+    /// `qkv` rows (QK-norm: Qwen3, Gemma 3).
+    fn qk_norm(
+        &mut self,
+        qkv: Buf,
+        heads: Heads,
+        q: &Self::Vector,
+        k: &Self::Vector,
+        eps: f32,
+    ) -> Result<(), Self::Error>;
+    /// Rotates the Q and K heads inside the fused `qkv` rows at each token's position (unless
+    /// `rope` is `None`; frequencies divided by `factors` where given), and stores each token's
+    /// K and V for `layer` in its KV slot (through the block tables).
     fn rope_store(
         &mut self,
         layer: usize,
         qkv: Buf,
         heads: Heads,
-        rope: Rope,
+        rope: Option<Rope>,
+        factors: Option<&Self::Vector>,
     ) -> Result<(), Self::Error>;
     /// Causal paged attention of each token's query heads (in `qkv`) over its sequence's keys and
-    /// values of `layer` up to its position.
+    /// values of `layer` up to its position (within the window, if any).
     fn attention(
         &mut self,
         layer: usize,
         qkv: Buf,
         heads: Heads,
+        opts: AttnOpts,
         out: Buf,
     ) -> Result<(), Self::Error>;
     /// `out = down(act(gate) * up)` where `gate_up` holds the gate rows then the up rows.

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 
-use crate::model::ops::{Activation, Buf, Heads, Ops, Param, ParamShape, Rope};
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Param, ParamShape, Rope};
 
 /// One op as the recipe issued it.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,16 +32,33 @@ pub enum Op {
         x: Buf,
         y: Buf,
     },
+    Scale {
+        x: Buf,
+        s: f32,
+    },
+    Softcap {
+        x: Buf,
+        cap: f32,
+    },
+    QkNorm {
+        qkv: Buf,
+        heads: Heads,
+        q: ParamShape,
+        k: ParamShape,
+        eps: f32,
+    },
     RopeStore {
         layer: usize,
         qkv: Buf,
         heads: Heads,
-        rope: Rope,
+        rope: Option<Rope>,
+        factors: Option<ParamShape>,
     },
     Attention {
         layer: usize,
         qkv: Buf,
         heads: Heads,
+        opts: AttnOpts,
         out: Buf,
     },
     GatedFfn {
@@ -126,10 +143,40 @@ impl Ops for NoDevice {
     fn linear(&mut self, _: &ParamShape, _: Buf, _: Buf) -> Result<(), Infallible> {
         Ok(())
     }
-    fn rope_store(&mut self, _: usize, _: Buf, _: Heads, _: Rope) -> Result<(), Infallible> {
+    fn scale(&mut self, _: Buf, _: f32) -> Result<(), Infallible> {
         Ok(())
     }
-    fn attention(&mut self, _: usize, _: Buf, _: Heads, _: Buf) -> Result<(), Infallible> {
+    fn softcap(&mut self, _: Buf, _: f32) -> Result<(), Infallible> {
+        Ok(())
+    }
+    fn qk_norm(
+        &mut self,
+        _: Buf,
+        _: Heads,
+        _: &ParamShape,
+        _: &ParamShape,
+        _: f32,
+    ) -> Result<(), Infallible> {
+        Ok(())
+    }
+    fn rope_store(
+        &mut self,
+        _: usize,
+        _: Buf,
+        _: Heads,
+        _: Option<Rope>,
+        _: Option<&ParamShape>,
+    ) -> Result<(), Infallible> {
+        Ok(())
+    }
+    fn attention(
+        &mut self,
+        _: usize,
+        _: Buf,
+        _: Heads,
+        _: AttnOpts,
+        _: Buf,
+    ) -> Result<(), Infallible> {
         Ok(())
     }
     fn gated_ffn(
@@ -209,19 +256,52 @@ impl<O: Ops> Ops for Recording<O> {
         Ok(())
     }
 
+    fn scale(&mut self, x: Buf, s: f32) -> Result<(), O::Error> {
+        self.inner.scale(x, s)?;
+        self.ops.push(Op::Scale { x, s });
+        Ok(())
+    }
+
+    fn softcap(&mut self, x: Buf, cap: f32) -> Result<(), O::Error> {
+        self.inner.softcap(x, cap)?;
+        self.ops.push(Op::Softcap { x, cap });
+        Ok(())
+    }
+
+    fn qk_norm(
+        &mut self,
+        qkv: Buf,
+        heads: Heads,
+        q: &O::Vector,
+        k: &O::Vector,
+        eps: f32,
+    ) -> Result<(), O::Error> {
+        self.inner.qk_norm(qkv, heads, q, k, eps)?;
+        self.ops.push(Op::QkNorm {
+            qkv,
+            heads,
+            q: q.shape(),
+            k: k.shape(),
+            eps,
+        });
+        Ok(())
+    }
+
     fn rope_store(
         &mut self,
         layer: usize,
         qkv: Buf,
         heads: Heads,
-        rope: Rope,
+        rope: Option<Rope>,
+        factors: Option<&O::Vector>,
     ) -> Result<(), O::Error> {
-        self.inner.rope_store(layer, qkv, heads, rope)?;
+        self.inner.rope_store(layer, qkv, heads, rope, factors)?;
         self.ops.push(Op::RopeStore {
             layer,
             qkv,
             heads,
             rope,
+            factors: factors.map(Param::shape),
         });
         Ok(())
     }
@@ -231,13 +311,15 @@ impl<O: Ops> Ops for Recording<O> {
         layer: usize,
         qkv: Buf,
         heads: Heads,
+        opts: AttnOpts,
         out: Buf,
     ) -> Result<(), O::Error> {
-        self.inner.attention(layer, qkv, heads, out)?;
+        self.inner.attention(layer, qkv, heads, opts, out)?;
         self.ops.push(Op::Attention {
             layer,
             qkv,
             heads,
+            opts,
             out,
         });
         Ok(())

@@ -14,7 +14,7 @@ use tpslab_kernels::WType;
 
 use crate::model::LoadedModel;
 use crate::model::Model;
-use crate::model::config::ModelConfig;
+use crate::model::config::{Extras, ModelConfig, RopeScaling};
 use crate::model::precision::Precision;
 pub use crate::model::precision::matrix_type;
 use crate::model::weights::{LayerWeights, Linear, Weights};
@@ -179,7 +179,9 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
             rope_theta: r.rope_theta,
             rope_dim: r.head_dim,
             rope_style: known.rope_style,
+            rope_scaling: RopeScaling::None,
             rms_eps: r.rms_eps,
+            extras: Extras::plain(r.head_dim),
         },
         tied_embeddings: r.tied_embeddings,
         qkv_bias: r.qkv_bias,
@@ -243,10 +245,14 @@ pub fn synthetic_weights(
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h],
             wqkv,
+            q_norm: None,
+            k_norm: None,
             wo: matrix("attn_output", h, h, layer_id(i, 1))?,
+            post_attn_norm: None,
             ffn_norm: vec![1.0; h],
             w_gate_up: matrix("ffn_gate_up", 2 * ffn, h, layer_id(i, 2))?,
             w_down: matrix("ffn_down", h, ffn, layer_id(i, 3))?,
+            post_ffn_norm: None,
         });
     }
     Ok(Weights {
@@ -254,6 +260,7 @@ pub fn synthetic_weights(
         layers,
         out_norm: vec![1.0; h],
         lm_head,
+        rope_factors: None,
     })
 }
 

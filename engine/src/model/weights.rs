@@ -115,10 +115,17 @@ impl Linear {
 pub struct LayerWeights<L = Linear, V = Vec<f32>> {
     pub attn_norm: V,
     pub wqkv: L,
+    /// Per-head norms of Q and K (Qwen3, Gemma 3).
+    pub q_norm: Option<V>,
+    pub k_norm: Option<V>,
     pub wo: L,
+    /// The norm of the attention block's output before the residual add (Gemma).
+    pub post_attn_norm: Option<V>,
     pub ffn_norm: V,
     pub w_gate_up: L,
     pub w_down: L,
+    /// The norm of the FFN's output before the residual add (Gemma).
+    pub post_ffn_norm: Option<V>,
 }
 
 /// A model's weights, as the recipes of [`crate::model::arch`] read them.
@@ -129,6 +136,9 @@ pub struct Weights<L = Linear, V = Vec<f32>> {
     pub out_norm: V,
     /// `None` when the output projection is tied to the embedding.
     pub lm_head: Option<L>,
+    /// RoPE frequency factors, one per rotated pair (Llama 3's `rope_freqs`, Phi-3's LongRoPE
+    /// factors for the context in use).
+    pub rope_factors: Option<V>,
 }
 
 impl<L, V> Weights<L, V> {
@@ -159,10 +169,14 @@ impl<L, V> Weights<L, V> {
             layers.push(LayerWeights {
                 attn_norm: fv(&l.attn_norm)?,
                 wqkv: fm(&l.wqkv)?,
+                q_norm: l.q_norm.as_ref().map(&mut fv).transpose()?,
+                k_norm: l.k_norm.as_ref().map(&mut fv).transpose()?,
                 wo: fm(&l.wo)?,
+                post_attn_norm: l.post_attn_norm.as_ref().map(&mut fv).transpose()?,
                 ffn_norm: fv(&l.ffn_norm)?,
                 w_gate_up: fm(&l.w_gate_up)?,
                 w_down: fm(&l.w_down)?,
+                post_ffn_norm: l.post_ffn_norm.as_ref().map(&mut fv).transpose()?,
             });
         }
         Ok(Weights {
@@ -170,6 +184,7 @@ impl<L, V> Weights<L, V> {
             layers,
             out_norm: fv(&self.out_norm)?,
             lm_head: self.lm_head.as_ref().map(&mut fm).transpose()?,
+            rope_factors: self.rope_factors.as_ref().map(&mut fv).transpose()?,
         })
     }
 
@@ -189,10 +204,27 @@ impl<L, V> Weights<L, V> {
 
 impl Weights {
     pub fn bytes(&self) -> usize {
-        let layer = |l: &LayerWeights| (l.attn_norm.len() + l.ffn_norm.len()) * 4;
         self.matrices().map(Linear::bytes).sum::<usize>()
-            + self.layers.iter().map(layer).sum::<usize>()
-            + self.out_norm.len() * 4
+            + self.vectors().map(Vec::len).sum::<usize>() * 4
+    }
+
+    /// Every vector (norm weights, RoPE factors).
+    pub fn vectors(&self) -> impl Iterator<Item = &Vec<f32>> {
+        let layers = self.layers.iter().flat_map(|l| {
+            [
+                Some(&l.attn_norm),
+                l.q_norm.as_ref(),
+                l.k_norm.as_ref(),
+                l.post_attn_norm.as_ref(),
+                Some(&l.ffn_norm),
+                l.post_ffn_norm.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+        });
+        std::iter::once(&self.out_norm)
+            .chain(layers)
+            .chain(&self.rope_factors)
     }
 }
 

@@ -15,7 +15,7 @@ use tpslab_kernels::WType;
 use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::precision::Precision;
-use crate::model::weights::{LayerWeights, Linear, Weights};
+use crate::model::weights::{Linear, Weights};
 use crate::quant::quantize::convert;
 
 /// The weight types the live knob offers, highest precision first.
@@ -130,22 +130,12 @@ fn convert_linear(l: &Linear, target: WType, threads: usize) -> Linear {
 }
 
 fn convert_weights(w: &Weights, target: WType, threads: usize) -> Weights {
-    let c = |l: &Linear| convert_linear(l, target, threads);
-    Weights {
-        embed: c(&w.embed),
-        layers: w
-            .layers
-            .iter()
-            .map(|l| LayerWeights {
-                attn_norm: l.attn_norm.clone(),
-                wqkv: c(&l.wqkv),
-                wo: c(&l.wo),
-                ffn_norm: l.ffn_norm.clone(),
-                w_gate_up: c(&l.w_gate_up),
-                w_down: c(&l.w_down),
-            })
-            .collect(),
-        out_norm: w.out_norm.clone(),
-        lm_head: w.lm_head.as_ref().map(c),
+    let converted = w.try_map(
+        |l| Ok::<_, std::convert::Infallible>(convert_linear(l, target, threads)),
+        |v| Ok(v.clone()),
+    );
+    match converted {
+        Ok(w) => w,
+        Err(never) => match never {},
     }
 }

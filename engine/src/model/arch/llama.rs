@@ -1,57 +1,149 @@
-//! The Llama family (llama.cpp's `src/models/llama.cpp`, `qwen2.cpp`): pre-norm blocks of
-//! grouped-query attention with RoPE (Q/K/V biases where the file has them, as Qwen2 does) and
-//! a SwiGLU feed-forward block; the output projection tied to the embedding when the file has no
-//! `output.weight`.
+//! The Llama family (llama.cpp's `src/models/llama.cpp`, `qwen2.cpp`, `qwen3.cpp`,
+//! `smollm3.cpp`, `phi3.cpp`): pre-norm blocks of grouped-query attention with RoPE and a SwiGLU
+//! feed-forward block. What the members add, each read from the file when it is there:
+//! - Q/K/V biases (Qwen2); per-head Q and K norms before RoPE (Qwen3);
+//! - layers without RoPE (SmolLM3: every fourth);
+//! - fused `attn_qkv` and gate-up (`ffn_up` of twice the width, no `ffn_gate`) tensors (Phi-3);
+//! - RoPE frequency factors: Llama 3's `rope_freqs`, Phi-3's LongRoPE short / long factors;
+//! - a sliding window where the metadata sets one (Mistral).
+//!
+//! The output projection is tied to the embedding when the file has no `output.weight`.
 
 use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::model::config::ModelConfig;
-use crate::model::ops::{Activation, Buf, Heads, Ops, Rope};
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::{
     LayerWeights, Linear, WeightError, Weights, linear, optional_vector, vector,
 };
 
+/// Stacks `parts` into one matrix (Q/K/V, gate/up), or errs naming the tensor.
+pub(super) fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightError> {
+    Linear::concat(parts).ok_or_else(|| WeightError::Type {
+        name: format!("{name} (parts differ in type)"),
+        ty: GgmlType::F32,
+    })
+}
+
+/// `blk.{i}.attn_qkv.weight` when the file fuses Q, K and V (Phi-3), else the three stacked,
+/// with their biases where the file has them (Qwen2).
+pub(super) fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
+    let (h, q_dim, kv) = (cfg.hidden as u64, cfg.q_dim() as u64, cfg.kv_dim() as u64);
+    let p = |s: &str| format!("blk.{i}.{s}");
+    if f.tensor(&p("attn_qkv.weight")).is_some() {
+        let mut w = linear(f, &p("attn_qkv.weight"), h, q_dim + 2 * kv)?;
+        w.bias = optional_vector(f, &p("attn_qkv.bias"), q_dim + 2 * kv)?;
+        return Ok(w);
+    }
+    let mut q = linear(f, &p("attn_q.weight"), h, q_dim)?;
+    let mut k = linear(f, &p("attn_k.weight"), h, kv)?;
+    let mut v = linear(f, &p("attn_v.weight"), h, kv)?;
+    q.bias = optional_vector(f, &p("attn_q.bias"), q_dim)?;
+    k.bias = optional_vector(f, &p("attn_k.bias"), kv)?;
+    v.bias = optional_vector(f, &p("attn_v.bias"), kv)?;
+    stack(&[&q, &k, &v], p("attn_qkv"))
+}
+
+/// Gate and up stacked, or Phi-3's `ffn_up` that already holds both (gate rows first, as
+/// ggml's `swiglu` splits it).
+pub(super) fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
+    let (h, ffn) = (cfg.hidden as u64, cfg.ffn as u64);
+    let p = |s: &str| format!("blk.{i}.{s}");
+    if f.tensor(&p("ffn_gate.weight")).is_none() {
+        return linear(f, &p("ffn_up.weight"), h, 2 * ffn);
+    }
+    let gate = linear(f, &p("ffn_gate.weight"), h, ffn)?;
+    let up = linear(f, &p("ffn_up.weight"), h, ffn)?;
+    stack(&[&gate, &up], p("ffn_gate_up"))
+}
+
+/// The RoPE frequency factors: `rope_freqs` (Llama 3), else Phi-3's LongRoPE factors, the long
+/// ones when the model's context is past the one it was trained at (llama.cpp picks by the
+/// context it runs at; this engine runs up to the model's full context).
+pub(super) fn rope_factors(
+    f: &GgufFile,
+    cfg: &ModelConfig,
+) -> Result<Option<Vec<f32>>, WeightError> {
+    let half = (cfg.rope_dim / 2) as u64;
+    if let Some(v) = optional_vector(f, "rope_freqs.weight", half)? {
+        return Ok(Some(v));
+    }
+    let orig = match f.get(&format!(
+        "{}.rope.scaling.original_context_length",
+        cfg.arch
+    )) {
+        Some(v) => v.as_u64().unwrap_or(0) as usize,
+        None => cfg.context_len,
+    };
+    let name = if cfg.context_len > orig {
+        "rope_factors_long.weight"
+    } else {
+        "rope_factors_short.weight"
+    };
+    optional_vector(f, name, half)
+}
+
+/// The output projection, or `None` when it is tied to the embedding.
+pub(super) fn lm_head(f: &GgufFile, cfg: &ModelConfig) -> Result<Option<Linear>, WeightError> {
+    match f.tensor("output.weight") {
+        Some(_) => Ok(Some(linear(
+            f,
+            "output.weight",
+            cfg.hidden as u64,
+            cfg.vocab as u64,
+        )?)),
+        None => Ok(None),
+    }
+}
+
 /// The weights by GGUF tensor name, Q/K/V and gate/up stacked into one matrix each.
 pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-    let (h, kv, ffn) = (cfg.hidden as u64, cfg.kv_dim() as u64, cfg.ffn as u64);
-    let embed = linear(f, "token_embd.weight", h, cfg.vocab as u64)?;
-    let lm_head = match f.tensor("output.weight") {
-        Some(_) => Some(linear(f, "output.weight", h, cfg.vocab as u64)?),
-        None => None,
-    };
-    let out_norm = vector(f, "output_norm.weight", h)?;
+    let (h, hd) = (cfg.hidden as u64, cfg.head_dim as u64);
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
-        let mut q = linear(f, &p("attn_q.weight"), h, h)?;
-        let mut k = linear(f, &p("attn_k.weight"), h, kv)?;
-        let mut v = linear(f, &p("attn_v.weight"), h, kv)?;
-        // Qwen2 has biases on Q, K and V.
-        q.bias = optional_vector(f, &p("attn_q.bias"), h)?;
-        k.bias = optional_vector(f, &p("attn_k.bias"), kv)?;
-        v.bias = optional_vector(f, &p("attn_v.bias"), kv)?;
-        let gate = linear(f, &p("ffn_gate.weight"), h, ffn)?;
-        let up = linear(f, &p("ffn_up.weight"), h, ffn)?;
-        let stack = |parts: &[&Linear], what: &str| {
-            Linear::concat(parts).ok_or_else(|| WeightError::Type {
-                name: format!("blk.{i}.{what} (parts differ in type)"),
-                ty: GgmlType::F32,
-            })
-        };
         layers.push(LayerWeights {
             attn_norm: vector(f, &p("attn_norm.weight"), h)?,
-            wqkv: stack(&[&q, &k, &v], "attn_qkv")?,
-            wo: linear(f, &p("attn_output.weight"), h, h)?,
+            wqkv: qkv(f, cfg, i)?,
+            q_norm: optional_vector(f, &p("attn_q_norm.weight"), hd)?,
+            k_norm: optional_vector(f, &p("attn_k_norm.weight"), hd)?,
+            wo: linear(f, &p("attn_output.weight"), cfg.q_dim() as u64, h)?,
+            post_attn_norm: None,
             ffn_norm: vector(f, &p("ffn_norm.weight"), h)?,
-            w_gate_up: stack(&[&gate, &up], "ffn_gate_up")?,
-            w_down: linear(f, &p("ffn_down.weight"), ffn, h)?,
+            w_gate_up: gate_up(f, cfg, i)?,
+            w_down: linear(f, &p("ffn_down.weight"), cfg.ffn as u64, h)?,
+            post_ffn_norm: None,
         });
     }
     Ok(Weights {
-        embed,
+        embed: linear(f, "token_embd.weight", h, cfg.vocab as u64)?,
         layers,
-        out_norm,
-        lm_head,
+        out_norm: vector(f, "output_norm.weight", h)?,
+        lm_head: lm_head(f, cfg)?,
+        rope_factors: rope_factors(f, cfg)?,
     })
+}
+
+/// Q/K norms (when the layer has them), RoPE with the KV store, and attention: the part of a
+/// block every family shares, from `Buf::Qkv` to `Buf::Attn`.
+pub(super) fn attend<O: Ops>(
+    c: &ModelConfig,
+    w: &Weights<O::Matrix, O::Vector>,
+    l: &LayerWeights<O::Matrix, O::Vector>,
+    li: usize,
+    o: &mut O,
+) -> Result<(), O::Error> {
+    let heads = Heads::of(c);
+    if let (Some(q), Some(k)) = (&l.q_norm, &l.k_norm) {
+        o.qk_norm(Buf::Qkv, heads, q, k, c.rms_eps)?;
+    }
+    o.rope_store(
+        li,
+        Buf::Qkv,
+        heads,
+        Rope::of(c, li),
+        w.rope_factors.as_ref(),
+    )?;
+    o.attention(li, Buf::Qkv, heads, AttnOpts::of(c, li), Buf::Attn)
 }
 
 /// The recipe. Each block's residual add is fused into the next norm (`add_rms_norm`); the last
@@ -61,7 +153,7 @@ pub fn forward<O: Ops>(
     w: &Weights<O::Matrix, O::Vector>,
     o: &mut O,
 ) -> Result<(), O::Error> {
-    let (heads, rope, eps) = (Heads::of(c), Rope::of(c), c.rms_eps);
+    let eps = c.rms_eps;
     o.embed(&w.embed, Buf::X)?;
     for (li, l) in w.layers.iter().enumerate() {
         if li == 0 {
@@ -70,8 +162,7 @@ pub fn forward<O: Ops>(
             o.add_rms_norm(Buf::X, Buf::Tmp, &l.attn_norm, eps, Buf::H)?;
         }
         o.linear(&l.wqkv, Buf::H, Buf::Qkv)?;
-        o.rope_store(li, Buf::Qkv, heads, rope)?;
-        o.attention(li, Buf::Qkv, heads, Buf::Attn)?;
+        attend(c, w, l, li, o)?;
         o.linear(&l.wo, Buf::Attn, Buf::Tmp)?;
         o.add_rms_norm(Buf::X, Buf::Tmp, &l.ffn_norm, eps, Buf::H)?;
         o.gated_ffn(&l.w_gate_up, &l.w_down, Activation::Silu, Buf::H, Buf::Tmp)?;

@@ -3,8 +3,10 @@
 //! builders describe each family (done eagerly here, op by op).
 //!
 //! Modules:
-//! - [`llama`]: the Llama family (Llama, Mistral, SmolLM, Qwen2): pre-norm blocks of grouped-query
-//!   attention with RoPE and a SwiGLU FFN.
+//! - [`llama`]: the Llama family (Llama 2/3, Mistral, SmolLM 1-3, Qwen2, Qwen3, Phi-3): pre-norm
+//!   blocks of grouped-query attention with RoPE and a SwiGLU FFN, with each member's additions.
+//! - [`gemma`]: Gemma 2 and 3: scaled embeddings, sandwich norms, GELU gating, local and global
+//!   layers, soft-capping.
 //!
 //! Adding an architecture is one file with its `load` (tensors by GGUF name) and `forward`
 //! (the recipe), plus its registration: its entries in [`ARCHS`] and a [`Family`] variant (both
@@ -17,12 +19,14 @@ pub use crate::model::config::{ARCHS, Arch, Family, lookup, names};
 use crate::model::ops::Ops;
 use crate::model::weights::{WeightError, Weights};
 
+pub mod gemma;
 pub mod llama;
 
 /// The weights of `cfg`'s architecture from `file`.
 pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
     match cfg.family {
         Family::Llama => llama::load(file, cfg),
+        Family::Gemma => gemma::load(file, cfg),
     }
 }
 
@@ -35,5 +39,6 @@ pub fn forward<O: Ops>(
 ) -> Result<(), O::Error> {
     match cfg.family {
         Family::Llama => llama::forward(cfg, w, o),
+        Family::Gemma => gemma::forward(cfg, w, o),
     }
 }

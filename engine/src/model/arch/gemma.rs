@@ -1,0 +1,88 @@
+//! The Gemma family (llama.cpp's `src/models/gemma2.cpp`, `gemma3.cpp`): the embedding scaled by
+//! `sqrt(hidden)`; RMS norms before and after both attention and the FFN (the "sandwich"); a
+//! GELU-tanh gated FFN; queries scaled before attention; local (sliding-window) and global
+//! layers, the local ones with their own RoPE base. Gemma 2 soft-caps attention scores and the
+//! logits; Gemma 3 norms each Q and K head instead (and soft-caps the logits only if its file
+//! says so). The output projection is the embedding unless the file has `output.weight`.
+//!
+//! GGUF files store Gemma's norm weights with the `1 +` already added (llama.cpp's converter
+//! does it), so every norm here is a plain RMS norm.
+
+use crate::formats::gguf::GgufFile;
+use crate::model::arch::llama::{attend, gate_up, lm_head, qkv};
+use crate::model::config::ModelConfig;
+use crate::model::ops::{Activation, Buf, Ops};
+use crate::model::weights::{LayerWeights, WeightError, Weights, linear, optional_vector, vector};
+
+/// The weights by GGUF tensor name.
+pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+    let (h, hd) = (cfg.hidden as u64, cfg.head_dim as u64);
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    for i in 0..cfg.n_layers {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        layers.push(LayerWeights {
+            attn_norm: vector(f, &p("attn_norm.weight"), h)?,
+            wqkv: qkv(f, cfg, i)?,
+            q_norm: optional_vector(f, &p("attn_q_norm.weight"), hd)?,
+            k_norm: optional_vector(f, &p("attn_k_norm.weight"), hd)?,
+            wo: linear(f, &p("attn_output.weight"), cfg.q_dim() as u64, h)?,
+            post_attn_norm: Some(vector(f, &p("post_attention_norm.weight"), h)?),
+            ffn_norm: vector(f, &p("ffn_norm.weight"), h)?,
+            w_gate_up: gate_up(f, cfg, i)?,
+            w_down: linear(f, &p("ffn_down.weight"), cfg.ffn as u64, h)?,
+            post_ffn_norm: Some(vector(f, &p("post_ffw_norm.weight"), h)?),
+        });
+    }
+    Ok(Weights {
+        embed: linear(f, "token_embd.weight", h, cfg.vocab as u64)?,
+        layers,
+        out_norm: vector(f, "output_norm.weight", h)?,
+        lm_head: lm_head(f, cfg)?,
+        rope_factors: None,
+    })
+}
+
+/// The recipe. The block output is normed in place (`Tmp`) before its residual add, which is
+/// fused into the next norm as in the Llama recipe.
+pub fn forward<O: Ops>(
+    c: &ModelConfig,
+    w: &Weights<O::Matrix, O::Vector>,
+    o: &mut O,
+) -> Result<(), O::Error> {
+    let eps = c.rms_eps;
+    o.embed(&w.embed, Buf::X)?;
+    if let Some(s) = c.extras.embed_scale {
+        o.scale(Buf::X, s)?;
+    }
+    for (li, l) in w.layers.iter().enumerate() {
+        if li == 0 {
+            o.rms_norm(Buf::X, &l.attn_norm, eps, Buf::H)?;
+        } else {
+            o.add_rms_norm(Buf::X, Buf::Tmp, &l.attn_norm, eps, Buf::H)?;
+        }
+        o.linear(&l.wqkv, Buf::H, Buf::Qkv)?;
+        attend(c, w, l, li, o)?;
+        o.linear(&l.wo, Buf::Attn, Buf::Tmp)?;
+        if let Some(n) = &l.post_attn_norm {
+            o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;
+        }
+        o.add_rms_norm(Buf::X, Buf::Tmp, &l.ffn_norm, eps, Buf::H)?;
+        o.gated_ffn(
+            &l.w_gate_up,
+            &l.w_down,
+            Activation::GeluTanh,
+            Buf::H,
+            Buf::Tmp,
+        )?;
+        if let Some(n) = &l.post_ffn_norm {
+            o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;
+        }
+    }
+    o.add(Buf::X, Buf::Tmp)?;
+    o.gather_rms_norm(Buf::X, &w.out_norm, eps, Buf::Last)?;
+    o.logits(w.lm_head(), Buf::Last, Buf::Logits)?;
+    if let Some(cap) = c.extras.final_softcap {
+        o.softcap(Buf::Logits, cap)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! Tiny random models of each architecture, written as that family's real GGUF files are laid
+//! out (tensor names, shapes, metadata keys as llama.cpp's converter writes them), with a real
+//! tokenizer copied from a vocabulary-only GGUF (llama.cpp's `models/ggml-vocab-*.gguf`). They
+//! are how the engine is held against llama.cpp for families with no real checkpoint here: the
+//! same file is run by both, and the test compares log-probabilities, greedy tokens and
+//! perplexity (`tests/arch_reference.rs`, references recorded by
+//! `tests/reference/make-arch-refs.sh`).
+//!
+//! Weights are F32, seeded by the tensor's name, so a file's bytes depend on its variant and
+//! vocabulary only. Each variant turns on what its family adds: Llama 3's `rope_freqs`, Qwen2's
+//! biases with YaRN scaling, Qwen3's QK-norm with a head size that is not `hidden / heads`,
+//! Gemma's sandwich norms, soft-caps and sliding windows, Phi-3's fused tensors and LongRoPE
+//! factors, SmolLM3's layers without RoPE.
+
+use std::path::Path;
+
+use crate::formats::gguf::{GgmlType, GgufFile, Value};
+use crate::formats::gguf_write::{GgufWriteError, TensorDesc, write_gguf};
+
+/// The variants, by the GGUF architecture they are written as: every registered architecture
+/// (`mistral` with a sliding window; `mistral` and `smollm` are names llama.cpp does not use,
+/// their files say `llama`).
+pub const VARIANTS: [&str; 9] = [
+    "llama", "mistral", "smollm", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
+];
+
+const HIDDEN: u64 = 64;
+const FFN: u64 = 128;
+const HEADS: u64 = 4;
+const KV_HEADS: u64 = 2;
+/// The trained context the files claim (past every test's context, so LongRoPE's short
+/// factors are the ones in use, as in llama.cpp at that context).
+pub const CONTEXT: u64 = 4096;
+/// The sliding window of the Gemma variants: narrow enough that a 128-token perplexity run
+/// crosses it.
+pub const WINDOW: u64 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TinyError {
+    #[error("no tiny variant '{0}' (known: {known})", known = VARIANTS.join(", "))]
+    Variant(String),
+    #[error("vocabulary file: {0}")]
+    Vocab(#[from] crate::formats::gguf::GgufError),
+    #[error(transparent)]
+    Write(#[from] GgufWriteError),
+    #[error("the tokenizer metadata has no tokenizer.ggml.tokens")]
+    NoTokens,
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// The shape of one variant.
+struct Shape {
+    layers: u64,
+    head_dim: u64,
+}
+
+fn shape(arch: &str) -> Shape {
+    match arch {
+        "qwen3" | "gemma2" => Shape {
+            layers: 4,
+            head_dim: 32,
+        },
+        "gemma3" => Shape {
+            layers: 6,
+            head_dim: 32,
+        },
+        "smollm3" => Shape {
+            layers: 4,
+            head_dim: HIDDEN / HEADS,
+        },
+        _ => Shape {
+            layers: 2,
+            head_dim: HIDDEN / HEADS,
+        },
+    }
+}
+
+/// Uniform floats in `[lo, hi)` from a generator seeded by `name` (FNV-1a, then xorshift).
+fn uniform(name: &str, n: u64, lo: f32, hi: f32) -> Vec<u8> {
+    let mut s = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }) | 1;
+    (0..n)
+        .flat_map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            (lo + (hi - lo) * u).to_le_bytes()
+        })
+        .collect()
+}
+
+/// The tensors of `arch` with a vocabulary of `vocab`: (name, ggml dims, bytes).
+fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
+    let Shape { layers, head_dim } = shape(arch);
+    let (h, q, kv) = (HIDDEN, HEADS * head_dim, KV_HEADS * head_dim);
+    let mut t = Vec::new();
+    let mut add = |name: String, dims: Vec<u64>| {
+        let n: u64 = dims.iter().product();
+        let bytes = match dims.as_slice() {
+            // Norm weights near 1, biases and factors of their own ranges.
+            [_] if name.ends_with("norm.weight") => uniform(&name, n, 0.8, 1.2),
+            [_] if name.contains("rope_f") => uniform(&name, n, 1.0, 4.0),
+            [_] => uniform(&name, n, -0.1, 0.1),
+            [_, _] if name == "token_embd.weight" => uniform(&name, n, -0.5, 0.5),
+            [k, _] => {
+                let b = (3.0 / *k as f32).sqrt();
+                uniform(&name, n, -b, b)
+            }
+            _ => Vec::new(),
+        };
+        t.push((TensorDesc::new(name, dims, GgmlType::F32), bytes));
+    };
+    add("token_embd.weight".into(), vec![h, vocab]);
+    add("output_norm.weight".into(), vec![h]);
+    match arch {
+        "llama" => add("rope_freqs.weight".into(), vec![head_dim / 2]),
+        "phi3" => {
+            add("rope_factors_long.weight".into(), vec![head_dim / 2]);
+            add("rope_factors_short.weight".into(), vec![head_dim / 2]);
+        }
+        _ => {}
+    }
+    for i in 0..layers {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        add(p("attn_norm.weight"), vec![h]);
+        if arch == "phi3" {
+            add(p("attn_qkv.weight"), vec![h, q + 2 * kv]);
+        } else {
+            add(p("attn_q.weight"), vec![h, q]);
+            add(p("attn_k.weight"), vec![h, kv]);
+            add(p("attn_v.weight"), vec![h, kv]);
+        }
+        if arch == "qwen2" {
+            add(p("attn_q.bias"), vec![q]);
+            add(p("attn_k.bias"), vec![kv]);
+            add(p("attn_v.bias"), vec![kv]);
+        }
+        if matches!(arch, "qwen3" | "gemma3") {
+            add(p("attn_q_norm.weight"), vec![head_dim]);
+            add(p("attn_k_norm.weight"), vec![head_dim]);
+        }
+        add(p("attn_output.weight"), vec![q, h]);
+        add(p("ffn_norm.weight"), vec![h]);
+        if arch == "phi3" {
+            add(p("ffn_up.weight"), vec![h, 2 * FFN]);
+        } else {
+            add(p("ffn_gate.weight"), vec![h, FFN]);
+            add(p("ffn_up.weight"), vec![h, FFN]);
+        }
+        add(p("ffn_down.weight"), vec![FFN, h]);
+        if arch.starts_with("gemma") {
+            add(p("post_attention_norm.weight"), vec![h]);
+            add(p("post_ffw_norm.weight"), vec![h]);
+        }
+    }
+    t
+}
+
+/// The architecture's metadata (the tokenizer's is copied from the vocabulary file).
+fn metadata(arch: &str) -> Vec<(String, Value)> {
+    let Shape { layers, head_dim } = shape(arch);
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |v: u64| Value::U32(v as u32);
+    let mut md = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (
+            "general.name".into(),
+            Value::String(format!("tiny random {arch}")),
+        ),
+        (k("block_count"), u(layers)),
+        (k("context_length"), u(CONTEXT)),
+        (k("embedding_length"), u(HIDDEN)),
+        (k("feed_forward_length"), u(FFN)),
+        (k("attention.head_count"), u(HEADS)),
+        (k("attention.head_count_kv"), u(KV_HEADS)),
+        (k("attention.key_length"), u(head_dim)),
+        (k("attention.value_length"), u(head_dim)),
+        (k("rope.dimension_count"), u(head_dim)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+    ];
+    let base = |b: f32| (k("rope.freq_base"), Value::F32(b));
+    match arch {
+        "llama" => md.push(base(500_000.0)),
+        "qwen2" => md.extend([
+            base(1_000_000.0),
+            (k("rope.scaling.type"), Value::String("yarn".into())),
+            (k("rope.scaling.factor"), Value::F32(4.0)),
+            (k("rope.scaling.original_context_length"), u(64)),
+        ]),
+        "mistral" => md.extend([base(10_000.0), (k("attention.sliding_window"), u(WINDOW))]),
+        "gemma2" => md.extend([
+            base(10_000.0),
+            (k("attention.sliding_window"), u(WINDOW)),
+            (k("attn_logit_softcapping"), Value::F32(20.0)),
+            (k("final_logit_softcapping"), Value::F32(10.0)),
+        ]),
+        "gemma3" => md.extend([
+            base(1_000_000.0),
+            (k("rope.freq_base_swa"), Value::F32(10_000.0)),
+            (k("attention.sliding_window"), u(WINDOW)),
+            (k("rope.scaling.type"), Value::String("linear".into())),
+            (k("rope.scaling.factor"), Value::F32(8.0)),
+        ]),
+        "phi3" => md.extend([
+            base(10_000.0),
+            (k("rope.scaling.attn_factor"), Value::F32(1.19)),
+            (k("rope.scaling.original_context_length"), u(CONTEXT)),
+        ]),
+        _ => md.push(base(10_000.0)),
+    }
+    md
+}
+
+/// The tokenizer metadata (`tokenizer.*`) of a vocabulary GGUF.
+pub fn tokenizer_of(vocab_gguf: &Path) -> Result<Vec<(String, Value)>, TinyError> {
+    let f = GgufFile::open(vocab_gguf)?;
+    Ok(f.metadata
+        .iter()
+        .filter(|(key, _)| key.starts_with("tokenizer."))
+        .map(|(key, v)| (key.clone(), v.clone()))
+        .collect())
+}
+
+/// Writes the tiny `arch` model to `out` with the tokenizer metadata `tokenizer` (its
+/// vocabulary sizes the embedding).
+pub fn write_tiny(arch: &str, tokenizer: &[(String, Value)], out: &Path) -> Result<(), TinyError> {
+    if !VARIANTS.contains(&arch) {
+        return Err(TinyError::Variant(arch.into()));
+    }
+    let vocab = tokenizer
+        .iter()
+        .find_map(|(k, v)| match v {
+            Value::Array(a) if k == "tokenizer.ggml.tokens" => Some(a.len() as u64),
+            _ => None,
+        })
+        .ok_or(TinyError::NoTokens)?;
+    let mut md = metadata(arch);
+    md.extend(tokenizer.iter().cloned());
+    let io = |source| TinyError::Io {
+        path: out.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::create(out).map_err(io)?;
+    let w = write_gguf(std::io::BufWriter::new(file), &md, &tensors(arch, vocab))?;
+    w.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
+    Ok(())
+}

@@ -1,0 +1,349 @@
+//! Every architecture's recipe on a tiny file laid out as that family's real GGUF files are
+//! (`model::tiny`): the ops it issues are the family's graph as llama.cpp's builder for it
+//! (`src/models/<arch>.cpp`) computes it, written out here from what the file holds, with what
+//! each family adds: QK-norm, RoPE frequency factors and scaling per layer, layers without RoPE,
+//! local and global layers with their own bases, sliding windows, soft-caps, Gemma's scaled
+//! embedding and sandwich norms. The CPU device receives exactly that sequence, its logits
+//! unchanged by the recording; the CUDA path refuses what it has no kernel for, by name.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tpslab_engine::device::{Workspace, cpu::CpuOps};
+use tpslab_engine::formats::gguf::Value;
+use tpslab_engine::kv::{Batch, KvCache};
+use tpslab_engine::model::Model;
+use tpslab_engine::model::arch::{self, Family};
+use tpslab_engine::model::config::{ModelConfig, RopeStyle};
+use tpslab_engine::model::ops::{Activation, AttnOpts, Buf, Heads, ParamShape, Rope};
+use tpslab_engine::model::record::{Op, Recording};
+use tpslab_engine::model::tiny::{VARIANTS, WINDOW, write_tiny};
+use tpslab_kernels::{ThreadPool, WType};
+
+const VOCAB: usize = 300;
+
+fn load(arch: &str) -> Model {
+    // Tests run in parallel: a folder of each call's own.
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tpslab-recipe-{arch}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.gguf");
+    let tokens = (0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect();
+    let tokenizer = [("tokenizer.ggml.tokens".to_string(), Value::Array(tokens))];
+    write_tiny(arch, &tokenizer, &path).unwrap();
+    let (model, _) = Model::load(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    model
+}
+
+fn m(n: usize, k: usize, bias: bool) -> ParamShape {
+    ParamShape::Matrix {
+        ty: WType::F32,
+        n,
+        k,
+        bias,
+    }
+}
+
+fn v(n: usize) -> ParamShape {
+    ParamShape::Vector(n)
+}
+
+/// ggml's YaRN correction dimensions (betas 32 and 1).
+fn corr_dims(n_dims: f32, n_ctx_orig: f32, base: f32) -> [f32; 2] {
+    let d = |rot: f32| {
+        n_dims * (n_ctx_orig / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    [d(32.0).floor().max(0.0), d(1.0).ceil().min(n_dims - 1.0)]
+}
+
+/// What llama.cpp's builder of `arch` does at layer `li`: the rotation (with its frequency
+/// factors) and the attention options, from the tiny file's metadata.
+fn layer_of(
+    arch: &str,
+    c: &ModelConfig,
+    li: usize,
+) -> (Option<Rope>, Option<ParamShape>, AttnOpts) {
+    let hd = c.head_dim;
+    let plain = Rope {
+        dim: hd,
+        theta: 10_000.0,
+        style: if matches!(arch, "llama" | "mistral" | "smollm" | "smollm3") {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::Neox
+        },
+        freq_scale: 1.0,
+        yarn: None,
+        mscale: 1.0,
+    };
+    let mut attn = AttnOpts::plain(hd);
+    let (rope, factors) = match arch {
+        "llama" => (
+            Some(Rope {
+                theta: 500_000.0,
+                ..plain
+            }),
+            Some(v(hd / 2)),
+        ),
+        "mistral" => {
+            attn.window = Some(WINDOW as usize);
+            (Some(plain), None)
+        }
+        "qwen2" => (
+            Some(Rope {
+                theta: 1e6,
+                freq_scale: 0.25,
+                yarn: Some(corr_dims(hd as f32, 64.0, 1e6)),
+                mscale: 1.0 + 0.1 * 4f32.ln(),
+                ..plain
+            }),
+            None,
+        ),
+        "phi3" => (
+            Some(Rope {
+                mscale: 1.19,
+                ..plain
+            }),
+            Some(v(hd / 2)),
+        ),
+        // Every fourth layer has no RoPE.
+        "smollm3" => ((li % 4 != 3).then_some(plain), None),
+        "gemma2" => {
+            attn.softcap = Some(20.0);
+            attn.window = (li % 2 == 0).then_some(WINDOW as usize);
+            (Some(plain), None)
+        }
+        // Five local layers (base 10 000, unscaled) then a global one (base 1e6, linear 8).
+        "gemma3" if li % 6 < 5 => {
+            attn.window = Some(WINDOW as usize);
+            (Some(plain), None)
+        }
+        "gemma3" => (
+            Some(Rope {
+                theta: 1e6,
+                freq_scale: 0.125,
+                ..plain
+            }),
+            None,
+        ),
+        _ => (Some(plain), None),
+    };
+    if arch.starts_with("gemma") {
+        attn.scale = 1.0 / (hd as f32).sqrt();
+    }
+    (rope, factors, attn)
+}
+
+/// The family's graph for the tiny file of `arch`.
+fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
+    let (h, q, kv, hd, ffn, eps) = (
+        c.hidden,
+        c.q_dim(),
+        c.kv_dim(),
+        c.head_dim,
+        c.ffn,
+        c.rms_eps,
+    );
+    let heads = Heads {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: hd,
+    };
+    let gemma = arch.starts_with("gemma");
+    let mut ops = vec![Op::Embed {
+        table: m(VOCAB, h, false),
+        out: Buf::X,
+    }];
+    if gemma {
+        ops.push(Op::Scale {
+            x: Buf::X,
+            s: (h as f32).sqrt(),
+        });
+    }
+    for li in 0..c.n_layers {
+        ops.push(if li == 0 {
+            Op::RmsNorm {
+                x: Buf::X,
+                w: v(h),
+                eps,
+                out: Buf::H,
+            }
+        } else {
+            Op::AddRmsNorm {
+                x: Buf::X,
+                y: Buf::Tmp,
+                w: v(h),
+                eps,
+                out: Buf::H,
+            }
+        });
+        ops.push(Op::Linear {
+            w: m(q + 2 * kv, h, arch == "qwen2"),
+            x: Buf::H,
+            y: Buf::Qkv,
+        });
+        if matches!(arch, "qwen3" | "gemma3") {
+            ops.push(Op::QkNorm {
+                qkv: Buf::Qkv,
+                heads,
+                q: v(hd),
+                k: v(hd),
+                eps,
+            });
+        }
+        let (rope, factors, opts) = layer_of(arch, c, li);
+        ops.push(Op::RopeStore {
+            layer: li,
+            qkv: Buf::Qkv,
+            heads,
+            rope,
+            factors,
+        });
+        ops.push(Op::Attention {
+            layer: li,
+            qkv: Buf::Qkv,
+            heads,
+            opts,
+            out: Buf::Attn,
+        });
+        ops.push(Op::Linear {
+            w: m(h, q, false),
+            x: Buf::Attn,
+            y: Buf::Tmp,
+        });
+        if gemma {
+            ops.push(Op::RmsNorm {
+                x: Buf::Tmp,
+                w: v(h),
+                eps,
+                out: Buf::Tmp,
+            });
+        }
+        ops.push(Op::AddRmsNorm {
+            x: Buf::X,
+            y: Buf::Tmp,
+            w: v(h),
+            eps,
+            out: Buf::H,
+        });
+        ops.push(Op::GatedFfn {
+            gate_up: m(2 * ffn, h, false),
+            down: m(h, ffn, false),
+            act: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            x: Buf::H,
+            out: Buf::Tmp,
+        });
+        if gemma {
+            ops.push(Op::RmsNorm {
+                x: Buf::Tmp,
+                w: v(h),
+                eps,
+                out: Buf::Tmp,
+            });
+        }
+    }
+    ops.extend([
+        Op::Add {
+            x: Buf::X,
+            y: Buf::Tmp,
+        },
+        Op::GatherRmsNorm {
+            x: Buf::X,
+            w: v(h),
+            eps,
+            out: Buf::Last,
+        },
+        Op::Logits {
+            head: m(VOCAB, h, false),
+            x: Buf::Last,
+            out: Buf::Logits,
+        },
+    ]);
+    if arch == "gemma2" {
+        ops.push(Op::Softcap {
+            x: Buf::Logits,
+            cap: 10.0,
+        });
+    }
+    ops
+}
+
+#[test]
+fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
+    let pool = ThreadPool::new(2);
+    for arch in VARIANTS {
+        let model = load(arch);
+        let c = &model.cfg;
+        assert_eq!(
+            c.family,
+            if arch.starts_with("gemma") {
+                Family::Gemma
+            } else {
+                Family::Llama
+            },
+            "{arch}"
+        );
+        let want = graph(arch, c);
+        let mut rec = Recording::new();
+        match arch::forward(c, &model.weights.shapes(), &mut rec) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+        assert_eq!(rec.ops, want, "{arch}: recorded");
+
+        // A prefill longer than the window, and a decode past it.
+        let mut b = Batch::default();
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % VOCAB) as u32).collect();
+        b.push_seq(vec![0, 1, 2], 0, &prompt, true);
+        b.push_seq(vec![3, 4, 5], 37, &[9], true);
+        let mut kv = KvCache::new(c, 16, 6).unwrap();
+        let mut ws = Workspace::default();
+        let plain = model.forward(&pool, &b, &mut kv, &mut ws).unwrap().to_vec();
+        assert!(plain.iter().all(|x| x.is_finite()), "{arch}");
+        let mut kv = KvCache::new(c, 16, 6).unwrap();
+        let mut ws = Workspace::default();
+        let mut rec = Recording::around(CpuOps::new(&pool, &b, &mut kv, &mut ws));
+        match arch::forward(c, &model.weights, &mut rec) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+        let (_, ops) = rec.into_parts();
+        assert_eq!(ops, want, "{arch}: CPU");
+        assert_eq!(ws.buf(Buf::Logits), plain.as_slice(), "{arch}");
+    }
+}
+
+/// The CUDA path names the first op it has no kernel for (found on the recorder, before any
+/// upload), and takes the families it runs.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_refuses_what_it_cannot_run_by_name() {
+    use tpslab_engine::device::cuda::cuda_gap;
+    let gaps: Vec<(&str, Option<&str>)> = VARIANTS
+        .iter()
+        .map(|a| {
+            let model = load(a);
+            (*a, cuda_gap(&model.cfg, &model.weights))
+        })
+        .collect();
+    assert_eq!(
+        gaps,
+        [
+            ("llama", Some("RoPE frequency factors")),
+            ("mistral", Some("sliding-window attention")),
+            ("smollm", None),
+            ("qwen2", Some("RoPE scaling")),
+            ("qwen3", Some("QK-norm")),
+            ("gemma2", Some("the embedding scale")),
+            ("gemma3", Some("the embedding scale")),
+            ("phi3", Some("RoPE frequency factors")),
+            ("smollm3", Some("a layer without RoPE")),
+        ]
+    );
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Records llama.cpp's outputs on the tiny random model of each architecture, for
+tests/arch_reference.rs (which needs neither llama.cpp nor Python).
+
+For each variant of tpslab_engine::model::tiny (written by the `tiny_model` example with the
+tokenizer of one of llama.cpp's ggml-vocab-*.gguf files) it records:
+  - the prompt's token ids (llama-server /tokenize, with BOS as the model adds it);
+  - 32 greedy tokens and, at each step, the top-5 log-probabilities of the raw logits
+    (llama-server /completion, temperature 0, n_probs 5, post_sampling_probs false);
+  - llama-perplexity over the bundled text at -c 128 (every window, as `tpslab perplexity`).
+
+Usage (llama.cpp built by ../shared/reference/build-llamacpp.sh):
+  python3 tests/reference/make_arch_refs.py [LLAMA_CPP_BIN] > tests/data/arch_refs.json
+Fixtures: the llama.cpp models/ folder as tests/support/llamacpp.rs caches it
+($TPSLAB_FIXTURES/models, default ~/.cache/tpslab/llama-cpp-0.3.36/models).
+"""
+import json, os, re, socket, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llama-cpp-ref/llama.cpp/build/bin"
+FIX = os.path.join(os.environ.get("TPSLAB_FIXTURES", os.path.expanduser("~/.cache/tpslab/llama-cpp-0.3.36")), "models")
+TEXT = os.path.join(ROOT, "assets/perplexity/pride-and-prejudice-ch1.txt")
+PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
+# Variant -> the llama.cpp vocabulary it is written with (the family's own where llama.cpp has it).
+VARIANTS = {
+    "llama": "llama-bpe",
+    "qwen2": "qwen2",
+    "qwen3": "qwen2",
+    "gemma2": "llama-bpe",
+    "gemma3": "llama-bpe",
+    "phi3": "phi-3",
+    "smollm3": "llama-bpe",
+}
+CTX = 128
+STEPS = 32
+TOP = 5
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_run(model):
+    port = free_port()
+    p = subprocess.Popen([f"{BIN}/llama-server", "-m", model, "--port", str(port), "-t", "2",
+                          "-c", "512", "-np", "1", "--no-webui", "-fa", "off"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                time.sleep(0.2)
+        prompt = post(port, "/tokenize", {"content": PROMPT, "add_special": True})["tokens"]
+        out = post(port, "/completion", {"prompt": prompt, "n_predict": STEPS, "temperature": 0,
+                                          "n_probs": TOP, "cache_prompt": False,
+                                          "post_sampling_probs": False, "ignore_eos": True})
+        steps = []
+        for s in out["completion_probabilities"]:
+            steps.append({"id": s["id"],
+                          "top": [[t["id"], t["logprob"]] for t in s["top_logprobs"]]})
+        return prompt, steps
+    finally:
+        p.terminate()
+        p.wait()
+
+
+def perplexity(model):
+    out = subprocess.run([f"{BIN}/llama-perplexity", "-m", model, "-f", TEXT, "-c", str(CTX),
+                          "-t", "2", "-b", str(CTX), "-fa", "off"], capture_output=True, text=True, check=True)
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
+    return float(m.group(1))
+
+
+def main():
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "tpslab-engine", "--example",
+                    "tiny_model"], cwd=ROOT, check=True)
+    tool = os.path.join(ROOT, "target/release/examples/tiny_model")
+    refs = {"llama_cpp": "llama-cpp-python 0.3.36 sdist (vendored llama.cpp), CPU build",
+            "prompt": PROMPT, "ctx": CTX, "variants": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch, vocab in VARIANTS.items():
+            model = os.path.join(tmp, f"{arch}.gguf")
+            subprocess.run([tool, arch, os.path.join(FIX, f"ggml-vocab-{vocab}.gguf"), model], check=True)
+            prompt, steps = server_run(model)
+            refs["variants"][arch] = {"vocab": vocab, "prompt_ids": prompt, "steps": steps,
+                                      "perplexity": perplexity(model)}
+            print(arch, "done", file=sys.stderr)
+    json.dump(refs, sys.stdout, indent=1)
+    print()
+
+
+main()
