@@ -9,6 +9,9 @@
 #[allow(dead_code)]
 mod llamacpp;
 
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
 use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::text::detok::Detokenizer;
 use tpslab_engine::text::tokenizer::Tokenizer;
@@ -302,4 +305,30 @@ fn prompts_and_stop_tokens_match_llama_tokenize() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn llama_spm() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| load("llama-spm").expect("llama-spm"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// SentencePiece byte tokens (`<0xE6>`...) cut characters apart; streamed, the text still
+    /// equals the whole decode.
+    #[test]
+    fn sentencepiece_random_ids_stream_to_the_full_decode(
+        ids in proptest::collection::vec(prop_oneof![3u32..259, 0u32..32000], 0..48),
+        skip in any::<bool>(),
+    ) {
+        let tok = llama_spm();
+        let mut d = Detokenizer::new(skip);
+        let mut streamed = String::new();
+        for &id in &ids {
+            streamed.push_str(&d.push(tok, id).expect("push"));
+        }
+        streamed.push_str(&d.finish());
+        prop_assert_eq!(streamed, tok.decode(&ids, skip).expect("decode"));
+    }
 }
