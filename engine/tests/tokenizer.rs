@@ -131,9 +131,11 @@ fn special_tokens_and_metadata() {
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_id(), Some(2));
     assert!(!tok.add_bos());
-    assert_eq!(tok.pre_tokenizer(), PreTokenizerKind::Gpt2Digits);
-    // EOS (<|im_end|>) and <|endoftext|>, both control tokens in this vocabulary.
-    assert_eq!(tok.stop_token_ids(), vec![0, 2]);
+    assert_eq!(tok.pre_tokenizer(), Some(PreTokenizerKind::Gpt2Digits));
+    // llama.cpp's end-of-generation set: EOS (<|im_end|>), <|endoftext|>, and <reponame>,
+    // which llama.cpp takes for the FIM repo token by its text and stops on.
+    assert_eq!(tok.stop_token_ids(), vec![0, 2, 4]);
+    assert_eq!(tok.id_to_token(4).as_deref(), Some("<reponame>"));
     assert_eq!(tok.id_to_token(1).as_deref(), Some("<|im_start|>"));
     assert_eq!(tok.token_to_id("<|im_end|>"), Some(2));
     assert!(tok.is_special(2) && !tok.is_special(504));
@@ -317,8 +319,8 @@ fn bad_metadata_is_reported_clearly() {
     let e = err(with("tokenizer.ggml.pre", Value::String("mystery".into())));
     assert!(e.contains("'mystery'") && e.contains("smollm"), "{e}");
 
-    let e = err(with("tokenizer.ggml.model", Value::String("llama".into())));
-    assert!(e.contains("'llama'"), "{e}");
+    let e = err(with("tokenizer.ggml.model", Value::String("bert".into())));
+    assert!(e.contains("'bert'") && e.contains("SentencePiece"), "{e}");
 
     let e = err(with("tokenizer.ggml.merges", strings(&["ab"])));
     assert!(e.contains("merge #0"), "{e}");

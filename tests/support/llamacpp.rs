@@ -21,7 +21,7 @@ const SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db276
 const TREE: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp/";
 
 /// Finds the sdist's link on the index page, downloads it, checks it and extracts `models/`.
-const FETCH: &str = r#"
+const FETCH: &str = r##"
 import hashlib, re, sys, tarfile, urllib.request
 index, name, sha, tree, dest = sys.argv[1:6]
 page = urllib.request.urlopen(index, timeout=60).read().decode()
@@ -41,7 +41,7 @@ with tarfile.open(path) as t:
         if member.isfile() and member.name.startswith(tree + "models/"):
             member.name = member.name[len(tree):]
             t.extract(member, dest, filter="data")
-"#;
+"##;
 
 /// The `models/` folder of the pinned llama.cpp tree, fetched on first use.
 pub fn models_dir() -> PathBuf {
@@ -82,7 +82,11 @@ pub fn vocab_cases(name: &str) -> Vec<(String, Vec<u32>)> {
         _ => inputs,
     };
     outputs.truncate(inputs.len());
-    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out disagree");
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{name}: .inp and .out disagree"
+    );
     inputs.into_iter().zip(outputs).collect()
 }
 

@@ -22,7 +22,7 @@ const USER_DEFINED: i32 = 4;
 /// The pre-tokenizers this engine implements, with the `tokenizer.ggml.pre` name each is written
 /// under.
 const KINDS: [(PreTokenizerKind, &str); 4] = [
-    (PreTokenizerKind::Gpt2, "gpt2"),
+    (PreTokenizerKind::Gpt2, "gpt-2"),
     (PreTokenizerKind::Gpt2Digits, "smollm"),
     (PreTokenizerKind::Llama3, "llama-bpe"),
     (PreTokenizerKind::Qwen2, "qwen2"),

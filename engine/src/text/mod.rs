@@ -1,13 +1,19 @@
 //! Text in and out of a model: its tokenizer, the incremental detokenizer, and chat templates.
 //!
 //! Modules:
-//! - [`tokenizer`]: the model's byte-level BPE tokenizer built from GGUF metadata.
+//! - [`tokenizer`]: the model's tokenizer built from GGUF metadata as llama.cpp builds it
+//!   (byte-level BPE or SentencePiece), over [`vocab`] (tokens, attributes, special ids),
+//!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`].
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
 //! - [`chat_budget`]: the budgets of a template render (fuel, output, time, memory) and the
 //!   isolated render that enforces them (with its render server, `chat_zygote`).
 
+pub(crate) mod bpe;
 pub mod chat;
 pub mod chat_budget;
 pub mod detok;
+pub(crate) mod special;
+pub(crate) mod spm;
 pub mod tokenizer;
+pub(crate) mod vocab;

@@ -1,55 +1,32 @@
-//! The model's tokenizer, built from GGUF metadata: GPT-2 style byte-level BPE on top of the
-//! Hugging Face `tokenizers` crate, with the pre-tokenizer llama.cpp uses for the file's `pre` type.
+//! The model's tokenizer, built from GGUF metadata as llama.cpp builds it: GPT-2 style byte-level
+//! BPE (`tokenizer.ggml.model = "gpt2"`, with the pre-tokenizer its `tokenizer.ggml.pre` names)
+//! or SentencePiece (`"llama"`: scores, `<0xXX>` byte fallback, `▁` for spaces and the leading
+//! space), special tokens cut out first ([`crate::text::special`]), BOS/EOS added as the file
+//! says, and each token's decoded piece as llama.cpp's `token_to_piece` gives it.
 //!
 //! Why build it from the GGUF and not ship a `tokenizer.json`: the GGUF is the one file the user
-//! has, and llama.cpp (our reference) tokenizes from exactly these keys. The pre-tokenizer regexes
-//! mirror llama.cpp's `llm_tokenizer_bpe` table for each supported `tokenizer.ggml.pre` value.
+//! has, and llama.cpp (our reference) tokenizes from exactly these keys.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{BPE, BpeTrainer, Vocab};
-use tokenizers::{
-    AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper,
-    PreTokenizerWrapper, Token, TokenizerImpl,
-};
-
 use crate::formats::gguf::{GgufError, GgufFile, Value};
-use crate::formats::pretokenizer::PreTokenizerError;
 pub use crate::formats::pretokenizer::PreTokenizerKind;
+use crate::formats::pretokenizer::{PreTokenizerError, PreTokenizerSpec, SUPPORTED_NAMES};
+use crate::text::bpe::{BpePipelines, byte_level_bytes};
+use crate::text::special::{Fragment, SpecialMatcher};
+use crate::text::spm;
+use crate::text::vocab::{SpecialIds, Vocab, VocabKind, attr, hex_byte_token};
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
 const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
 const KEY_TYPES: &str = "tokenizer.ggml.token_type";
+const KEY_SCORES: &str = "tokenizer.ggml.scores";
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
-const KEY_BOS: &str = "tokenizer.ggml.bos_token_id";
-const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
-const KEY_EOT: &str = "tokenizer.ggml.eot_token_id";
-const KEY_EOM: &str = "tokenizer.ggml.eom_token_id";
 const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
-
-/// The pre-tokenizer `pre` values this build knows, for error messages.
-const SUPPORTED_PRE: &str = "gpt2, default, smollm, starcoder, refact, codeshell, mpt, olmo, \
-                             llama3, llama-bpe, llama-v3, qwen2, stablelm2";
-
-/// End-of-turn token texts that stop generation when the vocabulary has them as control tokens
-/// (the same list llama.cpp uses to build its end-of-generation set).
-const END_OF_TURN_TEXTS: &[&str] = &[
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|endoftext|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<EOT>",
-];
-
-/// GGUF token types (llama.cpp's `llama_token_type`).
-const TYPE_UNKNOWN: u64 = 2;
-const TYPE_CONTROL: u64 = 3;
-const TYPE_USER_DEFINED: u64 = 4;
+const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+const KEY_ADD_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
+const KEY_NAME: &str = "general.name";
 
 impl From<PreTokenizerError> for TokenizerError {
     fn from(e: PreTokenizerError) -> Self {
@@ -66,10 +43,11 @@ pub enum TokenizerError {
     #[error("tokenizer metadata: {0}")]
     Metadata(#[from] GgufError),
     #[error(
-        "unsupported tokenizer model '{0}': only GPT-2 style byte-level BPE ('gpt2') is supported"
+        "unsupported tokenizer model '{0}': supported are 'gpt2' (byte-level BPE) and 'llama' \
+         (SentencePiece)"
     )]
     UnsupportedModel(String),
-    #[error("unsupported pre-tokenizer type '{0}' (supported: {SUPPORTED_PRE})")]
+    #[error("unsupported pre-tokenizer type '{0}' (supported: {SUPPORTED_NAMES})")]
     UnsupportedPre(String),
     #[error("bad tokenizer metadata: {0}")]
     BadMetadata(String),
@@ -81,351 +59,52 @@ pub enum TokenizerError {
     UnknownId { id: u32, vocab_size: usize },
 }
 
-/// The BPE model (vocabulary, merges, word cache) behind both of a [`Tokenizer`]'s pipelines:
-/// one copy in memory, read-only (its word cache takes its own lock with `try_*` calls, so it
-/// never makes an encode wait).
-#[derive(Clone)]
-struct SharedBpe(Arc<BPE>);
-
-impl Model for SharedBpe {
-    type Trainer = BpeTrainer;
-
-    fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
-        self.0.tokenize(sequence)
-    }
-
-    fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.0.token_to_id(token)
-    }
-
-    fn id_to_token(&self, id: u32) -> Option<String> {
-        self.0.id_to_token(id)
-    }
-
-    fn get_vocab(&self) -> std::collections::HashMap<String, u32> {
-        self.0.get_vocab()
-    }
-
-    fn get_vocab_size(&self) -> usize {
-        self.0.get_vocab_size()
-    }
-
-    fn save(&self, folder: &Path, prefix: Option<&str>) -> tokenizers::Result<Vec<PathBuf>> {
-        self.0.save(folder, prefix)
-    }
-
-    fn get_trainer(&self) -> BpeTrainer {
-        self.0.get_trainer()
-    }
+/// The algorithm over the vocabulary.
+enum Model {
+    Bpe {
+        pipelines: Box<BpePipelines>,
+        pre: PreTokenizerKind,
+    },
+    Spm,
 }
 
-impl serde::Serialize for SharedBpe {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serde::Serialize::serialize(&*self.0, s)
-    }
-}
-
-/// A Hugging Face tokenizer pipeline over the shared BPE model.
-type HfTokenizer = TokenizerImpl<
-    SharedBpe,
-    NormalizerWrapper,
-    PreTokenizerWrapper,
-    PostProcessorWrapper,
-    DecoderWrapper,
->;
-
-/// A model's tokenizer. Cheap to clone and share across threads (`Send + Sync`).
-///
-/// Two Hugging Face pipelines, both immutable after the build, so no encode ever waits on
-/// another: `hf` parses control tokens written in the text, `plain` tokenizes them as ordinary
-/// text. They share one BPE model ([`SharedBpe`]); each has only its own small added-token
-/// table and pre-tokenizer, so the second pipeline costs kilobytes, not a second vocabulary.
-#[derive(Clone)]
-pub struct Tokenizer {
-    hf: Arc<HfTokenizer>,
-    plain: Arc<HfTokenizer>,
-    n_vocab: usize,
+/// Everything a tokenizer holds, shared read-only between its clones.
+struct Inner {
+    vocab: Vocab,
+    matcher: SpecialMatcher,
+    model: Model,
     /// Every token's decoded bytes, flattened; token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
     offsets: Vec<u32>,
-    /// Control (and unknown-type) tokens: skipped when decoding with `skip_special`.
-    special: Vec<bool>,
-    bos: Option<u32>,
-    eos: Option<u32>,
     add_bos: bool,
-    stop_ids: Vec<u32>,
-    pre: PreTokenizerKind,
+    add_eos: bool,
+    add_space_prefix: bool,
+    clean_spaces: bool,
+}
+
+/// A model's tokenizer. Cheap to clone and share across threads (`Send + Sync`); nothing in it
+/// changes after the build, so no encode ever waits on another.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = &self.inner;
         f.debug_struct("Tokenizer")
-            .field("vocab_size", &self.n_vocab)
-            .field("pre", &self.pre)
-            .field("bos", &self.bos)
-            .field("eos", &self.eos)
-            .field("add_bos", &self.add_bos)
+            .field("model", &i.vocab.kind)
+            .field("vocab_size", &i.vocab.len())
+            .field("pre", &self.pre_tokenizer())
+            .field("bos", &i.vocab.special.bos)
+            .field("eos", &i.vocab.special.eos)
+            .field("add_bos", &i.add_bos)
             .finish_non_exhaustive()
     }
 }
 
-fn optional_u32(gguf: &GgufFile, key: &str) -> Result<Option<u32>, TokenizerError> {
-    match gguf.get(key) {
-        None => Ok(None),
-        Some(v) => {
-            let n = v.as_u64().ok_or_else(|| {
-                TokenizerError::BadMetadata(format!("'{key}' is not an unsigned integer"))
-            })?;
-            u32::try_from(n)
-                .map(Some)
-                .map_err(|_| TokenizerError::BadMetadata(format!("'{key}' = {n} is too large")))
-        }
-    }
-}
-
-impl Tokenizer {
-    /// Builds the tokenizer from a GGUF file's `tokenizer.ggml.*` metadata.
-    pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
-        let model = gguf.get_str(KEY_MODEL)?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_string()));
-        }
-        let pre_name = match gguf.get(KEY_PRE) {
-            None => None,
-            Some(v) => Some(v.as_str().ok_or_else(|| {
-                TokenizerError::BadMetadata(format!("'{KEY_PRE}' is not a string"))
-            })?),
-        };
-        let pre = PreTokenizerKind::from_gguf_name(pre_name).map_err(TokenizerError::from)?;
-        let tokens = gguf.get_str_array(KEY_TOKENS)?;
-        let types: Vec<u64> = match gguf.get(KEY_TYPES) {
-            None => vec![1; tokens.len()],
-            Some(v) => v
-                .as_array()
-                .ok_or_else(|| {
-                    TokenizerError::BadMetadata(format!("'{KEY_TYPES}' is not an array"))
-                })?
-                .iter()
-                .map(|t| {
-                    t.as_u64().ok_or_else(|| {
-                        TokenizerError::BadMetadata(format!("'{KEY_TYPES}' holds a non-integer"))
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        let merges = match gguf.get(KEY_MERGES) {
-            None => Vec::new(),
-            Some(_) => gguf.get_str_array(KEY_MERGES)?,
-        };
-        let config = TokenizerConfig {
-            tokens: tokens.iter().map(|s| (*s).to_string()).collect(),
-            types,
-            merges: merges.iter().map(|s| (*s).to_string()).collect(),
-            pre,
-            bos: optional_u32(gguf, KEY_BOS)?,
-            eos: optional_u32(gguf, KEY_EOS)?,
-            extra_stop: [optional_u32(gguf, KEY_EOT)?, optional_u32(gguf, KEY_EOM)?]
-                .into_iter()
-                .flatten()
-                .collect(),
-            add_bos: match gguf.get(KEY_ADD_BOS) {
-                None => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(TokenizerError::BadMetadata(format!(
-                        "'{KEY_ADD_BOS}' is not a bool"
-                    )));
-                }
-            },
-        };
-        Self::from_config(config)
-    }
-
-    /// Builds the tokenizer from already-extracted metadata (also what tests use for tiny vocabularies).
-    pub fn from_config(c: TokenizerConfig) -> Result<Self, TokenizerError> {
-        c.validate()?;
-        let n = c.tokens.len();
-
-        // First occurrence wins for duplicate strings; decoding still works for every id because
-        // it goes through our own byte table, not the BPE's reverse map.
-        let mut vocab = Vocab::with_capacity(n);
-        for (id, tok) in (0u32..).zip(&c.tokens) {
-            vocab.entry(tok.clone()).or_insert(id);
-        }
-
-        let special: Vec<bool> = c
-            .types
-            .iter()
-            .map(|&t| t == TYPE_CONTROL || t == TYPE_UNKNOWN)
-            .collect();
-        let mut bytes = Vec::new();
-        let mut offsets = Vec::with_capacity(n + 1);
-        offsets.push(0);
-        for tok in &c.tokens {
-            token_string_bytes(tok, &mut bytes);
-            offsets.push(u32::try_from(bytes.len()).map_err(|_| {
-                TokenizerError::BadMetadata("the token strings exceed 4 GiB".into())
-            })?);
-        }
-
-        let mut stop_ids: Vec<u32> = c
-            .eos
-            .into_iter()
-            .chain(c.extra_stop.iter().copied())
-            .collect();
-        for text in END_OF_TURN_TEXTS {
-            if let Some(&id) = vocab.get(*text)
-                && special[id as usize]
-            {
-                stop_ids.push(id);
-            }
-        }
-        stop_ids.retain(|&id| (id as usize) < n);
-        stop_ids.sort_unstable();
-        stop_ids.dedup();
-
-        let bpe = SharedBpe(Arc::new(c.build_bpe(vocab)?));
-        let hf = c.build_hf(bpe.clone(), false)?;
-        let plain = c.build_hf(bpe, true)?;
-        Ok(Self {
-            hf: Arc::new(hf),
-            plain: Arc::new(plain),
-            n_vocab: n,
-            bytes,
-            offsets,
-            special,
-            bos: c.bos,
-            eos: c.eos,
-            add_bos: c.add_bos,
-            stop_ids,
-            pre: c.pre,
-        })
-    }
-
-    /// Text to token ids, without BOS. With `parse_special`, control tokens written in the text
-    /// ("<|im_start|>") become their ids; without it they are tokenized as ordinary text.
-    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let hf = if parse_special { &self.hf } else { &self.plain };
-        let enc = hf
-            .encode_fast(text, false)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
-    }
-
-    /// As [`Tokenizer::encode`], with BOS in front when the model asks for it
-    /// (`tokenizer.ggml.add_bos_token`) and the text does not already start with it.
-    pub fn encode_prompt(
-        &self,
-        text: &str,
-        parse_special: bool,
-    ) -> Result<Vec<u32>, TokenizerError> {
-        let ids = self.encode(text, parse_special)?;
-        match self.bos {
-            Some(bos) if self.add_bos && ids.first() != Some(&bos) => {
-                let mut out = Vec::with_capacity(ids.len() + 1);
-                out.push(bos);
-                out.extend(ids);
-                Ok(out)
-            }
-            _ => Ok(ids),
-        }
-    }
-
-    /// Token ids to text. Invalid UTF-8 (a character cut off mid-way) becomes U+FFFD, as in
-    /// Hugging Face's byte-level decoder. With `skip_special`, control tokens are left out.
-    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        let mut buf = Vec::new();
-        for &id in ids {
-            buf.extend_from_slice(self.token_bytes_checked(id, skip_special)?);
-        }
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    }
-
-    /// Decodes with the wrapped Hugging Face tokenizer. Same result as [`Tokenizer::decode`] for
-    /// valid ids (tests hold them equal); kept for that check.
-    pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        self.hf
-            .decode(ids, skip_special)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))
-    }
-
-    /// The raw bytes one token stands for (may be part of a UTF-8 character); `None` for an id
-    /// outside the vocabulary.
-    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
-        let i = id as usize;
-        let (start, end) = (*self.offsets.get(i)?, *self.offsets.get(i + 1)?);
-        self.bytes.get(start as usize..end as usize)
-    }
-
-    /// The bytes `id` contributes to decoded text: empty for a skipped control token.
-    pub(crate) fn token_bytes_checked(
-        &self,
-        id: u32,
-        skip_special: bool,
-    ) -> Result<&[u8], TokenizerError> {
-        let bytes = self.token_bytes(id).ok_or(TokenizerError::UnknownId {
-            id,
-            vocab_size: self.n_vocab,
-        })?;
-        if skip_special && self.special[id as usize] {
-            Ok(&[])
-        } else {
-            Ok(bytes)
-        }
-    }
-
-    /// Whether `id` is a control token (hidden by `skip_special`).
-    pub fn is_special(&self, id: u32) -> bool {
-        self.special.get(id as usize).copied().unwrap_or(false)
-    }
-
-    pub fn bos_id(&self) -> Option<u32> {
-        self.bos
-    }
-
-    pub fn eos_id(&self) -> Option<u32> {
-        self.eos
-    }
-
-    /// Whether prompts should start with BOS (`tokenizer.ggml.add_bos_token`, default false).
-    pub fn add_bos(&self) -> bool {
-        self.add_bos
-    }
-
-    /// Tokens that end generation: EOS, EOT/EOM when the file names them, and the end-of-turn
-    /// control tokens the vocabulary has (`<|im_end|>`, `<|eot_id|>`, `<|endoftext|>`, ...). Sorted.
-    pub fn stop_token_ids(&self) -> Vec<u32> {
-        self.stop_ids.clone()
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.n_vocab
-    }
-
-    /// The token's string as the vocabulary stores it (byte-level form, e.g. "Ġthe"); `None`
-    /// outside the vocabulary (and for a later duplicate of an earlier token's string).
-    pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.hf.id_to_token(id)
-    }
-
-    pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.hf.token_to_id(token)
-    }
-
-    pub fn pre_tokenizer(&self) -> PreTokenizerKind {
-        self.pre
-    }
-
-    /// The wrapped Hugging Face tokenizer (control tokens parsed in text) as `tokenizer.json`:
-    /// what a Hugging Face folder of this model holds ([`crate::quant::hf_export`] writes it).
-    pub fn hf_json(&self) -> Result<String, TokenizerError> {
-        self.hf
-            .to_string(true)
-            .map_err(|e| TokenizerError::Build(format!("cannot serialize: {e}")))
-    }
-}
-
-/// Tokenizer metadata in plain form: what [`Tokenizer::from_gguf`] reads from the file.
+/// Tokenizer metadata in plain form for a byte-level BPE vocabulary (what tests and synthetic
+/// models build from; [`Tokenizer::from_gguf`] reads the same from a file, and more).
 #[derive(Debug, Clone)]
 pub struct TokenizerConfig {
     pub tokens: Vec<String>,
@@ -441,133 +120,592 @@ pub struct TokenizerConfig {
     pub add_bos: bool,
 }
 
-impl TokenizerConfig {
-    /// Sizes and ids that must agree before anything is built.
-    fn validate(&self) -> Result<(), TokenizerError> {
-        let n = self.tokens.len();
-        if n == 0 {
-            return Err(TokenizerError::BadMetadata(
-                "the vocabulary is empty".into(),
-            ));
+/// Everything read from the metadata, before the build.
+struct Parts {
+    kind: VocabKind,
+    tokens: Vec<String>,
+    types: Vec<u64>,
+    scores: Vec<f32>,
+    merges: Vec<String>,
+    pre: Option<PreTokenizerSpec>,
+    special: SpecialIds,
+    extra_stop: Vec<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    add_space_prefix: bool,
+    clean_spaces: bool,
+    general_name: Option<String>,
+}
+
+fn bad(msg: String) -> TokenizerError {
+    TokenizerError::BadMetadata(msg)
+}
+
+fn optional_u32(gguf: &GgufFile, key: &str) -> Result<Option<u32>, TokenizerError> {
+    match gguf.get(key) {
+        None => Ok(None),
+        Some(v) => {
+            let n = v
+                .as_u64()
+                .ok_or_else(|| bad(format!("'{key}' is not an unsigned integer")))?;
+            u32::try_from(n)
+                .map(Some)
+                .map_err(|_| bad(format!("'{key}' = {n} is too large")))
         }
-        if u32::try_from(n).is_err() {
-            return Err(TokenizerError::BadMetadata(format!(
-                "{n} tokens is too many"
+    }
+}
+
+fn optional_bool(gguf: &GgufFile, key: &str) -> Result<Option<bool>, TokenizerError> {
+    match gguf.get(key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(bad(format!("'{key}' is not a bool"))),
+    }
+}
+
+/// A numeric array key (token types, scores), each entry through `f`.
+fn optional_array<T>(
+    gguf: &GgufFile,
+    key: &str,
+    f: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<Vec<T>>, TokenizerError> {
+    let Some(v) = gguf.get(key) else {
+        return Ok(None);
+    };
+    let arr = v
+        .as_array()
+        .ok_or_else(|| bad(format!("'{key}' is not an array")))?;
+    arr.iter()
+        .map(|x| f(x).ok_or_else(|| bad(format!("'{key}' holds a non-number"))))
+        .collect::<Result<Vec<T>, _>>()
+        .map(Some)
+}
+
+/// The special ids the file names. EOS and BOS outside the vocabulary are refused (a file that
+/// says so is broken); the others are dropped, as llama.cpp drops them.
+fn special_ids(gguf: &GgufFile, kind: VocabKind, n: usize) -> Result<SpecialIds, TokenizerError> {
+    let key = |k: &str| optional_u32(gguf, &format!("tokenizer.ggml.{k}"));
+    let inside = |id: Option<u32>| id.filter(|&id| (id as usize) < n);
+    let (bos, eos) = (key("bos_token_id")?, key("eos_token_id")?);
+    for (name, id) in [("bos", bos), ("eos", eos)] {
+        if let Some(id) = id.filter(|&id| id as usize >= n) {
+            return Err(bad(format!(
+                "{name} token id {id} is outside the vocabulary of {n} tokens"
             )));
         }
-        if self.types.len() != n {
-            return Err(TokenizerError::BadMetadata(format!(
+    }
+    // SentencePiece defaults (<unk> 0, <s> 1, </s> 2) where the keys are missing, as llama.cpp.
+    // llama.cpp's BPE default of 11 for both is left out: 11 is an ordinary word piece ("," in
+    // GPT-2), and stopping on it would cut every answer at its first comma.
+    let default = |id: u32| inside(Some(id)).filter(|_| kind == VocabKind::Spm);
+    Ok(SpecialIds {
+        bos: bos.or(default(1)),
+        eos: eos.or(default(2)),
+        unk: inside(key("unknown_token_id")?).or(default(0)),
+        eot: inside(key("eot_token_id")?),
+        eom: inside(key("eom_token_id")?),
+        fim_pre: inside(key("fim_pre_token_id")?.or(key("prefix_token_id")?)),
+        fim_suf: inside(key("fim_suf_token_id")?.or(key("suffix_token_id")?)),
+        fim_mid: inside(key("fim_mid_token_id")?.or(key("middle_token_id")?)),
+        fim_pad: inside(key("fim_pad_token_id")?),
+        fim_rep: inside(key("fim_rep_token_id")?),
+        fim_sep: inside(key("fim_sep_token_id")?),
+    })
+}
+
+impl Parts {
+    fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
+        let kind = match gguf.get_str(KEY_MODEL)? {
+            "gpt2" => VocabKind::Bpe,
+            "llama" => VocabKind::Spm,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        let pre = match kind {
+            VocabKind::Spm => None,
+            VocabKind::Bpe => {
+                let name = match gguf.get(KEY_PRE) {
+                    None => None,
+                    Some(v) => Some(
+                        v.as_str()
+                            .ok_or_else(|| bad(format!("'{KEY_PRE}' is not a string")))?,
+                    ),
+                };
+                Some(PreTokenizerSpec::from_gguf_name(name)?)
+            }
+        };
+        let tokens: Vec<String> = gguf
+            .get_str_array(KEY_TOKENS)?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let n = tokens.len();
+        let types = optional_array(gguf, KEY_TYPES, Value::as_u64)?.unwrap_or_else(|| vec![1; n]);
+        let scores =
+            optional_array(gguf, KEY_SCORES, |v| v.as_f64().map(|f| f as f32))?.unwrap_or_default();
+        if !scores.is_empty() && scores.len() < n {
+            return Err(bad(format!(
+                "{KEY_SCORES} has {} entries for {n} tokens",
+                scores.len()
+            )));
+        }
+        let merges = match gguf.get(KEY_MERGES) {
+            None => Vec::new(),
+            Some(_) => gguf
+                .get_str_array(KEY_MERGES)?
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+        };
+        let spm = kind == VocabKind::Spm;
+        Ok(Self {
+            kind,
+            special: special_ids(gguf, kind, n)?,
+            extra_stop: Vec::new(),
+            add_bos: optional_bool(gguf, KEY_ADD_BOS)?
+                .unwrap_or(spm || pre.is_some_and(|p| p.add_bos)),
+            add_eos: optional_bool(gguf, KEY_ADD_EOS)?.unwrap_or(false),
+            add_space_prefix: optional_bool(gguf, KEY_ADD_PREFIX)?.unwrap_or(spm),
+            clean_spaces: pre.is_some_and(|p| p.clean_spaces),
+            general_name: gguf
+                .get(KEY_NAME)
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            tokens,
+            types,
+            scores,
+            merges,
+            pre,
+        })
+    }
+
+    /// Sizes and ids that must agree before anything is built.
+    fn validate(&mut self) -> Result<(), TokenizerError> {
+        let n = self.tokens.len();
+        if n == 0 {
+            return Err(bad("the vocabulary is empty".into()));
+        }
+        if u32::try_from(n).is_err() {
+            return Err(bad(format!("{n} tokens is too many")));
+        }
+        if self.types.len() < n || (self.types.len() > n && self.kind == VocabKind::Bpe) {
+            return Err(bad(format!(
                 "{KEY_TOKENS} has {n} entries but {KEY_TYPES} has {}",
                 self.types.len()
             )));
         }
-        for (key, id) in [("bos", self.bos), ("eos", self.eos)] {
+        self.types.truncate(n);
+        self.scores.truncate(n);
+        let s = &self.special;
+        for (key, id) in [("bos", s.bos), ("eos", s.eos)] {
             if let Some(id) = id.filter(|&id| id as usize >= n) {
-                return Err(TokenizerError::BadMetadata(format!(
+                return Err(bad(format!(
                     "{key} token id {id} is outside the vocabulary of {n} tokens"
                 )));
             }
         }
+        self.extra_stop.retain(|&id| (id as usize) < n);
         Ok(())
     }
+}
 
-    /// The BPE model over `vocab` (token string -> id) and the merges.
-    fn build_bpe(&self, vocab: Vocab) -> Result<BPE, TokenizerError> {
-        let mut merge_pairs = Vec::with_capacity(self.merges.len());
-        for (i, m) in self.merges.iter().enumerate() {
-            let (a, b) = m.split_once(' ').ok_or_else(|| {
-                TokenizerError::BadMetadata(format!(
-                    "merge #{i} '{m}' is not two tokens separated by a space"
-                ))
-            })?;
-            merge_pairs.push((a.to_string(), b.to_string()));
+/// One token's decoded bytes, as llama.cpp's `token_to_piece` with `special = true`.
+fn piece(vocab: &Vocab, id: u32, out: &mut Vec<u8>) {
+    let text = &vocab.texts[id as usize];
+    let a = vocab.attr(id);
+    if a & (attr::CONTROL | attr::UNKNOWN | attr::USER_DEFINED) != 0 {
+        out.extend_from_slice(text.as_bytes());
+    } else if a & attr::NORMAL != 0 {
+        match vocab.kind {
+            VocabKind::Spm => out.extend_from_slice(text.replace('\u{2581}', " ").as_bytes()),
+            VocabKind::Bpe => byte_level_bytes(text, out),
         }
-        BPE::builder()
-            .vocab_and_merges(vocab, merge_pairs)
-            .ignore_merges(self.pre == PreTokenizerKind::Llama3)
-            .build()
-            .map_err(|e| TokenizerError::Build(format!("BPE model: {e}")))
+    } else if a & attr::BYTE != 0 {
+        match (hex_byte_token(text), vocab.kind) {
+            (Some(b), _) => out.push(b),
+            (None, VocabKind::Bpe) => byte_level_bytes(text, out),
+            (None, VocabKind::Spm) => out.extend_from_slice(text.as_bytes()),
+        }
+    }
+    // Unused and undefined tokens decode to nothing, as in llama.cpp.
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from a GGUF file's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
+        Self::build(Parts::from_gguf(gguf)?)
     }
 
-    /// A Hugging Face pipeline over `bpe`: control tokens in the text are parsed, unless
-    /// `plain_text`, which tokenizes them as ordinary text.
-    fn build_hf(&self, bpe: SharedBpe, plain_text: bool) -> Result<HfTokenizer, TokenizerError> {
-        let mut hf = HfTokenizer::new(bpe);
-        hf.with_pre_tokenizer(Some(self.pre.build()?));
-        hf.with_decoder(Some(ByteLevelDecoder::default()));
-        let mut special_added = Vec::new();
-        let mut user_added = Vec::new();
-        for (tok, &ty) in self.tokens.iter().zip(&self.types) {
-            match ty {
-                TYPE_CONTROL | TYPE_UNKNOWN => {
-                    special_added.push(AddedToken::from(tok.clone(), true))
+    /// Builds a byte-level BPE tokenizer from already-extracted metadata (also what tests use
+    /// for tiny vocabularies).
+    pub fn from_config(c: TokenizerConfig) -> Result<Self, TokenizerError> {
+        let special = SpecialIds {
+            eos: c.eos,
+            bos: c.bos,
+            ..SpecialIds::default()
+        };
+        Self::build(Parts {
+            kind: VocabKind::Bpe,
+            pre: Some(PreTokenizerSpec {
+                kind: c.pre,
+                ignore_merges: c.pre == PreTokenizerKind::Llama3,
+                add_bos: c.add_bos,
+                clean_spaces: false,
+            }),
+            tokens: c.tokens,
+            types: c.types,
+            scores: Vec::new(),
+            merges: c.merges,
+            special,
+            extra_stop: c.extra_stop,
+            add_bos: c.add_bos,
+            add_eos: false,
+            add_space_prefix: false,
+            clean_spaces: false,
+            general_name: None,
+        })
+    }
+
+    fn build(mut p: Parts) -> Result<Self, TokenizerError> {
+        p.validate()?;
+        let mut vocab = Vocab::new(
+            p.kind,
+            p.tokens,
+            p.scores,
+            &p.types,
+            p.special,
+            p.general_name.as_deref(),
+        );
+        vocab.eog.extend(&p.extra_stop);
+        vocab.eog.sort_unstable();
+        vocab.eog.dedup();
+        let matcher = SpecialMatcher::new(&vocab).map_err(TokenizerError::Build)?;
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::with_capacity(vocab.len() + 1);
+        offsets.push(0);
+        for id in 0..vocab.len() as u32 {
+            piece(&vocab, id, &mut bytes);
+            offsets.push(
+                u32::try_from(bytes.len())
+                    .map_err(|_| bad("the token strings exceed 4 GiB".into()))?,
+            );
+        }
+        let model = match p.pre {
+            Some(spec) => Model::Bpe {
+                pipelines: Box::new(BpePipelines::new(
+                    &vocab,
+                    &p.merges,
+                    spec.kind,
+                    spec.ignore_merges,
+                )?),
+                pre: spec.kind,
+            },
+            None => Model::Spm,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                vocab,
+                matcher,
+                model,
+                bytes,
+                offsets,
+                add_bos: p.add_bos,
+                add_eos: p.add_eos,
+                add_space_prefix: p.add_space_prefix,
+                clean_spaces: p.clean_spaces,
+            }),
+        })
+    }
+
+    /// Text to token ids, without BOS or EOS (llama.cpp's `tokenize` with `add_special` off).
+    /// With `parse_special`, control tokens written in the text ("<|im_start|>") become their
+    /// ids; without it they are tokenized as ordinary text. User-defined tokens are matched
+    /// either way, as llama.cpp does.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let i = &*self.inner;
+        let frags = i.matcher.partition(&i.vocab, text, parse_special);
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        match &i.model {
+            Model::Bpe { pipelines, .. } => {
+                for f in frags {
+                    match f {
+                        Fragment::Text(s, e) => pipelines.encode_fragment(&text[s..e], &mut out)?,
+                        Fragment::Token(id) => out.push(id),
+                    }
                 }
-                // llama.cpp matches user-defined tokens in text even without special parsing,
-                // as HF does for non-special added tokens.
-                TYPE_USER_DEFINED => user_added.push(AddedToken::from(tok.clone(), false)),
-                _ => {}
+            }
+            Model::Spm => {
+                // The first piece of text, and every piece after a special token, gets the
+                // leading space SentencePiece models are trained with.
+                let mut after_special = true;
+                let mut escaped = String::new();
+                for f in frags {
+                    match f {
+                        Fragment::Text(s, e) => {
+                            escaped.clear();
+                            if i.add_space_prefix && after_special {
+                                escaped.push('\u{2581}');
+                            }
+                            for c in text[s..e].chars() {
+                                escaped.push(if c == ' ' { '\u{2581}' } else { c });
+                            }
+                            spm::tokenize(&i.vocab, &escaped, i.vocab.special.unk, &mut out);
+                            after_special = false;
+                        }
+                        Fragment::Token(id) => {
+                            out.push(id);
+                            after_special = true;
+                        }
+                    }
+                }
             }
         }
-        hf.add_special_tokens(&special_added);
-        hf.add_tokens(&user_added);
-        // Set once at build time: the flag is the pipeline's, so flipping it per call would
-        // need a write lock that every other encode waits on.
-        hf.set_encode_special_tokens(plain_text);
-        Ok(hf)
+        Ok(out)
     }
-}
 
-/// GPT-2's byte <-> printable-char mapping, inverted: the byte a vocabulary char stands for.
-/// Bytes that are printable in Latin-1 map to themselves; the other 68 are shifted to U+0100...
-const fn byte_level_inverse() -> [i16; 324] {
-    let mut table = [-1i16; 324];
-    let mut shifted = 0usize;
-    let mut b = 0usize;
-    while b < 256 {
-        let printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-        if printable {
-            table[b] = b as i16;
+    /// As [`Tokenizer::encode`], with BOS in front when the model asks for it
+    /// (`tokenizer.ggml.add_bos_token`; on by default for SentencePiece and Llama 3) and the
+    /// text does not already start with it, and EOS at the end when `add_eos_token` says so.
+    pub fn encode_prompt(
+        &self,
+        text: &str,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let i = &*self.inner;
+        let mut ids = self.encode(text, parse_special)?;
+        if let Some(bos) = i.vocab.special.bos.filter(|_| i.add_bos)
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
+        }
+        if let Some(eos) = i.vocab.special.eos.filter(|_| i.add_eos) {
+            ids.push(eos);
+        }
+        Ok(ids)
+    }
+
+    /// Token ids to text: the tokens' pieces one after another, as llama.cpp's server streams
+    /// them. Invalid UTF-8 (a character cut off mid-way) becomes U+FFFD. With `skip_special`,
+    /// control tokens are left out.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        let mut buf = Vec::new();
+        for &id in ids {
+            buf.extend_from_slice(self.token_bytes_checked(id, skip_special)?);
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// A whole sequence back to text as llama.cpp's `llama_detokenize` does it: the leading
+    /// space SentencePiece adds is taken off again, BOS/EOS dropped with `remove_special`,
+    /// control tokens shown with `unparse_special`, and `clean_up_tokenization_spaces` applied
+    /// where the model sets it. This is the inverse of [`Tokenizer::encode`] llama.cpp's
+    /// round-trip tests check; [`Tokenizer::decode`] is what continues a prompt.
+    pub fn detokenize(
+        &self,
+        ids: &[u32],
+        remove_special: bool,
+        unparse_special: bool,
+    ) -> Result<String, TokenizerError> {
+        let i = &*self.inner;
+        let mut ids = ids;
+        let mut remove_space = i.add_space_prefix;
+        let s = &i.vocab.special;
+        if remove_special && i.add_bos && s.bos.is_some() && ids.first() == s.bos.as_ref() {
+            remove_space = false;
+            ids = &ids[1..];
+        }
+        if remove_special && i.add_eos && s.eos.is_some() && ids.last() == s.eos.as_ref() {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut buf = Vec::new();
+        for &id in ids {
+            let mut piece = self.token_bytes_checked(id, !unparse_special)?;
+            if remove_space {
+                piece = piece.strip_prefix(b" ").unwrap_or(piece);
+                remove_space = false;
+            }
+            buf.extend_from_slice(piece);
+        }
+        if i.clean_spaces {
+            clean_up_spaces(&mut buf);
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Decodes with the wrapped Hugging Face tokenizer (BPE only). Same result as
+    /// [`Tokenizer::decode`] for valid ids (tests hold them equal); kept for that check.
+    pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        match &self.inner.model {
+            Model::Bpe { pipelines, .. } => pipelines.decode_hf(ids, skip_special),
+            Model::Spm => Err(TokenizerError::Build(
+                "a SentencePiece vocabulary has no Hugging Face pipeline here".into(),
+            )),
+        }
+    }
+
+    /// The raw bytes one token stands for (may be part of a UTF-8 character); `None` for an id
+    /// outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let offsets = &self.inner.offsets;
+        let (start, end) = (*offsets.get(i)?, *offsets.get(i + 1)?);
+        self.inner.bytes.get(start as usize..end as usize)
+    }
+
+    /// The bytes `id` contributes to decoded text: empty for a skipped control token.
+    pub(crate) fn token_bytes_checked(
+        &self,
+        id: u32,
+        skip_special: bool,
+    ) -> Result<&[u8], TokenizerError> {
+        let bytes = self.token_bytes(id).ok_or(TokenizerError::UnknownId {
+            id,
+            vocab_size: self.inner.vocab.len(),
+        })?;
+        if skip_special && self.is_special(id) {
+            Ok(&[])
         } else {
-            table[256 + shifted] = b as i16;
-            shifted += 1;
+            Ok(bytes)
         }
-        b += 1;
     }
-    table
+
+    /// Whether `id` is a control (or unknown-type) token, hidden by `skip_special`.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.vocab.attr(id) & (attr::CONTROL | attr::UNKNOWN) != 0
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.inner.vocab.special.bos
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        self.inner.vocab.special.eos
+    }
+
+    /// Whether prompts should start with BOS (`tokenizer.ggml.add_bos_token`, else llama.cpp's
+    /// default for the tokenizer: on for SentencePiece and Llama 3, off otherwise).
+    pub fn add_bos(&self) -> bool {
+        self.inner.add_bos
+    }
+
+    /// Whether prompts end with EOS (`tokenizer.ggml.add_eos_token`, default off).
+    pub fn add_eos(&self) -> bool {
+        self.inner.add_eos
+    }
+
+    /// Tokens that end generation, as llama.cpp's end-of-generation set: EOS, EOT and EOM,
+    /// FIM pad / repo / file-separator tokens, and every token with an end-of-turn text
+    /// (`<|im_end|>`, `<|eot_id|>`, `<|endoftext|>`, `</s>`, ...). Sorted.
+    pub fn stop_token_ids(&self) -> Vec<u32> {
+        self.inner.vocab.eog.clone()
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.vocab.len()
+    }
+
+    /// The token's string as the vocabulary stores it (byte-level form for BPE, e.g. "Ġthe";
+    /// `▁` for spaces in SentencePiece); `None` outside the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.vocab.texts.get(id as usize).cloned()
+    }
+
+    /// The id of a token string (the first, if the vocabulary repeats it).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.vocab.ids.get(token).copied()
+    }
+
+    /// The BPE pre-tokenizer; `None` for SentencePiece, which splits no words.
+    pub fn pre_tokenizer(&self) -> Option<PreTokenizerKind> {
+        match self.inner.model {
+            Model::Bpe { pre, .. } => Some(pre),
+            Model::Spm => None,
+        }
+    }
+
+    /// Whether this is a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`).
+    pub fn is_sentencepiece(&self) -> bool {
+        self.inner.vocab.kind == VocabKind::Spm
+    }
+
+    /// The wrapped Hugging Face tokenizer (control tokens parsed in text) as `tokenizer.json`:
+    /// what a Hugging Face folder of this model holds ([`crate::quant::hf_export`] writes it).
+    pub fn hf_json(&self) -> Result<String, TokenizerError> {
+        match &self.inner.model {
+            Model::Bpe { pipelines, .. } => pipelines.to_json(),
+            Model::Spm => Err(TokenizerError::Build(
+                "writing a tokenizer.json for a SentencePiece vocabulary is not supported".into(),
+            )),
+        }
+    }
 }
 
-static BYTE_OF_CHAR: [i16; 324] = byte_level_inverse();
-
-/// A token string's bytes, by the rule Hugging Face's ByteLevel decoder applies: if every char is
-/// in the byte-level alphabet, the bytes they stand for; otherwise the string's own UTF-8 bytes.
-fn token_string_bytes(token: &str, out: &mut Vec<u8>) {
-    let start = out.len();
-    for c in token.chars() {
-        match BYTE_OF_CHAR.get(c as usize).copied() {
-            Some(b) if b >= 0 => out.push(b as u8),
-            _ => {
-                out.truncate(start);
-                out.extend_from_slice(token.as_bytes());
-                return;
+/// llama.cpp's `clean_spaces` passes over detokenized bytes, in place as it runs them: no space
+/// before `?!.,`, none around a lone apostrophe, none before `'s`, `'m`, `'re`, `'ve`.
+fn clean_up_spaces(t: &mut Vec<u8>) {
+    let mut total = t.len();
+    // First pass: " ?", " !", " .", " ,".
+    let n = total;
+    total = usize::from(n > 0);
+    for i in 1..n {
+        let x = t[i];
+        if t[i - 1] == b' ' && matches!(x, b'?' | b'!' | b'.' | b',') {
+            total -= 1;
+        }
+        t[total] = x;
+        total += 1;
+    }
+    // Second pass: " ' " loses both spaces.
+    let n = total;
+    total = usize::from(n > 0);
+    let mut i = 1;
+    while i < n {
+        let x = t[i];
+        if x == b'\'' && i + 1 < n && t[i - 1] == b' ' && t[i + 1] == b' ' {
+            total -= 1;
+            i += 1;
+            t[i] = 0;
+        }
+        t[total] = x;
+        total += 1;
+        i += 1;
+    }
+    // Third pass: " 's", " 'm", " 're", " 've" lose their space.
+    let n = total;
+    total = usize::from(n > 0);
+    for i in 1..n {
+        let x = t[i];
+        if t[i - 1] == b' ' && x == b'\'' && i + 1 < n {
+            let x1 = t[i + 1];
+            let two = |a: u8, b: u8| x1 == a && i + 2 < n && t[i + 2] == b;
+            if matches!(x1, b's' | b'm')
+                || (!matches!(x1, b't' | b'd') && (two(b'r', b'e') || two(b'v', b'e')))
+            {
+                total -= 1;
             }
         }
+        t[total] = x;
+        total += 1;
     }
+    t.truncate(total);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn clean(s: &str) -> String {
+        let mut b = s.as_bytes().to_vec();
+        clean_up_spaces(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
     #[test]
-    fn byte_level_table_is_a_bijection() {
-        let mut seen = [false; 256];
-        for &b in BYTE_OF_CHAR.iter().filter(|&&b| b >= 0) {
-            assert!(!seen[b as usize], "byte {b} mapped twice");
-            seen[b as usize] = true;
-        }
-        assert!(seen.iter().all(|&s| s));
-        // Space is 'Ġ' (U+0120) and newline 'Ċ' (U+010A) in GPT-2 vocabularies.
-        assert_eq!(BYTE_OF_CHAR['Ġ' as usize], 32);
-        assert_eq!(BYTE_OF_CHAR['Ċ' as usize], 10);
+    fn clean_up_spaces_as_llama_cpp() {
+        assert_eq!(clean("Hello , world !"), "Hello, world!");
+        assert_eq!(clean("it ' s"), "it's");
+        assert_eq!(clean("he 's here , we 're done"), "he's here, we're done");
+        assert_eq!(clean("don 't"), "don 't");
+        assert_eq!(clean(""), "");
+        assert_eq!(clean(" ."), ".");
     }
 }
