@@ -8,6 +8,7 @@
 //! `~/.cache/tpslab/llama-cpp-0.3.36`). Nothing of llama.cpp is built or run: the tests need
 //! only these data files. Concurrent test binaries each fetch into a private folder and rename
 //! it into place; whichever lands first wins.
+#![allow(dead_code)] // each test binary uses the fixtures it needs
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,7 +22,8 @@ const SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db276
 const TREE: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp/";
 
 /// Finds the sdist's link on the index page, downloads it, checks it and extracts `models/`.
-const FETCH: &str = r#"
+// `r##`: the script itself contains `"#`.
+const FETCH: &str = r##"
 import hashlib, re, sys, tarfile, urllib.request
 index, name, sha, tree, dest = sys.argv[1:6]
 page = urllib.request.urlopen(index, timeout=60).read().decode()
@@ -41,7 +43,7 @@ with tarfile.open(path) as t:
         if member.isfile() and member.name.startswith(tree + "models/"):
             member.name = member.name[len(tree):]
             t.extract(member, dest, filter="data")
-"#;
+"##;
 
 /// The `models/` folder of the pinned llama.cpp tree, fetched on first use.
 pub fn models_dir() -> PathBuf {
@@ -82,7 +84,11 @@ pub fn vocab_cases(name: &str) -> Vec<(String, Vec<u32>)> {
         _ => inputs,
     };
     outputs.truncate(inputs.len());
-    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out disagree");
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{name}: .inp and .out disagree"
+    );
     inputs.into_iter().zip(outputs).collect()
 }
 
