@@ -86,10 +86,10 @@ impl ChatBody {
             let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
             n.saturating_add(m.role.len() + content)
                 .saturating_add(opt(&m.reasoning_content) + opt(&m.tool_call_id) + opt(&m.name))
-                .saturating_add(m.tool_calls.as_ref().map_or(0, |c| json_len(c)))
+                .saturating_add(m.tool_calls.as_ref().map_or(0, json_len))
         });
-        let tools = self.tools.as_ref().map_or(0, |t| json_len(t));
-        let documents = self.documents.as_ref().map_or(0, |d| json_len(d));
+        let tools = self.tools.as_ref().map_or(0, json_len);
+        let documents = self.documents.as_ref().map_or(0, json_len);
         messages.saturating_add(tools).saturating_add(documents)
     }
 

@@ -178,9 +178,9 @@ impl ReasoningParser {
     /// text is then held).
     fn start(&mut self, buf: &str) -> Option<String> {
         let t = buf.trim_start();
-        if t.starts_with(self.tags.open) {
+        if let Some(rest) = t.strip_prefix(self.tags.open) {
             self.state = State::Reasoning { started: false };
-            return Some(t[self.tags.open.len()..].to_string());
+            return Some(rest.to_string());
         }
         let undecided = self.tags.open.starts_with(t) && buf.len() <= MAX_HELD_WHITESPACE;
         if undecided {
