@@ -3,6 +3,8 @@
 
 #[path = "support/gui_wait.rs"]
 mod gui_wait;
+#[path = "support/llamacpp.rs"]
+mod llamacpp;
 #[path = "support/runaway.rs"]
 mod runaway;
 use gui_wait::wait_until;
@@ -323,12 +325,12 @@ fn an_answer_renders_as_markdown_with_a_copyable_code_block() {
         Message {
             role: Role::User,
             text: "Say hi in Rust".into(),
-            stats: None,
+            ..Message::default()
         },
         Message {
             role: Role::Assistant,
             text: answer,
-            stats: None,
+            ..Message::default()
         },
     ];
     let mut h = harness_without_model(state);
@@ -366,12 +368,12 @@ fn a_long_conversation_lays_out_only_what_is_on_screen() {
         messages.push(Message {
             role: Role::User,
             text: format!("question {i}"),
-            stats: None,
+            ..Message::default()
         });
         messages.push(Message {
             role: Role::Assistant,
             text: format!("{body}answer number {i}."),
-            stats: None,
+            ..Message::default()
         });
     }
     let mut h = harness_without_model(state);
@@ -693,5 +695,56 @@ fn a_runaway_chat_template_is_an_error_in_the_chat_not_a_frozen_window() {
     h.get_by_label("New chat").click();
     h.step();
     assert_eq!(h.state().state.chat.conversations.len(), before + 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A thinking model's answer (the default model under DeepSeek-R1's real template, whose prompt
+/// opens `<think>`): its reasoning is shown apart from the answer, folded under a header with its
+/// own token count and time, and unfolds on a click.
+#[test]
+fn reasoning_is_shown_apart_and_folded() {
+    let dir = std::env::temp_dir().join(format!("tpslab-gui-reasoning-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let template = llamacpp::template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B");
+    let path = runaway::model_with_template(&dir, &template, "Thinking Window");
+    let mut h = harness_with(
+        greedy_chat(12),
+        path.to_str().expect("utf8 path"),
+        DeviceChoice::Cpu,
+        [1000.0, 800.0],
+    );
+    wait_for_model(&mut h);
+    type_message(&mut h, "Hello");
+    h.get_by_label("Send").click();
+    wait_until(&mut h, "the answer to end", 120, |h| {
+        let finish = last_message(h).map(|(_, _, f)| f).unwrap_or_default();
+        finish == "length" || finish == "stop"
+    });
+    let chat = &h.state().state.chat;
+    let conv = chat
+        .conversations
+        .iter()
+        .find(|c| c.id == chat.active)
+        .expect("conversation");
+    let m = conv.messages.last().expect("answer").clone();
+    let stats = m.stats.clone().expect("stats");
+    assert!(!m.reasoning.trim().is_empty(), "no reasoning in {m:?}");
+    assert!(
+        !m.text.contains(m.reasoning.trim()),
+        "the reasoning leaked into the answer: {m:?}"
+    );
+    assert!(
+        stats.reasoning_tokens >= 1 && stats.reasoning_tokens <= stats.tokens,
+        "{stats:?}"
+    );
+    assert!(stats.reasoning_ms.is_some(), "{stats:?}");
+    let header = format!("Thinking · {} tokens · ", stats.reasoning_tokens);
+    assert!(has(&h, &header), "no header {header:?}");
+    // Folded: the reasoning's text is not on screen until the header is clicked.
+    let probe: String = m.reasoning.trim().chars().take(12).collect();
+    assert!(!has(&h, &probe), "the reasoning is shown unfolded");
+    h.get_by_label_contains("Thinking · ").click();
+    h.run();
+    assert!(has(&h, &probe), "the reasoning does not unfold");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -152,7 +152,7 @@ proptest! {
         if let Ok(p) = openai::parse(kind, &v, &l, shape()) {
             check_parsed(&p, &l);
             // Tokenizing what parsed is bounded by the caps: it must not panic either.
-            if let Ok(req) = openai::to_request(&p, &model(), &l) {
+            if let Ok((req, _reasoning)) = openai::to_request(&p, &model(), &l) {
                 prop_assert!(!req.prompt.is_empty());
                 prop_assert!(req.prompt.len() < shape().context_len);
                 prop_assert!(req.stop.stop_strings.len() <= l.max_stop);

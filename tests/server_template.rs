@@ -3,40 +3,23 @@
 //! freed (more runaway requests than workers still get their answers), and the same server goes
 //! on answering completions and `/v1/models` meanwhile.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tpslab::serve::{self, ServerState};
-use tpslab_engine::device::DeviceChoice;
+use tpslab::serve;
 use tpslab_engine::model::LoadedModel;
-use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
 
 #[path = "support/http_client.rs"]
 mod http_client;
 #[path = "support/runaway.rs"]
 mod runaway;
-use http_client::{chat_body, post, request, test_limits};
+use http_client::{chat_body, post, request, serve_model};
 
 /// The default model with `template` as its chat template, loaded, behind a server of its own.
 fn server_with_template(dir: &std::path::Path, template: &str) -> (serve::RunningServer, String) {
     let path = runaway::model_with_template(dir, template, "Runaway Served");
-    let lm = Arc::new(LoadedModel::load(&path).expect("load"));
-    let mut knobs = Knobs::default();
-    knobs.kv.budget_bytes = 64 << 20;
-    let config = EngineConfig {
-        threads: 2,
-        knobs,
-        device: DeviceChoice::Cpu,
-        gpu_kv_fraction: 0.0,
-    };
-    let engine = EngineHandle::start(Arc::clone(&lm), config, None).expect("engine");
-    let mut state = ServerState::new(engine, lm, None);
-    state.limits = test_limits();
-    let id = state.model_id.clone();
-    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    (serve::spawn(Arc::new(state), addr).expect("server"), id)
+    serve_model(Arc::new(LoadedModel::load(&path).expect("load")))
 }
 
 #[test]

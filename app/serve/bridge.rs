@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tpslab_engine::sched::RequestId;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{EngineHandle, Event, Request, Usage};
+use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 
 use super::metrics::ServerMetrics;
 use super::openai::{Meta, chunk, usage_chunk};
@@ -81,14 +82,16 @@ pub fn submit(engine: &EngineHandle, req: Request, metrics: Arc<ServerMetrics>) 
     }
 }
 
-/// The SSE body of a streamed response: `data: {chunk}` per piece of text, the final chunk with
-/// its `finish_reason`, the usage chunk if asked for, then `data: [DONE]`. Dropping it (the
-/// client went away) cancels the request.
+/// The SSE body of a streamed response: `data: {chunk}` per piece of text (a chat answer's
+/// reasoning as `delta.reasoning_content`, split as it streams), the final chunk with its
+/// `finish_reason`, the usage chunk if asked for, then `data: [DONE]`. Dropping it (the client
+/// went away) cancels the request.
 pub struct SseStream {
     events: UnboundedReceiver<Event>,
     guard: CancelGuard,
     meta: Meta,
     include_usage: bool,
+    reasoning: Option<ReasoningParser>,
     first: bool,
     pending: VecDeque<Bytes>,
     ended: bool,
@@ -99,29 +102,50 @@ fn frame(v: &serde_json::Value) -> Bytes {
 }
 
 impl SseStream {
-    pub fn new(sub: Submitted, meta: Meta, include_usage: bool) -> Self {
+    pub fn new(
+        sub: Submitted,
+        meta: Meta,
+        include_usage: bool,
+        reasoning: Option<ReasoningParser>,
+    ) -> Self {
         Self {
             events: sub.events,
             guard: sub.guard,
             meta,
             include_usage,
+            reasoning,
             first: true,
             pending: VecDeque::new(),
             ended: false,
         }
     }
 
-    fn text(&mut self, text: &str, finish: Option<FinishReason>) {
+    fn text(&mut self, text: &Split, finish: Option<FinishReason>) {
         let c = chunk(&self.meta, self.first, text, finish, self.include_usage);
         self.first = false;
         self.pending.push_back(frame(&c));
     }
 
-    fn finish(&mut self, reason: FinishReason, usage: &Usage, tail: &str) {
-        if !tail.is_empty() {
-            self.text(tail, None);
+    /// A piece of the answer, through the reasoning splitter when there is one.
+    fn split(&mut self, text: &str) -> Split {
+        match &mut self.reasoning {
+            Some(p) => p.push(text),
+            None => Split {
+                reasoning: String::new(),
+                content: text.to_string(),
+            },
         }
-        self.text("", Some(reason));
+    }
+
+    fn finish(&mut self, reason: FinishReason, usage: &Usage, tail: &str) {
+        let mut rest = self.split(tail);
+        if let Some(p) = &mut self.reasoning {
+            rest.extend(p.finish());
+        }
+        if !rest.is_empty() {
+            self.text(&rest, None);
+        }
+        self.text(&Split::default(), Some(reason));
         if self.include_usage {
             self.pending
                 .push_back(frame(&usage_chunk(&self.meta, usage)));
@@ -136,8 +160,9 @@ impl SseStream {
         match ev {
             Event::Started { .. } => {}
             Event::Token { text, .. } => {
-                if !text.is_empty() || self.first {
-                    self.text(&text, None);
+                let split = self.split(&text);
+                if !split.is_empty() || self.first {
+                    self.text(&split, None);
                 }
             }
             Event::Finished {

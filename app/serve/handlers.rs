@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{Event, Usage};
+use tpslab_engine::text::reasoning::Split;
 
 use super::bridge::{self, SseStream, submit};
 use super::errors::{self, ApiError};
@@ -82,7 +83,7 @@ async fn complete(
         .await
         .map_err(|_| ApiError::internal("the server is stopping"))?;
     let state = Arc::clone(&st);
-    let (parsed, req) = tokio::task::spawn_blocking(move || {
+    let (parsed, (req, reasoning)) = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let body = errors::parse_body(&bytes)?;
         drop(bytes);
@@ -112,7 +113,7 @@ async fn complete(
         }
     }
     if parsed.stream() {
-        let stream = SseStream::new(sub, meta, parsed.include_usage());
+        let stream = SseStream::new(sub, meta, parsed.include_usage(), reasoning);
         return Ok((
             StatusCode::OK,
             [
@@ -125,6 +126,13 @@ async fn complete(
     }
     // Dropping this future (the client hung up) drops `sub`, whose guard cancels the request.
     let (text, reason, usage) = collect(&mut sub).await?;
+    let text = match reasoning {
+        Some(parser) => parser.split_all(&text),
+        None => Split {
+            reasoning: String::new(),
+            content: text,
+        },
+    };
     Ok(errors::json_response(
         StatusCode::OK,
         &openai::full_response(&meta, &text, reason, &usage),

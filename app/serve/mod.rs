@@ -2,6 +2,8 @@
 //! hyper's HTTP/1.1 connections).
 //!
 //! - [`openai`]: request and response shapes, their caps, and their translation to engine requests.
+//! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
+//!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
 //! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
 //! - [`bridge`]: engine events to async handlers; cancel on client disconnect; the SSE body.
 //! - [`errors`]: OpenAI's error JSON with its HTTP status.
@@ -15,6 +17,7 @@
 //! open). Binds to loopback unless told otherwise.
 
 pub mod bridge;
+pub mod chat_input;
 pub mod errors;
 pub mod handlers;
 pub mod http;

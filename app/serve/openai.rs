@@ -11,8 +11,10 @@ use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::admission::Admission;
 use tpslab_engine::serving::engine::{Request, Usage};
 use tpslab_engine::serving::sampler::SamplingParams;
-use tpslab_engine::text::chat::ChatMessage;
+use tpslab_engine::text::chat::{ChatMessage, RenderOptions};
+use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 
+use super::chat_input::{self, ChatBody};
 use super::errors::{ApiError, typed};
 use super::limits::Limits;
 
@@ -54,34 +56,6 @@ pub struct Common {
     pub priority: Option<i32>,
     /// Token id (as a string) to a bias in [-100, 100].
     pub logit_bias: Option<HashMap<String, f64>>,
-}
-
-/// A message's content: a string, or a list of parts of which the text ones are used.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct Part {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct Message {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct ChatBody {
-    messages: Vec<Message>,
 }
 
 /// `prompt`: a string, a list holding one string, or token ids.
@@ -127,6 +101,8 @@ pub struct Parsed {
     pub kind: Kind,
     pub common: Common,
     pub messages: Vec<ChatMessage>,
+    /// How the chat template renders `messages` (tools, `enable_thinking`, the clock).
+    pub options: RenderOptions,
     pub prompt_text: Option<String>,
     pub prompt_tokens: Option<Vec<u32>>,
     pub sampling: SamplingParams,
@@ -170,20 +146,13 @@ pub fn parse(
     }
     let common: Common = typed(body)?;
     let (mut messages, mut prompt_text, mut prompt_tokens) = (Vec::new(), None, None);
+    let mut options = chat_input::default_options();
     match kind {
         Kind::Chat => {
             let b: ChatBody = typed(body)?;
-            if b.messages.is_empty() {
-                return Err(ApiError::bad_param(
-                    "messages",
-                    "messages must not be empty",
-                ));
-            }
-            messages = b.messages.into_iter().map(to_chat).collect();
-            let bytes = messages.iter().fold(0usize, |n, m| {
-                n.saturating_add(m.role.len() + m.content.len())
-            });
+            let bytes = b.text_len();
             check_prompt_bytes("messages", bytes, limits)?;
+            (messages, options) = b.into_chat()?;
         }
         Kind::Completion => match typed::<CompletionBody>(body)?.prompt {
             PromptField::Text(t) => prompt_text = Some(t),
@@ -206,13 +175,18 @@ pub fn parse(
         kind,
         common,
         messages,
+        options,
         prompt_text,
         prompt_tokens,
         sampling,
     })
 }
 
-fn check_prompt_bytes(param: &str, bytes: usize, limits: &Limits) -> Result<(), ApiError> {
+pub(super) fn check_prompt_bytes(
+    param: &str,
+    bytes: usize,
+    limits: &Limits,
+) -> Result<(), ApiError> {
     if bytes > limits.max_prompt_bytes {
         return Err(ApiError::over_cap(
             param,
@@ -224,20 +198,6 @@ fn check_prompt_bytes(param: &str, bytes: usize, limits: &Limits) -> Result<(), 
         ));
     }
     Ok(())
-}
-
-fn to_chat(m: Message) -> ChatMessage {
-    let content = match m.content {
-        None => String::new(),
-        Some(Content::Text(t)) => t,
-        Some(Content::Parts(parts)) => parts
-            .into_iter()
-            .filter(|p| p.kind == "text")
-            .filter_map(|p| p.text)
-            .collect::<Vec<_>>()
-            .join("\n"),
-    };
-    ChatMessage::new(m.role, content)
 }
 
 /// The stop strings of a request, as given.
@@ -386,23 +346,32 @@ fn sampling(c: &Common) -> Result<SamplingParams, ApiError> {
     Ok(s)
 }
 
-/// Tokenizes the prompt and builds the engine request. Blocking (the chat template and the
+/// Tokenizes the prompt and builds the engine request, with the splitter of a chat answer's
+/// reasoning (started inside it when the prompt opened it). Blocking (the chat template and the
 /// tokenizer): call it off the async runtime. The request is then put to the engine's own
 /// admission against the model (an empty prompt, the context, the vocabulary: a prompt past
 /// the context is a 400 `context_length_exceeded`, as in vLLM), so what cannot run is never
 /// queued; the engine asks the same question at submit with its KV pool, and that refusal
 /// maps the same way (`ApiError::refused`).
-pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Request, ApiError> {
-    let tokens = match (&p.prompt_tokens, &p.prompt_text) {
-        (Some(t), _) => t.clone(),
-        (None, Some(text)) => lm
-            .raw_prompt(text)
-            .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?,
+pub fn to_request(
+    p: &Parsed,
+    lm: &LoadedModel,
+    limits: &Limits,
+) -> Result<(Request, Option<ReasoningParser>), ApiError> {
+    let (tokens, reasoning) = match (&p.prompt_tokens, &p.prompt_text) {
+        (Some(t), _) => (t.clone(), None),
+        (None, Some(text)) => (
+            lm.raw_prompt(text)
+                .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?,
+            None,
+        ),
         // Any template error (a budget it ran past included) is the request's: 400 with the
         // engine's message.
-        (None, None) => lm
-            .chat_prompt(&p.messages)
-            .map_err(|e| ApiError::bad_param("messages", e.to_string()))?,
+        (None, None) => {
+            let prompt = chat_input::chat_prompt(lm, &p.messages, &p.options)
+                .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+            (prompt.tokens, Some(prompt.reasoning))
+        }
     };
     let max = p.max_tokens().map(|m| m as usize);
     // Omitted: the engine gives as many as fit the context and the KV pool.
@@ -421,7 +390,7 @@ pub fn to_request(p: &Parsed, lm: &LoadedModel, limits: &Limits) -> Result<Reque
     Admission::for_model(&lm.model.cfg)
         .check(&req)
         .map_err(|e| ApiError::refused(&e))?;
-    Ok(req)
+    Ok((req, reasoning))
 }
 
 pub fn usage_json(u: &Usage) -> Value {
@@ -441,18 +410,25 @@ pub struct Meta {
     pub model: String,
 }
 
-/// The whole non-streamed response.
-pub fn full_response(m: &Meta, text: &str, reason: FinishReason, usage: &Usage) -> Value {
+/// The whole non-streamed response: a chat answer's reasoning, when it has any, as
+/// `message.reasoning_content` (llama-server's and vLLM's field).
+pub fn full_response(m: &Meta, text: &Split, reason: FinishReason, usage: &Usage) -> Value {
     let choice = match m.kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": reason.as_str(),
-        }),
+        Kind::Chat => {
+            let mut message = json!({"role": "assistant", "content": text.content});
+            if !text.reasoning.is_empty() {
+                message["reasoning_content"] = json!(text.reasoning);
+            }
+            json!({
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": reason.as_str(),
+            })
+        }
         Kind::Completion => json!({
             "index": 0,
-            "text": text,
+            "text": text.content,
             "logprobs": null,
             "finish_reason": reason.as_str(),
         }),
@@ -467,23 +443,30 @@ pub fn full_response(m: &Meta, text: &str, reason: FinishReason, usage: &Usage) 
     })
 }
 
-/// One streamed chunk: `role` on the first chat chunk, `text` as a delta, `finish` on the last.
-/// With `include_usage` every chunk carries `"usage": null` (OpenAI's shape).
+/// One streamed chunk: `role` on the first chat chunk, `text` as a delta (reasoning as
+/// `delta.reasoning_content`), `finish` on the last. With `include_usage` every chunk carries
+/// `"usage": null` (OpenAI's shape).
 pub fn chunk(
     m: &Meta,
     first: bool,
-    text: &str,
+    text: &Split,
     finish: Option<FinishReason>,
     usage_null: bool,
 ) -> Value {
     let reason = finish.map(FinishReason::as_str);
     let (object, choice) = match m.kind {
         Kind::Chat => {
-            let delta = match (first, finish.is_some() && text.is_empty()) {
-                (true, _) => json!({"role": "assistant", "content": text}),
-                (false, true) => json!({}),
-                (false, false) => json!({"content": text}),
-            };
+            let mut delta = json!({});
+            if first {
+                delta["role"] = json!("assistant");
+            }
+            // The first chunk names the role with an empty content unless it carries reasoning.
+            if !text.content.is_empty() || (first && text.reasoning.is_empty()) {
+                delta["content"] = json!(text.content);
+            }
+            if !text.reasoning.is_empty() {
+                delta["reasoning_content"] = json!(text.reasoning);
+            }
             (
                 "chat.completion.chunk",
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
@@ -491,7 +474,7 @@ pub fn chunk(
         }
         Kind::Completion => (
             "text_completion",
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
+            json!({"index": 0, "text": text.content, "logprobs": null, "finish_reason": reason}),
         ),
     };
     let mut v = json!({

@@ -186,12 +186,12 @@ impl TpsApp {
             conv.messages.push(Message {
                 role: Role::User,
                 text: format!("Earlier question {i}?"),
-                stats: None,
+                ..Message::default()
             });
             conv.messages.push(Message {
                 role: Role::Assistant,
                 text: body.to_string(),
-                stats: None,
+                ..Message::default()
             });
         }
         conv.max_tokens = 4096;

@@ -625,7 +625,7 @@ impl TpsApp {
         conv.messages.push(Message {
             role: Role::User,
             text,
-            stats: None,
+            ..Message::default()
         });
         self.start_answer(chat)
     }
@@ -688,7 +688,7 @@ impl TpsApp {
         conv.messages.push(Message {
             role: Role::Assistant,
             text: String::new(),
-            stats: None,
+            ..Message::default()
         });
         let Some(link) = self.rt.model.as_ref().and_then(ModelSlot::link) else {
             conv.messages.pop();

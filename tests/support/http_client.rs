@@ -59,6 +59,25 @@ pub fn test_limits() -> Limits {
     }
 }
 
+/// A server of its own over another model than the default (one with another chat template),
+/// with an engine of its own; returns the server and the model id it answers to.
+pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
+    let mut knobs = Knobs::default();
+    knobs.kv.budget_bytes = 64 << 20;
+    let config = EngineConfig {
+        threads: 2,
+        knobs,
+        device: DeviceChoice::Cpu,
+        gpu_kv_fraction: 0.0,
+    };
+    let engine = EngineHandle::start(Arc::clone(&lm), config, None).expect("engine");
+    let mut state = ServerState::new(engine, lm, None);
+    state.limits = test_limits();
+    let id = state.model_id.clone();
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    (serve::spawn(Arc::new(state), addr).expect("server"), id)
+}
+
 pub fn start(engine: EngineHandle, api_key: Option<&str>) -> RunningServer {
     start_with(engine, api_key, test_limits(), false)
 }

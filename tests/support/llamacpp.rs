@@ -8,6 +8,7 @@
 //! `~/.cache/tpslab/llama-cpp-0.3.36`). Nothing of llama.cpp is built or run: the tests need
 //! only these data files. Concurrent test binaries each fetch into a private folder and rename
 //! it into place; whichever lands first wins.
+#![allow(dead_code)] // each test binary uses the fixtures it needs
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,6 +22,7 @@ const SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db276
 const TREE: &str = "llama_cpp_python-0.3.36/vendor/llama.cpp/";
 
 /// Finds the sdist's link on the index page, downloads it, checks it and extracts `models/`.
+// `r##`: the script itself contains `"#`.
 const FETCH: &str = r##"
 import hashlib, re, sys, tarfile, urllib.request
 index, name, sha, tree, dest = sys.argv[1:6]

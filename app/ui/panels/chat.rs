@@ -10,7 +10,9 @@ use tpslab_engine::sched::RequestId;
 use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
+use tpslab_engine::text::reasoning::ReasoningParser;
 
+use crate::serve::chat_input::{chat_prompt, default_options};
 use crate::ui::command::Command;
 use crate::ui::engine_link::EngineLink;
 
@@ -28,13 +30,20 @@ pub struct AnswerStats {
     pub ttft_ms: Option<f64>,
     pub decode_tps: Option<f64>,
     pub finish: String,
+    /// Of `tokens`, those the model spent thinking (the token that closes the block included).
+    pub reasoning_tokens: usize,
+    /// From the answer's first token to its last thinking token.
+    pub reasoning_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Message {
     pub role: Role,
+    /// The answer (an assistant's), apart from its reasoning.
     pub text: String,
+    /// What a thinking model wrote inside `<think>…</think>`, shown folded above the answer.
+    pub reasoning: String,
     pub stats: Option<AnswerStats>,
 }
 
@@ -43,6 +52,7 @@ impl Default for Message {
         Self {
             role: Role::User,
             text: String::new(),
+            reasoning: String::new(),
             stats: None,
         }
     }
@@ -146,8 +156,14 @@ impl ChatState {
 pub struct Generation {
     pub chat: u64,
     id: Option<RequestId>,
-    /// The worker's answer: the engine's id for the request, or why it could not be sent.
-    prep: Option<Receiver<Result<RequestId, String>>>,
+    /// The worker's answer: the engine's id for the request and the splitter of its reasoning,
+    /// or why it could not be sent.
+    prep: Option<Receiver<Result<(RequestId, ReasoningParser), String>>>,
+    /// Splits the streamed text into reasoning and answer (from the worker, with the id).
+    reasoning: Option<ReasoningParser>,
+    reasoning_tokens: usize,
+    /// When the last thinking token came.
+    reasoning_last: Option<Instant>,
     /// Stop was asked before the request reached the engine.
     stop_asked: bool,
     rx: Receiver<Event>,
@@ -170,7 +186,10 @@ impl Generation {
         for m in history {
             messages.push(match m.role {
                 Role::User => ChatMessage::user(m.text.clone()),
-                Role::Assistant => ChatMessage::assistant(m.text.clone()),
+                Role::Assistant => ChatMessage {
+                    reasoning_content: (!m.reasoning.is_empty()).then(|| m.reasoning.clone()),
+                    ..ChatMessage::assistant(m.text.clone())
+                },
             });
         }
         conv.sampling.validate().map_err(|e| e.to_string())?;
@@ -181,14 +200,15 @@ impl Generation {
         std::thread::Builder::new()
             .name("chat-prompt".into())
             .spawn(move || {
-                let sent = lm.chat_prompt(&messages).map(|prompt| {
+                // The same prompt as the server builds (thinking on, as llama-server).
+                let sent = chat_prompt(&lm, &messages, &default_options()).map(|prompt| {
                     let req = Request {
-                        prompt,
+                        prompt: prompt.tokens,
                         sampling,
                         stop: lm.default_stop(Some(max_tokens)),
                         priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
                     };
-                    engine.submit(req, tx)
+                    (engine.submit(req, tx), prompt.reasoning)
                 });
                 let _ = prep_tx.send(sent.map_err(|e| e.to_string()));
             })
@@ -197,6 +217,9 @@ impl Generation {
             chat: conv.id,
             id: None,
             prep: Some(prep),
+            reasoning: None,
+            reasoning_tokens: 0,
+            reasoning_last: None,
             stop_asked: false,
             rx,
             sent: Instant::now(),
@@ -221,8 +244,9 @@ impl Generation {
             return true;
         };
         match prep.try_recv() {
-            Ok(Ok(id)) => {
+            Ok(Ok((id, reasoning))) => {
                 self.id = Some(id);
+                self.reasoning = Some(reasoning);
                 self.prep = None;
                 if self.stop_asked
                     && let Some(engine) = engine
@@ -266,10 +290,15 @@ impl Generation {
                     self.first.get_or_insert(now);
                     self.last = Some(now);
                     self.tokens += 1;
-                    msg.text.push_str(&text);
+                    self.take_text(msg, &text, Some(now));
                 }
                 Ok(Event::Finished { reason, text, .. }) => {
-                    msg.text.push_str(&text);
+                    self.take_text(msg, &text, None);
+                    if let Some(p) = &mut self.reasoning {
+                        let rest = p.finish();
+                        msg.reasoning.push_str(&rest.reasoning);
+                        msg.text.push_str(&rest.content);
+                    }
                     msg.stats = Some(self.stats(reason.as_str()));
                     return true;
                 }
@@ -289,6 +318,25 @@ impl Generation {
         }
     }
 
+    /// One token's text (`at` its arrival; None for the text that comes with the end), split
+    /// into the answer's reasoning and its text; a token seen while thinking counts as thinking.
+    fn take_text(&mut self, msg: &mut Message, text: &str, at: Option<Instant>) {
+        let Some(p) = &mut self.reasoning else {
+            msg.text.push_str(text);
+            return;
+        };
+        let thinking = p.in_reasoning();
+        let split = p.push(text);
+        if let Some(at) = at
+            && (thinking || p.in_reasoning())
+        {
+            self.reasoning_tokens += 1;
+            self.reasoning_last = Some(at);
+        }
+        msg.reasoning.push_str(&split.reasoning);
+        msg.text.push_str(&split.content);
+    }
+
     fn stats(&self, finish: &str) -> AnswerStats {
         let ttft_ms = self.first.map(|f| (f - self.sent).as_secs_f64() * 1e3);
         let decode_tps = match (self.first, self.last) {
@@ -297,11 +345,17 @@ impl Generation {
             }
             _ => None,
         };
+        let reasoning_ms = match (self.first, self.reasoning_last) {
+            (Some(f), Some(l)) => Some((l - f).as_secs_f64() * 1e3),
+            _ => None,
+        };
         AnswerStats {
             tokens: self.tokens,
             ttft_ms,
             decode_tps,
             finish: finish.to_owned(),
+            reasoning_tokens: self.reasoning_tokens,
+            reasoning_ms,
         }
     }
 }
@@ -465,6 +519,9 @@ fn message_ui(
             ui.ctx().copy_text(m.text.clone());
         }
     });
+    if m.role == Role::Assistant && !m.reasoning.is_empty() {
+        reasoning_ui(ui, conv.id, i, m);
+    }
     // Answers are markdown; the user's own text is shown as typed.
     match m.role {
         Role::Assistant => crate::ui::markdown::ui(ui, &m.text),
@@ -480,6 +537,35 @@ fn message_ui(
         cmds.push(Command::Regenerate { chat: conv.id });
     }
     ui.add_space(6.0);
+}
+
+/// The model's thinking, folded under a header with its own token count and time; open, it is
+/// shown as plain text, apart from the answer.
+fn reasoning_ui(ui: &mut egui::Ui, chat: u64, i: usize, m: &Message) {
+    let header = reasoning_header(m.stats.as_ref());
+    egui::CollapsingHeader::new(header)
+        .id_salt(("reasoning", chat, i))
+        .default_open(false)
+        .show(ui, |ui| {
+            ui.add(
+                egui::Label::new(egui::RichText::new(m.reasoning.as_str()).weak().italics())
+                    .selectable(true)
+                    .wrap(),
+            );
+        });
+}
+
+/// "Thinking · 120 tokens · 3.4 s"
+pub fn reasoning_header(stats: Option<&AnswerStats>) -> String {
+    match stats {
+        Some(s) => {
+            let time = s
+                .reasoning_ms
+                .map_or(String::new(), |ms| format!(" · {:.1} s", ms / 1e3));
+            format!("Thinking · {} tokens{time}", s.reasoning_tokens)
+        }
+        None => "Thinking".into(),
+    }
 }
 
 /// "42 tokens · TTFT 120 ms · 35.1 tok/s · stop"

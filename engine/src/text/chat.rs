@@ -1,23 +1,35 @@
 //! Chat templates: turns a conversation into the prompt text a model was trained on, by rendering
 //! the model's Jinja template with minijinja the way Hugging Face transformers renders it.
 //!
-//! transformers uses jinja2 with `trim_blocks`, `lstrip_blocks`, `keep_trailing_newline=False`,
-//! a `raise_exception` global, a `tojson` filter built on Python's `json.dumps`, and Python's
-//! string/dict methods. We set up the same: same whitespace control, pycompat methods from
-//! minijinja-contrib, our own `tojson` that writes JSON the way `json.dumps` does (`", "` and
-//! `": "` separators, no HTML escaping), and messages as ordered maps so key order matches
-//! Python dicts.
+//! transformers (`_compile_jinja_template` and `render_jinja_template`) uses jinja2's sandbox
+//! with `trim_blocks`, `lstrip_blocks`, `keep_trailing_newline=False` and the `loopcontrols`
+//! extension, a `raise_exception` global, a `strftime_now` global, a `tojson` filter built on
+//! Python's `json.dumps`, and renders with `messages`, `tools`, `documents`,
+//! `add_generation_prompt`, the special tokens and any extra keyword (`enable_thinking`). We set
+//! up the same: same whitespace control and loop controls, pycompat methods from
+//! minijinja-contrib, `tojson` as `json.dumps` writes (chat_json.rs), `strftime_now` on a clock
+//! the caller gives (chat_time.rs), and messages and tools as ordered maps so key order matches
+//! Python dicts (chat_message.rs).
+//!
+//! One departure, on purpose: a conversation that opens with a system message, given to a
+//! template that never reads one (Gemma's refuses it), has it folded into the next message first,
+//! as llama.cpp and LM Studio do ([`fold_system`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
+use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::formats::gguf::GgufFile;
 pub use crate::text::chat_budget::{Overrun, RenderBudget};
 use crate::text::chat_budget::{Rendered, isolated};
+use crate::text::chat_json::tojson;
+use crate::text::chat_message::MessageObject;
+pub use crate::text::chat_message::{ChatMessage, RenderOptions, fold_system};
+pub use crate::text::chat_time::{RenderTime, strftime_utc};
 use crate::text::tokenizer::Tokenizer;
 
 const KEY_TEMPLATE: &str = "tokenizer.chat_template";
@@ -42,34 +54,6 @@ pub enum ChatError {
     /// The template ran past its [`RenderBudget`] and was stopped.
     #[error("the chat template of {model} was stopped: {overrun}")]
     OverBudget { model: String, overrun: Overrun },
-}
-
-/// One message of a conversation, in the OpenAI / Hugging Face shape.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-
-    pub fn system(content: impl Into<String>) -> Self {
-        Self::new("system", content)
-    }
-
-    pub fn user(content: impl Into<String>) -> Self {
-        Self::new("user", content)
-    }
-
-    pub fn assistant(content: impl Into<String>) -> Self {
-        Self::new("assistant", content)
-    }
 }
 
 /// A compiled chat template plus the special-token strings it may refer to.
@@ -141,7 +125,6 @@ impl ChatTemplate {
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| ChatError::Syntax(e.to_string()))?;
@@ -198,6 +181,16 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with(messages, &RenderOptions::new(add_generation_prompt))
+    }
+
+    /// Renders the conversation with everything transformers' `apply_chat_template` takes
+    /// (tools, documents, `enable_thinking`, the clock), under the template's budget.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+    ) -> Result<String, ChatError> {
         let job = || {
             let job = RenderJob {
                 source: Cow::Borrowed(&self.source),
@@ -205,13 +198,11 @@ impl ChatTemplate {
                 eos: Cow::Borrowed(&self.eos),
                 budget: self.budget,
                 messages: Cow::Borrowed(messages),
-                add_generation_prompt,
+                opts: Cow::Borrowed(opts),
             };
             serde_json::to_vec(&job).unwrap_or_default()
         };
-        match isolated(&self.budget, job, || {
-            self.render_here(messages, add_generation_prompt)
-        }) {
+        match isolated(&self.budget, job, || self.render_here(messages, opts)) {
             Rendered::Text(t) => Ok(t),
             Rendered::Rejected(m) => Err(ChatError::Rejected(m)),
             Rendered::Failed(m) => Err(ChatError::Render(m)),
@@ -222,25 +213,80 @@ impl ChatTemplate {
         }
     }
 
-    /// The render itself, in this process, with fuel and the output cap.
-    fn render_here(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Rendered {
+    /// The render itself, in this process, with fuel and the output cap: a leading system
+    /// message is folded first when the template does not read one.
+    fn render_here(&self, messages: &[ChatMessage], opts: &RenderOptions) -> Rendered {
+        let starts_with_system = messages.first().is_some_and(|m| m.role == "system");
+        if starts_with_system && !self.reads_system_message(opts.now) {
+            return self.render_once(&fold_system(messages), opts, None);
+        }
+        self.render_once(messages, opts, None)
+    }
+
+    /// llama.cpp's probe for `supports_system_role` (common/jinja/caps.cpp): render a system
+    /// and a user message (tools an empty list, empty BOS/EOS, a generation prompt) and see
+    /// whether the template read the system message's content at all, whether or not the
+    /// render then succeeded. A template that refuses a system role raises before it reads it.
+    fn reads_system_message(&self, now: RenderTime) -> bool {
+        let read = Arc::new(AtomicBool::new(false));
+        let probe = [
+            ChatMessage::system("System message"),
+            ChatMessage::user("User message"),
+        ];
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            tools: Some(Vec::new()),
+            documents: None,
+            enable_thinking: None,
+            now,
+        };
+        // A twentieth of the fuel: real templates render these two messages in a few thousand
+        // steps, and a runaway one must not spend its whole budget twice.
+        let mut prober = Self {
+            bos: String::new(),
+            eos: String::new(),
+            ..self.clone()
+        };
+        prober.env.set_fuel(Some(self.budget.fuel / 20));
+        let _ = prober.render_once(&probe, &opts, Some(&read));
+        read.load(Ordering::Relaxed)
+    }
+
+    /// One render of `messages`; with `content_read`, the first message's content reports when
+    /// the template reads it.
+    fn render_once(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+        content_read: Option<&Arc<AtomicBool>>,
+    ) -> Rendered {
         let tmpl = match self.env.get_template(TEMPLATE_NAME) {
             Ok(t) => t,
             Err(e) => return Rendered::Failed(e.to_string()),
         };
         let messages: Vec<Value> = messages
             .iter()
-            .map(|m| Value::from_object(MessageObject(m.clone())))
+            .enumerate()
+            .map(|(i, m)| MessageObject::value(m.clone(), content_read.filter(|_| i == 0).cloned()))
             .collect();
-        let ctx = minijinja::context! {
+        let now = opts.now;
+        let optional = |v: &Option<Vec<serde_json::Value>>| {
+            // transformers passes None when there are none; templates test `tools is not none`.
+            v.as_ref().map_or(Value::from(()), Value::from_serialize)
+        };
+        let mut ctx = minijinja::context! {
             messages => messages,
-            add_generation_prompt => add_generation_prompt,
+            tools => optional(&opts.tools),
+            documents => optional(&opts.documents),
+            add_generation_prompt => opts.add_generation_prompt,
             bos_token => &self.bos,
             eos_token => &self.eos,
-            // transformers passes these as None; templates test `tools is not none`.
-            tools => Value::from(()),
-            documents => Value::from(()),
+            strftime_now => Value::from_function(move |format: String| now.strftime(&format)),
         };
+        // Passed only when asked, as a keyword argument is: templates test `is defined`.
+        if let Some(on) = opts.enable_thinking {
+            ctx = minijinja::context! { enable_thinking => on, ..ctx };
+        }
         let mut out = CappedWriter {
             buf: Vec::new(),
             cap: self.budget.max_output,
@@ -255,33 +301,34 @@ impl ChatTemplate {
                 Ok(t) => Rendered::Text(t),
                 Err(e) => Rendered::Failed(e.to_string()),
             },
-            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
-                Rendered::Over(Overrun::Fuel(self.budget.fuel))
-            }
-            // minijinja's own guard (its text is the only mark it leaves).
-            Err(e)
-                if e.kind() == ErrorKind::InvalidOperation
-                    && e.to_string().contains("recursion limit exceeded") =>
-            {
-                Rendered::Over(Overrun::Depth(self.env.recursion_limit()))
-            }
-            Err(e) => {
-                let mut source: Option<&(dyn std::error::Error + 'static)> =
-                    std::error::Error::source(&e);
-                while let Some(s) = source {
-                    if let Some(r) = s.downcast_ref::<Raised>() {
-                        return Rendered::Rejected(r.0.clone());
-                    }
-                    source = s.source();
-                }
-                Rendered::Failed(e.to_string())
-            }
+            Err(e) => self.failure(&e),
         }
+    }
+
+    /// What a failed render means: over a budget, the template's own refusal, or broken.
+    fn failure(&self, e: &minijinja::Error) -> Rendered {
+        if e.kind() == ErrorKind::OutOfFuel {
+            return Rendered::Over(Overrun::Fuel(self.budget.fuel));
+        }
+        // minijinja's own guard (its text is the only mark it leaves).
+        if e.kind() == ErrorKind::InvalidOperation
+            && e.to_string().contains("recursion limit exceeded")
+        {
+            return Rendered::Over(Overrun::Depth(self.env.recursion_limit()));
+        }
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        while let Some(s) = source {
+            if let Some(r) = s.downcast_ref::<Raised>() {
+                return Rendered::Rejected(r.0.clone());
+            }
+            source = s.source();
+        }
+        Rendered::Failed(e.to_string())
     }
 }
 
-/// What the render server needs to render a template: everything [`ChatTemplate::render`] uses
-/// (borrowed to send, owned when received).
+/// What the render server needs to render a template: everything [`ChatTemplate::render_with`]
+/// uses (borrowed to send, owned when received).
 #[derive(Serialize, Deserialize)]
 struct RenderJob<'a> {
     source: Cow<'a, str>,
@@ -289,7 +336,7 @@ struct RenderJob<'a> {
     eos: Cow<'a, str>,
     budget: RenderBudget,
     messages: Cow<'a, [ChatMessage]>,
-    add_generation_prompt: bool,
+    opts: Cow<'a, RenderOptions>,
 }
 
 /// The render server's runner: a job's bytes to its answer.
@@ -301,7 +348,7 @@ fn run_job(bytes: &[u8]) -> Rendered {
     match ChatTemplate::new(&job.source, job.bos, job.eos) {
         Ok(t) => t
             .with_budget(job.budget)
-            .render_here(&job.messages, job.add_generation_prompt),
+            .render_here(&job.messages, &job.opts),
         Err(e) => Rendered::Failed(e.to_string()),
     }
 }
@@ -336,320 +383,13 @@ impl std::io::Write for CappedWriter {
     }
 }
 
-/// A message as the template sees it: a map with keys in Python-dict order (role, content).
-#[derive(Debug)]
-struct MessageObject(ChatMessage);
-
-impl Object for MessageObject {
-    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        match key.as_str()? {
-            "role" => Some(Value::from(self.0.role.as_str())),
-            "content" => Some(Value::from(self.0.content.as_str())),
-            _ => None,
-        }
-    }
-
-    fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
-    }
-}
-
 fn raise_exception(msg: String) -> Result<Value, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(Raised(msg)))
-}
-
-/// `strftime_now(format)` as transformers provides it (Llama 3.x templates put today's date in
-/// the system prompt). UTC; supports %d %m %Y %y %b %B %H %M %S %j %%.
-fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    strftime_utc(&format, secs)
-}
-
-/// Formats a Unix time (UTC) with a small strftime subset.
-pub fn strftime_utc(format: &str, unix_secs: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    let days = (unix_secs / 86_400) as i64;
-    let rem = unix_secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    let is_leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = cumulative[(m - 1) as usize] + d + i64::from(is_leap && m > 2);
-    let month = MONTHS[(m - 1) as usize];
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('d') => out.push_str(&format!("{d:02}")),
-            Some('m') => out.push_str(&format!("{m:02}")),
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('y') => out.push_str(&format!("{:02}", y % 100)),
-            Some('b') => out.push_str(&month[..3]),
-            Some('B') => out.push_str(month),
-            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
-            Some('M') => out.push_str(&format!("{:02}", rem / 60 % 60)),
-            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
-            Some('j') => out.push_str(&format!("{yday:03}")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent,
-/// separators=separators, sort_keys=sort_keys)`.
-fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
-    let indent = match indent {
-        Some(v) => Some(v),
-        None => kwargs.get::<Option<Value>>("indent")?,
-    };
-    let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => Some(usize::try_from(v)?),
-    };
-    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
-    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
-    let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
-        Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
-        Some(_) => {
-            return Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: separators must be a pair",
-            ));
-        }
-        // Python's defaults: ", " without indent, "," with it (the newline separates items).
-        None if indent.is_some() => (",".to_string(), ": ".to_string()),
-        None => (", ".to_string(), ": ".to_string()),
-    };
-    kwargs.assert_all_used()?;
-    let opts = JsonOpts {
-        indent,
-        ensure_ascii,
-        sort_keys,
-        item_sep,
-        key_sep,
-    };
-    let mut out = String::new();
-    write_json(&mut out, value, &opts, 0)?;
-    Ok(Value::from(out))
-}
-
-struct JsonOpts {
-    indent: Option<usize>,
-    ensure_ascii: bool,
-    sort_keys: bool,
-    item_sep: String,
-    key_sep: String,
-}
-
-fn newline_indent(out: &mut String, opts: &JsonOpts, depth: usize) {
-    if let Some(n) = opts.indent {
-        out.push('\n');
-        out.extend(std::iter::repeat_n(' ', n * depth));
-    }
-}
-
-fn write_json(
-    out: &mut String,
-    v: &Value,
-    opts: &JsonOpts,
-    depth: usize,
-) -> Result<(), minijinja::Error> {
-    match v.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            if v.is_integer() {
-                out.push_str(&v.to_string());
-            } else {
-                out.push_str(&python_float(f64::try_from(v.clone())?));
-            }
-        }
-        ValueKind::String => write_json_str(out, v.as_str().unwrap_or_default(), opts.ensure_ascii),
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = v.try_iter()?.collect();
-            write_container(out, opts, depth, ('[', ']'), &items, |out, item, depth| {
-                write_json(out, item, opts, depth)
-            })?;
-        }
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = v.try_iter()?.collect();
-            if opts.sort_keys {
-                keys.sort();
-            }
-            let entries: Vec<(Value, Value)> = keys
-                .into_iter()
-                .map(|k| v.get_item(&k).map(|val| (k, val)))
-                .collect::<Result<_, _>>()?;
-            write_container(
-                out,
-                opts,
-                depth,
-                ('{', '}'),
-                &entries,
-                |out, (k, val), depth| {
-                    match k.as_str() {
-                        Some(s) => write_json_str(out, s, opts.ensure_ascii),
-                        None => write_json_str(out, &k.to_string(), opts.ensure_ascii),
-                    }
-                    out.push_str(&opts.key_sep);
-                    write_json(out, val, opts, depth)
-                },
-            )?;
-        }
-        ValueKind::Bytes | ValueKind::Plain | ValueKind::Invalid => {
-            return Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: cannot serialize a value of kind {}", v.kind()),
-            ));
-        }
-        // ValueKind is non-exhaustive; anything new is refused rather than guessed.
-        _ => {
-            return Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: unsupported value",
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn write_container<T>(
-    out: &mut String,
-    opts: &JsonOpts,
-    depth: usize,
-    (open, close): (char, char),
-    items: &[T],
-    mut write_item: impl FnMut(&mut String, &T, usize) -> Result<(), minijinja::Error>,
-) -> Result<(), minijinja::Error> {
-    out.push(open);
-    if items.is_empty() {
-        out.push(close);
-        return Ok(());
-    }
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.push_str(&opts.item_sep);
-        }
-        newline_indent(out, opts, depth + 1);
-        write_item(out, item, depth + 1)?;
-    }
-    newline_indent(out, opts, depth);
-    out.push(close);
-    Ok(())
-}
-
-/// A string as Python's json module writes it.
-fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c if ensure_ascii && !c.is_ascii() => {
-                let mut buf = [0u16; 2];
-                for unit in c.encode_utf16(&mut buf) {
-                    out.push_str(&format!("\\u{unit:04x}"));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// A float as Python's `repr` writes it (`1.0`, `0.1`, `1e+20`, `1e-07`, `NaN`, `Infinity`).
-fn python_float(x: f64) -> String {
-    if x.is_nan() {
-        return "NaN".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
-    }
-    let s = format!("{x:?}");
-    match s.split_once('e') {
-        Some((mantissa, exp)) => {
-            let (sign, digits) = match exp.strip_prefix('-') {
-                Some(d) => ('-', d),
-                None => ('+', exp),
-            };
-            let mantissa = mantissa.strip_suffix(".0").unwrap_or(mantissa);
-            format!("{mantissa}e{sign}{digits:0>2}")
-        }
-        None => s,
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn python_float_matches_repr() {
-        assert_eq!(python_float(1.0), "1.0");
-        assert_eq!(python_float(0.1), "0.1");
-        assert_eq!(python_float(1e20), "1e+20");
-        assert_eq!(python_float(1e-7), "1e-07");
-        assert_eq!(python_float(-2.5e-5), "-2.5e-05");
-    }
-
-    #[test]
-    fn strftime_known_dates() {
-        // 2024-02-29 13:05:09 UTC
-        assert_eq!(
-            strftime_utc("%d %b %Y %H:%M:%S %j", 1_709_211_909),
-            "29 Feb 2024 13:05:09 060"
-        );
-        assert_eq!(strftime_utc("%Y-%m-%d %B", 0), "1970-01-01 January");
-    }
 
     #[test]
     fn chatml_compiles() {

@@ -5,14 +5,22 @@
 //!   (byte-level BPE or SentencePiece), over [`vocab`] (tokens, attributes, special ids),
 //!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`].
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
-//! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them.
+//! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them,
+//!   with what a render takes in `chat_message` (messages, tools, options), its `tojson` in
+//!   `chat_json` and its clock in `chat_time`.
+//! - [`reasoning`]: splits a thinking model's output into its reasoning and its answer as the
+//!   tokens stream.
 //! - [`chat_budget`]: the budgets of a template render (fuel, output, time, memory) and the
 //!   isolated render that enforces them (with its render server, `chat_zygote`).
 
 pub(crate) mod bpe;
 pub mod chat;
 pub mod chat_budget;
+mod chat_json;
+mod chat_message;
+mod chat_time;
 pub mod detok;
+pub mod reasoning;
 pub(crate) mod special;
 pub(crate) mod spm;
 pub mod tokenizer;

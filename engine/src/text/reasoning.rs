@@ -1,0 +1,252 @@
+//! Reasoning output: splits what a thinking model writes (`<think>…</think>`, and the variants
+//! other families use) into its reasoning and its answer as the text streams, token by token.
+//!
+//! The rules are llama-server's and vLLM's: reasoning is a block at the start of the output,
+//! opened by the model's open tag or already opened by the prompt (DeepSeek-R1's and Qwen3's
+//! templates end the generation prompt with `<think>\n`), and closed by the close tag; the
+//! whitespace just inside the tags and just after the close is dropped; a tag anywhere later is
+//! part of the answer. A tag split across tokens (`</th` + `ink>`) is held back until it is known
+//! to be one, so no piece of a tag ever reaches either side. An output that never closes its
+//! reasoning is all reasoning.
+
+/// A pair of tags that open and close a model's reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningTags {
+    pub open: &'static str,
+    pub close: &'static str,
+}
+
+/// DeepSeek-R1, Qwen3, QwQ, SmolLM3 and most others.
+pub const THINK: ReasoningTags = ReasoningTags {
+    open: "<think>",
+    close: "</think>",
+};
+
+/// The pairs known, most specific first (ByteDance Seed, Mistral's Magistral, Cohere's Command
+/// R7B); `<think>` last because the others contain no `</think>` but it may appear beside them.
+const KNOWN: [ReasoningTags; 4] = [
+    ReasoningTags {
+        open: "<seed:think>",
+        close: "</seed:think>",
+    },
+    ReasoningTags {
+        open: "[THINK]",
+        close: "[/THINK]",
+    },
+    ReasoningTags {
+        open: "<|START_THINKING|>",
+        close: "<|END_THINKING|>",
+    },
+    THINK,
+];
+
+/// Whitespace held back at most (inside the reasoning, before a close tag that may follow, or
+/// before an open tag at the start); past it the text is passed on as it is.
+const MAX_HELD_WHITESPACE: usize = 256;
+
+impl ReasoningTags {
+    /// The pair a chat template uses: the first known pair whose close tag it mentions, else
+    /// `<think>` (a model may think without its template saying so).
+    pub fn for_template(source: &str) -> Self {
+        KNOWN
+            .into_iter()
+            .find(|t| source.contains(t.close))
+            .unwrap_or(THINK)
+    }
+
+    /// Whether `prompt` ends inside an opened reasoning block: its last open tag is followed by
+    /// whitespace only (the generation prompt opened it for the model).
+    pub fn opened_by(&self, prompt: &str) -> bool {
+        prompt
+            .rfind(self.open)
+            .is_some_and(|i| prompt[i + self.open.len()..].trim().is_empty())
+    }
+}
+
+/// Text of one step, split.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    pub reasoning: String,
+    pub content: String,
+}
+
+impl Split {
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty()
+    }
+
+    /// Appends another step's split.
+    pub fn extend(&mut self, other: Split) {
+        self.reasoning.push_str(&other.reasoning);
+        self.content.push_str(&other.content);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing but whitespace seen yet: the output may still open with the tag.
+    Start,
+    /// Inside the reasoning; `started` once its first non-whitespace character is out.
+    Reasoning { started: bool },
+    /// The answer; `started` once its first non-whitespace character is out (whitespace right
+    /// after a close tag is dropped, an answer without reasoning is kept as it is).
+    Content { started: bool },
+}
+
+/// The streaming splitter of one answer.
+#[derive(Debug, Clone)]
+pub struct ReasoningParser {
+    tags: ReasoningTags,
+    state: State,
+    /// Text received but not yet given out: a possible start of a tag, or held whitespace.
+    pending: String,
+}
+
+impl ReasoningParser {
+    /// An answer that may open with `tags.open`.
+    pub fn new(tags: ReasoningTags) -> Self {
+        Self {
+            tags,
+            state: State::Start,
+            pending: String::new(),
+        }
+    }
+
+    /// An answer to `prompt`: already inside the reasoning when the prompt opened it.
+    pub fn for_prompt(tags: ReasoningTags, prompt: &str) -> Self {
+        let mut p = Self::new(tags);
+        if tags.opened_by(prompt) {
+            p.state = State::Reasoning { started: false };
+        }
+        p
+    }
+
+    /// Whether text given now would be reasoning.
+    pub fn in_reasoning(&self) -> bool {
+        matches!(self.state, State::Reasoning { .. })
+    }
+
+    /// Takes the next piece of output and returns what is now known of each side.
+    pub fn push(&mut self, text: &str) -> Split {
+        let mut out = Split::default();
+        let mut buf = std::mem::take(&mut self.pending);
+        buf.push_str(text);
+        // Each pass either ends (holding or giving out all of `buf`) or moves to a later state
+        // with what follows a tag, so this runs at most three times.
+        loop {
+            match self.state {
+                State::Start => match self.start(&buf) {
+                    Some(rest) => {
+                        buf = rest;
+                    }
+                    None => return out,
+                },
+                State::Reasoning { started } => match buf.find(self.tags.close) {
+                    Some(i) => {
+                        let inside = &buf[..i];
+                        let inside = if started { inside } else { inside.trim_start() };
+                        out.reasoning.push_str(inside.trim_end());
+                        buf = buf[i + self.tags.close.len()..].to_string();
+                        self.state = State::Content { started: false };
+                    }
+                    None => {
+                        let keep = held_back(&buf, self.tags.close);
+                        let (give, hold) = buf.split_at(buf.len() - keep);
+                        let give = if started { give } else { give.trim_start() };
+                        if !give.is_empty() {
+                            self.state = State::Reasoning { started: true };
+                        }
+                        out.reasoning.push_str(give);
+                        self.pending = hold.to_string();
+                        return out;
+                    }
+                },
+                State::Content { started } => {
+                    let give = if started { &buf[..] } else { buf.trim_start() };
+                    if !give.is_empty() {
+                        self.state = State::Content { started: true };
+                    }
+                    out.content.push_str(give);
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// In `Start`: decides from `buf` whether the output opens reasoning. Returns the text to go
+    /// on with (after the tag, or all of it as the answer), or None when it cannot tell yet (the
+    /// text is then held).
+    fn start(&mut self, buf: &str) -> Option<String> {
+        let t = buf.trim_start();
+        if let Some(rest) = t.strip_prefix(self.tags.open) {
+            self.state = State::Reasoning { started: false };
+            return Some(rest.to_string());
+        }
+        let undecided = self.tags.open.starts_with(t) && buf.len() <= MAX_HELD_WHITESPACE;
+        if undecided {
+            self.pending = buf.to_string();
+            return None;
+        }
+        // An answer without reasoning keeps its text exactly.
+        self.state = State::Content { started: true };
+        Some(buf.to_string())
+    }
+
+    /// The end of the output: whatever was held back, on the side it was on.
+    pub fn finish(&mut self) -> Split {
+        let held = std::mem::take(&mut self.pending);
+        let mut out = Split::default();
+        match self.state {
+            State::Start => out.content = held,
+            State::Reasoning { started } => {
+                let text = if started {
+                    &held[..]
+                } else {
+                    held.trim_start()
+                };
+                out.reasoning = text.trim_end().to_string();
+            }
+            State::Content { .. } => out.content = held,
+        }
+        out
+    }
+
+    /// Splits a whole output at once (what a non-streamed answer needs).
+    pub fn split_all(mut self, text: &str) -> Split {
+        let mut out = self.push(text);
+        out.extend(self.finish());
+        out
+    }
+}
+
+/// How many bytes at the end of `buf` must wait: a start of `close`, with the whitespace before
+/// it (a reasoning block's trailing whitespace is dropped when the close tag follows), bounded.
+fn held_back(buf: &str, close: &str) -> usize {
+    let partial = (1..close.len())
+        .rev()
+        .find(|&n| {
+            buf.len() >= n && buf.is_char_boundary(buf.len() - n) && buf.ends_with(&close[..n])
+        })
+        .unwrap_or(0);
+    let before = &buf[..buf.len() - partial];
+    let ws = before.len() - before.trim_end().len();
+    partial + ws.min(MAX_HELD_WHITESPACE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_of_a_template() {
+        assert_eq!(ReasoningTags::for_template("{{ '</think>' }}"), THINK);
+        assert_eq!(
+            ReasoningTags::for_template("[THINK]x[/THINK]").close,
+            "[/THINK]"
+        );
+        assert_eq!(ReasoningTags::for_template("plain"), THINK);
+        assert!(THINK.opened_by("<|im_start|>assistant\n<think>\n"));
+        assert!(!THINK.opened_by("<think>\n\n</think>\n\n"));
+        assert!(!THINK.opened_by("user said <think> then\n<|im_start|>assistant\n"));
+    }
+}

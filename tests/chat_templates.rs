@@ -1,0 +1,135 @@
+//! The real chat templates of the families TPS Lab runs (llama.cpp's models/templates/: Llama
+//! 3.1 / 3.2 / 3.3, Qwen2.5, Qwen3, Gemma 2, Phi-3.5, Mistral Nemo, SmolLM3, DeepSeek-R1 distills)
+//! render exactly as jinja2 renders them under transformers' setup, for conversations with and
+//! without system messages, several turns, tools and tool calls, documents, reasoning history,
+//! `add_generation_prompt` and `enable_thinking` on, off and absent, on a pinned date.
+//!
+//! The expected renders, the conversations and the template checksums are in
+//! tests/data/chat_templates.json, written by tests/data/chat_templates.py (jinja2 with
+//! transformers' `_compile_jinja_template` setup, and llama.cpp's folding of a system message
+//! into the first user turn for a template that does not read one). A render the reference
+//! refused with `raise_exception` must be refused with the same message; one that failed inside
+//! jinja2 (a Python type error in the template) must fail here too.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tpslab_engine::text::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions, RenderTime};
+
+#[path = "support/llamacpp.rs"]
+mod llamacpp;
+
+const REFERENCE: &str = include_str!("data/chat_templates.json");
+
+fn options(case: &Value, now: RenderTime) -> RenderOptions {
+    let o = &case["options"];
+    let list = |k: &str| o.get(k).and_then(Value::as_array).cloned();
+    RenderOptions {
+        add_generation_prompt: o["add_generation_prompt"].as_bool().unwrap_or(false),
+        tools: list("tools"),
+        documents: list("documents"),
+        enable_thinking: o.get("enable_thinking").and_then(Value::as_bool),
+        now,
+    }
+}
+
+/// What went differently in one render, or None when it matched.
+fn compare(got: Result<String, ChatError>, want: &Value) -> Option<String> {
+    match (got, want) {
+        (Ok(text), w) if w.get("text").is_some() => (w["text"].as_str() != Some(text.as_str()))
+            .then(|| {
+                format!(
+                    "rendered\n{text:?}\nexpected\n{:?}",
+                    w["text"].as_str().unwrap_or_default()
+                )
+            }),
+        (Err(ChatError::Rejected(m)), w) if w.get("rejected").is_some() => (w["rejected"].as_str()
+            != Some(m.as_str()))
+        .then(|| format!("rejected with {m:?}, expected {}", w["rejected"])),
+        (Err(ChatError::Render(_)), w) if w.get("failed").is_some() => None,
+        (got, w) => Some(format!("got {got:?}, expected {w}")),
+    }
+}
+
+#[test]
+fn real_templates_render_as_transformers_does() {
+    let reference: Value = serde_json::from_str(REFERENCE).expect("reference JSON");
+    let now = RenderTime::utc(reference["now_unix"].as_i64().expect("now_unix"));
+    let cases = reference["cases"].as_object().expect("cases");
+    let templates = reference["templates"].as_object().expect("templates");
+    assert_eq!(templates.len(), 11, "the families of issue 16");
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for (name, t) in templates {
+        let source = llamacpp::template(name);
+        let sha = format!("{:x}", Sha256::digest(source.as_bytes()));
+        assert_eq!(
+            Some(sha.as_str()),
+            t["sha256"].as_str(),
+            "{name}: not the template the reference was made from"
+        );
+        let template = ChatTemplate::new(
+            &source,
+            t["bos_token"].as_str().unwrap_or_default(),
+            t["eos_token"].as_str().unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (case, want) in t["renders"].as_object().expect("renders") {
+            let c = &cases[case];
+            let messages: Vec<ChatMessage> =
+                serde_json::from_value(c["messages"].clone()).expect("messages");
+            let got = template.render_with(&messages, &options(c, now));
+            if let Some(why) = compare(got, want) {
+                wrong.push(format!("{name} / {case}: {why}"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 150, "only {checked} renders checked");
+    assert!(
+        wrong.is_empty(),
+        "{} of {checked} renders differ from jinja2:\n\n{}",
+        wrong.len(),
+        wrong.join("\n\n")
+    );
+}
+
+/// The Llama 3.2 template dates its system prompt with `strftime_now`, from the clock the caller
+/// gives (not a fixed 2024 date), and Gemma 2 takes a system message folded into the first user
+/// turn instead of refusing it.
+#[test]
+fn dates_follow_the_clock_and_gemma_takes_a_system_message() {
+    let llama = ChatTemplate::new(
+        &llamacpp::template("meta-llama-Llama-3.2-3B-Instruct"),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+    )
+    .expect("compile");
+    let conv = [ChatMessage::user("Hi")];
+    for (unix, date) in [(0, "01 Jan 1970"), (1_782_864_000, "01 Jul 2026")] {
+        let opts = RenderOptions {
+            now: RenderTime::utc(unix),
+            ..RenderOptions::new(true)
+        };
+        let text = llama.render_with(&conv, &opts).expect("render");
+        assert!(text.contains(&format!("Today Date: {date}\n")), "{text}");
+    }
+    let gemma = ChatTemplate::new(
+        &llamacpp::template("google-gemma-2-2b-it"),
+        "<bos>",
+        "<eos>",
+    )
+    .expect("compile");
+    let text = gemma
+        .render(
+            &[ChatMessage::system("Be brief."), ChatMessage::user("Hi")],
+            true,
+        )
+        .expect("a system message is folded, not refused");
+    assert_eq!(
+        text,
+        "<bos><start_of_turn>user\nBe brief.\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+    // Roles that do not alternate are still the template's to refuse.
+    let bad = gemma.render(&[ChatMessage::user("a"), ChatMessage::user("b")], true);
+    assert!(matches!(bad, Err(ChatError::Rejected(_))), "{bad:?}");
+}

@@ -1,0 +1,198 @@
+//! Reasoning over HTTP: the default model with DeepSeek-R1's real chat template (whose generation
+//! prompt opens `<think>`), behind the real server over loopback. A chat answer's reasoning comes
+//! back as `message.reasoning_content` (whole) and `delta.reasoning_content` (streamed), apart
+//! from `content`, as llama-server and vLLM return it; `chat_template_kwargs.enable_thinking:
+//! false` closes the block in the prompt and the answer is all content.
+//!
+//! The model does not think, so what it writes after `<think>\n` is what the split is checked
+//! on: the same prompt's tokens sent to `/v1/completions` (greedy) give the raw text, and the
+//! chat answer must be exactly that text split by the engine's reasoning parser.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tpslab::serve::chat_input::ChatBody;
+use tpslab_engine::model::LoadedModel;
+use tpslab_engine::text::chat::{ChatMessage, RenderOptions};
+use tpslab_engine::text::reasoning::{ReasoningParser, Split, THINK};
+
+#[path = "support/http_client.rs"]
+mod http_client;
+#[path = "support/llamacpp.rs"]
+mod llamacpp;
+#[path = "support/runaway.rs"]
+mod runaway;
+use http_client::{post, serve_model};
+
+const QUESTION: &str = "What is the capital of France?";
+const MAX_TOKENS: u32 = 16;
+
+/// What the model writes after this prompt, greedy, from the completions endpoint (no template).
+fn raw_answer(
+    addr: std::net::SocketAddr,
+    lm: &LoadedModel,
+    enable_thinking: bool,
+) -> (String, String) {
+    let opts = RenderOptions {
+        enable_thinking: Some(enable_thinking),
+        ..RenderOptions::new(true)
+    };
+    let prompt = lm
+        .template
+        .render_with(&[ChatMessage::user(QUESTION)], &opts)
+        .expect("render");
+    let ids = lm.tokenizer.encode(&prompt, true).expect("encode");
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let text = r.json()["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    (prompt, text)
+}
+
+fn chat(extra: Value) -> Value {
+    let mut b = json!({
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    });
+    for (k, v) in extra.as_object().expect("object") {
+        b[k] = v.clone();
+    }
+    b
+}
+
+/// The streamed answer's reasoning and content, concatenated, and whether the first chunk named
+/// the role.
+fn streamed(addr: std::net::SocketAddr, body: &Value) -> (Split, bool) {
+    let r = post(addr, "/v1/chat/completions", body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let mut out = Split::default();
+    let mut role_first = false;
+    for (i, e) in events.iter().filter(|e| *e != "[DONE]").enumerate() {
+        let v: Value = serde_json::from_str(e).expect("chunk JSON");
+        let delta = &v["choices"][0]["delta"];
+        if i == 0 {
+            role_first = delta["role"] == "assistant";
+        }
+        out.reasoning
+            .push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        out.content
+            .push_str(delta["content"].as_str().unwrap_or_default());
+    }
+    (out, role_first)
+}
+
+#[test]
+fn reasoning_content_whole_and_streamed() {
+    let dir = std::env::temp_dir().join(format!("tpslab-serve-reasoning-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let template = llamacpp::template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B");
+    let path = runaway::model_with_template(&dir, &template, "Thinking Served");
+    let lm = Arc::new(LoadedModel::load(&path).expect("load"));
+    let (server, _) = serve_model(Arc::clone(&lm));
+    let addr = server.addr;
+
+    // Thinking on (the default, as llama-server): the prompt ends inside `<think>`.
+    let (prompt, raw) = raw_answer(addr, &lm, true);
+    assert!(prompt.ends_with("<think>\n"), "{prompt:?}");
+    let want = ReasoningParser::for_prompt(THINK, &prompt).split_all(&raw);
+    assert!(
+        !want.reasoning.is_empty(),
+        "the model wrote nothing: {raw:?}"
+    );
+    let r = post(addr, "/v1/chat/completions", &chat(json!({})));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let message = r.json()["choices"][0]["message"].clone();
+    assert_eq!(
+        message["reasoning_content"],
+        json!(want.reasoning),
+        "{message}"
+    );
+    assert_eq!(message["content"], json!(want.content), "{message}");
+    let (got, role_first) = streamed(addr, &chat(json!({"stream": true})));
+    assert_eq!(got, want);
+    assert!(role_first);
+
+    // Thinking off: the template closes the block in the prompt; all of the answer is content,
+    // exactly as the model wrote it, and no reasoning field is sent.
+    let (prompt, raw) = raw_answer(addr, &lm, false);
+    assert!(prompt.ends_with("<think>\n</think>"), "{prompt:?}");
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let r = post(addr, "/v1/chat/completions", &chat(off.clone()));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let message = r.json()["choices"][0]["message"].clone();
+    assert_eq!(message["content"], json!(raw), "{message}");
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+    let mut stream_off = off;
+    stream_off["stream"] = json!(true);
+    let (got, _) = streamed(addr, &chat(stream_off));
+    assert_eq!(
+        got,
+        Split {
+            reasoning: String::new(),
+            content: raw
+        }
+    );
+
+    // A thinking switch that is not a boolean is the request's error.
+    let bad = json!({"chat_template_kwargs": {"enable_thinking": "no"}});
+    let r = post(addr, "/v1/chat/completions", &chat(bad));
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.error()["param"], "chat_template_kwargs");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// OpenAI's tool round trip reaches the template: tools offered, an assistant turn with a call
+/// (null content, arguments as a JSON string) and the tool's answer render without error and the
+/// server answers.
+#[test]
+fn tool_calls_and_results_are_accepted() {
+    let dir = std::env::temp_dir().join(format!("tpslab-serve-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let template = llamacpp::template("Qwen-Qwen2.5-7B-Instruct");
+    let path = runaway::model_with_template(&dir, &template, "Tools Served");
+    let lm = Arc::new(LoadedModel::load(&path).expect("load"));
+    let (server, _) = serve_model(Arc::clone(&lm));
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call12345", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"location\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call12345", "content": "18 C"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+            "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}}}],
+        "max_tokens": 4,
+        "temperature": 0,
+    });
+    let r = post(server.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.json()["choices"][0]["message"]["content"].is_string());
+    // The server's prompt is the template's render of the request as translated: the tool list,
+    // the call with its arguments as the object they encode, the tool's answer.
+    let chat: ChatBody = serde_json::from_value(body).expect("chat body");
+    let (messages, options) = chat.into_chat().expect("translate");
+    let prompt = lm
+        .template
+        .render_with(&messages, &options)
+        .expect("render");
+    assert!(
+        prompt.contains(r#"{"name": "get_weather", "arguments": {"location": "Paris"}}"#)
+            && prompt.contains("<tool_response>\n18 C\n</tool_response>")
+            && prompt.contains(r#""name": "get_weather", "description": "Weather""#),
+        "{prompt}"
+    );
+    let ids = lm.tokenizer.encode(&prompt, true).expect("encode");
+    assert_eq!(r.json()["usage"]["prompt_tokens"], json!(ids.len()));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
