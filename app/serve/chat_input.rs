@@ -60,14 +60,9 @@ pub struct ChatBody {
     reasoning_effort: Option<String>,
 }
 
-/// The render options of a conversation nobody configured: now, with a generation prompt, and
-/// `enable_thinking` true as llama-server passes it (DeepSeek-R1's template otherwise closes
-/// `<think>` at once).
+/// The render options of a conversation nobody configured ([`RenderOptions::conversation`]).
 pub fn default_options() -> RenderOptions {
-    RenderOptions {
-        enable_thinking: Some(true),
-        ..RenderOptions::new(true)
-    }
+    RenderOptions::conversation()
 }
 
 impl ChatBody {

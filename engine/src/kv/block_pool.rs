@@ -301,6 +301,9 @@ struct ReqBlocks {
     hashes: Vec<BlockHash>,
     /// Leading table blocks already registered in (or taken from) the prefix cache.
     num_cached: usize,
+    /// Leading table blocks released because they left a sliding window
+    /// ([`KvManager::drop_before`]); their table entries are never read again.
+    num_dropped: usize,
 }
 
 /// Prefix-cache counters in tokens, as vLLM reports them (hit rate = hits / queries).
@@ -467,7 +470,8 @@ impl KvManager {
             r.hashes
                 .push(hash_block(parent, &tokens[i * bs..(i + 1) * bs]));
         }
-        for i in r.num_cached..full {
+        // A dropped block may already hold another request's tokens: never register it.
+        for i in r.num_cached.max(r.num_dropped)..full {
             let parent = i.checked_sub(1).map(|p| r.hashes[p]);
             self.pool.register(
                 r.table[i],
@@ -483,11 +487,34 @@ impl KvManager {
     /// sequence's tail (least likely to be shared) is evicted before its prefix.
     pub fn free(&mut self, id: RequestId) {
         if let Some(r) = self.reqs.remove(&id) {
-            self.pool.free(r.table.into_iter().rev());
+            self.pool
+                .free(r.table[r.num_dropped..].iter().rev().copied());
         }
     }
 
-    /// `id`'s block table (empty if it holds no blocks).
+    /// Releases `id`'s blocks wholly before position `first_pos`: with sliding-window
+    /// attention in every layer, no later token reads them (vLLM frees them the same way). Their
+    /// table entries stay, so positions keep their slots, but must never be read again: the
+    /// caller passes a position no attention of this request will reach back past. Returns how
+    /// many blocks were released.
+    pub fn drop_before(&mut self, id: RequestId, first_pos: usize) -> usize {
+        let bs = self.pool.block_size().max(1);
+        let Some(r) = self.reqs.get_mut(&id) else {
+            return 0;
+        };
+        let n = (first_pos / bs).min(r.table.len());
+        if n <= r.num_dropped {
+            return 0;
+        }
+        self.pool
+            .free(r.table[r.num_dropped..n].iter().rev().copied());
+        let released = n - r.num_dropped;
+        r.num_dropped = n;
+        released
+    }
+
+    /// `id`'s block table (empty if it holds no blocks; entries before a sliding window's edge
+    /// may have been released, see [`Self::drop_before`]).
     pub fn block_table(&self, id: RequestId) -> &[BlockId] {
         self.reqs.get(&id).map_or(&[], |r| &r.table)
     }

@@ -330,6 +330,14 @@ impl ModelConfig {
         (swa.is_empty() || swa.get(layer).copied().unwrap_or(false)).then_some(w)
     }
 
+    /// The sliding window when every layer has one (Mistral): then KV blocks that leave it can
+    /// be freed, as no layer reads them again.
+    pub fn full_window(&self) -> Option<usize> {
+        let w = self.extras.window?;
+        let swa = &self.extras.swa_layers;
+        (swa.is_empty() || swa.iter().all(|&s| s)).then_some(w)
+    }
+
     /// Whether layer `layer` rotates its queries and keys.
     pub fn has_rope(&self, layer: usize) -> bool {
         self.extras

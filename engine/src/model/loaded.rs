@@ -7,7 +7,7 @@ use crate::formats::gguf::GgufFile;
 use crate::model::config::ModelConfig;
 use crate::model::precision::Precision;
 use crate::model::{Model, ModelError};
-use crate::text::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::text::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
 use crate::text::tokenizer::{Tokenizer, TokenizerError};
 
 /// Why a model bundle could not be loaded, or a prompt not built from it.
@@ -62,9 +62,13 @@ impl LoadedModel {
         Ok(self.tokenizer.encode_prompt(text, false)?)
     }
 
-    /// Prompt tokens for a conversation, through the model's chat template.
+    /// Prompt tokens for a conversation, through the model's chat template with the options of a
+    /// conversation nobody configured ([`RenderOptions::conversation`], as the server and the
+    /// window render).
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, LoadError> {
-        let text = self.template.render(messages, true)?;
+        let text = self
+            .template
+            .render_with(messages, &RenderOptions::conversation())?;
         // The template writes BOS itself where the model wants one.
         Ok(self.tokenizer.encode(&text, true)?)
     }

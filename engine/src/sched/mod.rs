@@ -225,6 +225,8 @@ pub struct Scheduler {
     next_arrival: u64,
     preemptions_total: u64,
     last_step: (usize, usize),
+    /// The model's sliding window when every layer has one: blocks that leave it are freed.
+    window: Option<usize>,
 }
 
 fn check_config(c: &SchedulerConfig) -> Result<(), SchedError> {
@@ -272,7 +274,14 @@ impl Scheduler {
             next_arrival: 0,
             preemptions_total: 0,
             last_step: (0, 0),
+            window: None,
         })
+    }
+
+    /// Frees each request's KV blocks as they leave `window` (a model whose every layer
+    /// attends over a sliding window of that many positions; `None` keeps every block).
+    pub fn set_window(&mut self, window: Option<usize>) {
+        self.window = window;
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -624,6 +633,14 @@ impl Scheduler {
             r.num_computed_tokens = (s.start_pos + s.tokens.len()).min(r.all_tokens.len());
             self.kv
                 .cache_blocks(s.id, &r.all_tokens, r.num_computed_tokens);
+            if let Some(w) = self.window {
+                // The next position is at least `num_computed - 1` (one is recomputed when no
+                // token comes back), its window starts `w - 1` before it, and attention reads
+                // whole softmax blocks from there.
+                let block = tpslab_kernels::attn::BLOCK;
+                let first = r.num_computed_tokens.saturating_sub(w) / block * block;
+                self.kv.drop_before(s.id, first);
+            }
             if !s.sample {
                 continue;
             }

@@ -324,12 +324,13 @@ impl EngineThread {
             // The pool actually built (a GPU sizes it from its free memory).
             knobs.kv.budget_bytes = backend.memory().kv;
         }
-        let sched = Scheduler::new(
+        let mut sched = Scheduler::new(
             config.knobs.scheduler.clone(),
             backend.num_blocks(),
             backend.block_size(),
         )
         .map_err(|e| EngineError::Kv(e.to_string()))?;
+        sched.set_window(lm.model.cfg.full_window());
         let metrics =
             LiveMetrics::new(LiveConfig::default()).map_err(|e| EngineError::Kv(e.to_string()))?;
         Ok(Self {

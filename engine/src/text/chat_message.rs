@@ -107,6 +107,16 @@ impl RenderOptions {
             now: RenderTime::now(),
         }
     }
+
+    /// A conversation nobody configured: now, with a generation prompt, and `enable_thinking`
+    /// true as llama-server passes it (DeepSeek-R1's template otherwise closes `<think>` at
+    /// once). What the CLI, the server and the chat window render with by default.
+    pub fn conversation() -> Self {
+        Self {
+            enable_thinking: Some(true),
+            ..Self::new(true)
+        }
+    }
 }
 
 /// llama.cpp's rule for a template that does not read a system message (its
