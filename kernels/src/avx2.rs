@@ -316,7 +316,8 @@ pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
         WType::Q4K => crate::avx2_kquant::dot_q4k(w, x),
         WType::Q5K => crate::avx2_kquant::dot_q5k(w, x),
         WType::Q6K => crate::avx2_kquant::dot_q6k(w, x),
-        _ => quant::dot_q32(ty, w, x),
+        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => quant::dot_q32(ty, w, x),
+        _ => quant::dot_row(ty, w, x),
     }
 }
 

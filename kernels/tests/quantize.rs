@@ -70,6 +70,12 @@ fn byte_exact_with_ggml_reference_quantizers() {
         WType::Q4K,
         WType::Q6K,
         WType::Q5K,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::Q2K,
+        WType::Q3K,
+        WType::IQ4NL,
+        WType::IQ4XS,
     ] {
         let ours = quantize(ty, &x);
         let theirs = &FIXTURE[at..at + ours.len()];
