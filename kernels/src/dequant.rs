@@ -140,7 +140,11 @@ fn dequantize_q6k(blk: &[u8], out: &mut [f32]) {
 /// (elements 16.. in the high nibbles), fifth bit `j` of the little-endian `qh` word.
 #[inline(always)]
 pub(crate) fn q5_level(qh: u32, qs: &[u8], j: usize) -> u8 {
-    let lo = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
+    let lo = if j < 16 {
+        qs[j] & 0x0f
+    } else {
+        qs[j - 16] >> 4
+    };
     lo | ((((qh >> j) & 1) as u8) << 4)
 }
 

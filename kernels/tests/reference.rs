@@ -45,11 +45,7 @@ fn dequantize_is_bit_identical_to_gguf_py() {
     for ty in WType::ALL.into_iter().filter(|&t| t != WType::F32) {
         let blocks = record(&format!("deq/{ty}/blocks"));
         let want = floats(record(&format!("deq/{ty}/values")));
-        assert_eq!(
-            blocks.len(),
-            ty.row_bytes(want.len()),
-            "{ty}: fixture size"
-        );
+        assert_eq!(blocks.len(), ty.row_bytes(want.len()), "{ty}: fixture size");
         let mut got = vec![0f32; want.len()];
         dequantize_row(ty, blocks, &mut got);
         for (e, (a, b)) in got.iter().zip(&want).enumerate() {

@@ -56,6 +56,12 @@ pub enum BackendError {
     ShapeChanged,
     #[error("the CUDA attention kernel does not take head size {0}")]
     HeadDim(usize),
+    /// Q/K/V (or gate/up) of different types (a Q4_K_M file's mix), which the CUDA path does
+    /// not stack yet.
+    #[error(
+        "a matrix stacks parts of different types ({0:?}), which the CUDA path cannot run yet; use --device cpu"
+    )]
+    MixedTypes(Vec<tpslab_kernels::WType>),
     /// A CUDA call failed; `what` says what the engine was doing.
     #[cfg(feature = "cuda")]
     #[error("{what}: {source}")]

@@ -220,13 +220,7 @@ pub fn synthetic_weights(
         }
         let mut data = vec![0u8; n * ty.row_bytes(k)];
         fill_blocks(ty, &mut data, mix(seed, id), threads);
-        Ok(Linear {
-            ty,
-            n,
-            k,
-            data,
-            bias: None,
-        })
+        Ok(Linear::new(ty, n, k, data))
     };
     let embed = matrix("token_embd", c.vocab, h, ID_EMBED)?;
     let lm_head = match spec.tied_embeddings {
@@ -490,6 +484,27 @@ fn fill_chunk(ty: WType, out: &mut [u8], rng: &mut Rng) {
         WType::Q4K => fill_q45k(out, rng, 144, 15.0),
         WType::Q5K => fill_q45k(out, rng, 176, 31.0),
         WType::Q6K => fill_q6k(out, rng),
+        // Random levels and scale bits; the f16 fields scaled so x stays about [-A, A].
+        WType::Q5_0 => fill_scaled(out, rng, 22, &[(0, A / 16.0)]),
+        WType::Q5_1 => fill_scaled(out, rng, 24, &[(0, 2.0 * A / 31.0), (2, -A)]),
+        WType::IQ4NL => fill_scaled(out, rng, 18, &[(0, A / 127.0)]),
+        WType::Q2K => fill_scaled(out, rng, 84, &[(80, A / 45.0), (82, A / 22.5)]),
+        WType::Q3K => fill_scaled(out, rng, 110, &[(108, A / 128.0)]),
+        WType::IQ4XS => fill_scaled(out, rng, 136, &[(0, A / (32.0 * 127.0))]),
+    }
+}
+
+/// Blocks of `ts` random bytes whose f16 fields at `fields` (offset, base) hold scales from
+/// [`scale_table`] of that base.
+fn fill_scaled(out: &mut [u8], rng: &mut Rng, ts: usize, fields: &[(usize, f32)]) {
+    let tables: Vec<(usize, [[u8; 2]; 16])> =
+        fields.iter().map(|&(o, b)| (o, scale_table(b))).collect();
+    for b in out.chunks_exact_mut(ts) {
+        rng.fill(b);
+        let r = rng.next() as usize;
+        for (o, t) in &tables {
+            b[*o..*o + 2].copy_from_slice(&t[r & 15]);
+        }
     }
 }
 
