@@ -14,6 +14,7 @@
 //! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS.
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
+//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 //! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
@@ -25,6 +26,8 @@ pub mod attn;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquant;
+#[cfg(target_arch = "x86_64")]
+mod avx2_lowbit;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dequant;
