@@ -94,6 +94,11 @@ fn q8_0_loads_generates_and_stays_close() {
 
     let out8 = tmp("q8_0.gguf");
     let g = quantize_to(Preset::Q8_0, &out8);
+    let differ = differing_from_llama_quantize(Preset::Q8_0, &g).expect("reference digests");
+    assert!(
+        differ.is_empty(),
+        "Q8_0 differs from llama-quantize: {differ:?}"
+    );
     assert_eq!(g.get_u64("general.file_type").expect("ftype"), 7);
     for t in &g.tensors {
         let want = if t.dims.len() == 1 {
@@ -194,6 +199,37 @@ fn every_preset_picks_llama_quantizes_types() {
     }
 }
 
+/// Tensors of `g` whose bytes differ from what llama-quantize wrote for `preset` (by the
+/// SHA-256 digests in `data/llama_quantize_digests.json`); `None` when the reference does not
+/// have the preset.
+fn differing_from_llama_quantize(preset: Preset, g: &GgufFile) -> Option<Vec<String>> {
+    use sha2::{Digest, Sha256};
+    let v: serde_json::Value =
+        serde_json::from_str(include_str!("data/llama_quantize_digests.json")).expect("json");
+    let digests: Vec<&str> = v["digests"][preset.name()].as_str()?.split(' ').collect();
+    let names = v["tensors"].as_array().expect("tensors");
+    assert_eq!(digests.len(), names.len(), "{preset}: digests");
+    assert_eq!(names.len(), g.tensors.len(), "{preset}: tensor count");
+    let want = |n: &str| {
+        names
+            .iter()
+            .position(|m| m.as_str() == Some(n))
+            .map_or("(missing)", |i| digests[i])
+    };
+    let mut differ = Vec::new();
+    for t in &g.tensors {
+        let bytes = g.read_tensor(t).expect("read");
+        let hex: String = Sha256::digest(&bytes)[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if hex != want(&t.name) {
+            differ.push(format!("{} ({})", t.name, t.ty));
+        }
+    }
+    Some(differ)
+}
+
 /// Presets whose files hold every new type (Q5_0, Q5_1, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
 /// IQ4_NL, IQ4_XS, Q8_0) quantize to files that load and generate, with the next-token choice
 /// of the original for the 4-bit-and-up mixes.
@@ -220,6 +256,13 @@ fn presets_load_and_generate() {
         let out = tmp(&format!("{preset}.gguf"));
         let g = quantize_to(preset, &out);
         assert_eq!(g.get_u64("general.file_type").expect("ftype"), file_type);
+        // Byte for byte what llama-quantize writes, every tensor.
+        let differ = differing_from_llama_quantize(preset, &g).expect("reference digests");
+        assert!(
+            differ.is_empty(),
+            "{preset}: {} tensors differ from llama-quantize: {differ:?}",
+            differ.len()
+        );
         let lm = LoadedModel::load(&out).unwrap_or_else(|e| panic!("load {preset}: {e}"));
         let got = last_logits(&lm, &prompt);
         assert!(got.iter().all(|x| x.is_finite()), "{preset}: logits finite");
