@@ -224,15 +224,14 @@ impl Wizard {
         let target = s.target.parse().unwrap_or(Preset::Q8_0);
         let mut chosen = target;
         ui.strong("Target type");
-        egui::Grid::new("wizard_targets")
-            .num_columns(2)
-            .show(ui, |ui| {
-                for (t, name, note) in targets() {
-                    ui.radio_value(&mut chosen, t, name);
-                    ui.label(note);
-                    ui.end_row();
-                }
-            });
+        // 16 presets: wrapped in a few rows (each with its note on hover, the chosen one's
+        // below), so the run and measure parts stay in view.
+        ui.horizontal_wrapped(|ui| {
+            for (t, name, note) in targets() {
+                ui.radio_value(&mut chosen, t, name).on_hover_text(note);
+            }
+        });
+        ui.label(format!("{chosen}: {}", chosen.note()));
         if chosen != target {
             s.target = chosen.to_string();
         }

@@ -340,3 +340,58 @@ pub(crate) fn optional_vector(
         None => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(ty: WType, n: usize, k: usize, seed: u32) -> Linear {
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        Linear::new(ty, n, k, tpslab_kernels::quantize::quantize(ty, &x))
+    }
+
+    /// Q (Q5_0), K (Q5_0) and V (Q8_0) stacked as a Q4_K_M file has them: each part keeps its
+    /// type, and the stacked product is, column for column and bit for bit, the parts' own
+    /// products with the bias added.
+    #[test]
+    fn parts_of_different_types_stack_and_multiply_as_apart() {
+        let (k, m) = (256, 3);
+        let (q, kk, mut v) = (
+            matrix(WType::Q5_0, 8, k, 1),
+            matrix(WType::Q5_0, 4, k, 2),
+            matrix(WType::Q8_0, 4, k, 3),
+        );
+        v.bias = Some(vec![0.5; 4]);
+        let s = Linear::concat(&[&q, &kk, &v]).expect("same k");
+        assert_eq!((s.n, s.parts.len()), (16, 3));
+        assert_eq!(s.types(), [WType::Q5_0, WType::Q5_0, WType::Q8_0]);
+        assert_eq!(s.bytes(), q.bytes() + kk.bytes() + v.data.len() + 16 * 4);
+        let pool = ThreadPool::new(2);
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+        let mut y = vec![0f32; m * 16];
+        s.forward(&pool, &x, m, &mut y);
+        let mut at = 0;
+        for p in [&q, &kk, &v] {
+            let mut own = vec![0f32; m * p.n];
+            p.forward(&pool, &x, m, &mut own);
+            for i in 0..m {
+                for j in 0..p.n {
+                    let got = y[i * 16 + at + j];
+                    assert_eq!(
+                        got.to_bits(),
+                        own[i * p.n + j].to_bits(),
+                        "({i}, {})",
+                        at + j
+                    );
+                }
+            }
+            at += p.n;
+        }
+        // One type: one block of rows, as before; a different k: refused.
+        let one = Linear::concat(&[&q, &kk]).expect("same type");
+        assert!(one.parts.is_empty() && one.data.len() == q.data.len() + kk.data.len());
+        assert!(Linear::concat(&[&q, &matrix(WType::Q5_0, 2, 512, 4)]).is_none());
+    }
+}
