@@ -99,8 +99,14 @@ pub fn wtype_id(ty: WType) -> i32 {
         WType::Q6K => 7,
         // Refused until its kernels have run on a GPU ([`has_kernel`]).
         WType::Q5K => 8,
-        // No CUDA kernels yet ([`has_kernel`]): never sent to a kernel.
-        WType::Q5_0 | WType::Q5_1 | WType::Q2K | WType::Q3K | WType::IQ4NL | WType::IQ4XS => -1,
+        // No CUDA kernels yet ([`has_kernel`]): never sent to a kernel; the ids are their
+        // places in `WType::ALL`, so the kernel tables (indexed by id) answer "none".
+        WType::Q5_0 => 9,
+        WType::Q5_1 => 10,
+        WType::Q2K => 11,
+        WType::Q3K => 12,
+        WType::IQ4NL => 13,
+        WType::IQ4XS => 14,
     }
 }
 
