@@ -1,5 +1,6 @@
-//! The portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS weight rows with
-//! quantized activations, doing exactly the float operations of ggml's AVX2 code
+//! The portable dot of any quantized weight row with its activations ([`dot_row`], over the
+//! formulas of `quant` and those here), and the formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and
+//! IQ4_XS weight rows with quantized activations, doing exactly the float operations of ggml's AVX2 code
 //! (`ggml_vec_dot_*` in ggml-cpu/arch/x86/quants.c), in the shape `quant` describes: exact
 //! integer lanes (lane `l` holds elements `4l..4l+4` of every 32), one f32 FMA per lane and
 //! block, ggml's `hsum_float_8` at the end.
@@ -8,7 +9,24 @@ use crate::WType;
 use crate::dequant::{
     KVALUES_IQ4NL, f16_at, iq4xs_scale, k_low2, q3k_level, q3k_scales, q5_level, u32_at,
 };
-use crate::quant::{ActRow, QK_K, QK8, hsum8};
+use crate::quant::{self, ActRow, QK_K, QK8, hsum8};
+
+/// Dot of one weight row (ggml bytes) with one activation row, portably; the AVX2 kernels
+/// produce bit-identical results.
+pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    match ty {
+        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => quant::dot_q32(ty, w, x),
+        WType::Q4K => quant::dot_q4k(w, x),
+        WType::Q5K => quant::dot_q5k(w, x),
+        WType::Q6K => quant::dot_q6k(w, x),
+        WType::Q5_0 | WType::Q5_1 => dot_q5(ty, w, x),
+        WType::Q2K => dot_q2k(w, x),
+        WType::Q3K => dot_q3k(w, x),
+        WType::IQ4NL => dot_iq4nl(w, x),
+        WType::IQ4XS => dot_iq4xs(w, x),
+        WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
+    }
+}
 
 /// Q5_0 x Q8_0 and Q5_1 x Q8_1 over a row (ggml `ggml_vec_dot_q5_0_q8_0` /
 /// `ggml_vec_dot_q5_1_q8_1`, AVX2): as Q4_0 / Q4_1 with 5-bit levels; Q5_1's min term is a

@@ -1,6 +1,6 @@
 //! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas (those of the
-//! types added later in `dots`), portable and doing exactly the float operations of ggml's AVX2
-//! code (so the AVX2 kernels, which are tested bit-equal against these, reproduce llama.cpp's
+//! types added later, and the dispatch over all, in `dots`), portable and doing exactly the float
+//! operations of ggml's AVX2 code (so the AVX2 kernels, which are tested bit-equal against these, reproduce llama.cpp's
 //! arithmetic).
 //!
 //! Every weight-block x activation-block dot has the same shape: an exact integer dot per
@@ -417,21 +417,4 @@ pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
         s = a.mul_add(b, s);
     }
     s
-}
-
-/// Dot of one weight row (ggml bytes) with one activation row, portably; the AVX2 kernels
-/// produce bit-identical results.
-pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
-    match ty {
-        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => dot_q32(ty, w, x),
-        WType::Q4K => dot_q4k(w, x),
-        WType::Q5K => dot_q5k(w, x),
-        WType::Q6K => dot_q6k(w, x),
-        WType::Q5_0 | WType::Q5_1 => crate::dots::dot_q5(ty, w, x),
-        WType::Q2K => crate::dots::dot_q2k(w, x),
-        WType::Q3K => crate::dots::dot_q3k(w, x),
-        WType::IQ4NL => crate::dots::dot_iq4nl(w, x),
-        WType::IQ4XS => crate::dots::dot_iq4xs(w, x),
-        WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
-    }
 }

@@ -9,20 +9,9 @@
 
 use crate::WType;
 
-/// ggml's `GROUP_MAX_EPS`: groups whose largest magnitude is below this quantize to zero.
-pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
+use crate::quantize_lowbit::{GROUP_MAX_EPS, f16_bytes, nearest_int, pack_2bit};
+
 const QK_K: usize = 256;
-
-/// ggml's `nearest_int`: round half to even (exact for |x| < 2^22, all ggml ever passes).
-#[inline]
-pub(crate) fn nearest_int(x: f32) -> i32 {
-    x.round_ties_even() as i32
-}
-
-#[inline]
-pub(crate) fn f16_bytes(x: f32) -> [u8; 2] {
-    half::f16::from_f32(x).to_le_bytes()
-}
 
 /// Quantizes `x` (a whole number of `ty` blocks) into `out` (exactly `ty.row_bytes(x.len())`
 /// bytes) as ggml's reference quantizer for `ty` does.
@@ -331,17 +320,6 @@ fn quantize_q2k(x: &[f32], blk: &mut [u8]) {
         }
     }
     pack_2bit(&l, qs);
-}
-
-/// 256 levels of 0..=3 as Q2_K / Q3_K hold them: per 128 elements 32 bytes, element
-/// `32 * s + t` in bits `2s` of byte `t`.
-pub(crate) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
-    for j in (0..QK_K).step_by(128) {
-        for i in 0..32 {
-            qs[j / 4 + i] =
-                l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
-        }
-    }
 }
 
 // ggml quantize_row_q4_K_ref / quantize_row_q5_K_ref, the part they share: per 32-element

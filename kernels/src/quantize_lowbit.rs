@@ -1,12 +1,36 @@
 //! The Q3_K, IQ4_NL and IQ4_XS quantizers, doing exactly the float operations of ggml's
 //! (`quantize_row_q3_K_ref`, and `quantize_iq4_nl` / `quantize_iq4_xs` without an importance
 //! matrix, which is what `llama-quantize` runs for these types), as `quantize` does for the
-//! others.
+//! others; and the rounding and packing helpers both modules use.
 
 use crate::dequant::KVALUES_IQ4NL;
-use crate::quantize::{GROUP_MAX_EPS, f16_bytes, nearest_int, pack_2bit};
 
 const QK_K: usize = 256;
+
+/// ggml's `GROUP_MAX_EPS`: groups whose largest magnitude is below this quantize to zero.
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// ggml's `nearest_int`: round half to even (exact for |x| < 2^22, all ggml ever passes).
+#[inline]
+pub(crate) fn nearest_int(x: f32) -> i32 {
+    x.round_ties_even() as i32
+}
+
+#[inline]
+pub(crate) fn f16_bytes(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_le_bytes()
+}
+
+/// 256 levels of 0..=3 as Q2_K / Q3_K hold them: per 128 elements 32 bytes, element
+/// `32 * s + t` in bits `2s` of byte `t`.
+pub(crate) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+    for j in (0..QK_K).step_by(128) {
+        for i in 0..32 {
+            qs[j / 4 + i] =
+                l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
+        }
+    }
+}
 
 /// ggml's `make_q3_quants` with `do_rmse`: a symmetric quantization to `-nmax..nmax-1`
 /// starting from `nmax / max`, then up to 5 passes moving single levels while the weighted
