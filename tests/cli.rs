@@ -375,7 +375,8 @@ fn synthetic_bench_runs_without_a_model_file() {
     let synth = ["generate", "--prompt", "hi", "--synthetic"];
     fails_with(&[&synth[..], &["llama-9"]].concat(), "llama-3-8b");
     fails_with(
-        &[&synth[..], &["smollm2-135m", "--precision", "q2_k"]].concat(),
+        // (q2_k is a type since issue 16; a mix name that does not exist is not.)
+        &[&synth[..], &["smollm2-135m", "--precision", "q2_k_xl"]].concat(),
         "precision",
     );
     fails_with(

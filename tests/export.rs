@@ -104,6 +104,19 @@ fn export_then_generate_and_quantize_from_the_folder() {
         "2",
     ]));
     assert!(q8.is_file());
+    // An unknown preset is refused before anything is read, listing the known ones.
+    let e = err(&tpslab(&[
+        "quantize",
+        s(&dir),
+        s(&tmp.0.join("x.gguf")),
+        "--type",
+        "q4_k_xl",
+    ]));
+    assert!(
+        e.contains("unknown quantization type 'q4_k_xl'") && e.contains("q4_k_m, q4_k_s"),
+        "{e}"
+    );
+    assert!(!tmp.0.join("x.gguf").exists());
 
     // A non-empty target and a quantized dtype are refused, naming the reason.
     let e = err(&tpslab(&["export", "default", s(&dir)]));

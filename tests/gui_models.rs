@@ -284,9 +284,9 @@ fn cancelling_a_quantization_leaves_no_file() {
     with_default_model(&lib);
     let mut h = harness(open_panels(false, true), NO_MODEL, &lib);
     wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);
-    h.get_by_role_and_label(Role::RadioButton, "Q4_K").click();
+    h.get_by_role_and_label(Role::RadioButton, "Q4_K_M").click();
     wait_until(&mut h, "the predicted size", 60, |h| {
-        has(h, "Predicted file:") && has(h, "Q4_K (")
+        has(h, "Predicted file:") && has(h, "Q4_K_M (")
     });
     h.get_by_label("Start quantization").click();
     wait_until(&mut h, "the Cancel button", 30, |h| {

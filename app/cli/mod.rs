@@ -56,7 +56,7 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Serving benchmark at several concurrency levels (or single-stream with --pp/--tg).
     Bench(bench_args::BenchArgs),
-    /// Re-quantize a GGUF model to another weight type (F16, Q8_0, Q4_K, ...).
+    /// Re-quantize a GGUF model to a preset (Q8_0, Q6_K, Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M, Q2_K, ...).
     Quantize(model_cmds::QuantizeArgs),
     /// Perplexity over a text (the bundled public-domain one by default), llama.cpp's way.
     Perplexity(model_cmds::PerplexityArgs),

@@ -10,7 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
-use tpslab_engine::quant::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
+use tpslab_engine::quant::preset::Preset;
+use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
 use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
 use tpslab_kernels::WType;
 
@@ -22,10 +23,11 @@ pub struct QuantizeArgs {
     pub input: String,
     /// Where to write the quantized GGUF (written as OUT.tmp, renamed when complete).
     pub output: PathBuf,
-    /// Target type: f32, f16, bf16, q8_0, q6_k, q5_k (q5_k_m), q4_k (q4_k_m, q4_k_s), q4_1 or
-    /// q4_0.
+    /// Target preset, as llama-quantize names them: q8_0, q6_k, q5_k_m, q5_k_s, q4_k_m,
+    /// q4_k_s, iq4_xs, q3_k_m, q2_k, q5_1, q5_0, q4_1, q4_0, iq4_nl, f16, bf16, f32 (q4_k,
+    /// q5_k and q3_k are their _m mix), with llama.cpp's per-tensor rules.
     #[arg(long = "type", value_name = "T")]
-    pub ty: WType,
+    pub ty: Preset,
     /// Threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -33,10 +35,7 @@ pub struct QuantizeArgs {
 
 pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
     let target = a.ty;
-    let note = TARGETS
-        .iter()
-        .find(|(t, _)| *t == target)
-        .map_or("", |(_, n)| n);
+    let note = target.note();
     let input = library::resolve_model(&a.input, &mut |m| eprintln!("{m}"))?;
     let f = GgufFile::open(&input)?;
     let p = plan(&f, target)?;

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 pub use tpslab_engine::library::index::ModelEntry;
 use tpslab_engine::library::index::{Library as Index, ModelSource};
-use tpslab_kernels::WType;
+use tpslab_engine::quant::preset::Preset;
 
 use super::task::Task;
 
@@ -46,7 +46,7 @@ pub fn register_quantized(
     dir: &Path,
     out: &Path,
     from: &Path,
-    target: WType,
+    target: Preset,
 ) -> Result<(), String> {
     let source = ModelSource::Quantized {
         from: file_name(from),

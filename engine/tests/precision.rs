@@ -169,7 +169,8 @@ fn a_failed_switch_keeps_the_old_weights_serving() {
 fn type_names_and_fallbacks() {
     assert_eq!("q4_k".parse(), Ok(WType::Q4K));
     assert_eq!(" Q8_0 ".parse(), Ok(WType::Q8_0));
-    assert!("q3_k".parse::<WType>().is_err());
+    assert_eq!("q3_k".parse(), Ok(WType::Q3K));
+    assert!("q3".parse::<WType>().is_err());
     assert_eq!(WType::Q4_1.to_string(), "Q4_1");
     // A row of 576 elements (SmolLM2's hidden size) is not a multiple of 256.
     assert_eq!(matrix_type(WType::Q4K, 576), WType::Q4_1);

@@ -317,7 +317,8 @@ fn f16_folder_matches_the_f16_gguf_and_quantizes_to_q8_0_and_q4_k() {
     drop((from_folder, from_gguf));
 
     // The folder quantizes to GGUFs that keep the tokenizer and template, load and chat.
-    for (ty, file_type) in [(WType::Q8_0, 7), (WType::Q4K, 14)] {
+    // WType::Q4K is the Q4_K_M preset (file type 15), as llama-quantize reads "Q4_K".
+    for (ty, file_type) in [(WType::Q8_0, 7), (WType::Q4K, 15)] {
         let out = d.0.join(format!("{ty:?}.gguf"));
         quantize(&folder, ty, &out);
         let g = GgufFile::open(&out).expect("reopen");

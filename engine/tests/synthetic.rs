@@ -16,7 +16,7 @@ use tpslab_engine::serving::generate::generate;
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::{ThreadPool, WType};
 
-const ALL: [WType; 9] = WType::ALL;
+const ALL: [WType; 15] = WType::ALL;
 
 /// Every byte of a weight set, in a fixed order.
 fn bytes(w: &Weights) -> Vec<&[u8]> {
@@ -204,8 +204,8 @@ fn unknown_names_are_refused_with_the_known_ones() {
     let msg = e.to_string();
     assert!(msg.contains("gpt-5") && msg.contains("llama-3-8b") && msg.contains("smollm2-135m"));
 
-    let e = "q3_k".parse::<WType>().expect_err("unknown precision");
-    assert!(e.to_string().contains("q3_k") && e.to_string().contains("q8_0"));
+    let e = "q3_k_xl".parse::<WType>().expect_err("unknown precision");
+    assert!(e.to_string().contains("q3_k_xl") && e.to_string().contains("q8_0"));
     assert!(LoadedModel::synthetic("nope", WType::F16, 0, 1).is_err());
 
     for (name, ty) in [

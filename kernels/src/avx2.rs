@@ -308,14 +308,20 @@ fn tile_cols<const CC: usize>(job: &GroupJob<'_>, j0: usize, c0: usize, s: &mut 
     }
 }
 
-/// Dot of one weight row with one activation row: the K-quants' AVX2 kernels, the portable
-/// formula compiled for AVX2/FMA for the rest.
+/// Dot of one weight row with one activation row: the AVX2 kernels of `avx2_kquant` and
+/// `avx2_lowbit`, the portable formula compiled for AVX2/FMA for Q4_0, Q4_1 and Q8_0 (whose
+/// matmuls mostly take the tiled kernels here).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     match ty {
         WType::Q4K => crate::avx2_kquant::dot_q4k(w, x),
         WType::Q5K => crate::avx2_kquant::dot_q5k(w, x),
         WType::Q6K => crate::avx2_kquant::dot_q6k(w, x),
+        WType::Q5_0 | WType::Q5_1 => crate::avx2_lowbit::dot_q5(ty, w, x),
+        WType::Q2K => crate::avx2_lowbit::dot_q2k(w, x),
+        WType::Q3K => crate::avx2_lowbit::dot_q3k(w, x),
+        WType::IQ4NL => crate::avx2_lowbit::dot_iq4nl(w, x),
+        WType::IQ4XS => crate::avx2_lowbit::dot_iq4xs(w, x),
         _ => quant::dot_q32(ty, w, x),
     }
 }

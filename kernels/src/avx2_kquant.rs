@@ -12,7 +12,7 @@ const KMASK3: u32 = 0x0303_0303;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_at(b: &[u8], i: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
         u16::from_le_bytes([b[i], b[i + 1]]) as i32,
     )))
@@ -20,7 +20,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum8(x: __m256) -> f32 {
+pub(crate) fn hsum8(x: __m256) -> f32 {
     // ggml's hsum_float_8, operation for operation.
     let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -70,9 +70,10 @@ fn hi_bit(hbits: __m256i, bit: i32) -> __m256i {
     _mm256_slli_epi16::<4>(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit)))
 }
 
+/// Asserts `x` holds the Q8_K blocks of a weight row of `ts`-byte blocks; returns the count.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn check_row(w: &[u8], ts: usize, x: &ActRow<'_>) -> usize {
+pub(crate) fn check_row(w: &[u8], ts: usize, x: &ActRow<'_>) -> usize {
     let nb = w.len() / ts;
     assert!(x.qs.len() >= nb * QK_K && x.d.len() >= nb && x.bsums.len() >= nb * 16);
     nb

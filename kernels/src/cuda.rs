@@ -102,14 +102,33 @@ pub fn wtype_id(ty: WType) -> i32 {
         WType::Q6K => 7,
         // Refused until its kernels have run on a GPU ([`has_kernel`]).
         WType::Q5K => 8,
+        // No CUDA kernels yet ([`has_kernel`]): never sent to a kernel; the ids are their
+        // places in `WType::ALL`, so the kernel tables (indexed by id) answer "none".
+        WType::Q5_0 => 9,
+        WType::Q5_1 => 10,
+        WType::Q2K => 11,
+        WType::Q3K => 12,
+        WType::IQ4NL => 13,
+        WType::IQ4XS => 14,
     }
 }
 
 /// Whether the CUDA backend takes weights of type `ty`. Q5_K's kernels (mmvq.cu, the Q5_K
 /// cases of common.cuh and elementwise.cu) are written but have not run on a GPU yet: until
-/// tests/gpu/gpu-check.sh passes with them, Q5_K models stay on the CPU.
+/// tests/gpu/gpu-check.sh passes with them, Q5_K models stay on the CPU. Q5_0, Q5_1, Q2_K,
+/// Q3_K, IQ4_NL and IQ4_XS have no CUDA kernels: their models run on the CPU.
 pub fn has_kernel(ty: WType) -> bool {
-    ty != WType::Q5K
+    matches!(
+        ty,
+        WType::F32
+            | WType::F16
+            | WType::BF16
+            | WType::Q4_0
+            | WType::Q4_1
+            | WType::Q8_0
+            | WType::Q4K
+            | WType::Q6K
+    )
 }
 
 /// `Ok` when the CUDA kernels read `ty`, else the error to show.
@@ -121,9 +140,9 @@ pub fn check_type(ty: WType) -> Result<()> {
     }
 }
 
-/// Whether matvec.cu has f32-activation kernels for `ty` (every type but Q5_K).
+/// Whether matvec.cu has f32-activation kernels for `ty` (the types with kernels).
 fn has_f32_mmv(ty: WType) -> bool {
-    ty != WType::Q5K
+    has_kernel(ty)
 }
 
 /// Whether mmvq.cu has 8-bit-activation kernels for `ty` (the K-quants).

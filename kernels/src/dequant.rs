@@ -59,6 +59,11 @@ pub fn dequantize_row(ty: WType, data: &[u8], out: &mut [f32]) {
             WType::Q4K => dequantize_q4k(blk, chunk),
             WType::Q5K => dequantize_q5k(blk, chunk),
             WType::Q6K => dequantize_q6k(blk, chunk),
+            WType::Q5_0 | WType::Q5_1 => dequantize_q5(ty, blk, chunk),
+            WType::Q2K => dequantize_q2k(blk, chunk),
+            WType::Q3K => dequantize_q3k(blk, chunk),
+            WType::IQ4NL => dequantize_iq4(f16_at(blk, 0), &blk[2..18], chunk),
+            WType::IQ4XS => dequantize_iq4xs(blk, chunk),
         }
     }
 }
@@ -128,5 +133,117 @@ fn dequantize_q6k(blk: &[u8], out: &mut [f32]) {
     for (e, o) in out.iter_mut().enumerate() {
         let (q, is) = q6k_at(blk, e);
         *o = d * (blk[192 + is] as i8) as f32 * q as f32;
+    }
+}
+
+/// The 5-bit level of element `j` (0..32) of a Q5_0 / Q5_1 block: low nibble from `qs`
+/// (elements 16.. in the high nibbles), fifth bit `j` of the little-endian `qh` word.
+#[inline(always)]
+pub(crate) fn q5_level(qh: u32, qs: &[u8], j: usize) -> u8 {
+    let lo = if j < 16 {
+        qs[j] & 0x0f
+    } else {
+        qs[j - 16] >> 4
+    };
+    lo | ((((qh >> j) & 1) as u8) << 4)
+}
+
+pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+// ggml dequantize_row_q5_0 (d * (q - 16)) / dequantize_row_q5_1 (q * d + m).
+fn dequantize_q5(ty: WType, blk: &[u8], out: &mut [f32]) {
+    let d = f16_at(blk, 0);
+    if ty == WType::Q5_0 {
+        let (qh, qs) = (u32_at(blk, 2), &blk[6..22]);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = (q5_level(qh, qs, j) as i32 - 16) as f32 * d;
+        }
+    } else {
+        let m = f16_at(blk, 2);
+        let (qh, qs) = (u32_at(blk, 4), &blk[8..24]);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = q5_level(qh, qs, j) as f32 * d + m;
+        }
+    }
+}
+
+/// The 2-bit level of element `e` (0..256) of a Q2_K / Q3_K `qs` array (64 bytes): byte
+/// `32 * (e / 128) + e % 32`, bits `2 * ((e % 128) / 32)`.
+#[inline(always)]
+pub(crate) fn k_low2(qs: &[u8], e: usize) -> u8 {
+    (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3
+}
+
+// ggml dequantize_row_q2_K: per 16 elements, dl = d * (sc & 15) and ml = dmin * (sc >> 4);
+// x = dl * q - ml.
+fn dequantize_q2k(blk: &[u8], out: &mut [f32]) {
+    let (scales, qs) = (&blk[..16], &blk[16..80]);
+    let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
+    for (e, o) in out.iter_mut().enumerate() {
+        let sc = scales[e / 16];
+        let (dl, ml) = (d * (sc & 0xf) as f32, dmin * (sc >> 4) as f32);
+        *o = dl * k_low2(qs, e) as f32 - ml;
+    }
+}
+
+/// The 16 signed 6-bit scales of a Q3_K block from its 12 packed bytes (low nibbles in bytes
+/// 0..8, two high bits each in bytes 8..12), minus 32: ggml's `aux` unpacking.
+pub(crate) fn q3k_scales(sc: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|j| {
+        let lo = if j < 8 { sc[j] & 0xf } else { sc[j - 8] >> 4 };
+        let hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        (lo | (hi << 4)) as i8 - 32
+    })
+}
+
+/// The signed 3-bit level (-4..=3) of element `e` of a Q3_K block: the 2 low bits, minus 4
+/// when its bit in `hmask` (byte `e % 32`, bit `e / 32`) is clear.
+#[inline(always)]
+pub(crate) fn q3k_level(hmask: &[u8], qs: &[u8], e: usize) -> i32 {
+    let high = (hmask[e % 32] >> (e / 32)) & 1;
+    k_low2(qs, e) as i32 - if high != 0 { 0 } else { 4 }
+}
+
+// ggml dequantize_row_q3_K: x = (d * (scale - 32)) * level.
+fn dequantize_q3k(blk: &[u8], out: &mut [f32]) {
+    let (hmask, qs) = (&blk[..32], &blk[32..96]);
+    let scales = q3k_scales(&blk[96..108]);
+    let d = f16_at(blk, 108);
+    for (e, o) in out.iter_mut().enumerate() {
+        let dl = d * scales[e / 16] as f32;
+        *o = dl * q3k_level(hmask, qs, e) as f32;
+    }
+}
+
+/// ggml's `kvalues_iq4nl`: the non-linear 4-bit grid of IQ4_NL and IQ4_XS.
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// 32 elements from 16 bytes of grid indices (low nibbles first) at scale `d`.
+fn dequantize_iq4(d: f32, qs: &[u8], out: &mut [f32]) {
+    for j in 0..16 {
+        out[j] = d * KVALUES_IQ4NL[(qs[j] & 0xf) as usize] as f32;
+        out[j + 16] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
+/// The 6-bit scale (0..64, before the -32) of sub-block `ib` (0..8) of an IQ4_XS block.
+#[inline(always)]
+pub(crate) fn iq4xs_scale(blk: &[u8], ib: usize) -> i32 {
+    let sh = u16::from_le_bytes([blk[2], blk[3]]);
+    let lo = (blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf;
+    let hi = ((sh >> (2 * ib)) & 3) as u8;
+    (lo | (hi << 4)) as i32
+}
+
+// ggml dequantize_row_iq4_xs: per 32 elements dl = d * (ls - 32), then as IQ4_NL.
+fn dequantize_iq4xs(blk: &[u8], out: &mut [f32]) {
+    let d = f16_at(blk, 0);
+    for (ib, o) in out.chunks_exact_mut(32).enumerate() {
+        let dl = d * (iq4xs_scale(blk, ib) - 32) as f32;
+        dequantize_iq4(dl, &blk[8 + 16 * ib..24 + 16 * ib], o);
     }
 }

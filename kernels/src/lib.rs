@@ -8,10 +8,13 @@
 //! - `dequant`: weight blocks (ggml layouts) back to f32, the plain reference for every type.
 //! - `quantize`: weight quantization, f32 rows to ggml block bytes, byte-exact with ggml's
 //!   reference quantizers (`quantize_row_*_ref`, the K-quants' scale searches included).
+//! - `quantize_lowbit`: the Q3_K, IQ4_NL and IQ4_XS quantizers (ggml's scale searches).
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
 //!   portable and written to do exactly the float operations ggml's AVX2 code does.
+//! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS.
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
+//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 //! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
@@ -23,13 +26,17 @@ pub mod attn;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquant;
+#[cfg(target_arch = "x86_64")]
+mod avx2_lowbit;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dequant;
+mod dots;
 mod matmul;
 pub mod pool;
 pub mod quant;
 pub mod quantize;
+mod quantize_lowbit;
 mod wtype;
 
 pub use dequant::dequantize_row;

@@ -258,7 +258,7 @@ fn dot_row(backend: Backend, ty: WType, w: &[u8], x: quant::ActRow<'_>) -> f32 {
         // SAFETY: the backend was checked available.
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => unsafe { crate::avx2::dot_row(ty, w, x) },
-        _ => quant::dot_row(ty, w, x),
+        _ => crate::dots::dot_row(ty, w, x),
     }
 }
 

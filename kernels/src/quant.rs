@@ -1,6 +1,7 @@
-//! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas, portable and
-//! doing exactly the float operations of ggml's AVX2 code (so the AVX2 kernels, which are
-//! tested bit-equal against these, reproduce llama.cpp's arithmetic).
+//! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas (those of the
+//! types added later, and the dispatch over all, in `dots`), portable and doing exactly the float
+//! operations of ggml's AVX2 code (so the AVX2 kernels, which are tested bit-equal against these, reproduce llama.cpp's
+//! arithmetic).
 //!
 //! Every weight-block x activation-block dot has the same shape: an exact integer dot per
 //! 4-element group, summed into 8 i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32),
@@ -31,9 +32,11 @@ impl ActType {
     pub fn for_weight(ty: WType) -> Self {
         match ty {
             WType::F32 | WType::F16 | WType::BF16 => Self::F32,
-            WType::Q4_0 | WType::Q8_0 => Self::Q8_0,
-            WType::Q4_1 => Self::Q8_1,
-            WType::Q4K | WType::Q5K | WType::Q6K => Self::Q8K,
+            WType::Q4_0 | WType::Q8_0 | WType::Q5_0 | WType::IQ4NL => Self::Q8_0,
+            WType::Q4_1 | WType::Q5_1 => Self::Q8_1,
+            WType::Q4K | WType::Q5K | WType::Q6K | WType::Q2K | WType::Q3K | WType::IQ4XS => {
+                Self::Q8K
+            }
         }
     }
     pub fn block_size(self) -> usize {
@@ -414,16 +417,4 @@ pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
         s = a.mul_add(b, s);
     }
     s
-}
-
-/// Dot of one weight row (ggml bytes) with one activation row, portably; the AVX2 kernels
-/// produce bit-identical results.
-pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
-    match ty {
-        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => dot_q32(ty, w, x),
-        WType::Q4K => dot_q4k(w, x),
-        WType::Q5K => dot_q5k(w, x),
-        WType::Q6K => dot_q6k(w, x),
-        WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
-    }
 }

@@ -1,5 +1,5 @@
-//! Weight quantization: f32 rows to ggml block bytes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-//! Q5_K, Q6_K), doing exactly the float operations of ggml's reference quantizers
+//! Weight quantization: f32 rows to ggml block bytes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q2_K, Q4_K, Q5_K, Q6_K here; Q3_K, IQ4_NL and IQ4_XS in `quantize_lowbit`), doing exactly the float operations of ggml's reference quantizers
 //! (`quantize_row_*_ref` in ggml-quants.c, which `llama-quantize` uses when no importance matrix
 //! is given), so a file we write has the bytes llama.cpp would write.
 //!
@@ -9,20 +9,9 @@
 
 use crate::WType;
 
-/// ggml's `GROUP_MAX_EPS`: groups whose largest magnitude is below this quantize to zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
+use crate::quantize_lowbit::{GROUP_MAX_EPS, f16_bytes, nearest_int, pack_2bit};
+
 const QK_K: usize = 256;
-
-/// ggml's `nearest_int`: round half to even (exact for |x| < 2^22, all ggml ever passes).
-#[inline]
-fn nearest_int(x: f32) -> i32 {
-    x.round_ties_even() as i32
-}
-
-#[inline]
-fn f16_bytes(x: f32) -> [u8; 2] {
-    half::f16::from_f32(x).to_le_bytes()
-}
 
 /// Quantizes `x` (a whole number of `ty` blocks) into `out` (exactly `ty.row_bytes(x.len())`
 /// bytes) as ggml's reference quantizer for `ty` does.
@@ -64,6 +53,12 @@ pub fn quantize_row(ty: WType, x: &[f32], out: &mut [u8]) {
                     WType::Q4K => quantize_q4k(xb, blk),
                     WType::Q5K => quantize_q5k(xb, blk),
                     WType::Q6K => quantize_q6k(xb, blk),
+                    WType::Q5_0 => quantize_q5_0(xb, blk),
+                    WType::Q5_1 => quantize_q5_1(xb, blk),
+                    WType::Q2K => quantize_q2k(xb, blk),
+                    WType::Q3K => crate::quantize_lowbit::quantize_q3k(xb, blk),
+                    WType::IQ4NL => crate::quantize_lowbit::quantize_iq4nl(xb, blk),
+                    WType::IQ4XS => crate::quantize_lowbit::quantize_iq4xs(xb, blk),
                     WType::F32 | WType::F16 | WType::BF16 => unreachable!("handled above"),
                 }
             }
@@ -134,9 +129,58 @@ fn quantize_q8_0(x: &[f32], blk: &mut [u8]) {
     }
 }
 
+// ggml quantize_row_q5_0_ref: d = (signed value of largest magnitude) / -16,
+// q = trunc(x/d + 16.5), the fifth bit of element j in bit j of qh.
+fn quantize_q5_0(x: &[f32], blk: &mut [u8]) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    blk[..2].copy_from_slice(&f16_bytes(d));
+    let levels: [u8; 32] = std::array::from_fn(|j| ((x[j] * id + 16.5) as i8).min(31) as u8);
+    pack_q5(&levels, &mut blk[2..22]);
+}
+
+// ggml quantize_row_q5_1_ref: d = (max - min) / 31, m = min, q = trunc((x - min)/d + 0.5).
+fn quantize_q5_1(x: &[f32], blk: &mut [u8]) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    let d = (max - min) / 31.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    blk[..2].copy_from_slice(&f16_bytes(d));
+    blk[2..4].copy_from_slice(&f16_bytes(min));
+    let levels: [u8; 32] = std::array::from_fn(|j| ((x[j] - min) * id + 0.5) as u8);
+    pack_q5(&levels, &mut blk[4..24]);
+}
+
+/// 32 five-bit levels as ggml's Q5 blocks hold them: `qh` (4 bytes, bit j = fifth bit of
+/// element j) then 16 bytes of nibbles (elements 16.. in the high nibbles).
+fn pack_q5(levels: &[u8; 32], out: &mut [u8]) {
+    let mut qh = 0u32;
+    for (j, &q) in levels.iter().enumerate() {
+        qh |= (((q & 0x10) >> 4) as u32) << j;
+    }
+    out[..4].copy_from_slice(&qh.to_le_bytes());
+    for j in 0..16 {
+        out[4 + j] = (levels[j] & 0x0f) | ((levels[16 + j] & 0x0f) << 4);
+    }
+}
+
 /// ggml's `make_qkx2_quants`: an asymmetric `nmax`-level quantization of `x` with weights `w`,
 /// searching `nstep + 1` scales around `nmax / (max - min)` for the least weighted squared
-/// error. Writes the levels to `l`; returns (scale, -min).
+/// (or, with `use_mad`, absolute) error. Writes the levels to `l`; returns (scale, -min).
 #[allow(clippy::too_many_arguments)]
 fn make_qkx2_quants(
     nmax: i32,
@@ -146,7 +190,9 @@ fn make_qkx2_quants(
     rmin: f32,
     rdelta: f32,
     nstep: i32,
+    use_mad: bool,
 ) -> (f32, f32) {
+    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = w[0];
@@ -176,7 +222,7 @@ fn make_qkx2_quants(
         let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l[i] = q as u8;
         let diff = scale * q as f32 + min - x[i];
-        best_error += w[i] * (diff * diff);
+        best_error += w[i] * err(diff);
     }
     let mut laux = [0u8; 32];
     for is in 0..=nstep {
@@ -201,7 +247,7 @@ fn make_qkx2_quants(
             let mut cur_error = 0f32;
             for i in 0..n {
                 let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                cur_error += w[i] * (diff * diff);
+                cur_error += w[i] * err(diff);
             }
             if cur_error < best_error {
                 l[..n].copy_from_slice(&laux[..n]);
@@ -212,6 +258,68 @@ fn make_qkx2_quants(
         }
     }
     (scale, -min)
+}
+
+// ggml quantize_row_q2_K_ref: per 16 elements a (scale, min) from make_qkx2_quants (weights
+// |x|, absolute error), both to 4 bits against the block's largest, then every element
+// re-quantized to 0..=3; levels of each 128 elements packed four to a byte.
+fn quantize_q2k(x: &[f32], blk: &mut [u8]) {
+    let mut l = [0u8; QK_K];
+    let mut scales = [0f32; 16];
+    let mut mins = [0f32; 16];
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    let mut weights = [0f32; 16];
+    for j in 0..16 {
+        let xs = &x[16 * j..16 * j + 16];
+        for (w, &v) in weights.iter_mut().zip(xs) {
+            *w = v.abs();
+        }
+        let lj = &mut l[16 * j..16 * j + 16];
+        let (s, m) = make_qkx2_quants(3, xs, &weights, lj, -0.5, 0.1, 15, true);
+        scales[j] = s;
+        mins[j] = m;
+        if s > max_scale {
+            max_scale = s;
+        }
+        if m > max_min {
+            max_min = m;
+        }
+    }
+    let (sc, rest) = blk.split_at_mut(16);
+    let (qs, dd) = rest.split_at_mut(64);
+    if max_scale > 0.0 {
+        let iscale = 15.0 / max_scale;
+        for (o, &s) in sc.iter_mut().zip(&scales) {
+            *o = nearest_int(iscale * s) as u8;
+        }
+        dd[..2].copy_from_slice(&f16_bytes(max_scale / 15.0));
+    } else {
+        sc.fill(0);
+        dd[..2].copy_from_slice(&f16_bytes(0.0));
+    }
+    if max_min > 0.0 {
+        let iscale = 15.0 / max_min;
+        for (o, &m) in sc.iter_mut().zip(&mins) {
+            *o |= (nearest_int(iscale * m) << 4) as u8;
+        }
+        dd[2..4].copy_from_slice(&f16_bytes(max_min / 15.0));
+    } else {
+        dd[2..4].copy_from_slice(&f16_bytes(0.0));
+    }
+    let d_all = half::f16::from_le_bytes([dd[0], dd[1]]).to_f32();
+    let dmin_all = half::f16::from_le_bytes([dd[2], dd[3]]).to_f32();
+    for j in 0..16 {
+        let d = d_all * (sc[j] & 0xf) as f32;
+        // A zero scale keeps make_qkx2_quants' levels, as ggml does.
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin_all * (sc[j] >> 4) as f32;
+        for ii in 0..16 {
+            l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+    pack_2bit(&l, qs);
 }
 
 // ggml quantize_row_q4_K_ref / quantize_row_q5_K_ref, the part they share: per 32-element
@@ -235,7 +343,7 @@ fn quantize_kx(x: &[f32], nmax: i32, rmin: f32, nstep: i32, head: &mut [u8], l: 
             *w = av_x + v.abs();
         }
         let lj = &mut l[32 * j..32 * j + 32];
-        let (s, m) = make_qkx2_quants(nmax, xs, &weights, lj, rmin, 0.1, nstep);
+        let (s, m) = make_qkx2_quants(nmax, xs, &weights, lj, rmin, 0.1, nstep, false);
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {

@@ -22,6 +22,24 @@ pub enum WType {
     /// ggml `block_q5_K`: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins (as Q4_K), 32
     /// bytes of fifth bits, 128 bytes of low nibbles; 256 elements.
     Q5K,
+    /// ggml `block_q5_0`: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles; x = d * (q - 16);
+    /// 32 elements.
+    Q5_0,
+    /// ggml `block_q5_1`: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of nibbles;
+    /// x = d * q + m; 32 elements.
+    Q5_1,
+    /// ggml `block_q2_K`: 16 bytes of 4-bit scale / 4-bit min pairs, 64 bytes of 2-bit levels,
+    /// f16 d, f16 dmin; 16 sub-blocks of 16; 256 elements.
+    Q2K,
+    /// ggml `block_q3_K`: 32 bytes of high bits, 64 bytes of low 2-bit levels, 12 bytes of
+    /// packed 6-bit scales, f16 d; 16 sub-blocks of 16; 256 elements.
+    Q3K,
+    /// ggml `block_iq4_nl`: f16 d, 16 bytes of nibbles indexing the non-linear
+    /// `kvalues_iq4nl` grid; 32 elements.
+    IQ4NL,
+    /// ggml `block_iq4_xs`: f16 d, 2 bytes of high and 4 of low scale bits (8 6-bit scales), 128
+    /// bytes of `kvalues_iq4nl` indices; 256 elements.
+    IQ4XS,
 }
 
 /// Other spellings [`WType::from_str`] takes: llama.cpp's file-type names for the K-quant mixes
@@ -36,7 +54,7 @@ const ALIASES: [(&str, WType); 5] = [
 
 impl WType {
     /// Every type, in the order of the kernels' type ids.
-    pub const ALL: [WType; 9] = [
+    pub const ALL: [WType; 15] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -46,6 +64,12 @@ impl WType {
         Self::Q4K,
         Self::Q6K,
         Self::Q5K,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q2K,
+        Self::Q3K,
+        Self::IQ4NL,
+        Self::IQ4XS,
     ];
 
     /// ggml's name of the type ("Q4_K"), as GGUF tools and llama.cpp print it.
@@ -60,6 +84,12 @@ impl WType {
             Self::Q4K => "Q4_K",
             Self::Q6K => "Q6_K",
             Self::Q5K => "Q5_K",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -67,8 +97,8 @@ impl WType {
     pub fn block_size(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K => 256,
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => 32,
+            Self::Q4K | Self::Q5K | Self::Q6K | Self::Q2K | Self::Q3K | Self::IQ4XS => 256,
         }
     }
     /// Bytes per block.
@@ -82,6 +112,12 @@ impl WType {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q2K => 84,
+            Self::Q3K => 110,
+            Self::IQ4NL => 18,
+            Self::IQ4XS => 136,
         }
     }
     /// Bytes of one row of `k` elements.
@@ -148,7 +184,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K"
+                "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q5_0",
+                "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"
             ]
         );
         for t in WType::ALL {
@@ -179,7 +216,7 @@ mod tests {
 
     #[test]
     fn an_unknown_name_is_refused_with_the_known_ones() {
-        for bad in ["q3_k", "", "Q4_K_L", "q4", "f16 x", "Q8_0\0"] {
+        for bad in ["q3", "", "Q4_K_L", "q4", "f16 x", "Q8_0\0", "iq4"] {
             let e = bad.parse::<WType>().expect_err(bad);
             assert_eq!(e, UnknownWType(bad.to_string()));
             let msg = e.to_string();

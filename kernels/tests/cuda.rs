@@ -611,3 +611,31 @@ fn no_driver_is_an_error_not_a_panic() {
         Err(e) => assert!(!e.to_string().is_empty()),
     }
 }
+
+/// Without a GPU: the types with no CUDA kernel (Q5_K, and Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
+/// IQ4_XS) are refused by name before any launch, and every type's id is its place in
+/// `WType::ALL` (the kernel tables are indexed by it).
+#[test]
+fn types_without_kernels_are_refused_by_name_and_ids_index_the_tables() {
+    for (i, ty) in WType::ALL.into_iter().enumerate() {
+        assert_eq!(tpslab_kernels::cuda::wtype_id(ty), i as i32, "{ty}");
+    }
+    for ty in [
+        WType::Q5K,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::Q2K,
+        WType::Q3K,
+        WType::IQ4NL,
+        WType::IQ4XS,
+    ] {
+        assert!(!has_kernel(ty));
+        let e = tpslab_kernels::cuda::check_type(ty).expect_err("no kernel");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{ty} has no CUDA kernel")),
+            "{e}"
+        );
+    }
+    assert!(has_kernel(WType::Q4K) && has_kernel(WType::Q6K) && has_kernel(WType::Q4_1));
+}

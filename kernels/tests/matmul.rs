@@ -109,6 +109,16 @@ fn backends_agree_bit_for_bit() {
         (WType::Q4K, 13, 768, 11),
         (WType::Q6K, 7, 256, 17),
         (WType::F16, 10, 100, 3),
+        (WType::Q5_0, 66, 576, 5),
+        (WType::Q5_1, 33, 576, 2),
+        (WType::IQ4NL, 17, 576, 3),
+        (WType::IQ4NL, 9, 544, 1),
+        (WType::Q2K, 19, 1536, 2),
+        (WType::Q3K, 23, 1024, 3),
+        (WType::IQ4XS, 21, 768, 4),
+        (WType::Q2K, 5, 256, 13),
+        (WType::Q3K, 7, 512, 1),
+        (WType::IQ4XS, 9, 2048, 1),
     ] {
         let data = random_weights(&mut r, ty, n, k);
         let w = QMatrix {

@@ -70,6 +70,12 @@ fn byte_exact_with_ggml_reference_quantizers() {
         WType::Q4K,
         WType::Q6K,
         WType::Q5K,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::Q2K,
+        WType::Q3K,
+        WType::IQ4NL,
+        WType::IQ4XS,
     ] {
         let ours = quantize(ty, &x);
         let theirs = &FIXTURE[at..at + ours.len()];
@@ -159,8 +165,8 @@ fn matches_candle_where_it_runs_the_same_algorithm() {
 
 /// Relative RMS round-trip error of each type on bell-shaped random rows with 2% outliers at 8x
 /// (which widen the blocks' scales), in ranges around what ggml's quantizers give on such data
-/// (measured: BF16 0.17%, F16 0.02%, Q8_0 0.93%, Q6_K 2.8%, Q5_K 4.8%, Q4_K 9.6%, Q4_1 10.3%,
-/// Q4_0 14.9%),
+/// (measured: BF16 0.17%, F16 0.02%, Q8_0 0.93%, Q6_K 2.8%, Q5_K 4.8%, Q5_1 5.0%, Q5_0 7.4%,
+/// Q4_K 9.6%, Q4_1 10.3%, IQ4_NL 11.3%, IQ4_XS 11.5%, Q4_0 14.9%, Q3_K 20.5%, Q2_K 34.7%),
 /// and in the order of their bits per weight.
 #[test]
 fn round_trip_errors_are_in_range_and_ordered() {
@@ -177,6 +183,12 @@ fn round_trip_errors_are_in_range_and_ordered() {
         WType::Q4K,
         WType::Q4_1,
         WType::Q4_0,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::IQ4NL,
+        WType::IQ4XS,
+        WType::Q3K,
+        WType::Q2K,
     ]
     .into_iter()
     .map(|t| (t, err(t)))
@@ -198,6 +210,12 @@ fn round_trip_errors_are_in_range_and_ordered() {
         (WType::Q4K, 5e-2, 0.13),
         (WType::Q4_1, 6e-2, 0.15),
         (WType::Q4_0, 8e-2, 0.2),
+        (WType::Q5_1, 3e-2, 7e-2),
+        (WType::Q5_0, 5e-2, 0.1),
+        (WType::IQ4NL, 8e-2, 0.15),
+        (WType::IQ4XS, 8e-2, 0.15),
+        (WType::Q3K, 0.15, 0.27),
+        (WType::Q2K, 0.25, 0.45),
     ];
     for (t, lo, hi) in ranges {
         assert!(
@@ -211,6 +229,12 @@ fn round_trip_errors_are_in_range_and_ordered() {
     assert!(get(WType::Q6K) < get(WType::Q5K));
     assert!(get(WType::Q5K) < get(WType::Q4K));
     assert!(get(WType::Q4K) <= get(WType::Q4_0));
+    assert!(get(WType::Q6K) < get(WType::Q5_1));
+    assert!(get(WType::Q5_1) < get(WType::Q5_0));
+    assert!(get(WType::Q5_0) < get(WType::IQ4NL));
+    assert!(get(WType::IQ4XS) < get(WType::Q4_0));
+    assert!(get(WType::Q4_0) < get(WType::Q3K));
+    assert!(get(WType::Q3K) < get(WType::Q2K));
 }
 
 /// Zero rows, constant rows and huge or tiny magnitudes quantize to finite values that

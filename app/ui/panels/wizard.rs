@@ -12,27 +12,15 @@ use std::sync::atomic::AtomicBool;
 use serde::{Deserialize, Serialize};
 use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::model::LoadedModel;
-use tpslab_engine::quant::quantize::{QuantizeOptions, TARGETS, plan, quantize_file};
+use tpslab_engine::quant::preset::Preset;
+use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
 use tpslab_engine::serving::perplexity::{
     BUNDLED_TEXT, BUNDLED_TEXT_NAME, PerplexityReport, perplexity,
 };
-use tpslab_kernels::WType;
 
 use super::message_ui;
 use crate::ui::catalog::{self, Library, same_file, size_text};
 use crate::ui::task::Task;
-
-/// The targets in the order the wizard offers them (those the quantizer knows are shown).
-const ORDER: [WType; 8] = [
-    WType::F16,
-    WType::BF16,
-    WType::Q8_0,
-    WType::Q6K,
-    WType::Q5K,
-    WType::Q4K,
-    WType::Q4_0,
-    WType::Q4_1,
-];
 
 /// What the wizard keeps across restarts: its window, choices and the measured table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,7 +71,7 @@ struct PlanInfo {
     peak_bytes: u64,
 }
 
-type PlanKey = (PathBuf, WType);
+type PlanKey = (PathBuf, Preset);
 
 /// What the wizard needs from the app this frame.
 pub struct WizardView<'a> {
@@ -113,22 +101,18 @@ pub struct Wizard {
     speeds: HashMap<PathBuf, (f64, String)>,
 }
 
-/// The targets offered, with their notes.
-pub fn targets() -> Vec<(WType, &'static str, &'static str)> {
-    ORDER
-        .iter()
-        .filter_map(|&t| {
-            TARGETS
-                .iter()
-                .find(|(q, _)| *q == t)
-                .map(|(_, note)| (t, t.name(), *note))
-        })
+/// The presets offered (every one but F32, from the most bits to the fewest), with their notes.
+pub fn targets() -> Vec<(Preset, &'static str, &'static str)> {
+    Preset::ALL
+        .into_iter()
+        .filter(|&p| p != Preset::F32)
+        .map(|p| (p, p.name(), p.note()))
         .collect()
 }
 
 /// "SmolLM2-135M-Instruct.Q8_0.gguf" from "SmolLM2-135M-Instruct.Q4_1.gguf": the source's name
 /// without its precision suffix, then the target's.
-pub fn output_name(source: &Path, source_precision: &str, target: WType) -> String {
+pub fn output_name(source: &Path, source_precision: &str, target: Preset) -> String {
     let stem = source
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
@@ -237,18 +221,17 @@ impl Wizard {
         let ctx = ui.ctx().clone();
         self.source_ui(ui, lib, view);
         ui.separator();
-        let target = s.target.parse().unwrap_or(WType::Q8_0);
+        let target = s.target.parse().unwrap_or(Preset::Q8_0);
         let mut chosen = target;
         ui.strong("Target type");
-        egui::Grid::new("wizard_targets")
-            .num_columns(2)
-            .show(ui, |ui| {
-                for (t, name, note) in targets() {
-                    ui.radio_value(&mut chosen, t, name);
-                    ui.label(note);
-                    ui.end_row();
-                }
-            });
+        // 16 presets: wrapped in a few rows (each with its note on hover, the chosen one's
+        // below), so the run and measure parts stay in view.
+        ui.horizontal_wrapped(|ui| {
+            for (t, name, note) in targets() {
+                ui.radio_value(&mut chosen, t, name).on_hover_text(note);
+            }
+        });
+        ui.label(format!("{chosen}: {}", chosen.note()));
         if chosen != target {
             s.target = chosen.to_string();
         }
@@ -306,7 +289,7 @@ impl Wizard {
         &mut self,
         ui: &mut egui::Ui,
         src: &Path,
-        target: WType,
+        target: Preset,
         view: &WizardView<'_>,
         ctx: &egui::Context,
     ) {
@@ -359,7 +342,7 @@ impl Wizard {
         ui: &mut egui::Ui,
         lib: &Library,
         src: &Path,
-        target: WType,
+        target: Preset,
         view: &WizardView<'_>,
         ctx: &egui::Context,
     ) {
@@ -420,7 +403,7 @@ impl Wizard {
     fn start(
         &mut self,
         src: &Path,
-        target: WType,
+        target: Preset,
         out: &Path,
         threads: usize,
         ctx: &egui::Context,
@@ -575,7 +558,7 @@ fn table_ui(ui: &mut egui::Ui, s: &mut WizardSettings) {
     }
 }
 
-fn plan_info(src: &Path, target: WType) -> Result<PlanInfo, String> {
+fn plan_info(src: &Path, target: Preset) -> Result<PlanInfo, String> {
     let f = GgufFile::open(src).map_err(|e| e.to_string())?;
     let p = plan(&f, target).map_err(|e| e.to_string())?;
     let sizes = p.tensors.iter().map(|t| (t.info.size, t.desc().size()));
@@ -596,22 +579,28 @@ mod tests {
     fn output_names_swap_the_precision_suffix() {
         let p = Path::new("/lib/SmolLM2-135M-Instruct.Q4_1.gguf");
         assert_eq!(
-            output_name(p, "Q4_1", WType::Q8_0),
+            output_name(p, "Q4_1", Preset::Q8_0),
             "SmolLM2-135M-Instruct.Q8_0.gguf"
         );
         let p = Path::new("/lib/llama-3-8b-f16.gguf");
-        assert_eq!(output_name(p, "F16", WType::Q4K), "llama-3-8b.Q4_K.gguf");
+        assert_eq!(
+            output_name(p, "F16", Preset::Q4KM),
+            "llama-3-8b.Q4_K_M.gguf"
+        );
         let p = Path::new("/lib/model.gguf");
-        assert_eq!(output_name(p, "Q4_1", WType::BF16), "model.BF16.gguf");
+        assert_eq!(output_name(p, "Q4_1", Preset::BF16), "model.BF16.gguf");
     }
 
     #[test]
-    fn the_targets_come_in_order_with_notes_and_without_f32() {
+    fn the_presets_come_in_order_with_notes_and_without_f32() {
         let t = targets();
         let names: Vec<&str> = t.iter().map(|(_, n, _)| *n).collect();
         assert_eq!(names.first(), Some(&"F16"));
         assert!(!names.contains(&"F32"));
-        for want in ["F16", "BF16", "Q8_0", "Q6_K", "Q4_K", "Q4_0", "Q4_1"] {
+        for want in [
+            "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_M",
+            "Q2_K", "IQ4_XS", "Q4_0", "Q4_1",
+        ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
         assert!(t.iter().all(|(_, _, note)| !note.is_empty()));

@@ -30,6 +30,9 @@ fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {
 /// Refuses, before touching a GPU, weights of a type the CUDA kernels do not read (Q5_K).
 fn check_weight_types(w: &Weights) -> Result<(), BackendError> {
     for l in w.matrices() {
+        if l.parts.len() > 1 {
+            return Err(BackendError::MixedTypes(l.types()));
+        }
         tpslab_kernels::cuda::check_type(l.ty).map_err(cuda("checking the weight types"))?;
     }
     Ok(())

@@ -59,6 +59,12 @@ pub enum BackendError {
     /// The model needs an operation the CUDA path does not have yet.
     #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
     NoCudaOp(String),
+    /// Q/K/V (or gate/up) of different types (a Q4_K_M file's mix), which the CUDA path does
+    /// not stack yet.
+    #[error(
+        "a matrix stacks parts of different types ({0:?}), which the CUDA path cannot run yet; use --device cpu"
+    )]
+    MixedTypes(Vec<tpslab_kernels::WType>),
     /// A CUDA call failed; `what` says what the engine was doing.
     #[cfg(feature = "cuda")]
     #[error("{what}: {source}")]

@@ -86,6 +86,8 @@ pub enum GgmlType {
     Q5K,
     Q6K,
     Q8K,
+    IQ4NL,
+    IQ4XS,
 }
 
 impl GgmlType {
@@ -105,6 +107,8 @@ impl GgmlType {
             13 => Self::Q5K,
             14 => Self::Q6K,
             15 => Self::Q8K,
+            20 => Self::IQ4NL,
+            23 => Self::IQ4XS,
             30 => Self::BF16,
             _ => return None,
         })
@@ -126,6 +130,8 @@ impl GgmlType {
             Self::Q5K => 13,
             Self::Q6K => 14,
             Self::Q8K => 15,
+            Self::IQ4NL => 20,
+            Self::IQ4XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -135,7 +141,9 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::IQ4NL => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
+            Self::IQ4XS => 256,
         }
     }
 
@@ -156,6 +164,8 @@ impl GgmlType {
             Self::Q5K => 176,
             Self::Q6K => 210,
             Self::Q8K => 292,
+            Self::IQ4NL => 18,
+            Self::IQ4XS => 136,
         }
     }
 
@@ -176,6 +186,8 @@ impl GgmlType {
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
             Self::Q8K => "Q8_K",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 }

@@ -82,16 +82,22 @@ pub fn dominant_type(file: &GgufFile) -> Option<GgmlType> {
     by_type.iter().max_by_key(|(_, n)| *n).map(|&(ty, _)| ty)
 }
 
-/// The type a matrix with `k` inputs gets. K-quants need rows in whole 256-element blocks; like
-/// llama.cpp's quantizer, rows that aren't fall back to a 32-element type: Q6_K -> Q8_0 (as
-/// llama.cpp), Q4_K -> Q4_1 (llama.cpp picks Q5_0, which these kernels lack; Q4_1 is the nearest
-/// in bytes), Q5_K -> Q8_0 (llama.cpp picks Q5_1, 6 bits per weight, which these kernels lack;
-/// Q4_1 would be below what was asked for). SmolLM2's hidden 576 and Qwen2.5's 896 are such
-/// rows.
+/// The type a matrix with `k` inputs gets in a synthetic model. K-quants need rows in whole
+/// 256-element blocks; rows that aren't fall back to a 32-element type: Q6_K -> Q8_0 (as
+/// llama.cpp), Q4_K -> Q4_1 (llama.cpp picks Q5_0, which the CUDA kernels lack; Q4_1 is the
+/// nearest in bytes), Q5_K -> Q8_0 (llama.cpp picks Q5_1, which the CUDA kernels lack too),
+/// and as llama.cpp Q2_K / Q3_K -> Q4_0 and IQ4_XS -> IQ4_NL. SmolLM2's hidden 576 and
+/// Qwen2.5's 896 are such rows. (Re-quantized files follow llama.cpp exactly:
+/// `quant::preset`.)
 pub fn matrix_type(precision: WType, k: usize) -> WType {
+    if k.is_multiple_of(256) {
+        return precision;
+    }
     match precision {
-        WType::Q4K if !k.is_multiple_of(256) => WType::Q4_1,
-        WType::Q5K | WType::Q6K if !k.is_multiple_of(256) => WType::Q8_0,
+        WType::Q4K => WType::Q4_1,
+        WType::Q5K | WType::Q6K => WType::Q8_0,
+        WType::Q2K | WType::Q3K => WType::Q4_0,
+        WType::IQ4XS => WType::IQ4NL,
         t => t,
     }
 }

@@ -222,13 +222,7 @@ pub fn synthetic_weights(
         }
         let mut data = vec![0u8; n * ty.row_bytes(k)];
         fill_blocks(ty, &mut data, mix(seed, id), threads);
-        Ok(Linear {
-            ty,
-            n,
-            k,
-            data,
-            bias: None,
-        })
+        Ok(Linear::new(ty, n, k, data))
     };
     let embed = matrix("token_embd", c.vocab, h, ID_EMBED)?;
     let lm_head = match spec.tied_embeddings {
@@ -497,6 +491,96 @@ fn fill_chunk(ty: WType, out: &mut [u8], rng: &mut Rng) {
         WType::Q4K => fill_q45k(out, rng, 144, 15.0),
         WType::Q5K => fill_q45k(out, rng, 176, 31.0),
         WType::Q6K => fill_q6k(out, rng),
+        WType::Q5_0 | WType::Q5_1 | WType::IQ4NL => fill_32(ty, out, rng),
+        WType::Q2K | WType::Q3K | WType::IQ4XS => fill_lowbit_k(ty, out, rng),
+    }
+}
+
+/// ggml `block_q5_0` (x = d * (q - 16)), `block_q5_1` (x = d * q + m, m = -15.5 d) and
+/// `block_iq4_nl` (x = d * grid[q]): random levels, d of either sign where the type allows,
+/// putting x in about [-A, A].
+fn fill_32(ty: WType, out: &mut [u8], rng: &mut Rng) {
+    let ts = ty.type_size();
+    let base = match ty {
+        WType::Q5_0 => A / 16.0,
+        WType::Q5_1 => 2.0 * A / 31.0,
+        _ => A / 127.0,
+    };
+    let d = scale_table(base);
+    let m: [[u8; 2]; 16] =
+        std::array::from_fn(|j| f16_bits(-15.5 * base * (1.0 - 0.15 * j as f32 / 15.0)));
+    for b in out.chunks_exact_mut(ts) {
+        rng.fill(b);
+        let r = rng.next();
+        let j = r as usize & 15;
+        b[..2].copy_from_slice(&d[j]);
+        if ty == WType::Q5_1 {
+            b[2..4].copy_from_slice(&m[j]);
+        } else {
+            b[1] |= (r >> 8) as u8 & 0x80;
+        }
+    }
+}
+
+/// A random scale magnitude in `lo..lo + 8` or `lo..lo + 16` with a random sign, as a 6-bit
+/// field offset by 32.
+fn signed6(r: u8, lo: u8, span: u8) -> u8 {
+    let mag = lo + (r & (span - 1));
+    if r & 0x80 != 0 {
+        32 - mag
+    } else {
+        32 + mag.min(31)
+    }
+}
+
+/// ggml `block_q2_K` (x = d * sc * q - dmin * m, with m = sc and dmin = 1.5 d so each
+/// sub-block is centred), `block_q3_K` (x = d * s * q, q in -4..=3, |s| in 16..32 of either
+/// sign) and `block_iq4_xs` (x = d * s * grid[q], |s| in 24..32 of either sign): random levels,
+/// x in about [-A, A].
+fn fill_lowbit_k(ty: WType, out: &mut [u8], rng: &mut Rng) {
+    let ts = ty.type_size();
+    for b in out.chunks_exact_mut(ts) {
+        rng.fill(b);
+        let mut raw = [0u8; 16];
+        rng.fill(&mut raw);
+        match ty {
+            WType::Q2K => {
+                for (s, r) in b[..16].iter_mut().zip(raw) {
+                    let sc = 8 + (r & 7);
+                    *s = sc | (sc << 4);
+                }
+                b[80..82].copy_from_slice(&f16_bits(A / 22.5));
+                b[82..84].copy_from_slice(&f16_bits(1.5 * A / 22.5));
+            }
+            WType::Q3K => {
+                let sc = &mut b[96..108];
+                sc.fill(0);
+                for (j, &r) in raw.iter().enumerate() {
+                    let v = signed6(r, 16, 16);
+                    if j < 8 {
+                        sc[j] = v & 0xf;
+                    } else {
+                        sc[j - 8] |= (v & 0xf) << 4;
+                    }
+                    sc[8 + j % 4] |= (v >> 4) << (2 * (j / 4));
+                }
+                b[108..110].copy_from_slice(&f16_bits(A / 124.0));
+            }
+            _ => {
+                let mut sh = 0u16;
+                for (ib, &r) in raw.iter().take(8).enumerate() {
+                    let v = signed6(r, 24, 8);
+                    if ib % 2 == 0 {
+                        b[4 + ib / 2] = v & 0xf;
+                    } else {
+                        b[4 + ib / 2] |= (v & 0xf) << 4;
+                    }
+                    sh |= ((v >> 4) as u16) << (2 * ib);
+                }
+                b[2..4].copy_from_slice(&sh.to_le_bytes());
+                b[..2].copy_from_slice(&f16_bits(A / (31.0 * 127.0)));
+            }
+        }
     }
 }
 

@@ -34,21 +34,46 @@ pub fn kernel_type(ty: GgmlType) -> Option<WType> {
         GgmlType::Q4K => WType::Q4K,
         GgmlType::Q5K => WType::Q5K,
         GgmlType::Q6K => WType::Q6K,
-        _ => return None,
+        GgmlType::Q5_0 => WType::Q5_0,
+        GgmlType::Q5_1 => WType::Q5_1,
+        GgmlType::Q2K => WType::Q2K,
+        GgmlType::Q3K => WType::Q3K,
+        GgmlType::IQ4NL => WType::IQ4NL,
+        GgmlType::IQ4XS => WType::IQ4XS,
+        GgmlType::Q8_1 | GgmlType::Q8K => return None,
     })
 }
 
 /// `y = x W^T (+ b)`: a weight matrix of `n` output rows by `k` inputs, kept in its file format.
 #[derive(Debug, Clone)]
 pub struct Linear {
+    /// The type of `data` (of the first part when `parts` is not empty).
     pub ty: WType,
     pub n: usize,
     pub k: usize,
+    /// Row-major blocks of `ty`; empty when the matrix is held as `parts`.
     pub data: Vec<u8>,
     pub bias: Option<Vec<f32>>,
+    /// Matrices of different types stacked by [`Linear::concat`] (a Q4_K_M file's Q4_K attn_q
+    /// over its Q6_K attn_v): each keeps its type and is multiplied on its own, as llama.cpp
+    /// multiplies them. Empty for a matrix of one type.
+    pub parts: Vec<Linear>,
 }
 
 impl Linear {
+    /// A matrix of one type.
+    pub fn new(ty: WType, n: usize, k: usize, data: Vec<u8>) -> Self {
+        Self {
+            ty,
+            n,
+            k,
+            data,
+            bias: None,
+            parts: Vec::new(),
+        }
+    }
+
+    /// The matrix as the kernels take it. Only for a matrix of one type (`parts` empty).
     pub fn view(&self) -> QMatrix<'_> {
         QMatrix {
             ty: self.ty,
@@ -60,7 +85,21 @@ impl Linear {
 
     /// `y[m][n] = x[m][k] . W[n][k] + b[n]`.
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], m: usize, y: &mut [f32]) {
-        tpslab_kernels::matmul(pool, &self.view(), x, m, y);
+        if self.parts.is_empty() {
+            tpslab_kernels::matmul(pool, &self.view(), x, m, y);
+        } else {
+            // Each part into its own rows, then into its columns of y.
+            let mut at = 0;
+            let mut part_y = Vec::new();
+            for p in &self.parts {
+                part_y.resize(m * p.n, 0.0);
+                tpslab_kernels::matmul(pool, &p.view(), x, m, &mut part_y);
+                for (row, src) in y.chunks_mut(self.n).zip(part_y.chunks(p.n)) {
+                    row[at..at + p.n].copy_from_slice(src);
+                }
+                at += p.n;
+            }
+        }
         if let Some(b) = &self.bias {
             for row in y.chunks_mut(self.n) {
                 row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
@@ -74,14 +113,46 @@ impl Linear {
         tpslab_kernels::dequantize_row(self.ty, &self.data[i * rb..(i + 1) * rb], out);
     }
 
-    /// Stacks matrices that share `k` and type into one (rows of all, in order), so a single
-    /// matmul computes them together: Q, K and V, or gate and up. `None` if they don't match.
+    /// The types of its parts (one for a matrix of one type).
+    pub fn types(&self) -> Vec<WType> {
+        if self.parts.is_empty() {
+            vec![self.ty]
+        } else {
+            self.parts.iter().map(|p| p.ty).collect()
+        }
+    }
+
+    /// Stacks matrices that share `k` into one (rows of all, in order), so a single matmul
+    /// computes them together: Q, K and V, or gate and up. Matrices of one type become one
+    /// block of rows; of different types, [`Linear::parts`]. `None` if `k` differs or a part
+    /// is itself stacked from several types.
     pub fn concat(parts: &[&Linear]) -> Option<Linear> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.ty != first.ty || p.k != first.k) {
+        if parts.iter().any(|p| p.k != first.k || !p.parts.is_empty()) {
             return None;
         }
         let has_bias = parts.iter().any(|p| p.bias.is_some());
+        if parts.iter().any(|p| p.ty != first.ty) {
+            let mut bias = Vec::new();
+            for p in parts.iter().filter(|_| has_bias) {
+                match &p.bias {
+                    Some(b) => bias.extend_from_slice(b),
+                    None => bias.extend(std::iter::repeat_n(0.0, p.n)),
+                }
+            }
+            let own = |p: &Linear| Linear {
+                bias: None,
+                ..p.clone()
+            };
+            return Some(Linear {
+                ty: first.ty,
+                n: parts.iter().map(|p| p.n).sum(),
+                k: first.k,
+                data: Vec::new(),
+                bias: has_bias.then_some(bias),
+                parts: parts.iter().map(|p| own(p)).collect(),
+            });
+        }
         let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
         let mut bias = Vec::new();
         for p in parts {
@@ -99,11 +170,13 @@ impl Linear {
             k: first.k,
             data,
             bias: has_bias.then_some(bias),
+            parts: Vec::new(),
         })
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + self.bias.as_ref().map_or(0, |b| b.len() * 4)
+        let parts: usize = self.parts.iter().map(|p| p.data.len()).sum();
+        self.data.len() + parts + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
 }
 
@@ -274,13 +347,7 @@ pub(crate) fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear,
         ty: t.ty,
     })?;
     let data = f.read_tensor(t)?;
-    Ok(Linear {
-        ty,
-        n: n as usize,
-        k: k as usize,
-        data,
-        bias: None,
-    })
+    Ok(Linear::new(ty, n as usize, k as usize, data))
 }
 
 pub(crate) fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
@@ -303,5 +370,60 @@ pub(crate) fn optional_vector(
     match f.tensor(name) {
         Some(_) => vector(f, name, n).map(Some),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(ty: WType, n: usize, k: usize, seed: u32) -> Linear {
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        Linear::new(ty, n, k, tpslab_kernels::quantize::quantize(ty, &x))
+    }
+
+    /// Q (Q5_0), K (Q5_0) and V (Q8_0) stacked as a Q4_K_M file has them: each part keeps its
+    /// type, and the stacked product is, column for column and bit for bit, the parts' own
+    /// products with the bias added.
+    #[test]
+    fn parts_of_different_types_stack_and_multiply_as_apart() {
+        let (k, m) = (256, 3);
+        let (q, kk, mut v) = (
+            matrix(WType::Q5_0, 8, k, 1),
+            matrix(WType::Q5_0, 4, k, 2),
+            matrix(WType::Q8_0, 4, k, 3),
+        );
+        v.bias = Some(vec![0.5; 4]);
+        let s = Linear::concat(&[&q, &kk, &v]).expect("same k");
+        assert_eq!((s.n, s.parts.len()), (16, 3));
+        assert_eq!(s.types(), [WType::Q5_0, WType::Q5_0, WType::Q8_0]);
+        assert_eq!(s.bytes(), q.bytes() + kk.bytes() + v.data.len() + 16 * 4);
+        let pool = ThreadPool::new(2);
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+        let mut y = vec![0f32; m * 16];
+        s.forward(&pool, &x, m, &mut y);
+        let mut at = 0;
+        for p in [&q, &kk, &v] {
+            let mut own = vec![0f32; m * p.n];
+            p.forward(&pool, &x, m, &mut own);
+            for i in 0..m {
+                for j in 0..p.n {
+                    let got = y[i * 16 + at + j];
+                    assert_eq!(
+                        got.to_bits(),
+                        own[i * p.n + j].to_bits(),
+                        "({i}, {})",
+                        at + j
+                    );
+                }
+            }
+            at += p.n;
+        }
+        // One type: one block of rows, as before; a different k: refused.
+        let one = Linear::concat(&[&q, &kk]).expect("same type");
+        assert!(one.parts.is_empty() && one.data.len() == q.data.len() + kk.data.len());
+        assert!(Linear::concat(&[&q, &matrix(WType::Q5_0, 2, 512, 4)]).is_none());
     }
 }

@@ -1,6 +1,6 @@
-//! Re-quantizing a GGUF model to another weight type (`tpslab quantize`): which type each tensor
-//! gets (llama.cpp's rules), the predicted output size, and the conversion itself, written to
-//! `OUT.tmp` and renamed to `OUT` only when whole.
+//! Re-quantizing a GGUF model to a preset (`tpslab quantize`): the plan (each tensor's type by
+//! llama.cpp's rules, `preset`), the predicted output size, and the conversion itself, written
+//! to `OUT.tmp` and renamed to `OUT` only when whole.
 //!
 //! Each matrix is dequantized row by row to f32 and quantized again with ggml's reference
 //! quantizers ([`tpslab_kernels::quantize`]), on several threads, a tensor at a time: memory
@@ -16,45 +16,8 @@ use tpslab_kernels::WType;
 
 use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo, Value};
 use crate::formats::gguf_write::{GgufWriteError, GgufWriter, TensorDesc};
-use crate::model::synthetic::matrix_type;
 use crate::model::weights::kernel_type;
-
-/// The targets `tpslab quantize --type` accepts, with a note on each.
-pub const TARGETS: [(WType, &str); 9] = [
-    (WType::F32, "32-bit float: exact, 4 bytes per weight"),
-    (
-        WType::F16,
-        "16-bit float: practically lossless, 2 bytes per weight",
-    ),
-    (
-        WType::BF16,
-        "bfloat16: float range, fewer mantissa bits than F16",
-    ),
-    (
-        WType::Q8_0,
-        "8-bit, 32-weight blocks: near-lossless, 8.5 bits per weight",
-    ),
-    (
-        WType::Q6K,
-        "6-bit K-quant: very close to F16, 6.56 bits per weight",
-    ),
-    (
-        WType::Q5K,
-        "5-bit K-quant (Q5_K_M mix: Q6_K for some attn_v / ffn_down): 5.5 bits per weight",
-    ),
-    (
-        WType::Q4K,
-        "4-bit K-quant with 6-bit sub-block scales: 4.5 bits per weight",
-    ),
-    (
-        WType::Q4_1,
-        "4-bit with scale and min per 32 weights: 5 bits per weight",
-    ),
-    (
-        WType::Q4_0,
-        "4-bit with one scale per 32 weights: 4.5 bits, the lowest quality",
-    ),
-];
+use crate::quant::preset::{ModelShape, Preset, tensor_types};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizeError {
@@ -87,116 +50,13 @@ pub fn ggml_type(ty: WType) -> GgmlType {
         WType::Q4K => GgmlType::Q4K,
         WType::Q5K => GgmlType::Q5K,
         WType::Q6K => GgmlType::Q6K,
+        WType::Q5_0 => GgmlType::Q5_0,
+        WType::Q5_1 => GgmlType::Q5_1,
+        WType::Q2K => GgmlType::Q2K,
+        WType::Q3K => GgmlType::Q3K,
+        WType::IQ4NL => GgmlType::IQ4NL,
+        WType::IQ4XS => GgmlType::IQ4XS,
     }
-}
-
-/// llama.cpp's `general.file_type` (`llama_ftype`) for a model quantized to `target`. Our Q4_K
-/// keeps every matrix at Q4_K (no Q6_K for some attn_v / ffn_down), close to llama.cpp's Q4_K_S
-/// (which also gives its first attn_v and ffn_down Q5_K); our Q5_K is llama.cpp's Q5_K_M mix.
-pub fn file_type(target: WType) -> u32 {
-    match target {
-        WType::F32 => 0,
-        WType::F16 => 1,
-        WType::Q4_0 => 2,
-        WType::Q4_1 => 3,
-        WType::Q8_0 => 7,
-        WType::Q4K => 14,
-        WType::Q5K => 17,
-        WType::Q6K => 18,
-        WType::BF16 => 32,
-    }
-}
-
-/// The type tensor `t` gets in a model quantized to `target`, as llama.cpp's quantizer chooses
-/// it without an importance matrix:
-/// - vectors (norms, biases) and anything not named `*.weight` stay or become F32;
-/// - float targets apply to every matrix;
-/// - the output projection (`output.weight`, or `token_embd.weight` when the two are tied) gets
-///   Q6_K, or Q8_0 when its rows are not whole 256-element blocks or the target is Q8_0;
-/// - for Q5_K (llama.cpp's Q5_K_M), `attn_v` and `ffn_down` matrices at positions where
-///   llama.cpp's `use_more_bits` holds (`more_bits`, see [`tensor_types`]) get Q6_K;
-/// - other matrices get the target, with K-quants falling back for rows that are not whole
-///   256-element blocks ([`matrix_type`]); rows not whole blocks of any type stay F16.
-pub fn tensor_type(t: &TensorInfo, target: WType, has_output: bool, more_bits: bool) -> WType {
-    let matrix = t.dims.iter().filter(|&&d| d > 1).count() >= 2 && t.name.ends_with(".weight");
-    if !matrix {
-        return WType::F32;
-    }
-    let k = t.dims[0] as usize;
-    let is_output = t.name == "output.weight" || (!has_output && t.name == "token_embd.weight");
-    let ty = match target {
-        WType::F32 | WType::F16 | WType::BF16 => target,
-        _ if is_output => {
-            if k.is_multiple_of(256) && target != WType::Q8_0 {
-                WType::Q6K
-            } else {
-                WType::Q8_0
-            }
-        }
-        WType::Q5K if more_bits => matrix_type(WType::Q6K, k),
-        _ => matrix_type(target, k),
-    };
-    if k.is_multiple_of(ty.block_size()) {
-        ty
-    } else {
-        WType::F16
-    }
-}
-
-/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third one
-/// between get more bits in the `_M` mixes.
-fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
-}
-
-/// The layer number of a `blk.N.*` tensor name (-1 for others, as llama.cpp's `sscanf`).
-fn layer_of(name: &str) -> i64 {
-    name.strip_prefix("blk.")
-        .and_then(|r| r.split('.').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(-1)
-}
-
-/// Each tensor's position among those `pick` selects, in llama.cpp's processing order (by layer
-/// number, then name: its loader's `weight_name_comparer`), and how many it selects.
-fn ranks(
-    tensors: &[TensorInfo],
-    pick: impl Fn(&TensorInfo) -> bool,
-) -> (Vec<Option<usize>>, usize) {
-    let mut picked: Vec<usize> = (0..tensors.len()).filter(|&i| pick(&tensors[i])).collect();
-    picked.sort_by(|&a, &b| {
-        let (ta, tb) = (&tensors[a], &tensors[b]);
-        (layer_of(&ta.name), &ta.name).cmp(&(layer_of(&tb.name), &tb.name))
-    });
-    let mut rank = vec![None; tensors.len()];
-    for (r, &i) in picked.iter().enumerate() {
-        rank[i] = Some(r);
-    }
-    (rank, picked.len())
-}
-
-/// The type of each of `tensors` in a model quantized to `target` ([`tensor_type`]):
-/// `attn_v` and `ffn_down` matrices are numbered among their kind in the order llama.cpp's
-/// quantizer visits them, to pick those that get more bits.
-pub fn tensor_types(tensors: &[TensorInfo], target: WType) -> Vec<WType> {
-    let has_output = tensors.iter().any(|t| t.name == "output.weight");
-    let matrix = |t: &TensorInfo| t.dims.iter().filter(|&&d| d > 1).count() >= 2;
-    let (v_rank, n_v) = ranks(tensors, |t| matrix(t) && t.name.contains("attn_v.weight"));
-    let (down_rank, n_down) = ranks(tensors, |t| {
-        matrix(t) && t.name.contains("ffn_down") && t.name.ends_with(".weight")
-    });
-    tensors
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let more_bits = match (v_rank[i], down_rank[i]) {
-                (Some(r), _) => use_more_bits(r, n_v),
-                (None, Some(r)) => use_more_bits(r, n_down),
-                (None, None) => false,
-            };
-            tensor_type(t, target, has_output, more_bits)
-        })
-        .collect()
 }
 
 /// One tensor of the output: its source and the type it is written in.
@@ -224,7 +84,7 @@ impl TensorPlan {
 /// What `quantize` will do: every tensor's target type, the metadata, and the sizes.
 #[derive(Debug, Clone)]
 pub struct QuantizePlan {
-    pub target: WType,
+    pub preset: Preset,
     pub tensors: Vec<TensorPlan>,
     pub metadata: Vec<(String, Value)>,
     pub input_bytes: u64,
@@ -233,7 +93,7 @@ pub struct QuantizePlan {
 }
 
 impl QuantizePlan {
-    /// "Q4_K (Q4_1 x 180, Q4_K x 30, Q8_0 x 1, F32 x 61)": the target and the type mix.
+    /// "Q4_K_M (Q5_0 x 166, Q6_K x 14, ...)": the preset and the type mix.
     pub fn summary(&self) -> String {
         let mut counts: Vec<(WType, usize)> = Vec::new();
         for t in &self.tensors {
@@ -243,17 +103,19 @@ impl QuantizePlan {
             }
         }
         let mix: Vec<String> = counts.iter().map(|(ty, n)| format!("{ty} x {n}")).collect();
-        format!("{} ({})", self.target, mix.join(", "))
+        format!("{} ({})", self.preset, mix.join(", "))
     }
 }
 
-/// Plans quantizing `f` to `target`: the metadata is kept (tokenizer, chat template and all)
-/// with `general.file_type` and `general.quantization_version` set.
-pub fn plan(f: &GgufFile, target: WType) -> Result<QuantizePlan, QuantizeError> {
+/// Plans quantizing `f` to `preset` (a [`WType`] converts to the preset of its `_M` mix): the
+/// metadata is kept (tokenizer, chat template and all) with `general.file_type` and
+/// `general.quantization_version` set.
+pub fn plan(f: &GgufFile, preset: impl Into<Preset>) -> Result<QuantizePlan, QuantizeError> {
+    let preset = preset.into();
     let tensors: Vec<TensorPlan> = f
         .tensors
         .iter()
-        .zip(tensor_types(&f.tensors, target))
+        .zip(tensor_types(&f.tensors, preset, ModelShape::of_file(f)))
         .map(|(t, to)| TensorPlan {
             info: t.clone(),
             to,
@@ -275,7 +137,7 @@ pub fn plan(f: &GgufFile, target: WType) -> Result<QuantizePlan, QuantizeError> 
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     metadata.sort_by_key(|(k, _)| k != "general.architecture");
-    metadata.push(("general.file_type".into(), Value::U32(file_type(target))));
+    metadata.push(("general.file_type".into(), Value::U32(preset.file_type())));
     metadata.push(("general.quantization_version".into(), Value::U32(2)));
     // The header's exact size: write it to memory (metadata is small next to the weights).
     let descs: Vec<TensorDesc> = tensors.iter().map(TensorPlan::desc).collect();
@@ -295,7 +157,7 @@ pub fn plan(f: &GgufFile, target: WType) -> Result<QuantizePlan, QuantizeError> 
         .map(|d| d.size().next_multiple_of(alignment))
         .sum();
     Ok(QuantizePlan {
-        target,
+        preset,
         tensors,
         metadata,
         input_bytes: f.file_len,

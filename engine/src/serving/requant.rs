@@ -115,17 +115,22 @@ pub fn requantize(
 
 fn convert_linear(l: &Linear, target: WType, threads: usize) -> Linear {
     let to = matrix_type(target, l.k);
-    let data = if to == l.ty {
-        l.data.clone()
+    let one = |p: &Linear| {
+        if to == p.ty {
+            p.data.clone()
+        } else {
+            convert(p.ty, to, &p.data, p.k, threads)
+        }
+    };
+    // A matrix stacked from several types becomes one block of `to` rows.
+    let data = if l.parts.is_empty() {
+        one(l)
     } else {
-        convert(l.ty, to, &l.data, l.k, threads)
+        l.parts.iter().flat_map(one).collect()
     };
     Linear {
-        ty: to,
-        n: l.n,
-        k: l.k,
-        data,
         bias: l.bias.clone(),
+        ..Linear::new(to, l.n, l.k, data)
     }
 }
 

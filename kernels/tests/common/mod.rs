@@ -3,12 +3,13 @@
 #![allow(dead_code)]
 
 use candle_core::quantized::k_quants::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, GgmlType,
+    BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, GgmlType,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tpslab_kernels::{QMatrix, WType};
 
-pub const ALL_TYPES: [WType; 9] = WType::ALL;
+pub const ALL_TYPES: [WType; 15] = WType::ALL;
 
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
@@ -56,7 +57,8 @@ fn quantize_with<T: GgmlType>(x: &[f32]) -> Vec<u8> {
     bytes_of(&blocks)
 }
 
-/// `x` (rows of `k`) in weight type `ty`, ggml layout, quantized by candle's reference code.
+/// `x` (rows of `k`) in weight type `ty`, ggml layout, quantized by candle's reference code
+/// (IQ4_NL and IQ4_XS, which candle lacks, by ours).
 pub fn to_weight_bytes(ty: WType, x: &[f32]) -> Vec<u8> {
     match ty {
         WType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -74,6 +76,11 @@ pub fn to_weight_bytes(ty: WType, x: &[f32]) -> Vec<u8> {
         WType::Q4K => quantize_with::<BlockQ4K>(x),
         WType::Q5K => quantize_with::<BlockQ5K>(x),
         WType::Q6K => quantize_with::<BlockQ6K>(x),
+        WType::Q5_0 => quantize_with::<BlockQ5_0>(x),
+        WType::Q5_1 => quantize_with::<BlockQ5_1>(x),
+        WType::Q2K => quantize_with::<BlockQ2K>(x),
+        WType::Q3K => quantize_with::<BlockQ3K>(x),
+        WType::IQ4NL | WType::IQ4XS => tpslab_kernels::quantize::quantize(ty, x),
     }
 }
 

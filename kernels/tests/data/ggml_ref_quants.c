@@ -64,5 +64,13 @@ int main(void) {
     quantize_row_q4_K_ref(x, (block_q4_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q4_K), stdout);
     quantize_row_q6_K_ref(x, (block_q6_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q6_K), stdout);
     quantize_row_q5_K_ref(x, (block_q5_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q5_K), stdout);
+    quantize_row_q5_0_ref(x, (block_q5_0 *)buf, n); fwrite(buf, 1, n / 32 * sizeof(block_q5_0), stdout);
+    quantize_row_q5_1_ref(x, (block_q5_1 *)buf, n); fwrite(buf, 1, n / 32 * sizeof(block_q5_1), stdout);
+    quantize_row_q2_K_ref(x, (block_q2_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q2_K), stdout);
+    quantize_row_q3_K_ref(x, (block_q3_K *)buf, n); fwrite(buf, 1, n / 256 * sizeof(block_q3_K), stdout);
+    // IQ4: what llama-quantize runs without an importance matrix (the _ref of IQ4_NL skips the
+    // scale search).
+    quantize_iq4_nl(x, buf, ROWS, K, NULL); fwrite(buf, 1, n / 32 * sizeof(block_iq4_nl), stdout);
+    quantize_iq4_xs(x, buf, ROWS, K, NULL); fwrite(buf, 1, n / 256 * sizeof(block_iq4_xs), stdout);
     return 0;
 }

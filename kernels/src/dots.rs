@@ -1,0 +1,168 @@
+//! The portable dot of any quantized weight row with its activations ([`dot_row`], over the
+//! formulas of `quant` and those here), and the formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and
+//! IQ4_XS weight rows with quantized activations, doing exactly the float operations of ggml's AVX2 code
+//! (`ggml_vec_dot_*` in ggml-cpu/arch/x86/quants.c), in the shape `quant` describes: exact
+//! integer lanes (lane `l` holds elements `4l..4l+4` of every 32), one f32 FMA per lane and
+//! block, ggml's `hsum_float_8` at the end.
+
+use crate::WType;
+use crate::dequant::{
+    KVALUES_IQ4NL, f16_at, iq4xs_scale, k_low2, q3k_level, q3k_scales, q5_level, u32_at,
+};
+use crate::quant::{self, ActRow, QK_K, QK8, hsum8};
+
+/// Dot of one weight row (ggml bytes) with one activation row, portably; the AVX2 kernels
+/// produce bit-identical results.
+pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    match ty {
+        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => quant::dot_q32(ty, w, x),
+        WType::Q4K => quant::dot_q4k(w, x),
+        WType::Q5K => quant::dot_q5k(w, x),
+        WType::Q6K => quant::dot_q6k(w, x),
+        WType::Q5_0 | WType::Q5_1 => dot_q5(ty, w, x),
+        WType::Q2K => dot_q2k(w, x),
+        WType::Q3K => dot_q3k(w, x),
+        WType::IQ4NL => dot_iq4nl(w, x),
+        WType::IQ4XS => dot_iq4xs(w, x),
+        WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
+    }
+}
+
+/// Q5_0 x Q8_0 and Q5_1 x Q8_1 over a row (ggml `ggml_vec_dot_q5_0_q8_0` /
+/// `ggml_vec_dot_q5_1_q8_1`, AVX2): as Q4_0 / Q4_1 with 5-bit levels; Q5_1's min term is a
+/// scalar FMA per block (`summs += m * s`, contracted).
+#[inline(always)]
+pub(crate) fn dot_q5(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    let ts = ty.type_size();
+    let (signed, at) = if ty == WType::Q5_0 { (16, 2) } else { (0, 4) };
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (b, blk) in w.chunks_exact(ts).enumerate() {
+        let xq = &x.qs[b * QK8..(b + 1) * QK8];
+        let (qh, qs) = (u32_at(blk, at), &blk[at + 4..at + 20]);
+        let mut lanes = [0i32; 8];
+        for (j, &xe) in xq.iter().enumerate() {
+            lanes[j / 4] += (q5_level(qh, qs, j) as i32 - signed) * xe as i32;
+        }
+        if ty == WType::Q5_1 {
+            summs = f16_at(blk, 2).mul_add(x.s[b], summs);
+        }
+        let dd = f16_at(blk, 0) * x.d[b];
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = dd.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc) + summs
+}
+
+/// Q2_K x Q8_K over a row (ggml `ggml_vec_dot_q2_K_q8_K`, AVX2): per block, first the min
+/// term `mins[2l] * bsums[2l] + mins[2l + 1] * bsums[2l + 1]` into lane `l` with `-d_x * dmin`,
+/// then the scaled levels with `d_x * d`, both FMAs into the same accumulator.
+#[inline(always)]
+pub(crate) fn dot_q2k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, blk) in w.chunks_exact(84).enumerate() {
+        let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &x.bsums[b * 16..b * 16 + 16];
+        let (scales, qs) = (&blk[..16], &blk[16..80]);
+        let d = x.d[b] * f16_at(blk, 80);
+        let dmin = -x.d[b] * f16_at(blk, 82);
+        let mut lanes = [0i32; 8];
+        for (e, &xe) in xq.iter().enumerate() {
+            let sc = (scales[e / 16] & 0xf) as i32;
+            lanes[(e % 32) / 4] += sc * k_low2(qs, e) as i32 * xe as i32;
+        }
+        for (l, a) in acc.iter_mut().enumerate() {
+            let m = |i: usize| (scales[i] >> 4) as i32 * bsums[i] as i32;
+            *a = dmin.mul_add((m(2 * l) + m(2 * l + 1)) as f32, *a);
+        }
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
+
+/// Q3_K x Q8_K over a row (ggml `ggml_vec_dot_q3_K_q8_K`, AVX2): signed 3-bit levels times
+/// their sub-block's signed 6-bit scale, exact per lane, one FMA per block.
+#[inline(always)]
+pub(crate) fn dot_q3k(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, blk) in w.chunks_exact(110).enumerate() {
+        let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
+        let (hmask, qs) = (&blk[..32], &blk[32..96]);
+        let scales = q3k_scales(&blk[96..108]);
+        let d = x.d[b] * f16_at(blk, 108);
+        let mut lanes = [0i32; 8];
+        for (e, &xe) in xq.iter().enumerate() {
+            lanes[(e % 32) / 4] += scales[e / 16] as i32 * q3k_level(hmask, qs, e) * xe as i32;
+        }
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
+
+/// The exact integer lanes of 32 IQ4 grid values (indices in 16 bytes, low nibbles first)
+/// times 32 activations.
+#[inline(always)]
+fn iq4_lanes(qs: &[u8], xq: &[i8]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for j in 0..16 {
+        lanes[j / 4] += KVALUES_IQ4NL[(qs[j] & 0xf) as usize] as i32 * xq[j] as i32;
+        lanes[4 + j / 4] += KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32 * xq[16 + j] as i32;
+    }
+    lanes
+}
+
+/// IQ4_NL x Q8_0 over a row (ggml `ggml_vec_dot_iq4_nl_q8_0`, AVX2): blocks in pairs, even
+/// blocks into one accumulator and odd into another, `hsum8(acc1 + acc2)`; an odd last block
+/// is added as a scalar `sumf += d * sumi` (contracted to an FMA).
+#[inline(always)]
+pub(crate) fn dot_iq4nl(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [[0f32; 8]; 2];
+    let nb = w.len() / 18;
+    let pairs = nb / 2 * 2;
+    for (b, blk) in w.chunks_exact(18).take(pairs).enumerate() {
+        let lanes = iq4_lanes(&blk[2..18], &x.qs[b * QK8..(b + 1) * QK8]);
+        let dd = x.d[b] * f16_at(blk, 0);
+        for (a, &l) in acc[b % 2].iter_mut().zip(&lanes) {
+            *a = dd.mul_add(l as f32, *a);
+        }
+    }
+    let mut sumf = hsum8(std::array::from_fn(|l| acc[0][l] + acc[1][l]));
+    if pairs < nb {
+        let b = pairs;
+        let blk = &w[18 * b..18 * b + 18];
+        let sumi: i32 = iq4_lanes(&blk[2..18], &x.qs[b * QK8..(b + 1) * QK8])
+            .iter()
+            .sum();
+        sumf = (x.d[b] * f16_at(blk, 0)).mul_add(sumi as f32, sumf);
+    }
+    sumf
+}
+
+/// IQ4_XS x Q8_K over a row (ggml `ggml_vec_dot_iq4_xs_q8_K`, AVX2): per 32 elements the
+/// grid values times the signed 6-bit scale, exact per lane, one FMA per block with
+/// `d_w * d_x`.
+#[inline(always)]
+pub(crate) fn dot_iq4xs(w: &[u8], x: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, blk) in w.chunks_exact(136).enumerate() {
+        let mut sumi = [0i32; 8];
+        for ib in 0..8 {
+            let ls = iq4xs_scale(blk, ib) - 32;
+            let xq = &x.qs[b * QK_K + 32 * ib..b * QK_K + 32 * ib + 32];
+            let lanes = iq4_lanes(&blk[8 + 16 * ib..24 + 16 * ib], xq);
+            for (s, l) in sumi.iter_mut().zip(lanes) {
+                *s += ls * l;
+            }
+        }
+        let d = f16_at(blk, 0) * x.d[b];
+        for (a, &l) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
