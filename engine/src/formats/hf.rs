@@ -154,8 +154,8 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
         path: config_path.clone(),
         what,
     };
-    let j = config_object(&config_path)?;
-    let cfg: HfConfig = serde_json::from_value(Json::Object(j.clone()))
+    let mut j = config_object(&config_path)?;
+    let mut cfg: HfConfig = serde_json::from_value(Json::Object(j.clone()))
         .map_err(|e| bad(format!("not a transformers model config: {e}")))?;
     let family = Family::of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| {
         HfError::Arch {
@@ -163,8 +163,12 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
             found,
         }
     })?;
+    hf_arch::transformers_defaults(family, &mut cfg, &mut j);
     if cfg.vocab_size == 0 || cfg.vocab_size > MAX_VOCAB {
-        return Err(bad(format!("vocab_size {} is out of range", cfg.vocab_size)));
+        return Err(bad(format!(
+            "vocab_size {} is out of range",
+            cfg.vocab_size
+        )));
     }
     let shape = hf_arch::shape(family, &cfg).map_err(bad)?;
     let rope = Rope::of(&j).map_err(bad)?;

@@ -256,6 +256,36 @@ impl Md {
     }
 }
 
+/// The defaults transformers' config classes (5.x) fill in when config.json leaves a field
+/// out, which the converter then writes (it reads the config through `AutoConfig`): the head
+/// size (Llama and Mistral `hidden / heads`, Qwen3 128, Gemma 256) and the RoPE bases
+/// (SmolLM3 2e6, Gemma 3 1e6 global and 1e4 local, else 1e4).
+pub fn transformers_defaults(family: Family, cfg: &mut HfConfig, j: &mut Map<String, Json>) {
+    let heads = cfg.num_attention_heads.filter(|&h| h > 0);
+    let head_dim = match family {
+        Family::Llama | Family::Mistral => heads.map(|h| cfg.hidden_size / h),
+        Family::Qwen3 => Some(128),
+        Family::Gemma2 | Family::Gemma3 => Some(256),
+        _ => None,
+    };
+    if cfg.head_dim.is_none() {
+        cfg.head_dim = head_dim;
+    }
+    let has = |j: &Map<String, Json>, k: &str| j.get(k).is_some_and(|v| !v.is_null());
+    let rope_set = has(j, "rope_parameters");
+    let theta = match family {
+        Family::SmolLM3 => 2_000_000.0,
+        Family::Gemma3 => 1_000_000.0,
+        _ => 10_000.0,
+    };
+    if !rope_set && !has(j, "rope_theta") {
+        j.insert("rope_theta".into(), Json::from(theta));
+    }
+    if family == Family::Gemma3 && !rope_set && !has(j, "rope_local_base_freq") {
+        j.insert("rope_local_base_freq".into(), Json::from(10_000.0));
+    }
+}
+
 /// The shape every family shares, checked before anything is sized from it.
 pub struct Shape {
     pub heads: u64,
@@ -293,7 +323,9 @@ pub fn shape(family: Family, cfg: &HfConfig) -> Result<Shape, Bad> {
         }
     };
     if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        return Err(format!("head size {head_dim} is not a positive even number"));
+        return Err(format!(
+            "head size {head_dim} is not a positive even number"
+        ));
     }
     Ok(Shape {
         heads,
@@ -403,7 +435,10 @@ fn rope_scaling(md: &mut Md, rope: &Rope) -> Result<(), Bad> {
                 None => rope.num("attn_factor")?,
             };
             for (key, v) in [
-                ("rope.scaling.yarn_ext_factor", rope.num("extrapolation_factor")?),
+                (
+                    "rope.scaling.yarn_ext_factor",
+                    rope.num("extrapolation_factor")?,
+                ),
                 ("rope.scaling.yarn_attn_factor", attn),
                 ("rope.scaling.yarn_beta_fast", rope.num("beta_fast")?),
                 ("rope.scaling.yarn_beta_slow", rope.num("beta_slow")?),
@@ -518,9 +553,7 @@ fn phi3(
         let scale = ctx as f64 / orig.max(1) as f64;
         let ty = rope.rope_type()?.unwrap_or("").to_lowercase();
         let attn = match ty.as_str() {
-            "su" | "longrope" if scale > 1.0 => {
-                (1.0 + scale.ln() / (orig as f64).ln()).sqrt()
-            }
+            "su" | "longrope" if scale > 1.0 => (1.0 + scale.ln() / (orig as f64).ln()).sqrt(),
             "yarn" if scale > 1.0 => 0.1 * scale.ln() + 1.0,
             "su" | "longrope" | "yarn" => 1.0,
             "" => return Err("rope_scaling.type is required with long_factor".into()),
@@ -568,8 +601,15 @@ pub fn computed(
     s: &Shape,
 ) -> Result<Vec<(String, Vec<f32>)>, Bad> {
     let mut out = Vec::new();
-    if family.llama_model() && rope.rope_type()?.is_some_and(|t| t.eq_ignore_ascii_case("llama3")) {
-        out.push(("rope_freqs.weight".into(), llama3_factors(rope, s.head_dim)?));
+    if family.llama_model()
+        && rope
+            .rope_type()?
+            .is_some_and(|t| t.eq_ignore_ascii_case("llama3"))
+    {
+        out.push((
+            "rope_freqs.weight".into(),
+            llama3_factors(rope, s.head_dim)?,
+        ));
     }
     if family == Family::Phi3
         && let Some(long) = rope.factors("long_factor")?.filter(|f| !f.is_empty())
@@ -650,7 +690,10 @@ const PRE_NORM: [(&str, &str); 1] = [("post_attention_layernorm.weight", "ffn_no
 
 /// Gemma's sandwich norms.
 const GEMMA_NORMS: [(&str, &str); 3] = [
-    ("post_attention_layernorm.weight", "post_attention_norm.weight"),
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
     ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
     ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
 ];

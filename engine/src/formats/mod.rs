@@ -43,12 +43,7 @@ impl GgufFile {
 
     /// Reads the bytes of one tensor. The size was validated against the file in `open`.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
-        if let TensorSource::Safetensors {
-            path,
-            start,
-            edit,
-        } = &info.source
-        {
+        if let TensorSource::Safetensors { path, start, edit } = &info.source {
             return hf::read_tensor(info, path, *start, edit)
                 .map_err(|e| GgufError::Hf(Box::new(e)));
         }
