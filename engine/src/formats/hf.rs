@@ -41,7 +41,7 @@ pub enum HfError {
     Json { path: PathBuf, what: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
-    #[error("{path}: model class '{found}' is not supported (supported: {supported})", supported = hf_arch::supported())]
+    #[error("{path}: model type '{found}' is not supported (supported: {supported})", supported = hf_arch::supported())]
     Arch { path: PathBuf, found: String },
     #[error("{path}: {what}")]
     Config { path: PathBuf, what: String },
