@@ -405,3 +405,52 @@ fn write_folders_for_the_reference_script() {
         std::fs::remove_file(gguf).unwrap();
     }
 }
+
+/// A config the engine cannot run as written is refused with an error naming the field, not
+/// run wrongly: a SmolLM3 NoPE pattern other than llama.cpp's, LongRoPE factors of the wrong
+/// length, an unknown RoPE scaling type, a negative head count.
+#[test]
+fn configs_the_engine_cannot_honour_are_refused_by_name() {
+    let root = Tmp(std::env::temp_dir().join(format!("tpslab-hf-hostile-{}", std::process::id())));
+    let cases: [(&str, &str, &dyn Fn(&mut Json), &str); 4] = [
+        (
+            "smollm3",
+            "SmolLM3ForCausalLM",
+            &|c| c["no_rope_layers"] = json!([1, 1, 1, 1]),
+            "no_rope_layers",
+        ),
+        (
+            "phi3",
+            "Phi3ForCausalLM",
+            &|c| {
+                c["rope_scaling"]["long_factor"]
+                    .as_array_mut()
+                    .unwrap()
+                    .pop();
+            },
+            "long and",
+        ),
+        (
+            "llama",
+            "LlamaForCausalLM",
+            &|c| c["rope_scaling"]["rope_type"] = json!("mystery"),
+            "'mystery' is not supported",
+        ),
+        (
+            "qwen3",
+            "Qwen3ForCausalLM",
+            &|c| c["num_attention_heads"] = json!(-4),
+            "num_attention_heads",
+        ),
+    ];
+    for (arch, class, edit, want) in cases {
+        let dir = root.0.join(arch);
+        write_folder(arch, class, &dir);
+        let path = dir.join("config.json");
+        let mut c: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut c);
+        std::fs::write(&path, c.to_string()).unwrap();
+        let e = GgufFile::open(&dir).expect_err(arch).to_string();
+        assert!(e.contains(want), "{arch}: {e}");
+    }
+}

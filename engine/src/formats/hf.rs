@@ -155,6 +155,19 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
         what,
     };
     let mut j = config_object(&config_path)?;
+    // Checked by name first: serde's own error would not say which field is wrong.
+    for key in [
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "vocab_size",
+    ] {
+        hf_arch::uint(&j, key).map_err(bad)?;
+    }
     let mut cfg: HfConfig = serde_json::from_value(Json::Object(j.clone()))
         .map_err(|e| bad(format!("not a transformers model config: {e}")))?;
     let family = Family::of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| {

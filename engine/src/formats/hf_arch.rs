@@ -100,7 +100,7 @@ fn num(j: &Map<String, Json>, key: &str) -> Result<Option<f64>, Bad> {
 }
 
 /// `key` of the config as a non-negative integer, if set.
-fn uint(j: &Map<String, Json>, key: &str) -> Result<Option<u64>, Bad> {
+pub fn uint(j: &Map<String, Json>, key: &str) -> Result<Option<u64>, Bad> {
     match j.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(v) => v
