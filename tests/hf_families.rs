@@ -412,7 +412,8 @@ fn write_folders_for_the_reference_script() {
 #[test]
 fn configs_the_engine_cannot_honour_are_refused_by_name() {
     let root = Tmp(std::env::temp_dir().join(format!("tpslab-hf-hostile-{}", std::process::id())));
-    let cases: [(&str, &str, &dyn Fn(&mut Json), &str); 4] = [
+    type Case<'a> = (&'a str, &'a str, &'a dyn Fn(&mut Json), &'a str);
+    let cases: [Case; 4] = [
         (
             "smollm3",
             "SmolLM3ForCausalLM",

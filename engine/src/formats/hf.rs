@@ -142,19 +142,6 @@ fn config_object(path: &Path) -> Result<Map<String, Json>, HfError> {
         Some(Json::Object(text)) => j.extend(text),
         Some(v) => return Err(bad(format!("text_config {v} is not an object"))),
     }
-    Ok(j)
-}
-
-/// Opens the Hugging Face model in `dir` as a [`GgufFile`] view.
-pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfError> {
-    let config_path = required(dir, CONFIG)?;
-    // Checked up front so a folder missing either file is named as such.
-    let tokenizer_path = required(dir, TOKENIZER)?;
-    let bad = |what: String| HfError::Config {
-        path: config_path.clone(),
-        what,
-    };
-    let mut j = config_object(&config_path)?;
     // Checked by name first: serde's own error would not say which field is wrong.
     for key in [
         "hidden_size",
@@ -168,6 +155,19 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
     ] {
         hf_arch::uint(&j, key).map_err(bad)?;
     }
+    Ok(j)
+}
+
+/// Opens the Hugging Face model in `dir` as a [`GgufFile`] view.
+pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfError> {
+    let config_path = required(dir, CONFIG)?;
+    // Checked up front so a folder missing either file is named as such.
+    let tokenizer_path = required(dir, TOKENIZER)?;
+    let bad = |what: String| HfError::Config {
+        path: config_path.clone(),
+        what,
+    };
+    let mut j = config_object(&config_path)?;
     let mut cfg: HfConfig = serde_json::from_value(Json::Object(j.clone()))
         .map_err(|e| bad(format!("not a transformers model config: {e}")))?;
     let family = Family::of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| {
