@@ -283,12 +283,12 @@ pub enum TensorSource {
     #[default]
     Gguf,
     /// A safetensors file of a Hugging Face folder ([`crate::formats::hf`]), at absolute byte `start`.
-    /// `rope_heads`: Llama Q/K rows are reordered from Hugging Face's rotary layout into GGUF's
-    /// (convert_hf_to_gguf's `permute`) for that many heads.
+    /// `edit`: what convert_hf_to_gguf would do to the bytes (Llama's Q/K permutation, Gemma's
+    /// `norm + 1`, or bytes it computes from the config).
     Safetensors {
         path: std::sync::Arc<Path>,
         start: u64,
-        rope_heads: Option<usize>,
+        edit: crate::formats::hf::Edit,
     },
     /// Another part of a split GGUF ([`crate::formats::gguf_split`]), whose data section starts at
     /// `data_offset`; the tensor is at `TensorInfo::offset` from there.

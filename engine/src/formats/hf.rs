@@ -6,14 +6,14 @@
 //!
 //! Open one with [`GgufFile::open`] on the folder (or [`open_folder`]).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde_json::Value as Json;
+use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::{GgmlType, GgufFile, TensorInfo, TensorSource, Value};
+use crate::formats::hf_arch::{self, Change, Family, Rope, Shape};
 use crate::formats::safetensors::{SafetensorsError, SafetensorsFile};
 
 /// JSON files past this size are not a model's config or tokenizer: refuse before reading.
@@ -41,7 +41,7 @@ pub enum HfError {
     Json { path: PathBuf, what: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
-    #[error("{path}: model type '{found}' is not supported (supported: llama, mistral, qwen2)")]
+    #[error("{path}: model type '{found}' is not supported (supported: {supported})", supported = hf_arch::supported())]
     Arch { path: PathBuf, found: String },
     #[error("{path}: {what}")]
     Config { path: PathBuf, what: String },
@@ -55,7 +55,9 @@ pub enum HfError {
     },
 }
 
-/// The `config.json` fields the Llama family uses (serde mirror; resolved into GGUF keys).
+/// The `config.json` fields every family uses (serde mirror; the text model's own fields when
+/// they sit under `text_config`). Family-specific fields are read from the whole object
+/// ([`crate::formats::hf_arch`]).
 #[derive(Debug, Clone, Deserialize)]
 pub struct HfConfig {
     pub model_type: Option<String>,
@@ -64,14 +66,12 @@ pub struct HfConfig {
     pub hidden_size: u64,
     pub intermediate_size: u64,
     pub num_hidden_layers: u64,
-    pub num_attention_heads: u64,
+    pub num_attention_heads: Option<u64>,
     pub num_key_value_heads: Option<u64>,
     pub head_dim: Option<u64>,
-    pub max_position_embeddings: u64,
+    pub max_position_embeddings: Option<u64>,
     pub vocab_size: u64,
     pub rms_norm_eps: Option<f64>,
-    pub rope_theta: Option<f64>,
-    pub rope_scaling: Option<Json>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<Json>,
@@ -114,58 +114,115 @@ fn required(dir: &Path, file: &'static str) -> Result<PathBuf, HfError> {
     }
 }
 
-/// The GGUF architecture of a Hugging Face `model_type` (Mistral is Llama in GGUF, as
-/// convert_hf_to_gguf writes it).
-fn gguf_arch(cfg: &HfConfig, path: &Path) -> Result<&'static str, HfError> {
-    gguf_arch_of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| HfError::Arch {
-        path: path.into(),
-        found,
-    })
-}
-
-/// The GGUF architecture of a `config.json`'s `model_type` (else its `architectures[0]`), or
-/// the type found when the engine does not run it (the library's import check asks this too).
+/// The GGUF architecture of a `config.json`'s `architectures[0]` (else its `model_type`), or
+/// the name found when the engine does not run it (the library's import check asks this too).
 pub fn gguf_arch_of(
     model_type: Option<&str>,
     architectures: &[String],
 ) -> Result<&'static str, String> {
-    let ty = model_type.map_or_else(
-        || {
-            architectures
-                .first()
-                .map(|a| a.trim_end_matches("ForCausalLM").to_lowercase())
-                .unwrap_or_default()
-        },
-        str::to_string,
-    );
-    match ty.as_str() {
-        "llama" | "mistral" => Ok("llama"),
-        "qwen2" => Ok("qwen2"),
-        _ => Err(ty),
-    }
+    Family::of(model_type, architectures).map(Family::gguf_arch)
 }
 
 /// The GGUF tokenizer keys of a folder (`formats::hf_tokenizer::metadata`, passed in by
 /// `GgufFile::open` so this reader does not import the tokenizer mapping that reads its types).
 pub type TokenizerKeys = fn(&Path, &HfConfig) -> Result<Vec<(String, Value)>, HfError>;
 
+/// The config object, with a multimodal config's `text_config` lifted to the top as the
+/// converter does.
+fn config_object(path: &Path) -> Result<Map<String, Json>, HfError> {
+    let bad = |what: String| HfError::Config {
+        path: path.into(),
+        what,
+    };
+    let Json::Object(mut j) = read_json(path)? else {
+        return Err(bad("not a JSON object".into()));
+    };
+    match j.remove("text_config") {
+        None | Some(Json::Null) => {}
+        Some(Json::Object(text)) => j.extend(text),
+        Some(v) => return Err(bad(format!("text_config {v} is not an object"))),
+    }
+    // Checked by name first: serde's own error would not say which field is wrong.
+    for key in [
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "vocab_size",
+    ] {
+        hf_arch::uint(&j, key).map_err(bad)?;
+    }
+    Ok(j)
+}
+
 /// Opens the Hugging Face model in `dir` as a [`GgufFile`] view.
 pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfError> {
     let config_path = required(dir, CONFIG)?;
     // Checked up front so a folder missing either file is named as such.
-    required(dir, TOKENIZER)?;
-    let cfg: HfConfig =
-        serde_json::from_value(read_json(&config_path)?).map_err(|e| HfError::Config {
+    let tokenizer_path = required(dir, TOKENIZER)?;
+    let bad = |what: String| HfError::Config {
+        path: config_path.clone(),
+        what,
+    };
+    let mut j = config_object(&config_path)?;
+    let mut cfg: HfConfig = serde_json::from_value(Json::Object(j.clone()))
+        .map_err(|e| bad(format!("not a transformers model config: {e}")))?;
+    let family = Family::of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| {
+        HfError::Arch {
             path: config_path.clone(),
-            what: format!("not a Llama-family config: {e}"),
-        })?;
-    let arch = gguf_arch(&cfg, &config_path)?;
-    let mut metadata = config_metadata(dir, &cfg, arch, &config_path)?;
-    let heads = cfg.num_attention_heads;
-    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
+            found,
+        }
+    })?;
+    hf_arch::transformers_defaults(family, &mut cfg, &mut j);
+    if cfg.vocab_size == 0 || cfg.vocab_size > MAX_VOCAB {
+        return Err(bad(format!(
+            "vocab_size {} is out of range",
+            cfg.vocab_size
+        )));
+    }
+    let shape = hf_arch::shape(family, &cfg).map_err(bad)?;
+    let rope = Rope::of(&j).map_err(bad)?;
+    let mut metadata = hf_arch::metadata(family, &cfg, &j, &rope, &shape).map_err(bad)?;
+    let arch = family.gguf_arch();
+    let name = dir
+        .file_name()
+        .map_or("model".into(), |n| n.to_string_lossy().into_owned());
+    metadata.insert("general.architecture".into(), Value::String(arch.into()));
+    metadata.insert("general.name".into(), Value::String(name));
     metadata.extend(tokenizer(dir, &cfg)?);
 
-    let (tensors, file_len) = tensors(dir, &cfg, arch, heads, kv_heads)?;
+    let vocab_rows = match family {
+        Family::Gemma3 => hf_arch::gemma3_vocab(&read_json(&tokenizer_path)?),
+        _ => None,
+    };
+    let layout = Layout {
+        family,
+        shape: &shape,
+        layers: cfg.num_hidden_layers,
+        vocab_rows,
+    };
+    let (mut tensors, file_len) = tensors(dir, &layout)?;
+    let computed = hf_arch::computed(family, &cfg, &rope, &shape).map_err(bad)?;
+    let source: Arc<Path> = Arc::from(config_path.as_path());
+    for (name, values) in computed {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        tensors.push(TensorInfo {
+            name,
+            dims: vec![values.len() as u64],
+            ty: GgmlType::F32,
+            offset: 0,
+            size: bytes.len() as u64,
+            source: TensorSource::Safetensors {
+                path: Arc::clone(&source),
+                start: 0,
+                edit: Edit::Computed(Arc::from(bytes)),
+            },
+        });
+    }
+    gguf_order(&mut tensors);
     let dominant = tensors
         .iter()
         .filter(|t| t.dims.len() >= 2)
@@ -196,79 +253,6 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
         data_offset: 0,
         file_len: file_len + extra,
     })
-}
-
-/// The model keys (`general.*`, `{arch}.*`) for a checked config.json.
-fn config_metadata(
-    dir: &Path,
-    cfg: &HfConfig,
-    arch: &str,
-    config_path: &Path,
-) -> Result<BTreeMap<String, Value>, HfError> {
-    let bad = |what: String| HfError::Config {
-        path: config_path.into(),
-        what,
-    };
-    if let Some(s) = cfg.rope_scaling.as_ref().filter(|s| !s.is_null()) {
-        return Err(bad(format!("rope_scaling {s} is not supported")));
-    }
-    let heads = cfg.num_attention_heads;
-    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    if heads == 0 || kv_heads == 0 || !cfg.hidden_size.is_multiple_of(heads) {
-        return Err(bad(format!(
-            "hidden_size {} does not split into {heads} heads",
-            cfg.hidden_size
-        )));
-    }
-    if !heads.is_multiple_of(kv_heads) {
-        return Err(bad(format!(
-            "{heads} attention heads do not share {kv_heads} key/value heads"
-        )));
-    }
-    let head_dim = cfg.hidden_size / heads;
-    if cfg.head_dim.is_some_and(|d| d != head_dim) {
-        return Err(bad(format!(
-            "head_dim {:?} differs from hidden_size / heads = {head_dim}",
-            cfg.head_dim
-        )));
-    }
-    if cfg.vocab_size == 0 || cfg.vocab_size > MAX_VOCAB {
-        return Err(bad(format!(
-            "vocab_size {} is out of range",
-            cfg.vocab_size
-        )));
-    }
-    let u32v = |v: u64| Value::U32(u32::try_from(v).unwrap_or(u32::MAX));
-    let k = |s: &str| format!("{arch}.{s}");
-    let name = dir
-        .file_name()
-        .map_or("model".into(), |n| n.to_string_lossy().into_owned());
-    let metadata: BTreeMap<String, Value> = [
-        (
-            "general.architecture".to_string(),
-            Value::String(arch.into()),
-        ),
-        ("general.name".into(), Value::String(name)),
-        (k("block_count"), u32v(cfg.num_hidden_layers)),
-        (k("context_length"), u32v(cfg.max_position_embeddings)),
-        (k("embedding_length"), u32v(cfg.hidden_size)),
-        (k("feed_forward_length"), u32v(cfg.intermediate_size)),
-        (k("attention.head_count"), u32v(heads)),
-        (k("attention.head_count_kv"), u32v(kv_heads)),
-        (k("rope.dimension_count"), u32v(head_dim)),
-        (k("vocab_size"), u32v(cfg.vocab_size)),
-        (
-            k("rope.freq_base"),
-            Value::F32(cfg.rope_theta.unwrap_or(10_000.0) as f32),
-        ),
-        (
-            k("attention.layer_norm_rms_epsilon"),
-            Value::F32(cfg.rms_norm_eps.unwrap_or(1e-6) as f32),
-        ),
-    ]
-    .into_iter()
-    .collect();
-    Ok(metadata)
 }
 
 /// The safetensors files of the folder: the shards the index names, or `model.safetensors`.
@@ -308,135 +292,135 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, HfError> {
     Ok(files.into_iter().map(|f| dir.join(f)).collect())
 }
 
-/// GGUF name of a Hugging Face tensor name; `Ok(None)` for tensors convert_hf_to_gguf skips.
+/// GGUF name of a Hugging Face tensor name of the Llama family; `Some(None)` for tensors
+/// convert_hf_to_gguf skips ([`hf_arch::gguf_name`] for every family).
 pub fn gguf_name(hf: &str) -> Option<Option<String>> {
-    if hf.ends_with(".rotary_emb.inv_freq") {
-        return Some(None);
-    }
-    for (h, g) in GLOBAL_NAMES {
-        if hf == h {
-            return Some(Some(g.to_string()));
-        }
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: u64 = layer.parse().ok()?;
-    let (_, g) = LAYER_NAMES.iter().find(|(h, _)| *h == suffix)?;
-    Some(Some(format!("blk.{layer}.{g}")))
+    hf_arch::gguf_name(Family::Llama, hf)
 }
 
-/// Hugging Face name of a GGUF tensor name (the inverse of [`gguf_name`]).
-pub fn hf_name(gguf: &str) -> Option<String> {
-    for (h, g) in GLOBAL_NAMES {
-        if gguf == g {
-            return Some(h.to_string());
-        }
-    }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: u64 = layer.parse().ok()?;
-    let (h, _) = LAYER_NAMES.iter().find(|(_, g)| *g == suffix)?;
-    Some(format!("model.layers.{layer}.{h}"))
+pub use hf_arch::hf_name;
+
+/// What the tensors of a folder are checked against and changed by.
+struct Layout<'a> {
+    family: Family,
+    shape: &'a Shape,
+    layers: u64,
+    /// Gemma 3: embedding rows past the tokenizer's vocabulary are dropped.
+    vocab_rows: Option<u64>,
 }
 
-const GLOBAL_NAMES: [(&str, &str); 3] = [
-    ("model.embed_tokens.weight", "token_embd.weight"),
-    ("model.norm.weight", "output_norm.weight"),
-    ("lm_head.weight", "output.weight"),
-];
+/// What is done to a tensor's bytes when it is read from a folder, as convert_hf_to_gguf does
+/// it when it converts ([`crate::formats::hf_arch::Change`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Edit {
+    #[default]
+    None,
+    /// Llama Q/K rows reordered from Hugging Face's rotary layout into GGUF's (`permute`) for
+    /// that many heads.
+    Permute(usize),
+    /// Gemma's norm weights stored as `1 + w`, in F32 (the type the source holds them in).
+    PlusOne(GgmlType),
+    /// A tensor the converter computes from `config.json` (Llama 3's `rope_freqs`, Phi-3's
+    /// LongRoPE factors): its bytes, computed when the folder was opened.
+    Computed(Arc<[u8]>),
+}
 
-const LAYER_NAMES: [(&str, &str); 12] = [
-    ("input_layernorm.weight", "attn_norm.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"),
-    ("self_attn.q_proj.bias", "attn_q.bias"),
-    ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.k_proj.bias", "attn_k.bias"),
-    ("self_attn.v_proj.weight", "attn_v.weight"),
-    ("self_attn.v_proj.bias", "attn_v.bias"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
-];
+/// One safetensors tensor as a GGUF entry of `layout`'s family, checked against its shape.
+fn entry(
+    t: &crate::formats::safetensors::StTensor,
+    name: String,
+    layout: &Layout<'_>,
+    path: &Arc<Path>,
+) -> Result<TensorInfo, String> {
+    if let Some(layer) = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|l| l.parse::<u64>().ok())
+        .filter(|&l| l >= layout.layers)
+    {
+        return Err(format!(
+            "layer {layer}, but num_hidden_layers is {}",
+            layout.layers
+        ));
+    }
+    if t.shape.is_empty() || t.shape.len() > 4 {
+        return Err(format!("rank {} (1..=4 allowed)", t.shape.len()));
+    }
+    let mut dims: Vec<u64> = t.shape.iter().rev().copied().collect();
+    let (mut ty, mut size) = (t.dtype, t.size);
+    let edit = match hf_arch::change(layout.family, &name, layout.shape) {
+        Change::None => Edit::None,
+        Change::Permute(h) => {
+            let rows = t.shape[0];
+            // h comes from config.json: checked, so a hostile count is an error, not a wrap.
+            if h.checked_mul(2).is_none_or(|d| !rows.is_multiple_of(d)) {
+                return Err(format!(
+                    "{rows} rows do not split into {h} heads of an even size"
+                ));
+            }
+            Edit::Permute(h as usize)
+        }
+        Change::PlusOne => {
+            if !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+                return Err(format!("a norm weight of type {:?}", t.dtype));
+            }
+            ty = GgmlType::F32;
+            size = dims.iter().product::<u64>() * 4;
+            Edit::PlusOne(t.dtype)
+        }
+    };
+    if name == "token_embd.weight"
+        && let (Some(keep), [_, rows]) = (layout.vocab_rows, dims.as_mut_slice())
+        && keep < *rows
+    {
+        // The rows are outermost: the first `keep` of them are a prefix of the data.
+        size = size / *rows * keep;
+        *rows = keep;
+    }
+    Ok(TensorInfo {
+        name,
+        dims,
+        ty,
+        offset: t.start,
+        size,
+        source: TensorSource::Safetensors {
+            path: Arc::clone(path),
+            start: t.start,
+            edit,
+        },
+    })
+}
 
 /// Every weight of the folder as a GGUF tensor entry, and the safetensors files' total size.
-fn tensors(
-    dir: &Path,
-    cfg: &HfConfig,
-    arch: &str,
-    heads: u64,
-    kv_heads: u64,
-) -> Result<(Vec<TensorInfo>, u64), HfError> {
+fn tensors(dir: &Path, layout: &Layout<'_>) -> Result<(Vec<TensorInfo>, u64), HfError> {
     let mut out: Vec<TensorInfo> = Vec::new();
     let mut total = 0u64;
     for shard in shard_files(dir)? {
         let st = SafetensorsFile::open(&shard)?;
         total += st.file_len;
         let path: Arc<Path> = Arc::from(shard.as_path());
-        for t in st.tensors {
+        for t in &st.tensors {
             let bad = |what: String| HfError::Tensor {
                 name: t.name.clone(),
                 path: shard.clone(),
                 what,
             };
-            let name = match gguf_name(&t.name) {
+            let name = match hf_arch::gguf_name(layout.family, &t.name) {
                 Some(Some(n)) => n,
                 Some(None) => continue,
                 None => {
-                    return Err(bad(
-                        "no Llama-family weight has this name (cannot map it to GGUF)".into(),
-                    ));
-                }
-            };
-            if let Some(layer) = name
-                .strip_prefix("blk.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|l| l.parse::<u64>().ok())
-                .filter(|&l| l >= cfg.num_hidden_layers)
-            {
-                return Err(bad(format!(
-                    "layer {layer}, but num_hidden_layers is {}",
-                    cfg.num_hidden_layers
-                )));
-            }
-            if t.shape.is_empty() || t.shape.len() > 4 {
-                return Err(bad(format!("rank {} (1..=4 allowed)", t.shape.len())));
-            }
-            let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
-            let rope_heads = match name.rsplit('.').nth(1) {
-                _ if arch != "llama" => None,
-                Some("attn_q") => Some(heads),
-                Some("attn_k") => Some(kv_heads),
-                _ => None,
-            };
-            if let Some(h) = rope_heads {
-                let rows = t.shape[0];
-                // h comes from config.json: checked, so a hostile count is an error, not a wrap.
-                if h.checked_mul(2).is_none_or(|d| !rows.is_multiple_of(d)) {
                     return Err(bad(format!(
-                        "{rows} rows do not split into {h} heads of an even size"
+                        "no {} weight has this name (cannot map it to GGUF)",
+                        layout.family.gguf_arch()
                     )));
                 }
-            }
+            };
             if out.iter().any(|o| o.name == name) {
                 return Err(bad(format!("'{name}' appears twice in the folder")));
             }
-            out.push(TensorInfo {
-                name,
-                dims,
-                ty: t.dtype,
-                offset: t.start,
-                size: t.size,
-                source: TensorSource::Safetensors {
-                    path: Arc::clone(&path),
-                    start: t.start,
-                    rope_heads: rope_heads.map(|h| h as usize),
-                },
-            });
+            out.push(entry(t, name, layout, &path).map_err(bad)?);
         }
     }
-    gguf_order(&mut out);
     Ok((out, total))
 }
 
@@ -461,36 +445,61 @@ pub fn read_tensor(
     info: &TensorInfo,
     path: &Path,
     start: u64,
-    rope_heads: Option<usize>,
+    edit: &Edit,
 ) -> Result<Vec<u8>, HfError> {
     use std::io::{Read, Seek, SeekFrom};
-    let io = io_err(path);
-    let mut f = std::fs::File::open(path).map_err(&io)?;
-    // Checked again: the file may have changed since it was opened.
-    let len = f.metadata().map_err(&io)?.len();
+    if let Edit::Computed(bytes) = edit {
+        return Ok(bytes.to_vec());
+    }
     let bad = |what: String| HfError::Tensor {
         name: info.name.clone(),
         path: path.into(),
         what,
     };
-    if start.checked_add(info.size).is_none_or(|end| end > len) {
+    // The bytes in the file: a norm stored as `1 + w` in F32 was read in its own type.
+    let stored = match edit {
+        Edit::PlusOne(GgmlType::F16 | GgmlType::BF16) => info.size / 2,
+        _ => info.size,
+    };
+    let io = io_err(path);
+    let mut f = std::fs::File::open(path).map_err(&io)?;
+    // Checked again: the file may have changed since it was opened.
+    let len = f.metadata().map_err(&io)?.len();
+    if start.checked_add(stored).is_none_or(|end| end > len) {
         return Err(bad(format!(
-            "data at byte {start} ({} bytes) lies past the end of the {len}-byte file",
-            info.size
+            "data at byte {start} ({stored} bytes) lies past the end of the {len}-byte file"
         )));
     }
     f.seek(SeekFrom::Start(start)).map_err(&io)?;
-    let size = usize::try_from(info.size).map_err(|_| bad("too large".into()))?;
+    let size = usize::try_from(stored).map_err(|_| bad("too large".into()))?;
     let mut buf = vec![0u8; size];
     f.read_exact(&mut buf).map_err(&io)?;
-    if let Some(heads) = rope_heads {
-        let rows = match info.dims.len() {
-            1 => info.dims[0],
-            _ => info.dims[1..].iter().product(),
-        };
-        rope_permute(&mut buf, rows as usize, heads, true).map_err(bad)?;
+    match edit {
+        Edit::Permute(heads) => {
+            let rows = match info.dims.len() {
+                1 => info.dims[0],
+                _ => info.dims[1..].iter().product(),
+            };
+            rope_permute(&mut buf, rows as usize, *heads, true).map_err(bad)?;
+        }
+        Edit::PlusOne(ty) => buf = plus_one(&buf, *ty),
+        Edit::None | Edit::Computed(_) => {}
     }
     Ok(buf)
+}
+
+/// `1 + w` in F32 for each weight of `buf` (stored as `ty`: F32, F16 or BF16).
+fn plus_one(buf: &[u8], ty: GgmlType) -> Vec<u8> {
+    let value = |c: &[u8]| match (ty, c) {
+        (GgmlType::F16, &[a, b]) => half::f16::from_le_bytes([a, b]).to_f32(),
+        (GgmlType::BF16, &[a, b]) => half::bf16::from_le_bytes([a, b]).to_f32(),
+        (_, &[a, b, c, d]) => f32::from_le_bytes([a, b, c, d]),
+        _ => 0.0,
+    };
+    let width = if ty == GgmlType::F32 { 4 } else { 2 };
+    buf.chunks_exact(width)
+        .flat_map(|c| (value(c) + 1.0).to_le_bytes())
+        .collect()
 }
 
 /// Reorders the `rows` rows of `buf` between Hugging Face's rotary layout (each head's first

@@ -8,6 +8,8 @@
 //! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
 //! - [`safetensors`]: validating safetensors reader and streaming writer (F32/F16/BF16).
 //! - [`hf`]: Hugging Face folders (config.json, tokenizer.json, safetensors) opened as a GGUF view.
+//! - [`hf_arch`]: the families of Hugging Face configs (Llama, Mistral, Qwen2/3, Gemma 2/3,
+//!   Phi-3, SmolLM3) mapped to GGUF metadata and tensors as convert_hf_to_gguf maps them.
 //! - [`hf_tokenizer`]: tokenizer.json + tokenizer_config.json mapped to the GGUF tokenizer keys.
 //! - [`pretokenizer`]: the pre-tokenizers by `tokenizer.ggml.pre` name (GGUF and HF share it).
 
@@ -15,6 +17,7 @@ pub mod gguf;
 pub mod gguf_split;
 pub mod gguf_write;
 pub mod hf;
+pub mod hf_arch;
 pub mod hf_tokenizer;
 pub mod pretokenizer;
 pub mod safetensors;
@@ -40,13 +43,8 @@ impl GgufFile {
 
     /// Reads the bytes of one tensor. The size was validated against the file in `open`.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
-        if let TensorSource::Safetensors {
-            path,
-            start,
-            rope_heads,
-        } = &info.source
-        {
-            return hf::read_tensor(info, path, *start, *rope_heads)
+        if let TensorSource::Safetensors { path, start, edit } = &info.source {
+            return hf::read_tensor(info, path, *start, edit)
                 .map_err(|e| GgufError::Hf(Box::new(e)));
         }
         self.read_gguf_tensor(info)
