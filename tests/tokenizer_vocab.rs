@@ -6,7 +6,6 @@
 //! and every code point, as llama.cpp's `test-tokenizer-1-spm` does.
 
 #[path = "support/llamacpp.rs"]
-#[allow(dead_code)]
 mod llamacpp;
 
 use std::sync::OnceLock;

@@ -256,16 +256,7 @@ fn run_item<T: AsRef<[u32]>>(
         * BLOCK;
     let table = input.tables[input.seq_of[t0]].as_ref();
 
-    for i in 0..nt {
-        let row = (t0 + i) * input.q_stride;
-        for j in 0..group {
-            let qi = i * group + j;
-            let src = &input.q[row + (g * group + j) * hd..][..hd];
-            round_to_f16(backend, src, &mut s.q[qi * hd..][..hd]);
-            s.acc[qi * hd..][..hd].fill(0.0);
-            s.state[qi] = (f32::NEG_INFINITY, 0.0);
-        }
-    }
+    load_queries(backend, input, item, group, s);
 
     // Cache offsets of the rows of this block and of the next (prefetched while this one is
     // worked on: rows come from scattered blocks, which the hardware prefetcher cannot follow).
@@ -335,7 +326,36 @@ fn run_item<T: AsRef<[u32]>>(
         }
     }
 
-    let hidden = n_heads * hd;
+    write_out(input.shape, item, s, out);
+}
+
+/// The item's queries rounded to f16 into the scratch, their accumulators and states reset.
+fn load_queries<T>(
+    backend: Backend,
+    input: &AttnInput<'_, T>,
+    item: Item,
+    group: usize,
+    s: &mut Scratch,
+) {
+    let hd = input.shape.head_dim;
+    let Item { t0, nt, g, .. } = item;
+    for i in 0..nt {
+        let row = (t0 + i) * input.q_stride;
+        for j in 0..group {
+            let qi = i * group + j;
+            let src = &input.q[row + (g * group + j) * hd..][..hd];
+            round_to_f16(backend, src, &mut s.q[qi * hd..][..hd]);
+            s.acc[qi * hd..][..hd].fill(0.0);
+            s.state[qi] = (f32::NEG_INFINITY, 0.0);
+        }
+    }
+}
+
+/// Each query's accumulator divided by its softmax sum, into its (token, head) row of `out`.
+fn write_out(shape: AttnShape, item: Item, s: &Scratch, out: SendPtr<f32>) {
+    let (hd, group) = (shape.head_dim, shape.n_heads / shape.n_kv_heads);
+    let hidden = shape.n_heads * hd;
+    let Item { t0, nt, g, .. } = item;
     for i in 0..nt {
         for j in 0..group {
             let qi = i * group + j;
