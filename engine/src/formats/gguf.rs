@@ -288,7 +288,7 @@ pub enum TensorSource {
     Safetensors {
         path: std::sync::Arc<Path>,
         start: u64,
-        edit: crate::formats::hf::Edit,
+        edit: Edit,
     },
     /// Another part of a split GGUF ([`crate::formats::gguf_split`]), whose data section starts at
     /// `data_offset`; the tensor is at `TensorInfo::offset` from there.
@@ -694,4 +694,20 @@ impl GgufFile {
             .map(|x| x.as_str().ok_or_else(wrong))
             .collect()
     }
+}
+
+/// What is done to a tensor's bytes when it is read from a folder, as convert_hf_to_gguf does
+/// it when it converts (`formats::hf_arch::Change`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Edit {
+    #[default]
+    None,
+    /// Llama Q/K rows reordered from Hugging Face's rotary layout into GGUF's (`permute`) for
+    /// that many heads.
+    Permute(usize),
+    /// Gemma's norm weights stored as `1 + w`, in F32 (the type the source holds them in).
+    PlusOne(GgmlType),
+    /// A tensor the converter computes from `config.json` (Llama 3's `rope_freqs`, Phi-3's
+    /// LongRoPE factors): its bytes, computed when the folder was opened.
+    Computed(std::sync::Arc<[u8]>),
 }

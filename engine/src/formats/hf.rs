@@ -9,7 +9,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::{GgmlType, GgufFile, TensorInfo, TensorSource, Value};
@@ -55,28 +54,7 @@ pub enum HfError {
     },
 }
 
-/// The `config.json` fields every family uses (serde mirror; the text model's own fields when
-/// they sit under `text_config`). Family-specific fields are read from the whole object
-/// ([`crate::formats::hf_arch`]).
-#[derive(Debug, Clone, Deserialize)]
-pub struct HfConfig {
-    pub model_type: Option<String>,
-    #[serde(default)]
-    pub architectures: Vec<String>,
-    pub hidden_size: u64,
-    pub intermediate_size: u64,
-    pub num_hidden_layers: u64,
-    pub num_attention_heads: Option<u64>,
-    pub num_key_value_heads: Option<u64>,
-    pub head_dim: Option<u64>,
-    pub max_position_embeddings: Option<u64>,
-    pub vocab_size: u64,
-    pub rms_norm_eps: Option<f64>,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
-    pub bos_token_id: Option<Json>,
-    pub eos_token_id: Option<Json>,
-}
+pub use crate::formats::hf_config::HfConfig;
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> HfError + '_ {
     move |source| HfError::Io {
@@ -309,21 +287,7 @@ struct Layout<'a> {
     vocab_rows: Option<u64>,
 }
 
-/// What is done to a tensor's bytes when it is read from a folder, as convert_hf_to_gguf does
-/// it when it converts ([`crate::formats::hf_arch::Change`]).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub enum Edit {
-    #[default]
-    None,
-    /// Llama Q/K rows reordered from Hugging Face's rotary layout into GGUF's (`permute`) for
-    /// that many heads.
-    Permute(usize),
-    /// Gemma's norm weights stored as `1 + w`, in F32 (the type the source holds them in).
-    PlusOne(GgmlType),
-    /// A tensor the converter computes from `config.json` (Llama 3's `rope_freqs`, Phi-3's
-    /// LongRoPE factors): its bytes, computed when the folder was opened.
-    Computed(Arc<[u8]>),
-}
+pub use crate::formats::gguf::Edit;
 
 /// One safetensors tensor as a GGUF entry of `layout`'s family, checked against its shape.
 fn entry(

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::Value;
-use crate::formats::hf::HfConfig;
+use crate::formats::hf_config::HfConfig;
 
 /// A Hugging Face model class, as convert_hf_to_gguf registers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

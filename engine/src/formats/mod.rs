@@ -10,6 +10,7 @@
 //! - [`hf`]: Hugging Face folders (config.json, tokenizer.json, safetensors) opened as a GGUF view.
 //! - [`hf_arch`]: the families of Hugging Face configs (Llama, Mistral, Qwen2/3, Gemma 2/3,
 //!   Phi-3, SmolLM3) mapped to GGUF metadata and tensors as convert_hf_to_gguf maps them.
+//! - [`hf_config`]: the `config.json` fields every family reads.
 //! - [`hf_tokenizer`]: tokenizer.json + tokenizer_config.json mapped to the GGUF tokenizer keys.
 //! - [`pretokenizer`]: the pre-tokenizers by `tokenizer.ggml.pre` name (GGUF and HF share it).
 
@@ -18,6 +19,7 @@ pub mod gguf_split;
 pub mod gguf_write;
 pub mod hf;
 pub mod hf_arch;
+pub mod hf_config;
 pub mod hf_tokenizer;
 pub mod pretokenizer;
 pub mod safetensors;

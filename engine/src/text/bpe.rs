@@ -17,7 +17,7 @@ use tokenizers::{
 };
 
 use crate::formats::pretokenizer::PreTokenizerKind;
-use crate::text::tokenizer::TokenizerError;
+use crate::text::tokenizer_error::TokenizerError;
 use crate::text::vocab::{Vocab, attr};
 
 /// The BPE model (vocabulary, merges, word cache) behind both pipelines: one copy in memory,

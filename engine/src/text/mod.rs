@@ -3,7 +3,8 @@
 //! Modules:
 //! - [`tokenizer`]: the model's tokenizer built from GGUF metadata as llama.cpp builds it
 //!   (byte-level BPE or SentencePiece), over [`vocab`] (tokens, attributes, special ids),
-//!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`].
+//!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`]; its error type in
+//!   `tokenizer_error`.
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them,
 //!   with what a render takes in `chat_message` (messages, tools, options), its `tojson` in
@@ -24,4 +25,5 @@ pub mod reasoning;
 pub(crate) mod special;
 pub(crate) mod spm;
 pub mod tokenizer;
+mod tokenizer_error;
 pub(crate) mod vocab;

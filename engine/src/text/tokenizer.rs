@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
-use crate::formats::gguf::{GgufError, GgufFile, Value};
+use crate::formats::gguf::{GgufFile, Value};
 pub use crate::formats::pretokenizer::PreTokenizerKind;
-use crate::formats::pretokenizer::{PreTokenizerError, PreTokenizerSpec, SUPPORTED_NAMES};
+use crate::formats::pretokenizer::PreTokenizerSpec;
 use crate::text::bpe::{BpePipelines, byte_level_bytes};
 use crate::text::special::{Fragment, SpecialMatcher};
 use crate::text::spm;
+pub use crate::text::tokenizer_error::TokenizerError;
 use crate::text::vocab::{SpecialIds, Vocab, VocabKind, attr, hex_byte_token};
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
@@ -27,37 +28,6 @@ const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 const KEY_ADD_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 const KEY_NAME: &str = "general.name";
-
-impl From<PreTokenizerError> for TokenizerError {
-    fn from(e: PreTokenizerError) -> Self {
-        match e {
-            PreTokenizerError::Unsupported(name) => Self::UnsupportedPre(name),
-            PreTokenizerError::Regex(e) => Self::Build(format!("pre-tokenizer regex: {e}")),
-        }
-    }
-}
-
-/// Why a tokenizer could not be built or used.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    #[error("tokenizer metadata: {0}")]
-    Metadata(#[from] GgufError),
-    #[error(
-        "unsupported tokenizer model '{0}': supported are 'gpt2' (byte-level BPE) and 'llama' \
-         (SentencePiece)"
-    )]
-    UnsupportedModel(String),
-    #[error("unsupported pre-tokenizer type '{0}' (supported: {SUPPORTED_NAMES})")]
-    UnsupportedPre(String),
-    #[error("bad tokenizer metadata: {0}")]
-    BadMetadata(String),
-    #[error("cannot build the tokenizer: {0}")]
-    Build(String),
-    #[error("cannot encode text: {0}")]
-    Encode(String),
-    #[error("token id {id} is out of range (the vocabulary has {vocab_size} tokens)")]
-    UnknownId { id: u32, vocab_size: usize },
-}
 
 /// The algorithm over the vocabulary.
 enum Model {
