@@ -1,15 +1,19 @@
 //! The Models panel's Hugging Face part: search the Hub (or a server that speaks its API), pick a
 //! result or type a repo id, list its files with sizes, choose a GGUF file or the safetensors set,
-//! download it into the library with progress, speed, ETA and cancel. Search, listing and
-//! download each run on a worker; the frame never waits.
+//! download it into the library with progress, speed, ETA and cancel. Before a download, each
+//! GGUF file's header is read (range requests) for its quant type, architecture (whether this
+//! build runs it) and the memory it needs at a chosen context and batch, with fits / does not fit
+//! against this machine's RAM and VRAM, as LM Studio shows. Search, listing, headers and download
+//! each run on a worker; the frame never waits.
 
 use std::path::PathBuf;
 
 use super::message_ui;
-use crate::hub::{Choice, RepoListing, SearchHit, human_bytes};
+use crate::hub::{Choice, GgufFit, Machine, RepoListing, SearchHit, human_bytes};
 use crate::ui::catalog::{self, Library};
 use crate::ui::hub_adapter::{self, HubRequest};
 use crate::ui::task::Task;
+use tpslab_engine::library::fit::Verdict;
 
 /// How many search results are asked for.
 const SEARCH_LIMIT: usize = 20;
@@ -39,6 +43,16 @@ pub(super) struct HubPanel {
     /// Why the last search failed (or that it found nothing).
     search_message: Option<Result<String, String>>,
     listing: Option<Task<RepoListing>>,
+    /// The request the last listing was made with (its headers are read with the same).
+    listed_req: Option<HubRequest>,
+    /// Reading the GGUF headers of the last listing.
+    fits: Option<Task<Vec<GgufFit>>>,
+    /// Each GGUF model of the last listing, from its header (or why not).
+    fitted: Vec<GgufFit>,
+    fit_error: Option<String>,
+    /// Context and batch the memory need is shown at (0: not set yet, the defaults).
+    fit_ctx: usize,
+    fit_batch: usize,
     /// The last listing, whose files are offered below.
     listed: Option<RepoListing>,
     choice: Option<Choice>,
@@ -78,6 +92,7 @@ impl HubPanel {
             self.listing = None;
             match r {
                 Ok(listing) => {
+                    self.start_fits(&listing, ctx);
                     self.choice = hub_adapter::default_choice(&listing);
                     let gated = if listing.gated { ", gated" } else { "" };
                     let n = listing.files.len();
@@ -85,6 +100,13 @@ impl HubPanel {
                     self.listed = Some(listing);
                 }
                 Err(e) => self.message = Some(Err(e)),
+            }
+        }
+        if let Some(r) = self.fits.as_mut().and_then(Task::poll) {
+            self.fits = None;
+            match r {
+                Ok(fits) => self.fitted = fits,
+                Err(e) => self.fit_error = Some(e),
             }
         }
         if let Some(r) = self.download.as_mut().and_then(Task::poll) {
@@ -96,7 +118,10 @@ impl HubPanel {
 
     /// Whether a worker of this part is running.
     pub(super) fn busy(&self) -> bool {
-        self.search.is_some() || self.listing.is_some() || self.download.is_some()
+        self.search.is_some()
+            || self.listing.is_some()
+            || self.fits.is_some()
+            || self.download.is_some()
     }
 
     fn request(&self, f: &HubFields<'_>) -> HubRequest {
@@ -119,10 +144,31 @@ impl HubPanel {
         }
     }
 
+    /// Reads the headers of the listing's GGUF files on a worker.
+    fn start_fits(&mut self, listing: &RepoListing, ctx: &egui::Context) {
+        let Some(req) = self.listed_req.clone() else {
+            return;
+        };
+        if listing.ggufs().is_empty() {
+            return;
+        }
+        let listing = listing.clone();
+        let what = format!("Reading the GGUF headers of {}", listing.repo);
+        match Task::spawn("hub-fit", what, ctx, move |_| {
+            hub_adapter::read_ggufs(&req, &listing)
+        }) {
+            Ok(t) => self.fits = Some(t),
+            Err(e) => self.fit_error = Some(e),
+        }
+    }
+
     fn start_listing(&mut self, req: HubRequest, ctx: &egui::Context) {
         self.listed = None;
         self.choice = None;
         self.message = None;
+        self.fitted.clear();
+        self.fit_error = None;
+        self.listed_req = Some(req.clone());
         let what = format!("Listing {}", req.repo);
         match Task::spawn("hub-list", what, ctx, move |_| {
             hub_adapter::list_files(&req)
@@ -150,7 +196,13 @@ impl HubPanel {
         }
     }
 
-    pub(super) fn ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>, lib: &Library) {
+    pub(super) fn ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        f: &mut HubFields<'_>,
+        lib: &Library,
+        vram: Option<u64>,
+    ) {
         egui::Grid::new("hub_fields").num_columns(2).show(ui, |ui| {
             let l = ui.label("Endpoint");
             ui.add(
@@ -169,7 +221,7 @@ impl HubPanel {
             ui.end_row();
         });
         ui.push_id("search", |ui| self.search_ui(ui, f));
-        ui.push_id("repo", |ui| self.repo_ui(ui, f, lib));
+        ui.push_id("repo", |ui| self.repo_ui(ui, f, lib, vram));
     }
 
     fn search_ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>) {
@@ -223,7 +275,13 @@ impl HubPanel {
         }
     }
 
-    fn repo_ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>, lib: &Library) {
+    fn repo_ui(
+        &mut self,
+        ui: &mut egui::Ui,
+        f: &mut HubFields<'_>,
+        lib: &Library,
+        vram: Option<u64>,
+    ) {
         let idle = !self.busy();
         ui.horizontal(|ui| {
             let l = ui.label("Repo id");
@@ -258,6 +316,9 @@ impl HubPanel {
                 start = Some((listing.repo.clone(), choice));
             }
         }
+        if self.listed.as_ref().is_some_and(|l| !l.ggufs().is_empty()) {
+            ui.push_id("fit", |ui| self.fit_ui(ui, vram));
+        }
         if let Some((repo, choice)) = start {
             // The repo listed, whatever the field says now.
             let req = HubRequest {
@@ -270,6 +331,119 @@ impl HubPanel {
             t.progress_ui(ui, true, Some("Cancel download"));
         }
         message_ui(ui, self.message.as_ref());
+    }
+}
+
+/// Default context and batch of the memory need (LM Studio's default context is 4096).
+const FIT_CTX: usize = 4096;
+const FIT_BATCH: usize = 1;
+
+impl HubPanel {
+    /// Each GGUF model's quant type, size, architecture, need (weights + KV at the chosen
+    /// context and batch) and the verdicts against this machine's RAM and VRAM.
+    fn fit_ui(&mut self, ui: &mut egui::Ui, vram: Option<u64>) {
+        if self.fit_ctx == 0 {
+            (self.fit_ctx, self.fit_batch) = (FIT_CTX, FIT_BATCH);
+        }
+        ui.horizontal(|ui| {
+            let l = ui.label("Memory at context");
+            ui.add(egui::DragValue::new(&mut self.fit_ctx).range(1..=1 << 20))
+                .labelled_by(l.id);
+            let l = ui.label("batch");
+            ui.add(egui::DragValue::new(&mut self.fit_batch).range(1..=1024))
+                .labelled_by(l.id);
+        });
+        if self.fits.is_some() {
+            ui.horizontal(|ui| {
+                ui.spinner();
+                ui.label("Reading the GGUF headers…");
+            });
+        }
+        if let Some(e) = &self.fit_error {
+            ui.colored_label(ui.visuals().error_fg_color, e);
+        }
+        if self.fitted.is_empty() {
+            return;
+        }
+        let m = Machine::this(vram);
+        let have = |b: Option<u64>| b.map_or("none".to_string(), human_bytes);
+        ui.label(format!(
+            "This machine: RAM {}, VRAM {}",
+            have(m.ram),
+            have(m.vram)
+        ));
+        let (ctx, batch) = (self.fit_ctx, self.fit_batch);
+        egui::Grid::new("hub_fit_grid")
+            .striped(true)
+            .num_columns(7)
+            .show(ui, |ui| {
+                for h in [
+                    "File",
+                    "Type",
+                    "Size",
+                    "Architecture",
+                    "Needs",
+                    "RAM",
+                    "VRAM",
+                ] {
+                    ui.strong(h);
+                }
+                ui.end_row();
+                for fit in &self.fitted {
+                    fit_row_ui(ui, fit, &m, ctx, batch);
+                    ui.end_row();
+                }
+            });
+    }
+}
+
+/// One row of the fit table.
+fn fit_row_ui(ui: &mut egui::Ui, fit: &GgufFit, m: &Machine, ctx: usize, batch: usize) {
+    let parts = if fit.parts > 1 {
+        format!(" ({} parts)", fit.parts)
+    } else {
+        String::new()
+    };
+    ui.label(format!("{}{parts}", fit.file));
+    let needs = match &fit.needs {
+        Ok(n) => n,
+        Err(e) => {
+            ui.label("—");
+            ui.label(human_bytes(fit.size));
+            ui.colored_label(ui.visuals().error_fg_color, format!("unreadable: {e}"));
+            return;
+        }
+    };
+    ui.label(&needs.quant);
+    ui.label(human_bytes(fit.size));
+    if needs.runs() {
+        ui.label(format!("{} (runs here)", needs.arch));
+    } else {
+        ui.colored_label(
+            ui.visuals().warn_fg_color,
+            format!("{} (not run by this build)", needs.arch),
+        );
+    }
+    match (needs.need_bytes(ctx, batch), needs.kv_bytes(ctx, batch)) {
+        (Some(need), Some(kv)) => ui.label(format!(
+            "{} ({} weights + {} KV)",
+            human_bytes(need),
+            human_bytes(needs.weights),
+            human_bytes(kv)
+        )),
+        _ => ui.label(format!("{} weights", human_bytes(needs.weights))),
+    };
+    let (ram, vram) = fit.verdict(m, ctx, batch);
+    for (what, v) in [("RAM", ram), ("VRAM", vram)] {
+        let text = match v {
+            Verdict::Unknown if what == "VRAM" && m.vram.is_none() => "no GPU".to_string(),
+            v => format!("{what}: {}", v.text()),
+        };
+        match v {
+            Verdict::Fits => ui.colored_label(egui::Color32::from_rgb(60, 160, 60), text),
+            Verdict::DoesNotFit => ui.colored_label(ui.visuals().error_fg_color, text),
+            Verdict::Unknown => ui.weak(text),
+        };
     }
 }
 
