@@ -322,3 +322,46 @@ fn the_hub_panel_shows_each_gguf_with_its_fit_before_a_download() {
     assert!(s.body_bytes.load(Ordering::Relaxed) < 16 << 20);
     let _ = std::fs::remove_dir_all(&home);
 }
+
+#[test]
+fn every_prefix_of_a_header_is_incomplete_and_the_whole_header_parses() {
+    let path = default_model();
+    let bytes = std::fs::read(&path).expect("read");
+    let whole = GgufFile::open(&path).expect("open");
+    let len = bytes.len() as u64;
+    let end = whole.data_offset as usize - 32;
+    for cut in [
+        0,
+        1,
+        3,
+        4,
+        11,
+        24,
+        100,
+        4096,
+        65_537,
+        end / 3,
+        end / 2,
+        end - 1,
+    ] {
+        match GgufFile::from_prefix(&path, &bytes[..cut], len) {
+            Err(tpslab_engine::formats::gguf::GgufError::Incomplete { upto, .. }) => {
+                assert!(upto > cut as u64, "cut {cut}: upto {upto}")
+            }
+            other => panic!("cut {cut}: {other:?}"),
+        }
+    }
+    let h = GgufFile::from_prefix(&path, &bytes[..whole.data_offset as usize], len)
+        .expect("whole header");
+    assert_eq!(h.metadata.len(), whole.metadata.len());
+    let table = |f: &GgufFile| {
+        (f.tensors.iter())
+            .map(|t| (t.name.clone(), t.dims.clone(), t.ty, t.offset, t.size))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(table(&h), table(&whole));
+    assert_eq!(h.data_offset, whole.data_offset);
+    // The same header said to belong to a shorter file: its tensors do not fit, refused.
+    let short = GgufFile::from_prefix(&path, &bytes[..whole.data_offset as usize], 1 << 20);
+    assert!(short.is_err());
+}

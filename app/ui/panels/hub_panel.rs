@@ -116,12 +116,15 @@ impl HubPanel {
         }
     }
 
-    /// Whether a worker of this part is running.
+    /// Whether a worker of this part is running (the app keeps repainting while one is).
     pub(super) fn busy(&self) -> bool {
-        self.search.is_some()
-            || self.listing.is_some()
-            || self.fits.is_some()
-            || self.download.is_some()
+        self.locked() || self.fits.is_some()
+    }
+
+    /// Whether a worker that holds the buttons is running. Reading the headers (read-only, on
+    /// its own worker) never holds up a search, a listing or a download.
+    fn locked(&self) -> bool {
+        self.search.is_some() || self.listing.is_some() || self.download.is_some()
     }
 
     fn request(&self, f: &HubFields<'_>) -> HubRequest {
@@ -166,6 +169,8 @@ impl HubPanel {
         self.listed = None;
         self.choice = None;
         self.message = None;
+        // The headers of an earlier listing are not this one's: its task is dropped unread.
+        self.fits = None;
         self.fitted.clear();
         self.fit_error = None;
         self.listed_req = Some(req.clone());
@@ -225,7 +230,7 @@ impl HubPanel {
     }
 
     fn search_ui(&mut self, ui: &mut egui::Ui, f: &mut HubFields<'_>) {
-        let idle = !self.busy();
+        let idle = !self.locked();
         ui.horizontal(|ui| {
             let l = ui.label("Search the Hub");
             let r = ui
@@ -282,7 +287,7 @@ impl HubPanel {
         lib: &Library,
         vram: Option<u64>,
     ) {
-        let idle = !self.busy();
+        let idle = !self.locked();
         ui.horizontal(|ui| {
             let l = ui.label("Repo id");
             ui.add(
@@ -307,17 +312,23 @@ impl HubPanel {
             });
         }
         let mut start = None;
+        if self.listed.as_ref().is_some_and(|l| !l.ggufs().is_empty()) {
+            ui.push_id("fit", |ui| self.fit_ui(ui));
+        }
         if let Some(listing) = &self.listed {
-            files_ui(ui, listing, &mut self.choice);
+            let fit = FitView {
+                fits: &self.fitted,
+                machine: Machine::this(vram),
+                ctx: self.fit_ctx,
+                batch: self.fit_batch,
+            };
+            files_ui(ui, listing, &mut self.choice, &fit);
             let can = idle && self.choice.is_some();
             if ui.add_enabled(can, egui::Button::new("Download")).clicked()
                 && let Some(choice) = self.choice.clone()
             {
                 start = Some((listing.repo.clone(), choice));
             }
-        }
-        if self.listed.as_ref().is_some_and(|l| !l.ggufs().is_empty()) {
-            ui.push_id("fit", |ui| self.fit_ui(ui, vram));
         }
         if let Some((repo, choice)) = start {
             // The repo listed, whatever the field says now.
@@ -338,10 +349,20 @@ impl HubPanel {
 const FIT_CTX: usize = 4096;
 const FIT_BATCH: usize = 1;
 
+/// What the file rows show of each GGUF's fit, for one frame.
+struct FitView<'a> {
+    fits: &'a [GgufFit],
+    machine: Machine,
+    ctx: usize,
+    batch: usize,
+}
+
+/// The columns after a GGUF's radio button.
+const FIT_COLUMNS: [&str; 5] = ["Type", "Architecture", "Needs", "RAM", "VRAM"];
+
 impl HubPanel {
-    /// Each GGUF model's quant type, size, architecture, need (weights + KV at the chosen
-    /// context and batch) and the verdicts against this machine's RAM and VRAM.
-    fn fit_ui(&mut self, ui: &mut egui::Ui, vram: Option<u64>) {
+    /// The context and batch the memory need is shown at, and the headers' progress.
+    fn fit_ui(&mut self, ui: &mut egui::Ui) {
         if self.fit_ctx == 0 {
             (self.fit_ctx, self.fit_batch) = (FIT_CTX, FIT_BATCH);
         }
@@ -352,6 +373,7 @@ impl HubPanel {
             let l = ui.label("batch");
             ui.add(egui::DragValue::new(&mut self.fit_batch).range(1..=1024))
                 .labelled_by(l.id);
+            ui.weak("(weights + KV cache, read from each GGUF's header)");
         });
         if self.fits.is_some() {
             ui.horizontal(|ui| {
@@ -362,60 +384,20 @@ impl HubPanel {
         if let Some(e) = &self.fit_error {
             ui.colored_label(ui.visuals().error_fg_color, e);
         }
-        if self.fitted.is_empty() {
-            return;
-        }
-        let m = Machine::this(vram);
-        let have = |b: Option<u64>| b.map_or("none".to_string(), human_bytes);
-        ui.label(format!(
-            "This machine: RAM {}, VRAM {}",
-            have(m.ram),
-            have(m.vram)
-        ));
-        let (ctx, batch) = (self.fit_ctx, self.fit_batch);
-        egui::Grid::new("hub_fit_grid")
-            .striped(true)
-            .num_columns(7)
-            .show(ui, |ui| {
-                for h in [
-                    "File",
-                    "Type",
-                    "Size",
-                    "Architecture",
-                    "Needs",
-                    "RAM",
-                    "VRAM",
-                ] {
-                    ui.strong(h);
-                }
-                ui.end_row();
-                for fit in &self.fitted {
-                    fit_row_ui(ui, fit, &m, ctx, batch);
-                    ui.end_row();
-                }
-            });
     }
 }
 
-/// One row of the fit table.
+/// A GGUF's fit cells: type, architecture, need, RAM and VRAM verdicts.
 fn fit_row_ui(ui: &mut egui::Ui, fit: &GgufFit, m: &Machine, ctx: usize, batch: usize) {
-    let parts = if fit.parts > 1 {
-        format!(" ({} parts)", fit.parts)
-    } else {
-        String::new()
-    };
-    ui.label(format!("{}{parts}", fit.file));
     let needs = match &fit.needs {
         Ok(n) => n,
         Err(e) => {
             ui.label("—");
-            ui.label(human_bytes(fit.size));
             ui.colored_label(ui.visuals().error_fg_color, format!("unreadable: {e}"));
             return;
         }
     };
     ui.label(&needs.quant);
-    ui.label(human_bytes(fit.size));
     if needs.runs() {
         ui.label(format!("{} (runs here)", needs.arch));
     } else {
@@ -447,19 +429,48 @@ fn fit_row_ui(ui: &mut egui::Ui, fit: &GgufFit, m: &Machine, ctx: usize, batch: 
     }
 }
 
-/// The repo's files with sizes: each GGUF and the safetensors set to choose from, the rest
-/// greyed.
-fn files_ui(ui: &mut egui::Ui, listing: &RepoListing, choice: &mut Option<Choice>) {
+/// The repo's files with sizes: each GGUF (with its fit, once its header is read) and the
+/// safetensors set to choose from, the rest greyed.
+fn files_ui(
+    ui: &mut egui::Ui,
+    listing: &RepoListing,
+    choice: &mut Option<Choice>,
+    fit: &FitView<'_>,
+) {
     ui.label(format!("Files of {} ({}):", listing.repo, listing.revision));
+    if !fit.fits.is_empty() {
+        let have = |b: Option<u64>| b.map_or("none".to_string(), human_bytes);
+        ui.label(format!(
+            "This machine: RAM {}, VRAM {}",
+            have(fit.machine.ram),
+            have(fit.machine.vram)
+        ));
+    }
     egui::ScrollArea::vertical()
         .id_salt("hub_files")
-        .max_height(160.0)
+        .max_height(220.0)
         .show(ui, |ui| {
             let ggufs = listing.ggufs();
-            for f in &ggufs {
-                let text = format!("{} ({})", f.name, human_bytes(f.size));
-                ui.radio_value(choice, Some(Choice::File(f.name.clone())), text);
-            }
+            egui::Grid::new("hub_gguf_grid")
+                .striped(true)
+                .num_columns(1 + FIT_COLUMNS.len())
+                .show(ui, |ui| {
+                    if !fit.fits.is_empty() {
+                        ui.strong("File");
+                        for h in FIT_COLUMNS {
+                            ui.strong(h);
+                        }
+                        ui.end_row();
+                    }
+                    for f in &ggufs {
+                        let text = format!("{} ({})", f.name, human_bytes(f.size));
+                        ui.radio_value(choice, Some(Choice::File(f.name.clone())), text);
+                        if let Some(row) = fit.fits.iter().find(|r| r.file == f.name) {
+                            fit_row_ui(ui, row, &fit.machine, fit.ctx, fit.batch);
+                        }
+                        ui.end_row();
+                    }
+                });
             let set = listing.safetensors_set();
             if let Some(set) = &set {
                 let bytes: u64 = set.iter().map(|f| f.size).sum();
