@@ -365,3 +365,23 @@ fn every_prefix_of_a_header_is_incomplete_and_the_whole_header_parses() {
     let short = GgufFile::from_prefix(&path, &bytes[..whole.data_offset as usize], 1 << 20);
     assert!(short.is_err());
 }
+
+#[test]
+fn an_empty_gguf_is_that_file_s_error_and_the_others_are_still_read() {
+    let s = HubServer::start();
+    s.add(
+        REPO,
+        RepoData {
+            files: vec![
+                File::new("empty.gguf", Arc::new(Vec::new()), true),
+                files()[2].clone(),
+            ],
+            ..Default::default()
+        },
+    );
+    let listing = hub::list_files(&cfg(&s), REPO, "main").expect("listing");
+    let fits = hub::read_ggufs(&cfg(&s), &listing).expect("headers");
+    let e = row(&fits, "empty.gguf").needs.as_ref().expect_err("empty");
+    assert!(e.contains("empty"), "{e}");
+    assert!(row(&fits, MAMBA).needs.is_ok());
+}

@@ -29,6 +29,9 @@ use super::{HubConfig, HubError, RepoFile, RepoListing, runtime};
 
 /// The first read of a header: enough for small vocabularies, and the tensor table of most.
 const FIRST_READ: u64 = 1 << 20;
+/// Range requests for one header at most: the reads grow fourfold, so 1 MiB reaches the cap in
+/// four; a server that answers each with a few bytes is refused, not followed for ever.
+const MAX_READS: usize = 8;
 /// No real GGUF header comes near this (the largest vocabularies, 150-260k tokens with their
 /// merges, make headers of 10-15 MiB); a header that goes on past it is refused.
 pub const MAX_HEADER_MIB: u64 = 32;
@@ -155,10 +158,13 @@ async fn read_header(
         endpoint: endpoint.clone(),
         file: f.name.clone(),
     })?;
+    if f.size == 0 {
+        return Err(bad("the file is empty (0 bytes)".into()));
+    }
     let cap = MAX_HEADER_MIB << 20;
     let mut buf: Vec<u8> = Vec::new();
     let mut want = FIRST_READ.min(f.size);
-    loop {
+    for _ in 0..MAX_READS {
         let (start, bytes) = read_range(origin, meter, f, &sum, buf.len() as u64, want - 1).await?;
         if start == 0 {
             buf = bytes;
@@ -180,6 +186,10 @@ async fn read_header(
             Err(e) => return Err(bad(e.to_string())),
         }
     }
+    Err(bad(format!(
+        "the server sent {} bytes of it in {MAX_READS} answers, without its end",
+        buf.len()
+    )))
 }
 
 /// The bytes `pos..=end` of `f`: `(first byte, bytes)`, where the first byte is 0 when the server
