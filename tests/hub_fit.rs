@@ -385,3 +385,40 @@ fn an_empty_gguf_is_that_file_s_error_and_the_others_are_still_read() {
     assert!(e.contains("empty"), "{e}");
     assert!(row(&fits, MAMBA).needs.is_ok());
 }
+
+#[test]
+fn pull_fit_prints_each_gguf_and_downloads_nothing() {
+    let s = server();
+    let home = std::env::temp_dir().join(format!("tpslab-hub-fit-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
+        .args(["pull", REPO, "--fit", "--ctx", "4096", "--batch", "1"])
+        .args(["--endpoint", &s.url])
+        .env("TPSLAB_HOME", &home)
+        .output()
+        .expect("run tpslab");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{text}"))
+            .to_string()
+    };
+    assert!(line(Q4_1).contains("Q4_1    llama (runs here)"), "{text}");
+    assert!(line(Q8_0).contains("Q8_0"), "{text}");
+    assert!(line(MAMBA).contains("not run by this build"), "{text}");
+    assert!(line(HUGE).contains("RAM: does not fit"), "{text}");
+    assert!(line(HOSTILE).contains("unreadable"), "{text}");
+    assert!(!text.contains("README.md"), "only GGUF files: {text}");
+    assert!(s.body_bytes.load(Ordering::Relaxed) < 16 << 20);
+    assert!(
+        !home.join("models").join(Q4_1).exists(),
+        "nothing downloaded"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
