@@ -71,6 +71,17 @@ pub struct PullArgs {
     /// Only list the repo's files with their sizes.
     #[arg(long)]
     pub list: bool,
+    /// Only describe each GGUF file from its header (read with range requests): quant type,
+    /// size, architecture (whether this build runs it), memory needed at --ctx and --batch
+    /// (weights + KV) and whether that fits this machine's RAM.
+    #[arg(long, conflicts_with = "list")]
+    pub fit: bool,
+    /// Context length of the memory need shown by --fit.
+    #[arg(long, default_value_t = 4096, requires = "fit")]
+    pub ctx: usize,
+    /// Sequences run at once for the memory need shown by --fit.
+    #[arg(long, default_value_t = 1, requires = "fit")]
+    pub batch: usize,
     #[command(flatten)]
     pub hub: HubArgs,
 }
@@ -202,8 +213,47 @@ fn bytes_bar() -> ProgressBar {
     bar
 }
 
+/// `tpslab pull REPO --fit`: one line per GGUF model of the repo.
+fn print_fit(cfg: &hub::HubConfig, a: &PullArgs) -> Result<()> {
+    let l = hub::list_files(cfg, &a.repo, &a.revision)?;
+    let m = hub::Machine::this(None);
+    println!(
+        "{} @ {}: memory at context {} and batch {} against RAM {}",
+        l.repo,
+        l.revision,
+        a.ctx,
+        a.batch,
+        m.ram.map_or("unknown".into(), human_bytes)
+    );
+    for fit in hub::read_ggufs(cfg, &l)? {
+        let line = match &fit.needs {
+            Err(e) => format!("unreadable: {e}"),
+            Ok(n) => {
+                let runs = if n.runs() {
+                    "runs here"
+                } else {
+                    "not run by this build"
+                };
+                let need = fit.need(a.ctx, a.batch).map_or("-".into(), human_bytes);
+                let (ram, _) = fit.verdict(&m, a.ctx, a.batch);
+                format!(
+                    "{:<7} {} ({runs})  needs {need}  RAM: {}",
+                    n.quant,
+                    n.arch,
+                    ram.text()
+                )
+            }
+        };
+        println!("{:>12}  {}  {line}", human_bytes(fit.size), fit.file);
+    }
+    Ok(())
+}
+
 pub fn run_pull(a: &PullArgs) -> Result<()> {
     let cfg = a.hub.config();
+    if a.fit {
+        return print_fit(&cfg, a);
+    }
     if a.list {
         let l = hub::list_files(&cfg, &a.repo, &a.revision)?;
         println!(

@@ -1,6 +1,6 @@
 //! `tpslab quantize` (re-quantize a GGUF model or a safetensors folder to another weight type,
 //! with the predicted size first and a progress bar), `tpslab perplexity` (llama.cpp-style, over
-//! the bundled text) and `tpslab export` (a model to a Hugging Face safetensors folder).
+//! the bundled text; `--kl-base` adds the KL divergence from the base model) and `tpslab export` (a model to a Hugging Face safetensors folder).
 
 use std::path::PathBuf;
 
@@ -12,6 +12,7 @@ use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
+use tpslab_engine::serving::kl::{Estimate, kl_divergence};
 use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
 use tpslab_kernels::WType;
 
@@ -97,6 +98,11 @@ pub struct PerplexityArgs {
     /// Threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Also the KL divergence of MODEL's next-token distributions from BASE's (the model it was
+    /// quantized from; same vocabulary), llama.cpp's `--kl-divergence`: mean and P99 KL, top-1
+    /// agreement, perplexity against the base's.
+    #[arg(long, value_name = "BASE")]
+    pub kl_base: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -113,6 +119,9 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
     let path = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
     let lm = LoadedModel::load(&path)
         .with_context(|| format!("cannot load model {}", path.display()))?;
+    if let Some(base) = &a.kl_base {
+        return run_kl(a, &lm, base, &text, &source);
+    }
     let size = model_bytes(&path);
     eprintln!(
         "perplexity of {} ({}, {:.1} MiB) on {source}, windows of {} tokens",
@@ -141,6 +150,76 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
             r.perplexity, r.tokens_scored, r.windows, r.ctx, r.text_tokens, r.seconds
         );
     }
+    Ok(())
+}
+
+/// `tpslab perplexity MODEL --kl-base BASE`: both models over the same windows.
+fn run_kl(
+    a: &PerplexityArgs,
+    lm: &LoadedModel,
+    base: &str,
+    text: &str,
+    source: &str,
+) -> Result<()> {
+    let base_path = library::resolve_model(base, &mut |m| eprintln!("{m}"))?;
+    let base = LoadedModel::load(&base_path)
+        .with_context(|| format!("cannot load base model {}", base_path.display()))?;
+    eprintln!(
+        "KL divergence of {} ({}) from {} ({}) on {source}, windows of {} tokens",
+        lm.path.display(),
+        lm.precision,
+        base.path.display(),
+        base.precision,
+        a.ctx
+    );
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} window {pos}/{len} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let r = kl_divergence(
+        lm,
+        &base,
+        text,
+        a.ctx,
+        a.threads,
+        None,
+        &mut |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+    );
+    bar.finish_and_clear();
+    let r = r?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let pm = |e: Estimate| format!("{:.6} ± {:.6}", e.value, e.unc);
+    let pct = |e: Estimate| format!("{:.3} ± {:.3} %", 100.0 * e.value, 100.0 * e.unc);
+    println!(
+        "{} tokens scored ({} windows of {}, {} tokens of text) in {:.1} s",
+        r.tokens_scored, r.windows, r.ctx, r.text_tokens, r.seconds
+    );
+    println!("Mean PPL(Q)                   : {}", pm(r.ppl));
+    println!("Mean PPL(base)                : {}", pm(r.ppl_base));
+    println!(
+        "Cor(ln(PPL(Q)), ln(PPL(base))): {:.2}%",
+        100.0 * r.ppl_correlation
+    );
+    println!("Mean ln(PPL(Q)/PPL(base))     : {}", pm(r.ln_ppl_ratio));
+    println!("Mean PPL(Q)/PPL(base)         : {}", pm(r.ppl_ratio));
+    println!("Mean PPL(Q)-PPL(base)         : {}", pm(r.ppl_diff));
+    let k = &r.kld_spread;
+    println!("Mean    KLD: {}", pm(r.kld));
+    println!("Maximum KLD: {:.6}", k.max);
+    println!("99.0%   KLD: {:.6}", k.p99);
+    println!("95.0%   KLD: {:.6}", k.p95);
+    println!("Median  KLD: {:.6}", k.median);
+    println!("Minimum KLD: {:.6}", k.min);
+    println!("Mean    Δp: {}", pct(r.dp));
+    println!("RMS Δp    : {}", pct(r.dp_rms));
+    println!("Same top p: {}", pct(r.same_top));
     Ok(())
 }
 

@@ -74,16 +74,30 @@ impl Sum {
     }
 }
 
-/// What fetching the files of one pull shares.
-pub(super) struct FileJob<'a> {
+/// Where a repo's files are read from, pinned to the listed commit: what a pull and a header
+/// read ([`super::fit`]) share, and what every answer is checked against.
+pub(super) struct Origin<'a> {
     pub http: &'a Http,
-    pub lib: &'a Library,
     /// hf-hub's repo at the listed commit: the download URLs (`ApiRepo::url`).
     pub repo: &'a ApiRepo,
     pub repo_id: &'a str,
     pub revision: &'a str,
     /// The listing's commit; an `X-Repo-Commit` header must name this one.
     pub commit: &'a str,
+}
+
+/// What fetching the files of one pull shares: the origin, and the library they go into.
+pub(super) struct FileJob<'a> {
+    pub origin: Origin<'a>,
+    pub lib: &'a Library,
+}
+
+impl<'a> std::ops::Deref for FileJob<'a> {
+    type Target = Origin<'a>;
+
+    fn deref(&self) -> &Origin<'a> {
+        &self.origin
+    }
 }
 
 /// `f` whole and verified in the hub cache: reused from an earlier pull when it is there, else
@@ -265,8 +279,8 @@ fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
 /// The headers of every answer for `f` (redirects too), against the listing: entity tags must
 /// be plain tokens, an `X-Linked-Etag` sha256 must be the listed one, an `X-Repo-Commit` the
 /// listed commit.
-fn check_headers(
-    job: &FileJob<'_>,
+pub(super) fn check_headers(
+    job: &Origin<'_>,
     f: &RepoFile,
     sum: &Sum,
     url: &Url,
@@ -323,8 +337,8 @@ fn check_headers(
 /// What an answer to the range `pos..=end` of `f` carries: `(first byte, length)`, checked
 /// against the range asked and the listed size before any of its body is read. A 200 is the
 /// whole file (a server that ignores `Range`).
-fn accepted(
-    job: &FileJob<'_>,
+pub(super) fn accepted(
+    job: &Origin<'_>,
     f: &RepoFile,
     resp: &Response,
     pos: u64,
@@ -397,7 +411,7 @@ fn accepted(
 }
 
 /// `bytes a-b/total` (total `None` for `*`).
-fn content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
+pub(super) fn content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
     let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
     let (a, b) = range.split_once('-')?;
     let total = match total {

@@ -12,6 +12,12 @@ pub enum HubError {
     BadEndpoint(String),
     #[error("cannot reach {endpoint}: {detail}")]
     Network { endpoint: String, detail: String },
+    #[error("{file} at {endpoint}: its GGUF header cannot be read: {detail}")]
+    BadHeader {
+        endpoint: String,
+        file: String,
+        detail: String,
+    },
     #[error(
         "the connection to {endpoint} broke while downloading {file} ({detail}); run the same pull again to resume"
     )]

@@ -59,7 +59,7 @@ fn in_safetensors_set(name: &str) -> bool {
     !name.contains('/') && tpslab_engine::library::describe::is_model_file(name)
 }
 
-fn is_split_first(name: &str) -> bool {
+pub(super) fn is_split_first(name: &str) -> bool {
     let base = name.rsplit('/').next().unwrap_or(name);
     tpslab_engine::formats::gguf_split::first_part(base).is_some()
 }
@@ -89,7 +89,10 @@ impl RepoListing {
     }
 
     /// `f`, or every part of the split GGUF whose first part `f` is (all must be in the repo).
-    fn with_split_parts<'a>(&'a self, f: &'a RepoFile) -> Result<Vec<&'a RepoFile>, HubError> {
+    pub(super) fn with_split_parts<'a>(
+        &'a self,
+        f: &'a RepoFile,
+    ) -> Result<Vec<&'a RepoFile>, HubError> {
         let (dir, base) = f
             .name
             .rsplit_once('/')

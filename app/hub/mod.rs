@@ -25,9 +25,14 @@
 //!   speed and ETA, cancel, the move into the library only when every file is whole and
 //!   verified and the engine can load the model, and clear errors naming file and server.
 //!
+//! - the fit ([`fit`]): each GGUF of a repo read from its header alone (range requests,
+//!   bounded), for its quant type, architecture and memory need before a download.
+//!
 //! API for a UI worker thread (all blocking; each call runs its own small tokio runtime):
 //! - [`list_files`]`(&HubConfig, repo, revision) -> RepoListing`: files with sizes and checksums.
 //! - [`search`]`(&HubConfig, query, limit) -> Vec<SearchHit>`.
+//! - [`read_ggufs`]`(&HubConfig, &RepoListing) -> Vec<GgufFit>`: each GGUF's needs from its
+//!   header; [`GgufFit::verdict`] against a [`Machine`] at a context and batch.
 //! - [`pull`]`(&HubConfig, &Library, &PullRequest, &AtomicBool, &mut dyn FnMut(&PullProgress))
 //!   -> ModelEntry`: downloads, verifies and registers the model; setting the flag cancels
 //!   within ~0.1 s, leaving nothing in the library (partial files, and whole verified ones of a
@@ -42,6 +47,7 @@ use tpslab_engine::library::index::Library;
 
 mod download;
 mod error;
+mod fit;
 mod http;
 mod listing;
 mod meter;
@@ -50,6 +56,7 @@ mod pull;
 
 pub use error::HubError;
 use error::status_error;
+pub use fit::{GgufFit, MAX_HEADER_MIB, Machine, read_ggufs};
 pub use listing::{Choice, RepoFile, RepoListing, SearchHit, list_files, search};
 pub use pull::pull;
 

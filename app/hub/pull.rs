@@ -11,7 +11,7 @@ use tpslab_engine::library::index::{
     IndexError, Library, ModelEntry, ModelFile, ModelSource, is_model_name, occupied, write_error,
 };
 
-use super::download::{self, BLOBS, FileJob, Sum};
+use super::download::{self, BLOBS, FileJob, Origin, Sum};
 use super::http::Http;
 use super::listing::list_files_async;
 use super::meter::Meter;
@@ -101,12 +101,14 @@ async fn pull_async(
         listing.commit.clone(),
     ));
     let job = FileJob {
-        http,
+        origin: Origin {
+            http,
+            repo: &repo,
+            repo_id: &req.repo,
+            revision: &req.revision,
+            commit: &listing.commit,
+        },
         lib,
-        repo: &repo,
-        repo_id: &req.repo,
-        revision: &req.revision,
-        commit: &listing.commit,
     };
     meter.report.n_files = files.len();
     meter.report.total = files.iter().fold(0u64, |n, f| n.saturating_add(f.size));

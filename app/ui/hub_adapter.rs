@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use tpslab_engine::library::index::Library as Index;
 
 use super::task::Reporter;
-use crate::hub::{self, Choice, HubConfig, PullRequest, RepoListing, SearchHit};
+use crate::hub::{self, Choice, GgufFit, HubConfig, PullRequest, RepoListing, SearchHit};
 
 /// Which repo, through which endpoint, with which token.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,6 +29,11 @@ impl HubRequest {
 /// The repo's files (with sizes) at `main`.
 pub fn list_files(req: &HubRequest) -> Result<RepoListing, String> {
     hub::list_files(&req.config(), req.repo.trim(), "main").map_err(|e| e.to_string())
+}
+
+/// Each GGUF model of `listing` described from its header (range requests, bounded).
+pub fn read_ggufs(req: &HubRequest, listing: &RepoListing) -> Result<Vec<GgufFit>, String> {
+    hub::read_ggufs(&req.config(), listing).map_err(|e| e.to_string())
 }
 
 /// Model repos matching `query` at the request's endpoint (its `repo` is not used).

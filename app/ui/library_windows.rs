@@ -23,6 +23,8 @@ impl TpsApp {
             .rt
             .library
             .get_or_insert_with(|| Library::new(Library::default_dir()));
+        // The GPU the engine runs on, for the Hub files' fit verdicts.
+        let vram_total = (self.rt.snapshot.as_ref()).and_then(|s| s.memory.device_total);
         let mut open = self.state.models.open;
         egui::Window::new("Model library")
             .open(&mut open)
@@ -34,6 +36,7 @@ impl TpsApp {
                     loading: loading.as_deref(),
                     load_locked: locked,
                     dialogs: &self.dialogs,
+                    vram: vram_total,
                 };
                 // Search results, a repo's files and a download's progress make it tall.
                 egui::ScrollArea::vertical().show(ui, |ui| {

@@ -38,6 +38,9 @@ pub struct ModelsView<'a> {
     /// Why the engine cannot switch models now.
     pub load_locked: Option<&'static str>,
     pub dialogs: &'a Dialogs,
+    /// Total VRAM of the GPU the engine runs on (`None` on the CPU): what the Hub files' fit
+    /// verdicts hold a model's needs against, with the RAM.
+    pub vram: Option<u64>,
 }
 
 /// The panel's runtime state.
@@ -173,7 +176,7 @@ impl ModelsPanel {
                     query: &mut settings.hf_query,
                     endpoint: &mut settings.hf_endpoint,
                 };
-                self.hub.ui(ui, &mut hub, lib);
+                self.hub.ui(ui, &mut hub, lib, view.vram);
             });
     }
 

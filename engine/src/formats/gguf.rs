@@ -49,6 +49,10 @@ pub enum GgufError {
     },
     #[error("{path} is corrupt: {what}")]
     Corrupt { path: PathBuf, what: String },
+    /// Only from [`GgufFile::from_prefix`]: the header goes on past the bytes given, up to at
+    /// least byte `upto` (which the whole file has).
+    #[error("{path}: the header goes on past the {have} bytes read (to byte {upto} at least)")]
+    Incomplete { path: PathBuf, have: u64, upto: u64 },
     #[error("{path}: tensor '{tensor}' has unsupported type id {type_id}")]
     UnknownTensorType {
         path: PathBuf,
@@ -320,14 +324,17 @@ pub struct GgufFile {
 }
 
 /// A reader that knows how many bytes the file has left, so every length is checked first.
-struct Cursor<'a> {
-    inner: BufReader<File>,
+/// `len` bytes can be read; `whole` is the length of the file they begin (more than `len` when
+/// only a prefix of it is at hand, [`GgufFile::from_prefix`]).
+struct Cursor<'a, R: Read = BufReader<File>> {
+    inner: R,
     pos: u64,
     len: u64,
+    whole: u64,
     path: &'a Path,
 }
 
-impl Cursor<'_> {
+impl<R: Read> Cursor<'_, R> {
     /// One tensor table entry, checked: rank, known type, whole blocks, size, alignment.
     fn tensor_entry(&mut self, alignment: u64) -> Result<TensorInfo, GgufError> {
         let name = self.string("tensor name")?;
@@ -378,6 +385,13 @@ impl Cursor<'_> {
     }
 
     fn need(&self, what: &str, n: u64) -> Result<(), GgufError> {
+        if n > self.left() && self.len < self.whole && self.pos.saturating_add(n) <= self.whole {
+            return Err(GgufError::Incomplete {
+                path: self.path.to_path_buf(),
+                have: self.len,
+                upto: self.pos + n,
+            });
+        }
         if n > self.left() {
             return Err(GgufError::Truncated {
                 path: self.path.to_path_buf(),
@@ -526,6 +540,7 @@ impl GgufFile {
             inner: BufReader::with_capacity(1 << 16, file),
             pos: 0,
             len,
+            whole: len,
             path,
         };
         if len < 4 {
@@ -536,6 +551,34 @@ impl GgufFile {
                 found,
             });
         }
+        Self::parse(c)
+    }
+
+    /// The header of a file of `file_len` bytes from its first bytes, `prefix` (a ranged
+    /// download): the same checks as [`Self::open`] (tensor data must fit in `file_len`), and
+    /// [`GgufError::Incomplete`] when the header goes on past the prefix. `name` names the file
+    /// in errors. Memory stays within a small multiple of `prefix.len()`.
+    pub fn from_prefix(name: &Path, prefix: &[u8], file_len: u64) -> Result<Self, GgufError> {
+        if file_len == 0 {
+            return Err(GgufError::Empty {
+                path: name.to_path_buf(),
+            });
+        }
+        let prefix = &prefix[..prefix
+            .len()
+            .min(usize::try_from(file_len).unwrap_or(usize::MAX))];
+        Self::parse(Cursor {
+            inner: prefix,
+            pos: 0,
+            len: prefix.len() as u64,
+            whole: file_len,
+            path: name,
+        })
+    }
+
+    /// The header from its first byte, checked against the file's length (`c.whole`).
+    fn parse<R: Read>(mut c: Cursor<'_, R>) -> Result<Self, GgufError> {
+        let (path, len) = (c.path, c.whole);
         let magic = c.bytes::<4>("magic")?;
         if magic != MAGIC {
             return Err(GgufError::BadMagic {

@@ -5,9 +5,12 @@
 //! - [`index`]: the library's models with source, shape facts and sha256; import, install, remove.
 //! - [`entry`]: what the index records of a model, and why a library operation fails.
 //! - [`describe`]: a model described from its headers (GGUF, safetensors folder) for the index.
+//! - [`fit`]: what a GGUF file will need (weights, KV at a context and batch) from its header
+//!   alone, and whether it fits a memory: the verdict before a download.
 
 pub mod describe;
 pub mod entry;
+pub mod fit;
 pub mod index;
 
 use std::io::Read;

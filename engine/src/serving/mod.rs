@@ -13,10 +13,13 @@
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
+//! - [`kl`]: KL divergence of a model from its base over the perplexity windows (llama.cpp's
+//!   `--kl-divergence`), top-1 agreement and Δ perplexity.
 
 pub mod admission;
 pub mod engine;
 pub mod generate;
+pub mod kl;
 pub mod loadgen;
 pub mod metrics;
 pub mod perplexity;

@@ -4,6 +4,7 @@
 //! sees at least `ctx / 2` tokens of context). The bundled text is public domain. A run can be
 //! cancelled through a flag, checked between chunks of a window.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -83,74 +84,155 @@ fn run(
     cancel: Option<&AtomicBool>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<PerplexityReport, PerplexityError> {
-    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-    let cfg = &lm.model.cfg;
-    if ctx < 8 || ctx > cfg.context_len {
-        return Err(PerplexityError::Ctx {
-            ctx,
-            max: cfg.context_len,
-        });
-    }
     let start = Instant::now();
-    let tokens = lm.raw_prompt(text).map_err(GenerateError::from)?;
-    let windows = tokens.len() / ctx;
-    if windows == 0 {
-        return Err(PerplexityError::TooShort {
-            tokens: tokens.len(),
-            ctx,
-        });
-    }
-    let threads = match threads {
-        0 => std::thread::available_parallelism().map_or(1, |p| p.get()),
-        n => n,
-    };
-    let pool = ThreadPool::new(threads);
-    let table: Vec<u32> = (0..ctx.div_ceil(BLOCK) as u32).collect();
-    let mut kv = KvCache::new(cfg, BLOCK, table.len())?;
-    let mut ws = Workspace::default();
-    let bos = lm.tokenizer.bos_id().filter(|_| lm.tokenizer.add_bos());
-    let first = ctx / 2;
-    let vocab = cfg.vocab;
+    let windows = Windows::new(lm, text, ctx)?;
+    let pool = ThreadPool::new(resolve_threads(threads));
+    let mut scorer = Scorer::new(lm, ctx)?;
+    let vocab = lm.model.cfg.vocab;
     let (mut nll, mut count) = (0f64, 0usize);
-    for w in 0..windows {
-        let mut win = tokens[w * ctx..(w + 1) * ctx].to_vec();
-        // As llama.cpp: each window starts with BOS when the model's prompts do.
-        if let Some(b) = bos {
-            win[0] = b;
-        }
-        // Logits at positions first..ctx-1 predict tokens first+1..ctx.
-        for from in (0..ctx).step_by(chunk.max(1)) {
-            if cancelled() {
+    for w in 0..windows.count {
+        let win = windows.window(w);
+        for (from, to) in chunks(ctx, chunk) {
+            if is_cancelled(cancel) {
                 return Err(PerplexityError::Cancelled);
             }
-            let to = (from + chunk.max(1)).min(ctx);
-            let mut batch = Batch::default();
-            batch.push_seq(table.clone(), from, &win[from..to], false);
-            let scored = first.max(from)..(ctx - 1).min(to);
-            batch.logit_rows = scored.clone().map(|p| p - from).collect();
-            let logits = lm.model.forward(&pool, &batch, &mut kv, &mut ws)?;
+            let (scored, logits) = scorer.chunk(&pool, &win, from, to)?;
             for (p, row) in scored.zip(logits.chunks_exact(vocab)) {
-                let target = tokens[w * ctx + p + 1] as usize;
-                nll += neg_log_softmax(row, target);
+                nll += neg_log_softmax(row, windows.target(w, p) as usize);
                 count += 1;
             }
         }
-        progress(w + 1, windows);
+        progress(w + 1, windows.count);
     }
     let mean = nll / count as f64;
     Ok(PerplexityReport {
         perplexity: mean.exp(),
         nll: mean,
         tokens_scored: count,
-        text_tokens: tokens.len(),
-        windows,
+        text_tokens: windows.tokens.len(),
+        windows: windows.count,
         ctx,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
 
+/// Whether a run was asked to stop.
+pub(crate) fn is_cancelled(cancel: Option<&AtomicBool>) -> bool {
+    cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+}
+
+/// `threads`, with 0 meaning one per core.
+pub(crate) fn resolve_threads(threads: usize) -> usize {
+    match threads {
+        0 => std::thread::available_parallelism().map_or(1, |p| p.get()),
+        n => n,
+    }
+}
+
+/// The forward passes of one window, as `(from, to)` position ranges of at most `chunk` tokens.
+pub(crate) fn chunks(ctx: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    let step = chunk.max(1);
+    (0..ctx)
+        .step_by(step)
+        .map(move |from| (from, (from + step).min(ctx)))
+}
+
+/// A text cut into llama.cpp's windows: `count` non-overlapping windows of `ctx` tokens.
+pub(crate) struct Windows {
+    pub tokens: Vec<u32>,
+    pub count: usize,
+    pub ctx: usize,
+    bos: Option<u32>,
+}
+
+impl Windows {
+    /// Tokenizes `text` with `lm`'s tokenizer and checks that `ctx` fits the model and the text.
+    pub fn new(lm: &LoadedModel, text: &str, ctx: usize) -> Result<Self, PerplexityError> {
+        let max = lm.model.cfg.context_len;
+        if ctx < 8 || ctx > max {
+            return Err(PerplexityError::Ctx { ctx, max });
+        }
+        let tokens = lm.raw_prompt(text).map_err(GenerateError::from)?;
+        let count = tokens.len() / ctx;
+        if count == 0 {
+            return Err(PerplexityError::TooShort {
+                tokens: tokens.len(),
+                ctx,
+            });
+        }
+        let bos = lm.tokenizer.bos_id().filter(|_| lm.tokenizer.add_bos());
+        Ok(Self {
+            tokens,
+            count,
+            ctx,
+            bos,
+        })
+    }
+
+    /// The tokens window `w` is run on.
+    pub fn window(&self, w: usize) -> Vec<u32> {
+        let mut win = self.tokens[w * self.ctx..(w + 1) * self.ctx].to_vec();
+        // As llama.cpp: each window starts with BOS when the model's prompts do.
+        if let Some(b) = self.bos {
+            win[0] = b;
+        }
+        win
+    }
+
+    /// The token that the logits at position `p` of window `w` predict (the text's own, not BOS).
+    pub fn target(&self, w: usize, p: usize) -> u32 {
+        self.tokens[w * self.ctx + p + 1]
+    }
+}
+
+/// One model's forward passes over windows: its own KV cache (one window long) and workspace,
+/// so two models can be run side by side, chunk by chunk, with bounded memory.
+pub(crate) struct Scorer<'a> {
+    lm: &'a LoadedModel,
+    kv: KvCache,
+    ws: Workspace,
+    table: Vec<u32>,
+    ctx: usize,
+}
+
+impl<'a> Scorer<'a> {
+    pub fn new(lm: &'a LoadedModel, ctx: usize) -> Result<Self, PerplexityError> {
+        let table: Vec<u32> = (0..ctx.div_ceil(BLOCK) as u32).collect();
+        let kv = KvCache::new(&lm.model.cfg, BLOCK, table.len())?;
+        Ok(Self {
+            lm,
+            kv,
+            ws: Workspace::default(),
+            table,
+            ctx,
+        })
+    }
+
+    /// Runs positions `from..to` of `win` (after `0..from`, which must have run just before) and
+    /// returns the positions scored in this chunk (the second half of the window, less the last
+    /// position, which predicts nothing inside the window) with their logits rows, in order.
+    pub fn chunk(
+        &mut self,
+        pool: &ThreadPool,
+        win: &[u32],
+        from: usize,
+        to: usize,
+    ) -> Result<(Range<usize>, &[f32]), PerplexityError> {
+        let first = self.ctx / 2;
+        let mut batch = Batch::default();
+        batch.push_seq(self.table.clone(), from, &win[from..to], false);
+        let scored = first.max(from)..(self.ctx - 1).min(to);
+        batch.logit_rows = scored.clone().map(|p| p - from).collect();
+        let logits = self
+            .lm
+            .model
+            .forward(pool, &batch, &mut self.kv, &mut self.ws)?;
+        Ok((scored, logits))
+    }
+}
+
 /// -log softmax(row)[target], in f64.
-fn neg_log_softmax(row: &[f32], target: usize) -> f64 {
+pub(crate) fn neg_log_softmax(row: &[f32], target: usize) -> f64 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
     let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
     sum.ln() + max - row[target] as f64
