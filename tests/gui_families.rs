@@ -250,10 +250,10 @@ fn the_window_loads_each_tiny_family_and_chats_with_it() {
 const NEW_TYPES: [(WType, &str); 6] = [
     (WType::Q5_0, "Q5_0"),
     (WType::Q5_1, "Q5_1"),
-    (WType::Q2K, "Q2_K+Q4_0"),
-    (WType::Q3K, "Q3_K+Q4_0"),
     (WType::IQ4NL, "IQ4_NL"),
     (WType::IQ4XS, "IQ4_XS+IQ4_NL"),
+    (WType::Q3K, "Q3_K+Q4_0"),
+    (WType::Q2K, "Q2_K+Q4_0"),
 ];
 
 #[test]
@@ -294,10 +294,20 @@ fn the_live_precision_knob_offers_and_serves_the_newer_cpu_weight_types() {
             );
         }
         h.get_by_label(ty.name()).click();
+        let started = std::time::Instant::now();
+        wait_until(&mut h, &format!("the engine to take {ty}"), 30, |h| {
+            let s = h.state().engine().expect("engine").stats();
+            s.requantizing == Some(ty) || s.precision.is_some_and(|p| p.main == ty)
+        });
         wait_until(&mut h, &format!("the engine to serve {ty}"), 300, |h| {
             let s = h.state().engine().expect("engine").stats();
+            assert!(s.last_error.is_none(), "{ty}: {:?}", s.last_error);
             s.requantizing.is_none() && s.precision.is_some_and(|p| p.main == ty)
         });
+        eprintln!(
+            "{ty}: re-quantized in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         let p = (h.state().engine().expect("engine").stats().precision).expect("precision");
         assert_eq!(p.to_string(), label, "{ty}");
         wait_until(&mut h, &format!("the {label} labels"), 10, |h| {
