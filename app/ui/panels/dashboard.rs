@@ -222,6 +222,9 @@ fn precision_ui(ui: &mut egui::Ui, view: &DashView<'_>, cmds: &mut Vec<Command>)
             let current = sn.precision.map_or_else(String::new, |p| p.to_string());
             egui::ComboBox::from_id_salt("weight_precision")
                 .selected_text(current)
+                // Every type in view at once: fifteen rows overflow the default height, and a
+                // row scrolled out of the list cannot be picked without scrolling.
+                .height(f32::INFINITY)
                 .show_ui(ui, |ui| {
                     for ty in LIVE_TYPES {
                         // The matrices' type (fallbacks aside): picking it would change nothing.

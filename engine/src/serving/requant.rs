@@ -18,17 +18,25 @@ use crate::model::precision::Precision;
 use crate::model::weights::{Linear, Weights};
 use crate::quant::quantize::convert;
 
-/// The weight types the live knob offers, highest precision first.
-pub const LIVE_TYPES: [WType; 9] = [
+/// The weight types the live knob offers, most bits per weight first: every type the CPU kernels
+/// quantize and run (on CUDA, a type its kernels lack is refused by the backend and the
+/// precision stays as it was).
+pub const LIVE_TYPES: [WType; 15] = [
     WType::F32,
     WType::F16,
     WType::BF16,
     WType::Q8_0,
     WType::Q6K,
+    WType::Q5_1,
     WType::Q5K,
-    WType::Q4K,
+    WType::Q5_0,
     WType::Q4_1,
+    WType::Q4K,
+    WType::IQ4NL,
     WType::Q4_0,
+    WType::IQ4XS,
+    WType::Q3K,
+    WType::Q2K,
 ];
 
 /// The type a matrix with rows of `k` elements gets when the target is `target`: the fallbacks
