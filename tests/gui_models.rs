@@ -272,7 +272,19 @@ fn the_wizard_quantizes_to_q8_0_into_the_library_and_the_result_loads_and_is_mea
         row.perplexity
     );
     assert_eq!(row.decode_tps, None, "no run measured its speed");
-    wait_until(&mut h, "the table on screen", 10, |h| has(h, "(ctx 128)"));
+    // Measured against the source it was quantized from: llama.cpp's KL figures, in the table
+    // and in the message (a Q8_0 copy of a Q4_1 model is close to it, not equal).
+    let kl = row.kl.expect("KL against the source");
+    assert!(kl.mean > 0.0 && kl.mean < 0.1, "{kl:?}");
+    assert!(
+        kl.p99 >= kl.mean && kl.same_top > 0.8 && kl.same_top <= 1.0,
+        "{kl:?}"
+    );
+    wait_until(&mut h, "the table on screen", 10, |h| {
+        has(h, "(ctx 128)")
+            && has(h, "KL vs source (P99)")
+            && has(h, &format!("{:.4} ({:.4})", kl.mean, kl.p99))
+    });
     drop(h);
     let _ = std::fs::remove_dir_all(&home);
 }

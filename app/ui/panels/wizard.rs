@@ -1,8 +1,10 @@
 //! The quantization wizard: a source model from the library, a target type with a note on each,
 //! the predicted file size and memory (from the quantizer's own plan) before starting, the
 //! conversion on a worker with progress and cancel, the output written into the library; then
-//! perplexity over the bundled text on a worker with progress and cancel, and a table of the
-//! models measured: precision, size, perplexity and the decode speed the dashboard last measured
+//! perplexity over the bundled text on a worker with progress and cancel (and the KL divergence
+//! from the source model, both run side by side, when the measured model is another file), and a
+//! table of the models measured: precision, size, perplexity, KL and top-1 agreement against the
+//! source, and the decode speed the dashboard last measured
 //! on each.
 
 use std::collections::HashMap;
@@ -14,6 +16,7 @@ use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
+use tpslab_engine::serving::kl::kl_divergence;
 use tpslab_engine::serving::perplexity::{
     BUNDLED_TEXT, BUNDLED_TEXT_NAME, PerplexityReport, perplexity,
 };
@@ -45,6 +48,21 @@ impl Default for WizardSettings {
     }
 }
 
+/// KL divergence figures of one measured model against its source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct KlFigures {
+    pub mean: f64,
+    pub p99: f64,
+    pub same_top: f64,
+}
+
+/// What a quality run measured: the model's perplexity, and its KL against the source when one
+/// is chosen and it is another file.
+pub struct Quality {
+    pub ppl: PerplexityReport,
+    pub kl: Option<KlFigures>,
+}
+
 /// One row of the measured table.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -54,6 +72,9 @@ pub struct Measured {
     pub size_bytes: u64,
     pub perplexity: f64,
     pub ctx: usize,
+    /// Against the model it was quantized from (the wizard's source), llama.cpp's
+    /// `--kl-divergence` figures: mean and P99 KL (nats), top-1 agreement (0..1).
+    pub kl: Option<KlFigures>,
     /// Per-request decode tok/s from the dashboard's last run on this model, and that run's shape.
     pub decode_tps: Option<f64>,
     pub decode_run: String,
@@ -94,7 +115,7 @@ pub struct Wizard {
     quantize: Option<Task<PathBuf>>,
     /// The model to measure (the last output once there is one).
     measure: Option<PathBuf>,
-    ppl: Option<(PathBuf, Task<PerplexityReport>)>,
+    ppl: Option<(PathBuf, Task<Quality>)>,
     message: Option<Result<String, String>>,
     ppl_message: Option<Result<String, String>>,
     /// Decode speeds the dashboard measured, by model path (runtime: figures of this session).
@@ -175,10 +196,19 @@ impl Wizard {
         {
             let path = std::mem::take(path);
             self.ppl = None;
-            self.ppl_message = Some(r.map(|rep| {
-                self.add_row(settings, lib, &path, &rep);
+            self.ppl_message = Some(r.map(|q| {
+                self.add_row(settings, lib, &path, &q);
+                let rep = &q.ppl;
+                let kl = q.kl.map_or_else(String::new, |k| {
+                    format!(
+                        "; KL {:.4} (P99 {:.4}), same top token {:.1}% vs the source",
+                        k.mean,
+                        k.p99,
+                        100.0 * k.same_top
+                    )
+                });
                 format!(
-                    "{}: perplexity {:.3} over {} tokens ({} windows of {}) in {:.1} s",
+                    "{}: perplexity {:.3} over {} tokens ({} windows of {}) in {:.1} s{kl}",
                     catalog::file_name(&path),
                     rep.perplexity,
                     rep.tokens_scored,
@@ -190,7 +220,8 @@ impl Wizard {
         }
     }
 
-    fn add_row(&self, s: &mut WizardSettings, lib: &Library, path: &Path, rep: &PerplexityReport) {
+    fn add_row(&self, s: &mut WizardSettings, lib: &Library, path: &Path, q: &Quality) {
+        let rep = &q.ppl;
         let entry = lib.find(path);
         let speed = self.speeds.iter().find(|(p, _)| same_file(p, path));
         let row = Measured {
@@ -202,6 +233,7 @@ impl Wizard {
             ),
             perplexity: rep.perplexity,
             ctx: rep.ctx,
+            kl: q.kl,
             decode_tps: speed.map(|(_, (t, _))| *t),
             decode_run: speed.map_or_else(String::new, |(_, (_, r))| r.clone()),
         };
@@ -478,7 +510,8 @@ impl Wizard {
                 .clicked()
                 && let Some(p) = self.measure.clone()
             {
-                self.start_ppl(&p, s.ppl_ctx, view.threads, ctx);
+                let base = self.source.clone().filter(|b| !same_file(b, &p));
+                self.start_ppl(&p, base, s.ppl_ctx, view.threads, ctx);
             }
         });
         if let Some((_, t)) = &self.ppl {
@@ -488,7 +521,16 @@ impl Wizard {
         table_ui(ui, s);
     }
 
-    fn start_ppl(&mut self, path: &Path, ctx_len: usize, threads: usize, ctx: &egui::Context) {
+    /// Perplexity of `path`, and with a `base` (the source it was quantized from) its KL
+    /// divergence from it, both models side by side (`serving::kl`).
+    fn start_ppl(
+        &mut self,
+        path: &Path,
+        base: Option<PathBuf>,
+        ctx_len: usize,
+        threads: usize,
+        ctx: &egui::Context,
+    ) {
         let p = path.to_path_buf();
         let what = format!("Measuring {}", catalog::file_name(path));
         self.ppl_message = None;
@@ -496,14 +538,52 @@ impl Wizard {
             rep.report(0, 1, "loading the model");
             let lm =
                 LoadedModel::load(&p).map_err(|e| format!("cannot load {}: {e}", p.display()))?;
+            let base_lm = match base {
+                Some(b) => {
+                    rep.report(0, 1, "loading the source model");
+                    Some(
+                        LoadedModel::load(&b)
+                            .map_err(|e| format!("cannot load {}: {e}", b.display()))?,
+                    )
+                }
+                None => None,
+            };
             let cancel = rep.cancel_flag();
             rep.report(0, 1, "scoring the first window");
             let progress = &mut |done: usize, total: usize| {
                 let text = format!("window {done} of {total}");
                 rep.report(done as u64, total as u64, &text);
             };
-            perplexity(&lm, BUNDLED_TEXT, ctx_len, threads, Some(&cancel), progress)
-                .map_err(|e| e.to_string())
+            let Some(base_lm) = base_lm else {
+                let ppl = perplexity(&lm, BUNDLED_TEXT, ctx_len, threads, Some(&cancel), progress)
+                    .map_err(|e| e.to_string())?;
+                return Ok(Quality { ppl, kl: None });
+            };
+            let k = kl_divergence(
+                &lm,
+                &base_lm,
+                BUNDLED_TEXT,
+                ctx_len,
+                threads,
+                Some(&cancel),
+                progress,
+            )
+            .map_err(|e| e.to_string())?;
+            let ppl = PerplexityReport {
+                perplexity: k.ppl.value,
+                nll: k.ppl.value.ln(),
+                tokens_scored: k.tokens_scored,
+                text_tokens: k.text_tokens,
+                windows: k.windows,
+                ctx: k.ctx,
+                seconds: k.seconds,
+            };
+            let kl = Some(KlFigures {
+                mean: k.kld.value,
+                p99: k.kld_spread.p99,
+                same_top: k.same_top.value,
+            });
+            Ok(Quality { ppl, kl })
         });
         match job {
             Ok(t) => self.ppl = Some((path.to_path_buf(), t)),
@@ -520,13 +600,15 @@ fn table_ui(ui: &mut egui::Ui, s: &mut WizardSettings) {
     let mut remove = None;
     egui::Grid::new("wizard_measured")
         .striped(true)
-        .num_columns(6)
+        .num_columns(8)
         .show(ui, |ui| {
             for h in [
                 "Model",
                 "Precision",
                 "Size",
                 "Perplexity",
+                "KL vs source (P99)",
+                "Same top",
                 "Decode tok/s",
                 "",
             ] {
@@ -538,6 +620,17 @@ fn table_ui(ui: &mut egui::Ui, s: &mut WizardSettings) {
                 ui.label(&m.precision);
                 ui.label(size_text(m.size_bytes));
                 ui.label(format!("{:.3} (ctx {})", m.perplexity, m.ctx));
+                match m.kl {
+                    Some(k) => {
+                        ui.label(format!("{:.4} ({:.4})", k.mean, k.p99));
+                        ui.label(format!("{:.1}%", 100.0 * k.same_top));
+                    }
+                    None => {
+                        ui.weak("–")
+                            .on_hover_text("The source model itself, or measured without one");
+                        ui.weak("–");
+                    }
+                }
                 match m.decode_tps {
                     Some(t) => ui.label(format!("{t:.1}")).on_hover_text(format!(
                         "per-request decode speed of the dashboard's last run on it: {}",

@@ -367,14 +367,7 @@ fn gguf_facts(path: &Path) -> Result<(Facts, Vec<(String, u64)>), IndexError> {
             Ok((name, len.len()))
         })
         .collect::<Result<Vec<_>, IndexError>>()?;
-    let arch = f
-        .get("general.architecture")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown")
-        .to_string();
-    let context_len = f
-        .get(&format!("{arch}.context_length"))
-        .and_then(Value::as_u64);
+    let (arch, context_len) = arch_and_context(&f);
     // The file's dominant type, named even where the kernels cannot run it: the library lists
     // every model it holds.
     let precision = crate::model::precision::dominant_type(&f)
@@ -403,4 +396,17 @@ pub(crate) fn read_small_json(path: &Path) -> Result<serde_json::Value, IndexErr
     }
     let bytes = std::fs::read(path).map_err(|e| invalid(e.to_string()))?;
     serde_json::from_slice(&bytes).map_err(|e| invalid(format!("not valid JSON: {e}")))
+}
+
+/// A GGUF header's `general.architecture` ("unknown" without one) and its context length.
+pub(crate) fn arch_and_context(f: &GgufFile) -> (String, Option<u64>) {
+    let arch = f
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    let context_len = f
+        .get(&format!("{arch}.context_length"))
+        .and_then(Value::as_u64);
+    (arch, context_len)
 }

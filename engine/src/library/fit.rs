@@ -3,7 +3,7 @@
 //! the KV cache at a chosen context and batch, sized by the KV pool's own rule
 //! ([`KvCache::budget_for_tokens`]) so the figure is the one the engine will allocate.
 
-use crate::formats::gguf::{GgufFile, Value};
+use crate::formats::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::model::config::ModelConfig;
 use crate::model::precision::dominant_type;
@@ -34,14 +34,7 @@ impl GgufNeeds {
     /// From a parsed header. `weights_total`: the tensor bytes of all parts of a split GGUF
     /// (whose first part's header lists only its own tensors); `None` for a single file.
     pub fn of(f: &GgufFile, weights_total: Option<u64>) -> Self {
-        let arch = f
-            .get("general.architecture")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_string();
-        let context_len = f
-            .get(&format!("{arch}.context_length"))
-            .and_then(Value::as_u64);
+        let (arch, context_len) = crate::library::describe::arch_and_context(f);
         let (cfg, unsupported) = match ModelConfig::from_gguf(f) {
             Ok(cfg) => (Some(cfg), None),
             Err(e) => (None, Some(e.to_string())),

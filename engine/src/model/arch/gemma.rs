@@ -9,37 +9,25 @@
 //! does it), so every norm here is a plain RMS norm.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::llama::{attend, gate_up, lm_head, qkv};
+use crate::model::arch::llama::{self, attend};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, Buf, Ops};
-use crate::model::weights::{LayerWeights, WeightError, Weights, linear, optional_vector, vector};
+use crate::model::weights::{WeightError, Weights, vector};
 
-/// The weights by GGUF tensor name.
+/// The weights by GGUF tensor name: the Llama family's, plus the norms after attention and
+/// after the FFN.
 pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-    let (h, hd) = (cfg.hidden as u64, cfg.head_dim as u64);
-    let mut layers = Vec::with_capacity(cfg.n_layers);
-    for i in 0..cfg.n_layers {
-        let p = |s: &str| format!("blk.{i}.{s}");
-        layers.push(LayerWeights {
-            attn_norm: vector(f, &p("attn_norm.weight"), h)?,
-            wqkv: qkv(f, cfg, i)?,
-            q_norm: optional_vector(f, &p("attn_q_norm.weight"), hd)?,
-            k_norm: optional_vector(f, &p("attn_k_norm.weight"), hd)?,
-            wo: linear(f, &p("attn_output.weight"), cfg.q_dim() as u64, h)?,
-            post_attn_norm: Some(vector(f, &p("post_attention_norm.weight"), h)?),
-            ffn_norm: vector(f, &p("ffn_norm.weight"), h)?,
-            w_gate_up: gate_up(f, cfg, i)?,
-            w_down: linear(f, &p("ffn_down.weight"), cfg.ffn as u64, h)?,
-            post_ffn_norm: Some(vector(f, &p("post_ffw_norm.weight"), h)?),
-        });
+    let h = cfg.hidden as u64;
+    let mut w = llama::load(f, cfg)?;
+    for (i, l) in w.layers.iter_mut().enumerate() {
+        l.post_attn_norm = Some(vector(
+            f,
+            &format!("blk.{i}.post_attention_norm.weight"),
+            h,
+        )?);
+        l.post_ffn_norm = Some(vector(f, &format!("blk.{i}.post_ffw_norm.weight"), h)?);
     }
-    Ok(Weights {
-        embed: linear(f, "token_embd.weight", h, cfg.vocab as u64)?,
-        layers,
-        out_norm: vector(f, "output_norm.weight", h)?,
-        lm_head: lm_head(f, cfg)?,
-        rope_factors: None,
-    })
+    Ok(w)
 }
 
 /// The recipe. The block output is normed in place (`Tmp`) before its residual add, which is

@@ -17,7 +17,7 @@ use crate::model::weights::{
 };
 
 /// Stacks `parts` into one matrix (Q/K/V, gate/up), or errs naming the tensor.
-pub(super) fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightError> {
+fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightError> {
     Linear::concat(parts).ok_or_else(|| WeightError::Type {
         name: format!("{name} (parts differ in type)"),
         ty: GgmlType::F32,
@@ -26,7 +26,7 @@ pub(super) fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightErr
 
 /// `blk.{i}.attn_qkv.weight` when the file fuses Q, K and V (Phi-3), else the three stacked,
 /// with their biases where the file has them (Qwen2).
-pub(super) fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
+fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
     let (h, q_dim, kv) = (cfg.hidden as u64, cfg.q_dim() as u64, cfg.kv_dim() as u64);
     let p = |s: &str| format!("blk.{i}.{s}");
     if f.tensor(&p("attn_qkv.weight")).is_some() {
@@ -45,7 +45,7 @@ pub(super) fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, W
 
 /// Gate and up stacked, or Phi-3's `ffn_up` that already holds both (gate rows first, as
 /// ggml's `swiglu` splits it).
-pub(super) fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
+fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
     let (h, ffn) = (cfg.hidden as u64, cfg.ffn as u64);
     let p = |s: &str| format!("blk.{i}.{s}");
     if f.tensor(&p("ffn_gate.weight")).is_none() {
@@ -59,10 +59,7 @@ pub(super) fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linea
 /// The RoPE frequency factors: `rope_freqs` (Llama 3), else Phi-3's LongRoPE factors, the long
 /// ones when the model's context is past the one it was trained at (llama.cpp picks by the
 /// context it runs at; this engine runs up to the model's full context).
-pub(super) fn rope_factors(
-    f: &GgufFile,
-    cfg: &ModelConfig,
-) -> Result<Option<Vec<f32>>, WeightError> {
+fn rope_factors(f: &GgufFile, cfg: &ModelConfig) -> Result<Option<Vec<f32>>, WeightError> {
     let half = (cfg.rope_dim / 2) as u64;
     if let Some(v) = optional_vector(f, "rope_freqs.weight", half)? {
         return Ok(Some(v));
@@ -83,7 +80,7 @@ pub(super) fn rope_factors(
 }
 
 /// The output projection, or `None` when it is tied to the embedding.
-pub(super) fn lm_head(f: &GgufFile, cfg: &ModelConfig) -> Result<Option<Linear>, WeightError> {
+fn lm_head(f: &GgufFile, cfg: &ModelConfig) -> Result<Option<Linear>, WeightError> {
     match f.tensor("output.weight") {
         Some(_) => Ok(Some(linear(
             f,
