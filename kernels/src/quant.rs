@@ -139,13 +139,7 @@ pub(crate) fn quantize_block_q8(x: &[f32], qs: &mut [i8]) -> (f32, i32) {
 /// the signed value of largest magnitude, `d = 1 / (-127 / max)`, ggml's `nearest_int` rounds
 /// half to even.
 pub(crate) fn quantize_block_q8k(x: &[f32], qs: &mut [i8], bsums: &mut [i16]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (max, amax) = crate::quantize_lowbit::signed_absmax(x);
     if amax == 0.0 {
         qs.fill(0);
         bsums.fill(0);

@@ -9,7 +9,9 @@
 
 use crate::WType;
 
-use crate::quantize_lowbit::{GROUP_MAX_EPS, f16_bytes, nearest_int, pack_2bit};
+use crate::quantize_lowbit::{
+    GROUP_MAX_EPS, f16_bytes, min_max, nearest_int, pack_2bit, signed_absmax,
+};
 
 const QK_K: usize = 256;
 
@@ -96,15 +98,7 @@ fn quantize_q4_0(x: &[f32], blk: &mut [u8]) {
 
 // ggml quantize_row_q4_1_ref: d = (max - min) / 15, m = min, q = trunc((x - min)/d + 0.5).
 fn quantize_q4_1(x: &[f32], blk: &mut [u8]) {
-    let (mut min, mut max) = (f32::MAX, -f32::MAX);
-    for &v in x {
-        if v < min {
-            min = v;
-        }
-        if v > max {
-            max = v;
-        }
-    }
+    let (min, max) = min_max(x);
     let d = (max - min) / 15.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     blk[..2].copy_from_slice(&f16_bytes(d));
@@ -148,15 +142,7 @@ fn quantize_q5_0(x: &[f32], blk: &mut [u8]) {
 
 // ggml quantize_row_q5_1_ref: d = (max - min) / 31, m = min, q = trunc((x - min)/d + 0.5).
 fn quantize_q5_1(x: &[f32], blk: &mut [u8]) {
-    let (mut min, mut max) = (f32::MAX, -f32::MAX);
-    for &v in x {
-        if v < min {
-            min = v;
-        }
-        if v > max {
-            max = v;
-        }
-    }
+    let (min, max) = min_max(x);
     let d = (max - min) / 31.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     blk[..2].copy_from_slice(&f16_bytes(d));
@@ -435,13 +421,7 @@ fn quantize_q5k(x: &[f32], blk: &mut [u8]) {
 /// quantization to levels `-nmax..nmax-1`, trying 18 scales around `nmax / max` for the best
 /// weighted fit. Writes `level + nmax` to `l`; returns the scale.
 fn make_qx_quants_rmse1(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;

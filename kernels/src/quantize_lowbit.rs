@@ -10,6 +10,34 @@ const QK_K: usize = 256;
 /// ggml's `GROUP_MAX_EPS`: groups whose largest magnitude is below this quantize to zero.
 pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
+/// The value of largest magnitude in `x`, with its sign, and that magnitude (the first such
+/// value on ties, as ggml scans): what the symmetric quantizers scale from.
+pub(crate) fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (max, amax)
+}
+
+/// The smallest and largest value of `x` (`(f32::MAX, -f32::MAX)` when empty), as ggml's
+/// minimum-based quantizers scan them.
+pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
 /// ggml's `nearest_int`: round half to even (exact for |x| < 2^22, all ggml ever passes).
 #[inline]
 pub(crate) fn nearest_int(x: f32) -> i32 {
@@ -37,13 +65,7 @@ pub(crate) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
 /// (x^2) fit improves. Writes `level + nmax` to `l` (0 for a group below `GROUP_MAX_EPS`);
 /// returns the scale.
 fn make_q3_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;
