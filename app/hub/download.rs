@@ -25,10 +25,11 @@ use tpslab_engine::library;
 use tpslab_engine::library::index::{HUB_CACHE_DIR, IndexError, Library, plain_file, write_error};
 
 use super::error::chain;
+use super::error::{HubError, status_error};
 use super::http::{Http, header, server_of};
+use super::listing::RepoFile;
 use super::meter::Meter;
 use super::names::{commit_id, entity_tag, hex_of_len, shown, url_path};
-use super::{HubError, RepoFile, status_error};
 
 /// The cache's folder of downloads, inside [`HUB_CACHE_DIR`].
 pub(super) const BLOBS: &str = "blobs";

@@ -3,7 +3,7 @@
 
 use tpslab_engine::library::index::IndexError;
 
-use super::HubConfig;
+use super::config::HubConfig;
 
 /// Why a Hub operation failed.
 #[derive(Debug, thiserror::Error)]

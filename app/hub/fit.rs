@@ -19,13 +19,16 @@ use reqwest::header::HeaderMap;
 use tpslab_engine::formats::gguf::{GgufError, GgufFile};
 use tpslab_engine::library::fit::{GgufNeeds, Verdict};
 
+use super::config::HubConfig;
 use super::download::{Origin, Sum, accepted, check_headers};
+use super::error::HubError;
 use super::error::chain;
 use super::http::{Http, server_of};
+use super::http::{hub_api, runtime};
 use super::listing::is_split_first;
+use super::listing::{RepoFile, RepoListing};
 use super::meter::Meter;
 use super::names::url_path;
-use super::{HubConfig, HubError, RepoFile, RepoListing, runtime};
 
 /// The first read of a header: enough for small vocabularies, and the tensor table of most.
 const FIRST_READ: u64 = 1 << 20;
@@ -84,7 +87,7 @@ impl GgufFit {
 /// worker thread). The order is the listing's.
 pub fn read_ggufs(cfg: &HubConfig, listing: &RepoListing) -> Result<Vec<GgufFit>, HubError> {
     let http = Http::new(cfg)?;
-    let api = cfg.api()?;
+    let api = hub_api(cfg)?;
     let repo = api.repo(Repo::with_revision(
         listing.repo.clone(),
         RepoType::Model,

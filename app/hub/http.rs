@@ -8,13 +8,16 @@
 //! timeouts and follows redirects on its own; its endpoint, token and URL shapes are still used
 //! ([`super::HubConfig`], [`hf_hub::api::tokio::ApiRepo::url`], `info_request`).
 
+use hf_hub::Cache;
+use hf_hub::api::tokio::{Api, ApiBuilder};
 use reqwest::header::{AUTHORIZATION, HeaderMap, LOCATION, RANGE, USER_AGENT};
 use reqwest::{Response, StatusCode, Url};
 
+use super::config::HubConfig;
+use super::error::HubError;
 use super::error::chain;
 use super::meter::Meter;
 use super::names::shown;
-use super::{HubConfig, HubError};
 
 /// The most redirects one request follows (the Hub sends one, to its CDN).
 pub(super) const MAX_REDIRECTS: usize = 5;
@@ -210,4 +213,26 @@ pub(super) fn header(h: &HeaderMap, k: &str) -> String {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string()
+}
+
+/// hf-hub's API, for its URL shapes only (requests go through [`Http`]). Its cache folder is
+/// never written: nothing is downloaded through it.
+pub(super) fn hub_api(cfg: &HubConfig) -> Result<Api, HubError> {
+    ApiBuilder::from_cache(Cache::new(std::env::temp_dir()))
+        .with_endpoint(cfg.endpoint.trim_end_matches('/').to_string())
+        .with_progress(false)
+        .with_user_agent("tpslab", env!("CARGO_PKG_VERSION"))
+        .build()
+        .map_err(|_| HubError::BadEndpoint(cfg.endpoint.clone()))
+}
+
+/// A small runtime of its own for each blocking call.
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, HubError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| HubError::Network {
+            endpoint: String::new(),
+            detail: format!("cannot start the async runtime: {e}"),
+        })
 }

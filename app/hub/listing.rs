@@ -8,10 +8,13 @@ use reqwest::Url;
 use serde::Deserialize;
 use tpslab_engine::library::check_name;
 
+use super::config::HubConfig;
+use super::error::{HubError, status_error};
 use super::http::{Http, header};
+use super::http::{hub_api, runtime};
 use super::meter::Meter;
+use super::meter::human_bytes;
 use super::names::{check_repo_id, check_revision, commit_id, hex_of_len, shown};
-use super::{HubConfig, HubError, human_bytes, runtime, status_error};
 
 /// A listing past this size is not a model repo's (the largest have a few thousand files).
 const MAX_LISTING_MIB: u64 = 16;
@@ -240,7 +243,7 @@ pub(super) async fn list_files_async(
 ) -> Result<RepoListing, HubError> {
     check_request(repo, revision)?;
     let cfg = &http.cfg;
-    let api = cfg.api()?;
+    let api = hub_api(cfg)?;
     let r = api.repo(Repo::with_revision(
         repo.to_string(),
         RepoType::Model,

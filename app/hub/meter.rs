@@ -7,7 +7,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{HubError, PullProgress, TICK};
+use super::config::{PullProgress, TICK};
+use super::error::HubError;
 
 /// Speed is averaged over this window.
 const SPEED_WINDOW: Duration = Duration::from_secs(3);
@@ -140,5 +141,16 @@ impl<'a> Meter<'a> {
     pub fn stage(&mut self, stage: &'static str) {
         self.report.stage = stage;
         (self.on_progress)(&self.report);
+    }
+}
+
+/// A byte count as people read it ("1.5 MiB").
+pub fn human_bytes(n: u64) -> String {
+    let n = n as f64;
+    match n {
+        _ if n >= (1u64 << 30) as f64 => format!("{:.2} GiB", n / (1u64 << 30) as f64),
+        _ if n >= (1u64 << 20) as f64 => format!("{:.1} MiB", n / (1u64 << 20) as f64),
+        _ if n >= 1024.0 => format!("{:.1} KiB", n / 1024.0),
+        _ => format!("{n} B"),
     }
 }

@@ -11,12 +11,24 @@ use tpslab_engine::library::index::{
     IndexError, Library, ModelEntry, ModelFile, ModelSource, is_model_name, occupied, write_error,
 };
 
+use super::config::{HubConfig, PullProgress};
 use super::download::{self, BLOBS, FileJob, Origin, Sum};
+use super::error::HubError;
 use super::http::Http;
+use super::http::{hub_api, runtime};
 use super::listing::list_files_async;
+use super::listing::{Choice, RepoFile};
 use super::meter::Meter;
 use super::names::shown;
-use super::{HubConfig, HubError, PullProgress, PullRequest, RepoFile, runtime};
+
+#[derive(Debug, Clone)]
+pub struct PullRequest {
+    /// `owner/name`.
+    pub repo: String,
+    /// Branch, tag or commit; `main` by default.
+    pub revision: String,
+    pub choice: Choice,
+}
 
 /// Downloads `req` from the Hub into `lib` and registers it (see the module doc of
 /// [`crate::hub`]). Blocking; call it from a worker thread. `on_progress` is called about every
@@ -93,7 +105,7 @@ async fn pull_async(
             file: f.name.clone(),
         });
     }
-    let api = cfg.api()?;
+    let api = hub_api(cfg)?;
     // Pinned to the listed commit, so every file is the one the listing describes.
     let repo = api.repo(Repo::with_revision(
         req.repo.clone(),
