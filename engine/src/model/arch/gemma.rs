@@ -9,7 +9,7 @@
 //! does it), so every norm here is a plain RMS norm.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::llama::{self, attend};
+use crate::model::arch::llama::{self, attention_block, output};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, Buf, Ops};
 use crate::model::weights::{WeightError, Weights, vector};
@@ -43,14 +43,7 @@ pub fn forward<O: Ops>(
         o.scale(Buf::X, s)?;
     }
     for (li, l) in w.layers.iter().enumerate() {
-        if li == 0 {
-            o.rms_norm(Buf::X, &l.attn_norm, eps, Buf::H)?;
-        } else {
-            o.add_rms_norm(Buf::X, Buf::Tmp, &l.attn_norm, eps, Buf::H)?;
-        }
-        o.linear(&l.wqkv, Buf::H, Buf::Qkv)?;
-        attend(c, w, l, li, o)?;
-        o.linear(&l.wo, Buf::Attn, Buf::Tmp)?;
+        attention_block(c, w, l, li, o)?;
         if let Some(n) = &l.post_attn_norm {
             o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;
         }
@@ -66,9 +59,7 @@ pub fn forward<O: Ops>(
             o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;
         }
     }
-    o.add(Buf::X, Buf::Tmp)?;
-    o.gather_rms_norm(Buf::X, &w.out_norm, eps, Buf::Last)?;
-    o.logits(w.lm_head(), Buf::Last, Buf::Logits)?;
+    output(c, w, o)?;
     if let Some(cap) = c.extras.final_softcap {
         o.softcap(Buf::Logits, cap)?;
     }

@@ -122,7 +122,7 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
 
 /// Q/K norms (when the layer has them), RoPE with the KV store, and attention: the part of a
 /// block every family shares, from `Buf::Qkv` to `Buf::Attn`.
-pub(super) fn attend<O: Ops>(
+fn attend<O: Ops>(
     c: &ModelConfig,
     w: &Weights<O::Matrix, O::Vector>,
     l: &LayerWeights<O::Matrix, O::Vector>,
@@ -153,18 +153,40 @@ pub fn forward<O: Ops>(
     let eps = c.rms_eps;
     o.embed(&w.embed, Buf::X)?;
     for (li, l) in w.layers.iter().enumerate() {
-        if li == 0 {
-            o.rms_norm(Buf::X, &l.attn_norm, eps, Buf::H)?;
-        } else {
-            o.add_rms_norm(Buf::X, Buf::Tmp, &l.attn_norm, eps, Buf::H)?;
-        }
-        o.linear(&l.wqkv, Buf::H, Buf::Qkv)?;
-        attend(c, w, l, li, o)?;
-        o.linear(&l.wo, Buf::Attn, Buf::Tmp)?;
+        attention_block(c, w, l, li, o)?;
         o.add_rms_norm(Buf::X, Buf::Tmp, &l.ffn_norm, eps, Buf::H)?;
         o.gated_ffn(&l.w_gate_up, &l.w_down, Activation::Silu, Buf::H, Buf::Tmp)?;
     }
+    output(c, w, o)
+}
+
+/// Layer `li` from its input norm to the attention output in `Buf::Tmp`: the previous block's
+/// residual add fused into the norm (a plain norm for the first layer), Q/K/V, attention and the
+/// output projection. Every family's block starts so.
+pub(super) fn attention_block<O: Ops>(
+    c: &ModelConfig,
+    w: &Weights<O::Matrix, O::Vector>,
+    l: &LayerWeights<O::Matrix, O::Vector>,
+    li: usize,
+    o: &mut O,
+) -> Result<(), O::Error> {
+    if li == 0 {
+        o.rms_norm(Buf::X, &l.attn_norm, c.rms_eps, Buf::H)?;
+    } else {
+        o.add_rms_norm(Buf::X, Buf::Tmp, &l.attn_norm, c.rms_eps, Buf::H)?;
+    }
+    o.linear(&l.wqkv, Buf::H, Buf::Qkv)?;
+    attend(c, w, l, li, o)?;
+    o.linear(&l.wo, Buf::Attn, Buf::Tmp)
+}
+
+/// The last block's residual add, the output norm of the sampled rows and their logits.
+pub(super) fn output<O: Ops>(
+    c: &ModelConfig,
+    w: &Weights<O::Matrix, O::Vector>,
+    o: &mut O,
+) -> Result<(), O::Error> {
     o.add(Buf::X, Buf::Tmp)?;
-    o.gather_rms_norm(Buf::X, &w.out_norm, eps, Buf::Last)?;
+    o.gather_rms_norm(Buf::X, &w.out_norm, c.rms_eps, Buf::Last)?;
     o.logits(w.lm_head(), Buf::Last, Buf::Logits)
 }
