@@ -348,3 +348,89 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
         ]
     );
 }
+
+/// The families' metadata from a hostile file is refused with a clear error before anything is
+/// sized from it: a head size past the kernels', a layer pattern of the wrong length or type, an
+/// unknown RoPE scaling, a zero or non-finite soft-cap and scale.
+#[test]
+fn hostile_family_metadata_is_refused_by_name() {
+    use tpslab_engine::formats::gguf::GgufFile;
+    use tpslab_engine::formats::gguf_write::copy_with_metadata;
+    let dir = std::env::temp_dir().join(format!("tpslab-recipe-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("gemma2.gguf");
+    let tokens = (0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect();
+    write_tiny(
+        "gemma2",
+        &[("tokenizer.ggml.tokens".to_string(), Value::Array(tokens))],
+        &src,
+    )
+    .unwrap();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "gemma2.attention.key_length",
+            Value::U32(1 << 30),
+            "key_length",
+        ),
+        (
+            "gemma2.attention.key_length",
+            Value::U32(512),
+            "different sizes",
+        ),
+        (
+            "gemma2.attention.value_length",
+            Value::U32(16),
+            "different sizes",
+        ),
+        (
+            "gemma2.attention.sliding_window_pattern",
+            Value::Array(vec![Value::Bool(true)]),
+            "sliding_window_pattern",
+        ),
+        (
+            "gemma2.attention.sliding_window_pattern",
+            Value::Array(vec![Value::U32(1); 4]),
+            "sliding_window_pattern",
+        ),
+        (
+            "gemma2.rope.scaling.factor",
+            Value::F32(f32::NAN),
+            "rope.scaling.factor",
+        ),
+        (
+            "gemma2.attn_logit_softcapping",
+            Value::F32(0.0),
+            "attn_logit_softcapping",
+        ),
+        (
+            "gemma2.final_logit_softcapping",
+            Value::F32(-3.0),
+            "final_logit_softcapping",
+        ),
+        (
+            "gemma2.rope.freq_base_swa",
+            Value::F32(f32::INFINITY),
+            "freq_base_swa",
+        ),
+    ];
+    for (i, (key, value, says)) in cases.into_iter().enumerate() {
+        let bad = dir.join(format!("bad{i}.gguf"));
+        copy_with_metadata(&src, &bad, &[(key.to_string(), value)]).unwrap();
+        let f = GgufFile::open(&bad).unwrap();
+        let err = ModelConfig::from_gguf(&f).expect_err(key).to_string();
+        assert!(err.contains(says), "{key}: {err}");
+    }
+    // An unknown scaling type with a factor.
+    let bad = dir.join("bad-scaling.gguf");
+    let set = [
+        (
+            "gemma2.rope.scaling.type".to_string(),
+            Value::String("dynamic-ntk".into()),
+        ),
+        ("gemma2.rope.scaling.factor".to_string(), Value::F32(4.0)),
+    ];
+    copy_with_metadata(&src, &bad, &set).unwrap();
+    let err = ModelConfig::from_gguf(&GgufFile::open(&bad).unwrap()).expect_err("scaling");
+    assert!(err.to_string().contains("dynamic-ntk"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
