@@ -454,6 +454,7 @@ fn checked_usage(u: &Value) -> Result<Usage, String> {
     let usage = Usage {
         prompt_tokens: n("prompt_tokens")?,
         completion_tokens: n("completion_tokens")?,
+        ..Usage::default()
     };
     usage
         .prompt_tokens

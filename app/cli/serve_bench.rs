@@ -282,6 +282,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     knobs: k,
                     device: a.model.device,
                     gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
+                    draft: None,
                 },
                 None,
             )?;

@@ -207,6 +207,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         knobs,
         device: a.model.device,
         gpu_kv_fraction: 0.0,
+        draft: None,
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;
     let mut state = ServerState::new(engine, lm, a.api_key.clone());

@@ -9,6 +9,7 @@
 //! - [`kv`]: paged KV storage, the batch the forward pass reads it through, the block pool.
 //! - [`device`]: the devices that run a recipe (CPU, CUDA) behind the engine's `Backend` seam.
 //! - [`sched`]: the continuous-batching scheduler and the stop rules it asks.
+//! - [`spec`]: speculative decoding's proposers (n-gram, draft model, self-drafting) and knobs.
 //! - [`quant`]: re-quantizing a GGUF and exporting a Hugging Face folder.
 //! - [`library`]: the model library folder, its index, and fetching the default model.
 //! - [`serving`]: the engine thread, requests and admission, sampling, generation, metrics, the
@@ -21,4 +22,5 @@ pub mod model;
 pub mod quant;
 pub mod sched;
 pub mod serving;
+pub mod spec;
 pub mod text;

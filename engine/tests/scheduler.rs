@@ -1,6 +1,9 @@
 //! Scheduler and KV block bookkeeping: unit tests of the policies, and a property test that
 //! drives random workloads through a simulated model whose "KV cache" is a hash chain stored in
 //! the paged slots, so any wrong block table, early eviction or lost token changes the output.
+//! With speculation on, a fake proposer guesses each decoding request's next tokens (some right,
+//! some wrong) and the fake model verifies them: a rejected proposal's slot that stayed counted
+//! as computed, or entered the prefix cache, changes the output too.
 
 use std::collections::{HashMap, HashSet};
 
@@ -68,6 +71,10 @@ struct Sim {
     refused: HashSet<RequestId>,
     next_id: RequestId,
     steps: usize,
+    /// Speculation: (most proposed tokens per step, percent of proposals that guess right).
+    spec: Option<(usize, u64)>,
+    /// Proposed and accepted tokens so far.
+    spec_counts: (usize, usize),
 }
 
 impl Sim {
@@ -82,6 +89,32 @@ impl Sim {
             refused: HashSet::new(),
             next_id: 1,
             steps: 0,
+            spec: None,
+            spec_counts: (0, 0),
+        }
+    }
+
+    /// Proposals for every decoding request: each token the right continuation with the
+    /// configured odds, else a random one; lengths vary with the step.
+    fn propose(&mut self) {
+        let Some((k, hit)) = self.spec else {
+            return;
+        };
+        for (id, room) in self.sched.decode_ready() {
+            let t = &self.live[&id];
+            let n = t.generated.len();
+            let r = mix(SEED, id as u32, self.steps);
+            let len = ((r % (k as u64 + 1)) as usize).min(room);
+            let draft: Vec<u32> = (0..len)
+                .map(|i| {
+                    let r = mix(r, i as u32, n);
+                    match t.expected.get(n + i) {
+                        Some(&e) if r % 100 < hit => e,
+                        _ => ((r >> 8) % VOCAB) as u32,
+                    }
+                })
+                .collect();
+            self.sched.set_draft(id, draft);
         }
     }
 
@@ -176,7 +209,7 @@ impl Sim {
     }
 
     /// Runs the fake forward pass over `out`, checking every read and write against the pool.
-    fn forward(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, u32)> {
+    fn forward(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, Vec<u32>)> {
         let bs = self.block_size();
         let pool = self.sched.kv().pool();
         let mut sampled = Vec::new();
@@ -191,6 +224,10 @@ impl Sim {
                 let (_, sl) = slot(s.start_pos - 1);
                 self.slots[sl].unwrap_or_else(|| panic!("{}: reads an unwritten slot", s.id))
             };
+            // The state after each position whose logits are wanted: the last real token's
+            // and each proposal's.
+            let mut rows = Vec::new();
+            let real = s.tokens.len() - s.draft.len();
             for (j, &t) in s.tokens.iter().enumerate() {
                 let pos = s.start_pos + j;
                 let (b, sl) = slot(pos);
@@ -199,19 +236,35 @@ impl Sim {
                 assert_eq!(pool.block_hash(b), None, "writes cached block {b}");
                 state = mix(state, t, pos);
                 self.slots[sl] = Some(state);
+                if j + 1 >= real {
+                    rows.push(state);
+                }
             }
             if s.sample {
-                let tok = fake_sample(s.id, state);
+                assert_eq!(rows.len(), s.num_logits());
+                // Verification: each proposal kept while it is what the model samples.
+                let mut toks = Vec::new();
+                for (i, &st) in rows.iter().enumerate() {
+                    let tok = fake_sample(s.id, st);
+                    toks.push(tok);
+                    if s.draft.get(i) != Some(&tok) {
+                        break;
+                    }
+                }
+                self.spec_counts.0 += s.draft.len();
+                self.spec_counts.1 += toks.len() - 1;
                 let t = self.live.get_mut(&s.id).expect("scheduled request is live");
                 let n = t.generated.len();
                 assert_eq!(
-                    Some(&tok),
-                    t.expected.get(n),
-                    "request {} token {n} differs from running alone",
+                    Some(&toks[..]),
+                    t.expected.get(n..n + toks.len()),
+                    "request {} tokens {n}.. differ from running alone",
                     s.id
                 );
-                t.generated.push(tok);
-                sampled.push((s.id, tok));
+                t.generated.extend_from_slice(&toks);
+                sampled.push((s.id, toks));
+            } else {
+                assert!(s.draft.is_empty(), "proposals on a prompt chunk");
             }
         }
         sampled
@@ -219,6 +272,7 @@ impl Sim {
 
     /// One engine step; false when there was nothing to do.
     fn step(&mut self) -> bool {
+        self.propose();
         let out = self.sched.schedule();
         self.steps += 1;
         self.check_output(&out);
@@ -231,7 +285,10 @@ impl Sim {
             return false;
         }
         let sampled = self.forward(&out);
-        for (id, reason) in self.sched.update(&out, &sampled) {
+        let ends = |a: tpslab_engine::sched::Appended| {
+            (a.generated >= a.max_tokens).then_some(FinishReason::Length)
+        };
+        for (id, reason) in self.sched.update_tokens(&out, &sampled, ends) {
             assert_eq!(reason, FinishReason::Length);
             let t = &self.live[&id];
             assert_eq!(t.generated.len(), t.max_tokens);
@@ -266,8 +323,20 @@ impl Sim {
                 "table does not cover the step"
             );
             let all = self.sched.tokens(s.id).expect("live");
-            assert_eq!(&all[s.start_pos..end], &s.tokens[..]);
-            assert_eq!(s.sample, end == all.len());
+            let real = s.real_tokens();
+            let real_end = s.start_pos + real.len();
+            assert_eq!(&all[s.start_pos..real_end], real);
+            assert_eq!(s.sample, real_end == all.len());
+            assert!(
+                s.draft.is_empty() || s.sample,
+                "proposals on a prompt chunk"
+            );
+            let generated = self.sched.generated(s.id).map_or(0, <[u32]>::len);
+            let max_tokens = self.live[&s.id].max_tokens;
+            assert!(
+                generated + s.draft.len() < max_tokens,
+                "proposals past max_tokens"
+            );
             assert_eq!(self.sched.status(s.id), Some(RequestStatus::Running));
             assert_eq!(self.sched.num_computed_tokens(s.id), Some(s.start_pos));
             assert_eq!(self.sched.kv().block_table(s.id), &s.block_table[..]);
@@ -436,7 +505,19 @@ fn run_ops(
     stems: &[Vec<u32>],
     ops: &[Op],
 ) {
+    run_ops_spec(config, num_blocks, block_size, stems, ops, None);
+}
+
+fn run_ops_spec(
+    config: SchedulerConfig,
+    num_blocks: usize,
+    block_size: usize,
+    stems: &[Vec<u32>],
+    ops: &[Op],
+    spec: Option<(usize, u64)>,
+) -> (usize, usize) {
     let mut sim = Sim::new(config, num_blocks, block_size);
+    sim.spec = spec;
     for op in ops {
         match op {
             Op::Submit {
@@ -470,6 +551,7 @@ fn run_ops(
     }
     sim.drain();
     sim.check_end();
+    sim.spec_counts
 }
 
 proptest! {
@@ -485,6 +567,52 @@ proptest! {
     ) {
         run_ops(config, pool_tokens.div_ceil(block_size), block_size, &stems, &ops);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Speculation mixed with everything above (rejections, cancels, preemption, pool rebuilds,
+    /// prefix sharing): every token as if run alone, no block leaked or double-owned.
+    #[test]
+    fn speculation_keeps_tokens_and_blocks(
+        config in config_strategy(),
+        pool_tokens in prop_oneof![4usize..80, 4usize..400],
+        block_size in 1usize..17,
+        stems in prop::collection::vec(prop::collection::vec(0u32..VOCAB as u32, 0..160), 3),
+        ops in prop::collection::vec(op_strategy(), 1..60),
+        k in 1usize..7,
+        hit in 0u64..101,
+    ) {
+        run_ops_spec(config, pool_tokens.div_ceil(block_size), block_size, &stems, &ops, Some((k, hit)));
+    }
+}
+
+/// The property test's speculation is not vacuous: proposals are verified, some accepted and
+/// some rejected, over a workload that runs to the end.
+#[test]
+fn speculation_sim_accepts_and_rejects() {
+    let stems = vec![vec![1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2]; 3];
+    let ops: Vec<Op> = (0..8)
+        .map(|i| Op::Submit {
+            stem: i % 3,
+            shared: 4 + i,
+            suffix: vec![(i % 5) as u32; i],
+            max_tokens: 30,
+            priority: 0,
+        })
+        .collect();
+    let config = SchedulerConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 24,
+        ..SchedulerConfig::default()
+    };
+    let (proposed, accepted) = run_ops_spec(config, 12, 4, &stems, &ops, Some((4, 60)));
+    assert!(proposed > 50, "{proposed} proposed");
+    assert!(
+        accepted > 0 && accepted < proposed,
+        "{accepted} of {proposed} accepted"
+    );
 }
 
 proptest! {

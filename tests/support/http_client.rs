@@ -47,6 +47,7 @@ pub fn engine_with_kv(
         knobs,
         device: DeviceChoice::Cpu,
         gpu_kv_fraction: 0.0,
+        draft: None,
     };
     EngineHandle::start(model(), config, None).expect("engine")
 }
@@ -69,6 +70,7 @@ pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
         knobs,
         device: DeviceChoice::Cpu,
         gpu_kv_fraction: 0.0,
+        draft: None,
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None).expect("engine");
     let mut state = ServerState::new(engine, lm, None);

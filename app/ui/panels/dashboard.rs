@@ -182,11 +182,12 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
         .clicked()
     {
         cmds.push(Command::SetKnobs(s.knobs.clone()));
-    } else if commit && s.knobs.scheduler != before.scheduler {
-        // Scheduler knobs apply at once; an unapplied KV edit stays a draft.
+    } else if commit && (s.knobs.scheduler != before.scheduler || s.knobs.spec != before.spec) {
+        // Scheduler and speculation knobs apply at once; an unapplied KV edit stays a draft.
         cmds.push(Command::SetKnobs(Knobs {
             scheduler: s.knobs.scheduler.clone(),
             kv: engine_kv.unwrap_or_else(|| s.knobs.kv.clone()),
+            spec: s.knobs.spec.clone(),
         }));
     }
     if let Some(sn) = view.snapshot {

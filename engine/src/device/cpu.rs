@@ -16,6 +16,7 @@ use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::arch;
+use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::Linear;
 
@@ -329,9 +330,24 @@ impl Model {
         kv: &mut KvCache,
         ws: &'w mut Workspace,
     ) -> Result<&'w [f32], BatchError> {
-        check_batch(&self.cfg, batch, kv.num_blocks, kv.block_size)?;
+        self.forward_as(&self.cfg, pool, batch, kv, ws)
+    }
+
+    /// As [`Self::forward`] under `cfg`, this model's configuration with fewer layers: the first
+    /// `cfg.n_layers` blocks, then the output norm and head (an early exit; `kv` holds that many
+    /// layers).
+    pub fn forward_as<'w>(
+        &self,
+        cfg: &ModelConfig,
+        pool: &ThreadPool,
+        batch: &Batch,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32], BatchError> {
+        debug_assert!(cfg.n_layers <= self.cfg.n_layers);
+        check_batch(cfg, batch, kv.num_blocks, kv.block_size)?;
         let mut ops = CpuOps::new(pool, batch, kv, ws);
-        match arch::forward(&self.cfg, &self.weights, &mut ops) {
+        match arch::forward(cfg, &self.weights, &mut ops) {
             Ok(()) => {}
             Err(never) => match never {},
         }
@@ -342,6 +358,8 @@ impl Model {
 /// The model on the CPU: the kernels crate's quantized matmuls and paged attention.
 pub struct CpuBackend {
     lm: Arc<LoadedModel>,
+    /// The configuration run: the model's, or its first layers only ([`Self::early_exit`]).
+    cfg: ModelConfig,
     pool: ThreadPool,
     kv: KvCache,
     ws: Workspace,
@@ -354,9 +372,35 @@ impl CpuBackend {
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Self, BackendError> {
-        let kv = KvCache::new(&lm.model.cfg, block_size, num_blocks)?;
+        let cfg = lm.model.cfg.clone();
+        Self::with_config(lm, cfg, threads, block_size, num_blocks)
+    }
+
+    /// The model's first `layers` blocks and its output head, sharing `lm`'s weights, with a KV
+    /// pool of that many layers: the self-speculative drafter (LayerSkip's early exit).
+    pub fn early_exit(
+        lm: Arc<LoadedModel>,
+        layers: usize,
+        threads: usize,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, BackendError> {
+        let mut cfg = lm.model.cfg.clone();
+        cfg.n_layers = layers.clamp(1, cfg.n_layers);
+        Self::with_config(lm, cfg, threads, block_size, num_blocks)
+    }
+
+    fn with_config(
+        lm: Arc<LoadedModel>,
+        cfg: ModelConfig,
+        threads: usize,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, BackendError> {
+        let kv = KvCache::new(&cfg, block_size, num_blocks)?;
         Ok(Self {
             lm,
+            cfg,
             pool: ThreadPool::new(threads),
             kv,
             ws: Workspace::default(),
@@ -370,10 +414,10 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &Batch, _: &[RowNeed]) -> Result<StepOutput<'_>, BackendError> {
-        let logits = self
-            .lm
-            .model
-            .forward(&self.pool, batch, &mut self.kv, &mut self.ws)?;
+        let logits =
+            self.lm
+                .model
+                .forward_as(&self.cfg, &self.pool, batch, &mut self.kv, &mut self.ws)?;
         Ok(StepOutput {
             logits,
             argmax: &[],
@@ -384,7 +428,7 @@ impl Backend for CpuBackend {
     }
 
     fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
-        self.kv = KvCache::new(&self.lm.model.cfg, block_size, num_blocks)?;
+        self.kv = KvCache::new(&self.cfg, block_size, num_blocks)?;
         Ok(())
     }
 

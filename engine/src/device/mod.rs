@@ -171,6 +171,20 @@ pub enum RowNeed {
     Full,
 }
 
+/// Index of the largest value, lowest index on ties (as the CUDA argmax kernel breaks them); 0
+/// when all are -inf/NaN or empty. What a row that needs only [`RowNeed::Argmax`] samples.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    u32::try_from(best).unwrap_or(0)
+}
+
 /// One step's output. When `argmax` is empty (a backend that computes logits on the host) every
 /// logits row is in `logits`, packed in order. Otherwise, by each row's [`RowNeed`]: `Argmax`
 /// rows have only `argmax[j]`; `TopK` rows have `topk_k` candidates each in `topk_ids` /

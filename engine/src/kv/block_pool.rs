@@ -492,6 +492,24 @@ impl KvManager {
         }
     }
 
+    /// Releases `id`'s blocks past the first `num_tokens` positions (the slots of proposed
+    /// tokens a speculative step rejected). Those blocks were never registered in the prefix
+    /// cache (only computed, accepted tokens are), so they go back to the pool as plain free
+    /// blocks. Returns how many were released.
+    pub fn truncate(&mut self, id: RequestId, num_tokens: usize) -> usize {
+        let keep = self.blocks_for(num_tokens);
+        let Some(r) = self.reqs.get_mut(&id) else {
+            return 0;
+        };
+        if r.table.len() <= keep {
+            return 0;
+        }
+        let tail = r.table.split_off(keep.max(r.num_dropped));
+        let n = tail.len();
+        self.pool.free(tail.into_iter().rev());
+        n
+    }
+
     /// Releases `id`'s blocks wholly before position `first_pos`: with sliding-window
     /// attention in every layer, no later token reads them (vLLM frees them the same way). Their
     /// table entries stay, so positions keep their slots, but must never be read again: the

@@ -144,7 +144,8 @@ pub struct Batch {
     /// Block table of each sequence in the batch.
     pub block_tables: Vec<Vec<u32>>,
     /// Token indices whose logits are wanted (the last scheduled token of each sequence that
-    /// will sample), in the order the logits rows come back.
+    /// will sample, and the positions of its proposed tokens in a speculative step), in the
+    /// order the logits rows come back.
     pub logit_rows: Vec<usize>,
 }
 
@@ -160,6 +161,18 @@ impl Batch {
     /// Adds `tokens` of sequence `block_table` starting at position `start`; when `logits` is
     /// set, the last one's logits are computed.
     pub fn push_seq(&mut self, block_table: Vec<u32>, start: usize, tokens: &[u32], logits: bool) {
+        self.push_seq_rows(block_table, start, tokens, usize::from(logits));
+    }
+
+    /// As [`Self::push_seq`], with the logits of the last `n_logits` tokens (a speculative step
+    /// verifies each proposed token from the logits of the position before it).
+    pub fn push_seq_rows(
+        &mut self,
+        block_table: Vec<u32>,
+        start: usize,
+        tokens: &[u32],
+        n_logits: usize,
+    ) {
         let s = self.block_tables.len();
         self.block_tables.push(block_table);
         for (i, &t) in tokens.iter().enumerate() {
@@ -167,9 +180,9 @@ impl Batch {
             self.positions.push(start + i);
             self.seq_of.push(s);
         }
-        if logits && !tokens.is_empty() {
-            self.logit_rows.push(self.tokens.len() - 1);
-        }
+        let end = self.tokens.len();
+        self.logit_rows
+            .extend(end - n_logits.min(tokens.len())..end);
     }
 
     /// KV slot of token `i`.

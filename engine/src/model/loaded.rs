@@ -32,6 +32,17 @@ pub struct LoadedModel {
     pub precision: Precision,
 }
 
+impl std::fmt::Debug for LoadedModel {
+    /// A summary: the weights and vocabulary are far too large to print.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("path", &self.path)
+            .field("arch", &self.model.cfg.arch)
+            .field("precision", &self.precision)
+            .finish_non_exhaustive()
+    }
+}
+
 impl LoadedModel {
     pub fn load(path: &Path) -> Result<Self, LoadError> {
         let mut file = GgufFile::open(path).map_err(ModelError::from)?;

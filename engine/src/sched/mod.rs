@@ -26,11 +26,21 @@
 //! budget is never exceeded.
 
 //!
+//! Speculative decoding, as vLLM v1 schedules it: a proposer's tokens for a running request
+//! ([`Scheduler::set_draft`]) are scheduled as extra tokens of that request in the same step,
+//! within the token budget and the request's `max_tokens`; the model's logits at those
+//! positions verify them, [`Scheduler::update_tokens`] appends the accepted ones plus the token
+//! after them, and the KV slots of the rejected ones go back to the pool (only accepted tokens
+//! ever enter the prefix cache). A preempted request drops its proposals.
+//!
 //! Modules:
 //! - [`stop`]: stop tokens, stop strings and token limits; finish reasons (the one owner of when
 //!   a sequence ends).
+//! - `update`: applying a step's results (appending tokens, prefix caching, rolling back
+//!   rejected proposals) and taking proposals.
 
 pub mod stop;
+mod update;
 
 use std::collections::{HashMap, VecDeque};
 
@@ -158,6 +168,23 @@ pub struct ScheduledSeq {
     /// After this step every known token of the request is computed, so the last position's
     /// logits give its next token: sample one and pass it to [`Scheduler::update`].
     pub sample: bool,
+    /// Proposed tokens (speculative decoding), the last `draft.len()` of `tokens`: the logits
+    /// of the position before each verify it, and the last one's logits give the token after
+    /// them all. Empty when nothing was proposed.
+    pub draft: Vec<u32>,
+}
+
+impl ScheduledSeq {
+    /// Logits rows this sequence asks the forward pass for: one per proposed token plus the
+    /// next token's, or none while a prompt chunk is still short of the end.
+    pub fn num_logits(&self) -> usize {
+        if self.sample { 1 + self.draft.len() } else { 0 }
+    }
+
+    /// The tokens of the request itself (prompt or generated), without the proposals.
+    pub fn real_tokens(&self) -> &[u32] {
+        &self.tokens[..self.tokens.len() - self.draft.len()]
+    }
 }
 
 /// One step's plan, as plain data.
@@ -205,6 +232,9 @@ struct Request {
     arrival: u64,
     num_computed_tokens: usize,
     status: RequestStatus,
+    /// Proposed tokens to verify in the next step ([`Scheduler::set_draft`]); never part of
+    /// `all_tokens` until the model accepts them.
+    draft: Vec<u32>,
 }
 
 impl Request {
@@ -409,6 +439,7 @@ impl Scheduler {
                 arrival,
                 num_computed_tokens: 0,
                 status: RequestStatus::Waiting,
+                draft: Vec::new(),
             },
         );
         self.waiting.push_back(req.id);
@@ -438,6 +469,7 @@ impl Scheduler {
         if let Some(r) = self.reqs.get_mut(&id) {
             r.num_computed_tokens = 0;
             r.status = RequestStatus::Waiting;
+            r.draft.clear();
         }
         self.waiting.push_front(id);
     }
@@ -449,18 +481,34 @@ impl Scheduler {
         out.preempted.push(id);
     }
 
-    fn scheduled_seq(&self, id: RequestId, start: usize, n: usize) -> ScheduledSeq {
+    /// `n` real tokens from `start`, then `draft`'s proposals (only for a request whose real
+    /// tokens then all are computed).
+    fn scheduled_seq(
+        &self,
+        id: RequestId,
+        start: usize,
+        n: usize,
+        draft: Vec<u32>,
+    ) -> ScheduledSeq {
         let tokens = self
             .reqs
             .get(&id)
             .map_or(&[][..], |r| &r.all_tokens[start..start + n]);
         let len = self.reqs.get(&id).map_or(0, |r| r.all_tokens.len());
+        let sample = start + n == len;
+        debug_assert!(
+            sample || draft.is_empty(),
+            "proposals only follow the last token"
+        );
+        let mut all = tokens.to_vec();
+        all.extend_from_slice(&draft);
         ScheduledSeq {
             id,
             start_pos: start,
-            tokens: tokens.to_vec(),
+            tokens: all,
             block_table: self.kv.block_table(id).to_vec(),
-            sample: start + n == len,
+            sample,
+            draft,
         }
     }
 
@@ -515,10 +563,15 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            let draft = self.draft_for(id, start + n, *budget - n);
             // Free blocks by preempting from the back until this request fits, or it is
             // the back itself.
             let scheduled = loop {
-                if self.kv.allocate_slots(id, start + n, &[]).is_some() {
+                if self
+                    .kv
+                    .allocate_slots(id, start + n + draft.len(), &[])
+                    .is_some()
+                {
                     break true;
                 }
                 let Some(victim) = self.running.pop() else {
@@ -532,8 +585,8 @@ impl Scheduler {
             if !scheduled {
                 break;
             }
-            out.scheduled.push(self.scheduled_seq(id, start, n));
-            *budget -= n;
+            *budget -= n + draft.len();
+            out.scheduled.push(self.scheduled_seq(id, start, n, draft));
             i += 1;
         }
     }
@@ -588,84 +641,10 @@ impl Scheduler {
                 r.status = RequestStatus::Running;
             }
             self.running.push(id);
-            out.scheduled.push(self.scheduled_seq(id, hit_tokens, n));
+            out.scheduled
+                .push(self.scheduled_seq(id, hit_tokens, n, Vec::new()));
             *budget -= n;
         }
-    }
-
-    /// Applies a step's results: advances each scheduled request by what it computed,
-    /// registers its newly full blocks in the prefix cache and appends its sampled token.
-    /// Returns the requests that reached `max_tokens`, already finished with `Length`.
-    ///
-    /// Entries of requests finished (or preempted by `rebuild_pool`) since `schedule` are
-    /// ignored, as are sampled tokens for requests that did not ask for one. A request that
-    /// asked for a token but got none recomputes its last position next step.
-    pub fn update(
-        &mut self,
-        out: &SchedulerOutput,
-        sampled: &[(RequestId, u32)],
-    ) -> Vec<(RequestId, FinishReason)> {
-        self.update_with(out, sampled, |a| {
-            (a.generated >= a.max_tokens).then_some(FinishReason::Length)
-        })
-    }
-
-    /// As [`Self::update`], but whether a request ends with the token just appended, and why,
-    /// is `ends`'s to say (the engine's stop checker: stop tokens, stop strings and
-    /// `max_tokens` in one place); it is asked once per appended token, in step order. The
-    /// requests it ends are finished here and returned with its reason. It must end each one by
-    /// its `max_tokens`, the most the request was admitted to the pool for.
-    pub fn update_with(
-        &mut self,
-        out: &SchedulerOutput,
-        sampled: &[(RequestId, u32)],
-        mut ends: impl FnMut(Appended) -> Option<FinishReason>,
-    ) -> Vec<(RequestId, FinishReason)> {
-        let sampled: HashMap<RequestId, u32> = sampled.iter().copied().collect();
-        let mut done = Vec::new();
-        for s in &out.scheduled {
-            let Some(r) = self.reqs.get_mut(&s.id) else {
-                continue;
-            };
-            if r.status != RequestStatus::Running || r.num_computed_tokens != s.start_pos {
-                continue;
-            }
-            r.num_computed_tokens = (s.start_pos + s.tokens.len()).min(r.all_tokens.len());
-            self.kv
-                .cache_blocks(s.id, &r.all_tokens, r.num_computed_tokens);
-            if let Some(w) = self.window {
-                // The next position is at least `num_computed - 1` (one is recomputed when no
-                // token comes back), its window starts `w - 1` before it, and attention reads
-                // whole softmax blocks from there.
-                let block = tpslab_kernels::attn::BLOCK;
-                let first = r.num_computed_tokens.saturating_sub(w) / block * block;
-                self.kv.drop_before(s.id, first);
-            }
-            if !s.sample {
-                continue;
-            }
-            match sampled.get(&s.id) {
-                Some(&token) if r.num_computed_tokens == r.all_tokens.len() => {
-                    r.all_tokens.push(token);
-                    let a = Appended {
-                        id: s.id,
-                        token,
-                        generated: r.num_generated(),
-                        max_tokens: r.max_tokens,
-                    };
-                    debug_assert!(a.generated <= a.max_tokens, "{a:?} runs past max_tokens");
-                    if let Some(reason) = ends(a) {
-                        done.push((s.id, reason));
-                    }
-                }
-                // Without a token there are no logits for the next step to extend from.
-                _ => r.num_computed_tokens = r.num_computed_tokens.saturating_sub(1),
-            }
-        }
-        for &(id, reason) in &done {
-            self.finish(&[id], reason);
-        }
-        done
     }
 
     /// Ends requests (stop, length, abort), freeing their blocks; unknown ids are ignored.

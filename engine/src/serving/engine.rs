@@ -28,6 +28,7 @@ use crate::serving::metrics::{
 };
 use crate::serving::requant::RequantReport;
 use crate::serving::sampler::Sampler;
+use crate::spec::{SpecConfig, SpecPause};
 use crate::text::detok::Detokenizer;
 
 pub use crate::serving::request::{Event, Refusal, RefusalKind, Request, Usage};
@@ -57,6 +58,8 @@ impl Default for KvSettings {
 pub struct Knobs {
     pub scheduler: SchedulerConfig,
     pub kv: KvSettings,
+    /// Speculative decoding: method, proposed tokens, the policy that pauses it.
+    pub spec: SpecConfig,
 }
 
 enum Command {
@@ -87,6 +90,9 @@ pub struct EngineConfig {
     /// On a GPU, when above 0: the KV budget is this fraction of the memory left free after the
     /// weights (vLLM's `gpu_memory_utilization` in spirit), instead of `knobs.kv.budget_bytes`.
     pub gpu_kv_fraction: f32,
+    /// The draft model `knobs.spec`'s [`SpecMethod::Draft`](crate::spec::SpecMethod::Draft)
+    /// proposes with; it must share the model's tokenizer.
+    pub draft: Option<Arc<LoadedModel>>,
 }
 
 /// How often the stats snapshot is refreshed while the engine is busy.
@@ -152,6 +158,10 @@ pub struct EngineSnapshot {
     pub prefix_cache_hits: u64,
     /// Set when a knob change could not be applied.
     pub last_error: Option<String>,
+    /// Why speculative decoding is not proposing now (`None` while it runs).
+    pub spec_pause: Option<SpecPause>,
+    /// Times the speculation policy turned proposals on or off.
+    pub spec_switches: u64,
 }
 
 impl EngineHandle {
@@ -247,6 +257,8 @@ pub enum EngineError {
     Kv(String),
     #[error(transparent)]
     Device(#[from] crate::device::BackendError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
 }
 
 /// Per-request state the engine keeps besides the scheduler's token bookkeeping (the
@@ -262,6 +274,12 @@ struct Live {
     accepted: Instant,
     /// Set by the first step that schedules the request.
     queue_time: Option<Duration>,
+    /// Whether proposals are made for it (requests whose sampling a proposal cannot be
+    /// verified under are decoded without).
+    speculate: bool,
+    /// Proposed tokens verified for it, and accepted.
+    spec_drafted: usize,
+    spec_accepted: usize,
 }
 
 struct EngineThread {
@@ -288,6 +306,7 @@ struct EngineThread {
     last_publish: Instant,
     /// Resident memory as of the last publish.
     rss: Option<u64>,
+    spec: SpecState,
 }
 
 /// Threads the CPU backend computes on for a setting of `threads` (0 = one per core).
@@ -333,7 +352,21 @@ impl EngineThread {
         sched.set_window(lm.model.cfg.full_window());
         let metrics =
             LiveMetrics::new(LiveConfig::default()).map_err(|e| EngineError::Kv(e.to_string()))?;
+        let proposer = spec_step::build(
+            &config.knobs.spec,
+            &lm,
+            config.draft.as_ref(),
+            backend_threads(config.threads),
+            backend.block_size(),
+            backend.num_blocks(),
+        )?;
+        let spec = SpecState {
+            proposer,
+            draft_lm: config.draft.clone(),
+            ..SpecState::default()
+        };
         Ok(Self {
+            spec,
             backend,
             device_note: opened.note,
             threads: backend_threads(config.threads),
@@ -460,6 +493,10 @@ impl EngineThread {
             Err(e) => self.last_error = Some(e.to_string()),
         }
         self.lm = lm;
+        // The self-drafter runs the new weights too (and lets the old ones go).
+        if let Err(e) = self.rebuild_proposer() {
+            self.last_error = Some(format!("{e}; speculation off"));
+        }
         self.last_requant = Some((
             report.from,
             report.to,
@@ -512,6 +549,9 @@ impl EngineThread {
                 prompt_len,
                 accepted: Instant::now(),
                 queue_time: None,
+                speculate: true,
+                spec_drafted: 0,
+                spec_accepted: 0,
             },
         );
     }
@@ -524,11 +564,14 @@ impl EngineThread {
     /// Ends a request (finished or cancelled): frees its blocks and sends its last event.
     fn end(&mut self, id: RequestId, reason: FinishReason) {
         self.sched.finish(&[id], reason);
+        self.spec_forget(id);
         if let Some(mut l) = self.live.remove(&id) {
             let tail = l.stop.flush(&l.detok.finish());
             let usage = Usage {
                 prompt_tokens: l.prompt_len,
                 completion_tokens: l.stop.n_tokens(),
+                spec_draft_tokens: l.spec_drafted,
+                spec_accepted_tokens: l.spec_accepted,
             };
             let _ = l.events.send(Event::Finished {
                 id,
@@ -558,6 +601,16 @@ impl EngineThread {
             Ok(()) => self.knobs.scheduler = k.scheduler,
             Err(e) => self.last_error = Some(e.to_string()),
         }
+        if k.spec != self.knobs.spec {
+            let old = std::mem::replace(&mut self.knobs.spec, k.spec);
+            if let Err(e) = self.rebuild_proposer() {
+                self.last_error = Some(format!("{e}; kept the previous speculation settings"));
+                self.knobs.spec = old;
+                if let Err(e) = self.rebuild_proposer() {
+                    self.last_error = Some(format!("{e}; speculation off"));
+                }
+            }
+        }
         self.publish();
     }
 
@@ -585,7 +638,9 @@ impl EngineThread {
             });
         }
         self.knobs.kv = kv.clone();
-        Ok(())
+        // A drafter's pool follows the target's size.
+        self.rebuild_proposer()
+            .map_err(|e| format!("{e}; speculation off"))
     }
 
     fn publish(&mut self) {
@@ -613,6 +668,8 @@ impl EngineThread {
             memory: mem,
             steps: self.steps,
             last_error: self.last_error.clone(),
+            spec_pause: self.spec.gate.pause().cloned(),
+            spec_switches: self.spec.gate.switches,
         };
         if let Ok(mut s) = self.snapshot.lock() {
             *s = snap;
@@ -623,6 +680,11 @@ impl EngineThread {
 // One step of the loop: schedule, forward, sample, stop checks, metrics.
 #[path = "engine_step.rs"]
 mod step;
+// Speculative decoding: proposals before a step, verification in it.
+#[path = "spec_step.rs"]
+mod spec_step;
+pub use spec_step::SpecError;
+use spec_step::SpecState;
 pub use step::batch_from;
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
-//! One step of the engine thread: `schedule()`, ONE batched forward for every scheduled token,
-//! sampling, `update_with` (the scheduler appends each token and asks the request's stop
-//! checker whether it ends there), events and step metrics; and the failure isolation of a
-//! forward pass that fails.
+//! One step of the engine thread: proposals (speculative decoding), `schedule()`, ONE batched
+//! forward for every scheduled token, sampling and verification, `update_tokens` (the scheduler
+//! appends each token and asks the request's stop checker whether it ends there), events and
+//! step metrics; and the failure isolation of a forward pass that fails.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::spec_step::{Row, verify_seq};
 use super::{EngineThread, Live, PUBLISH_EVERY};
 use crate::device::{RowNeed, StepOutput};
 use crate::kv::Batch;
@@ -13,6 +14,7 @@ use crate::sched::stop::FinishReason;
 use crate::sched::{RequestId, Scheduler, SchedulerOutput};
 use crate::serving::metrics::StepStats;
 use crate::serving::request::{Event, Refusal};
+use crate::serving::spec_metrics::SpecStep;
 
 impl EngineThread {
     /// A forward pass failed. With several sequences in it, each runs alone to find the ones at
@@ -24,10 +26,14 @@ impl EngineThread {
         if out.scheduled.len() > 1 {
             let mut rows = needs.iter();
             for s in &out.scheduled {
-                let need: Vec<RowNeed> =
-                    rows.by_ref().take(usize::from(s.sample)).copied().collect();
+                let need: Vec<RowNeed> = rows.by_ref().take(s.num_logits()).copied().collect();
                 let mut alone = Batch::default();
-                alone.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
+                alone.push_seq_rows(
+                    s.block_table.clone(),
+                    s.start_pos,
+                    &s.tokens,
+                    s.num_logits(),
+                );
                 if let Err(e) = self.backend.forward(&alone, &need) {
                     at_fault.push((s.id, e.to_string()));
                 }
@@ -48,12 +54,14 @@ impl EngineThread {
                 });
             }
             self.sched.finish(&[id], FinishReason::Abort);
+            self.spec_forget(id);
             self.live.remove(&id);
         }
     }
 
     pub(super) fn step(&mut self) {
         let t0 = Instant::now();
+        let mut spec = self.propose();
         let out = self.sched.schedule();
         if out.scheduled.is_empty() {
             // Nothing fits (should not happen: add_request refuses what can never fit).
@@ -67,14 +75,18 @@ impl EngineThread {
             }
         }
         let batch = batch_from(&out);
+        // One need per logits row; verifying a proposal under sampling reads the whole row.
         let needs: Vec<RowNeed> = out
             .scheduled
             .iter()
-            .filter(|s| s.sample)
-            .map(|s| match self.live.get(&s.id) {
-                Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
-                Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
-                None => RowNeed::Argmax,
+            .flat_map(|s| {
+                let need = match self.live.get(&s.id) {
+                    Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
+                    Some(_) if !s.draft.is_empty() => RowNeed::Full,
+                    Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
+                    None => RowNeed::Argmax,
+                };
+                std::iter::repeat_n(need, s.num_logits())
             })
             .collect();
         let step = match self.backend.forward(&batch, &needs) {
@@ -88,12 +100,16 @@ impl EngineThread {
             &needs,
             &step,
             self.lm.model.cfg.vocab,
+            &mut spec,
         );
+        self.spec
+            .gate
+            .record(spec.draft_tokens, spec.accepted_tokens);
         let now = self.now();
         let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
         // The scheduler appends each token and asks the request's stop checker whether it ends
         // there: one decision per token, made in one place.
-        let ended = self.sched.update_with(&out, &sampled, |a| {
+        let ended = self.sched.update_tokens(&out, &sampled, |a| {
             let Some(l) = live.get_mut(&a.id) else {
                 return Some(FinishReason::Abort);
             };
@@ -115,8 +131,8 @@ impl EngineThread {
         let prefill: usize = out
             .scheduled
             .iter()
-            .filter(|s| !s.sample || s.tokens.len() > 1)
-            .map(|s| s.tokens.len())
+            .filter(|s| !s.sample || s.real_tokens().len() > 1)
+            .map(|s| s.real_tokens().len())
             .sum();
         self.metrics.on_step(StepStats {
             t: now,
@@ -134,6 +150,7 @@ impl EngineThread {
             prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
             rss_bytes: self.rss,
             step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            spec,
         });
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
         // Percentiles and /proc reads cost ~0.1-1 ms: publish at most every PUBLISH_EVERY, and
@@ -147,8 +164,10 @@ impl EngineThread {
     }
 }
 
-/// One token per sampling entry of the step, in order, each from what its sampler asked the
-/// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
+/// The tokens of each sampling entry of the step, in order, each row read as its sampler asked
+/// the backend for it (see `StepOutput`): a greedy token, top-k candidates, or a whole logits
+/// row. An entry with proposals has one row per proposal plus one; they are verified in
+/// [`verify_seq`], and what was proposed and accepted is added to `spec`.
 fn sample_rows(
     live: &mut HashMap<RequestId, Live>,
     sched: &Scheduler,
@@ -156,39 +175,49 @@ fn sample_rows(
     needs: &[RowNeed],
     step: &StepOutput<'_>,
     vocab: usize,
-) -> Vec<(RequestId, u32)> {
+    spec: &mut SpecStep,
+) -> Vec<(RequestId, Vec<u32>)> {
     let mut sampled = Vec::new();
     let mut scratch = Vec::with_capacity(vocab);
-    let mut rows = step.logits.chunks_exact(vocab);
+    let mut full = step.logits.chunks_exact(vocab);
     let kk = step.topk_k.max(1);
     let mut cands = step
         .topk_ids
         .chunks_exact(kk)
         .zip(step.topk_vals.chunks_exact(kk));
     let on_host = step.argmax.is_empty();
-    for (j, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
-        let need = if on_host { RowNeed::Full } else { needs[j] };
-        let (greedy, cand, row) = match need {
-            RowNeed::Argmax => (step.argmax.get(j).copied(), None, None),
-            RowNeed::TopK(_) => (None, cands.next(), None),
-            RowNeed::Full => (None, None, rows.next()),
-        };
+    let mut j = 0; // the step's logits row
+    for s in out.scheduled.iter().filter(|s| s.sample) {
+        let rows: Vec<Row<'_>> = (j..j + s.num_logits())
+            .map(|r| match if on_host { RowNeed::Full } else { needs[r] } {
+                RowNeed::Argmax => Row::Argmax(step.argmax.get(r).copied()),
+                RowNeed::TopK(_) => Row::TopK(cands.next()),
+                RowNeed::Full => Row::Full(full.next()),
+            })
+            .collect();
+        j += s.num_logits();
         let Some(l) = live.get_mut(&s.id) else {
             continue;
         };
-        let tok = match (greedy, cand, row) {
-            (Some(t), _, _) => t,
-            (_, Some((ids, vals)), _) => l.sampler.sample_candidates(ids, vals),
-            (_, _, Some(r)) => {
-                scratch.clear();
-                scratch.extend_from_slice(r);
-                let history = sched.tokens(s.id).unwrap_or_default();
-                l.sampler
-                    .sample_with_prompt(&mut scratch, history, l.prompt_len)
+        let history = sched.tokens(s.id).unwrap_or_default();
+        let toks = verify_seq(l, history, &s.draft, rows, &mut scratch);
+        if !s.draft.is_empty() && !toks.is_empty() {
+            let kept = toks.len() - 1;
+            spec.drafts += 1;
+            spec.draft_tokens += s.draft.len() as u64;
+            spec.accepted_tokens += kept as u64;
+            if spec.accepted_per_pos.len() < s.draft.len() {
+                spec.accepted_per_pos.resize(s.draft.len(), 0);
             }
-            _ => continue,
-        };
-        sampled.push((s.id, tok));
+            for p in &mut spec.accepted_per_pos[..kept] {
+                *p += 1;
+            }
+            l.spec_drafted += s.draft.len();
+            l.spec_accepted += kept;
+        }
+        if !toks.is_empty() {
+            sampled.push((s.id, toks));
+        }
     }
     sampled
 }
@@ -197,7 +226,12 @@ fn sample_rows(
 pub fn batch_from(out: &SchedulerOutput) -> Batch {
     let mut b = Batch::default();
     for s in &out.scheduled {
-        b.push_seq(s.block_table.clone(), s.start_pos, &s.tokens, s.sample);
+        b.push_seq_rows(
+            s.block_table.clone(),
+            s.start_pos,
+            &s.tokens,
+            s.num_logits(),
+        );
     }
     b
 }

@@ -60,6 +60,7 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
             ..Knobs::default()
         },
         gpu_kv_fraction: 0.0,
+        draft: None,
     };
     let lm = Arc::new(lm);
     let (tx, rx) = mpsc::channel();

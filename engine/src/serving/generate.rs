@@ -16,6 +16,7 @@ use crate::serving::engine::{
     EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Refusal, Request,
 };
 use crate::serving::sampler::SamplingParams;
+use crate::spec::SpecConfig;
 use crate::text::chat::ChatError;
 use crate::text::tokenizer::TokenizerError;
 
@@ -69,6 +70,19 @@ pub struct GenerateOutput {
     /// 1 / TPOT: (output tokens - 1) over the time from first to last token; 0 with < 2 tokens.
     pub decode_tokens_per_s: f64,
     pub e2e_ms: f64,
+    /// Speculative decoding: proposed tokens verified, and accepted (0 without).
+    pub spec_draft_tokens: usize,
+    pub spec_accepted_tokens: usize,
+}
+
+/// Where and how a single request runs: the device, CPU threads, speculative decoding.
+#[derive(Debug, Clone, Default)]
+pub struct GenerateSetup {
+    pub device: DeviceChoice,
+    pub threads: usize,
+    pub spec: SpecConfig,
+    /// The draft model of [`crate::spec::SpecMethod::Draft`].
+    pub draft: Option<Arc<LoadedModel>>,
 }
 
 /// Generates for one prompt on the CPU, calling `on_text` with each piece of text as it becomes
@@ -102,6 +116,23 @@ pub fn generate_on(
     stop: StopCriteria,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateOutput, GenerateError> {
+    let setup = GenerateSetup {
+        device,
+        threads,
+        ..GenerateSetup::default()
+    };
+    generate_with(lm, &setup, prompt, sampling, stop, on_text)
+}
+
+/// As [`generate`], as `setup` says.
+pub fn generate_with(
+    lm: &Arc<LoadedModel>,
+    setup: &GenerateSetup,
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    stop: StopCriteria,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateOutput, GenerateError> {
     let cfg = &lm.model.cfg;
     let req = Request {
         prompt: prompt.to_vec(),
@@ -118,13 +149,15 @@ pub fn generate_on(
     };
     let knobs = Knobs {
         kv,
+        spec: setup.spec.clone(),
         ..Knobs::default()
     };
     let config = EngineConfig {
-        threads,
+        threads: setup.threads,
         knobs,
-        device,
+        device: setup.device,
         gpu_kv_fraction: 0.0,
+        draft: setup.draft.clone(),
     };
     let engine = EngineHandle::start(Arc::clone(lm), config, None)?;
     let (tx, rx) = mpsc::channel();
@@ -139,6 +172,7 @@ pub fn generate_on(
             text.push_str(t);
         }
     };
+    let spec;
     let finish_reason = loop {
         match rx.recv() {
             Ok(Event::Started { .. }) => {}
@@ -150,9 +184,13 @@ pub fn generate_on(
                 emit(&t, &mut text);
             }
             Ok(Event::Finished {
-                reason, text: t, ..
+                reason,
+                text: t,
+                usage,
+                ..
             }) => {
                 emit(&t, &mut text);
+                spec = (usage.spec_draft_tokens, usage.spec_accepted_tokens);
                 break reason;
             }
             Ok(Event::Refused { reason, .. }) => return Err(reason.into()),
@@ -175,5 +213,7 @@ pub fn generate_on(
         output_token_ids: output,
         text,
         finish_reason,
+        spec_draft_tokens: spec.0,
+        spec_accepted_tokens: spec.1,
     })
 }

@@ -14,6 +14,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::serving::rss::{parse_proc_status, process_rss_bytes};
+use crate::serving::spec_metrics::{SpecCounters, SpecStep, SpecWindow};
+
 /// Errors from building metrics containers with unusable settings.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MetricsError {
@@ -435,6 +438,8 @@ pub struct StepStats {
     pub rss_bytes: Option<u64>,
     /// Wall time of the step.
     pub step_ms: f64,
+    /// Speculative decoding in this step.
+    pub spec: SpecStep,
 }
 
 /// Identifies a request to [`LiveMetrics`]; the engine's request id.
@@ -502,6 +507,7 @@ pub struct LiveCounters {
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
     pub preemptions: u64,
+    pub spec: SpecCounters,
 }
 
 /// The live figures at one instant, plain data for the UI. The caller attaches the settings label
@@ -532,6 +538,8 @@ pub struct LiveSnapshot {
     pub counters: LiveCounters,
     /// The latest step (batch size, queue depth, KV blocks, memory, step time).
     pub latest_step: Option<StepStats>,
+    /// Speculative decoding over the window's steps.
+    pub spec: SpecWindow,
 }
 
 /// Live engine metrics, fed by the engine thread at every step and token and read by the UI.
@@ -632,6 +640,7 @@ impl LiveMetrics {
             // The scheduler was rebuilt (e.g. new KV budget) and its total restarted.
             self.preemptions_base = 0;
         }
+        self.counters.spec.add(&stats.spec);
         self.steps.push(stats);
     }
 
@@ -751,6 +760,12 @@ impl LiveMetrics {
                 ..self.counters.clone()
             },
             latest_step: self.steps.latest().cloned(),
+            spec: SpecWindow::of(
+                self.steps
+                    .iter()
+                    .filter(|s| self.in_window(s.t, now))
+                    .map(|s| &s.spec),
+            ),
         }
     }
 }
@@ -765,31 +780,4 @@ pub fn cost_per_million_output_tokens(
 ) -> Option<f64> {
     (output_tokens_per_s > 0.0 && output_tokens_per_s.is_finite())
         .then(|| dollars_per_hour / (output_tokens_per_s * 3600.0) * 1e6)
-}
-
-/// This process's (current, peak) resident memory in bytes, from `/proc/self/status` on Linux;
-/// `None` elsewhere or when it cannot be read.
-pub fn process_rss_bytes() -> Option<(u64, u64)> {
-    if cfg!(target_os = "linux") {
-        parse_proc_status(&std::fs::read_to_string("/proc/self/status").ok()?)
-    } else {
-        None
-    }
-}
-
-/// (VmRSS, VmHWM) in bytes from the text of a `/proc/<pid>/status` file.
-pub fn parse_proc_status(status: &str) -> Option<(u64, u64)> {
-    let field = |name: &str| {
-        let mut parts = status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))?
-            .split_whitespace();
-        let value: u64 = parts.next()?.parse().ok()?;
-        // The kernel always writes these in kB (KiB).
-        match parts.next() {
-            Some("kB") | None => value.checked_mul(1024),
-            Some(_) => None,
-        }
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
 }

@@ -11,6 +11,9 @@
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
 //! - [`requant`]: precision as a live knob: the loaded weights re-quantized in memory.
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
+//! - [`spec_metrics`]: speculative decoding's counters and rates (vLLM's names).
+//! - `spec_step` (in [`engine`]): proposing before a step and verifying in it.
+//! - [`rss`]: this process's resident memory from `/proc`.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
 //! - [`kl`]: KL divergence of a model from its base over the perplexity windows (llama.cpp's
@@ -26,4 +29,6 @@ pub mod perplexity;
 pub mod refusal;
 pub mod requant;
 pub mod request;
+pub mod rss;
 pub mod sampler;
+pub mod spec_metrics;

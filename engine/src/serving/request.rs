@@ -25,6 +25,10 @@ pub struct Request {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: proposed tokens verified for the request, and of those accepted
+    /// (0 and 0 without speculation).
+    pub spec_draft_tokens: usize,
+    pub spec_accepted_tokens: usize,
 }
 
 /// What a request's channel receives, in this order: `Started`, any number of `Token`s, then

@@ -12,6 +12,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+/// The greedy pick (the host side of [`crate::device::RowNeed::Argmax`]).
+pub use crate::device::argmax;
+
 /// How to pick the next token. `Default` is greedy decoding (temperature 0), no penalties:
 /// deterministic output is the safe default for an engine whose figures must be reproducible;
 /// chat front ends set a temperature explicitly.
@@ -298,11 +301,62 @@ impl Sampler {
         self.touched.clear();
     }
 
+    /// Speculative decoding's verification of one proposed token against its row: the row's
+    /// distribution after penalties and filters is `p`, the proposer's a point mass on `draft`
+    /// (every proposer here proposes greedily). Rejection sampling as vLLM does it: `draft` is
+    /// kept with probability `p(draft)`, else a token is drawn from `p` without it,
+    /// renormalised; the token returned is thus distributed exactly as [`Self::sample_with_prompt`]
+    /// would draw it, whatever was proposed. Greedy: the row's argmax (kept iff it is `draft`).
+    /// The proposal was accepted iff the returned token is `draft`.
+    pub fn verify(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        prompt_len: usize,
+        draft: u32,
+    ) -> u32 {
+        for l in logits.iter_mut() {
+            if l.is_nan() {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        self.apply_penalties(logits, history, prompt_len.min(history.len()));
+        if logits.is_empty() {
+            return 0;
+        }
+        if self.params.temperature == 0.0 || self.params.top_k == 1 {
+            return argmax(logits);
+        }
+        let Some(total) = self.distribution(logits) else {
+            return argmax(logits);
+        };
+        let w_draft = self
+            .candidates
+            .iter()
+            .position(|&c| c == draft)
+            .map_or(0.0, |i| self.weights[i]);
+        if self.rng.random::<f64>() * total < w_draft {
+            return draft;
+        }
+        self.draw(total - w_draft, Some(draft))
+            .unwrap_or_else(|| argmax(logits))
+    }
+
     fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
+        match self.distribution(logits) {
+            Some(total) => self.draw(total, None).unwrap_or_else(|| argmax(logits)),
+            None => argmax(logits),
+        }
+    }
+
+    /// Fills `candidates` and their unnormalised `weights` with the row's distribution after
+    /// top-k, min-p, top-p and temperature; returns the weights' sum, or `None` when nothing is
+    /// possible (every logit -inf, or the weights do not sum to a finite positive number).
+    fn distribution(&mut self, logits: &[f32]) -> Option<f64> {
         let p = &self.params;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if max == f32::NEG_INFINITY {
-            return 0; // nothing is possible; same fallback as argmax
+            return None; // nothing is possible; same fallback as argmax
         }
         self.candidates.clear();
         self.candidates.extend(
@@ -335,7 +389,7 @@ impl Sampler {
             let n = nucleus_len(cands, logits, max, z, p.top_p);
             cands.truncate(n);
         }
-        // Temperature, softmax (relative to the max, so nothing overflows), draw.
+        // Temperature, softmax (relative to the max, so nothing overflows).
         let inv_t = 1.0 / f64::from(p.temperature);
         self.weights.clear();
         self.weights.extend(
@@ -344,23 +398,26 @@ impl Sampler {
                 .map(|&i| ((f64::from(logits[i as usize]) - f64::from(max)) * inv_t).exp()),
         );
         let total: f64 = self.weights.iter().sum();
-        if !(total > 0.0 && total.is_finite()) {
-            return argmax(logits);
-        }
+        (total > 0.0 && total.is_finite()).then_some(total)
+    }
+
+    /// Draws one of `candidates` by `weights` (summing to `total` without `skip`'s), never
+    /// `skip`; `None` when no candidate has weight.
+    fn draw(&mut self, total: f64, skip: Option<u32>) -> Option<u32> {
         let mut u = self.rng.random::<f64>() * total;
-        for (&id, &w) in cands.iter().zip(&self.weights) {
+        let mut last = None;
+        for (&id, &w) in self.candidates.iter().zip(&self.weights) {
+            if Some(id) == skip || w <= 0.0 {
+                continue;
+            }
             if u < w {
-                return id;
+                return Some(id);
             }
             u -= w;
+            last = Some(id);
         }
         // Rounding left u just past the end: the last candidate with weight.
-        cands
-            .iter()
-            .zip(&self.weights)
-            .rev()
-            .find(|&(_, &w)| w > 0.0)
-            .map_or_else(|| argmax(logits), |(&id, _)| id)
+        last
     }
 }
 
@@ -387,19 +444,6 @@ fn nucleus_len(cands: &mut [u32], logits: &[f32], max: f32, z: f64, top_p: f32) 
         chunk *= 4;
     }
     cands.len()
-}
-
-/// Index of the largest value, lowest index on ties; 0 when all are -inf/NaN or empty.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
-        }
-    }
-    u32::try_from(best).unwrap_or(0)
 }
 
 #[cfg(test)]

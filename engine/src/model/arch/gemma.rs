@@ -42,7 +42,8 @@ pub fn forward<O: Ops>(
     if let Some(s) = c.extras.embed_scale {
         o.scale(Buf::X, s)?;
     }
-    for (li, l) in w.layers.iter().enumerate() {
+    // `c.n_layers` below the file's: an early exit (self-speculative drafting).
+    for (li, l) in w.layers.iter().enumerate().take(c.n_layers) {
         attention_block(c, w, l, li, o)?;
         if let Some(n) = &l.post_attn_norm {
             o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;

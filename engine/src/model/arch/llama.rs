@@ -152,7 +152,8 @@ pub fn forward<O: Ops>(
 ) -> Result<(), O::Error> {
     let eps = c.rms_eps;
     o.embed(&w.embed, Buf::X)?;
-    for (li, l) in w.layers.iter().enumerate() {
+    // `c.n_layers` below the file's: an early exit (self-speculative drafting).
+    for (li, l) in w.layers.iter().enumerate().take(c.n_layers) {
         attention_block(c, w, l, li, o)?;
         o.add_rms_norm(Buf::X, Buf::Tmp, &l.ffn_norm, eps, Buf::H)?;
         o.gated_ffn(&l.w_gate_up, &l.w_down, Activation::Silu, Buf::H, Buf::Tmp)?;

@@ -1,0 +1,213 @@
+//! Speculative decoding in the engine thread: the proposer built from the knobs, proposals made
+//! before a step (when the policy lets them run), and the verification of a sequence's proposals
+//! against its logits rows with the request's own sampler.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{EngineThread, Live};
+use crate::device::{BackendError, CpuBackend};
+use crate::model::LoadedModel;
+use crate::sched::RequestId;
+use crate::serving::spec_metrics::SpecStep;
+use crate::spec::draft::{Ask, Drafter};
+use crate::spec::{Gate, Proposer, SpecConfig, SpecMethod};
+
+/// What the engine keeps for speculation.
+#[derive(Default)]
+pub(super) struct SpecState {
+    pub proposer: Option<Proposer>,
+    pub gate: Gate,
+    /// The draft model given at start (`--spec draft:MODEL`), if any.
+    pub draft_lm: Option<Arc<LoadedModel>>,
+}
+
+/// Why a proposer could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("speculation: {0}")]
+    Config(String),
+    #[error("speculation: no draft model was given (start with --spec draft:MODEL)")]
+    NoDraftModel,
+    #[error(
+        "speculation: the draft model's vocabulary differs from the model's ({0}); a draft model must share the tokenizer"
+    )]
+    Vocabulary(String),
+    #[error("speculation: the drafter could not be opened: {0}")]
+    Backend(#[from] BackendError),
+}
+
+/// Where two tokenizers first differ, if they do (sizes, then each token's bytes).
+fn vocab_difference(a: &LoadedModel, b: &LoadedModel) -> Option<String> {
+    let (ta, tb) = (&a.tokenizer, &b.tokenizer);
+    if ta.vocab_size() != tb.vocab_size() || a.model.cfg.vocab != b.model.cfg.vocab {
+        return Some(format!(
+            "{} tokens against {}",
+            tb.vocab_size(),
+            ta.vocab_size()
+        ));
+    }
+    (0..ta.vocab_size() as u32)
+        .find(|&id| ta.token_bytes(id) != tb.token_bytes(id))
+        .map(|id| format!("token {id} differs"))
+}
+
+/// The proposer `cfg` asks for over `lm` (and `draft` for [`SpecMethod::Draft`]), a drafter's
+/// KV pool as large in blocks as the target's.
+pub(super) fn build(
+    cfg: &SpecConfig,
+    lm: &Arc<LoadedModel>,
+    draft: Option<&Arc<LoadedModel>>,
+    threads: usize,
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<Option<Proposer>, SpecError> {
+    cfg.validate().map_err(SpecError::Config)?;
+    let drafter = |backend: CpuBackend, m: &LoadedModel| {
+        Proposer::Model(Box::new(Drafter::new(
+            Box::new(backend),
+            m.model.cfg.vocab,
+            m.model.cfg.context_len,
+        )))
+    };
+    Ok(match cfg.method {
+        SpecMethod::Off => None,
+        SpecMethod::Ngram => Some(Proposer::Ngram {
+            min_n: cfg.ngram_min,
+            max_n: cfg.ngram_max,
+        }),
+        SpecMethod::SelfDraft => {
+            let layers = cfg.exit_layer(lm.model.cfg.n_layers);
+            let b =
+                CpuBackend::early_exit(Arc::clone(lm), layers, threads, block_size, num_blocks)?;
+            Some(drafter(b, lm))
+        }
+        SpecMethod::Draft => {
+            let d = draft.ok_or(SpecError::NoDraftModel)?;
+            if let Some(why) = vocab_difference(lm, d) {
+                return Err(SpecError::Vocabulary(why));
+            }
+            let b = CpuBackend::new(Arc::clone(d), threads, block_size, num_blocks)?;
+            Some(drafter(b, d))
+        }
+    })
+}
+
+impl EngineThread {
+    /// Builds the proposer of the current knobs (after a knob change or a new KV pool). On an
+    /// error speculation is off and the error is returned for the snapshot.
+    pub(super) fn rebuild_proposer(&mut self) -> Result<(), SpecError> {
+        self.spec.proposer = None;
+        self.spec.proposer = build(
+            &self.knobs.spec,
+            &self.lm,
+            self.spec.draft_lm.as_ref(),
+            self.threads,
+            self.backend.block_size(),
+            self.backend.num_blocks(),
+        )?;
+        Ok(())
+    }
+
+    /// Proposals for the running requests that are decoding, set on the scheduler for the next
+    /// step, unless the policy holds them back. Returns what the step records of it.
+    pub(super) fn propose(&mut self) -> SpecStep {
+        let mut st = SpecStep::default();
+        let running = self.sched.running_ids().len();
+        let pause = self.spec.gate.check(&self.knobs.spec, running);
+        let Some(proposer) = self.spec.proposer.as_mut() else {
+            return st;
+        };
+        if pause.is_some() {
+            return st;
+        }
+        let t = Instant::now();
+        let k = self.knobs.spec.num_tokens;
+        let ready = self.sched.decode_ready();
+        let asks: Vec<Ask<'_>> = ready
+            .iter()
+            .filter(|(id, _)| self.live.get(id).is_some_and(|l| l.speculate))
+            .filter_map(|&(id, room)| {
+                Some(Ask {
+                    id,
+                    tokens: self.sched.tokens(id)?,
+                    k: room.min(k),
+                })
+            })
+            .collect();
+        let drafts = proposer.propose(&asks);
+        drop(asks);
+        match drafts {
+            Ok(drafts) => {
+                for (id, d) in drafts {
+                    self.sched.set_draft(id, d);
+                }
+            }
+            Err(e) => {
+                // A drafter that fails stops proposing; requests decode on without it.
+                self.last_error = Some(format!("speculation off: the drafter failed: {e}"));
+                self.spec.proposer = None;
+            }
+        }
+        st.active = true;
+        st.propose_ms = t.elapsed().as_secs_f64() * 1e3;
+        st
+    }
+
+    /// A request left: the proposer releases what it holds for it.
+    pub(super) fn spec_forget(&mut self, id: RequestId) {
+        if let Some(p) = self.spec.proposer.as_mut() {
+            p.forget(id);
+        }
+    }
+}
+
+/// One logits row of a sequence, as the backend returned it for the row's need.
+pub(super) enum Row<'a> {
+    Argmax(Option<u32>),
+    TopK(Option<(&'a [u32], &'a [f32])>),
+    Full(Option<&'a [f32]>),
+}
+
+/// The tokens a sequence emits from its rows: each proposal verified in turn by the request's
+/// sampler (rejection sampling; greedy: kept iff it is the argmax), up to the first one
+/// rejected, whose replacement ends the list; when all are kept, the last row's own token
+/// follows them. Without proposals, one sampled token. Empty when a row is missing.
+pub(super) fn verify_seq(
+    l: &mut Live,
+    history: &[u32],
+    draft: &[u32],
+    rows: Vec<Row<'_>>,
+    scratch: &mut Vec<f32>,
+) -> Vec<u32> {
+    let mut out = Vec::with_capacity(draft.len() + 1);
+    // The history each row's penalties see: the request's tokens plus what was kept before it.
+    let mut ext: Vec<u32> = if draft.is_empty() {
+        Vec::new()
+    } else {
+        history.to_vec()
+    };
+    for (i, row) in rows.into_iter().enumerate() {
+        let proposed = draft.get(i).copied();
+        let h: &[u32] = if draft.is_empty() { history } else { &ext };
+        let tok = match row {
+            Row::Argmax(Some(t)) => t,
+            Row::TopK(Some((ids, vals))) => l.sampler.sample_candidates(ids, vals),
+            Row::Full(Some(r)) => {
+                scratch.clear();
+                scratch.extend_from_slice(r);
+                match proposed {
+                    Some(p) => l.sampler.verify(scratch, h, l.prompt_len, p),
+                    None => l.sampler.sample_with_prompt(scratch, h, l.prompt_len),
+                }
+            }
+            _ => break,
+        };
+        out.push(tok);
+        if proposed != Some(tok) {
+            break;
+        }
+        ext.push(tok);
+    }
+    out
+}
