@@ -7,6 +7,8 @@
 //! - [`serve`]: `tpslab serve`, the OpenAI-compatible HTTP server and its Prometheus metrics.
 //! - [`model_args`]: where a command's model comes from and what runs it (`--model`,
 //!   `--synthetic`, `--device`, `--threads`), shared by `cli` and `serve`.
+//! - [`spec_args`]: `--spec` (speculative decoding: method, proposed tokens, policy), shared by
+//!   `cli` and `serve`.
 //! - [`remote`]: a remote OpenAI-compatible server as the load generator's target.
 //! - [`hub`]: Hugging Face Hub client (hf-hub): list, search, and `pull` into the library.
 //! - [`mem`]: process memory readings (RSS, peak RSS).
@@ -17,4 +19,5 @@ pub mod mem;
 pub mod model_args;
 pub mod remote;
 pub mod serve;
+pub mod spec_args;
 pub mod ui;

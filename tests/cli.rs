@@ -384,3 +384,61 @@ fn synthetic_bench_runs_without_a_model_file() {
         "cannot be used with",
     );
 }
+
+/// `--spec` on `generate`: every method gives llama.cpp's reference tokens (as far as they are
+/// compared without it), reports its proposals in the JSON, and bad settings fail clearly.
+#[test]
+fn speculative_generate_keeps_the_tokens_and_reports_proposals() {
+    let case = refs()["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["kind"] == "raw" && c["prompt"] == "The capital of France is")
+        .cloned()
+        .expect("reference case");
+    let want = ids(&case["output_token_ids"]);
+    let n = want.len().to_string();
+    let plain = generate_json(&[
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        &n,
+        "--ignore-eos",
+    ]);
+    let m = model();
+    let draft = format!("draft:{}", m.to_str().expect("utf8 path"));
+    for method in ["ngram", "self", draft.as_str()] {
+        let out = generate_json(&[
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            &n,
+            "--ignore-eos",
+            "--spec",
+            method,
+            "--spec-tokens",
+            "3",
+        ]);
+        assert_eq!(
+            out["output_token_ids"], plain["output_token_ids"],
+            "{method}"
+        );
+        assert_eq!(ids(&out["output_token_ids"])[..14], want[..14], "{method}");
+        let spec = &out["spec"];
+        let proposed = spec["draft_tokens"].as_u64().expect("draft_tokens");
+        let accepted = spec["accepted_tokens"].as_u64().expect("accepted_tokens");
+        assert!(proposed > 0 && accepted <= proposed, "{method}: {spec}");
+    }
+    let mp = m.to_str().expect("utf8 path");
+    let base = ["generate", "--model", mp, "--prompt", "hi"];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    fails_with(&with(&["--spec", "eagle"]), "unknown speculation method");
+    fails_with(&with(&["--spec", "draft"]), "draft:MODEL");
+    fails_with(
+        &with(&["--spec", "ngram", "--spec-tokens", "0"]),
+        "speculative tokens",
+    );
+    fails_with(&with(&["--spec", "draft:/nonexistent/x.gguf"]), "x.gguf");
+}

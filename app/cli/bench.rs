@@ -8,7 +8,7 @@ use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
 use tpslab_engine::sched::stop::StopCriteria;
-use tpslab_engine::serving::generate::generate_on;
+use tpslab_engine::serving::generate::{GenerateSetup, generate_with};
 use tpslab_engine::serving::sampler::SamplingParams;
 
 use super::bench_args::{BenchArgs, utc_now};
@@ -68,12 +68,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let greedy = SamplingParams::greedy();
     let mut rows = Vec::new();
-    // One untimed warm-up so page faults and thread start-up don't land in the first figure.
-    let dev = a.model.device;
-    generate_on(
-        &lm,
-        dev,
+    let (spec, draft) = a.spec.resolve()?;
+    let setup = GenerateSetup {
+        device: a.model.device,
         threads,
+        spec,
+        draft,
+    };
+    // One untimed warm-up so page faults and thread start-up don't land in the first figure.
+    generate_with(
+        &lm,
+        &setup,
         &prompt_tokens(&lm, 16)?,
         &greedy,
         fixed(4),
@@ -83,7 +88,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, n)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate_on(&lm, dev, threads, &prompt, &greedy, fixed(1), &mut |_| {})?;
+            let out = generate_with(&lm, &setup, &prompt, &greedy, fixed(1), &mut |_| {})?;
             all.push(out.prefill_tokens_per_s);
         }
         rows.push(Row {
@@ -97,15 +102,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let prompt = prompt_tokens(&lm, 1)?;
         let mut all = Vec::new();
         for _ in 0..a.reps {
-            let out = generate_on(
-                &lm,
-                dev,
-                threads,
-                &prompt,
-                &greedy,
-                fixed(n + 1),
-                &mut |_| {},
-            )?;
+            let out = generate_with(&lm, &setup, &prompt, &greedy, fixed(n + 1), &mut |_| {})?;
             all.push(out.decode_tokens_per_s);
         }
         rows.push(Row {

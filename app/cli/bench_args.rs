@@ -4,6 +4,7 @@
 use clap::Args;
 
 use crate::model_args::ModelArgs;
+use crate::spec_args::SpecArgs;
 
 /// Two modes: the serving benchmark (default: many concurrent requests through the engine,
 /// vLLM's figures), or single-stream prompt/decode speed when `--pp` or `--tg` is given.
@@ -11,6 +12,12 @@ use crate::model_args::ModelArgs;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// The prompts: `free` (windows of the bundled text: free writing) or `copy` (a passage
+    /// and then its start again, so the continuation repeats it: editing and quoting work).
+    #[arg(long, default_value = "free", value_parser = ["free", "copy"])]
+    pub workload: String,
     /// Concurrency levels to measure (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub concurrency: Vec<usize>,

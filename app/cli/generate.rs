@@ -5,11 +5,12 @@ use std::io::Write;
 use anyhow::Result;
 use clap::Args;
 use tpslab_engine::serving::engine::Refusal;
-use tpslab_engine::serving::generate::generate_on;
+use tpslab_engine::serving::generate::{GenerateSetup, generate_with};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 
 use crate::model_args::ModelArgs;
+use crate::spec_args::SpecArgs;
 
 /// `tpslab generate`'s arguments: the prompt, sampling and stopping.
 #[derive(Args, Debug)]
@@ -58,6 +59,8 @@ pub struct GenerateArgs {
     /// Print one JSON object (token ids, text, finish reason, timings) instead of streaming.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn run(a: &GenerateArgs) -> Result<()> {
@@ -105,15 +108,14 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             let _ = out.flush();
         }
     };
-    let out = generate_on(
-        &lm,
-        a.model.device,
-        a.model.threads,
-        &prompt,
-        &sampling,
-        stop,
-        &mut on_text,
-    )?;
+    let (spec, draft) = a.spec.resolve()?;
+    let setup = GenerateSetup {
+        device: a.model.device,
+        threads: a.model.threads,
+        spec,
+        draft,
+    };
+    let out = generate_with(&lm, &setup, &prompt, &sampling, stop, &mut on_text)?;
     if json {
         println!("{}", serde_json::to_string(&out)?);
     } else {
@@ -128,6 +130,16 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             a.model.n_threads(),
             lm.precision,
         );
+        if let Some(rate) = out.spec.acceptance_rate() {
+            eprintln!(
+                "[speculation {}: {} of {} proposed tokens accepted ({:.0}%), {:.2} tokens per step]",
+                setup.spec.method,
+                out.spec.accepted_tokens,
+                out.spec.draft_tokens,
+                rate * 100.0,
+                out.spec.mean_acceptance_length().unwrap_or(1.0)
+            );
+        }
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use tpslab_engine::model::synthetic;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
+use tpslab_engine::serving::spec_metrics::SpecUsage;
 
 use super::bench_args::BenchArgs;
 
@@ -32,6 +33,33 @@ struct LevelResult {
     decode_throughput: Option<f64>,
     refused: usize,
     peak_rss_bytes: Option<u64>,
+    /// Speculative decoding over the level's requests (vLLM's spec_decode counts), when
+    /// anything was proposed.
+    spec: Option<SpecFigures>,
+}
+
+/// A level's speculation: vLLM's counters and the rates derived from them.
+#[derive(Debug, Serialize)]
+struct SpecFigures {
+    num_drafts: usize,
+    num_draft_tokens: usize,
+    num_accepted_tokens: usize,
+    acceptance_rate: Option<f64>,
+    mean_acceptance_length: Option<f64>,
+}
+
+fn spec_figures(timings: &[RequestTiming]) -> Option<SpecFigures> {
+    let mut u = SpecUsage::default();
+    for t in timings {
+        u.add(&t.spec);
+    }
+    (u.draft_tokens > 0).then(|| SpecFigures {
+        num_drafts: u.drafts,
+        num_draft_tokens: u.draft_tokens,
+        num_accepted_tokens: u.accepted_tokens,
+        acceptance_rate: u.acceptance_rate(),
+        mean_acceptance_length: u.mean_acceptance_length(),
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -90,6 +118,12 @@ fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
     PromptSet::new(tokens).ok_or_else(|| anyhow::anyhow!("the prompt set tokenized to nothing"))
 }
 
+/// `--workload`'s prompts: free writing, or copy-heavy.
+fn workload_prompts(a: &BenchArgs, lm: &LoadedModel) -> Result<PromptSet> {
+    let p = prompt_set(lm)?;
+    Ok(if a.workload == "copy" { p.copying() } else { p })
+}
+
 /// One markdown row per concurrency level.
 fn print_table(runs: &[LevelResult]) {
     for r in runs.iter().filter(|r| r.summary.request_goodput.is_some()) {
@@ -126,6 +160,20 @@ fn print_table(runs: &[LevelResult]) {
                 b as f64 / (1 << 20) as f64
             )),
         );
+    }
+    for r in runs {
+        if let Some(sp) = &r.spec {
+            println!(
+                "concurrency {}: speculation accepted {} of {} proposed tokens ({}), {} tokens per verified step",
+                r.max_concurrency,
+                sp.num_accepted_tokens,
+                sp.num_draft_tokens,
+                sp.acceptance_rate
+                    .map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0)),
+                sp.mean_acceptance_length
+                    .map_or("-".to_string(), |v| format!("{v:.2}")),
+            );
+        }
     }
 }
 
@@ -182,6 +230,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             prompt_len: a.prompt_len,
             output_len: a.output_len,
             decode_throughput: decode_throughput(&result.timings),
+            spec: spec_figures(&result.timings),
             summary,
             refused: result.refused.len(),
             peak_rss_bytes: rss
@@ -200,7 +249,7 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
     }
     let path = tpslab_engine::library::resolve_model(&a.tokenizer, &mut |m| eprintln!("{m}"))?;
     let lm = LoadedModel::load(&path)?;
-    let prompts = prompt_set(&lm)?;
+    let prompts = workload_prompts(a, &lm)?;
     drop(lm);
     let model = (a.model.model != "default").then_some(a.model.model.as_str());
     let target = crate::remote::RemoteTarget::connect(url, a.api_key.clone(), model)
@@ -247,8 +296,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if a.concurrency.contains(&0) {
         bail!("--concurrency levels must be at least 1");
     }
-    let prompts = prompt_set(&lm)?;
+    let prompts = workload_prompts(a, &lm)?;
     let mut knobs = Knobs::default();
+    let (spec, draft) = a.spec.resolve()?;
+    knobs.spec = spec;
     if let Some(n) = a.max_num_seqs {
         knobs.scheduler.max_num_seqs = n;
     }
@@ -262,11 +313,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut device = String::new();
     let threads = a.model.n_threads();
     println!(
-        "model: {} ({}), {threads} threads, prompt {} tokens, output {} tokens, greedy, ignore-eos",
+        "model: {} ({}), {threads} threads, prompt {} tokens ({}), output {} tokens, greedy, ignore-eos, speculation {}",
         lm.path.display(),
         lm.precision,
         a.prompt_len,
-        a.output_len
+        a.workload,
+        a.output_len,
+        knobs.spec.method
     );
     let runs = run_levels(
         a,
@@ -282,7 +335,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     knobs: k,
                     device: a.model.device,
                     gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
-                    draft: None,
+                    draft: draft.clone(),
                 },
                 None,
             )?;

@@ -187,7 +187,23 @@ impl ServerMetrics {
             );
         }
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let sc = &snap.live.counters.spec;
         let counters = [
+            (
+                "spec_decode_num_drafts",
+                "Steps that verified a request's proposed tokens (speculative decoding).",
+                sc.num_drafts,
+            ),
+            (
+                "spec_decode_num_draft_tokens",
+                "Proposed tokens verified.",
+                sc.num_draft_tokens,
+            ),
+            (
+                "spec_decode_num_accepted_tokens",
+                "Proposed tokens accepted.",
+                sc.num_accepted_tokens,
+            ),
             (
                 "num_preemptions",
                 "Cumulative number of preemptions.",
@@ -234,6 +250,16 @@ impl ServerMetrics {
                 out,
                 "tpslab:request_success_total{{{l},finished_reason=\"{reason}\"}} {}",
                 load(c)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tpslab:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens by their position in the proposal.\n# TYPE tpslab:spec_decode_num_accepted_tokens_per_pos_total counter"
+        );
+        for (pos, n) in sc.num_accepted_tokens_per_pos.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tpslab:spec_decode_num_accepted_tokens_per_pos_total{{{l},position=\"{pos}\"}} {n}"
             );
         }
         self.render_histograms(&mut out, &l);

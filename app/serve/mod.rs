@@ -45,6 +45,7 @@ use self::errors::ApiError;
 use self::limits::LimitArgs;
 pub use self::state::ServerState;
 use crate::model_args::ModelArgs;
+use crate::spec_args::SpecArgs;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -69,6 +70,8 @@ pub struct ServeArgs {
     pub max_waiting: usize,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// The routes, with the API key check on /v1/* (and /metrics unless `metrics_open`).
@@ -202,12 +205,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let mut knobs = Knobs::default();
     knobs.scheduler.max_num_seqs = a.max_num_seqs;
     knobs.scheduler.max_waiting = Some(a.max_waiting);
+    let (spec, draft) = a.spec.resolve()?;
+    knobs.spec = spec;
     let config = EngineConfig {
         threads: a.model.threads,
         knobs,
         device: a.model.device,
         gpu_kv_fraction: 0.0,
-        draft: None,
+        draft,
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;
     let mut state = ServerState::new(engine, lm, a.api_key.clone());

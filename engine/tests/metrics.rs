@@ -26,6 +26,7 @@ fn req(sent: f64, token_times: &[f64], prompt: usize, finished: bool) -> Request
         prompt_tokens: prompt,
         output_tokens: token_times.len(),
         finished,
+        spec: Default::default(),
     }
 }
 

@@ -347,3 +347,90 @@ fn sampling_from_top_k_candidates() {
     assert_eq!(Sampler::new(&p).top_k_only(), None);
     assert_eq!(Sampler::new(&params(0.0)).top_k_only(), None);
 }
+
+/// Speculative verification keeps the distribution: whatever token is proposed, the token
+/// `verify` returns is distributed as `sample` would draw it (rejection sampling against a
+/// point-mass proposal), under plain sampling and under top-k / top-p truncation; greedy keeps
+/// the argmax. 40 000 seeded draws per case, each frequency within 0.015 of its probability.
+#[test]
+fn verification_keeps_the_distribution_whatever_is_proposed() {
+    let probs = [0.4f64, 0.25, 0.15, 0.1, 0.06, 0.04];
+    let logits: Vec<f32> = probs.iter().map(|p| p.ln() as f32).collect();
+    let n = 40_000;
+    let cases: [(&str, SamplingParams, Vec<f64>); 3] = [
+        (
+            "plain",
+            SamplingParams {
+                temperature: 1.0,
+                seed: Some(99),
+                ..Default::default()
+            },
+            probs.to_vec(),
+        ),
+        (
+            "top-k 3",
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 3,
+                seed: Some(99),
+                ..Default::default()
+            },
+            {
+                let z: f64 = probs[..3].iter().sum();
+                probs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| if i < 3 { p / z } else { 0.0 })
+                    .collect()
+            },
+        ),
+        (
+            "top-p 0.7",
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 0.7,
+                seed: Some(99),
+                ..Default::default()
+            },
+            {
+                // 0.4 + 0.25 < 0.7 <= 0.4 + 0.25 + 0.15: the nucleus is the first three.
+                let z: f64 = probs[..3].iter().sum();
+                probs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| if i < 3 { p / z } else { 0.0 })
+                    .collect()
+            },
+        ),
+    ];
+    for (name, params, want) in cases {
+        // A likely, an unlikely and an impossible (truncated away) proposal.
+        for draft in [0u32, 4, 5] {
+            let mut s = Sampler::new(&params);
+            let mut c = vec![0usize; probs.len()];
+            let mut kept = 0;
+            for _ in 0..n {
+                let t = s.verify(&mut logits.clone(), &[], 0, draft);
+                c[t as usize] += 1;
+                kept += usize::from(t == draft);
+            }
+            for (i, (&got, &p)) in c.iter().zip(&want).enumerate() {
+                let f = got as f64 / n as f64;
+                assert!(
+                    (f - p).abs() < 0.015,
+                    "{name}, proposal {draft}: token {i} drawn {f:.3}, probability {p:.3}"
+                );
+            }
+            // The proposal is kept exactly as often as it is likely.
+            let f = kept as f64 / n as f64;
+            assert!(
+                (f - want[draft as usize]).abs() < 0.015,
+                "{name}: kept {f:.3}"
+            );
+        }
+    }
+    // Greedy: the argmax, kept iff proposed.
+    let mut g = Sampler::new(&SamplingParams::greedy());
+    assert_eq!(g.verify(&mut logits.clone(), &[], 0, 0), 0);
+    assert_eq!(g.verify(&mut logits.clone(), &[], 0, 3), 0);
+}

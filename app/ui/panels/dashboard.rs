@@ -58,8 +58,12 @@ pub struct DashView<'a> {
 /// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
 /// threads"
 pub fn settings_label(knobs: &Knobs, load: &str, precision: &str, device: &str) -> String {
+    let spec = match knobs.spec.method {
+        tpslab_engine::spec::SpecMethod::Off => String::new(),
+        m => format!(" · spec {m} k={}", knobs.spec.num_tokens),
+    };
     format!(
-        "batch cap {} · budget {} tok · {load} · {precision} · {device}",
+        "batch cap {} · budget {} tok · {load} · {precision} · {device}{spec}",
         knobs.scheduler.max_num_seqs, knobs.scheduler.max_num_batched_tokens
     )
 }
@@ -148,6 +152,7 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
         commit |= ui.horizontal(|ui| policy_ui(ui, &mut k.policy)).inner;
         ui.end_row();
     });
+    commit |= super::spec_knobs::spec_ui(ui, &mut s.knobs.spec, view.snapshot);
     precision_ui(ui, view, cmds);
     // KV settings rebuild the pool: edited freely, applied with a button.
     ui.label("KV cache (applying rebuilds the pool)");

@@ -8,6 +8,7 @@
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
 //! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
+//! - [`spec_knobs`]: the dashboard's speculative decoding knobs and live figures.
 //! - [`status`]: the status bar (model, device, memory) and the device selector.
 //! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
 
@@ -16,6 +17,7 @@ pub mod chat;
 pub mod dashboard;
 mod hub_panel;
 pub mod models;
+pub mod spec_knobs;
 pub mod status;
 pub mod wizard;
 

@@ -28,6 +28,7 @@ use crate::serving::metrics::{
 };
 use crate::serving::requant::RequantReport;
 use crate::serving::sampler::Sampler;
+use crate::serving::spec_metrics::SpecUsage;
 use crate::spec::{SpecConfig, SpecPause};
 use crate::text::detok::Detokenizer;
 
@@ -277,9 +278,8 @@ struct Live {
     /// Whether proposals are made for it (requests whose sampling a proposal cannot be
     /// verified under are decoded without).
     speculate: bool,
-    /// Proposed tokens verified for it, and accepted.
-    spec_drafted: usize,
-    spec_accepted: usize,
+    /// Its proposals verified so far.
+    spec: SpecUsage,
 }
 
 struct EngineThread {
@@ -550,8 +550,7 @@ impl EngineThread {
                 accepted: Instant::now(),
                 queue_time: None,
                 speculate: true,
-                spec_drafted: 0,
-                spec_accepted: 0,
+                spec: SpecUsage::default(),
             },
         );
     }
@@ -570,8 +569,7 @@ impl EngineThread {
             let usage = Usage {
                 prompt_tokens: l.prompt_len,
                 completion_tokens: l.stop.n_tokens(),
-                spec_draft_tokens: l.spec_drafted,
-                spec_accepted_tokens: l.spec_accepted,
+                spec: l.spec,
             };
             let _ = l.events.send(Event::Finished {
                 id,

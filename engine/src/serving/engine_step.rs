@@ -212,8 +212,9 @@ fn sample_rows(
             for p in &mut spec.accepted_per_pos[..kept] {
                 *p += 1;
             }
-            l.spec_drafted += s.draft.len();
-            l.spec_accepted += kept;
+            l.spec.drafts += 1;
+            l.spec.draft_tokens += s.draft.len();
+            l.spec.accepted_tokens += kept;
         }
         if !toks.is_empty() {
             sampled.push((s.id, toks));

@@ -16,6 +16,7 @@ use crate::serving::engine::{
     EngineConfig, EngineError, EngineHandle, Event, Knobs, KvSettings, Refusal, Request,
 };
 use crate::serving::sampler::SamplingParams;
+use crate::serving::spec_metrics::SpecUsage;
 use crate::spec::SpecConfig;
 use crate::text::chat::ChatError;
 use crate::text::tokenizer::TokenizerError;
@@ -70,9 +71,8 @@ pub struct GenerateOutput {
     /// 1 / TPOT: (output tokens - 1) over the time from first to last token; 0 with < 2 tokens.
     pub decode_tokens_per_s: f64,
     pub e2e_ms: f64,
-    /// Speculative decoding: proposed tokens verified, and accepted (0 without).
-    pub spec_draft_tokens: usize,
-    pub spec_accepted_tokens: usize,
+    /// Speculative decoding's proposals (zeros without).
+    pub spec: SpecUsage,
 }
 
 /// Where and how a single request runs: the device, CPU threads, speculative decoding.
@@ -190,7 +190,7 @@ pub fn generate_with(
                 ..
             }) => {
                 emit(&t, &mut text);
-                spec = (usage.spec_draft_tokens, usage.spec_accepted_tokens);
+                spec = usage.spec;
                 break reason;
             }
             Ok(Event::Refused { reason, .. }) => return Err(reason.into()),
@@ -213,7 +213,6 @@ pub fn generate_with(
         output_token_ids: output,
         text,
         finish_reason,
-        spec_draft_tokens: spec.0,
-        spec_accepted_tokens: spec.1,
+        spec,
     })
 }

@@ -16,6 +16,7 @@ use crate::sched::stop::{FinishReason, StopCriteria};
 use crate::serving::engine::{EngineHandle, Event, Request, Usage};
 use crate::serving::metrics::{FinishKind, LiveMetrics, RequestTiming};
 use crate::serving::sampler::SamplingParams;
+use crate::serving::spec_metrics::SpecUsage;
 
 /// The bundled prompt text requests are cut from.
 pub const PROMPT_TEXT: &str = include_str!("../../../assets/prompts/bench.txt");
@@ -63,24 +64,40 @@ pub struct LoadSpec {
 #[derive(Debug, Clone)]
 pub struct PromptSet {
     tokens: Vec<u32>,
+    /// Copy-heavy prompts: a passage, then the passage again up to the prompt's length, so the
+    /// natural continuation repeats text already in the prompt (editing or quoting work, where
+    /// prompt lookup pays).
+    copy: bool,
 }
 
 impl PromptSet {
     pub fn new(tokens: Vec<u32>) -> Option<Self> {
-        (!tokens.is_empty()).then_some(Self { tokens })
+        (!tokens.is_empty()).then_some(Self {
+            tokens,
+            copy: false,
+        })
+    }
+
+    /// The same text, cut into copy-heavy prompts (see `copy`).
+    pub fn copying(self) -> Self {
+        Self { copy: true, ..self }
     }
 
     /// Prompt `i` of length `len`: a window of the text starting at an offset that differs per
-    /// request, so prompts don't share prefixes (no accidental prefix-cache hits).
+    /// request, so prompts don't share prefixes (no accidental prefix-cache hits). Copy-heavy:
+    /// a window of `len / 2 + 1` tokens, then its start again up to `len`.
     pub fn prompt(&self, i: usize, len: usize) -> Vec<u32> {
         let start = (i * 97) % self.tokens.len();
-        self.tokens
+        let window = if self.copy { len / 2 + 1 } else { len };
+        let text: Vec<u32> = self
+            .tokens
             .iter()
             .copied()
             .cycle()
             .skip(start)
-            .take(len)
-            .collect()
+            .take(window)
+            .collect();
+        text.iter().copied().cycle().take(len).collect()
     }
 }
 
@@ -157,6 +174,7 @@ fn record_finish(
     if usage.prompt_tokens > 0 {
         timing.prompt_tokens = usage.prompt_tokens;
     }
+    timing.spec = usage.spec;
     result.timings.push(timing);
 }
 
@@ -237,6 +255,7 @@ pub fn run_observed(
                         prompt_tokens: plen,
                         output_tokens: 0,
                         finished: false,
+                        spec: SpecUsage::default(),
                     },
                 },
             );

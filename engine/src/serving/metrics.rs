@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::serving::rss::{parse_proc_status, process_rss_bytes};
-use crate::serving::spec_metrics::{SpecCounters, SpecStep, SpecWindow};
+use crate::serving::spec_metrics::{SpecCounters, SpecStep, SpecUsage, SpecWindow};
 
 /// Errors from building metrics containers with unusable settings.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -132,6 +132,9 @@ pub struct RequestTiming {
     pub output_tokens: usize,
     /// Completed normally (vLLM's `success`); false for errors and aborts.
     pub finished: bool,
+    /// Speculative decoding's proposals for the request, from its usage.
+    #[serde(default)]
+    pub spec: SpecUsage,
 }
 
 impl RequestTiming {

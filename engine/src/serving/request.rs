@@ -2,6 +2,7 @@
 //! channel (with [`Usage`] at the end, or a [`Refusal`]). Re-exported by [`crate::serving::engine`],
 //! where they are used.
 
+use crate::serving::spec_metrics::SpecUsage;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -25,10 +26,8 @@ pub struct Request {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Speculative decoding: proposed tokens verified for the request, and of those accepted
-    /// (0 and 0 without speculation).
-    pub spec_draft_tokens: usize,
-    pub spec_accepted_tokens: usize,
+    /// Speculative decoding's proposals for the request (zeros without speculation).
+    pub spec: SpecUsage,
 }
 
 /// What a request's channel receives, in this order: `Started`, any number of `Token`s, then

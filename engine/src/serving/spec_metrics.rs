@@ -6,6 +6,34 @@
 
 use serde::{Deserialize, Serialize};
 
+/// One request's speculation, reported with its usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecUsage {
+    /// Steps that verified proposals for it.
+    pub drafts: usize,
+    /// Proposed tokens verified, and of those accepted.
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
+}
+
+impl SpecUsage {
+    pub fn add(&mut self, o: &SpecUsage) {
+        self.drafts += o.drafts;
+        self.draft_tokens += o.draft_tokens;
+        self.accepted_tokens += o.accepted_tokens;
+    }
+
+    /// Accepted / proposed tokens.
+    pub fn acceptance_rate(&self) -> Option<f64> {
+        rate(self.accepted_tokens as u64, self.draft_tokens as u64)
+    }
+
+    /// 1 + accepted / drafts.
+    pub fn mean_acceptance_length(&self) -> Option<f64> {
+        rate(self.accepted_tokens as u64, self.drafts as u64).map(|r| 1.0 + r)
+    }
+}
+
 /// One step's speculation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpecStep {

@@ -1,0 +1,105 @@
+//! The dashboard's speculative decoding section: method, proposed tokens, the policy that pauses
+//! it, and what it does live (acceptance, tokens per step, proposal time, why it is paused).
+
+use tpslab_engine::serving::engine::EngineSnapshot;
+use tpslab_engine::spec::{MAX_SPEC_TOKENS, SpecConfig, SpecMethod};
+
+/// Draws the section; true when a setting changed and should be applied now.
+pub fn spec_ui(ui: &mut egui::Ui, c: &mut SpecConfig, snap: Option<&EngineSnapshot>) -> bool {
+    let mut commit = false;
+    ui.label("Speculative decoding");
+    egui::Grid::new("spec_grid").num_columns(2).show(ui, |ui| {
+        let l = ui.label("Method");
+        egui::ComboBox::from_id_salt("spec_method")
+            .selected_text(label(c.method))
+            .show_ui(ui, |ui| {
+                // A draft model is chosen at start (`--spec draft:MODEL`), not here.
+                for m in [SpecMethod::Off, SpecMethod::Ngram, SpecMethod::SelfDraft] {
+                    commit |= ui.selectable_value(&mut c.method, m, label(m)).changed();
+                }
+            })
+            .response
+            .labelled_by(l.id)
+            .on_hover_text(
+                "Proposed tokens are checked by the model in the same step: outputs do not \
+                 change (greedy: the same tokens), one stream gets faster when guesses land, \
+                 and the batch spends compute on the guesses.",
+            );
+        ui.end_row();
+        let l = ui.label("Proposed tokens");
+        let r = ui
+            .add(egui::DragValue::new(&mut c.num_tokens).range(1..=MAX_SPEC_TOKENS))
+            .labelled_by(l.id);
+        commit |= (r.changed() && !r.dragged()) || r.drag_stopped();
+        ui.end_row();
+        let mut capped = c.max_batch.is_some();
+        commit |= ui
+            .checkbox(&mut capped, "Off above batch size")
+            .on_hover_text("A full batch needs its compute for real tokens.")
+            .changed();
+        if capped {
+            let mut n = c.max_batch.unwrap_or(8);
+            let r = ui.add(egui::DragValue::new(&mut n).range(1..=512));
+            commit |= (r.changed() && !r.dragged()) || r.drag_stopped();
+            c.max_batch = Some(n);
+        } else {
+            c.max_batch = None;
+            ui.label("");
+        }
+        ui.end_row();
+        let mut floor = c.min_acceptance.is_some();
+        commit |= ui.checkbox(&mut floor, "Pause below acceptance").changed();
+        if floor {
+            let mut pct = c.min_acceptance.unwrap_or(0.3) * 100.0;
+            let r = ui.add(
+                egui::DragValue::new(&mut pct)
+                    .range(0.0..=100.0)
+                    .suffix(" %"),
+            );
+            commit |= (r.changed() && !r.dragged()) || r.drag_stopped();
+            c.min_acceptance = Some(pct / 100.0);
+        } else {
+            c.min_acceptance = None;
+            ui.label("");
+        }
+        ui.end_row();
+    });
+    if let Some(sn) = snap {
+        ui.label(egui::RichText::new(status(sn)).small());
+    }
+    commit
+}
+
+fn label(m: SpecMethod) -> &'static str {
+    match m {
+        SpecMethod::Off => "off",
+        SpecMethod::Ngram => "n-gram (prompt lookup)",
+        SpecMethod::SelfDraft => "self (first layers)",
+        SpecMethod::Draft => "draft model",
+    }
+}
+
+/// "acceptance 62% · 2.9 tok/step · propose 0.4 ms" or why it is paused.
+pub fn status(sn: &EngineSnapshot) -> String {
+    if sn.knobs.spec.method == SpecMethod::Off {
+        return "speculation off".into();
+    }
+    let w = &sn.live.spec;
+    let mut s = format!(
+        "{} k={}: acceptance {} · {} tok/step · propose {}",
+        sn.knobs.spec.method,
+        sn.knobs.spec.num_tokens,
+        w.acceptance_rate
+            .map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
+        w.mean_acceptance_length
+            .map_or("-".into(), |r| format!("{r:.2}")),
+        w.propose_ms.map_or("-".into(), |r| format!("{r:.1} ms")),
+    );
+    if let Some(p) = &sn.spec_pause {
+        s.push_str(&format!(" · {p}"));
+    }
+    if sn.spec_switches > 0 {
+        s.push_str(&format!(" · policy switched {} times", sn.spec_switches));
+    }
+    s
+}

@@ -1,0 +1,289 @@
+//! Speculative decoding on the real model. Greedy outputs are token-identical with every
+//! proposer (n-gram lookup, self-drafting from the first layers, a draft model) to runs without
+//! speculation: alone and in batch mixes, under chunked prefill, a small batch cap and a KV pool
+//! small enough to preempt. Sampled outputs at temperature 1 keep the model's distribution: a
+//! two-sample chi-square test over many seeded draws cannot tell speculation on from off.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tpslab_engine::kv::KvCache;
+use tpslab_engine::model::LoadedModel;
+use tpslab_engine::sched::SchedulerConfig;
+use tpslab_engine::sched::stop::StopCriteria;
+use tpslab_engine::serving::engine::{
+    EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request, Usage,
+};
+use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::spec::{SpecConfig, SpecMethod};
+
+fn model() -> Arc<LoadedModel> {
+    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| {
+        let p =
+            tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("model");
+        Arc::new(LoadedModel::load(&p).expect("load"))
+    })
+    .clone()
+}
+
+/// Copy-heavy prompts (where n-gram lookup pays) and free writing.
+const PROMPTS: [&str; 5] = [
+    "Repeat the list exactly. apple, banana, cherry, date, elderberry, fig, grape. Again: apple, banana,",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "The capital of France is",
+    "Once upon a time, in a small village at the edge of a great forest, there lived",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+];
+const MAX_TOKENS: usize = 24;
+
+fn request(lm: &LoadedModel, text: &str, sampling: SamplingParams, max_tokens: usize) -> Request {
+    Request {
+        prompt: lm.raw_prompt(text).expect("tokenize"),
+        sampling,
+        stop: StopCriteria {
+            max_tokens: Some(max_tokens),
+            ignore_eos: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Submits every request at once; each one's tokens and usage, in order.
+fn run_all(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<(Vec<u32>, Usage)> {
+    let (tx, rx) = mpsc::channel();
+    let ids: Vec<u64> = reqs
+        .into_iter()
+        .map(|r| engine.submit(r, tx.clone()))
+        .collect();
+    let mut toks: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut usage: HashMap<u64, Usage> = HashMap::new();
+    while usage.len() < ids.len() {
+        match rx
+            .recv_timeout(Duration::from_secs(600))
+            .expect("engine answers")
+        {
+            Event::Token { id, token, .. } => toks.entry(id).or_default().push(token),
+            Event::Finished { id, usage: u, .. } => {
+                usage.insert(id, u);
+            }
+            Event::Refused { reason, .. } => panic!("refused: {reason}"),
+            Event::Started { .. } => {}
+        }
+    }
+    ids.iter()
+        .map(|id| (toks.remove(id).unwrap_or_default(), usage[id]))
+        .collect()
+}
+
+fn engine(knobs: Knobs) -> EngineHandle {
+    let draft = (knobs.spec.method == SpecMethod::Draft).then(model);
+    EngineHandle::start(
+        model(),
+        EngineConfig {
+            threads: 2,
+            knobs,
+            draft,
+            ..EngineConfig::default()
+        },
+        None,
+    )
+    .expect("engine")
+}
+
+fn spec(method: SpecMethod) -> SpecConfig {
+    SpecConfig {
+        method,
+        num_tokens: 4,
+        ..SpecConfig::default()
+    }
+}
+
+fn greedy(lm: &LoadedModel, texts: &[&str]) -> Vec<Request> {
+    texts
+        .iter()
+        .map(|t| request(lm, t, SamplingParams::greedy(), MAX_TOKENS))
+        .collect()
+}
+
+#[test]
+fn greedy_tokens_are_identical_with_every_proposer_alone_and_in_batches() {
+    let lm = model();
+    let off = engine(Knobs::default());
+    let alone: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|t| run_all(&off, greedy(&lm, &[t])).remove(0).0)
+        .collect();
+    drop(off);
+    assert!(alone.iter().all(|o| o.len() == MAX_TOKENS));
+    let per_block = KvCache::bytes_per_block(&lm.model.cfg, 4);
+    let settings: Vec<(&str, SchedulerConfig, KvSettings)> = vec![
+        ("default", SchedulerConfig::default(), KvSettings::default()),
+        (
+            "tiny token budget, chunked prefill",
+            SchedulerConfig {
+                max_num_batched_tokens: 7,
+                ..SchedulerConfig::default()
+            },
+            KvSettings::default(),
+        ),
+        (
+            "two sequences at a time",
+            SchedulerConfig {
+                max_num_seqs: 2,
+                ..SchedulerConfig::default()
+            },
+            KvSettings::default(),
+        ),
+        (
+            // 30 blocks of 4 tokens: the longest request alone needs 15, all ten ~110.
+            "tiny KV pool (preemption)",
+            SchedulerConfig::default(),
+            KvSettings {
+                budget_bytes: per_block * 30,
+                block_size: 4,
+            },
+        ),
+    ];
+    for method in [SpecMethod::Ngram, SpecMethod::SelfDraft, SpecMethod::Draft] {
+        let (mut drafted, mut accepted) = (0, 0);
+        for (name, scheduler, kv) in &settings {
+            let e = engine(Knobs {
+                scheduler: scheduler.clone(),
+                kv: kv.clone(),
+                spec: spec(method),
+            });
+            // Each prompt twice: the repeats also hit the prefix cache.
+            let texts: Vec<&str> = PROMPTS.iter().chain(PROMPTS.iter()).copied().collect();
+            let together = run_all(&e, greedy(&lm, &texts));
+            for (i, (got, u)) in together.iter().enumerate() {
+                assert_eq!(
+                    got,
+                    &alone[i % PROMPTS.len()],
+                    "{method}, {name}: prompt {:?}",
+                    texts[i]
+                );
+                assert_eq!(u.completion_tokens, MAX_TOKENS);
+                drafted += u.spec.draft_tokens;
+                accepted += u.spec.accepted_tokens;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let st = e.stats();
+            if name.contains("preemption") {
+                assert!(st.live.counters.preemptions > 0, "{method}: no preemption");
+            }
+            let c = &st.live.counters.spec;
+            assert_eq!(c.num_draft_tokens as usize > 0, drafted > 0);
+        }
+        eprintln!("{method}: {accepted} of {drafted} proposed tokens accepted");
+        assert!(drafted > 0, "{method}: nothing was proposed");
+        assert!(accepted > 0, "{method}: nothing was accepted");
+        assert!(accepted <= drafted);
+    }
+}
+
+/// Two-sample chi-square statistic over the categories both samples see at least `min` times
+/// together (the rest pooled into one), and its degrees of freedom.
+fn chi_square(
+    a: &HashMap<(usize, u32), u64>,
+    b: &HashMap<(usize, u32), u64>,
+    min: u64,
+) -> (f64, usize) {
+    let mut keys: Vec<(usize, u32)> = a.keys().chain(b.keys()).copied().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let (mut stat, mut cats, mut rest) = (0.0, 0usize, (0u64, 0u64));
+    let na: u64 = a.values().sum();
+    let nb: u64 = b.values().sum();
+    let term = |x: u64, y: u64| {
+        // Samples of sizes na and nb (equal here, but kept general).
+        let (x, y) = (x as f64, y as f64);
+        let (ka, kb) = (
+            (nb as f64 / na as f64).sqrt(),
+            (na as f64 / nb as f64).sqrt(),
+        );
+        (ka * x - kb * y).powi(2) / (x + y)
+    };
+    for k in keys {
+        let (x, y) = (
+            a.get(&k).copied().unwrap_or(0),
+            b.get(&k).copied().unwrap_or(0),
+        );
+        if x + y >= min {
+            stat += term(x, y);
+            cats += 1;
+        } else {
+            rest = (rest.0 + x, rest.1 + y);
+        }
+    }
+    if rest.0 + rest.1 > 0 {
+        stat += term(rest.0, rest.1);
+        cats += 1;
+    }
+    (stat, cats.saturating_sub(1))
+}
+
+/// Upper critical value of chi-square with `df` degrees of freedom at p = 0.001
+/// (Wilson-Hilferty: accurate to a few percent from df = 3 on).
+fn chi_square_critical_001(df: usize) -> f64 {
+    let (k, z) = (df as f64, 3.0902);
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}
+
+#[test]
+fn sampled_outputs_keep_the_models_distribution() {
+    let lm = model();
+    const DRAWS: u64 = 400;
+    const LEN: usize = 4;
+    // The histogram of (position, token) of many seeded draws at temperature 1.
+    let draw = |method: SpecMethod| {
+        let e = engine(Knobs {
+            spec: spec(method),
+            ..Knobs::default()
+        });
+        let reqs: Vec<Request> = (0..DRAWS)
+            .map(|seed| {
+                let sampling = SamplingParams {
+                    temperature: 1.0,
+                    seed: Some(seed),
+                    ..SamplingParams::default()
+                };
+                request(&lm, "1, 2, 3, 4, 5, 6, 7, 8,", sampling, LEN)
+            })
+            .collect();
+        let mut hist: HashMap<(usize, u32), u64> = HashMap::new();
+        let (mut drafted, mut accepted) = (0, 0);
+        for (toks, u) in run_all(&e, reqs) {
+            assert_eq!(toks.len(), LEN);
+            // The first token comes from the prompt's own step, before any proposal.
+            for (pos, &t) in toks.iter().enumerate().skip(1) {
+                *hist.entry((pos, t)).or_default() += 1;
+            }
+            drafted += u.spec.draft_tokens;
+            accepted += u.spec.accepted_tokens;
+        }
+        (hist, drafted, accepted)
+    };
+    let (off, _, _) = draw(SpecMethod::Off);
+    for method in [SpecMethod::Ngram, SpecMethod::SelfDraft] {
+        let (on, drafted, accepted) = draw(method);
+        assert!(drafted > 100, "{method}: only {drafted} proposed");
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "{method}: {accepted} of {drafted}"
+        );
+        let (stat, df) = chi_square(&off, &on, 10);
+        let crit = chi_square_critical_001(df);
+        eprintln!(
+            "{method}: chi2 {stat:.1} on {df} df (critical {crit:.1}); {accepted}/{drafted} accepted"
+        );
+        assert!(df >= 3, "too few categories to judge");
+        assert!(
+            stat < crit,
+            "{method}: distributions differ (chi2 {stat:.1} >= {crit:.1}, {df} df)"
+        );
+    }
+}
