@@ -11,6 +11,7 @@
 //! - [`sched`]: the continuous-batching scheduler and the stop rules it asks.
 //! - [`quant`]: re-quantizing a GGUF and exporting a Hugging Face folder.
 //! - [`library`]: the model library folder, its index, and fetching the default model.
+//! - [`plan`]: the capacity planner (a calibrated roofline of this engine's steps per device).
 //! - [`serving`]: the engine thread, requests and admission, sampling, generation, metrics, the
 //!   load generator, perplexity, the live precision knob.
 pub mod device;
@@ -18,6 +19,7 @@ pub mod formats;
 pub mod kv;
 pub mod library;
 pub mod model;
+pub mod plan;
 pub mod quant;
 pub mod sched;
 pub mod serving;
