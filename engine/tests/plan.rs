@@ -9,6 +9,28 @@ use std::time::Instant;
 use tpslab_engine::plan::{DeviceTable, ModelShape, PlanError, Workload, check, predict};
 use tpslab_kernels::WType;
 
+/// Each row's prediction beside the measurement (shown with `--nocapture`).
+fn print(e: &tpslab_engine::plan::ErrorSummary) {
+    eprintln!("{}: {}", e.device, e.text());
+    for r in &e.rows {
+        let p = &r.predicted;
+        eprintln!(
+            "| {} | {} | {:.0} / {:.0} ({:+.0}%) | {:.0} / {:.1} ({:+.0}%) | {:.0} / {:.0} ({:+.0}%) |",
+            r.row.precision,
+            r.row.concurrency,
+            p.aggregate_tps.unwrap_or(f64::NAN),
+            r.row.aggregate_tps,
+            r.aggregate_err * 100.0,
+            p.per_request_tps.unwrap_or(f64::NAN),
+            r.row.per_request_tps,
+            r.per_request_err * 100.0,
+            p.ttft_ms.unwrap_or(f64::NAN),
+            r.row.ttft_ms,
+            r.ttft_err * 100.0
+        );
+    }
+}
+
 fn table() -> DeviceTable {
     DeviceTable::bundled().expect("the bundled table parses")
 }
@@ -29,6 +51,7 @@ fn h200_predictions_are_within_the_stated_error_of_benchmarks_md() {
     let e = check(&t, h200)
         .unwrap()
         .expect("the H200 has measured rows");
+    print(&e);
     // Every Llama-3-8B row of BENCHMARKS.md's H200 table: F16 and Q4_K at 1, 16, 64, 256.
     assert_eq!(e.rows.len(), 8);
     for r in &e.rows {
@@ -57,6 +80,7 @@ fn this_cpu_predictions_are_within_the_stated_error_of_its_measured_rows() {
     let t = table();
     let cpu = t.device("this-cpu").unwrap();
     let e = check(&t, cpu).unwrap().expect("the CPU has measured rows");
+    print(&e);
     assert!(e.rows.len() >= 4);
     assert!(e.max_abs_pct <= 25.0, "{e:?}");
     assert!(e.mean_abs_pct <= 12.0, "{e:?}");
