@@ -64,7 +64,7 @@ fn harness_with(
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
 }
 
-/// Some node's label contains `text` (several may: plot titles repeat the settings label).
+/// Some node's label contains `text` (several may).
 fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
     h.query_all_by_label_contains(text).next().is_some()
 }
@@ -261,6 +261,11 @@ fn dashboard_knobs_load_generator_and_sweep() {
     wait_until(&mut h, "the load to run", 30, |h| {
         h.query_by_label_contains("Load running: 3 concurrent")
             .is_some()
+    });
+    // The live trade-off view: the operating point of the real run, one point per batch size.
+    wait_until(&mut h, "the operating point of the load", 60, |h| {
+        has(h, "Operating point: batch ")
+            && !has(h, "Points (batch: per-request / aggregate tok/s): none yet")
     });
     wait_until(&mut h, "load requests to finish", 120, |h| {
         h.state()

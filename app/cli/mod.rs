@@ -9,12 +9,15 @@
 //!   per concurrency).
 //! - [`model_cmds`]: `tpslab quantize`, `tpslab perplexity` and `tpslab export`.
 //! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
+//! - [`plan`]: `tpslab plan`, the capacity planner (predicted TPS, TTFT, concurrency and cost
+//!   per device).
 
 pub mod bench;
 pub mod bench_args;
 pub mod generate;
 pub mod library_cmds;
 pub mod model_cmds;
+pub mod plan;
 pub mod serve_bench;
 
 use std::process::ExitCode;
@@ -69,6 +72,9 @@ pub enum Command {
     Models(library_cmds::ModelsArgs),
     /// Download a model from the Hugging Face Hub into the library (resumable, sha256-checked).
     Pull(library_cmds::PullArgs),
+    /// Capacity planner: predicted per-request and aggregate TPS, TTFT, the concurrency that
+    /// fits and $ per 1M tokens on a table of devices (a calibrated roofline of this engine).
+    Plan(plan::PlanArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -89,6 +95,7 @@ pub fn main() -> ExitCode {
         Some(Command::Serve(args)) => crate::serve::run(&args),
         Some(Command::Models(args)) => library_cmds::run_models(&args),
         Some(Command::Pull(args)) => library_cmds::run_pull(&args),
+        Some(Command::Plan(args)) => plan::run(&args),
         None => crate::ui::window::run(
             crate::ui::AppOptions {
                 model: cli.model,

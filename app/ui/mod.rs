@@ -17,6 +17,7 @@
 //! - [`markdown`]: chat answers as markdown (code blocks with a copy button), parsed once per text.
 //! - [`plot_png`]: the sweep's plot drawn to a PNG on the CPU (no GPU, no window).
 //! - [`plots`]: the live plots and their history (decimated per pixel column), the sweep plot.
+//! - [`plot_tradeoff`]: the live trade-off view (per-request vs aggregate TPS per batch size).
 //! - [`renderer`]: `--renderer`: wgpu on a GPU, OpenGL where wgpu would rasterize on the CPU.
 //! - [`sweep_file`]: a sweep saved as JSON, CSV and its plot as PNG.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
@@ -35,6 +36,7 @@ pub mod load;
 pub mod markdown;
 pub mod panels;
 pub mod plot_png;
+pub mod plot_tradeoff;
 pub mod plots;
 pub mod renderer;
 pub mod sweep_file;
@@ -58,7 +60,7 @@ use panels::chat::{self, ChatState, ChatView, Generation, Message, Role};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
 use panels::models::{ModelsPanel, ModelsSettings};
 use panels::wizard::{Wizard, WizardSettings};
-use panels::{api_server, status};
+use panels::{api_server, planner, status};
 use plots::History;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +68,7 @@ pub enum Tab {
     #[default]
     Chat,
     Dashboard,
+    Planner,
 }
 
 /// Everything that persists across restarts (eframe storage). `#[serde(default)]` everywhere, so
@@ -82,6 +85,7 @@ pub struct AppState {
     pub models: ModelsSettings,
     /// The quantization wizard (open or not, its choices, the measured table).
     pub wizard: WizardSettings,
+    pub planner: planner::PlannerSettings,
 }
 
 /// Where the model comes from and what runs it (not saved: command line).
@@ -129,6 +133,8 @@ struct Runtime {
     models: ModelsPanel,
     wizard: Wizard,
     server: api_server::ApiServer,
+    /// The planner's device table (the bundled one), read on first use.
+    planner_table: Option<Result<tpslab_engine::plan::DeviceTable, String>>,
 }
 
 /// The app: saved state plus runtime handles.
@@ -214,6 +220,7 @@ impl TpsApp {
         match self.state.tab {
             Tab::Chat => self.chat_tab_ui(ui, &mut cmds),
             Tab::Dashboard => self.dashboard_tab_ui(ui, &mut cmds),
+            Tab::Planner => self.planner_tab_ui(ui),
         }
         self.library_windows_ui(ui.ctx(), &mut cmds);
         for cmd in cmds {
@@ -337,6 +344,7 @@ impl TpsApp {
             ui.separator();
             ui.selectable_value(&mut self.state.tab, Tab::Chat, "Chat");
             ui.selectable_value(&mut self.state.tab, Tab::Dashboard, "Dashboard");
+            ui.selectable_value(&mut self.state.tab, Tab::Planner, "Planner");
             ui.toggle_value(&mut self.state.models.open, "Models");
             ui.toggle_value(&mut self.state.wizard.open, "Quantize");
             ui.separator();
@@ -439,6 +447,25 @@ impl TpsApp {
         renderer::central_panel(ui).show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
         });
+    }
+
+    fn planner_tab_ui(&mut self, ui: &mut egui::Ui) {
+        let table = (self.rt.planner_table).get_or_insert_with(|| {
+            tpslab_engine::plan::DeviceTable::bundled().map_err(|e| e.to_string())
+        });
+        let loaded = self.rt.model.as_ref().and_then(ModelSlot::link).map(|l| {
+            let m = &l.lm.model;
+            tpslab_engine::plan::ModelShape::from_config(
+                &l.model_name(),
+                &m.cfg,
+                m.weights.lm_head.is_none(),
+            )
+        });
+        let view = planner::PlannerView {
+            table: table.as_ref().map_err(String::as_str),
+            loaded: loaded.as_ref(),
+        };
+        renderer::central_panel(ui).show(ui, |ui| planner::ui(ui, &mut self.state.planner, &view));
     }
 
     /// Applies one command; failures become errors shown in the window.

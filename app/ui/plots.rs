@@ -1,6 +1,8 @@
 //! The dashboard's live plots: the UI's bounded history of engine snapshots and the time plots
-//! drawn from it (TPS, TTFT, batch and queue, KV and memory), knob-change marks, and the sweep's
-//! trade-off plot.
+//! drawn from it (aggregate and per-request TPS on their own axes, TTFT, inter-token latency,
+//! batch and queue, KV and memory), knob-change marks, and the sweep's trade-off plot. The
+//! dashboard lays them out (`panels::dashboard_plots`); the live trade-off view is
+//! `plot_tradeoff`.
 //!
 //! Drawing cost stays flat however long the history is: each line is reduced to at most two
 //! points per pixel column (min and max, in time order, [`decimate`]), which draws the same
@@ -27,6 +29,8 @@ pub struct Sample {
     pub per_req_p10: Option<f64>,
     pub ttft_p50: Option<f64>,
     pub ttft_p99: Option<f64>,
+    pub itl_p50: Option<f64>,
+    pub itl_p99: Option<f64>,
     pub batch: usize,
     pub queue: usize,
     pub kv_used: usize,
@@ -91,6 +95,8 @@ impl History {
             per_req_p10: live.per_request_tps_p10,
             ttft_p50: live.ttft_p50_ms,
             ttft_p99: live.ttft_p99_ms,
+            itl_p50: live.itl_p50_ms,
+            itl_p99: live.itl_p99_ms,
             batch: step.map_or(0, |s| s.batch_size),
             queue: snap.waiting,
             kv_used: snap.kv_used_blocks,
@@ -126,6 +132,8 @@ impl History {
                 &mut s.per_req_p10,
                 &mut s.ttft_p50,
                 &mut s.ttft_p99,
+                &mut s.itl_p50,
+                &mut s.itl_p99,
                 &mut s.rss_mib,
             ] {
                 *v = Some(jitter(v.unwrap_or(1.0).max(1.0)));
@@ -149,7 +157,7 @@ impl History {
     }
 
     /// One figure over time, [`decimate`]d to `columns` pixel columns.
-    fn series(&self, columns: usize, f: &dyn Fn(&Sample) -> Option<f64>) -> Vec<[f64; 2]> {
+    pub fn series(&self, columns: usize, f: &dyn Fn(&Sample) -> Option<f64>) -> Vec<[f64; 2]> {
         let all: Vec<[f64; 2]> = (self.samples.iter())
             .filter_map(|s| f(s).map(|y| [s.t, y]))
             .collect();
@@ -182,14 +190,14 @@ const LEGEND_PAD: f32 = 12.0;
 /// width, so one x position is one moment in all of them. The plot area is outlined, not filled:
 /// the panel colour is its background (a filled area was 0.5 MPixel per frame on a CPU
 /// rasterizer for no information).
-fn time_plot(
+pub fn time_plot(
     ui: &mut egui::Ui,
     id: &str,
     h: &History,
     y_label: Option<&str>,
     lines: Vec<(&str, Vec<[f64; 2]>)>,
+    height: f32,
 ) {
-    let height = 170.0;
     let band = ((lines.len() as f32 * LEGEND_ROW + LEGEND_PAD) / height).clamp(0.0, 0.6);
     let top = (lines.iter())
         .flat_map(|(_, l)| l.iter().map(|p| p[1]))
@@ -238,77 +246,16 @@ fn time_plot(
 
 /// What every plot here shares: no filled background (see [`outline`]), 1-2-5 grid steps on the
 /// x axis (the y axis may take its own), no grid lines closer than [`GRID_MIN_PX`].
-fn styled(plot: Plot<'_>) -> Plot<'_> {
+pub fn styled(plot: Plot<'_>) -> Plot<'_> {
     plot.show_background(false)
         .x_grid_spacer(nice_grid)
         .grid_spacing(egui::Rangef::new(GRID_MIN_PX, 300.0))
 }
 
 /// The border of a plot area drawn without a background.
-fn outline(ui: &egui::Ui, rect: egui::Rect) {
+pub fn outline(ui: &egui::Ui, rect: egui::Rect) {
     let stroke = ui.visuals().widgets.noninteractive.bg_stroke;
     (ui.painter()).rect_stroke(rect, 2.0, stroke, egui::StrokeKind::Inside);
-}
-
-/// The time plots of `h`, each titled with `label` (the settings they were taken under), and the
-/// sweep's plot when it has points.
-pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[SweepPoint]) {
-    // Pixel columns of a plot's data area.
-    let columns = ((ui.available_width() - Y_AXIS_WIDTH) * ui.ctx().pixels_per_point()) as usize;
-    let series = |f: &dyn Fn(&Sample) -> Option<f64>| h.series(columns, f);
-    ui.label(egui::RichText::new(format!("Taken under: {label}")).small());
-    if let Some(last) = h.marks.back() {
-        ui.label(
-            egui::RichText::new(format!("Last change: {}", last.text))
-                .small()
-                .weak(),
-        );
-    }
-
-    ui.strong(format!("Tokens per second — {label}"));
-    let lines = vec![
-        ("aggregate output TPS", series(&|s| Some(s.output_tps))),
-        ("per-request TPS (mean)", series(&|s| s.per_req_mean)),
-        ("per-request TPS (P10)", series(&|s| s.per_req_p10)),
-    ];
-    time_plot(ui, "plot_tps", h, Some("tok/s"), lines);
-
-    ui.strong(format!("Time to first token — {label}"));
-    let lines = vec![
-        ("TTFT P50", series(&|s| s.ttft_p50)),
-        ("TTFT P99", series(&|s| s.ttft_p99)),
-    ];
-    time_plot(ui, "plot_ttft", h, Some("ms"), lines);
-
-    ui.strong(format!("Batch size and queue depth — {label}"));
-    let lines = vec![
-        ("batch size", series(&|s| Some(s.batch as f64))),
-        ("queue depth", series(&|s| Some(s.queue as f64))),
-    ];
-    time_plot(ui, "plot_batch", h, None, lines);
-
-    // KV blocks and memory: process RSS, and on a GPU the device's memory in use (the title
-    // says which memory is drawn).
-    let vram = series(&|s| s.vram_mib);
-    let memory = if vram.is_empty() {
-        "process RSS (MiB)"
-    } else {
-        "process RSS and VRAM used (MiB)"
-    };
-    ui.strong(format!("KV blocks and memory: {memory} — {label}"));
-    let mut lines = vec![
-        ("KV blocks used", series(&|s| Some(s.kv_used as f64))),
-        ("KV blocks total", series(&|s| Some(s.kv_total as f64))),
-        ("process RSS (MiB)", series(&|s| s.rss_mib)),
-    ];
-    if !vram.is_empty() {
-        lines.push(("VRAM used (MiB)", vram));
-    }
-    time_plot(ui, "plot_kv", h, Some("blocks / MiB"), lines);
-
-    if !sweep_points.is_empty() {
-        sweep_plot_ui(ui, sweep_points, 260.0);
-    }
 }
 
 /// "batch cap 64 · prompt 128 -> output 64 tok · Q4_1 · CPU, 2 threads": the settings a sweep ran
@@ -347,7 +294,7 @@ fn by_target(points: &[SweepPoint]) -> Vec<(&str, Vec<&SweepPoint>)> {
 
 /// The trade-off plot (also drawn into the saved PNG, see [`super::plot_png`]): one curve per
 /// target, so this engine and a remote server compare side by side.
-pub(super) fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f32) {
+pub fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f32) {
     let groups = by_target(points);
     ui.strong(format!(
         "Sweep: aggregate vs per-request TPS, one point per concurrency level — {}",
@@ -399,7 +346,7 @@ pub(super) fn sweep_plot_ui(ui: &mut egui::Ui, points: &[SweepPoint], height: f3
 pub const GRID_MIN_PX: f32 = 16.0;
 
 /// Width of the y axis of every time plot (points), so their time axes line up.
-const Y_AXIS_WIDTH: f32 = 60.0;
+pub const Y_AXIS_WIDTH: f32 = 60.0;
 
 /// Grid marks for egui_plot at steps of 1, 2 or 5 times a power of ten: the finest step is the
 /// smallest such that is at least `input.base_step_size` (the value [`GRID_MIN_PX`] spans), and

@@ -12,6 +12,7 @@
 //! - [`spec`]: speculative decoding's proposers (n-gram, draft model, self-drafting) and knobs.
 //! - [`quant`]: re-quantizing a GGUF and exporting a Hugging Face folder.
 //! - [`library`]: the model library folder, its index, and fetching the default model.
+//! - [`plan`]: the capacity planner (a calibrated roofline of this engine's steps per device).
 //! - [`serving`]: the engine thread, requests and admission, sampling, generation, metrics, the
 //!   load generator, perplexity, the live precision knob.
 pub mod device;
@@ -19,6 +20,7 @@ pub mod formats;
 pub mod kv;
 pub mod library;
 pub mod model;
+pub mod plan;
 pub mod quant;
 pub mod sched;
 pub mod serving;

@@ -431,6 +431,10 @@ fn live_metrics_track_a_small_run() {
     assert_close(s.per_request_tps_p10.unwrap_or(f64::NAN), 3.7);
     assert_close(s.ttft_p50_ms.unwrap_or(f64::NAN), 350.0);
     assert_close(s.ttft_p99_ms.unwrap_or(f64::NAN), 497.0);
+    // Gaps between deliveries: request 1's four of 0.1 s, request 2's one of 1 s (its burst of
+    // three waited once).
+    assert_close(s.itl_p50_ms.unwrap_or(f64::NAN), 100.0);
+    assert_close(s.itl_p99_ms.unwrap_or(f64::NAN), 964.0);
     assert_close(s.prefix_cache_hit_rate.unwrap_or(f64::NAN), 0.25);
     assert_eq!(s.counters.preemptions, 3);
     assert_eq!(s.latest_step.as_ref().map(|st| st.t), Some(2.0));
@@ -441,6 +445,7 @@ fn live_metrics_track_a_small_run() {
     assert_eq!(later.output_tps, 0.0);
     assert_eq!(later.per_request_tps_mean, None);
     assert_eq!(later.ttft_p50_ms, None);
+    assert_eq!(later.itl_p99_ms, None);
     assert_eq!(later.prefix_cache_hit_rate, None);
     assert_eq!(later.counters.generation_tokens_total, 9);
 
@@ -471,6 +476,7 @@ fn live_metrics_track_a_small_run() {
     for key in [
         "output_tps",
         "ttft_p99_ms",
+        "itl_p99_ms",
         "requests_refused",
         "preemptions",
         "latest_step",

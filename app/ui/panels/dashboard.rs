@@ -12,7 +12,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 use super::api_server::ApiServerSettings;
 use crate::ui::command::Command;
 use crate::ui::load::{LoadOutcome, LoadSettings, RemoteSettings, SweepPoint};
-use crate::ui::plots::{History, plots_ui};
+use crate::ui::plots::History;
 
 /// Dashboard settings (saved).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,7 +96,7 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
         let load = (view.load_running).map_or("no load generator", |(label, _, _)| label);
         let label = settings_label(knobs, load, view.precision, view.device);
         egui::ScrollArea::vertical().show(ui, |ui| {
-            plots_ui(ui, view.history, &label, view.sweep_points)
+            super::dashboard_plots::plots_ui(ui, view.history, &label, view.sweep_points);
         });
     });
 }

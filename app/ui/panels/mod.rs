@@ -6,7 +6,9 @@
 //! - [`api_server`]: the dashboard's API server section, and the server over the window's engine.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
+//! - [`dashboard_plots`]: the dashboard's live plots laid out, the settings said once.
 //! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
+//! - [`planner`]: the capacity planner: predictions per device as a table and a trade-off plot.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`spec_knobs`]: the dashboard's speculative decoding knobs and live figures.
 //! - [`status`]: the status bar (model, device, memory) and the device selector.
@@ -15,8 +17,10 @@
 pub mod api_server;
 pub mod chat;
 pub mod dashboard;
+pub mod dashboard_plots;
 mod hub_panel;
 pub mod models;
+pub mod planner;
 pub mod spec_knobs;
 pub mod status;
 pub mod wizard;

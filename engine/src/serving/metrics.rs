@@ -534,6 +534,10 @@ pub struct LiveSnapshot {
     /// TTFT of first tokens produced within the window.
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p99_ms: Option<f64>,
+    /// Inter-token latency (the gap a streaming client waits between two deliveries of one
+    /// request) of gaps that ended within the window.
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
     /// Prefix-cache hits / queries over the steps in the window.
     pub prefix_cache_hit_rate: Option<f64>,
     pub requests_in_flight: usize,
@@ -559,6 +563,8 @@ pub struct LiveMetrics {
     tokens_evicted_until: f64,
     /// (time of first token, TTFT s).
     ttfts: Ring<(f64, f64)>,
+    /// (time, gap s) between two token deliveries of one request.
+    itls: Ring<(f64, f64)>,
     /// (finish time, decode TPS) of finished requests with two or more tokens.
     finished_tps: Ring<(f64, f64)>,
     in_flight: HashMap<RequestKey, InFlight>,
@@ -580,6 +586,7 @@ impl LiveMetrics {
             token_bursts: Ring::new(config.sample_capacity)?,
             tokens_evicted_until: f64::NEG_INFINITY,
             ttfts: Ring::new(config.sample_capacity)?,
+            itls: Ring::new(config.sample_capacity)?,
             finished_tps: Ring::new(config.sample_capacity)?,
             in_flight: HashMap::new(),
             run_start: None,
@@ -606,6 +613,7 @@ impl LiveMetrics {
         self.token_bursts.clear();
         self.tokens_evicted_until = f64::NEG_INFINITY;
         self.ttfts.clear();
+        self.itls.clear();
         self.finished_tps.clear();
         self.run_start = None;
         self.counters = LiveCounters::default();
@@ -676,6 +684,9 @@ impl LiveMetrics {
             if let Some(sent) = state.sent {
                 self.ttfts.push((t, t - sent));
             }
+        } else {
+            // One gap per delivery: tokens that arrive together (one burst) wait once.
+            self.itls.push((t, t - state.last_token));
         }
         state.tokens += n;
         state.last_token = t;
@@ -737,6 +748,8 @@ impl LiveMetrics {
         tps.sort_by(f64::total_cmp);
         let mut ttfts = self.window_values(&self.ttfts, now);
         ttfts.sort_by(f64::total_cmp);
+        let mut itls = self.window_values(&self.itls, now);
+        itls.sort_by(f64::total_cmp);
         let (queries, hits) = self
             .steps
             .iter()
@@ -756,6 +769,8 @@ impl LiveMetrics {
             per_request_tps_samples: tps.len(),
             ttft_p50_ms: percentile_sorted(&ttfts, 50.0).map(|v| v * 1000.0),
             ttft_p99_ms: percentile_sorted(&ttfts, 99.0).map(|v| v * 1000.0),
+            itl_p50_ms: percentile_sorted(&itls, 50.0).map(|v| v * 1000.0),
+            itl_p99_ms: percentile_sorted(&itls, 99.0).map(|v| v * 1000.0),
             prefix_cache_hit_rate: (queries > 0).then(|| hits as f64 / queries as f64),
             requests_in_flight: self.in_flight.len(),
             counters: LiveCounters {

@@ -1,0 +1,174 @@
+//! `tpslab plan`: the capacity planner on the command line. For a model (a GGUF file or a
+//! `--synthetic` shape), precisions, devices and a workload, one row per (device, precision,
+//! concurrency) with per-request and aggregate TPS, TTFT, the concurrency that fits and the cost
+//! per million output tokens; each device's prediction source is printed with its error against
+//! measured runs.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::library;
+use tpslab_engine::model::config::ModelConfig;
+use tpslab_engine::model::precision::Precision;
+use tpslab_engine::plan::{DeviceTable, ModelShape, Prediction, Source, Workload, predict, source};
+use tpslab_kernels::WType;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// A GGUF file or `default` (its header is read; no weights are loaded).
+    #[arg(long, conflicts_with = "synthetic")]
+    pub model: Option<String>,
+    /// Instead of a file: a known architecture's shape (smollm2-135m, llama-3.2-1b,
+    /// qwen2.5-0.5b, llama-3-8b).
+    #[arg(long, value_name = "ARCH")]
+    pub synthetic: Option<String>,
+    /// Weight precisions to plan for (comma separated; default: the file's own, or f16).
+    #[arg(long, value_delimiter = ',')]
+    pub precision: Vec<WType>,
+    /// Devices of the table (comma separated ids; default: all of them).
+    #[arg(long, value_delimiter = ',')]
+    pub device: Vec<String>,
+    /// Concurrent requests (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    pub concurrency: Vec<usize>,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Prompt tokens per step (the scheduler's token budget).
+    #[arg(long, default_value_t = 8192)]
+    pub token_budget: usize,
+    /// A device table to use instead of the bundled `assets/devices.json`.
+    #[arg(long, value_name = "FILE")]
+    pub devices: Option<PathBuf>,
+    /// Also write the rows, the sources and their errors as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    model: &'a ModelShape,
+    prompt_len: usize,
+    output_len: usize,
+    token_budget: usize,
+    rows: &'a [Prediction],
+    sources: &'a [Source],
+}
+
+/// The shape and default precision of `--model` or `--synthetic`.
+fn shape_of(a: &PlanArgs) -> Result<(ModelShape, WType)> {
+    if let Some(arch) = &a.synthetic {
+        return Ok((ModelShape::synthetic(arch)?, WType::F16));
+    }
+    let spec = a.model.as_deref().unwrap_or("default");
+    let path = library::resolve_model(spec, &mut |msg| eprintln!("{msg}"))?;
+    let file = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let cfg = ModelConfig::from_gguf(&file).with_context(|| format!("{}", path.display()))?;
+    let tied = file.tensor("output.weight").is_none();
+    let ty = Precision::of_file(&file).map_or(WType::F16, |p| p.main);
+    let name = path
+        .file_name()
+        .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
+    Ok((ModelShape::from_config(&name, &cfg, tied), ty))
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "—".into(), |v| format!("{v:.digits$}"))
+}
+
+pub fn run(a: &PlanArgs) -> Result<()> {
+    let table = match &a.devices {
+        Some(p) => DeviceTable::load(p)?,
+        None => DeviceTable::bundled()?,
+    };
+    let (shape, own) = shape_of(a)?;
+    let precisions = if a.precision.is_empty() {
+        vec![own]
+    } else {
+        a.precision.clone()
+    };
+    let devices: Vec<&str> = if a.device.is_empty() {
+        table.ids()
+    } else {
+        a.device.iter().map(String::as_str).collect()
+    };
+    if a.concurrency.is_empty() {
+        bail!("--concurrency needs at least one level");
+    }
+    let srcs = (devices.iter())
+        .map(|id| source(&table, table.device(id)?))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rows = Vec::new();
+    for id in &devices {
+        let d = table.device(id)?;
+        for &ty in &precisions {
+            for &c in &a.concurrency {
+                let w = Workload {
+                    concurrency: c,
+                    prompt_len: a.prompt_len,
+                    output_len: a.output_len,
+                    token_budget: a.token_budget,
+                };
+                rows.push(predict(&table, d, &shape, ty, &w)?);
+            }
+        }
+    }
+    println!(
+        "plan: {} ({} layers, hidden {}), prompt {} -> output {} tok, token budget {}",
+        shape.name, shape.n_layers, shape.hidden, a.prompt_len, a.output_len, a.token_budget
+    );
+    println!(
+        "prediction sources (error = |predicted - measured| / measured over aggregate TPS, per-request TPS and TTFT):"
+    );
+    for s in &srcs {
+        println!("  {}", s.text);
+    }
+    println!(
+        "{:<10} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>8}",
+        "device",
+        "precision",
+        "concurrency",
+        "per_request_tps",
+        "aggregate_tps",
+        "ttft_ms",
+        "max_concurrency",
+        "$/M tok",
+        "weights"
+    );
+    for r in &rows {
+        println!(
+            "{:<10} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>5.1} GiB{}",
+            r.device,
+            r.precision,
+            r.concurrency,
+            opt(r.per_request_tps, 1),
+            opt(r.aggregate_tps, 0),
+            opt(r.ttft_ms, 0),
+            r.max_concurrency,
+            opt(r.usd_per_million_tokens, 3),
+            r.weights_gib,
+            if r.kv_limited {
+                "  (KV-limited: the rest wait)"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(path) = &a.json {
+        let report = Report {
+            model: &shape,
+            prompt_len: a.prompt_len,
+            output_len: a.output_len,
+            token_budget: a.token_budget,
+            rows: &rows,
+            sources: &srcs,
+        };
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}

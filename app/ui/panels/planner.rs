@@ -1,0 +1,284 @@
+//! The capacity planner in the window: a model shape (a known architecture, or the loaded
+//! model), precisions, devices and a workload; each device's prediction source with its error
+//! against measured runs, the table of predictions (as `tpslab plan` prints it) and their
+//! trade-off plot (per-request against aggregate TPS, one curve per device and precision, one
+//! point per concurrency). Predictions are closed-form, so they are remade every frame.
+
+use egui_plot::{Legend, Line, Plot, PlotPoint, PlotPoints, Points, Text};
+use serde::{Deserialize, Serialize};
+use tpslab_engine::model::synthetic::known_archs;
+use tpslab_engine::plan::{DeviceTable, ModelShape, Prediction, Workload, predict, source};
+use tpslab_kernels::WType;
+
+use crate::ui::plots::{nice_grid, outline, styled};
+
+/// The model choice that means the model the engine runs.
+pub const LOADED: &str = "loaded model";
+
+/// The planner's settings (saved).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PlannerSettings {
+    /// A known architecture's name, or [`LOADED`].
+    pub model: String,
+    /// Weight type names ("F16", "Q4_K").
+    pub precisions: Vec<String>,
+    /// Device ids of the table.
+    pub devices: Vec<String>,
+    /// Concurrency levels, comma separated.
+    pub concurrency: String,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub token_budget: usize,
+}
+
+impl Default for PlannerSettings {
+    fn default() -> Self {
+        Self {
+            model: "llama-3-8b".into(),
+            precisions: vec!["F16".into(), "Q4_K".into()],
+            devices: vec!["h200".into(), "h100".into(), "l40s".into()],
+            concurrency: "1,16,64,256".into(),
+            prompt_len: 128,
+            output_len: 128,
+            token_budget: 8192,
+        }
+    }
+}
+
+/// The precisions offered (the CUDA backend's and the common CPU ones).
+const PRECISIONS: [WType; 5] = [WType::F16, WType::Q8_0, WType::Q6K, WType::Q4K, WType::Q4_1];
+
+/// What the planner needs from the app.
+pub struct PlannerView<'a> {
+    pub table: Result<&'a DeviceTable, &'a str>,
+    /// The loaded model's shape, once one is loaded.
+    pub loaded: Option<&'a ModelShape>,
+}
+
+/// The concurrency levels of `text` ("1, 16,256"); what does not parse is skipped.
+pub fn parse_levels(text: &str) -> Vec<usize> {
+    (text.split(','))
+        .filter_map(|s| s.trim().parse().ok())
+        .filter(|&c| (1..=1 << 20).contains(&c))
+        .take(64)
+        .collect()
+}
+
+/// The predictions for `s`: every chosen device, precision and level.
+pub fn predictions(
+    table: &DeviceTable,
+    shape: &ModelShape,
+    s: &PlannerSettings,
+) -> Result<Vec<Prediction>, String> {
+    let mut rows = Vec::new();
+    for id in &s.devices {
+        let d = table.device(id).map_err(|e| e.to_string())?;
+        for p in &s.precisions {
+            let ty: WType = p.parse().map_err(|e| format!("{e}"))?;
+            for c in parse_levels(&s.concurrency) {
+                let w = Workload {
+                    concurrency: c,
+                    prompt_len: s.prompt_len,
+                    output_len: s.output_len,
+                    token_budget: s.token_budget,
+                };
+                rows.push(predict(table, d, shape, ty, &w).map_err(|e| e.to_string())?);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn inputs_ui(
+    ui: &mut egui::Ui,
+    s: &mut PlannerSettings,
+    view: &PlannerView<'_>,
+    table: &DeviceTable,
+) {
+    egui::Grid::new("planner_grid")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let l = ui.label("Model shape");
+            egui::ComboBox::from_id_salt("planner_model")
+                .selected_text(s.model.clone())
+                .show_ui(ui, |ui| {
+                    if view.loaded.is_some() {
+                        ui.selectable_value(&mut s.model, LOADED.to_string(), LOADED);
+                    }
+                    for a in known_archs() {
+                        ui.selectable_value(&mut s.model, a.to_string(), a);
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+            ui.end_row();
+            for (name, v, max) in [
+                ("Prompt length", &mut s.prompt_len, 1 << 20),
+                ("Output length", &mut s.output_len, 1 << 20),
+                ("Token budget", &mut s.token_budget, 1 << 20),
+            ] {
+                let l = ui.label(name);
+                ui.add(egui::DragValue::new(v).range(1..=max))
+                    .labelled_by(l.id);
+                ui.end_row();
+            }
+            let l = ui.label("Concurrency levels");
+            ui.text_edit_singleline(&mut s.concurrency)
+                .labelled_by(l.id);
+            ui.end_row();
+        });
+    ui.horizontal_wrapped(|ui| {
+        ui.label("Precisions:");
+        for ty in PRECISIONS {
+            toggle(ui, &mut s.precisions, ty.name());
+        }
+    });
+    ui.horizontal_wrapped(|ui| {
+        ui.label("Devices:");
+        for id in table.ids() {
+            toggle(ui, &mut s.devices, id);
+        }
+    });
+}
+
+/// A checkbox for whether `list` holds `name`.
+fn toggle(ui: &mut egui::Ui, list: &mut Vec<String>, name: &str) {
+    let mut on = list.iter().any(|n| n == name);
+    if ui.checkbox(&mut on, name).changed() {
+        list.retain(|n| n != name);
+        if on {
+            list.push(name.to_string());
+        }
+    }
+}
+
+fn sources_ui(ui: &mut egui::Ui, table: &DeviceTable, s: &PlannerSettings) {
+    ui.strong("Prediction sources (error: |predicted - measured| / measured)");
+    for id in &s.devices {
+        let text = match table.device(id).and_then(|d| source(table, d)) {
+            Ok(src) => src.text,
+            Err(e) => e.to_string(),
+        };
+        ui.label(egui::RichText::new(text).small());
+    }
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "—".into(), |v| format!("{v:.digits$}"))
+}
+
+fn table_ui(ui: &mut egui::Ui, rows: &[Prediction]) {
+    egui::Grid::new("planner_rows")
+        .striped(true)
+        .num_columns(8)
+        .show(ui, |ui| {
+            for h in [
+                "device",
+                "precision",
+                "concurrency",
+                "per-request tok/s",
+                "aggregate tok/s",
+                "TTFT ms",
+                "max concurrency",
+                "$ / M tok",
+            ] {
+                ui.strong(h);
+            }
+            ui.end_row();
+            for r in rows {
+                ui.label(&r.device);
+                ui.label(&r.precision);
+                ui.label(r.concurrency.to_string());
+                ui.label(fmt(r.per_request_tps, 1));
+                ui.label(fmt(r.aggregate_tps, 0));
+                ui.label(fmt(r.ttft_ms, 0));
+                let cap = if r.kv_limited {
+                    format!("{} (KV-limited)", r.max_concurrency)
+                } else {
+                    r.max_concurrency.to_string()
+                };
+                ui.label(cap);
+                ui.label(fmt(r.usd_per_million_tokens, 3));
+                ui.end_row();
+            }
+        });
+}
+
+/// Per-request against aggregate TPS: one curve per (device, precision).
+fn plot_ui(ui: &mut egui::Ui, rows: &[Prediction]) {
+    let mut curves: Vec<(String, Vec<&Prediction>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.aggregate_tps.is_some()) {
+        let name = format!("{} {}", r.device, r.precision);
+        match curves.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => c.push(r),
+            None => curves.push((name, vec![r])),
+        }
+    }
+    ui.strong("Predicted trade-off: per-request vs aggregate TPS, one point per concurrency");
+    let shown = styled(Plot::new("plot_planner"))
+        .height(280.0)
+        .y_grid_spacer(nice_grid)
+        .x_axis_label("per-request TPS (tok/s)")
+        .y_axis_label("aggregate TPS (tok/s)")
+        .include_x(0.0)
+        .include_y(0.0)
+        .legend(Legend::default().position(egui_plot::Corner::RightTop))
+        .show(ui, |p| {
+            for (name, c) in &curves {
+                let xy: Vec<[f64; 2]> = (c.iter())
+                    .filter_map(|r| Some([r.per_request_tps?, r.aggregate_tps?]))
+                    .collect();
+                p.line(Line::new(name.as_str(), PlotPoints::from(xy.clone())));
+                p.points(Points::new(name.as_str(), PlotPoints::from(xy.clone())).radius(3.0));
+                for (r, at) in c.iter().zip(&xy) {
+                    p.text(
+                        Text::new(
+                            "",
+                            PlotPoint::new(at[0], at[1]),
+                            format!(" c={}", r.concurrency),
+                        )
+                        .anchor(egui::Align2::LEFT_BOTTOM),
+                    );
+                }
+            }
+        });
+    outline(ui, shown.response.rect);
+}
+
+pub fn ui(ui: &mut egui::Ui, s: &mut PlannerSettings, view: &PlannerView<'_>) {
+    ui.heading("Capacity planner");
+    let table = match view.table {
+        Ok(t) => t,
+        Err(e) => {
+            ui.colored_label(ui.visuals().error_fg_color, format!("Device table: {e}"));
+            return;
+        }
+    };
+    inputs_ui(ui, s, view, table);
+    let shape = if s.model == LOADED {
+        view.loaded
+            .cloned()
+            .ok_or_else(|| "no model loaded yet".to_string())
+    } else {
+        ModelShape::synthetic(&s.model).map_err(|e| e.to_string())
+    };
+    let rows = shape.and_then(|shape| predictions(table, &shape, s).map(|rows| (shape, rows)));
+    match rows {
+        Ok((shape, rows)) => {
+            ui.label(format!(
+                "Planned for: {} · prompt {} -> output {} tok · token budget {}",
+                shape.name, s.prompt_len, s.output_len, s.token_budget
+            ));
+            sources_ui(ui, table, s);
+            egui::ScrollArea::vertical().show(ui, |ui| {
+                table_ui(ui, &rows);
+                ui.separator();
+                plot_ui(ui, &rows);
+            });
+        }
+        Err(e) => {
+            ui.colored_label(ui.visuals().error_fg_color, format!("Planner: {e}"));
+        }
+    }
+}

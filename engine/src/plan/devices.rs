@@ -1,0 +1,262 @@
+//! The planner's device table: each device's memory bandwidth, FLOP/s per precision, memory and
+//! price, every value with where it comes from; each backend's calibration (the share of the
+//! roofline this engine reaches, fitted on measured runs); and the measured rows the
+//! predictions are checked against. Users edit the JSON (`assets/devices.json` is bundled; any
+//! copy can be passed instead); every number is checked before use.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::PlanError;
+
+/// The table bundled with the binary.
+pub const BUNDLED: &str = include_str!("../../../assets/devices.json");
+
+/// A table file larger than this is not a device table.
+const MAX_TABLE_BYTES: u64 = 4 << 20;
+
+/// One figure and where it comes from (a datasheet, a price list, a measurement).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sourced {
+    pub value: f64,
+    pub source: String,
+}
+
+/// One device of the table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSpec {
+    /// What `--device` names it by ("h200").
+    pub id: String,
+    pub name: String,
+    /// Whose calibration applies ("cuda", "cpu"): the engine's backend that runs it, or the
+    /// nearest one.
+    pub backend: String,
+    /// Peak memory bandwidth, GB/s (10^9 bytes).
+    pub bandwidth_gb_s: Sourced,
+    /// Peak dense FLOP/s per compute precision ("f16", "bf16", "f32", "int8"), in TFLOP/s.
+    pub tflops: BTreeMap<String, Sourced>,
+    /// Memory for weights and KV, GiB.
+    pub memory_gib: Sourced,
+    /// What an hour of the device costs, $.
+    pub usd_per_hour: Sourced,
+    /// Runs of this engine on this device the predictions are checked against.
+    #[serde(default)]
+    pub measured: Vec<MeasuredRow>,
+}
+
+/// A measured run of `tpslab bench`: the workload and the figures it reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredRow {
+    /// A `--synthetic` architecture of the model's shape ("llama-3-8b").
+    pub model: String,
+    pub precision: String,
+    pub concurrency: usize,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub token_budget: usize,
+    pub aggregate_tps: f64,
+    pub per_request_tps: f64,
+    /// Median TTFT.
+    pub ttft_ms: f64,
+    /// Used to fit the calibration (the other rows are held out).
+    #[serde(default)]
+    pub fitted: bool,
+    pub source: String,
+}
+
+/// The share of the roofline this engine reaches on one backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Share of peak bandwidth a step's weight reads reach, by weight type name ("F16",
+    /// "Q4_K"); `default` for the others.
+    pub weight_bandwidth_efficiency: BTreeMap<String, f64>,
+    /// Share of peak bandwidth the attention's KV reads reach.
+    pub kv_bandwidth_efficiency: f64,
+    /// Share of peak FLOP/s of a decode step's matmuls (one row per sequence).
+    pub decode_compute_efficiency: f64,
+    /// Share of peak FLOP/s of a prefill step's matmuls (many rows per sequence).
+    pub prefill_compute_efficiency: f64,
+    /// Which of the device's FLOP/s the matmuls run at ("f16", "f32").
+    pub compute_precision: String,
+    /// Fixed time of every step (launches, host work), ms.
+    pub step_overhead_ms: f64,
+    /// Fixed time before a request's first token besides its prefill, ms.
+    pub ttft_overhead_ms: f64,
+    /// Past this many tokens in a step, quantized weights are dequantized to F16 every step (the
+    /// CUDA backend's batched path): their bytes, then F16's written and read.
+    #[serde(default)]
+    pub dequant_above_tokens: Option<usize>,
+    /// Memory kept free of weights and KV (activations, workspace), GiB.
+    pub memory_reserve_gib: f64,
+    /// How the values were found.
+    pub source: String,
+}
+
+/// The whole table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceTable {
+    pub devices: Vec<DeviceSpec>,
+    pub calibrations: BTreeMap<String, Calibration>,
+}
+
+fn positive(what: &str, v: f64) -> Result<(), PlanError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(PlanError::Table(format!(
+            "{what} must be a positive number, not {v}"
+        )))
+    }
+}
+
+fn share(what: &str, v: f64) -> Result<(), PlanError> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(PlanError::Table(format!(
+            "{what} must be in (0, 1], not {v}"
+        )))
+    }
+}
+
+fn non_negative(what: &str, v: f64) -> Result<(), PlanError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(PlanError::Table(format!(
+            "{what} must be 0 or more, not {v}"
+        )))
+    }
+}
+
+impl DeviceTable {
+    /// The table bundled with the binary.
+    pub fn bundled() -> Result<Self, PlanError> {
+        Self::parse(BUNDLED)
+    }
+
+    /// A table file (size-capped, then checked as [`Self::parse`]).
+    pub fn load(path: &Path) -> Result<Self, PlanError> {
+        let err = |e: std::io::Error| PlanError::Table(format!("{}: {e}", path.display()));
+        let len = std::fs::metadata(path).map_err(err)?.len();
+        if len > MAX_TABLE_BYTES {
+            return Err(PlanError::Table(format!(
+                "{}: {len} bytes, more than a device table's {MAX_TABLE_BYTES}",
+                path.display()
+            )));
+        }
+        Self::parse(&std::fs::read_to_string(path).map_err(err)?)
+    }
+
+    /// A table from its JSON, every value checked: figures positive and finite, efficiencies
+    /// in (0, 1], each device's backend calibrated and its compute precision listed.
+    pub fn parse(json: &str) -> Result<Self, PlanError> {
+        let t: Self = serde_json::from_str(json).map_err(|e| PlanError::Table(e.to_string()))?;
+        for (name, c) in &t.calibrations {
+            let what = |f: &str| format!("calibration {name}: {f}");
+            for (ty, &e) in &c.weight_bandwidth_efficiency {
+                share(&what(&format!("weight_bandwidth_efficiency.{ty}")), e)?;
+            }
+            if !c.weight_bandwidth_efficiency.contains_key("default") {
+                return Err(PlanError::Table(what(
+                    "weight_bandwidth_efficiency has no default",
+                )));
+            }
+            share(&what("kv_bandwidth_efficiency"), c.kv_bandwidth_efficiency)?;
+            share(
+                &what("decode_compute_efficiency"),
+                c.decode_compute_efficiency,
+            )?;
+            share(
+                &what("prefill_compute_efficiency"),
+                c.prefill_compute_efficiency,
+            )?;
+            non_negative(&what("step_overhead_ms"), c.step_overhead_ms)?;
+            non_negative(&what("ttft_overhead_ms"), c.ttft_overhead_ms)?;
+            non_negative(&what("memory_reserve_gib"), c.memory_reserve_gib)?;
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for d in &t.devices {
+            let what = |f: &str| format!("device {}: {f}", d.id);
+            if !ids.insert(d.id.to_ascii_lowercase()) {
+                return Err(PlanError::Table(what("listed twice")));
+            }
+            positive(&what("bandwidth_gb_s"), d.bandwidth_gb_s.value)?;
+            positive(&what("memory_gib"), d.memory_gib.value)?;
+            non_negative(&what("usd_per_hour"), d.usd_per_hour.value)?;
+            for (p, f) in &d.tflops {
+                positive(&what(&format!("tflops.{p}")), f.value)?;
+            }
+            let cal = t
+                .calibrations
+                .get(&d.backend)
+                .ok_or_else(|| PlanError::NoCalibration {
+                    device: d.id.clone(),
+                    backend: d.backend.clone(),
+                })?;
+            if !d.tflops.contains_key(&cal.compute_precision) {
+                return Err(PlanError::Table(what(&format!(
+                    "no tflops.{} (what backend {} computes at)",
+                    cal.compute_precision, d.backend
+                ))));
+            }
+            for r in &d.measured {
+                for (f, v) in [
+                    ("aggregate_tps", r.aggregate_tps),
+                    ("per_request_tps", r.per_request_tps),
+                    ("ttft_ms", r.ttft_ms),
+                ] {
+                    positive(&what(&format!("measured {f}")), v)?;
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// The device `id` (case-insensitive), or an error listing the known ones.
+    pub fn device(&self, id: &str) -> Result<&DeviceSpec, PlanError> {
+        let wanted = id.trim().to_ascii_lowercase();
+        (self.devices.iter())
+            .find(|d| d.id.to_ascii_lowercase() == wanted)
+            .ok_or_else(|| PlanError::UnknownDevice {
+                name: id.to_string(),
+                known: self.ids().join(", "),
+            })
+    }
+
+    /// The devices' ids in table order.
+    pub fn ids(&self) -> Vec<&str> {
+        self.devices.iter().map(|d| d.id.as_str()).collect()
+    }
+
+    /// The calibration of `d`'s backend (present: [`Self::parse`] checked it).
+    pub fn calibration(&self, d: &DeviceSpec) -> Result<&Calibration, PlanError> {
+        self.calibrations
+            .get(&d.backend)
+            .ok_or_else(|| PlanError::NoCalibration {
+                device: d.id.clone(),
+                backend: d.backend.clone(),
+            })
+    }
+
+    /// The devices whose backend is `backend` that have measured rows (where a calibration's
+    /// error is known).
+    pub fn measured_on(&self, backend: &str) -> Vec<&DeviceSpec> {
+        (self.devices.iter())
+            .filter(|d| d.backend == backend && !d.measured.is_empty())
+            .collect()
+    }
+}
+
+impl Calibration {
+    /// The weight-read efficiency of type `ty` (its name), else the default.
+    pub fn weight_efficiency(&self, ty: &str) -> f64 {
+        let by = &self.weight_bandwidth_efficiency;
+        by.get(ty)
+            .or_else(|| by.get("default"))
+            .copied()
+            .unwrap_or(1.0)
+    }
+}

@@ -1,0 +1,35 @@
+//! The capacity planner: what a model would do on a machine one does not have. A roofline model
+//! of this engine's steps (decode: weight and KV bytes over bandwidth against FLOPs over FLOP/s;
+//! prefill: compute-bound; KV memory -> the concurrency that fits), calibrated with the
+//! efficiency this engine measured on each backend, predicts per-request and aggregate TPS,
+//! TTFT, the largest concurrency and the cost per million output tokens on a table of devices.
+//!
+//! Modules:
+//! - [`devices`]: the device table (bandwidth, FLOP/s per precision, memory, $/hour, each with
+//!   its source), the backends' calibrations and the measured rows they are checked against;
+//!   the bundled table is `assets/devices.json`.
+//! - [`roofline`]: the model's shape and the prediction for one device, precision and workload,
+//!   and its error against measured rows.
+
+pub mod devices;
+pub mod roofline;
+
+pub use devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
+pub use roofline::{
+    ErrorSummary, ModelShape, Prediction, Source, Workload, check, predict, source,
+};
+
+/// Why a plan cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("device table: {0}")]
+    Table(String),
+    #[error("unknown device '{name}' (known: {known})")]
+    UnknownDevice { name: String, known: String },
+    #[error("device '{device}' names backend '{backend}', which has no calibration in the table")]
+    NoCalibration { device: String, backend: String },
+    #[error("bad workload: {0}")]
+    Workload(String),
+    #[error("bad model shape: {0}")]
+    Shape(String),
+}

@@ -1,0 +1,425 @@
+//! The roofline model of this engine's steps, and its error against measured runs.
+//!
+//! A step of `B` decoding sequences at context `ctx` plus `T` prefill tokens takes
+//! `overhead + max(weight bytes / (bandwidth · e_w), 2 · params · (B + T) / (FLOP/s · e_c)) +
+//! B · ctx · KV bytes per token / (bandwidth · e_kv)`: weight reads and matmul compute overlap,
+//! the attention's KV reads come on top (they follow the matmuls in each layer). The `e_*` are
+//! the calibration's shares of the roofline this engine reaches (see `assets/devices.json`).
+//! A run of `tpslab bench` (all requests at once) is then its prefill, in steps of the token
+//! budget, and `output_len - 1` decode steps of the whole batch; requests past what the KV
+//! memory holds wait for a later wave.
+
+use serde::Serialize;
+use tpslab_kernels::WType;
+
+use super::PlanError;
+use super::devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
+use crate::model::config::ModelConfig;
+use crate::model::precision::matrix_type;
+use crate::serving::metrics::cost_per_million_output_tokens;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The sizes that set a model's bytes and FLOPs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelShape {
+    pub name: String,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    /// The output head is the embedding (its bytes count once).
+    pub tied_embeddings: bool,
+}
+
+/// One plan's workload: `concurrency` requests at once, each `prompt_len` tokens in and
+/// `output_len` out, prefilled in steps of at most `token_budget` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Workload {
+    pub concurrency: usize,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub token_budget: usize,
+}
+
+/// What the planner predicts for one device, precision and workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    pub device: String,
+    pub precision: String,
+    pub concurrency: usize,
+    /// 1 / decode step time (1000 / TPOT); `None` when the weights do not fit.
+    pub per_request_tps: Option<f64>,
+    /// Output tokens / whole run time, prefill included.
+    pub aggregate_tps: Option<f64>,
+    /// Median time to first token.
+    pub ttft_ms: Option<f64>,
+    /// The most sequences of `prompt_len + output_len` tokens the memory left after the
+    /// weights holds.
+    pub max_concurrency: usize,
+    pub usd_per_million_tokens: Option<f64>,
+    pub weights_gib: f64,
+    /// Fewer sequences run at once than asked (the KV memory is full); the rest wait.
+    pub kv_limited: bool,
+}
+
+impl ModelShape {
+    /// The shape of a resolved configuration.
+    pub fn from_config(name: &str, cfg: &ModelConfig, tied_embeddings: bool) -> Self {
+        Self {
+            name: name.to_string(),
+            n_layers: cfg.n_layers,
+            hidden: cfg.hidden,
+            q_dim: cfg.q_dim(),
+            kv_dim: cfg.kv_dim(),
+            ffn: cfg.ffn,
+            vocab: cfg.vocab,
+            tied_embeddings,
+        }
+    }
+
+    /// The shape of a `--synthetic` architecture.
+    pub fn synthetic(arch: &str) -> Result<Self, PlanError> {
+        let spec =
+            crate::model::synthetic::arch(arch).map_err(|e| PlanError::Shape(e.to_string()))?;
+        Ok(Self::from_config(
+            spec.name,
+            &spec.config,
+            spec.tied_embeddings,
+        ))
+    }
+
+    /// (inputs k, outputs n, how many) of each matrix a step multiplies by: every layer's
+    /// Q, K, V, O, gate, up and down, and the output head.
+    fn matrices(&self) -> [(usize, usize, usize); 6] {
+        let (h, l) = (self.hidden, self.n_layers);
+        [
+            (h, self.q_dim, l),
+            (h, self.kv_dim, 2 * l),
+            (self.q_dim, h, l),
+            (h, self.ffn, 2 * l),
+            (self.ffn, h, l),
+            (h, self.vocab, 1),
+        ]
+    }
+
+    /// Bytes of an `n x k` matrix in `ty` (or the type its rows fall back to).
+    fn matrix_bytes(ty: WType, k: usize, n: usize) -> f64 {
+        let t = matrix_type(ty, k);
+        k as f64 / t.block_size() as f64 * t.type_size() as f64 * n as f64
+    }
+
+    /// Bytes a step reads: every matrix once (the embedding's rows are gathered, not read).
+    pub fn weight_bytes_read(&self, ty: WType) -> f64 {
+        (self.matrices().iter())
+            .map(|&(k, n, count)| Self::matrix_bytes(ty, k, n) * count as f64)
+            .sum()
+    }
+
+    /// Bytes the weights take in memory: the matrices and an untied embedding.
+    pub fn weight_bytes_total(&self, ty: WType) -> f64 {
+        let embedding = if self.tied_embeddings {
+            0.0
+        } else {
+            Self::matrix_bytes(ty, self.hidden, self.vocab)
+        };
+        self.weight_bytes_read(ty) + embedding
+    }
+
+    /// Multiply-adds per token of the matrices (2 FLOPs each).
+    pub fn matmul_params(&self) -> f64 {
+        (self.matrices().iter())
+            .map(|&(k, n, count)| (k * n * count) as f64)
+            .sum()
+    }
+
+    /// Bytes of one token's K and V in every layer (an F16 cache).
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        (self.n_layers * self.kv_dim * 2 * 2) as f64
+    }
+}
+
+/// The device, calibration and weight type one plan is made for.
+struct Machine<'a> {
+    device: &'a DeviceSpec,
+    cal: &'a Calibration,
+    ty: WType,
+}
+
+fn is_float(ty: WType) -> bool {
+    matches!(ty, WType::F32 | WType::F16 | WType::BF16)
+}
+
+impl Machine<'_> {
+    /// Seconds of one step: `decoding` sequences at context `ctx` and `prefill` prompt tokens.
+    fn step_s(&self, shape: &ModelShape, decoding: usize, ctx: f64, prefill: usize) -> f64 {
+        let bw = self.device.bandwidth_gb_s.value * 1e9;
+        let tokens = decoding + prefill;
+        let dequant = !is_float(self.ty)
+            && (self.cal.dequant_above_tokens).is_some_and(|limit| tokens > limit);
+        let weights = if dequant {
+            // Read the quantized bytes, write F16's, read those for the F16 GEMM.
+            let f16 = shape.weight_bytes_read(WType::F16);
+            (shape.weight_bytes_read(self.ty) + 2.0 * f16)
+                / (bw * self.cal.weight_efficiency("F16"))
+        } else {
+            shape.weight_bytes_read(self.ty) / (bw * self.cal.weight_efficiency(self.ty.name()))
+        };
+        let flops =
+            (self.device.tflops.get(&self.cal.compute_precision)).map_or(1e12, |f| f.value * 1e12);
+        let share = if prefill > 0 {
+            self.cal.prefill_compute_efficiency
+        } else {
+            self.cal.decode_compute_efficiency
+        };
+        let compute = 2.0 * shape.matmul_params() * tokens as f64 / (flops * share);
+        let kv = decoding as f64 * ctx * shape.kv_bytes_per_token()
+            / (bw * self.cal.kv_bandwidth_efficiency);
+        self.cal.step_overhead_ms / 1e3 + weights.max(compute) + kv
+    }
+}
+
+/// The median of the two middle requests' prefill end times, for `batch` requests of
+/// `prompt_len` tokens prefilled in steps of `budget` tokens (full steps take `full_s`, the
+/// last partial one `rest_s`): in closed form, however many steps there are.
+fn median_prefill_end(
+    batch: usize,
+    prompt_len: usize,
+    budget: usize,
+    full_s: f64,
+    rest_s: f64,
+) -> f64 {
+    let total = batch as u128 * prompt_len as u128;
+    let n_full = total / budget as u128;
+    let end_of = |r: usize| {
+        // Request r's last prompt token is token (r + 1) * L of the whole prefill.
+        let step = ((r as u128 + 1) * prompt_len as u128).div_ceil(budget as u128);
+        if step <= n_full {
+            step as f64 * full_s
+        } else {
+            n_full as f64 * full_s + rest_s
+        }
+    };
+    let (lo, hi) = ((batch - 1) / 2, batch / 2);
+    (end_of(lo) + end_of(hi)) / 2.0
+}
+
+fn check_workload(w: &Workload) -> Result<(), PlanError> {
+    for (what, v) in [
+        ("concurrency", w.concurrency),
+        ("prompt length", w.prompt_len),
+        ("output length", w.output_len),
+        ("token budget", w.token_budget),
+    ] {
+        if v == 0 {
+            return Err(PlanError::Workload(format!("{what} must be at least 1")));
+        }
+        if v > 1 << 24 {
+            return Err(PlanError::Workload(format!("{what} {v} is past 2^24")));
+        }
+    }
+    Ok(())
+}
+
+/// The prediction for `shape` in `ty` on `device` under workload `w`.
+pub fn predict(
+    table: &DeviceTable,
+    device: &DeviceSpec,
+    shape: &ModelShape,
+    ty: WType,
+    w: &Workload,
+) -> Result<Prediction, PlanError> {
+    check_workload(w)?;
+    let cal = table.calibration(device)?;
+    let m = Machine { device, cal, ty };
+    let weights = shape.weight_bytes_total(ty);
+    let free = device.memory_gib.value * GIB - cal.memory_reserve_gib * GIB - weights;
+    let per_seq = shape.kv_bytes_per_token() * (w.prompt_len + w.output_len) as f64;
+    let max_concurrency = if free > 0.0 {
+        (free / per_seq).floor().min(1e9) as usize
+    } else {
+        0
+    };
+    let mut p = Prediction {
+        device: device.id.clone(),
+        precision: ty.name().to_string(),
+        concurrency: w.concurrency,
+        per_request_tps: None,
+        aggregate_tps: None,
+        ttft_ms: None,
+        max_concurrency,
+        usd_per_million_tokens: None,
+        weights_gib: weights / GIB,
+        kv_limited: max_concurrency < w.concurrency,
+    };
+    if max_concurrency == 0 {
+        return Ok(p);
+    }
+    let batch = w.concurrency.min(max_concurrency);
+    let waves = w.concurrency.div_ceil(batch) as f64;
+    let prefill_tokens = batch as u128 * w.prompt_len as u128;
+    let budget = w.token_budget as u128;
+    let rest = (prefill_tokens % budget) as usize;
+    let full_s = m.step_s(shape, 0, 0.0, w.token_budget.min(prefill_tokens as usize));
+    let rest_s = if rest > 0 {
+        m.step_s(shape, 0, 0.0, rest)
+    } else {
+        0.0
+    };
+    let prefill_s = (prefill_tokens / budget) as f64 * full_s + rest_s;
+    let ttft_first = median_prefill_end(batch, w.prompt_len, w.token_budget, full_s, rest_s)
+        + cal.ttft_overhead_ms / 1e3;
+    // The mean context over the decode, for the KV reads.
+    let ctx = w.prompt_len as f64 + w.output_len as f64 / 2.0;
+    let decode_s = m.step_s(shape, batch, ctx, 0);
+    let wave_s = prefill_s + (w.output_len - 1) as f64 * decode_s;
+    let aggregate = (w.concurrency * w.output_len) as f64 / (waves * wave_s);
+    p.per_request_tps = Some(1.0 / decode_s);
+    p.aggregate_tps = Some(aggregate);
+    // The median request waits for half the waves before it.
+    p.ttft_ms = Some((ttft_first + (waves - 1.0) / 2.0 * wave_s) * 1e3);
+    p.usd_per_million_tokens = cost_per_million_output_tokens(device.usd_per_hour.value, aggregate);
+    Ok(p)
+}
+
+/// A measured row beside its prediction: the signed relative error of each figure.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RowError {
+    pub row: MeasuredRow,
+    pub predicted: Prediction,
+    /// (predicted - measured) / measured, for aggregate TPS, per-request TPS and TTFT.
+    pub aggregate_err: f64,
+    pub per_request_err: f64,
+    pub ttft_err: f64,
+}
+
+/// How far the predictions fall from a device's measured rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ErrorSummary {
+    pub device: String,
+    pub rows: Vec<RowError>,
+    /// Mean and largest |relative error| over every figure of every row, in percent.
+    pub mean_abs_pct: f64,
+    pub max_abs_pct: f64,
+    /// The same over the rows not used to fit the calibration (`None` when all were).
+    pub held_out_mean_abs_pct: Option<f64>,
+    pub held_out_max_abs_pct: Option<f64>,
+}
+
+/// (mean, max) of |e| in percent over every figure of `rows`.
+fn abs_pct<'a>(rows: impl Iterator<Item = &'a RowError>) -> Option<(f64, f64)> {
+    let errs: Vec<f64> = rows
+        .flat_map(|r| [r.aggregate_err, r.per_request_err, r.ttft_err])
+        .map(|e| e.abs() * 100.0)
+        .collect();
+    let max = errs
+        .iter()
+        .copied()
+        .fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))))?;
+    Some((errs.iter().sum::<f64>() / errs.len() as f64, max))
+}
+
+/// The predictions for `device`'s measured rows against what was measured; `None` when it has
+/// none.
+pub fn check(table: &DeviceTable, device: &DeviceSpec) -> Result<Option<ErrorSummary>, PlanError> {
+    let mut rows = Vec::new();
+    for r in &device.measured {
+        let shape = ModelShape::synthetic(&r.model)?;
+        let ty: WType = (r.precision.parse()).map_err(|e| {
+            PlanError::Table(format!("device {}: measured precision: {e}", device.id))
+        })?;
+        let w = Workload {
+            concurrency: r.concurrency,
+            prompt_len: r.prompt_len,
+            output_len: r.output_len,
+            token_budget: r.token_budget,
+        };
+        let p = predict(table, device, &shape, ty, &w)?;
+        let rel = |pred: Option<f64>, meas: f64| pred.map_or(f64::INFINITY, |v| v / meas - 1.0);
+        rows.push(RowError {
+            aggregate_err: rel(p.aggregate_tps, r.aggregate_tps),
+            per_request_err: rel(p.per_request_tps, r.per_request_tps),
+            ttft_err: rel(p.ttft_ms, r.ttft_ms),
+            row: r.clone(),
+            predicted: p,
+        });
+    }
+    let Some((mean, max)) = abs_pct(rows.iter()) else {
+        return Ok(None);
+    };
+    let held = abs_pct(rows.iter().filter(|r| !r.row.fitted));
+    Ok(Some(ErrorSummary {
+        device: device.id.clone(),
+        rows,
+        mean_abs_pct: mean,
+        max_abs_pct: max,
+        held_out_mean_abs_pct: held.map(|h| h.0),
+        held_out_max_abs_pct: held.map(|h| h.1),
+    }))
+}
+
+impl ErrorSummary {
+    /// "mean 6.7%, max 18.7% over 8 measured rows (held out of the fit: mean 6.2%, max 10.8%)".
+    pub fn text(&self) -> String {
+        let held = match (self.held_out_mean_abs_pct, self.held_out_max_abs_pct) {
+            (Some(m), Some(x)) => format!(" (held out of the fit: mean {m:.1}%, max {x:.1}%)"),
+            _ => String::new(),
+        };
+        format!(
+            "mean {:.1}%, max {:.1}% over {} measured rows{held}",
+            self.mean_abs_pct,
+            self.max_abs_pct,
+            self.rows.len()
+        )
+    }
+}
+
+/// Where a device's predictions come from and how far they fell from measurements.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Source {
+    pub device: String,
+    pub name: String,
+    pub backend: String,
+    /// How the backend's calibration was found.
+    pub calibration: String,
+    /// The predictions against this device's own measured rows, if it has any.
+    pub error: Option<ErrorSummary>,
+    /// Otherwise the calibration's error on the device it was measured on.
+    pub error_elsewhere: Option<ErrorSummary>,
+    /// The line printed beside the predictions.
+    pub text: String,
+}
+
+/// The prediction source of `device`, with its error.
+pub fn source(table: &DeviceTable, device: &DeviceSpec) -> Result<Source, PlanError> {
+    let cal = table.calibration(device)?;
+    let own = check(table, device)?;
+    let elsewhere = match (&own, table.measured_on(&device.backend).first()) {
+        (None, Some(m)) => check(table, m)?,
+        _ => None,
+    };
+    let (id, backend) = (&device.id, &device.backend);
+    let text = match (&own, &elsewhere) {
+        (Some(e), _) => format!(
+            "{id}: {backend} calibration; against this device's measured runs: {}",
+            e.text()
+        ),
+        (None, Some(e)) => format!(
+            "{id}: {backend} calibration, not measured on this device; on {}: {}",
+            e.device,
+            e.text()
+        ),
+        (None, None) => format!("{id}: {backend} calibration; error unknown (nothing measured)"),
+    };
+    Ok(Source {
+        device: id.clone(),
+        name: device.name.clone(),
+        backend: backend.clone(),
+        calibration: cal.source.clone(),
+        error: own,
+        error_elsewhere: elsewhere,
+        text,
+    })
+}

@@ -1,0 +1,238 @@
+//! The dashboard's trade-off view and the capacity planner, driven by their labels (AccessKit)
+//! with egui_kittest: no GPU, no display. The trade-off view is fed a plot history as the engine
+//! would fill it; the planner runs on the bundled device table.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use tpslab::ui::panels::dashboard_plots::plots_ui;
+use tpslab::ui::panels::planner::{self, PlannerSettings, PlannerView};
+use tpslab::ui::plots::{History, Sample};
+use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab_engine::device::DeviceChoice;
+use tpslab_engine::plan::{DeviceTable, ModelShape, Workload, predict};
+use tpslab_kernels::WType;
+
+const LABEL: &str = "batch cap 64 · budget 2048 tok · 4 concurrent, prompt 128 -> output 128 tok · Q4_1 · CPU, 2 threads";
+
+fn sample(t: f64, batch: usize, per_req: f64, aggregate: f64) -> Sample {
+    Sample {
+        t,
+        output_tps: aggregate,
+        per_req_mean: Some(per_req),
+        per_req_p10: Some(per_req * 0.9),
+        ttft_p50: Some(300.0),
+        ttft_p99: Some(910.0),
+        itl_p50: Some(8.0),
+        itl_p99: Some(19.6),
+        batch,
+        queue: 0,
+        kv_used: 10,
+        kv_total: 100,
+        rss_mib: Some(150.0),
+        vram_mib: None,
+    }
+}
+
+fn count(h: &Harness<'_, History>, text: &str) -> usize {
+    h.query_all_by_label_contains(text).count()
+}
+
+#[test]
+fn the_trade_off_view_draws_one_point_per_batch_size_and_the_operating_point_moves() {
+    let mut history = History::default();
+    for (i, (b, per_req, agg)) in [(1, 150.0, 150.0), (1, 160.0, 160.0), (4, 58.0, 165.0)]
+        .into_iter()
+        .enumerate()
+    {
+        history
+            .samples
+            .push_back(sample(i as f64 * 0.1, b, per_req, agg));
+    }
+    let mut h = Harness::builder()
+        .with_size([1400.0, 1100.0])
+        .build_ui_state(
+            |ui, hist: &mut History| plots_ui(ui, hist, LABEL, &[]),
+            history,
+        );
+    h.run();
+    // The settings are said once for the whole view, not in every plot's title.
+    assert_eq!(count(&h, "batch cap 64 · budget 2048"), 1);
+    assert!(h.query_by_label(&format!("Taken under: {LABEL}")).is_some());
+    // Each face of TPS has its own plot; TTFT and ITL beside the trade-off.
+    for title in [
+        "Aggregate output TPS",
+        "Per-request TPS",
+        "Trade-off: per-request vs aggregate TPS, one point per batch size",
+        "Time to first token",
+        "Inter-token latency",
+    ] {
+        assert!(h.query_by_label(title).is_some(), "{title}");
+    }
+    // One point per batch size seen (the mean of its samples), the latest highlighted.
+    assert!(
+        h.query_by_label(
+            "Points (batch: per-request / aggregate tok/s): 1: 155.0 / 155.0 · 4: 58.0 / 165.0"
+        )
+        .is_some()
+    );
+    assert!(
+        h.query_by_label(
+            "Operating point: batch 4 · 58.0 tok/s per request · 165.0 tok/s aggregate · \
+             TTFT P99 910 ms · ITL P99 20 ms"
+        )
+        .is_some()
+    );
+
+    // A knob change moves the batch size: a new point, and the operating point follows.
+    h.state_mut()
+        .samples
+        .push_back(sample(0.3, 16, 18.0, 190.0));
+    h.run();
+    assert!(
+        h.query_by_label_contains("4: 58.0 / 165.0 · 16: 18.0 / 190.0")
+            .is_some()
+    );
+    assert!(
+        h.query_by_label_contains("Operating point: batch 16 · 18.0 tok/s")
+            .is_some()
+    );
+    assert_eq!(count(&h, "batch cap 64 · budget 2048"), 1);
+}
+
+#[test]
+fn an_empty_history_says_so() {
+    let mut h = Harness::builder()
+        .with_size([1400.0, 1100.0])
+        .build_ui_state(
+            |ui, hist: &mut History| plots_ui(ui, hist, LABEL, &[]),
+            History::default(),
+        );
+    h.run();
+    assert!(
+        h.query_by_label("Operating point: none yet (no request streaming)")
+            .is_some()
+    );
+    assert!(
+        h.query_by_label("Points (batch: per-request / aggregate tok/s): none yet")
+            .is_some()
+    );
+}
+
+struct Planner {
+    settings: PlannerSettings,
+    table: DeviceTable,
+}
+
+fn planner_harness(settings: PlannerSettings) -> Harness<'static, Planner> {
+    let state = Planner {
+        settings,
+        table: DeviceTable::bundled().unwrap(),
+    };
+    Harness::builder()
+        .with_size([1400.0, 1100.0])
+        .build_ui_state(
+            |ui, p: &mut Planner| {
+                let view = PlannerView {
+                    table: Ok(&p.table),
+                    loaded: None,
+                };
+                planner::ui(ui, &mut p.settings, &view);
+            },
+            state,
+        )
+}
+
+#[test]
+fn the_planner_shows_each_source_with_its_error_and_the_predicted_rows() {
+    let settings = PlannerSettings {
+        devices: vec!["h200".into(), "h100".into()],
+        precisions: vec!["F16".into()],
+        concurrency: "1, 256".into(),
+        ..PlannerSettings::default()
+    };
+    let mut h = planner_harness(settings);
+    h.run();
+    assert!(h.query_by_label("Capacity planner").is_some());
+    assert!(
+        h.query_by_label_contains("Planned for: llama-3-8b · prompt 128 -> output 128 tok")
+            .is_some()
+    );
+    // The H200 is checked on its own measured rows; the H100 borrows the H200's error.
+    assert!(
+        h.query_by_label_contains(
+            "h200: cuda calibration; against this device's measured runs: mean"
+        )
+        .is_some()
+    );
+    assert!(
+        h.query_by_label_contains(
+            "h100: cuda calibration, not measured on this device; on h200: mean"
+        )
+        .is_some()
+    );
+    // The table's cells are the engine's predictions.
+    let table = DeviceTable::bundled().unwrap();
+    let shape = ModelShape::synthetic("llama-3-8b").unwrap();
+    let w = Workload {
+        concurrency: 256,
+        prompt_len: 128,
+        output_len: 128,
+        token_budget: 8192,
+    };
+    let p = predict(
+        &table,
+        table.device("h100").unwrap(),
+        &shape,
+        WType::F16,
+        &w,
+    )
+    .unwrap();
+    let agg = format!("{:.0}", p.aggregate_tps.unwrap());
+    assert!(
+        h.query_all_by_label(&agg).next().is_some(),
+        "aggregate {agg}"
+    );
+    let usd = format!("{:.3}", p.usd_per_million_tokens.unwrap());
+    assert!(h.query_all_by_label(&usd).next().is_some(), "cost {usd}");
+    assert_eq!(
+        h.query_all_by_label("h100").count(),
+        2 + 1,
+        "two rows and its checkbox"
+    );
+
+    // Another device: its rows appear.
+    h.get_by_label("rtx4090").click();
+    h.run();
+    assert!(h.state().settings.devices.iter().any(|d| d == "rtx4090"));
+    assert!(
+        h.query_by_label_contains("rtx4090: cuda calibration")
+            .is_some()
+    );
+    // On a 24 GB card 256 sequences of 8B F16 do not fit: the rest wait, and it says so.
+    assert!(h.query_by_label_contains("(KV-limited)").is_some());
+}
+
+#[test]
+fn the_window_has_a_planner_tab() {
+    // A missing model file fails fast; the planner needs no model.
+    let app = TpsApp::new(
+        AppState::default(),
+        AppOptions {
+            model: "/nonexistent/tpslab-gui-plan.gguf".into(),
+            threads: 1,
+            device: Some(DeviceChoice::Cpu),
+        },
+    );
+    let mut h = Harness::builder()
+        .with_size([1400.0, 1000.0])
+        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
+    h.run_steps(3);
+    h.get_by_label("Planner").click();
+    h.run_steps(3);
+    assert!(h.query_by_label("Capacity planner").is_some());
+    assert!(
+        h.query_by_label_contains("h200: cuda calibration; against this device's measured runs")
+            .is_some()
+    );
+}
