@@ -13,6 +13,7 @@
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
 //! - [`spec_metrics`]: speculative decoding's counters and rates (vLLM's names).
 //! - `spec_step` (in [`engine`]): proposing before a step and verifying in it.
+//! - [`ring`]: the fixed-capacity ring buffer the live metrics keep their series in.
 //! - [`rss`]: this process's resident memory from `/proc`.
 //! - [`loadgen`]: load generator (fixed concurrency or Poisson arrivals) timing tokens client-side.
 //! - [`perplexity`]: llama.cpp-style perplexity over a text (the bundled one is public domain).
@@ -29,6 +30,7 @@ pub mod perplexity;
 pub mod refusal;
 pub mod requant;
 pub mod request;
+pub mod ring;
 pub mod rss;
 pub mod sampler;
 pub mod spec_metrics;
