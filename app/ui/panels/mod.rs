@@ -5,6 +5,7 @@
 //! Modules:
 //! - [`api_server`]: the dashboard's API server section, and the server over the window's engine.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
+//! - [`chat_schema`]: the chat panel's JSON-schema option (structured output).
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
 //! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
@@ -13,6 +14,7 @@
 
 pub mod api_server;
 pub mod chat;
+pub mod chat_schema;
 pub mod dashboard;
 mod hub_panel;
 pub mod models;

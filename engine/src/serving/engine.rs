@@ -23,6 +23,7 @@ use crate::model::precision::Precision;
 use crate::sched::stop::{FinishReason, StopChecker};
 use crate::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
 use crate::serving::admission::Admission;
+use crate::serving::constraint::ConstraintRun;
 use crate::serving::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes,
 };
@@ -259,6 +260,8 @@ struct Live {
     /// every generated token, so its count is the completion's.
     stop: StopChecker,
     prompt_len: usize,
+    /// Structured output: the grammar's mask for each token, advanced as tokens are committed.
+    constraint: Option<ConstraintRun>,
     accepted: Instant,
     /// Set by the first step that schedules the request.
     queue_time: Option<Duration>,
@@ -488,6 +491,7 @@ impl EngineThread {
             sampling,
             mut stop,
             priority,
+            constraint,
         } = req;
         stop.max_tokens = Some(admitted.max_tokens);
         let prompt_len = prompt.len();
@@ -510,6 +514,7 @@ impl EngineThread {
                 detok: Detokenizer::new(true),
                 stop: StopChecker::new(stop),
                 prompt_len,
+                constraint: constraint.map(ConstraintRun::start),
                 accepted: Instant::now(),
                 queue_time: None,
             },

@@ -41,15 +41,20 @@ impl EngineThread {
                 .collect();
         }
         for (id, error) in at_fault {
-            if let Some(l) = self.live.get(&id) {
-                let _ = l.events.send(Event::Refused {
-                    id,
-                    reason: Refusal::Failed(error),
-                });
-            }
-            self.sched.finish(&[id], FinishReason::Abort);
-            self.live.remove(&id);
+            self.fail(id, error);
         }
+    }
+
+    /// Ends one request with an error (its events say why); the others go on.
+    fn fail(&mut self, id: RequestId, error: String) {
+        if let Some(l) = self.live.get(&id) {
+            let _ = l.events.send(Event::Refused {
+                id,
+                reason: Refusal::Failed(error),
+            });
+        }
+        self.sched.finish(&[id], FinishReason::Abort);
+        self.live.remove(&id);
     }
 
     pub(super) fn step(&mut self) {
@@ -72,6 +77,8 @@ impl EngineThread {
             .iter()
             .filter(|s| s.sample)
             .map(|s| match self.live.get(&s.id) {
+                // The grammar's mask goes over the whole row.
+                Some(l) if l.constraint.is_some() => RowNeed::Full,
                 Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
                 Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
                 None => RowNeed::Argmax,
@@ -81,7 +88,7 @@ impl EngineThread {
             Ok(l) => l,
             Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
         };
-        let sampled = sample_rows(
+        let (sampled, failed) = sample_rows(
             &mut self.live,
             &self.sched,
             &out,
@@ -89,6 +96,9 @@ impl EngineThread {
             &step,
             self.lm.model.cfg.vocab,
         );
+        for (id, error) in failed {
+            self.fail(id, error);
+        }
         let now = self.now();
         let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
         // The scheduler appends each token and asks the request's stop checker whether it ends
@@ -99,13 +109,17 @@ impl EngineThread {
             };
             let piece = l.detok.push(tokenizer, a.token).unwrap_or_default();
             let st = l.stop.push(a.token, &piece);
+            // A grammar that is complete ends the request too (finish reason `stop`).
+            let finish = st
+                .finish
+                .or_else(|| l.constraint.as_mut().and_then(|c| c.advance(a.token)));
             metrics.on_token(a.id, now);
             let _ = l.events.send(Event::Token {
                 id: a.id,
                 token: a.token,
                 text: st.text,
             });
-            st.finish
+            finish
         });
         for (id, reason) in ended {
             self.end(id, reason);
@@ -148,7 +162,8 @@ impl EngineThread {
 }
 
 /// One token per sampling entry of the step, in order, each from what its sampler asked the
-/// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row.
+/// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row
+/// (masked first by the request's grammar, if any). Second: the requests whose grammar failed.
 fn sample_rows(
     live: &mut HashMap<RequestId, Live>,
     sched: &Scheduler,
@@ -156,8 +171,9 @@ fn sample_rows(
     needs: &[RowNeed],
     step: &StepOutput<'_>,
     vocab: usize,
-) -> Vec<(RequestId, u32)> {
+) -> (Vec<(RequestId, u32)>, Vec<(RequestId, String)>) {
     let mut sampled = Vec::new();
+    let mut failed = Vec::new();
     let mut scratch = Vec::with_capacity(vocab);
     let mut rows = step.logits.chunks_exact(vocab);
     let kk = step.topk_k.max(1);
@@ -182,6 +198,12 @@ fn sample_rows(
             (_, _, Some(r)) => {
                 scratch.clear();
                 scratch.extend_from_slice(r);
+                if let Some(c) = l.constraint.as_mut()
+                    && let Err(e) = c.apply(&mut scratch)
+                {
+                    failed.push((s.id, format!("structured output: {e}")));
+                    continue;
+                }
                 let history = sched.tokens(s.id).unwrap_or_default();
                 l.sampler
                     .sample_with_prompt(&mut scratch, history, l.prompt_len)
@@ -190,7 +212,7 @@ fn sample_rows(
         };
         sampled.push((s.id, tok));
     }
-    sampled
+    (sampled, failed)
 }
 
 /// The forward pass's input for one scheduler step.

@@ -181,6 +181,7 @@ fn next_request(
             ..StopCriteria::default()
         },
         priority: spec.priority,
+        constraint: None,
     };
     (req, plen, olen)
 }
