@@ -2,8 +2,8 @@
 //! engine, drives it with the load generator, and reports vLLM's figures (TTFT, TPOT, ITL,
 //! E2EL percentiles, output throughput) plus both faces of TPS: per request and aggregate.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, mpsc};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,11 +11,8 @@ use serde::Serialize;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
-use tpslab_engine::sched::RequestId;
-use tpslab_engine::serving::constraint::{Constraint, Grammar, compiler_for, mask_stats};
-use tpslab_engine::serving::engine::{
-    EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
-};
+use tpslab_engine::serving::constraint::{ConstrainedTarget, Grammar, compiler_for, mask_stats};
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 
@@ -339,22 +336,6 @@ fn start_engine(
     )?)
 }
 
-/// The engine with every request constrained to one grammar (each request runs its own copy).
-struct Constrained {
-    engine: EngineHandle,
-    constraint: Constraint,
-}
-
-impl loadgen::LoadTarget for Constrained {
-    fn submit(&self, mut req: Request, events: mpsc::Sender<Event>) -> RequestId {
-        req.constraint = Some(self.constraint.clone());
-        self.engine.submit(req, events)
-    }
-    fn cancel(&self, id: RequestId) {
-        self.engine.cancel(id);
-    }
-}
-
 /// `--json-schema`: the levels again with every request constrained, then the same-run ratios
 /// and the mask cost per token (time on the workers, and time the engine step waited).
 fn run_constrained(
@@ -365,8 +346,8 @@ fn run_constrained(
     file: &std::path::Path,
     plain: &[LevelResult],
 ) -> Result<Vec<LevelResult>> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read {}", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let schema = serde_json::from_str(&text)
         .with_context(|| format!("{} is not valid JSON", file.display()))?;
     let constraint = compiler_for(&lm.tokenizer)?.compile(&Grammar::json_schema(schema))?;
@@ -375,8 +356,8 @@ fn run_constrained(
         a,
         prompts,
         |c| {
-            Ok(Constrained {
-                engine: start_engine(a, lm, knobs, c)?,
+            Ok(ConstrainedTarget {
+                inner: start_engine(a, lm, knobs, c)?,
                 constraint: constraint.clone(),
             })
         },
@@ -388,7 +369,9 @@ fn run_constrained(
     }
     println!("\nwith every request constrained to {}:", file.display());
     print_table(&runs);
-    println!("\n| concurrency | aggregate TPS plain | constrained | ratio | per-request TPS plain | constrained | ratio |");
+    println!(
+        "\n| concurrency | aggregate TPS plain | constrained | ratio | per-request TPS plain | constrained | ratio |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (p, s) in plain.iter().zip(&runs) {
         let ratio = |x: f64, y: f64| if x > 0.0 { y / x } else { f64::NAN };

@@ -25,9 +25,8 @@ fn text<'a>(field: &str, v: &'a Value) -> Result<&'a str, ApiError> {
 /// A schema given as an object (or boolean), or as JSON text (vLLM takes both).
 fn schema(field: &str, v: &Value) -> Result<Value, ApiError> {
     match v {
-        Value::String(s) => serde_json::from_str(s).map_err(|e| {
-            ApiError::bad_param(field, format!("{field} is not valid JSON: {e}"))
-        }),
+        Value::String(s) => serde_json::from_str(s)
+            .map_err(|e| ApiError::bad_param(field, format!("{field} is not valid JSON: {e}"))),
         Value::Object(_) | Value::Bool(_) => Ok(v.clone()),
         _ => Err(ApiError::bad_param(
             field,
@@ -68,7 +67,10 @@ fn regex_escape(s: &str) -> String {
 fn response_format(v: &Value) -> Result<Option<Grammar>, ApiError> {
     const F: &str = "response_format";
     let kind = v.get("type").and_then(Value::as_str).ok_or_else(|| {
-        ApiError::bad_param(F, "response_format needs a type: text, json_object or json_schema")
+        ApiError::bad_param(
+            F,
+            "response_format needs a type: text, json_object or json_schema",
+        )
     })?;
     match kind {
         "text" => Ok(None),
@@ -78,9 +80,12 @@ fn response_format(v: &Value) -> Result<Option<Grammar>, ApiError> {
             _ => Grammar::JsonObject,
         })),
         "json_schema" => {
-            let js = v.get("json_schema").filter(|j| j.is_object()).ok_or_else(|| {
-                ApiError::bad_param(F, "response_format json_schema needs a json_schema object")
-            })?;
+            let js = v
+                .get("json_schema")
+                .filter(|j| j.is_object())
+                .ok_or_else(|| {
+                    ApiError::bad_param(F, "response_format json_schema needs a json_schema object")
+                })?;
             let s = js.get("schema").filter(|s| !s.is_null()).ok_or_else(|| {
                 ApiError::bad_param(F, "response_format.json_schema needs a schema")
             })?;
@@ -103,7 +108,10 @@ fn response_format(v: &Value) -> Result<Option<Grammar>, ApiError> {
 fn structured_outputs(v: &Value) -> Result<Vec<Asked>, ApiError> {
     const F: &str = "structured_outputs";
     let Some(o) = v.as_object() else {
-        return Err(ApiError::bad_param(F, "structured_outputs must be an object"));
+        return Err(ApiError::bad_param(
+            F,
+            "structured_outputs must be an object",
+        ));
     };
     let mut out = Vec::new();
     for (k, v) in o {
@@ -146,11 +154,17 @@ pub fn asked(body: &Value) -> Result<Option<Asked>, ApiError> {
     }
     type Reader = fn(&str, &Value) -> Result<Grammar, ApiError>;
     let simple: [(&'static str, Reader); 6] = [
-        ("guided_json", |f, v| Ok(Grammar::json_schema(schema(f, v)?))),
-        ("guided_regex", |f, v| Ok(Grammar::Regex(text(f, v)?.to_string()))),
+        ("guided_json", |f, v| {
+            Ok(Grammar::json_schema(schema(f, v)?))
+        }),
+        ("guided_regex", |f, v| {
+            Ok(Grammar::Regex(text(f, v)?.to_string()))
+        }),
         ("guided_grammar", grammar_text),
         ("guided_choice", choice),
-        ("json_schema", |f, v| Ok(Grammar::json_schema(schema(f, v)?))),
+        ("json_schema", |f, v| {
+            Ok(Grammar::json_schema(schema(f, v)?))
+        }),
         ("grammar", |f, v| Ok(Grammar::Gbnf(text(f, v)?.to_string()))),
     ];
     for (name, read) in simple {
@@ -179,8 +193,8 @@ pub fn asked(body: &Value) -> Result<Option<Asked>, ApiError> {
 
 /// Compiles the constraint for the model (a 400 with llguidance's message when it cannot).
 pub fn compile(lm: &LoadedModel, a: &Asked) -> Result<Constraint, ApiError> {
-    let compiler =
-        constraint::compiler_for(&lm.tokenizer).map_err(|e| ApiError::bad_param(a.field, e.to_string()))?;
+    let compiler = constraint::compiler_for(&lm.tokenizer)
+        .map_err(|e| ApiError::bad_param(a.field, e.to_string()))?;
     compiler.compile(&a.grammar).map_err(|e| {
         let msg = e.to_string();
         let cut: String = msg.chars().take(600).collect();

@@ -20,7 +20,9 @@ pub fn schema_ui(ui: &mut egui::Ui, conv: &mut Conversation) {
                 egui::TextEdit::multiline(&mut conv.json_schema)
                     .code_editor()
                     .desired_rows(4)
-                    .hint_text(r#"{"type": "object", "properties": {"answer": {"type": "string"}}}"#),
+                    .hint_text(
+                        r#"{"type": "object", "properties": {"answer": {"type": "string"}}}"#,
+                    ),
             )
             .labelled_by(l.id);
             if conv.json_schema_on
@@ -43,4 +45,29 @@ pub fn grammar(conv: &Conversation) -> Result<Option<Grammar>, String> {
         return Err("the JSON schema must be an object".into());
     }
     Ok(Some(Grammar::json_schema(schema)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_invalid_and_valid_schemas() {
+        let mut conv = Conversation {
+            json_schema: "{not json".into(),
+            ..Conversation::default()
+        };
+        assert_eq!(grammar(&conv), Ok(None), "off: the box is ignored");
+        conv.json_schema_on = true;
+        assert!(grammar(&conv).is_err_and(|e| e.contains("not valid JSON")));
+        conv.json_schema = "[1]".into();
+        assert!(grammar(&conv).is_err());
+        conv.json_schema = r#"{"type": "object"}"#.into();
+        assert_eq!(
+            grammar(&conv),
+            Ok(Some(Grammar::json_schema(
+                serde_json::json!({"type": "object"})
+            )))
+        );
+    }
 }

@@ -25,7 +25,10 @@ use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 
+use crate::sched::RequestId;
 use crate::sched::stop::FinishReason;
+use crate::serving::loadgen::LoadTarget;
+use crate::serving::request::{Event, Request};
 use crate::text::tokenizer::Tokenizer;
 
 pub use super::gbnf::gbnf_to_lark;
@@ -79,10 +82,9 @@ impl Grammar {
 
     fn to_llguidance(&self) -> Result<TopLevelGrammar, ConstraintError> {
         Ok(match self {
-            Grammar::JsonObject => TopLevelGrammar::from_json_schema(compact(
-                json!({"type": "object"}),
-                true,
-            )),
+            Grammar::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(json!({"type": "object"}), true))
+            }
             Grammar::JsonSchema { schema, strict } => {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(ConstraintError::Grammar(
@@ -183,14 +185,17 @@ impl Compiler {
     /// milliseconds for a 50k vocabulary).
     pub fn new(tokenizer: &Tokenizer) -> Result<Self, ConstraintError> {
         let n = tokenizer.vocab_size();
-        let vocab = u32::try_from(n).map_err(|_| ConstraintError::Vocab("too many tokens".into()))?;
+        let vocab =
+            u32::try_from(n).map_err(|_| ConstraintError::Vocab("too many tokens".into()))?;
         let stops = tokenizer.stop_token_ids();
         let eos = tokenizer
             .eos_id()
             .or_else(|| stops.first().copied())
             .ok_or_else(|| ConstraintError::Vocab("the vocabulary has no end token".into()))?;
         if eos >= vocab {
-            return Err(ConstraintError::Vocab(format!("end token {eos} is outside the vocabulary")));
+            return Err(ConstraintError::Vocab(format!(
+                "end token {eos} is outside the vocabulary"
+            )));
         }
         let words: Vec<Vec<u8>> = (0..vocab)
             .map(|id| {
@@ -214,7 +219,8 @@ impl Compiler {
             }
             TokTrie::from(&TokRxInfo::new(vocab, eos), &words).with_eos_tokens(&eog)
         });
-        let trie = built.map_err(|_| ConstraintError::Vocab("cannot build the token trie".into()))?;
+        let trie =
+            built.map_err(|_| ConstraintError::Vocab("cannot build the token trie".into()))?;
         let env: llguidance::toktrie::TokEnv = Arc::new(Env {
             trie,
             tokenizer: tokenizer.clone(),
@@ -254,7 +260,9 @@ const KEEP_COMPILERS: usize = 2;
 /// shared by every request on that model and by every copy of its bundle (a precision change
 /// keeps the tokenizer, so it keeps the compiler).
 pub fn compiler_for(tokenizer: &Tokenizer) -> Result<Arc<Compiler>, ConstraintError> {
-    let mut cache = COMPILERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cache = COMPILERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(i) = cache.iter().position(|(t, _)| t.same_as(tokenizer)) {
         let hit = cache.remove(i);
         let c = Arc::clone(&hit.1);
@@ -278,7 +286,9 @@ pub struct Constraint {
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint").field("kind", &self.kind).finish()
+        f.debug_struct("Constraint")
+            .field("kind", &self.kind)
+            .finish()
     }
 }
 
@@ -372,9 +382,13 @@ impl ConstraintRun {
     /// request; a mask that allows nothing is one too.
     pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), String> {
         let mask = self.mask().as_ref().map_err(Clone::clone)?;
+        // Ids past the vocabulary the mask covers (an embedding padded past the tokenizer's).
+        let n = mask.len().min(logits.len());
+        let (inside, past) = logits.split_at_mut(n);
+        past.fill(f32::NEG_INFINITY);
         let words = mask.as_slice();
         let mut any = false;
-        for (i, chunk) in logits.chunks_mut(32).enumerate() {
+        for (i, chunk) in inside.chunks_mut(32).enumerate() {
             let w = words.get(i).copied().unwrap_or(0);
             if w == u32::MAX && chunk.len() == 32 {
                 any = true;
@@ -419,6 +433,23 @@ impl ConstraintRun {
                 None
             }
         }
+    }
+}
+
+/// A load target whose every request is constrained to one grammar (each request runs its own
+/// copy): what `tpslab bench --json-schema` measures structured output's cost with.
+pub struct ConstrainedTarget<T> {
+    pub inner: T,
+    pub constraint: Constraint,
+}
+
+impl<T: LoadTarget> LoadTarget for ConstrainedTarget<T> {
+    fn submit(&self, mut req: Request, events: mpsc::Sender<Event>) -> RequestId {
+        req.constraint = Some(self.constraint.clone());
+        self.inner.submit(req, events)
+    }
+    fn cancel(&self, id: RequestId) {
+        self.inner.cancel(id);
     }
 }
 

@@ -33,11 +33,14 @@ fn escape(s: &str, i: usize) -> Result<(char, usize), GbnfError> {
         return err("a backslash ends the grammar", i);
     };
     let hex = |n: usize| -> Result<(char, usize), GbnfError> {
-        let digits = rest.get(1..=n).filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
+        let digits = rest
+            .get(1..=n)
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
         let Some(code) = digits.and_then(|d| u32::from_str_radix(d, 16).ok()) else {
             return err(format!("\\{c} needs {n} hex digits"), i);
         };
-        char::from_u32(code).map_or_else(|| err("escape is not a character", i), |ch| Ok((ch, n + 1)))
+        char::from_u32(code)
+            .map_or_else(|| err("escape is not a character", i), |ch| Ok((ch, n + 1)))
     };
     match c {
         'n' => Ok(('\n', 1)),
@@ -243,7 +246,14 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_read() {
-        for bad in ["", "x ::= \"a\"", "root ::= \"open", "root ::= [a-", "\"a\"", "root ::= \"\\q\""] {
+        for bad in [
+            "",
+            "x ::= \"a\"",
+            "root ::= \"open",
+            "root ::= [a-",
+            "\"a\"",
+            "root ::= \"\\q\"",
+        ] {
             assert!(gbnf_to_lark(bad).is_err(), "{bad:?}");
         }
     }

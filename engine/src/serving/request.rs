@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
-pub use crate::serving::refusal::{Refusal, RefusalKind};
 use crate::serving::constraint::Constraint;
+pub use crate::serving::refusal::{Refusal, RefusalKind};
 use crate::serving::sampler::SamplingParams;
 
 /// What a request needs besides its prompt.
