@@ -172,7 +172,9 @@ fn every_dialect_field_constrains() {
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
                         "maximum": 5}}, "required": ["n"], "additionalProperties": false});
     for field in ["guided_json", "json_schema"] {
-        let (text, _) = answer(addr, "/v1/chat/completions", &ask(json!({field: schema})));
+        let mut extra = serde_json::Map::new();
+        extra.insert(field.to_string(), schema.clone());
+        let (text, _) = answer(addr, "/v1/chat/completions", &ask(Value::Object(extra)));
         validate(field, &schema, &text, field);
     }
     let (text, _) = answer(

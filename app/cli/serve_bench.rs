@@ -273,7 +273,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         a.prompt_len,
         a.output_len
     );
-    let runs = run_levels(
+    let mut runs = run_levels(
         a,
         &prompts,
         |c| {
@@ -291,7 +291,6 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         true,
     )?;
     print_table(&runs);
-    let mut runs = runs;
     if let Some(file) = &a.json_schema {
         runs.extend(run_constrained(a, &lm, &prompts, &knobs, file, &runs)?);
     }

@@ -55,7 +55,7 @@ fn choice(field: &str, v: &Value) -> Result<Grammar, ApiError> {
 fn regex_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if "\\.+*?()|[]{}^$#&-~ ".contains(c) {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
             out.push('\\');
         }
         out.push(c);
@@ -226,7 +226,7 @@ mod tests {
         );
         assert_eq!(
             one(json!({"guided_choice": ["a b", "c"]})),
-            Some(Grammar::Regex("(a\\ b|c)".into()))
+            Some(Grammar::Regex("(a b|c)".into()))
         );
         assert_eq!(
             one(json!({"guided_json": "{\"type\": \"integer\"}"})),
