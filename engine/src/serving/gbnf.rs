@@ -68,12 +68,103 @@ fn class_char(out: &mut String, c: char) {
     }
 }
 
+/// A string literal at `src[i..]` (opening quote included) as a Lark (JSON) string; returns it
+/// and the index past the closing quote.
+fn string_lit(src: &str, mut i: usize) -> Result<(String, usize), GbnfError> {
+    let start = i;
+    i += 1;
+    let mut text = String::new();
+    loop {
+        let Some(ch) = src[i..].chars().next() else {
+            return err("a string is not closed", start);
+        };
+        match ch {
+            '"' => break,
+            '\\' => {
+                let (e, n) = escape(src, i + 1)?;
+                text.push(e);
+                i += 1 + n;
+            }
+            ch => {
+                text.push(ch);
+                i += ch.len_utf8();
+            }
+        }
+    }
+    let lit = serde_json::to_string(&text).unwrap_or_default();
+    Ok((lit, i + 1))
+}
+
+/// A character class at `src[i..]` (`[` included) as a Lark regex; returns it and the index
+/// past the `]`.
+fn class_lit(src: &str, mut i: usize) -> Result<(String, usize), GbnfError> {
+    let start = i;
+    i += 1;
+    let mut class = String::from("/[");
+    if src.as_bytes().get(i) == Some(&b'^') {
+        class.push('^');
+        i += 1;
+    }
+    loop {
+        let Some(ch) = src[i..].chars().next() else {
+            return err("a character class is not closed", start);
+        };
+        match ch {
+            ']' => break,
+            '-' => {
+                class.push('-');
+                i += 1;
+            }
+            '\\' => {
+                let (e, n) = escape(src, i + 1)?;
+                class_char(&mut class, e);
+                i += 1 + n;
+            }
+            ch => {
+                class_char(&mut class, ch);
+                i += ch.len_utf8();
+            }
+        }
+    }
+    class.push_str("]/");
+    Ok((class, i + 1))
+}
+
+/// A `{m}`, `{m,}` or `{m,n}` repetition at `src[i..]`; returns it (spaces dropped) and the
+/// index past the `}`.
+fn repetition(src: &str, mut i: usize) -> Result<(String, usize), GbnfError> {
+    let (start, b) = (i, src.as_bytes());
+    i += 1;
+    while i < b.len() && b[i] != b'}' {
+        if !(b[i].is_ascii_digit() || b[i] == b',' || b[i] == b' ') {
+            return err("a repetition holds only digits and a comma", i);
+        }
+        i += 1;
+    }
+    if i >= b.len() {
+        return err("a repetition is not closed", start);
+    }
+    let rep = src[start..=i].chars().filter(|c| *c != ' ').collect();
+    Ok((rep, i + 1))
+}
+
+/// Appends a postfix operator to the last item (Lark binds it to what precedes, no space).
+fn postfix(out: &mut String, op: &str) {
+    let trimmed = out.trim_end().len();
+    out.truncate(trimmed);
+    out.push_str(op);
+    out.push(' ');
+}
+
+fn is_name(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'-' || c == b'_'
+}
+
 /// Converts a GBNF grammar to Lark (`start: g_root`, one line per rule).
 pub fn gbnf_to_lark(src: &str) -> Result<String, GbnfError> {
     let mut rules: Vec<(String, String)> = Vec::new();
     let b = src.as_bytes();
     let mut i = 0;
-    let is_name = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
     while i < b.len() {
         let c = b[i];
         match c {
@@ -88,106 +179,38 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, GbnfError> {
                 while i < b.len() && is_name(b[i]) {
                     i += 1;
                 }
-                let name = &src[start..i];
+                let name = rule_name(&src[start..i]);
                 let mut j = i;
                 while j < b.len() && (b[j] == b' ' || b[j] == b'\t') {
                     j += 1;
                 }
                 if src[j..].starts_with("::=") {
-                    rules.push((rule_name(name), String::new()));
+                    rules.push((name, String::new()));
                     i = j + 3;
                 } else {
-                    body(&mut rules, start)?.push_str(&rule_name(name));
-                    body(&mut rules, start)?.push(' ');
+                    let out = body(&mut rules, start)?;
+                    out.push_str(&name);
+                    out.push(' ');
                 }
             }
-            b'"' => {
-                let start = i;
-                i += 1;
-                let mut text = String::new();
-                loop {
-                    let Some(ch) = src[i..].chars().next() else {
-                        return err("a string is not closed", start);
-                    };
-                    match ch {
-                        '"' => {
-                            i += 1;
-                            break;
-                        }
-                        '\\' => {
-                            let (e, n) = escape(src, i + 1)?;
-                            text.push(e);
-                            i += 1 + n;
-                        }
-                        ch => {
-                            text.push(ch);
-                            i += ch.len_utf8();
-                        }
-                    }
+            b'"' | b'[' | b'{' => {
+                let (item, next) = match c {
+                    b'"' => string_lit(src, i)?,
+                    b'[' => class_lit(src, i)?,
+                    _ => repetition(src, i)?,
+                };
+                let out = body(&mut rules, i)?;
+                if c == b'{' {
+                    postfix(out, &item);
+                } else {
+                    out.push_str(&item);
+                    out.push(' ');
                 }
-                let lit = serde_json::to_string(&text).unwrap_or_default();
-                let out = body(&mut rules, start)?;
-                out.push_str(&lit);
-                out.push(' ');
-            }
-            b'[' => {
-                let start = i;
-                i += 1;
-                let mut class = String::from("/[");
-                if b.get(i) == Some(&b'^') {
-                    class.push('^');
-                    i += 1;
-                }
-                loop {
-                    let Some(ch) = src[i..].chars().next() else {
-                        return err("a character class is not closed", start);
-                    };
-                    match ch {
-                        ']' => {
-                            i += 1;
-                            break;
-                        }
-                        '-' => {
-                            class.push('-');
-                            i += 1;
-                        }
-                        '\\' => {
-                            let (e, n) = escape(src, i + 1)?;
-                            class_char(&mut class, e);
-                            i += 1 + n;
-                        }
-                        ch => {
-                            class_char(&mut class, ch);
-                            i += ch.len_utf8();
-                        }
-                    }
-                }
-                class.push_str("]/ ");
-                body(&mut rules, start)?.push_str(&class);
+                i = next;
             }
             b'.' => {
                 body(&mut rules, i)?.push_str("/(?s:.)/ ");
                 i += 1;
-            }
-            b'{' => {
-                let start = i;
-                while i < b.len() && b[i] != b'}' {
-                    if !(b[i].is_ascii_digit() || b[i] == b',' || b[i] == b' ' || b[i] == b'{') {
-                        return err("a repetition holds only digits and a comma", i);
-                    }
-                    i += 1;
-                }
-                if i >= b.len() {
-                    return err("a repetition is not closed", start);
-                }
-                i += 1;
-                let rep: String = src[start..i].chars().filter(|c| *c != ' ').collect();
-                let out = body(&mut rules, start)?;
-                // Lark's repetition binds to what precedes it: no space before it.
-                let trimmed = out.trim_end().len();
-                out.truncate(trimmed);
-                out.push_str(&rep);
-                out.push(' ');
             }
             b'(' | b')' | b'|' => {
                 let out = body(&mut rules, i)?;
@@ -196,11 +219,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, GbnfError> {
                 i += 1;
             }
             b'*' | b'+' | b'?' => {
-                let out = body(&mut rules, i)?;
-                let trimmed = out.trim_end().len();
-                out.truncate(trimmed);
-                out.push(char::from(c));
-                out.push(' ');
+                postfix(body(&mut rules, i)?, &char::from(c).to_string());
                 i += 1;
             }
             _ => {
