@@ -245,7 +245,7 @@ impl Compiler {
             return Err(ConstraintError::Grammar(format!("{}: {e}", grammar.kind())));
         }
         Ok(Constraint {
-            matcher,
+            matcher: Box::new(matcher),
             kind: grammar.kind(),
         })
     }
@@ -280,7 +280,8 @@ pub fn compiler_for(tokenizer: &Tokenizer) -> Result<Arc<Compiler>, ConstraintEr
 /// One compiled grammar at its start state.
 #[derive(Clone)]
 pub struct Constraint {
-    matcher: Matcher,
+    /// Boxed: a matcher is over a kilobyte, and requests travel by value through channels.
+    matcher: Box<Matcher>,
     kind: &'static str,
 }
 
@@ -337,7 +338,7 @@ impl ConstraintRun {
     /// Starts computing the first mask (it overlaps the prompt's prefill).
     pub fn start(c: Constraint) -> Self {
         let mut run = Self {
-            matcher: Arc::new(Mutex::new(c.matcher)),
+            matcher: Arc::new(Mutex::new(*c.matcher)),
             mask: None,
             pending: None,
         };

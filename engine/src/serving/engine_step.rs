@@ -161,6 +161,9 @@ impl EngineThread {
     }
 }
 
+/// Requests whose grammar failed this step, with why.
+type Failed = Vec<(RequestId, String)>;
+
 /// One token per sampling entry of the step, in order, each from what its sampler asked the
 /// backend for (see `StepOutput`): a greedy token, top-k candidates, or a whole logits row
 /// (masked first by the request's grammar, if any). Second: the requests whose grammar failed.
@@ -171,7 +174,7 @@ fn sample_rows(
     needs: &[RowNeed],
     step: &StepOutput<'_>,
     vocab: usize,
-) -> (Vec<(RequestId, u32)>, Vec<(RequestId, String)>) {
+) -> (Vec<(RequestId, u32)>, Failed) {
     let mut sampled = Vec::new();
     let mut failed = Vec::new();
     let mut scratch = Vec::with_capacity(vocab);
