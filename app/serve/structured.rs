@@ -35,6 +35,19 @@ fn schema(field: &str, v: &Value) -> Result<Value, ApiError> {
     }
 }
 
+fn strict_schema(field: &str, v: &Value) -> Result<Grammar, ApiError> {
+    Ok(Grammar::json_schema(schema(field, v)?))
+}
+
+fn regex(field: &str, v: &Value) -> Result<Grammar, ApiError> {
+    Ok(Grammar::Regex(text(field, v)?.to_string()))
+}
+
+/// llama-server's `grammar` is always GBNF.
+fn gbnf(field: &str, v: &Value) -> Result<Grammar, ApiError> {
+    Ok(Grammar::Gbnf(text(field, v)?.to_string()))
+}
+
 fn grammar_text(field: &str, v: &Value) -> Result<Grammar, ApiError> {
     Ok(Grammar::from_grammar_text(text(field, v)?))
 }
@@ -119,8 +132,8 @@ fn structured_outputs(v: &Value) -> Result<Vec<Asked>, ApiError> {
             continue;
         }
         let grammar = match k.as_str() {
-            "json" => Grammar::json_schema(schema(F, v)?),
-            "regex" => Grammar::Regex(text(F, v)?.to_string()),
+            "json" => strict_schema(F, v)?,
+            "regex" => regex(F, v)?,
             "choice" => choice(F, v)?,
             "grammar" => grammar_text(F, v)?,
             "json_object" => Grammar::JsonObject,
@@ -154,18 +167,12 @@ pub fn asked(body: &Value) -> Result<Option<Asked>, ApiError> {
     }
     type Reader = fn(&str, &Value) -> Result<Grammar, ApiError>;
     let simple: [(&'static str, Reader); 6] = [
-        ("guided_json", |f, v| {
-            Ok(Grammar::json_schema(schema(f, v)?))
-        }),
-        ("guided_regex", |f, v| {
-            Ok(Grammar::Regex(text(f, v)?.to_string()))
-        }),
+        ("guided_json", strict_schema),
+        ("guided_regex", regex),
         ("guided_grammar", grammar_text),
         ("guided_choice", choice),
-        ("json_schema", |f, v| {
-            Ok(Grammar::json_schema(schema(f, v)?))
-        }),
-        ("grammar", |f, v| Ok(Grammar::Gbnf(text(f, v)?.to_string()))),
+        ("json_schema", strict_schema),
+        ("grammar", gbnf),
     ];
     for (name, read) in simple {
         if let Some(v) = field(name) {
