@@ -80,6 +80,11 @@ pub struct BenchArgs {
         requires = "endpoint"
     )]
     pub tokenizer: String,
+    /// Structured output's cost: each level runs twice in the same run, plain and with every
+    /// request constrained to the JSON schema in FILE, and the ratio is printed (in-process
+    /// engine only).
+    #[arg(long, value_name = "FILE", conflicts_with = "endpoint")]
+    pub json_schema: Option<std::path::PathBuf>,
 }
 
 /// The current UTC time as `YYYY-MM-DD HH:MM:SS UTC` (for reports).

@@ -2,10 +2,11 @@
 
 use std::io::Write;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
-use tpslab_engine::serving::engine::Refusal;
-use tpslab_engine::serving::generate::{GenerateSetup, generate_with};
+use tpslab_engine::serving::constraint::{Grammar, compiler_for};
+use tpslab_engine::serving::engine::{Refusal, Request};
+use tpslab_engine::serving::generate::{GenerateSetup, generate_request};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 
@@ -61,6 +62,32 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Structured output: the text is JSON valid against the schema in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "regex"])]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// Structured output: the text follows the grammar in FILE (GBNF when it has `::=` rules,
+    /// llguidance's Lark otherwise).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// Structured output: the text matches this regular expression.
+    #[arg(long, value_name = "R")]
+    pub regex: Option<String>,
+}
+
+/// The constraint the flags ask for, read and checked before the model loads.
+fn asked_grammar(a: &GenerateArgs) -> Result<Option<Grammar>> {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    Ok(if let Some(p) = &a.json_schema {
+        let schema = serde_json::from_str(&read(p)?)
+            .with_context(|| format!("{} is not valid JSON", p.display()))?;
+        Some(Grammar::json_schema(schema))
+    } else if let Some(p) = &a.grammar {
+        Some(Grammar::from_grammar_text(&read(p)?))
+    } else {
+        a.regex.clone().map(Grammar::Regex)
+    })
 }
 
 pub fn run(a: &GenerateArgs) -> Result<()> {
@@ -75,6 +102,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         seed: a.seed,
     };
     sampling.validate()?;
+    let grammar = asked_grammar(a)?;
     if a.prompt.is_empty() {
         // Before the model loads; the engine's admission says it the same way for tokens.
         return Err(Refusal::EmptyPrompt.into());
@@ -108,6 +136,17 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             let _ = out.flush();
         }
     };
+    let constraint = match &grammar {
+        Some(g) => Some(compiler_for(&lm.tokenizer)?.compile(g)?),
+        None => None,
+    };
+    let req = Request {
+        prompt,
+        sampling,
+        stop,
+        priority: 0,
+        constraint,
+    };
     let (spec, draft) = a.spec.resolve()?;
     let setup = GenerateSetup {
         device: a.model.device,
@@ -115,7 +154,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         spec,
         draft,
     };
-    let out = generate_with(&lm, &setup, &prompt, &sampling, stop, &mut on_text)?;
+    let out = generate_request(&lm, &setup, req, &mut on_text)?;
     if json {
         println!("{}", serde_json::to_string(&out)?);
     } else {

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
+use tpslab_engine::serving::constraint::{ConstrainedTarget, Grammar, compiler_for, mask_stats};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
@@ -33,6 +34,9 @@ struct LevelResult {
     decode_throughput: Option<f64>,
     refused: usize,
     peak_rss_bytes: Option<u64>,
+    /// The schema every request of this level was constrained to (`--json-schema`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    json_schema: Option<String>,
     /// Speculative decoding over the level's requests (vLLM's spec_decode counts), when
     /// anything was proposed.
     spec: Option<SpecFigures>,
@@ -236,6 +240,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             peak_rss_bytes: rss
                 .then(|| crate::mem::rss_bytes().map(|(_, p)| p))
                 .flatten(),
+            json_schema: None,
         });
     }
     Ok(runs)
@@ -321,24 +326,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         a.output_len,
         knobs.spec.method
     );
-    let runs = run_levels(
+    let mut runs = run_levels(
         a,
         &prompts,
         |c| {
-            let mut k = knobs.clone();
-            // The batch cap must not hide the concurrency being measured.
-            k.scheduler.max_num_seqs = a.max_num_seqs.unwrap_or(k.scheduler.max_num_seqs.max(c));
-            let engine = EngineHandle::start(
-                Arc::clone(&lm),
-                EngineConfig {
-                    threads: a.model.threads,
-                    knobs: k,
-                    device: a.model.device,
-                    gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
-                    draft: draft.clone(),
-                },
-                None,
-            )?;
+            let engine = start_engine(a, &lm, &knobs, c, draft.clone())?;
             if device.is_empty() {
                 let st = engine.stats();
                 device = st.device;
@@ -352,6 +344,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         true,
     )?;
     print_table(&runs);
+    if let Some(file) = &a.json_schema {
+        runs.extend(run_constrained(a, &lm, &prompts, &knobs, file, &runs)?);
+    }
     if let Some((_, peak)) = crate::mem::rss_bytes() {
         println!("peak RSS: {:.1} MiB", peak as f64 / (1 << 20) as f64);
     }
@@ -369,4 +364,102 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
+}
+
+/// The in-process engine for one concurrency level.
+fn start_engine(
+    a: &BenchArgs,
+    lm: &Arc<LoadedModel>,
+    knobs: &Knobs,
+    c: usize,
+    draft: Option<Arc<LoadedModel>>,
+) -> Result<EngineHandle> {
+    let mut k = knobs.clone();
+    // The batch cap must not hide the concurrency being measured.
+    k.scheduler.max_num_seqs = a.max_num_seqs.unwrap_or(k.scheduler.max_num_seqs.max(c));
+    Ok(EngineHandle::start(
+        Arc::clone(lm),
+        EngineConfig {
+            threads: a.model.threads,
+            knobs: k,
+            device: a.model.device,
+            gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
+            draft,
+        },
+        None,
+    )?)
+}
+
+/// `--json-schema`: the levels again with every request constrained, then the same-run ratios
+/// and the mask cost per token (time on the workers, and time the engine step waited).
+fn run_constrained(
+    a: &BenchArgs,
+    lm: &Arc<LoadedModel>,
+    prompts: &PromptSet,
+    knobs: &Knobs,
+    file: &std::path::Path,
+    plain: &[LevelResult],
+) -> Result<Vec<LevelResult>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let schema = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", file.display()))?;
+    let constraint = compiler_for(&lm.tokenizer)?.compile(&Grammar::json_schema(schema))?;
+    let before = mask_stats();
+    let mut runs = run_levels(
+        a,
+        prompts,
+        |c| {
+            Ok(ConstrainedTarget {
+                // Constrained requests never speculate: a proposal would need the grammar's check.
+                inner: start_engine(
+                    a,
+                    lm,
+                    &Knobs {
+                        spec: Default::default(),
+                        ..knobs.clone()
+                    },
+                    c,
+                    None,
+                )?,
+                constraint: constraint.clone(),
+            })
+        },
+        true,
+    )?;
+    let after = mask_stats();
+    for r in &mut runs {
+        r.json_schema = Some(file.display().to_string());
+    }
+    println!("\nwith every request constrained to {}:", file.display());
+    print_table(&runs);
+    println!(
+        "\n| concurrency | aggregate TPS plain | constrained | ratio | per-request TPS plain | constrained | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (p, s) in plain.iter().zip(&runs) {
+        let ratio = |x: f64, y: f64| if x > 0.0 { y / x } else { f64::NAN };
+        let (pp, sp) = (
+            p.summary.mean_per_request_tps.unwrap_or(0.0),
+            s.summary.mean_per_request_tps.unwrap_or(0.0),
+        );
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            p.max_concurrency,
+            p.summary.output_throughput,
+            s.summary.output_throughput,
+            ratio(p.summary.output_throughput, s.summary.output_throughput),
+            pp,
+            sp,
+            ratio(pp, sp),
+        );
+    }
+    let masks = after.masks.saturating_sub(before.masks).max(1) as f64;
+    println!(
+        "masks: {} computed, {:.3} ms each on the workers, the engine step waited {:.3} ms per mask",
+        after.masks - before.masks,
+        (after.compute_ns - before.compute_ns) as f64 / masks / 1e6,
+        (after.wait_ns - before.wait_ns) as f64 / masks / 1e6,
+    );
+    Ok(runs)
 }

@@ -2,6 +2,8 @@
 //! hyper's HTTP/1.1 connections).
 //!
 //! - [`openai`]: request and response shapes, their caps, and their translation to engine requests.
+//! - [`structured`]: the structured-output fields (`response_format`, vLLM's `guided_*`,
+//!   llama-server's `json_schema` / `grammar`) as one compiled constraint.
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
 //!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
 //! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
@@ -25,6 +27,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openai;
 pub mod state;
+pub mod structured;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

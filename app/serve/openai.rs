@@ -17,6 +17,7 @@ use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 use super::chat_input::{self, ChatBody};
 use super::errors::{ApiError, typed};
 use super::limits::Limits;
+use super::structured::{self, Asked};
 
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -106,6 +107,8 @@ pub struct Parsed {
     pub prompt_text: Option<String>,
     pub prompt_tokens: Option<Vec<u32>>,
     pub sampling: SamplingParams,
+    /// Structured output (`response_format`, `guided_*`, `json_schema`, `grammar`).
+    pub constraint: Option<Asked>,
 }
 
 impl Parsed {
@@ -171,6 +174,7 @@ pub fn parse(
     }
     let sampling = sampling(&common)?;
     check_limits(&common, limits, shape)?;
+    let constraint = structured::asked(body)?;
     Ok(Parsed {
         kind,
         common,
@@ -179,6 +183,7 @@ pub fn parse(
         prompt_text,
         prompt_tokens,
         sampling,
+        constraint,
     })
 }
 
@@ -386,6 +391,11 @@ pub fn to_request(
             .common
             .priority
             .unwrap_or_else(|| limits.default_priority()),
+        constraint: p
+            .constraint
+            .as_ref()
+            .map(|a| structured::compile(lm, a))
+            .transpose()?,
     };
     Admission::for_model(&lm.model.cfg)
         .check(&req)

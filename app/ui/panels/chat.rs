@@ -7,6 +7,7 @@ use std::time::Instant;
 use egui::{Key, Modifiers};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::sched::RequestId;
+use tpslab_engine::serving::constraint::compiler_for;
 use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
@@ -70,6 +71,9 @@ pub struct Conversation {
     pub messages: Vec<Message>,
     /// The unsent text in the input box.
     pub draft: String,
+    /// Structured output: answers are JSON valid against `json_schema` when on.
+    pub json_schema_on: bool,
+    pub json_schema: String,
 }
 
 impl Default for Conversation {
@@ -87,6 +91,8 @@ impl Default for Conversation {
             max_tokens: 256,
             messages: Vec::new(),
             draft: String::new(),
+            json_schema_on: false,
+            json_schema: String::new(),
         }
     }
 }
@@ -197,20 +203,29 @@ impl Generation {
         let (prep_tx, prep) = mpsc::channel();
         let (lm, engine) = (Arc::clone(&link.lm), link.engine.clone());
         let (sampling, max_tokens) = (conv.sampling.clone(), conv.max_tokens.max(1));
+        let grammar = super::chat_schema::grammar(conv)?;
         std::thread::Builder::new()
             .name("chat-prompt".into())
             .spawn(move || {
                 // The same prompt as the server builds (thinking on, as llama-server).
-                let sent = chat_prompt(&lm, &messages, &default_options()).map(|prompt| {
+                // The schema compiles here too: a big one takes a while, never a frame.
+                let constraint = grammar
+                    .map(|g| compiler_for(&lm.tokenizer).and_then(|c| c.compile(&g)))
+                    .transpose()
+                    .map_err(|e| format!("JSON schema: {e}"));
+                let sent = constraint.and_then(|constraint| {
+                    let prompt = chat_prompt(&lm, &messages, &default_options())
+                        .map_err(|e| e.to_string())?;
                     let req = Request {
                         prompt: prompt.tokens,
                         sampling,
                         stop: lm.default_stop(Some(max_tokens)),
                         priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
+                        constraint,
                     };
-                    (engine.submit(req, tx), prompt.reasoning)
+                    Ok((engine.submit(req, tx), prompt.reasoning))
                 });
-                let _ = prep_tx.send(sent.map_err(|e| e.to_string()));
+                let _ = prep_tx.send(sent);
             })
             .map_err(|e| format!("cannot start the prompt worker: {e}"))?;
         Ok(Self {
@@ -423,6 +438,7 @@ pub fn conversation_ui(
     if *show_settings {
         settings_ui(ui, conv);
     }
+    super::chat_schema::schema_ui(ui, conv);
     ui.separator();
 
     // Input box at the bottom, messages fill the rest.

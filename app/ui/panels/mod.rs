@@ -5,6 +5,7 @@
 //! Modules:
 //! - [`api_server`]: the dashboard's API server section, and the server over the window's engine.
 //! - [`chat`]: conversations, their streaming generations and the chat panel.
+//! - [`chat_schema`]: the chat panel's JSON-schema option (structured output).
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
 //! - [`dashboard_plots`]: the dashboard's live plots laid out, the settings said once.
 //! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
@@ -16,6 +17,7 @@
 
 pub mod api_server;
 pub mod chat;
+pub mod chat_schema;
 pub mod dashboard;
 pub mod dashboard_plots;
 mod hub_panel;

@@ -23,6 +23,7 @@ use crate::model::precision::Precision;
 use crate::sched::stop::{FinishReason, StopChecker};
 use crate::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
 use crate::serving::admission::Admission;
+use crate::serving::constraint::ConstraintRun;
 use crate::serving::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes,
 };
@@ -272,6 +273,8 @@ struct Live {
     /// every generated token, so its count is the completion's.
     stop: StopChecker,
     prompt_len: usize,
+    /// Structured output: the grammar's mask for each token, advanced as tokens are committed.
+    constraint: Option<ConstraintRun>,
     accepted: Instant,
     /// Set by the first step that schedules the request.
     queue_time: Option<Duration>,
@@ -525,6 +528,7 @@ impl EngineThread {
             sampling,
             mut stop,
             priority,
+            constraint,
         } = req;
         stop.max_tokens = Some(admitted.max_tokens);
         let prompt_len = prompt.len();
@@ -539,6 +543,8 @@ impl EngineThread {
         }
         let _ = events.send(Event::Started { id });
         self.metrics.on_arrival(id, self.now(), prompt_len);
+        // A proposal would have to be checked against the grammar first.
+        let speculate = constraint.is_none();
         self.live.insert(
             id,
             Live {
@@ -547,9 +553,10 @@ impl EngineThread {
                 detok: Detokenizer::new(true),
                 stop: StopChecker::new(stop),
                 prompt_len,
+                constraint: constraint.map(ConstraintRun::start),
                 accepted: Instant::now(),
                 queue_time: None,
-                speculate: true,
+                speculate,
                 spec: SpecUsage::default(),
             },
         );

@@ -47,16 +47,21 @@ impl EngineThread {
                 .collect();
         }
         for (id, error) in at_fault {
-            if let Some(l) = self.live.get(&id) {
-                let _ = l.events.send(Event::Refused {
-                    id,
-                    reason: Refusal::Failed(error),
-                });
-            }
-            self.sched.finish(&[id], FinishReason::Abort);
-            self.spec_forget(id);
-            self.live.remove(&id);
+            self.fail(id, error);
         }
+    }
+
+    /// Ends one request with an error (its events say why); the others go on.
+    fn fail(&mut self, id: RequestId, error: String) {
+        if let Some(l) = self.live.get(&id) {
+            let _ = l.events.send(Event::Refused {
+                id,
+                reason: Refusal::Failed(error),
+            });
+        }
+        self.sched.finish(&[id], FinishReason::Abort);
+        self.spec_forget(id);
+        self.live.remove(&id);
     }
 
     pub(super) fn step(&mut self) {
@@ -81,6 +86,8 @@ impl EngineThread {
             .iter()
             .flat_map(|s| {
                 let need = match self.live.get(&s.id) {
+                    // The grammar's mask goes over the whole row.
+                    Some(l) if l.constraint.is_some() => RowNeed::Full,
                     Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
                     Some(_) if !s.draft.is_empty() => RowNeed::Full,
                     Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
@@ -93,7 +100,7 @@ impl EngineThread {
             Ok(l) => l,
             Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
         };
-        let sampled = sample_rows(
+        let (sampled, failed) = sample_rows(
             &mut self.live,
             &self.sched,
             &out,
@@ -105,6 +112,9 @@ impl EngineThread {
         self.spec
             .gate
             .record(spec.draft_tokens, spec.accepted_tokens);
+        for (id, error) in failed {
+            self.fail(id, error);
+        }
         let now = self.now();
         let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
         // The scheduler appends each token and asks the request's stop checker whether it ends
@@ -115,13 +125,17 @@ impl EngineThread {
             };
             let piece = l.detok.push(tokenizer, a.token).unwrap_or_default();
             let st = l.stop.push(a.token, &piece);
+            // A grammar that is complete ends the request too (finish reason `stop`).
+            let finish = st
+                .finish
+                .or_else(|| l.constraint.as_mut().and_then(|c| c.advance(a.token)));
             metrics.on_token(a.id, now);
             let _ = l.events.send(Event::Token {
                 id: a.id,
                 token: a.token,
                 text: st.text,
             });
-            st.finish
+            finish
         });
         for (id, reason) in ended {
             self.end(id, reason);
@@ -164,10 +178,14 @@ impl EngineThread {
     }
 }
 
+/// Requests whose grammar failed this step, with why.
+type Failed = Vec<(RequestId, String)>;
+
 /// The tokens of each sampling entry of the step, in order, each row read as its sampler asked
 /// the backend for it (see `StepOutput`): a greedy token, top-k candidates, or a whole logits
-/// row. An entry with proposals has one row per proposal plus one; they are verified in
-/// [`verify_seq`], and what was proposed and accepted is added to `spec`.
+/// row (masked first by the request's grammar, if any). An entry with proposals has one row
+/// per proposal plus one; they are verified in [`verify_seq`], and what was proposed and
+/// accepted is added to `spec`. Second: the requests whose grammar failed.
 fn sample_rows(
     live: &mut HashMap<RequestId, Live>,
     sched: &Scheduler,
@@ -176,8 +194,9 @@ fn sample_rows(
     step: &StepOutput<'_>,
     vocab: usize,
     spec: &mut SpecStep,
-) -> Vec<(RequestId, Vec<u32>)> {
+) -> (Vec<(RequestId, Vec<u32>)>, Failed) {
     let mut sampled = Vec::new();
+    let mut failed = Vec::new();
     let mut scratch = Vec::with_capacity(vocab);
     let mut full = step.logits.chunks_exact(vocab);
     let kk = step.topk_k.max(1);
@@ -200,7 +219,13 @@ fn sample_rows(
             continue;
         };
         let history = sched.tokens(s.id).unwrap_or_default();
-        let toks = verify_seq(l, history, &s.draft, rows, &mut scratch);
+        let toks = match verify_seq(l, history, &s.draft, rows, &mut scratch) {
+            Ok(t) => t,
+            Err(e) => {
+                failed.push((s.id, format!("structured output: {e}")));
+                continue;
+            }
+        };
         if !s.draft.is_empty() && !toks.is_empty() {
             let kept = toks.len() - 1;
             spec.drafts += 1;
@@ -220,7 +245,7 @@ fn sample_rows(
             sampled.push((s.id, toks));
         }
     }
-    sampled
+    (sampled, failed)
 }
 
 /// The forward pass's input for one scheduler step.

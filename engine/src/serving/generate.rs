@@ -133,13 +133,25 @@ pub fn generate_with(
     stop: StopCriteria,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateOutput, GenerateError> {
-    let cfg = &lm.model.cfg;
     let req = Request {
         prompt: prompt.to_vec(),
         sampling: sampling.clone(),
         stop,
         priority: 0,
+        constraint: None,
     };
+    generate_request(lm, setup, req, on_text)
+}
+
+/// As [`generate_with`], for a whole request (a structured-output constraint, a priority).
+pub fn generate_request(
+    lm: &Arc<LoadedModel>,
+    setup: &GenerateSetup,
+    req: Request,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateOutput, GenerateError> {
+    let cfg = &lm.model.cfg;
+    let prompt = req.prompt.clone();
     // The engine's own admission, asked before there is a pool, sizes one that holds exactly
     // this request (the engine then admits it against that pool).
     let max_new = Admission::for_model(cfg).check(&req)?.max_tokens;

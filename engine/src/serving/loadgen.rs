@@ -199,6 +199,7 @@ fn next_request(
             ..StopCriteria::default()
         },
         priority: spec.priority,
+        constraint: None,
     };
     (req, plen, olen)
 }

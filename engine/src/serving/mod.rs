@@ -8,6 +8,8 @@
 //! - [`refusal`]: why a request is not run, typed, as every front end shows it.
 //! - [`admission`]: the one check a request passes at submit, its typed refusal, its `max_tokens`.
 //! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
+//! - [`constraint`]: structured output (JSON schema, regex, Lark, GBNF through llguidance): the
+//!   per-model grammar compiler and the per-request token masks (GBNF conversion in `gbnf`).
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
 //! - [`requant`]: precision as a live knob: the loaded weights re-quantized in memory.
 //! - [`metrics`]: vLLM-compatible benchmark summary, live sliding-window TPS and TTFT, cost, RSS.
@@ -21,7 +23,9 @@
 //!   `--kl-divergence`), top-1 agreement and Δ perplexity.
 
 pub mod admission;
+pub mod constraint;
 pub mod engine;
+pub mod gbnf;
 pub mod generate;
 pub mod kl;
 pub mod loadgen;

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
+use crate::serving::constraint::Constraint;
 pub use crate::serving::refusal::{Refusal, RefusalKind};
 use crate::serving::sampler::SamplingParams;
 
@@ -19,6 +20,9 @@ pub struct Request {
     pub sampling: SamplingParams,
     pub stop: StopCriteria,
     pub priority: i32,
+    /// Structured output: the grammar every generated token must keep to (compiled by the
+    /// front end with the model's [`crate::serving::constraint::compiler_for`]).
+    pub constraint: Option<Constraint>,
 }
 
 /// Token counts of a finished request (OpenAI's `usage`).

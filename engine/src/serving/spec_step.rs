@@ -172,14 +172,16 @@ pub(super) enum Row<'a> {
 /// The tokens a sequence emits from its rows: each proposal verified in turn by the request's
 /// sampler (rejection sampling; greedy: kept iff it is the argmax), up to the first one
 /// rejected, whose replacement ends the list; when all are kept, the last row's own token
-/// follows them. Without proposals, one sampled token. Empty when a row is missing.
+/// follows them. Without proposals, one sampled token. Empty when a row is missing. A request
+/// with a grammar (never given proposals) has its row masked first; the grammar's error is
+/// returned.
 pub(super) fn verify_seq(
     l: &mut Live,
     history: &[u32],
     draft: &[u32],
     rows: Vec<Row<'_>>,
     scratch: &mut Vec<f32>,
-) -> Vec<u32> {
+) -> Result<Vec<u32>, String> {
     let mut out = Vec::with_capacity(draft.len() + 1);
     // The history each row's penalties see: the request's tokens plus what was kept before it.
     let mut ext: Vec<u32> = if draft.is_empty() {
@@ -196,6 +198,9 @@ pub(super) fn verify_seq(
             Row::Full(Some(r)) => {
                 scratch.clear();
                 scratch.extend_from_slice(r);
+                if let Some(c) = l.constraint.as_mut() {
+                    c.apply(scratch).map_err(|e| e.to_string())?;
+                }
                 match proposed {
                     Some(p) => l.sampler.verify(scratch, h, l.prompt_len, p),
                     None => l.sampler.sample_with_prompt(scratch, h, l.prompt_len),
@@ -209,5 +214,5 @@ pub(super) fn verify_seq(
         }
         ext.push(tok);
     }
-    out
+    Ok(out)
 }

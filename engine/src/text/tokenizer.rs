@@ -569,6 +569,12 @@ impl Tokenizer {
         self.inner.vocab.eog.clone()
     }
 
+    /// Whether `other` is this same tokenizer (a clone of it), not merely an equal one: what
+    /// caches of per-vocabulary state key on.
+    pub fn same_as(&self, other: &Tokenizer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.vocab.len()
     }
