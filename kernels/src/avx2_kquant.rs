@@ -102,7 +102,9 @@ pub(crate) unsafe fn dot_q4k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
             acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
             let sc128 = _mm256_castsi256_si128(ms);
             let scales = _mm256_set_m128i(sc128, sc128);
-            let mut sumi = _mm256_setzero_si256();
+            // Two accumulators: a chained `vpdpwssd` waits its full latency each step; integer
+            // adds are exact, so splitting the sum changes no bit.
+            let mut sumi = [_mm256_setzero_si256(); 2];
             // SAFETY: `blk` is 144 bytes (qs at 16..144) and row `b` of `x.qs` holds 256 bytes
             // (checked in `check_row`).
             unsafe {
@@ -116,10 +118,11 @@ pub(crate) unsafe fn dot_q4k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                     let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
                     let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
                     let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
-                    sumi = D::dpwssd(sumi, scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                    sumi = D::dpwssd(sumi, scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                    sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
                 }
             }
+            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
         acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
@@ -152,7 +155,9 @@ pub(crate) unsafe fn dot_q5k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
             summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
             let sc128 = _mm256_castsi256_si128(ms);
             let scales = _mm256_set_m128i(sc128, sc128);
-            let mut sumi = _mm256_setzero_si256();
+            // Two accumulators: a chained `vpdpwssd` waits its full latency each step; integer
+            // adds are exact, so splitting the sum changes no bit.
+            let mut sumi = [_mm256_setzero_si256(); 2];
             // SAFETY: `blk` is 176 bytes (qh at 16..48, qs at 48..176) and row `b` of `x.qs` holds
             // 256 bytes (checked in `check_row`).
             unsafe {
@@ -171,10 +176,11 @@ pub(crate) unsafe fn dot_q5k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                     );
                     let q8_0 = _mm256_loadu_si256(q8.add(64 * j).cast());
                     let q8_1 = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
-                    sumi = D::dpwssd(sumi, scale_0, _mm256_maddubs_epi16(q5_0, q8_0));
-                    sumi = D::dpwssd(sumi, scale_1, _mm256_maddubs_epi16(q5_1, q8_1));
+                    sumi[0] = D::dpwssd(sumi[0], scale_0, _mm256_maddubs_epi16(q5_0, q8_0));
+                    sumi[1] = D::dpwssd(sumi[1], scale_1, _mm256_maddubs_epi16(q5_1, q8_1));
                 }
             }
+            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
         hsum8(acc) + summs
@@ -201,7 +207,8 @@ pub(crate) unsafe fn dot_q6k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                 let scales = _mm_loadu_si128(blk.as_ptr().add(192).cast());
                 let q8sclsub =
                     _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales)));
-                let mut sumi = _mm256_setzero_si256();
+                // Two accumulators, as in `dot_q4k`.
+                let mut sumi = [_mm256_setzero_si256(); 2];
                 for j in 0..2 {
                     let q4 = blk.as_ptr().add(64 * j);
                     let qh = blk.as_ptr().add(128 + 32 * j);
@@ -230,10 +237,10 @@ pub(crate) unsafe fn dot_q6k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                             i64::from_ne_bytes([s as u8; 8]),
                         );
                         let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
-                        sumi = D::dpwssd(sumi, sc, p16);
+                        sumi[i % 2] = D::dpwssd(sumi[i % 2], sc, p16);
                     }
                 }
-                sumi = _mm256_sub_epi32(sumi, q8sclsub);
+                let sumi = _mm256_sub_epi32(_mm256_add_epi32(sumi[0], sumi[1]), q8sclsub);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
         }

@@ -142,7 +142,9 @@ pub(crate) unsafe fn dot_q2k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                 let prod = _mm256_madd_epi16(mins, bsums);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
                 let scales = scale_halves(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
-                let mut sumi = _mm256_setzero_si256();
+                // Two accumulators: a chained `vpdpwssd` waits its full latency each step;
+                // integer adds are exact, so splitting the sum changes no bit.
+                let mut sumi = [_mm256_setzero_si256(); 2];
                 for (j, sc) in scales.iter().enumerate() {
                     let bits = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * j).cast());
                     for s in 0..4 {
@@ -150,9 +152,10 @@ pub(crate) unsafe fn dot_q2k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                         let q2 = _mm256_and_si256(_mm256_srl_epi16(bits, sh), m3);
                         let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
                         let p = _mm256_maddubs_epi16(q2, q8);
-                        sumi = D::dpwssd(sumi, scale_pair(*sc, s), p);
+                        sumi[s % 2] = D::dpwssd(sumi[s % 2], scale_pair(*sc, s), p);
                     }
                 }
+                let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
         }
@@ -181,7 +184,9 @@ pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                 let scales =
                     scale_halves(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr().cast())));
                 let hbits = _mm256_loadu_si256(blk.as_ptr().cast());
-                let mut sumi = _mm256_setzero_si256();
+                // Two accumulators: a chained `vpdpwssd` waits its full latency each step;
+                // integer adds are exact, so splitting the sum changes no bit.
+                let mut sumi = [_mm256_setzero_si256(); 2];
                 for (j, sc) in scales.iter().enumerate() {
                     let bits = _mm256_loadu_si256(blk.as_ptr().add(32 + 32 * j).cast());
                     for s in 0..4 {
@@ -198,9 +203,10 @@ pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                             _mm256_maddubs_epi16(q3l, q8),
                             _mm256_maddubs_epi16(q3h, q8),
                         );
-                        sumi = D::dpwssd(sumi, scale_pair(*sc, s), p);
+                        sumi[s % 2] = D::dpwssd(sumi[s % 2], scale_pair(*sc, s), p);
                     }
                 }
+                let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
         }
@@ -268,7 +274,8 @@ pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
         check_row(w, 136, &x);
         let mut acc = _mm256_setzero_ps();
         for (b, blk) in w.chunks_exact(136).enumerate() {
-            let mut sumi = _mm256_setzero_si256();
+            // Two accumulators, as in `dot_q2k`.
+            let mut sumi = [_mm256_setzero_si256(); 2];
             for ib in 0..8 {
                 let q4 = iq4_values(&blk[8 + 16 * ib..24 + 16 * ib]);
                 let p16 = _mm256_maddubs_epi16(
@@ -276,9 +283,10 @@ pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                     _mm256_sign_epi8(load_acts(x.qs, b * QK_K + 32 * ib), q4),
                 );
                 let ls = (iq4xs_scale(blk, ib) - 32) as i16;
-                sumi = D::dpwssd(sumi, p16, _mm256_set1_epi16(ls));
+                sumi[ib % 2] = D::dpwssd(sumi[ib % 2], p16, _mm256_set1_epi16(ls));
             }
             let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
+            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
         hsum8(acc)
