@@ -57,6 +57,14 @@ fn threads() -> usize {
         .unwrap_or(2)
 }
 
+/// The SIMD backends this CPU can run.
+fn simd_paths() -> Vec<Backend> {
+    Backend::ALL
+        .into_iter()
+        .filter(|b| *b != Backend::Portable && b.is_available())
+        .collect()
+}
+
 fn shapes(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
     let mut g = c.benchmark_group(format!("matmul_{}t", threads()));
@@ -86,6 +94,12 @@ fn shapes(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new("fast", &id), |b| {
                 b.iter(|| matmul(&pool, &w, black_box(&x), m, &mut y))
             });
+            // Every SIMD path this CPU has, same binary (new integer dots against AVX2).
+            for backend in simd_paths() {
+                g.bench_function(BenchmarkId::new(backend.name(), &id), |b| {
+                    b.iter(|| matmul_with(backend, &pool, &w, black_box(&x), m, &mut y))
+                });
+            }
             if n == 576 && k == 576 {
                 g.bench_function(BenchmarkId::new("naive", &id), |b| {
                     b.iter(|| reference_matmul(&pool, &w, black_box(&x), m, &mut y))
@@ -145,7 +159,7 @@ fn model_step(c: &mut Criterion) {
 }
 
 /// K-quant matmuls (Q8_K activations) on a 1B model's square projection (2048 x 2048), at
-/// decode and a small batch: the AVX2 kernels against the portable code.
+/// decode and a small batch: every backend this CPU has (portable, AVX2, AVX-VNNI, AVX-512 VNNI).
 fn kquants(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
     let mut g = c.benchmark_group(format!("kquant_{}t", threads()));
@@ -165,7 +179,7 @@ fn kquants(c: &mut Criterion) {
             let x = acts(m * k);
             let mut y = vec![0f32; m * n];
             g.throughput(Throughput::Elements((2 * m * n * k) as u64));
-            for backend in [Backend::Portable, Backend::Avx2] {
+            for backend in Backend::ALL {
                 if !backend.is_available() {
                     continue;
                 }

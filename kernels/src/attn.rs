@@ -146,8 +146,9 @@ pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
         "K and V caches differ"
     );
     // The SIMD kernels step through the head 8 floats at a time.
+    // Attention has no integer dots: every x86 path runs the AVX2 code.
     let backend = if hd.is_multiple_of(8) {
-        backend
+        backend.float_path()
     } else {
         Backend::Portable
     };
@@ -314,13 +315,11 @@ fn run_item<T: AsRef<[u32]>>(
                 };
                 let acc = &mut s.acc[qi * hd..][..hd];
                 match backend {
-                    Backend::Portable => block_portable(&blk, &mut s.state[qi], acc),
                     // SAFETY: the backend was checked available (AVX2, FMA, F16C detected) and
                     // `hd % 8 == 0` (checked when choosing it).
                     #[cfg(target_arch = "x86_64")]
                     Backend::Avx2 => unsafe { x86::block(&blk, &mut s.state[qi], acc) },
-                    #[cfg(not(target_arch = "x86_64"))]
-                    Backend::Avx2 => unreachable!(),
+                    _ => block_portable(&blk, &mut s.state[qi], acc),
                 }
             }
         }
@@ -488,7 +487,7 @@ pub fn exp_in_place(backend: Backend, x: &mut [f32]) {
         backend.is_available(),
         "{backend:?} is not supported by this CPU"
     );
-    match backend {
+    match backend.float_path() {
         // SAFETY: AVX2/FMA checked available.
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => unsafe { x86::exp_slice(x) },

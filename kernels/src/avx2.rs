@@ -1,5 +1,7 @@
-//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the tiled 4 weight rows x C
-//! activation rows integer matmul, bit-identical to the portable formulas in `quant`.
+//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the tiled 4 weight rows x
+//! `Dots::COLS` activation rows integer matmul, bit-identical to the portable formulas in
+//! `quant`; the integer dots and the entry points ([`run_groups`], [`dot_row`]) exist once per
+//! x86 path (`isa`).
 //!
 //! Batch invariance: every output element goes through the same float operations whatever tile
 //! it lands in (`dd = d_w * d_x`, `acc = fma(dd, lanes, acc)` per block, ggml's `hsum_float_8`,
@@ -8,19 +10,13 @@
 use std::arch::x86_64::*;
 
 use crate::WType;
+use crate::isa::{Dots, isa_entry};
 use crate::quant::{self, ActRow, ActType, QActsRows, QK8};
 
 /// Weight rows per tile.
 pub(crate) const R: usize = 4;
-/// Activation rows per full tile.
+/// Activation rows of the largest tile; each path uses `Dots::COLS` (at most this) of them.
 pub(crate) const C: usize = 3;
-
-/// True when this CPU can run the AVX2 path.
-pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -172,40 +168,44 @@ fn prepare_group(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, s: &mut 
 
 /// The 4 x CC tile's integer dots and float accumulation over all blocks; `out[r][c]` gets
 /// `hsum8(acc)` (without the Q4_1 `summs` term). `SIGNED` weights use ggml's sign trick.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile<const CC: usize, const SIGNED: bool>(
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn tile<D: Dots, const CC: usize, const SIGNED: bool>(
     s: &Scratch,
     k: usize,
     xq: &[i8],
     out: &mut [[f32; CC]; R],
 ) {
-    let nb = k / QK8;
-    assert!(s.wq.len() >= R * k && xq.len() >= CC * k && s.dd.len() >= R * CC * nb);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); CC]; R];
-    let (wp, xp, dp) = (s.wq.as_ptr(), xq.as_ptr(), s.dd.as_ptr());
-    for b in 0..nb {
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            // SAFETY: all offsets are inside the buffers checked at entry.
-            let w = unsafe { _mm256_loadu_si256(wp.add(r * k + b * QK8).cast()) };
-            let aw = if SIGNED { _mm256_sign_epi8(w, w) } else { w };
-            for (c, a) in acc_r.iter_mut().enumerate() {
-                // SAFETY: as above.
-                let (x, d) = unsafe {
-                    (
-                        _mm256_loadu_si256(xp.add(c * k + b * QK8).cast()),
-                        _mm256_broadcast_ss(&*dp.add((r * CC + c) * nb + b)),
-                    )
-                };
-                let x = if SIGNED { _mm256_sign_epi8(x, w) } else { x };
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
-                *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let nb = k / QK8;
+        assert!(s.wq.len() >= R * k && xq.len() >= CC * k && s.dd.len() >= R * CC * nb);
+        let mut acc = [[_mm256_setzero_ps(); CC]; R];
+        let (wp, xp, dp) = (s.wq.as_ptr(), xq.as_ptr(), s.dd.as_ptr());
+        for b in 0..nb {
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                // SAFETY: all offsets are inside the buffers checked at entry.
+                let w = unsafe { _mm256_loadu_si256(wp.add(r * k + b * QK8).cast()) };
+                let aw = if SIGNED { _mm256_sign_epi8(w, w) } else { w };
+                for (c, a) in acc_r.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    let (x, d) = unsafe {
+                        (
+                            _mm256_loadu_si256(xp.add(c * k + b * QK8).cast()),
+                            _mm256_broadcast_ss(&*dp.add((r * CC + c) * nb + b)),
+                        )
+                    };
+                    let x = if SIGNED { _mm256_sign_epi8(x, w) } else { x };
+                    let p = D::dpbusd(_mm256_setzero_si256(), aw, x);
+                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
+                }
             }
         }
-    }
-    for (o, a) in out.iter_mut().zip(&acc) {
-        for (oc, ac) in o.iter_mut().zip(a) {
-            *oc = hsum8(*ac);
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (oc, ac) in o.iter_mut().zip(a) {
+                *oc = hsum8(*ac);
+            }
         }
     }
 }
@@ -223,108 +223,141 @@ pub(crate) struct GroupJob<'a> {
 }
 
 /// Computes output columns of weight-row groups `g_lo..g_hi` for every activation row.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn run_groups(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
-    // With a single activation tile there is nothing to amortize unpacking over: read the
-    // ggml blocks directly (decode).
-    if job.m <= C {
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let cols = D::COLS.min(C);
+        // With a single activation tile there is nothing to amortize unpacking over: read the
+        // ggml blocks directly (decode).
+        if job.m <= cols {
+            for g in g_lo..g_hi {
+                match (job.m, job.ty) {
+                    (1, WType::Q4_1) => tile_direct::<D, 1, Q4_1>(job, g * R),
+                    (1, WType::Q4_0) => tile_direct::<D, 1, Q4_0>(job, g * R),
+                    (1, _) => tile_direct::<D, 1, Q8_0>(job, g * R),
+                    (2, WType::Q4_1) => tile_direct::<D, 2, Q4_1>(job, g * R),
+                    (2, WType::Q4_0) => tile_direct::<D, 2, Q4_0>(job, g * R),
+                    (2, _) => tile_direct::<D, 2, Q8_0>(job, g * R),
+                    (_, WType::Q4_1) => tile_direct::<D, C, Q4_1>(job, g * R),
+                    (_, WType::Q4_0) => tile_direct::<D, C, Q4_0>(job, g * R),
+                    (_, _) => tile_direct::<D, C, Q8_0>(job, g * R),
+                }
+            }
+            return;
+        }
         for g in g_lo..g_hi {
-            match (job.m, job.ty) {
-                (1, WType::Q4_1) => tile_direct::<1, Q4_1>(job, g * R),
-                (1, WType::Q4_0) => tile_direct::<1, Q4_0>(job, g * R),
-                (1, _) => tile_direct::<1, Q8_0>(job, g * R),
-                (2, WType::Q4_1) => tile_direct::<2, Q4_1>(job, g * R),
-                (2, WType::Q4_0) => tile_direct::<2, Q4_0>(job, g * R),
-                (2, _) => tile_direct::<2, Q8_0>(job, g * R),
-                (_, WType::Q4_1) => tile_direct::<C, Q4_1>(job, g * R),
-                (_, WType::Q4_0) => tile_direct::<C, Q4_0>(job, g * R),
-                (_, _) => tile_direct::<C, Q8_0>(job, g * R),
+            let j0 = g * R;
+            prepare_group(job.ty, job.data, job.n, job.k, j0, s);
+            let mut c0 = 0;
+            while c0 < job.m {
+                let cc = cols.min(job.m - c0);
+                match cc {
+                    1 => tile_cols::<D, 1>(job, j0, c0, s),
+                    2 => tile_cols::<D, 2>(job, j0, c0, s),
+                    _ => tile_cols::<D, C>(job, j0, c0, s),
+                }
+                c0 += cc;
             }
-        }
-        return;
-    }
-    for g in g_lo..g_hi {
-        let j0 = g * R;
-        prepare_group(job.ty, job.data, job.n, job.k, j0, s);
-        let mut c0 = 0;
-        while c0 < job.m {
-            match job.m - c0 {
-                1 => tile_cols::<1>(job, j0, c0, s),
-                2 => tile_cols::<2>(job, j0, c0, s),
-                _ => tile_cols::<C>(job, j0, c0, s),
-            }
-            c0 += C.min(job.m - c0);
         }
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_cols<const CC: usize>(job: &GroupJob<'_>, j0: usize, c0: usize, s: &mut Scratch) {
-    let (k, n) = (job.k, job.n);
-    let nb = k / QK8;
-    let acts = job.acts;
-    s.dd.resize(R * CC * nb, 0.0);
-    for r in 0..R {
-        for c in 0..CC {
-            let xd = &acts.d[(c0 + c) * nb..(c0 + c + 1) * nb];
-            let dw = &s.dw[r * nb..(r + 1) * nb];
-            let dd = &mut s.dd[(r * CC + c) * nb..(r * CC + c + 1) * nb];
-            for ((o, &a), &b) in dd.iter_mut().zip(dw).zip(xd) {
-                *o = a * b;
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn tile_cols<D: Dots, const CC: usize>(
+    job: &GroupJob<'_>,
+    j0: usize,
+    c0: usize,
+    s: &mut Scratch,
+) {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let (k, n) = (job.k, job.n);
+        let nb = k / QK8;
+        let acts = job.acts;
+        s.dd.resize(R * CC * nb, 0.0);
+        for r in 0..R {
+            for c in 0..CC {
+                let xd = &acts.d[(c0 + c) * nb..(c0 + c + 1) * nb];
+                let dw = &s.dw[r * nb..(r + 1) * nb];
+                let dd = &mut s.dd[(r * CC + c) * nb..(r * CC + c + 1) * nb];
+                for ((o, &a), &b) in dd.iter_mut().zip(dw).zip(xd) {
+                    *o = a * b;
+                }
             }
         }
-    }
-    // Q4_1's `sum_b m_w * s_x`, one fma chain per element, 4 weight rows per instruction.
-    let mut summs = [[0f32; R]; CC];
-    if job.ty == WType::Q4_1 {
-        for (c, sc) in summs.iter_mut().enumerate() {
-            let xs = &acts.s[(c0 + c) * nb..(c0 + c + 1) * nb];
-            let mut a = _mm_setzero_ps();
-            for (mw, &sx) in s.mw.chunks_exact(R).zip(xs) {
-                // SAFETY: `mw` is R = 4 floats.
-                let mv = unsafe { _mm_loadu_ps(mw.as_ptr()) };
-                a = _mm_fmadd_ps(mv, _mm_set1_ps(sx), a);
+        // Q4_1's `sum_b m_w * s_x`, one fma chain per element, 4 weight rows per instruction.
+        let mut summs = [[0f32; R]; CC];
+        if job.ty == WType::Q4_1 {
+            for (c, sc) in summs.iter_mut().enumerate() {
+                let xs = &acts.s[(c0 + c) * nb..(c0 + c + 1) * nb];
+                let mut a = _mm_setzero_ps();
+                for (mw, &sx) in s.mw.chunks_exact(R).zip(xs) {
+                    // SAFETY: `mw` is R = 4 floats.
+                    let mv = unsafe { _mm_loadu_ps(mw.as_ptr()) };
+                    a = _mm_fmadd_ps(mv, _mm_set1_ps(sx), a);
+                }
+                // SAFETY: `sc` is 4 floats.
+                unsafe { _mm_storeu_ps(sc.as_mut_ptr(), a) };
             }
-            // SAFETY: `sc` is 4 floats.
-            unsafe { _mm_storeu_ps(sc.as_mut_ptr(), a) };
         }
-    }
-    let mut out = [[0f32; CC]; R];
-    let xq = &acts.qs[c0 * k..(c0 + CC) * k];
-    if job.ty == WType::Q4_1 {
-        tile::<CC, false>(s, k, xq, &mut out);
-    } else {
-        tile::<CC, true>(s, k, xq, &mut out);
-    }
-    for (r, o) in out.iter().enumerate() {
-        if j0 + r >= n {
-            break;
+        let mut out = [[0f32; CC]; R];
+        let xq = &acts.qs[c0 * k..(c0 + CC) * k];
+        if job.ty == WType::Q4_1 {
+            tile::<D, CC, false>(s, k, xq, &mut out);
+        } else {
+            tile::<D, CC, true>(s, k, xq, &mut out);
         }
-        for (c, &v) in o.iter().enumerate() {
-            // SAFETY: (c0 + c, j0 + r) is inside `y` and only this thread's group writes column
-            // j0 + r.
-            unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = v + summs[c][r] };
+        for (r, o) in out.iter().enumerate() {
+            if j0 + r >= n {
+                break;
+            }
+            for (c, &v) in o.iter().enumerate() {
+                // SAFETY: (c0 + c, j0 + r) is inside `y` and only this thread's group writes column
+                // j0 + r.
+                unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = v + summs[c][r] };
+            }
         }
     }
 }
 
-/// Dot of one weight row with one activation row: the AVX2 kernels of `avx2_kquant` and
-/// `avx2_lowbit`, the portable formula compiled for AVX2/FMA for Q4_0, Q4_1 and Q8_0 (whose
-/// matmuls mostly take the tiled kernels here).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
-    match ty {
-        WType::Q4K => crate::avx2_kquant::dot_q4k(w, x),
-        WType::Q5K => crate::avx2_kquant::dot_q5k(w, x),
-        WType::Q6K => crate::avx2_kquant::dot_q6k(w, x),
-        WType::Q5_0 | WType::Q5_1 => crate::avx2_lowbit::dot_q5(ty, w, x),
-        WType::Q2K => crate::avx2_lowbit::dot_q2k(w, x),
-        WType::Q3K => crate::avx2_lowbit::dot_q3k(w, x),
-        WType::IQ4NL => crate::avx2_lowbit::dot_iq4nl(w, x),
-        WType::IQ4XS => crate::avx2_lowbit::dot_iq4xs(w, x),
-        _ => quant::dot_q32(ty, w, x),
+/// Dot of one weight row with one activation row: the kernels of `avx2_kquant` and
+/// `avx2_lowbit`, the portable formula compiled for the path's features for Q4_0, Q4_1 and Q8_0
+/// (whose matmuls mostly take the tiled kernels here).
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn row_dot<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        match ty {
+            WType::Q4K => crate::avx2_kquant::dot_q4k::<D>(w, x),
+            WType::Q5K => crate::avx2_kquant::dot_q5k::<D>(w, x),
+            WType::Q6K => crate::avx2_kquant::dot_q6k::<D>(w, x),
+            WType::Q5_0 | WType::Q5_1 => crate::avx2_lowbit::dot_q5::<D>(ty, w, x),
+            WType::Q2K => crate::avx2_lowbit::dot_q2k::<D>(w, x),
+            WType::Q3K => crate::avx2_lowbit::dot_q3k::<D>(w, x),
+            WType::IQ4NL => crate::avx2_lowbit::dot_iq4nl::<D>(w, x),
+            WType::IQ4XS => crate::avx2_lowbit::dot_iq4xs::<D>(w, x),
+            _ => quant::dot_q32(ty, w, x),
+        }
     }
 }
+
+isa_entry!(
+    /// [`row_dot`] on the x86 path `path`.
+    pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 => row_dot
+);
+
+isa_entry!(
+    /// Computes output columns of weight-row groups `g_lo..g_hi` for every activation row, on
+    /// the x86 path `path`.
+    pub(crate) fn run_groups(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) => groups
+);
 
 /// One row of float weights (`F32`, `F16` or `BF16` bytes) widened to f32 in `out`: the same
 /// exact values [`crate::dequantize_row`] gives, eight at a time (F16C for f16).
@@ -366,96 +399,113 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 
+/// The f16 at byte `at` of each of the `R` rows, as 4 floats. A function, not a closure: a
+/// closure inside the feature-less generic kernels would not be inlined into the path's
+/// feature-enabled copy, and would call `_mm_cvtph_ps` out of line.
+///
+/// # Safety
+/// Bytes `at..at + 2` of every row are readable, on an F16C CPU.
+#[inline(always)]
+unsafe fn f16x4(rows: &[*const u8; R], at: usize) -> __m128 {
+    // SAFETY: as the caller promises.
+    unsafe {
+        let v = |r: usize| u16::from_le_bytes([*rows[r].add(at), *rows[r].add(at + 1)]) as u64;
+        _mm_cvtph_ps(_mm_cvtsi64_si128(
+            (v(0) | v(1) << 16 | v(2) << 32 | v(3) << 48) as i64,
+        ))
+    }
+}
+
 /// The 4 x CC tile reading weight blocks in place (`T` is `Q4_0`, `Q4_1` or `Q8_0`), for all
 /// `m == CC` activation rows. Same per-element float operations as [`tile_cols`].
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_direct<const CC: usize, const T: u8>(job: &GroupJob<'_>, j0: usize) {
-    let (k, n) = (job.k, job.n);
-    let nb = k / QK8;
-    let ts = match T {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        _ => 34,
-    };
-    let rb = nb * ts;
-    let acts = job.acts;
-    assert!(job.data.len() >= n * rb && acts.qs.len() >= CC * k && acts.d.len() >= CC * nb);
-    assert!(T != Q4_1 || acts.s.len() >= CC * nb);
-    // Rows past `n` re-read row j0 (results dropped) so every load stays in bounds.
-    let rows: [*const u8; R] = std::array::from_fn(|r| {
-        let j = if j0 + r < n { j0 + r } else { j0 };
-        // SAFETY: j < n, so the row is inside `data` (checked above).
-        unsafe { job.data.as_ptr().add(j * rb) }
-    });
-    let ones = _mm256_set1_epi16(1);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let eight = _mm256_set1_epi8(8);
-    let mut acc = [[_mm256_setzero_ps(); CC]; R];
-    let mut summs = [_mm_setzero_ps(); CC];
-    let mut dd = [[0f32; R]; CC];
-    let (xp, xd, xs) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.s.as_ptr());
-    for b in 0..nb {
-        // SAFETY: block b of each row and of each activation row is in bounds (checked above).
-        unsafe {
-            let h = |off: usize| -> __m128 {
-                let v = |r: usize| {
-                    u16::from_le_bytes([*rows[r].add(b * ts + off), *rows[r].add(b * ts + off + 1)])
-                        as u64
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(job: &GroupJob<'_>, j0: usize) {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let (k, n) = (job.k, job.n);
+        let nb = k / QK8;
+        let ts = match T {
+            Q4_0 => 18,
+            Q4_1 => 20,
+            _ => 34,
+        };
+        let rb = nb * ts;
+        let acts = job.acts;
+        assert!(job.data.len() >= n * rb && acts.qs.len() >= CC * k && acts.d.len() >= CC * nb);
+        assert!(T != Q4_1 || acts.s.len() >= CC * nb);
+        // Rows past `n` re-read row j0 (results dropped) so every load stays in bounds.
+        let rows: [*const u8; R] = std::array::from_fn(|r| {
+            let j = if j0 + r < n { j0 + r } else { j0 };
+            // SAFETY: j < n, so the row is inside `data` (checked above).
+            unsafe { job.data.as_ptr().add(j * rb) }
+        });
+        let m4 = _mm256_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        let mut acc = [[_mm256_setzero_ps(); CC]; R];
+        let mut summs = [_mm_setzero_ps(); CC];
+        let mut dd = [[0f32; R]; CC];
+        let (xp, xd, xs) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.s.as_ptr());
+        for b in 0..nb {
+            // SAFETY: block b of each row and of each activation row is in bounds (checked above).
+            unsafe {
+                let dw = f16x4(&rows, b * ts);
+                let mw = if T == Q4_1 {
+                    f16x4(&rows, b * ts + 2)
+                } else {
+                    dw
                 };
-                _mm_cvtph_ps(_mm_cvtsi64_si128(
-                    (v(0) | v(1) << 16 | v(2) << 32 | v(3) << 48) as i64,
-                ))
-            };
-            let dw = h(0);
-            let mw = if T == Q4_1 { h(2) } else { dw };
-            for c in 0..CC {
-                let dv = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
-                _mm_storeu_ps(dd[c].as_mut_ptr(), dv);
-                if T == Q4_1 {
-                    summs[c] = _mm_fmadd_ps(mw, _mm_set1_ps(*xs.add(c * nb + b)), summs[c]);
-                }
-            }
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let p = rows[r].add(b * ts);
-                if CC == 1 {
-                    // Decode streams weights from DRAM: ask for them ~0.5 KiB ahead.
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
-                }
-                let w = match T {
-                    Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
-                    _ => {
-                        let v = _mm_loadu_si128(p.add(if T == Q4_1 { 4 } else { 2 }).cast());
-                        let u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(v), v), m4);
-                        if T == Q4_0 {
-                            _mm256_sub_epi8(u, eight)
-                        } else {
-                            u
-                        }
+                for c in 0..CC {
+                    let dv = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
+                    _mm_storeu_ps(dd[c].as_mut_ptr(), dv);
+                    if T == Q4_1 {
+                        summs[c] = _mm_fmadd_ps(mw, _mm_set1_ps(*xs.add(c * nb + b)), summs[c]);
                     }
-                };
-                let signed = T != Q4_1;
-                let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
-                for (c, a) in acc_r.iter_mut().enumerate() {
-                    let x = _mm256_loadu_si256(xp.add(c * k + b * QK8).cast());
-                    let x = if signed { _mm256_sign_epi8(x, w) } else { x };
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(dd[c][r]), _mm256_cvtepi32_ps(p), *a);
+                }
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let p = rows[r].add(b * ts);
+                    if CC == 1 {
+                        // Decode streams weights from DRAM: ask for them ~0.5 KiB ahead.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                    }
+                    let w = match T {
+                        Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
+                        _ => {
+                            let v = _mm_loadu_si128(p.add(if T == Q4_1 { 4 } else { 2 }).cast());
+                            let u =
+                                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(v), v), m4);
+                            if T == Q4_0 {
+                                _mm256_sub_epi8(u, eight)
+                            } else {
+                                u
+                            }
+                        }
+                    };
+                    let signed = T != Q4_1;
+                    let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
+                    for (c, a) in acc_r.iter_mut().enumerate() {
+                        let x = _mm256_loadu_si256(xp.add(c * k + b * QK8).cast());
+                        let x = if signed { _mm256_sign_epi8(x, w) } else { x };
+                        let p = D::dpbusd(_mm256_setzero_si256(), aw, x);
+                        *a = _mm256_fmadd_ps(_mm256_set1_ps(dd[c][r]), _mm256_cvtepi32_ps(p), *a);
+                    }
                 }
             }
         }
-    }
-    let mut sm = [[0f32; R]; CC];
-    for (o, v) in sm.iter_mut().zip(&summs) {
-        // SAFETY: `o` is 4 floats.
-        unsafe { _mm_storeu_ps(o.as_mut_ptr(), *v) };
-    }
-    for (r, acc_r) in acc.iter().enumerate() {
-        if j0 + r >= n {
-            break;
+        let mut sm = [[0f32; R]; CC];
+        for (o, v) in sm.iter_mut().zip(&summs) {
+            // SAFETY: `o` is 4 floats.
+            unsafe { _mm_storeu_ps(o.as_mut_ptr(), *v) };
         }
-        for (c, a) in acc_r.iter().enumerate() {
-            // SAFETY: (c, j0 + r) is inside `y` and only this thread's group writes that column.
-            unsafe { *job.y.get().add(c * n + j0 + r) = hsum8(*a) + sm[c][r] };
+        for (r, acc_r) in acc.iter().enumerate() {
+            if j0 + r >= n {
+                break;
+            }
+            for (c, a) in acc_r.iter().enumerate() {
+                // SAFETY: (c, j0 + r) is inside `y` and only this thread's group writes that column.
+                unsafe { *job.y.get().add(c * n + j0 + r) = hsum8(*a) + sm[c][r] };
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 use crate::WType;
 use crate::avx2_kquant::{check_row, f16_at, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
+use crate::isa::Dots;
 use crate::quant::{ActRow, QK_K, QK8};
 
 /// ggml's `bytes_from_bits_32`: bit j of the 4 bytes at `p` as byte j = 0xFF or 0x00.
@@ -40,11 +41,18 @@ fn bytes_from_nibbles_32(p: &[u8]) -> __m256i {
 
 /// Signed bytes `x` times signed bytes `y`, summed per 4 into 8 i32 (ggml's sign trick; exact
 /// for |x| <= 127 or |y| <= 127).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_i8_lanes(x: __m256i, y: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn dot_i8_lanes<D: Dots>(x: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        D::dpbusd(
+            _mm256_setzero_si256(),
+            _mm256_sign_epi8(x, x),
+            _mm256_sign_epi8(y, x),
+        )
+    }
 }
 
 /// 32 bytes of activations at `x.qs[at..]`.
@@ -57,32 +65,37 @@ fn load_acts(qs: &[i8], at: usize) -> __m256i {
 }
 
 /// Q5_0 x Q8_0 and Q5_1 x Q8_1 over a row ([`crate::dots::dot_q5`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q5(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
-    let ts = ty.type_size();
-    let nb = w.len() / ts;
-    assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
-    assert!(ty == WType::Q5_0 || x.s.len() >= nb);
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0f32;
-    for (b, blk) in w.chunks_exact(ts).enumerate() {
-        let qy = load_acts(x.qs, b * QK8);
-        if ty == WType::Q5_0 {
-            let hi = _mm256_andnot_si256(bytes_from_bits_32(&blk[2..6]), _mm256_set1_epi8(-16));
-            let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[6..22]), hi);
-            let q = _mm256_cvtepi32_ps(dot_i8_lanes(qx, qy));
-            let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
-            acc = _mm256_fmadd_ps(d, q, acc);
-        } else {
-            summs = f16_at(blk, 2).mul_add(x.s[b], summs);
-            let hi = _mm256_and_si256(bytes_from_bits_32(&blk[4..8]), _mm256_set1_epi8(0x10));
-            let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[8..24]), hi);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1));
-            let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn dot_q5<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let ts = ty.type_size();
+        let nb = w.len() / ts;
+        assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
+        assert!(ty == WType::Q5_0 || x.s.len() >= nb);
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0f32;
+        for (b, blk) in w.chunks_exact(ts).enumerate() {
+            let qy = load_acts(x.qs, b * QK8);
+            if ty == WType::Q5_0 {
+                let hi = _mm256_andnot_si256(bytes_from_bits_32(&blk[2..6]), _mm256_set1_epi8(-16));
+                let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[6..22]), hi);
+                let q = _mm256_cvtepi32_ps(dot_i8_lanes::<D>(qx, qy));
+                let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
+                acc = _mm256_fmadd_ps(d, q, acc);
+            } else {
+                summs = f16_at(blk, 2).mul_add(x.s[b], summs);
+                let hi = _mm256_and_si256(bytes_from_bits_32(&blk[4..8]), _mm256_set1_epi8(0x10));
+                let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[8..24]), hi);
+                let p = D::dpbusd(_mm256_setzero_si256(), qx, qy);
+                let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+            }
         }
+        hsum8(acc) + summs
     }
-    hsum8(acc) + summs
 }
 
 /// The i16 scales of sub-blocks `2s` (low 128 bits) and `2s + 1` (high) of `scales` (8 i16
@@ -107,79 +120,98 @@ fn scale_halves(all: __m256i) -> [__m256i; 2] {
 }
 
 /// Q2_K x Q8_K over a row ([`crate::dots::dot_q2k`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q2k(w: &[u8], x: ActRow<'_>) -> f32 {
-    check_row(w, 84, &x);
-    let m3 = _mm256_set1_epi8(3);
-    let m4 = _mm_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in w.chunks_exact(84).enumerate() {
-        let d = x.d[b] * f16_at(blk, 80);
-        let dmin = -x.d[b] * f16_at(blk, 82);
-        // SAFETY: `blk` is 84 bytes (scales 0..16, qs 16..80); row `b` of `x` holds 256 quants
-        // and 16 bsums (checked in `check_row`).
-        unsafe {
-            let ms = _mm_loadu_si128(blk.as_ptr().cast());
-            let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(ms), m4));
-            let bsums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
-            let prod = _mm256_madd_epi16(mins, bsums);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
-            let scales = scale_halves(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
-            let mut sumi = _mm256_setzero_si256();
-            for (j, sc) in scales.iter().enumerate() {
-                let bits = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * j).cast());
-                for s in 0..4 {
-                    let sh = _mm_cvtsi32_si128(2 * s as i32);
-                    let q2 = _mm256_and_si256(_mm256_srl_epi16(bits, sh), m3);
-                    let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
-                    let p = _mm256_maddubs_epi16(q2, q8);
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_pair(*sc, s), p));
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn dot_q2k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        check_row(w, 84, &x);
+        let m3 = _mm256_set1_epi8(3);
+        let m4 = _mm_set1_epi8(0x0f);
+        let mut acc = _mm256_setzero_ps();
+        for (b, blk) in w.chunks_exact(84).enumerate() {
+            let d = x.d[b] * f16_at(blk, 80);
+            let dmin = -x.d[b] * f16_at(blk, 82);
+            // SAFETY: `blk` is 84 bytes (scales 0..16, qs 16..80); row `b` of `x` holds 256 quants
+            // and 16 bsums (checked in `check_row`).
+            unsafe {
+                let ms = _mm_loadu_si128(blk.as_ptr().cast());
+                let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(ms), m4));
+                let bsums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
+                let prod = _mm256_madd_epi16(mins, bsums);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+                let scales = scale_halves(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
+                // Two accumulators: a chained `vpdpwssd` waits its full latency each step;
+                // integer adds are exact, so splitting the sum changes no bit.
+                let mut sumi = [_mm256_setzero_si256(); 2];
+                for (j, sc) in scales.iter().enumerate() {
+                    let bits = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * j).cast());
+                    for s in 0..4 {
+                        let sh = _mm_cvtsi32_si128(2 * s as i32);
+                        let q2 = _mm256_and_si256(_mm256_srl_epi16(bits, sh), m3);
+                        let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
+                        let p = _mm256_maddubs_epi16(q2, q8);
+                        sumi[s % 2] = D::dpwssd(sumi[s % 2], scale_pair(*sc, s), p);
+                    }
                 }
+                let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
+        hsum8(acc)
     }
-    hsum8(acc)
 }
 
 /// Q3_K x Q8_K over a row ([`crate::dots::dot_q3k`]): the 2 low bits dotted unsigned, minus 4
 /// times the activations where the high bit is clear.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q3k(w: &[u8], x: ActRow<'_>) -> f32 {
-    check_row(w, 110, &x);
-    let m3 = _mm256_set1_epi8(3);
-    let four = _mm256_set1_epi8(4);
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in w.chunks_exact(110).enumerate() {
-        let d = x.d[b] * f16_at(blk, 108);
-        let sc8 = q3k_scales(&blk[96..108]);
-        // SAFETY: `blk` is 110 bytes (hmask 0..32, qs 32..96); `sc8` is 16 bytes; row `b` of
-        // `x` holds 256 quants (checked in `check_row`).
-        unsafe {
-            let scales = scale_halves(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr().cast())));
-            let hbits = _mm256_loadu_si256(blk.as_ptr().cast());
-            let mut sumi = _mm256_setzero_si256();
-            for (j, sc) in scales.iter().enumerate() {
-                let bits = _mm256_loadu_si256(blk.as_ptr().add(32 + 32 * j).cast());
-                for s in 0..4 {
-                    let sh = _mm_cvtsi32_si128(2 * s as i32);
-                    let q3l = _mm256_and_si256(_mm256_srl_epi16(bits, sh), m3);
-                    let mask = _mm256_set1_epi8((1u8 << (4 * j + s)) as i8);
-                    let clear =
-                        _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mask), _mm256_setzero_si256());
-                    let q3h = _mm256_and_si256(clear, four);
-                    let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
-                    let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(q3l, q8),
-                        _mm256_maddubs_epi16(q3h, q8),
-                    );
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_pair(*sc, s), p));
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        check_row(w, 110, &x);
+        let m3 = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
+        let mut acc = _mm256_setzero_ps();
+        for (b, blk) in w.chunks_exact(110).enumerate() {
+            let d = x.d[b] * f16_at(blk, 108);
+            let sc8 = q3k_scales(&blk[96..108]);
+            // SAFETY: `blk` is 110 bytes (hmask 0..32, qs 32..96); `sc8` is 16 bytes; row `b` of
+            // `x` holds 256 quants (checked in `check_row`).
+            unsafe {
+                let scales =
+                    scale_halves(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr().cast())));
+                let hbits = _mm256_loadu_si256(blk.as_ptr().cast());
+                // Two accumulators: a chained `vpdpwssd` waits its full latency each step;
+                // integer adds are exact, so splitting the sum changes no bit.
+                let mut sumi = [_mm256_setzero_si256(); 2];
+                for (j, sc) in scales.iter().enumerate() {
+                    let bits = _mm256_loadu_si256(blk.as_ptr().add(32 + 32 * j).cast());
+                    for s in 0..4 {
+                        let sh = _mm_cvtsi32_si128(2 * s as i32);
+                        let q3l = _mm256_and_si256(_mm256_srl_epi16(bits, sh), m3);
+                        let mask = _mm256_set1_epi8((1u8 << (4 * j + s)) as i8);
+                        let clear = _mm256_cmpeq_epi8(
+                            _mm256_and_si256(hbits, mask),
+                            _mm256_setzero_si256(),
+                        );
+                        let q3h = _mm256_and_si256(clear, four);
+                        let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
+                        let p = _mm256_sub_epi16(
+                            _mm256_maddubs_epi16(q3l, q8),
+                            _mm256_maddubs_epi16(q3h, q8),
+                        );
+                        sumi[s % 2] = D::dpwssd(sumi[s % 2], scale_pair(*sc, s), p);
+                    }
                 }
+                let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         }
+        hsum8(acc)
     }
-    hsum8(acc)
 }
 
 /// 32 IQ4 grid values from 16 bytes of indices (low nibbles first).
@@ -200,51 +232,63 @@ fn iq4_values(p: &[u8]) -> __m256i {
 }
 
 /// IQ4_NL x Q8_0 over a row ([`crate::dots::dot_iq4nl`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_iq4nl(w: &[u8], x: ActRow<'_>) -> f32 {
-    let nb = w.len() / 18;
-    assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let pairs = nb / 2 * 2;
-    for (b, blk) in w.chunks_exact(18).take(pairs).enumerate() {
-        let p = dot_i8_lanes(iq4_values(&blk[2..18]), load_acts(x.qs, b * QK8));
-        let d = _mm256_set1_ps(x.d[b] * f16_at(blk, 0));
-        acc[b % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[b % 2]);
-    }
-    let mut sumf = hsum8(_mm256_add_ps(acc[0], acc[1]));
-    if pairs < nb {
-        // The odd last block as ggml's scalar tail.
-        let b = pairs;
-        let blk = &w[18 * b..18 * b + 18];
-        let xq = &x.qs[b * QK8..(b + 1) * QK8];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += xq[j] as i32 * KVALUES_IQ4NL[(blk[2 + j] & 0xf) as usize] as i32;
-            sumi += xq[16 + j] as i32 * KVALUES_IQ4NL[(blk[2 + j] >> 4) as usize] as i32;
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn dot_iq4nl<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let nb = w.len() / 18;
+        assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let pairs = nb / 2 * 2;
+        for (b, blk) in w.chunks_exact(18).take(pairs).enumerate() {
+            let p = dot_i8_lanes::<D>(iq4_values(&blk[2..18]), load_acts(x.qs, b * QK8));
+            let d = _mm256_set1_ps(x.d[b] * f16_at(blk, 0));
+            acc[b % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[b % 2]);
         }
-        sumf = (x.d[b] * f16_at(blk, 0)).mul_add(sumi as f32, sumf);
+        let mut sumf = hsum8(_mm256_add_ps(acc[0], acc[1]));
+        if pairs < nb {
+            // The odd last block as ggml's scalar tail.
+            let b = pairs;
+            let blk = &w[18 * b..18 * b + 18];
+            let xq = &x.qs[b * QK8..(b + 1) * QK8];
+            let mut sumi = 0i32;
+            for j in 0..16 {
+                sumi += xq[j] as i32 * KVALUES_IQ4NL[(blk[2 + j] & 0xf) as usize] as i32;
+                sumi += xq[16 + j] as i32 * KVALUES_IQ4NL[(blk[2 + j] >> 4) as usize] as i32;
+            }
+            sumf = (x.d[b] * f16_at(blk, 0)).mul_add(sumi as f32, sumf);
+        }
+        sumf
     }
-    sumf
 }
 
 /// IQ4_XS x Q8_K over a row ([`crate::dots::dot_iq4xs`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_iq4xs(w: &[u8], x: ActRow<'_>) -> f32 {
-    check_row(w, 136, &x);
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in w.chunks_exact(136).enumerate() {
-        let mut sumi = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let q4 = iq4_values(&blk[8 + 16 * ib..24 + 16 * ib]);
-            let p16 = _mm256_maddubs_epi16(
-                _mm256_sign_epi8(q4, q4),
-                _mm256_sign_epi8(load_acts(x.qs, b * QK_K + 32 * ib), q4),
-            );
-            let ls = (iq4xs_scale(blk, ib) - 32) as i16;
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(ls)));
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        check_row(w, 136, &x);
+        let mut acc = _mm256_setzero_ps();
+        for (b, blk) in w.chunks_exact(136).enumerate() {
+            // Two accumulators, as in `dot_q2k`.
+            let mut sumi = [_mm256_setzero_si256(); 2];
+            for ib in 0..8 {
+                let q4 = iq4_values(&blk[8 + 16 * ib..24 + 16 * ib]);
+                let p16 = _mm256_maddubs_epi16(
+                    _mm256_sign_epi8(q4, q4),
+                    _mm256_sign_epi8(load_acts(x.qs, b * QK_K + 32 * ib), q4),
+                );
+                let ls = (iq4xs_scale(blk, ib) - 32) as i16;
+                sumi[ib % 2] = D::dpwssd(sumi[ib % 2], p16, _mm256_set1_epi16(ls));
+            }
+            let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
+            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
-        let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        hsum8(acc)
     }
-    hsum8(acc)
 }

@@ -12,6 +12,8 @@
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
 //!   portable and written to do exactly the float operations ggml's AVX2 code does.
 //! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS.
+//! - `isa`: the x86 integer-dot paths (AVX2, AVX-VNNI, AVX-512 VNNI): the kernels below are
+//!   generic over them and compiled once per path, chosen at run time ([`Backend::detect`]).
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
 //! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS).
@@ -32,6 +34,8 @@ mod avx2_lowbit;
 pub mod cuda;
 mod dequant;
 mod dots;
+#[cfg(target_arch = "x86_64")]
+mod isa;
 mod matmul;
 pub mod pool;
 pub mod quant;

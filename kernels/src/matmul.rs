@@ -1,4 +1,4 @@
-//! `matmul`: backend choice (AVX2 or portable, detected once), activation quantization once
+//! `matmul`: backend choice (AVX-512 VNNI, AVX-VNNI, AVX2 or portable, detected once), activation quantization once
 //! per call, the split of weight rows over the pool threads, and reused scratch memory.
 
 use std::cell::RefCell;
@@ -7,26 +7,62 @@ use std::sync::OnceLock;
 use crate::quant::{self, ActType, QActs};
 use crate::{QMatrix, SendPtr, ThreadPool, WType, dequantize_row};
 
-/// Which implementation runs the kernels. Both give bit-identical results.
+/// Which implementation runs the kernels. All give bit-identical results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// Plain Rust, any CPU.
     Portable,
-    /// `std::arch` AVX2 + FMA + F16C (x86_64 only).
+    /// `std::arch` AVX2 + FMA + F16C (x86_64 only): integer dots by `vpmaddubsw` + `vpmaddwd`.
     Avx2,
+    /// AVX2 plus AVX-VNNI: integer dots by the 256-bit VEX `vpdpbusd` / `vpdpwssd`.
+    AvxVnni,
+    /// AVX2 plus AVX-512 F/BW/VL/VNNI: integer dots by the EVEX `vpdpbusd` / `vpdpwssd`, with
+    /// 32 vector registers for the tiles.
+    Avx512Vnni,
 }
 
 impl Backend {
-    /// The fastest backend this CPU supports (checked once).
+    /// Every backend, slowest first.
+    pub const ALL: [Backend; 4] = [
+        Backend::Portable,
+        Backend::Avx2,
+        Backend::AvxVnni,
+        Backend::Avx512Vnni,
+    ];
+
+    /// The backend [`matmul`] uses: the fastest one this CPU supports, or the one named by
+    /// `TPSLAB_CPU_KERNELS` (`portable`, `avx2`, `avx-vnni`, `avx512-vnni`) when this CPU has
+    /// it (to compare paths in one binary). Checked once per process.
     pub fn detect() -> Self {
         static BEST: OnceLock<Backend> = OnceLock::new();
         *BEST.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if crate::avx2::available() {
-                return Self::Avx2;
+            let forced = std::env::var("TPSLAB_CPU_KERNELS").ok();
+            let forced = forced.as_deref().and_then(Self::from_name);
+            match forced {
+                Some(b) if b.is_available() => b,
+                _ => Self::ALL
+                    .into_iter()
+                    .rev()
+                    .find(|b| b.is_available())
+                    .unwrap_or(Self::Portable),
             }
-            Self::Portable
         })
+    }
+
+    /// The name `TPSLAB_CPU_KERNELS` takes (and benchmarks print).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Portable => "portable",
+            Self::Avx2 => "avx2",
+            Self::AvxVnni => "avx-vnni",
+            Self::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    /// The backend called `name` ([`Backend::name`], any case), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        let name = name.trim().to_ascii_lowercase();
+        Self::ALL.into_iter().find(|b| b.name() == name)
     }
 
     /// Whether this CPU can run `self`.
@@ -34,9 +70,30 @@ impl Backend {
         match self {
             Self::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => crate::avx2::available(),
+            _ => self.x86().is_some_and(crate::isa::X86::available),
             #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx2 => false,
+            _ => false,
+        }
+    }
+
+    /// The x86 integer-dot path of `self` (`None` for portable).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn x86(self) -> Option<crate::isa::X86> {
+        use crate::isa::X86;
+        match self {
+            Self::Portable => None,
+            Self::Avx2 => Some(X86::Avx2),
+            Self::AvxVnni => Some(X86::AvxVnni),
+            Self::Avx512Vnni => Some(X86::Avx512Vnni),
+        }
+    }
+
+    /// The backend of the code without integer dots (activation quantization, float matmuls,
+    /// attention): every x86 path shares the AVX2 one.
+    pub fn float_path(self) -> Self {
+        match self {
+            Self::Portable => Self::Portable,
+            _ => Self::Avx2,
         }
     }
 }
@@ -117,13 +174,12 @@ pub fn quantize_activations(
 }
 
 fn quantize_rows(backend: Backend, x: &[f32], rows: &mut quant::QActsRows<'_>) {
-    match backend {
+    match backend.float_path() {
         Backend::Portable => quant::quantize_rows_portable(x, rows),
         // SAFETY: the backend was checked available (AVX2, FMA, F16C detected).
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => unsafe { crate::avx2::quantize_rows(x, rows) },
-        #[cfg(not(target_arch = "x86_64"))]
-        Backend::Avx2 => unreachable!(),
+        _ => quant::quantize_rows_portable(x, rows),
     }
 }
 
@@ -169,9 +225,13 @@ fn quantized_matmul(
     }
     let acts = &*acts;
     let yp = SendPtr(y.as_mut_ptr());
-    match backend {
+    #[cfg(target_arch = "x86_64")]
+    let path = backend.x86();
+    #[cfg(not(target_arch = "x86_64"))]
+    let path: Option<()> = None;
+    match path {
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 if matches!(w.ty, WType::Q4_0 | WType::Q4_1 | WType::Q8_0) => {
+        Some(path) if matches!(w.ty, WType::Q4_0 | WType::Q4_1 | WType::Q8_0) => {
             let job = crate::avx2::GroupJob {
                 ty: w.ty,
                 data: w.data,
@@ -191,8 +251,8 @@ fn quantized_matmul(
                         Ok(s) => s,
                         Err(_) => &mut fresh,
                     };
-                    // SAFETY: the backend was checked available (AVX2, FMA, F16C detected).
-                    unsafe { crate::avx2::run_groups(&job, lo, hi, s) };
+                    // SAFETY: the backend was checked available (its features detected).
+                    unsafe { crate::avx2::run_groups(path, &job, lo, hi, s) };
                 });
             });
         }
@@ -254,12 +314,12 @@ fn split(total: usize, tid: usize, nth: usize) -> (usize, usize) {
 }
 
 fn dot_row(backend: Backend, ty: WType, w: &[u8], x: quant::ActRow<'_>) -> f32 {
-    match backend {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(path) = backend.x86() {
         // SAFETY: the backend was checked available.
-        #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => unsafe { crate::avx2::dot_row(ty, w, x) },
-        _ => crate::dots::dot_row(ty, w, x),
+        return unsafe { crate::avx2::dot_row(path, ty, w, x) };
     }
+    crate::dots::dot_row(ty, w, x)
 }
 
 fn float_matmul(
@@ -273,6 +333,7 @@ fn float_matmul(
     let (k, n) = (w.k, w.n);
     let rb = w.ty.row_bytes(k);
     let yp = SendPtr(y.as_mut_ptr());
+    let backend = backend.float_path();
     pool.run(&|tid, nth| {
         let (lo, hi) = split(n, tid, nth);
         ROW.with(|row| {

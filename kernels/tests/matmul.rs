@@ -14,8 +14,9 @@ fn pools() -> &'static [ThreadPool; 3] {
     P.get_or_init(|| [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)])
 }
 
+/// Every backend this CPU has (the SIMD paths the CPU lacks cannot run here).
 fn backends() -> Vec<Backend> {
-    [Backend::Portable, Backend::Avx2]
+    Backend::ALL
         .into_iter()
         .filter(|b| b.is_available())
         .collect()
@@ -88,12 +89,19 @@ fn matmul_matches_f64_reference() {
     }
 }
 
-/// Model-sized shapes at m = 1 and a prompt-sized m: AVX2 equals portable bit for bit.
+/// Model-sized shapes at m = 1 and a prompt-sized m: every SIMD path this CPU has (AVX2,
+/// AVX-VNNI, AVX-512 VNNI) equals portable bit for bit. Prints which paths ran.
 #[test]
 fn backends_agree_bit_for_bit() {
-    if !Backend::Avx2.is_available() {
-        return;
-    }
+    let simd: Vec<Backend> = backends()
+        .into_iter()
+        .filter(|b| *b != Backend::Portable)
+        .collect();
+    eprintln!(
+        "SIMD paths on this CPU: {:?} (detected: {:?})",
+        simd.iter().map(|b| b.name()).collect::<Vec<_>>(),
+        Backend::detect()
+    );
     let mut r = rng(9);
     for (ty, n, k, m) in [
         (WType::Q4_1, 192, 576, 1),
@@ -128,12 +136,18 @@ fn backends_agree_bit_for_bit() {
             data: &data,
         };
         let x = random_vec(&mut r, m * k, 1.0);
-        let mut a = vec![0f32; m * n];
         let mut p = vec![0f32; m * n];
-        matmul_with(Backend::Avx2, &pools()[1], &w, &x, m, &mut a);
         matmul_with(Backend::Portable, &pools()[2], &w, &x, m, &mut p);
-        for (e, (u, v)) in a.iter().zip(&p).enumerate() {
-            assert_eq!(u.to_bits(), v.to_bits(), "{ty:?} element {e}: {u} vs {v}");
+        for &b in &simd {
+            let mut a = vec![0f32; m * n];
+            matmul_with(b, &pools()[1], &w, &x, m, &mut a);
+            for (e, (u, v)) in a.iter().zip(&p).enumerate() {
+                assert_eq!(
+                    u.to_bits(),
+                    v.to_bits(),
+                    "{ty:?} {b:?} element {e}: {u} vs {v}"
+                );
+            }
         }
     }
 }
@@ -179,6 +193,18 @@ proptest! {
             prop_assert_eq!(bits(&sub), bits(&alone[lo * n..]));
         }
     }
+}
+
+/// The names `TPSLAB_CPU_KERNELS` takes round-trip, and the detected backend is one this CPU has.
+#[test]
+fn backend_names_and_detection() {
+    for b in Backend::ALL {
+        assert_eq!(Backend::from_name(b.name()), Some(b));
+        assert_eq!(Backend::from_name(&b.name().to_uppercase()), Some(b));
+    }
+    assert_eq!(Backend::from_name("avx9000"), None);
+    assert!(Backend::detect().is_available());
+    assert!(Backend::Portable.is_available());
 }
 
 /// The default entry point uses the detected backend and a thread-count-independent result.
