@@ -17,7 +17,7 @@ use crate::model::Model;
 use crate::model::config::{Extras, ModelConfig, RopeScaling};
 use crate::model::precision::Precision;
 pub use crate::model::precision::matrix_type;
-use crate::model::weights::{LayerWeights, Linear, Weights};
+use crate::model::weights::{Ffn, LayerWeights, Linear, Weights};
 use crate::text::chat::ChatTemplate;
 use crate::text::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
 
@@ -244,8 +244,10 @@ pub fn synthetic_weights(
             wo: matrix("attn_output", h, h, layer_id(i, 1))?,
             post_attn_norm: None,
             ffn_norm: vec![1.0; h],
-            w_gate_up: matrix("ffn_gate_up", 2 * ffn, h, layer_id(i, 2))?,
-            w_down: matrix("ffn_down", h, ffn, layer_id(i, 3))?,
+            ffn: Ffn::Dense {
+                gate_up: matrix("ffn_gate_up", 2 * ffn, h, layer_id(i, 2))?,
+                down: matrix("ffn_down", h, ffn, layer_id(i, 3))?,
+            },
             post_ffn_norm: None,
         });
     }
