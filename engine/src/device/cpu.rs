@@ -510,4 +510,8 @@ impl Backend for CpuBackend {
     fn threads(&self) -> usize {
         self.pool.n_threads()
     }
+
+    fn expert_load(&self) -> Option<ExpertLoad> {
+        self.ws.experts.share().map(|_| self.ws.experts.clone())
+    }
 }
