@@ -269,6 +269,7 @@ pub fn synthetic_weights(
         true => None,
         false => Some(matrix("output", c.vocab, h, ID_LM_HEAD)?),
     };
+    let qk_norm = c.arch == "qwen3moe" && c.extras.moe.is_some();
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let mut wqkv = matrix("attn_qkv", q + 2 * kv, h, layer_id(i, 0))?;
@@ -279,9 +280,10 @@ pub fn synthetic_weights(
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h],
             wqkv,
-            // Qwen3's families norm each Q and K head.
-            q_norm: c.arch.starts_with("qwen3").then(|| vec![1.0; c.head_dim]),
-            k_norm: c.arch.starts_with("qwen3").then(|| vec![1.0; c.head_dim]),
+            // Qwen3-MoE's experts come with per-head Q and K norms (the table's only QK-norm
+            // row; a spec without experts stays a plain Llama block).
+            q_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
+            k_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
             wo: matrix("attn_output", h, q, layer_id(i, 1))?,
             post_attn_norm: None,
             ffn_norm: vec![1.0; h],
