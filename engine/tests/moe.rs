@@ -119,7 +119,7 @@ fn a_sequence_computes_the_same_bits_alone_and_in_a_batch() {
 fn a_hostile_expert_count_is_refused_by_name() {
     use tpslab_engine::formats::gguf_write::write_gguf;
     let (dir, _) = tiny("qwen3moe");
-    let src = tpslab_engine::formats::gguf::GgufFile::open(&dir.0.join("m.gguf")).unwrap();
+    let src = tpslab_engine::formats::gguf::GgufFile::open(dir.0.join("m.gguf")).unwrap();
     for (key, v, what) in [
         ("qwen3moe.expert_count", Value::U32(1 << 20), "expert_count"),
         (

@@ -152,10 +152,7 @@ pub fn moe_ffn(
     routes.iter().for_each(|r| counts[r.expert as usize] += 1);
     let outs = sized(&mut s.outs, routes.len() * width);
     let mut used = Vec::new();
-    for e in 0..n_expert {
-        if counts[e] == 0 {
-            continue;
-        }
+    for (e, _) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
         used.push(e as u32);
         s.slots.clear();
         s.slots.extend(
