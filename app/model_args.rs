@@ -18,8 +18,8 @@ pub struct ModelArgs {
     #[arg(long, default_value = "default")]
     pub model: String,
     /// Instead of a model file: a model of this architecture's exact shape with seeded random
-    /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b), for measuring speed where
-    /// no model file can travel. Its output is noise.
+    /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b, qwen3-30b-a3b), for
+    /// measuring speed where no model file can travel. Its output is noise.
     #[arg(long, value_name = "ARCH", conflicts_with = "model")]
     pub synthetic: Option<String>,
     /// Weight precision of --synthetic: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k

@@ -7,7 +7,11 @@
 //!   keep K/V and the attention's queries in f16 and sum in different orders; F32 weights),
 //! - the same perplexity over the bundled text at a context of 128, within 1e-3 relative.
 //!
-//! The references (tests/data/arch_refs.json) come from llama.cpp built from the pinned sdist;
+//! The mixtures of experts (`qwen3moe`, and `mixtral`: a `llama` file with expert tensors) are
+//! held to the same bounds: their routing picks the same experts as llama.cpp's at every token
+//! or the greedy tokens and perplexity would part.
+//!
+//! The references (tests/data/arch_refs.json, moe_refs.json) come from llama.cpp built from the pinned sdist;
 //! this test needs neither llama.cpp nor Python.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,6 +29,8 @@ use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, perplexity};
 use tpslab_kernels::ThreadPool;
 
 const REFS: &str = include_str!("data/arch_refs.json");
+/// The mixture-of-experts variants' references (`make_arch_refs.py --moe`).
+const MOE_REFS: &str = include_str!("data/moe_refs.json");
 /// Log-probability tolerance (nats).
 const LOGPROB_TOL: f64 = 5e-3;
 /// Perplexity tolerance (relative).
@@ -112,16 +118,10 @@ fn check_steps(arch: &str, lm: &LoadedModel, v: &Value, bad: &mut Vec<String>) -
     worst
 }
 
-#[test]
-fn every_architecture_computes_as_llama_cpp() {
-    let refs: Value = serde_json::from_str(REFS).unwrap();
+/// Every variant of a reference file against llama.cpp's outputs.
+fn check_refs(refs: &Value) {
     let ctx = refs["ctx"].as_u64().unwrap() as usize;
     let variants = refs["variants"].as_object().unwrap();
-    // Every variant llama.cpp runs (it has no `mistral` or `smollm`: those files say `llama`).
-    for arch in tpslab_engine::model::tiny::VARIANTS {
-        let runs = !matches!(arch, "mistral" | "smollm");
-        assert_eq!(variants.contains_key(arch), runs, "{arch}: references");
-    }
     let mut bad = Vec::new();
     for (arch, v) in variants {
         let (_tmp, lm) = model_of(arch, v["vocab"].as_str().unwrap());
@@ -140,4 +140,26 @@ fn every_architecture_computes_as_llama_cpp() {
         }
     }
     assert!(bad.is_empty(), "{bad:#?}");
+}
+
+const MOE: [&str; 2] = ["qwen3moe", "mixtral"];
+
+#[test]
+fn every_architecture_computes_as_llama_cpp() {
+    let refs: Value = serde_json::from_str(REFS).unwrap();
+    let moe: Value = serde_json::from_str(MOE_REFS).unwrap();
+    // Every variant llama.cpp runs (it has no `mistral` or `smollm`: those files say `llama`),
+    // the mixtures of experts in their own file.
+    for arch in tpslab_engine::model::tiny::VARIANTS {
+        let runs = !matches!(arch, "mistral" | "smollm");
+        let (dense, experts) = (refs["variants"].get(arch), moe["variants"].get(arch));
+        assert_eq!(dense.is_some(), runs && !MOE.contains(&arch), "{arch}");
+        assert_eq!(experts.is_some(), MOE.contains(&arch), "{arch}: references");
+    }
+    check_refs(&refs);
+}
+
+#[test]
+fn every_mixture_of_experts_computes_as_llama_cpp() {
+    check_refs(&serde_json::from_str(MOE_REFS).unwrap());
 }

@@ -69,7 +69,7 @@ fn layer_of(
     let plain = Rope {
         dim: hd,
         theta: 10_000.0,
-        style: if matches!(arch, "llama" | "mistral" | "smollm" | "smollm3") {
+        style: if matches!(arch, "llama" | "mistral" | "smollm" | "smollm3" | "mixtral") {
             RopeStyle::Interleaved
         } else {
             RopeStyle::Neox
@@ -91,6 +91,13 @@ fn layer_of(
             attn.window = Some(WINDOW as usize);
             (Some(plain), None)
         }
+        "qwen3moe" | "mixtral" => (
+            Some(Rope {
+                theta: 1e6,
+                ..plain
+            }),
+            None,
+        ),
         "qwen2" => (
             Some(Rope {
                 theta: 1e6,
@@ -185,7 +192,7 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
             x: Buf::H,
             y: Buf::Qkv,
         });
-        if matches!(arch, "qwen3" | "gemma3") {
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
             ops.push(Op::QkNorm {
                 qkv: Buf::Qkv,
                 heads,
@@ -229,17 +236,36 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
             eps,
             out: Buf::H,
         });
-        ops.push(Op::GatedFfn {
-            gate_up: m(2 * ffn, h, false),
-            down: m(h, ffn, false),
-            act: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
-            },
-            x: Buf::H,
-            out: Buf::Tmp,
-        });
+        // llama.cpp's `build_moe_ffn` for both: softmax, top-k, renormalized, no scale.
+        if let Some(e) = c.extras.moe {
+            ops.push(Op::MoeFfn {
+                router: m(e.n_expert, h, false),
+                gate_up: m(2 * e.ffn_exp, h, false),
+                down: m(h, e.ffn_exp, false),
+                n_expert: e.n_expert,
+                rule: tpslab_kernels::moe::Router {
+                    n_used: e.router.n_used,
+                    gating: tpslab_kernels::moe::Gating::Softmax,
+                    norm: true,
+                    scale: 0.0,
+                },
+                act: Activation::Silu,
+                x: Buf::H,
+                out: Buf::Tmp,
+            });
+        } else {
+            ops.push(Op::GatedFfn {
+                gate_up: m(2 * ffn, h, false),
+                down: m(h, ffn, false),
+                act: if gemma {
+                    Activation::GeluTanh
+                } else {
+                    Activation::Silu
+                },
+                x: Buf::H,
+                out: Buf::Tmp,
+            });
+        }
         if gemma {
             ops.push(Op::RmsNorm {
                 x: Buf::Tmp,
@@ -345,6 +371,8 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("gemma3", Some("the embedding scale")),
             ("phi3", Some("RoPE frequency factors")),
             ("smollm3", Some("a layer without RoPE")),
+            ("qwen3moe", Some("QK-norm")),
+            ("mixtral", Some("mixture-of-experts layers")),
         ]
     );
 }

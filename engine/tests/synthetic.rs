@@ -22,12 +22,8 @@ const ALL: [WType; 15] = WType::ALL;
 fn bytes(w: &Weights) -> Vec<&[u8]> {
     let mut v = vec![w.embed.data.as_slice()];
     for l in &w.layers {
-        v.extend([
-            l.wqkv.data.as_slice(),
-            l.wo.data.as_slice(),
-            l.w_gate_up.data.as_slice(),
-            l.w_down.data.as_slice(),
-        ]);
+        v.extend([l.wqkv.data.as_slice(), l.wo.data.as_slice()]);
+        v.extend(l.ffn.matrices().iter().map(|m| m.data.as_slice()));
     }
     v.extend(w.lm_head.iter().map(|l| l.data.as_slice()));
     v
@@ -122,6 +118,22 @@ fn smollm2_matches_the_default_model_file() {
     assert_eq!(arch("smollm2-135m").expect("arch").config, real);
 }
 
+/// Qwen3-30B-A3B's shape: 128 experts of width 768, 8 routed, QK-norm heads of 128 (so the
+/// query width, 4096, is not the hidden size); about 30B parameters of which about 3B are
+/// read per token. Its weights are not built here (17 GB at Q4_K).
+#[test]
+fn qwen3_30b_a3b_has_its_experts() {
+    let c = arch("qwen3-30b-a3b").expect("arch").config;
+    let m = c.extras.moe.expect("experts");
+    assert_eq!((m.n_expert, m.router.n_used, m.ffn_exp), (128, 8, 768));
+    assert_eq!((c.q_dim(), c.hidden, c.n_layers), (4096, 2048, 48));
+    let n = c.n_params() as f64;
+    assert!((29e9..31e9).contains(&n), "{n}");
+    let h = c.hidden as f64;
+    let active = n - (3.0 * h * 768.0) * 120.0 * 48.0;
+    assert!((2.5e9..3.6e9).contains(&active), "{active}");
+}
+
 #[test]
 fn weights_have_the_table_shapes() {
     let s = arch("smollm2-135m").expect("arch");
@@ -133,8 +145,11 @@ fn weights_have_the_table_shapes() {
     for l in &w.layers {
         assert_eq!((l.wqkv.n, l.wqkv.k), (c.hidden + 2 * c.kv_dim(), c.hidden));
         assert_eq!((l.wo.n, l.wo.k), (c.hidden, c.hidden));
-        assert_eq!((l.w_gate_up.n, l.w_gate_up.k), (2 * c.ffn, c.hidden));
-        assert_eq!((l.w_down.n, l.w_down.k), (c.hidden, c.ffn));
+        let [gate_up, down] = l.ffn.matrices()[..] else {
+            panic!("a dense FFN");
+        };
+        assert_eq!((gate_up.n, gate_up.k), (2 * c.ffn, c.hidden));
+        assert_eq!((down.n, down.k), (c.hidden, c.ffn));
         assert!(l.wqkv.bias.is_none());
         assert!(l.attn_norm.iter().chain(&l.ffn_norm).all(|&x| x == 1.0));
     }
@@ -166,7 +181,11 @@ fn every_precision_builds_and_gives_finite_logits() {
         let weights = synthetic_weights(&s, ty, 7, 2).expect("weights");
         // K-quants fall back where rows aren't whole 256-element blocks (hidden 576).
         assert_eq!(weights.layers[0].wqkv.ty, matrix_type(ty, 576));
-        assert_eq!(weights.layers[0].w_down.ty, ty, "ffn 1536 keeps {ty:?}");
+        assert_eq!(
+            weights.layers[0].ffn.matrices()[1].ty,
+            ty,
+            "ffn 1536 keeps {ty:?}"
+        );
         let model = Model {
             cfg: s.config.clone(),
             weights,

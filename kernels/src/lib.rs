@@ -18,6 +18,8 @@
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
 //! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
+//! - `moe`: mixture-of-experts routing and the expert FFN grouped by expert (each expert's
+//!   weights read once per step).
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 //! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
 //! - `cuda` (feature `cuda`, on by default): the GPU kernels (`kernels/cuda/*.cu`, embedded as the
@@ -37,6 +39,7 @@ mod dots;
 #[cfg(target_arch = "x86_64")]
 mod isa;
 mod matmul;
+pub mod moe;
 pub mod pool;
 pub mod quant;
 pub mod quantize;

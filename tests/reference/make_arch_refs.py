@@ -11,13 +11,17 @@ tokenizer of one of llama.cpp's ggml-vocab-*.gguf files) it records:
 
 Usage (llama.cpp built by ../shared/reference/build-llamacpp.sh):
   python3 tests/reference/make_arch_refs.py [LLAMA_CPP_BIN] > tests/data/arch_refs.json
+  python3 tests/reference/make_arch_refs.py --moe [LLAMA_CPP_BIN] > tests/data/moe_refs.json
+(--moe: the mixture-of-experts variants, kept in their own file.)
 Fixtures: the llama.cpp models/ folder as tests/support/llamacpp.rs caches it
 ($TPSLAB_FIXTURES/models, default ~/.cache/tpslab/llama-cpp-0.3.36/models).
 """
 import json, os, re, socket, subprocess, sys, tempfile, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llama-cpp-ref/llama.cpp/build/bin"
+MOE = "--moe" in sys.argv[1:]
+ARGS = [a for a in sys.argv[1:] if a != "--moe"]
+BIN = ARGS[0] if ARGS else "/tmp/llama-cpp-ref/llama.cpp/build/bin"
 FIX = os.path.join(os.environ.get("TPSLAB_FIXTURES", os.path.expanduser("~/.cache/tpslab/llama-cpp-0.3.36")), "models")
 TEXT = os.path.join(ROOT, "assets/perplexity/pride-and-prejudice-ch1.txt")
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
@@ -30,6 +34,10 @@ VARIANTS = {
     "gemma3": "llama-bpe",
     "phi3": "phi-3",
     "smollm3": "llama-bpe",
+}
+MOE_VARIANTS = {
+    "qwen3moe": "qwen2",
+    "mixtral": "llama-spm",
 }
 CTX = 128
 STEPS = 32
@@ -84,13 +92,17 @@ def perplexity(model):
 
 
 def main():
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "tpslab-engine", "--example",
-                    "tiny_model"], cwd=ROOT, check=True)
-    tool = os.path.join(ROOT, "target/release/examples/tiny_model")
+    # The dev profile (optimized for the engine, see Cargo.toml): the example only writes files.
+    # $TINY_MODEL names one already built (a running build would hold cargo's lock).
+    tool = os.environ.get("TINY_MODEL")
+    if not tool:
+        subprocess.run(["cargo", "build", "-j", "1", "-q", "-p", "tpslab-engine", "--example",
+                        "tiny_model"], cwd=ROOT, check=True)
+        tool = os.path.join(ROOT, "target/debug/examples/tiny_model")
     refs = {"llama_cpp": "llama-cpp-python 0.3.36 sdist (vendored llama.cpp), CPU build",
             "prompt": PROMPT, "ctx": CTX, "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, vocab in VARIANTS.items():
+        for arch, vocab in (MOE_VARIANTS if MOE else VARIANTS).items():
             model = os.path.join(tmp, f"{arch}.gguf")
             subprocess.run([tool, arch, os.path.join(FIX, f"ggml-vocab-{vocab}.gguf"), model], check=True)
             prompt, steps = server_run(model)

@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use tpslab_kernels::ThreadPool;
+use tpslab_kernels::moe::{MoeScratch, Route, moe_ffn, route};
 
 use crate::device::attention::{AttnShape, paged_attention};
 use crate::device::rowops;
@@ -18,7 +19,7 @@ use crate::model::Model;
 use crate::model::arch;
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
-use crate::model::weights::Linear;
+use crate::model::weights::{Linear, MoeWeights};
 
 /// Reusable activation buffers, grown to the largest batch seen.
 #[derive(Default)]
@@ -31,6 +32,30 @@ pub struct Workspace {
     gathered: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Router logits, routes and the grouped expert buffers of a mixture of experts.
+    router: Vec<f32>,
+    probs: Vec<f32>,
+    routes: Vec<Route>,
+    moe: MoeScratch,
+    /// What the last step read of the experts.
+    pub experts: ExpertLoad,
+}
+
+/// What one step read of a mixture of experts: the expert bytes it read against the bytes of
+/// every expert of every layer it ran (per chunk of [`FFN_ROWS`] tokens), and how many tokens
+/// chose each expert, summed over layers. Zero for a dense model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExpertLoad {
+    pub bytes_read: usize,
+    pub bytes_total: usize,
+    pub tokens_per_expert: Vec<u32>,
+}
+
+impl ExpertLoad {
+    /// The share of expert bytes the step read (`None` for a dense model).
+    pub fn share(&self) -> Option<f64> {
+        (self.bytes_total > 0).then(|| self.bytes_read as f64 / self.bytes_total as f64)
+    }
 }
 
 impl Workspace {
@@ -39,8 +64,11 @@ impl Workspace {
         self.bufs
             .iter()
             .chain([&self.gu, &self.act, &self.gathered, &self.cos, &self.sin])
+            .chain([&self.router, &self.probs])
             .map(|v| v.capacity() * 4)
-            .sum()
+            .sum::<usize>()
+            + self.routes.capacity() * std::mem::size_of::<Route>()
+            + self.moe.bytes()
     }
 
     /// The floats of buffer `b` as the last step left them.
@@ -273,14 +301,78 @@ impl Ops for CpuOps<'_> {
             let gu = sized(&mut self.ws.gu, m * 2 * ffn);
             gate_up.forward(pool, &h[r0 * k..(r0 + m) * k], m, gu);
             let a = sized(&mut self.ws.act, m * ffn);
-            match act {
-                Activation::Silu => rowops::swiglu(gu, ffn, a),
-                Activation::GeluTanh => rowops::geglu(gu, ffn, a),
-            }
+            act.apply(gu, ffn, a);
             down.forward(pool, a, m, &mut o_rows[r0 * width..(r0 + m) * width]);
         }
         self.ws.bufs[out.index()] = o;
         self.ws.lens[out.index()] = n * width;
+        Ok(())
+    }
+
+    /// The router's logits and each token's routes, then the experts grouped by
+    /// `tpslab_kernels::moe::moe_ffn`, [`FFN_ROWS`] tokens at a time as the dense FFN.
+    fn moe_ffn(
+        &mut self,
+        moe: &MoeWeights<Linear>,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), Infallible> {
+        let (pool, n, ne) = (self.pool, self.batch.len(), moe.experts.len());
+        let Some(first) = moe.experts.first() else {
+            return Ok(());
+        };
+        let (k, width, used) = (first.gate_up.k, first.down.n, moe.rule.n_used);
+        let ws = &mut *self.ws;
+        let mut o = std::mem::take(&mut ws.bufs[out.index()]);
+        let h = &ws.bufs[x.index()][..n * k];
+        let logits = sized(&mut ws.router, n * ne);
+        moe.router.forward(pool, h, n, logits);
+        ws.routes.resize(n * used, Route::default());
+        for (row, r) in logits
+            .chunks_exact(ne)
+            .zip(ws.routes.chunks_exact_mut(used))
+        {
+            route(row, &moe.rule, &mut ws.probs, r);
+        }
+        let o_rows = sized(&mut o, n * width);
+        let load = &mut ws.experts;
+        load.tokens_per_expert.resize(ne, 0);
+        ws.routes
+            .iter()
+            .for_each(|r| load.tokens_per_expert[r.expert as usize] += 1);
+        let bytes = |e: &crate::model::weights::Expert| e.gate_up.bytes() + e.down.bytes();
+        let all: usize = moe.experts.iter().map(bytes).sum();
+        let (gu, a) = (&mut ws.gu, &mut ws.act);
+        for r0 in (0..n).step_by(FFN_ROWS) {
+            let m = (n - r0).min(FFN_ROWS);
+            let ran = moe_ffn(
+                &h[r0 * k..(r0 + m) * k],
+                k,
+                &ws.routes[r0 * used..(r0 + m) * used],
+                used,
+                ne,
+                width,
+                &mut o_rows[r0 * width..(r0 + m) * width],
+                &mut ws.moe,
+                |e, xs, rows, ys| {
+                    let ex = &moe.experts[e];
+                    let ffn = ex.gate_up.n / 2;
+                    let g = sized(gu, rows * 2 * ffn);
+                    ex.gate_up.forward(pool, xs, rows, g);
+                    let a = sized(a, rows * ffn);
+                    act.apply(g, ffn, a);
+                    ex.down.forward(pool, a, rows, ys);
+                },
+            );
+            load.bytes_total += all;
+            load.bytes_read += ran
+                .iter()
+                .map(|&e| bytes(&moe.experts[e as usize]))
+                .sum::<usize>();
+        }
+        ws.bufs[out.index()] = o;
+        ws.lens[out.index()] = n * width;
         Ok(())
     }
 
@@ -346,6 +438,7 @@ impl Model {
     ) -> Result<&'w [f32], BatchError> {
         debug_assert!(cfg.n_layers <= self.cfg.n_layers);
         check_batch(cfg, batch, kv.num_blocks, kv.block_size)?;
+        ws.experts = ExpertLoad::default();
         let mut ops = CpuOps::new(pool, batch, kv, ws);
         match arch::forward(cfg, &self.weights, &mut ops) {
             Ok(()) => {}
@@ -460,5 +553,9 @@ impl Backend for CpuBackend {
 
     fn threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    fn expert_load(&self) -> Option<ExpertLoad> {
+        self.ws.experts.share().map(|_| self.ws.experts.clone())
     }
 }

@@ -19,7 +19,7 @@ use crate::model::arch;
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Param, ParamShape, Rope};
 use crate::model::record::{Op, Recording};
-use crate::model::weights::{Linear, Weights};
+use crate::model::weights::{Linear, MoeWeights, Weights};
 
 /// A CUDA error with what the engine was doing.
 fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {
@@ -197,6 +197,7 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights) -> Option<&'static str> {
             act: Activation::GeluTanh,
             ..
         } => Some("GELU gating"),
+        Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
         _ => None,
     })
 }
@@ -676,6 +677,16 @@ impl Ops for CudaOps<'_> {
             Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
         }
         down.forward(self.g, a, self.n, out, self.sc)
+    }
+
+    fn moe_ffn(
+        &mut self,
+        _: &MoeWeights<DevLinear>,
+        _: Activation,
+        _: Buf,
+        _: Buf,
+    ) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("mixture-of-experts layers"))
     }
 
     fn add(&mut self, x: Buf, y: Buf) -> Result<(), CudaError> {

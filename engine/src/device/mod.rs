@@ -22,7 +22,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod rowops;
 
-pub use cpu::{CpuBackend, Workspace};
+pub use cpu::{CpuBackend, ExpertLoad, Workspace};
 
 /// A batch a device refuses before touching memory with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -224,6 +224,11 @@ pub trait Backend: Send {
     fn memory(&self) -> MemoryUse;
     /// Compute threads (CPU) or 0.
     fn threads(&self) -> usize;
+    /// What the last step read of a mixture of experts (`None` for a dense model, or a device
+    /// that does not count it).
+    fn expert_load(&self) -> Option<ExpertLoad> {
+        None
+    }
     /// Runs `lm`'s weights from now on (same architecture and shape; another precision). The
     /// KV pool is kept as it is; the caller recomputes what it held. On an error the old
     /// weights stay.

@@ -16,8 +16,9 @@ pub enum RopeStyle {
 /// A recipe: the graph one or more GGUF architectures share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
-    /// Llama, Mistral, SmolLM, Qwen2, Qwen3 (QK-norm), SmolLM3 (layers without RoPE) and Phi-3
-    /// (fused QKV and gate-up tensors): pre-norm blocks with a SwiGLU FFN.
+    /// Llama, Mistral, SmolLM, Qwen2, Qwen3 (QK-norm), SmolLM3 (layers without RoPE), Phi-3
+    /// (fused QKV and gate-up tensors), and their mixtures of experts (Mixtral-style `llama`
+    /// files with expert tensors, Qwen3-MoE): pre-norm blocks with a SwiGLU FFN or experts.
     Llama,
     /// Gemma 2 and 3: scaled embeddings, norms before and after attention and FFN, GELU gating,
     /// soft-capping (Gemma 2), local and global layers.
@@ -57,6 +58,11 @@ pub const ARCHS: &[Arch] = &[
     },
     Arch {
         name: "qwen3",
+        family: Family::Llama,
+        rope_style: RopeStyle::Neox,
+    },
+    Arch {
+        name: "qwen3moe",
         family: Family::Llama,
         rope_style: RopeStyle::Neox,
     },
@@ -128,6 +134,17 @@ pub struct Extras {
     pub no_rope_every: Option<usize>,
     /// An extra factor on RoPE's cos and sin (`rope.scaling.attn_factor`, LongRoPE).
     pub rope_attn_factor: f32,
+    /// Mixture-of-experts FFNs in every layer (`expert_count` > 0).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts FFN: how many experts, how wide each is, and the family's routing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    /// Width of one expert's FFN (`expert_feed_forward_length`, or as each family defaults).
+    pub ffn_exp: usize,
+    pub router: tpslab_kernels::moe::Router,
 }
 
 impl Extras {
@@ -143,6 +160,7 @@ impl Extras {
             embed_scale: None,
             no_rope_every: None,
             rope_attn_factor: 1.0,
+            moe: None,
         }
     }
 }
@@ -185,6 +203,8 @@ pub enum ConfigError {
 const MAX_DIM: u64 = 1 << 20;
 const MAX_LAYERS: u64 = 1024;
 const MAX_CONTEXT: u64 = 1 << 24;
+/// llama.cpp's `LLAMA_MAX_EXPERTS`.
+const MAX_EXPERTS: u64 = 1024;
 
 /// A file's metadata keys of one architecture, read with range checks.
 struct Keys<'a> {
@@ -310,6 +330,7 @@ impl ModelConfig {
             extras: Extras::plain(head_dim),
         };
         cfg.extras = extras(&k, &cfg)?;
+        cfg.extras.moe = moe(&k, ffn)?;
         Ok(cfg)
     }
 
@@ -352,7 +373,11 @@ impl ModelConfig {
             self.q_dim() as u64,
             self.kv_dim() as u64,
         );
-        let per_layer = h * q * 2 + h * kv * 2 + 3 * h * self.ffn as u64 + 2 * h;
+        let ffn = match &self.extras.moe {
+            Some(m) => (3 * h * m.ffn_exp as u64 + h) * m.n_expert as u64,
+            None => 3 * h * self.ffn as u64,
+        };
+        let per_layer = h * q * 2 + h * kv * 2 + ffn + 2 * h;
         per_layer * self.n_layers as u64 + self.vocab as u64 * h + h
     }
 }
@@ -438,6 +463,51 @@ fn extras(k: &Keys<'_>, c: &ModelConfig) -> Result<Extras, ConfigError> {
         }
     }
     Ok(e)
+}
+
+/// The experts, when the file has them (`expert_count` > 0), counts checked before anything is
+/// sized from them: at most llama.cpp's 1024 experts, 1..=n_expert used per token. Qwen3-MoE's
+/// experts are `expert_feed_forward_length` wide (else `ffn / used`); Mixtral-style `llama` files
+/// use `feed_forward_length`. Both route by a softmax, the top-k, renormalized (llama.cpp's
+/// `build_moe_ffn` with `norm_w` for both).
+fn moe(k: &Keys<'_>, ffn: usize) -> Result<Option<MoeConfig>, ConfigError> {
+    let n_expert = match k.f.get(&k.key("expert_count")) {
+        Some(_) => k.f.get_u64(&k.key("expert_count"))?,
+        None => 0,
+    };
+    if n_expert == 0 {
+        if k.arch == "qwen3moe" {
+            return Err(ConfigError::Shape(format!(
+                "{} must be set for qwen3moe",
+                k.key("expert_count")
+            )));
+        }
+        return Ok(None);
+    }
+    if n_expert > MAX_EXPERTS {
+        return Err(ConfigError::Shape(format!(
+            "{} = {n_expert} is past {MAX_EXPERTS}",
+            k.key("expert_count")
+        )));
+    }
+    let n_used = k.count("expert_used_count", n_expert)?;
+    let ffn_exp = match k.arch {
+        "qwen3moe" => k.count_or("expert_feed_forward_length", MAX_DIM, ffn / n_used)?,
+        _ => ffn,
+    };
+    if ffn_exp == 0 {
+        return Err(ConfigError::Shape("experts of width 0".into()));
+    }
+    Ok(Some(MoeConfig {
+        n_expert: n_expert as usize,
+        ffn_exp,
+        router: tpslab_kernels::moe::Router {
+            n_used,
+            gating: tpslab_kernels::moe::Gating::Softmax,
+            norm: true,
+            scale: 0.0,
+        },
+    }))
 }
 
 /// Which layers slide: `attention.sliding_window_pattern` as a per-layer array, else as a period

@@ -10,6 +10,7 @@
 //! widths follow from the weights an op is given and the [`Heads`] geometry.
 
 use crate::model::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::model::weights::MoeWeights;
 
 /// The activation buffers of a step, by role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,6 +180,17 @@ pub enum Activation {
     GeluTanh,
 }
 
+impl Activation {
+    /// `out[t] = act(gate[t]) * up[t]` for rows of `gate_up` holding `ffn` gate floats then
+    /// `ffn` up floats (on the CPU).
+    pub fn apply(self, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
+        match self {
+            Activation::Silu => crate::device::rowops::swiglu(gate_up, ffn, out),
+            Activation::GeluTanh => crate::device::rowops::geglu(gate_up, ffn, out),
+        }
+    }
+}
+
 /// What a recorder shows of a weight: a matrix's type and shape, or a vector's length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParamShape {
@@ -273,6 +285,15 @@ pub trait Ops {
         &mut self,
         gate_up: &Self::Matrix,
         down: &Self::Matrix,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), Self::Error>;
+    /// The mixture of experts: each token's router logits (`moe.router`) choose and weigh its
+    /// experts by `moe.rule`, and `out` is the weighted sum of those experts' gated FFNs of `x`.
+    fn moe_ffn(
+        &mut self,
+        moe: &MoeWeights<Self::Matrix>,
         act: Activation,
         x: Buf,
         out: Buf,

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Param, ParamShape, Rope};
+use crate::model::weights::MoeWeights;
 
 /// One op as the recipe issued it.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +65,17 @@ pub enum Op {
     GatedFfn {
         gate_up: ParamShape,
         down: ParamShape,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    },
+    MoeFfn {
+        router: ParamShape,
+        /// The first expert's gate-up and down (every expert has the same shape).
+        gate_up: ParamShape,
+        down: ParamShape,
+        n_expert: usize,
+        rule: tpslab_kernels::moe::Router,
         act: Activation,
         x: Buf,
         out: Buf,
@@ -183,6 +195,15 @@ impl Ops for NoDevice {
         &mut self,
         _: &ParamShape,
         _: &ParamShape,
+        _: Activation,
+        _: Buf,
+        _: Buf,
+    ) -> Result<(), Infallible> {
+        Ok(())
+    }
+    fn moe_ffn(
+        &mut self,
+        _: &MoeWeights<ParamShape>,
         _: Activation,
         _: Buf,
         _: Buf,
@@ -337,6 +358,32 @@ impl<O: Ops> Ops for Recording<O> {
         self.ops.push(Op::GatedFfn {
             gate_up: gate_up.shape(),
             down: down.shape(),
+            act,
+            x,
+            out,
+        });
+        Ok(())
+    }
+
+    fn moe_ffn(
+        &mut self,
+        moe: &MoeWeights<O::Matrix>,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), O::Error> {
+        self.inner.moe_ffn(moe, act, x, out)?;
+        let first = |f: fn(&crate::model::weights::Expert<O::Matrix>) -> &O::Matrix| {
+            moe.experts
+                .first()
+                .map_or(ParamShape::Vector(0), |e| f(e).shape())
+        };
+        self.ops.push(Op::MoeFfn {
+            router: moe.router.shape(),
+            gate_up: first(|e| &e.gate_up),
+            down: first(|e| &e.down),
+            n_expert: moe.experts.len(),
+            rule: moe.rule,
             act,
             x,
             out,

@@ -14,10 +14,10 @@ use tpslab_kernels::WType;
 
 use crate::model::LoadedModel;
 use crate::model::Model;
-use crate::model::config::{Extras, ModelConfig, RopeScaling};
+use crate::model::config::{Extras, ModelConfig, MoeConfig, RopeScaling};
 use crate::model::precision::Precision;
 pub use crate::model::precision::matrix_type;
-use crate::model::weights::{LayerWeights, Linear, Weights};
+use crate::model::weights::{Expert, Ffn, LayerWeights, Linear, MoeWeights, Weights};
 use crate::text::chat::ChatTemplate;
 use crate::text::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerConfig, TokenizerError};
 
@@ -73,10 +73,12 @@ struct Row {
     rms_eps: f32,
     tied_embeddings: bool,
     qkv_bias: bool,
+    /// A mixture of experts: (experts, used per token, expert FFN width).
+    experts: Option<(usize, usize, usize)>,
 }
 
 /// The shapes of the real models (from their `config.json` / GGUF metadata).
-const TABLE: [Row; 4] = [
+const TABLE: [Row; 5] = [
     Row {
         name: "smollm2-135m",
         arch: "llama",
@@ -92,6 +94,7 @@ const TABLE: [Row; 4] = [
         rms_eps: 1e-5,
         tied_embeddings: true,
         qkv_bias: false,
+        experts: None,
     },
     Row {
         name: "llama-3.2-1b",
@@ -108,6 +111,7 @@ const TABLE: [Row; 4] = [
         rms_eps: 1e-5,
         tied_embeddings: true,
         qkv_bias: false,
+        experts: None,
     },
     Row {
         name: "qwen2.5-0.5b",
@@ -124,6 +128,7 @@ const TABLE: [Row; 4] = [
         rms_eps: 1e-6,
         tied_embeddings: true,
         qkv_bias: true,
+        experts: None,
     },
     Row {
         name: "llama-3-8b",
@@ -140,6 +145,25 @@ const TABLE: [Row; 4] = [
         rms_eps: 1e-5,
         tied_embeddings: false,
         qkv_bias: false,
+        experts: None,
+    },
+    // Qwen3-30B-A3B: 128 experts of width 768, 8 routed per token (about 3B of 30B active).
+    Row {
+        name: "qwen3-30b-a3b",
+        arch: "qwen3moe",
+        hidden: 2048,
+        ffn: 6144,
+        n_layers: 48,
+        n_heads: 32,
+        n_kv_heads: 4,
+        head_dim: 128,
+        vocab: 151_936,
+        context_len: 40_960,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        tied_embeddings: false,
+        qkv_bias: false,
+        experts: Some((128, 8, 768)),
     },
 ];
 
@@ -181,7 +205,19 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
             rope_style: known.rope_style,
             rope_scaling: RopeScaling::None,
             rms_eps: r.rms_eps,
-            extras: Extras::plain(r.head_dim),
+            extras: Extras {
+                moe: r.experts.map(|(n_expert, n_used, ffn_exp)| MoeConfig {
+                    n_expert,
+                    ffn_exp,
+                    router: tpslab_kernels::moe::Router {
+                        n_used,
+                        gating: tpslab_kernels::moe::Gating::Softmax,
+                        norm: true,
+                        scale: 0.0,
+                    },
+                }),
+                ..Extras::plain(r.head_dim)
+            },
         },
         tied_embeddings: r.tied_embeddings,
         qkv_bias: r.qkv_bias,
@@ -193,6 +229,10 @@ const ID_EMBED: u64 = 0;
 const ID_LM_HEAD: u64 = 1;
 fn layer_id(layer: usize, part: u64) -> u64 {
     16 + layer as u64 * 8 + part
+}
+/// Expert matrices' ids, apart from the dense ones (part 0: gate-up, 1: down).
+fn expert_id(layer: usize, expert: usize, part: u64) -> u64 {
+    (1 << 40) + (layer as u64 * 4096 + expert as u64) * 2 + part
 }
 
 /// All the weights of `spec` in `precision` (see [`matrix_type`] for K-quant fallbacks), random
@@ -209,7 +249,7 @@ pub fn synthetic_weights(
         0 => std::thread::available_parallelism().map_or(1, |p| p.get()),
         n => n,
     };
-    let (h, kv, ffn) = (c.hidden, c.kv_dim(), c.ffn);
+    let (h, q, kv, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
     let matrix = |what: &str, n: usize, k: usize, id: u64| -> Result<Linear, SyntheticError> {
         let ty = matrix_type(precision, k);
         if !k.is_multiple_of(ty.block_size()) {
@@ -229,9 +269,10 @@ pub fn synthetic_weights(
         true => None,
         false => Some(matrix("output", c.vocab, h, ID_LM_HEAD)?),
     };
+    let qk_norm = c.arch == "qwen3moe" && c.extras.moe.is_some();
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
-        let mut wqkv = matrix("attn_qkv", h + 2 * kv, h, layer_id(i, 0))?;
+        let mut wqkv = matrix("attn_qkv", q + 2 * kv, h, layer_id(i, 0))?;
         if spec.qkv_bias {
             let mut rng = Rng::new(mix(seed, layer_id(i, 4)));
             wqkv.bias = Some((0..wqkv.n).map(|_| rng.uniform()).collect());
@@ -239,13 +280,44 @@ pub fn synthetic_weights(
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h],
             wqkv,
-            q_norm: None,
-            k_norm: None,
-            wo: matrix("attn_output", h, h, layer_id(i, 1))?,
+            // Qwen3-MoE's experts come with per-head Q and K norms (the table's only QK-norm
+            // row; a spec without experts stays a plain Llama block).
+            q_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
+            k_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
+            wo: matrix("attn_output", h, q, layer_id(i, 1))?,
             post_attn_norm: None,
             ffn_norm: vec![1.0; h],
-            w_gate_up: matrix("ffn_gate_up", 2 * ffn, h, layer_id(i, 2))?,
-            w_down: matrix("ffn_down", h, ffn, layer_id(i, 3))?,
+            ffn: match &c.extras.moe {
+                None => Ffn::Dense {
+                    gate_up: matrix("ffn_gate_up", 2 * ffn, h, layer_id(i, 2))?,
+                    down: matrix("ffn_down", h, ffn, layer_id(i, 3))?,
+                },
+                Some(m) => {
+                    let mut experts = Vec::with_capacity(m.n_expert);
+                    for e in 0..m.n_expert {
+                        experts.push(Expert {
+                            gate_up: matrix(
+                                "ffn_gate_up_exps",
+                                2 * m.ffn_exp,
+                                h,
+                                expert_id(i, e, 0),
+                            )?,
+                            down: matrix("ffn_down_exps", h, m.ffn_exp, expert_id(i, e, 1))?,
+                        });
+                    }
+                    Ffn::Moe(MoeWeights {
+                        // The router stays F32, as llama.cpp's quantizer keeps ffn_gate_inp.
+                        router: Linear::new(
+                            WType::F32,
+                            m.n_expert,
+                            h,
+                            f32_bytes(m.n_expert * h, mix(seed, layer_id(i, 5))),
+                        ),
+                        experts,
+                        rule: m.router,
+                    })
+                }
+            },
             post_ffn_norm: None,
         });
     }
@@ -345,6 +417,13 @@ fn mix(a: u64, b: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// `n` floats uniform on [-A, A] as F32 bytes, fixed by `seed` (the router of a synthetic
+/// mixture of experts: small, so kept in F32 as in real files).
+fn f32_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    (0..n).flat_map(|_| rng.uniform().to_le_bytes()).collect()
 }
 
 /// splitmix64: one add and a mix per 64 random bits; plenty for noise weights.

@@ -10,7 +10,8 @@
 //! vocabulary only. Each variant turns on what its family adds: Llama 3's `rope_freqs`, Qwen2's
 //! biases with YaRN scaling, Qwen3's QK-norm with a head size that is not `hidden / heads`,
 //! Gemma's sandwich norms, soft-caps and sliding windows, Phi-3's fused tensors and LongRoPE
-//! factors, SmolLM3's layers without RoPE.
+//! factors, SmolLM3's layers without RoPE, Qwen3-MoE's and Mixtral's experts (3-D
+//! `ffn_*_exps` tensors and a router).
 
 use std::path::Path;
 
@@ -19,10 +20,31 @@ use crate::formats::gguf_write::{GgufWriteError, TensorDesc, write_gguf};
 
 /// The variants, by the GGUF architecture they are written as: every registered architecture
 /// (`mistral` with a sliding window; `mistral` and `smollm` are names llama.cpp does not use,
-/// their files say `llama`).
-pub const VARIANTS: [&str; 9] = [
+/// their files say `llama`), and `mixtral`, a `llama` file with expert tensors as Mixtral's
+/// are (llama.cpp runs it: the file says `llama`).
+pub const VARIANTS: [&str; 11] = [
     "llama", "mistral", "smollm", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
+    "qwen3moe", "mixtral",
 ];
+
+/// The GGUF architecture a variant's file says.
+pub fn file_arch(variant: &str) -> &str {
+    match variant {
+        "mixtral" => "llama",
+        v => v,
+    }
+}
+
+/// The experts of a variant with a mixture of experts: (experts, used per token, width).
+fn experts_of(variant: &str) -> Option<(u64, u64, u64)> {
+    match variant {
+        // Qwen3-30B-A3B routes 8 of 128 experts, each narrower than the dense FFN.
+        "qwen3moe" => Some((8, 4, 32)),
+        // Mixtral routes 2 of 8, each as wide as the dense FFN.
+        "mixtral" => Some((4, 2, FFN)),
+        _ => None,
+    }
+}
 
 const HIDDEN: u64 = 64;
 const FFN: u64 = 128;
@@ -60,7 +82,7 @@ struct Shape {
 
 fn shape(arch: &str) -> Shape {
     match arch {
-        "qwen3" | "gemma2" => Shape {
+        "qwen3" | "qwen3moe" | "gemma2" => Shape {
             layers: 4,
             head_dim: 32,
         },
@@ -108,7 +130,7 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
             [_] if name.contains("rope_f") => uniform(&name, n, 1.0, 4.0),
             [_] => uniform(&name, n, -0.1, 0.1),
             [_, _] if name == "token_embd.weight" => uniform(&name, n, -0.5, 0.5),
-            [k, _] => {
+            [k, _] | [k, _, _] => {
                 let b = (3.0 / *k as f32).sqrt();
                 uniform(&name, n, -b, b)
             }
@@ -141,19 +163,26 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
             add(p("attn_k.bias"), vec![kv]);
             add(p("attn_v.bias"), vec![kv]);
         }
-        if matches!(arch, "qwen3" | "gemma3") {
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
             add(p("attn_q_norm.weight"), vec![head_dim]);
             add(p("attn_k_norm.weight"), vec![head_dim]);
         }
         add(p("attn_output.weight"), vec![q, h]);
         add(p("ffn_norm.weight"), vec![h]);
-        if arch == "phi3" {
+        if let Some((n, _, w)) = experts_of(arch) {
+            add(p("ffn_gate_inp.weight"), vec![h, n]);
+            add(p("ffn_gate_exps.weight"), vec![h, w, n]);
+            add(p("ffn_up_exps.weight"), vec![h, w, n]);
+            add(p("ffn_down_exps.weight"), vec![w, h, n]);
+        } else if arch == "phi3" {
             add(p("ffn_up.weight"), vec![h, 2 * FFN]);
         } else {
             add(p("ffn_gate.weight"), vec![h, FFN]);
             add(p("ffn_up.weight"), vec![h, FFN]);
         }
-        add(p("ffn_down.weight"), vec![FFN, h]);
+        if experts_of(arch).is_none() {
+            add(p("ffn_down.weight"), vec![FFN, h]);
+        }
         if arch.starts_with("gemma") {
             add(p("post_attention_norm.weight"), vec![h]);
             add(p("post_ffw_norm.weight"), vec![h]);
@@ -165,10 +194,11 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
 /// The architecture's metadata (the tokenizer's is copied from the vocabulary file).
 fn metadata(arch: &str) -> Vec<(String, Value)> {
     let Shape { layers, head_dim } = shape(arch);
-    let k = |s: &str| format!("{arch}.{s}");
+    let file = file_arch(arch);
+    let k = |s: &str| format!("{file}.{s}");
     let u = |v: u64| Value::U32(v as u32);
     let mut md = vec![
-        ("general.architecture".into(), Value::String(arch.into())),
+        ("general.architecture".into(), Value::String(file.into())),
         (
             "general.name".into(),
             Value::String(format!("tiny random {arch}")),
@@ -187,6 +217,7 @@ fn metadata(arch: &str) -> Vec<(String, Value)> {
     let base = |b: f32| (k("rope.freq_base"), Value::F32(b));
     match arch {
         "llama" => md.push(base(500_000.0)),
+        "qwen3moe" | "mixtral" => md.push(base(1_000_000.0)),
         "qwen2" => md.extend([
             base(1_000_000.0),
             (k("rope.scaling.type"), Value::String("yarn".into())),
@@ -213,6 +244,12 @@ fn metadata(arch: &str) -> Vec<(String, Value)> {
             (k("rope.scaling.original_context_length"), u(CONTEXT)),
         ]),
         _ => md.push(base(10_000.0)),
+    }
+    if let Some((n, used, w)) = experts_of(arch) {
+        md.extend([(k("expert_count"), u(n)), (k("expert_used_count"), u(used))]);
+        if arch == "qwen3moe" {
+            md.push((k("expert_feed_forward_length"), u(w)));
+        }
     }
     md
 }

@@ -195,10 +195,73 @@ pub struct LayerWeights<L = Linear, V = Vec<f32>> {
     /// The norm of the attention block's output before the residual add (Gemma).
     pub post_attn_norm: Option<V>,
     pub ffn_norm: V,
-    pub w_gate_up: L,
-    pub w_down: L,
+    pub ffn: Ffn<L>,
     /// The norm of the FFN's output before the residual add (Gemma).
     pub post_ffn_norm: Option<V>,
+}
+
+/// A block's feed-forward part: one gated FFN, or a mixture of experts.
+#[derive(Debug, Clone)]
+pub enum Ffn<L = Linear> {
+    /// Gate and up stacked (gate rows first), then down.
+    Dense {
+        gate_up: L,
+        down: L,
+    },
+    Moe(MoeWeights<L>),
+}
+
+/// One expert: its gate and up stacked (gate rows first), and its down projection.
+#[derive(Debug, Clone)]
+pub struct Expert<L = Linear> {
+    pub gate_up: L,
+    pub down: L,
+}
+
+/// A mixture of experts: the router (`ffn_gate_inp`, one row per expert) and the experts,
+/// each cut out of the file's 3-D `ffn_*_exps` tensors.
+#[derive(Debug, Clone)]
+pub struct MoeWeights<L = Linear> {
+    pub router: L,
+    pub experts: Vec<Expert<L>>,
+    /// How the router's logits choose and weigh experts (the family's, from the configuration).
+    pub rule: tpslab_kernels::moe::Router,
+}
+
+impl<L> Ffn<L> {
+    /// Every matrix of the block.
+    pub fn matrices(&self) -> Vec<&L> {
+        match self {
+            Ffn::Dense { gate_up, down } => vec![gate_up, down],
+            Ffn::Moe(m) => std::iter::once(&m.router)
+                .chain(m.experts.iter().flat_map(|e| [&e.gate_up, &e.down]))
+                .collect(),
+        }
+    }
+
+    /// The same block held another way (see [`Weights::try_map`]).
+    pub fn try_map<L2, E>(&self, fm: &mut impl FnMut(&L) -> Result<L2, E>) -> Result<Ffn<L2>, E> {
+        Ok(match self {
+            Ffn::Dense { gate_up, down } => Ffn::Dense {
+                gate_up: fm(gate_up)?,
+                down: fm(down)?,
+            },
+            Ffn::Moe(m) => {
+                let mut experts = Vec::with_capacity(m.experts.len());
+                for e in &m.experts {
+                    experts.push(Expert {
+                        gate_up: fm(&e.gate_up)?,
+                        down: fm(&e.down)?,
+                    });
+                }
+                Ffn::Moe(MoeWeights {
+                    router: fm(&m.router)?,
+                    experts,
+                    rule: m.rule,
+                })
+            }
+        })
+    }
 }
 
 /// A model's weights, as the recipes of [`crate::model::arch`] read them.
@@ -224,7 +287,7 @@ impl<L, V> Weights<L, V> {
         let layers = self
             .layers
             .iter()
-            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+            .flat_map(|l| [&l.wqkv, &l.wo].into_iter().chain(l.ffn.matrices()));
         std::iter::once(&self.embed)
             .chain(layers)
             .chain(&self.lm_head)
@@ -247,8 +310,7 @@ impl<L, V> Weights<L, V> {
                 wo: fm(&l.wo)?,
                 post_attn_norm: l.post_attn_norm.as_ref().map(&mut fv).transpose()?,
                 ffn_norm: fv(&l.ffn_norm)?,
-                w_gate_up: fm(&l.w_gate_up)?,
-                w_down: fm(&l.w_down)?,
+                ffn: l.ffn.try_map(&mut fm)?,
                 post_ffn_norm: l.post_ffn_norm.as_ref().map(&mut fv).transpose()?,
             });
         }
@@ -348,6 +410,35 @@ pub(crate) fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear,
     })?;
     let data = f.read_tensor(t)?;
     Ok(Linear::new(ty, n as usize, k as usize, data))
+}
+
+/// The experts of a 3-D `ffn_*_exps` tensor of `n_expert` matrices of `k` inputs and `n`
+/// outputs (ggml dims `[k, n, n_expert]`), each cut out as its own matrix.
+pub(crate) fn experts(
+    f: &GgufFile,
+    name: &str,
+    k: u64,
+    n: u64,
+    n_expert: u64,
+) -> Result<Vec<Linear>, WeightError> {
+    let t = info(f, name, &[k, n, n_expert])?;
+    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
+        name: name.into(),
+        ty: t.ty,
+    })?;
+    let data = f.read_tensor(t)?;
+    let each = n as usize * ty.row_bytes(k as usize);
+    if data.len() != each * n_expert as usize {
+        return Err(WeightError::Shape {
+            name: name.into(),
+            found: t.dims.clone(),
+            expected: vec![k, n, n_expert],
+        });
+    }
+    Ok(data
+        .chunks_exact(each)
+        .map(|c| Linear::new(ty, n as usize, k as usize, c.to_vec()))
+        .collect())
 }
 
 pub(crate) fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {

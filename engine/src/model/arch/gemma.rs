@@ -9,7 +9,7 @@
 //! does it), so every norm here is a plain RMS norm.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::llama::{self, attention_block, output};
+use crate::model::arch::llama::{self, attention_block, ffn_block, output};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, Buf, Ops};
 use crate::model::weights::{WeightError, Weights, vector};
@@ -49,13 +49,7 @@ pub fn forward<O: Ops>(
             o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;
         }
         o.add_rms_norm(Buf::X, Buf::Tmp, &l.ffn_norm, eps, Buf::H)?;
-        o.gated_ffn(
-            &l.w_gate_up,
-            &l.w_down,
-            Activation::GeluTanh,
-            Buf::H,
-            Buf::Tmp,
-        )?;
+        ffn_block(&l.ffn, Activation::GeluTanh, o)?;
         if let Some(n) = &l.post_ffn_norm {
             o.rms_norm(Buf::Tmp, n, eps, Buf::Tmp)?;
         }

@@ -5,7 +5,9 @@
 //! - layers without RoPE (SmolLM3: every fourth);
 //! - fused `attn_qkv` and gate-up (`ffn_up` of twice the width, no `ffn_gate`) tensors (Phi-3);
 //! - RoPE frequency factors: Llama 3's `rope_freqs`, Phi-3's LongRoPE short / long factors;
-//! - a sliding window where the metadata sets one (Mistral).
+//! - a sliding window where the metadata sets one (Mistral);
+//! - a mixture of experts in place of the FFN (Mixtral-style `llama` files with
+//!   `ffn_gate_inp` and `ffn_{gate,up,down}_exps`; `qwen3moe`, which is Qwen3 with experts).
 //!
 //! The output projection is tied to the embedding when the file has no `output.weight`.
 
@@ -13,7 +15,8 @@ use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::{
-    LayerWeights, Linear, WeightError, Weights, linear, optional_vector, vector,
+    Expert, Ffn, LayerWeights, Linear, MoeWeights, WeightError, Weights, experts, linear,
+    optional_vector, vector,
 };
 
 /// Stacks `parts` into one matrix (Q/K/V, gate/up), or errs naming the tensor.
@@ -54,6 +57,37 @@ fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightEr
     let gate = linear(f, &p("ffn_gate.weight"), h, ffn)?;
     let up = linear(f, &p("ffn_up.weight"), h, ffn)?;
     stack(&[&gate, &up], p("ffn_gate_up"))
+}
+
+/// The block's FFN: the dense gate/up and down, or (when the configuration has experts) the
+/// router and the experts of the 3-D `ffn_{gate,up,down}_exps` tensors, each expert's gate and
+/// up stacked.
+fn ffn(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Ffn, WeightError> {
+    let h = cfg.hidden as u64;
+    let p = |s: &str| format!("blk.{i}.{s}");
+    let Some(m) = cfg.extras.moe else {
+        return Ok(Ffn::Dense {
+            gate_up: gate_up(f, cfg, i)?,
+            down: linear(f, &p("ffn_down.weight"), cfg.ffn as u64, h)?,
+        });
+    };
+    let (fe, ne) = (m.ffn_exp as u64, m.n_expert as u64);
+    let router = linear(f, &p("ffn_gate_inp.weight"), h, ne)?;
+    let gates = experts(f, &p("ffn_gate_exps.weight"), h, fe, ne)?;
+    let ups = experts(f, &p("ffn_up_exps.weight"), h, fe, ne)?;
+    let downs = experts(f, &p("ffn_down_exps.weight"), fe, h, ne)?;
+    let mut list = Vec::with_capacity(m.n_expert);
+    for (e, ((g, u), d)) in gates.iter().zip(&ups).zip(downs).enumerate() {
+        list.push(Expert {
+            gate_up: stack(&[g, u], p(&format!("ffn_gate_up_exps[{e}]")))?,
+            down: d,
+        });
+    }
+    Ok(Ffn::Moe(MoeWeights {
+        router,
+        experts: list,
+        rule: m.router,
+    }))
 }
 
 /// The RoPE frequency factors: `rope_freqs` (Llama 3), else Phi-3's LongRoPE factors, the long
@@ -106,8 +140,7 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
             wo: linear(f, &p("attn_output.weight"), cfg.q_dim() as u64, h)?,
             post_attn_norm: None,
             ffn_norm: vector(f, &p("ffn_norm.weight"), h)?,
-            w_gate_up: gate_up(f, cfg, i)?,
-            w_down: linear(f, &p("ffn_down.weight"), cfg.ffn as u64, h)?,
+            ffn: ffn(f, cfg, i)?,
             post_ffn_norm: None,
         });
     }
@@ -156,9 +189,21 @@ pub fn forward<O: Ops>(
     for (li, l) in w.layers.iter().enumerate().take(c.n_layers) {
         attention_block(c, w, l, li, o)?;
         o.add_rms_norm(Buf::X, Buf::Tmp, &l.ffn_norm, eps, Buf::H)?;
-        o.gated_ffn(&l.w_gate_up, &l.w_down, Activation::Silu, Buf::H, Buf::Tmp)?;
+        ffn_block(&l.ffn, Activation::Silu, o)?;
     }
     output(c, w, o)
+}
+
+/// The FFN of a block from `Buf::H` to `Buf::Tmp`: one gated FFN, or the mixture of experts.
+pub(super) fn ffn_block<O: Ops>(
+    ffn: &Ffn<O::Matrix>,
+    act: Activation,
+    o: &mut O,
+) -> Result<(), O::Error> {
+    match ffn {
+        Ffn::Dense { gate_up, down } => o.gated_ffn(gate_up, down, act, Buf::H, Buf::Tmp),
+        Ffn::Moe(m) => o.moe_ffn(m, act, Buf::H, Buf::Tmp),
+    }
 }
 
 /// Layer `li` from its input norm to the attention output in `Buf::Tmp`: the previous block's
