@@ -50,6 +50,7 @@ fn main() -> Result<()> {
                 knobs,
                 device: DeviceChoice::Cpu,
                 gpu_kv_fraction: 0.0,
+                draft: None,
             },
             None,
         )?;

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -18,15 +17,9 @@ use tpslab_engine::serving::engine::{
     EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
 };
 
-fn model() -> Arc<LoadedModel> {
-    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
-    M.get_or_init(|| {
-        let p =
-            tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("model");
-        Arc::new(LoadedModel::load(&p).expect("load"))
-    })
-    .clone()
-}
+#[path = "support/default_model.rs"]
+mod default_model;
+use default_model::model;
 
 const PROMPTS: [&str; 6] = [
     "The capital of France is",
@@ -142,6 +135,7 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
                     budget_bytes: per_block * 24,
                     block_size: 4,
                 },
+                ..Knobs::default()
             },
         ),
         (
@@ -155,6 +149,7 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
                     budget_bytes: per_block * 20,
                     block_size: 4,
                 },
+                ..Knobs::default()
             },
         ),
     ];
@@ -198,6 +193,7 @@ fn soak_with_random_cancels_loses_nothing() {
             budget_bytes: KvCache::bytes_per_block(&lm.model.cfg, 8) * 40,
             block_size: 8,
         },
+        ..Knobs::default()
     };
     let e = engine(knobs);
     let base = lm

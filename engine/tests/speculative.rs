@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tpslab_engine::kv::KvCache;
@@ -19,15 +18,9 @@ use tpslab_engine::serving::engine::{
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::spec::{SpecConfig, SpecMethod};
 
-fn model() -> Arc<LoadedModel> {
-    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
-    M.get_or_init(|| {
-        let p =
-            tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("model");
-        Arc::new(LoadedModel::load(&p).expect("load"))
-    })
-    .clone()
-}
+#[path = "support/default_model.rs"]
+mod default_model;
+use default_model::model;
 
 /// Copy-heavy prompts (where n-gram lookup pays) and free writing.
 const PROMPTS: [&str; 5] = [

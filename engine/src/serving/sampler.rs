@@ -243,6 +243,15 @@ impl Sampler {
         history: &[u32],
         prompt_len: usize,
     ) -> u32 {
+        if let Some(t) = self.prepare(logits, history, prompt_len) {
+            return t;
+        }
+        self.sample_stochastic(logits)
+    }
+
+    /// NaN to -inf and the penalties, in place; then the token when the choice is already
+    /// made (an empty row: 0; greedy: the argmax), `None` when it is to be drawn.
+    fn prepare(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) -> Option<u32> {
         for l in logits.iter_mut() {
             if l.is_nan() {
                 *l = f32::NEG_INFINITY;
@@ -250,12 +259,9 @@ impl Sampler {
         }
         self.apply_penalties(logits, history, prompt_len.min(history.len()));
         if logits.is_empty() {
-            return 0;
+            return Some(0);
         }
-        if self.params.temperature == 0.0 || self.params.top_k == 1 {
-            return argmax(logits);
-        }
-        self.sample_stochastic(logits)
+        (self.params.temperature == 0.0 || self.params.top_k == 1).then(|| argmax(logits))
     }
 
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) {
@@ -315,17 +321,8 @@ impl Sampler {
         prompt_len: usize,
         draft: u32,
     ) -> u32 {
-        for l in logits.iter_mut() {
-            if l.is_nan() {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-        self.apply_penalties(logits, history, prompt_len.min(history.len()));
-        if logits.is_empty() {
-            return 0;
-        }
-        if self.params.temperature == 0.0 || self.params.top_k == 1 {
-            return argmax(logits);
+        if let Some(t) = self.prepare(logits, history, prompt_len) {
+            return t;
         }
         let Some(total) = self.distribution(logits) else {
             return argmax(logits);
