@@ -28,7 +28,7 @@ fn harness(state: AppState) -> Harness<'static, TpsApp> {
 }
 
 fn harness_on(state: AppState, device: DeviceChoice) -> Harness<'static, TpsApp> {
-    harness_with(state, "default", device, [1400.0, 1000.0])
+    harness_with(state, "default", device, [1400.0, 1400.0])
 }
 
 /// The window drawing saved messages only: a missing model file fails fast in the status bar.
@@ -201,6 +201,7 @@ fn under_the_priority_policy_a_chat_goes_ahead_of_a_full_load() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario, step by step, as a user clicks through it
 fn dashboard_knobs_load_generator_and_sweep() {
     let dir = std::env::temp_dir().join(format!("tpslab-gui-test-{}", std::process::id()));
     let mut state = AppState::default();

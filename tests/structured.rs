@@ -325,10 +325,15 @@ fn hostile_constraints_are_refused_or_bounded_and_others_keep_flowing() {
                 .as_object()
                 .and_then(|o| o.keys().next().cloned())
                 .unwrap_or_default();
+            // Refused at compile (400), finished (200), or failed alone when the grammar blows
+            // its lexer budget while decoding (the engine's request failure: 503).
             assert!(
-                status == 400 || status == 200 || status == 500,
+                [200, 400, 500, 503].contains(&status),
                 "{key}: {status} {body:.300}"
             );
+            if status == 503 {
+                assert!(body.contains("structured output"), "{key}: {body:.300}");
+            }
             assert!(took < Duration::from_secs(90), "{key} took {took:?}");
         }
     });

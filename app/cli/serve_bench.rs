@@ -11,9 +11,9 @@ use serde::Serialize;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
-use tpslab_engine::serving::constraint::{ConstrainedTarget, Grammar, compiler_for, mask_stats};
+use tpslab_engine::serving::constraint::{Grammar, compiler_for, mask_stats};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
-use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
+use tpslab_engine::serving::loadgen::{self, ConstrainedTarget, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 use tpslab_engine::serving::spec_metrics::SpecUsage;
 

@@ -252,16 +252,7 @@ impl ServerMetrics {
                 load(c)
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP tpslab:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens by their position in the proposal.\n# TYPE tpslab:spec_decode_num_accepted_tokens_per_pos_total counter"
-        );
-        for (pos, n) in sc.num_accepted_tokens_per_pos.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "tpslab:spec_decode_num_accepted_tokens_per_pos_total{{{l},position=\"{pos}\"}} {n}"
-            );
-        }
+        render_accepted_per_pos(&mut out, &l, &sc.num_accepted_tokens_per_pos);
         self.render_histograms(&mut out, &l);
         out
     }
@@ -293,5 +284,19 @@ impl ServerMetrics {
         for (h, name, help) in histograms {
             h.render(out, &format!("tpslab:{name}"), help, l);
         }
+    }
+}
+
+/// Speculative decoding's accepted tokens by their position in the proposal, labelled `l`.
+fn render_accepted_per_pos(out: &mut String, l: &str, per_pos: &[u64]) {
+    let _ = writeln!(
+        out,
+        "# HELP tpslab:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens by their position in the proposal.\n# TYPE tpslab:spec_decode_num_accepted_tokens_per_pos_total counter"
+    );
+    for (pos, n) in per_pos.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "tpslab:spec_decode_num_accepted_tokens_per_pos_total{{{l},position=\"{pos}\"}} {n}"
+        );
     }
 }

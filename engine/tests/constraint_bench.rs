@@ -13,11 +13,11 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
 use tpslab_engine::model::LoadedModel;
-use tpslab_engine::serving::constraint::{
-    ConstrainedTarget, Grammar, MaskStats, compiler_for, mask_stats,
-};
+use tpslab_engine::serving::constraint::{Grammar, MaskStats, compiler_for, mask_stats};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
+use tpslab_engine::serving::loadgen::{
+    self, ConstrainedTarget, LenDist, LoadSpec, LoadTarget, PromptSet,
+};
 use tpslab_engine::serving::metrics::BenchSummary;
 
 fn env_list(name: &str, default: &str) -> Vec<usize> {

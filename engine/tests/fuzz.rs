@@ -434,7 +434,7 @@ mod regressions {
         for kv in [u64::MAX, u64::MAX / 2 + 1, 3] {
             config["num_key_value_heads"] = Json::from(kv);
             std::fs::write(d.0.join("config.json"), config.to_string()).expect("write");
-            let e = LoadedModel::load(&d.0).err().expect("refused").to_string();
+            let e = LoadedModel::load(&d.0).expect_err("refused").to_string();
             assert!(e.contains("key/value heads"), "{kv}: {e}");
         }
     }

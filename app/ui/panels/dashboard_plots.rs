@@ -65,11 +65,11 @@ pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[Swe
     }
 }
 
+/// Which figure of a sample a series plots.
+type Pick<'f> = &'f dyn Fn(&Sample) -> Option<f64>;
+
 /// A figure of `h` over time, decimated to the pixel columns of a plot as wide as `ui`.
-fn series_for<'a>(
-    ui: &egui::Ui,
-    h: &'a History,
-) -> impl Fn(&dyn Fn(&Sample) -> Option<f64>) -> Vec<[f64; 2]> + use<'a> {
+fn series_for<'a>(ui: &egui::Ui, h: &'a History) -> impl Fn(Pick<'_>) -> Vec<[f64; 2]> + use<'a> {
     let columns = ((ui.available_width() - Y_AXIS_WIDTH) * ui.ctx().pixels_per_point()) as usize;
     move |f| h.series(columns, f)
 }

@@ -7,7 +7,19 @@ use tpslab_engine::spec::{MAX_SPEC_TOKENS, SpecConfig, SpecMethod};
 /// Draws the section; true when a setting changed and should be applied now.
 pub fn spec_ui(ui: &mut egui::Ui, c: &mut SpecConfig, snap: Option<&EngineSnapshot>) -> bool {
     let mut commit = false;
-    ui.label("Speculative decoding");
+    // Folded by default: an advanced lever, and the knobs column must leave room for the rest.
+    egui::CollapsingHeader::new("Speculative decoding")
+        .default_open(false)
+        .show(ui, |ui| commit = spec_grid(ui, c));
+    if let Some(sn) = snap.filter(|sn| sn.knobs.spec.method != SpecMethod::Off) {
+        ui.label(egui::RichText::new(status(sn)).small());
+    }
+    commit
+}
+
+/// The knobs' grid; true when a setting changed and should be applied now.
+fn spec_grid(ui: &mut egui::Ui, c: &mut SpecConfig) -> bool {
+    let mut commit = false;
     egui::Grid::new("spec_grid").num_columns(2).show(ui, |ui| {
         let l = ui.label("Method");
         egui::ComboBox::from_id_salt("spec_method")
@@ -64,9 +76,6 @@ pub fn spec_ui(ui: &mut egui::Ui, c: &mut SpecConfig, snap: Option<&EngineSnapsh
         }
         ui.end_row();
     });
-    if let Some(sn) = snap {
-        ui.label(egui::RichText::new(status(sn)).small());
-    }
     commit
 }
 

@@ -301,7 +301,7 @@ impl Ops for CpuOps<'_> {
             let gu = sized(&mut self.ws.gu, m * 2 * ffn);
             gate_up.forward(pool, &h[r0 * k..(r0 + m) * k], m, gu);
             let a = sized(&mut self.ws.act, m * ffn);
-            act.apply(gu, ffn, a);
+            rowops::gated(act, gu, ffn, a);
             down.forward(pool, a, m, &mut o_rows[r0 * width..(r0 + m) * width]);
         }
         self.ws.bufs[out.index()] = o;
@@ -361,7 +361,7 @@ impl Ops for CpuOps<'_> {
                     let g = sized(gu, rows * 2 * ffn);
                     ex.gate_up.forward(pool, xs, rows, g);
                     let a = sized(a, rows * ffn);
-                    act.apply(g, ffn, a);
+                    rowops::gated(act, g, ffn, a);
                     ex.down.forward(pool, a, rows, ys);
                 },
             );

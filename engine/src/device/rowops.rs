@@ -5,7 +5,7 @@
 use half::f16;
 
 use crate::model::config::RopeStyle;
-use crate::model::ops::Rope;
+use crate::model::ops::{Activation, Rope};
 
 /// `out = x / rms(x) * w` for each row of `x`, as ggml computes it (sum of squares in f64).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -74,6 +74,15 @@ pub fn rope(v: &mut [f32], head_dim: usize, style: RopeStyle, cos: &[f32], sin: 
             head[a] = x0 * cos[i] - x1 * sin[i];
             head[b] = x0 * sin[i] + x1 * cos[i];
         }
+    }
+}
+
+/// `out[t] = act(gate[t]) * up[t]` for rows of `gate_up` holding `ffn` gate floats then `ffn`
+/// up floats.
+pub fn gated(act: Activation, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
+    match act {
+        Activation::Silu => swiglu(gate_up, ffn, out),
+        Activation::GeluTanh => geglu(gate_up, ffn, out),
     }
 }
 

@@ -11,6 +11,7 @@
 
 use crate::model::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::model::weights::MoeWeights;
+pub use crate::model::weights::{Param, ParamShape};
 
 /// The activation buffers of a step, by role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,46 +179,6 @@ pub enum Activation {
     Silu,
     /// GeGLU with the tanh approximation of GELU (Gemma).
     GeluTanh,
-}
-
-impl Activation {
-    /// `out[t] = act(gate[t]) * up[t]` for rows of `gate_up` holding `ffn` gate floats then
-    /// `ffn` up floats (on the CPU).
-    pub fn apply(self, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
-        match self {
-            Activation::Silu => crate::device::rowops::swiglu(gate_up, ffn, out),
-            Activation::GeluTanh => crate::device::rowops::geglu(gate_up, ffn, out),
-        }
-    }
-}
-
-/// What a recorder shows of a weight: a matrix's type and shape, or a vector's length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParamShape {
-    Matrix {
-        ty: tpslab_kernels::WType,
-        n: usize,
-        k: usize,
-        bias: bool,
-    },
-    Vector(usize),
-}
-
-/// A weight as a device holds it, described for the recorder.
-pub trait Param {
-    fn shape(&self) -> ParamShape;
-}
-
-impl Param for ParamShape {
-    fn shape(&self) -> ParamShape {
-        *self
-    }
-}
-
-impl Param for Vec<f32> {
-    fn shape(&self) -> ParamShape {
-        ParamShape::Vector(self.len())
-    }
 }
 
 /// The operations of a forward step on one device. Ops run in call order; each reads and

@@ -4,8 +4,6 @@
 
 use tpslab_kernels::{QMatrix, ThreadPool, WType};
 
-use crate::model::ops::{Param, ParamShape};
-
 use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +18,35 @@ pub enum WeightError {
     },
     #[error("tensor '{name}' has type {ty}, which this engine cannot compute with yet")]
     Type { name: String, ty: GgmlType },
+}
+
+/// What a recorder shows of a weight: a matrix's type and shape, or a vector's length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamShape {
+    Matrix {
+        ty: tpslab_kernels::WType,
+        n: usize,
+        k: usize,
+        bias: bool,
+    },
+    Vector(usize),
+}
+
+/// A weight as a device holds it, described for the recorder.
+pub trait Param {
+    fn shape(&self) -> ParamShape;
+}
+
+impl Param for ParamShape {
+    fn shape(&self) -> ParamShape {
+        *self
+    }
+}
+
+impl Param for Vec<f32> {
+    fn shape(&self) -> ParamShape {
+        ParamShape::Vector(self.len())
+    }
 }
 
 /// Maps a file's tensor type to a kernel weight type, if the kernels support it.

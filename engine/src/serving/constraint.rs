@@ -25,10 +25,7 @@ use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 
-use crate::sched::RequestId;
 use crate::sched::stop::FinishReason;
-use crate::serving::loadgen::LoadTarget;
-use crate::serving::request::{Event, Request};
 use crate::text::tokenizer::Tokenizer;
 
 pub use super::gbnf::gbnf_to_lark;
@@ -434,23 +431,6 @@ impl ConstraintRun {
                 None
             }
         }
-    }
-}
-
-/// A load target whose every request is constrained to one grammar (each request runs its own
-/// copy): what `tpslab bench --json-schema` measures structured output's cost with.
-pub struct ConstrainedTarget<T> {
-    pub inner: T,
-    pub constraint: Constraint,
-}
-
-impl<T: LoadTarget> LoadTarget for ConstrainedTarget<T> {
-    fn submit(&self, mut req: Request, events: mpsc::Sender<Event>) -> RequestId {
-        req.constraint = Some(self.constraint.clone());
-        self.inner.submit(req, events)
-    }
-    fn cancel(&self, id: RequestId) {
-        self.inner.cancel(id);
     }
 }
 

@@ -141,6 +141,26 @@ impl EngineThread {
             self.end(id, reason);
         }
         self.steps += 1;
+        self.record_step(t0, now, &out, batch.len(), spec);
+        // Percentiles and /proc reads cost ~0.1-1 ms: publish at most every PUBLISH_EVERY, and
+        // always when the engine goes idle so the last state is never stale.
+        if self.live.is_empty() || self.last_publish.elapsed() >= PUBLISH_EVERY {
+            self.publish();
+        }
+        if let Some(n) = &self.notify {
+            n();
+        }
+    }
+
+    /// The step's figures into the live metrics.
+    fn record_step(
+        &mut self,
+        t0: Instant,
+        now: f64,
+        out: &SchedulerOutput,
+        batch_len: usize,
+        spec: SpecStep,
+    ) {
         let st = self.sched.stats();
         let prefill: usize = out
             .scheduled
@@ -151,9 +171,9 @@ impl EngineThread {
         self.metrics.on_step(StepStats {
             t: now,
             batch_size: out.scheduled.len(),
-            scheduled_tokens: batch.len(),
+            scheduled_tokens: batch_len,
             prefill_tokens: prefill,
-            decode_tokens: batch.len() - prefill,
+            decode_tokens: batch_len - prefill,
             kv_used_blocks: st.kv_used_blocks,
             kv_total_blocks: st.kv_total_blocks,
             running: st.running,
@@ -167,14 +187,6 @@ impl EngineThread {
             spec,
         });
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
-        // Percentiles and /proc reads cost ~0.1-1 ms: publish at most every PUBLISH_EVERY, and
-        // always when the engine goes idle so the last state is never stale.
-        if self.live.is_empty() || self.last_publish.elapsed() >= PUBLISH_EVERY {
-            self.publish();
-        }
-        if let Some(n) = &self.notify {
-            n();
-        }
     }
 }
 

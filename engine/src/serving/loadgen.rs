@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
+use crate::serving::constraint::Constraint;
 use crate::serving::engine::{EngineHandle, Event, Request, Usage};
 use crate::serving::metrics::{FinishKind, LiveMetrics, RequestTiming};
 use crate::serving::sampler::SamplingParams;
-use crate::serving::spec_metrics::SpecUsage;
 
 /// The bundled prompt text requests are cut from.
 pub const PROMPT_TEXT: &str = include_str!("../../../assets/prompts/bench.txt");
@@ -141,6 +141,23 @@ impl<T: LoadTarget + ?Sized> LoadTarget for &T {
     }
 }
 
+/// A load target whose every request is constrained to one grammar (each request runs its own
+/// copy): what `tpslab bench --json-schema` measures structured output's cost with.
+pub struct ConstrainedTarget<T> {
+    pub inner: T,
+    pub constraint: Constraint,
+}
+
+impl<T: LoadTarget> LoadTarget for ConstrainedTarget<T> {
+    fn submit(&self, mut req: Request, events: mpsc::Sender<Event>) -> RequestId {
+        req.constraint = Some(self.constraint.clone());
+        self.inner.submit(req, events)
+    }
+    fn cancel(&self, id: RequestId) {
+        self.inner.cancel(id);
+    }
+}
+
 /// Runs `spec` against `engine` until every request has ended or `stop` is set (then the
 /// requests still in flight are cancelled). `progress(done, total)` is called as requests end.
 pub fn run(
@@ -254,9 +271,7 @@ pub fn run_observed(
                         sent,
                         token_times: Vec::with_capacity(olen),
                         prompt_tokens: plen,
-                        output_tokens: 0,
-                        finished: false,
-                        spec: SpecUsage::default(),
+                        ..RequestTiming::default()
                     },
                 },
             );

@@ -111,7 +111,7 @@ fn describe_ms(seconds: &[f64]) -> Described {
 // ---- Per-request timings and the benchmark summary ----
 
 /// What a client saw of one request: when it was sent and when each output token arrived.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestTiming {
     /// When the request was sent, in seconds on the same clock as `token_times`.
     pub sent: f64,
