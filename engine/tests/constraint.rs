@@ -18,15 +18,9 @@ use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, R
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 
-fn model() -> Arc<LoadedModel> {
-    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
-    M.get_or_init(|| {
-        let p =
-            tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("model");
-        Arc::new(LoadedModel::load(&p).expect("load"))
-    })
-    .clone()
-}
+#[path = "support/default_model.rs"]
+mod default_model;
+use default_model::model;
 
 fn engine() -> EngineHandle {
     static E: OnceLock<EngineHandle> = OnceLock::new();

@@ -691,6 +691,11 @@ impl Scheduler {
         self.waiting.iter().copied().collect()
     }
 
+    /// Requests running now (what `running_ids().len()` says, without the copy).
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
     pub fn running_ids(&self) -> Vec<RequestId> {
         self.running.clone()
     }

@@ -192,9 +192,7 @@ impl Sampler {
     /// temperature and no penalties), so a GPU backend can send those alone.
     pub fn top_k_only(&self) -> Option<usize> {
         let p = &self.params;
-        let penalties =
-            p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-        (p.temperature > 0.0 && p.top_k > 1 && !penalties).then_some(p.top_k as usize)
+        (p.temperature > 0.0 && p.top_k > 1 && !self.reads_history()).then_some(p.top_k as usize)
     }
 
     /// Samples from candidates (ids and their logits) that hold at least the top-k of the row,
@@ -218,14 +216,18 @@ impl Sampler {
         pairs.get(j as usize).map_or(0, |&(id, _)| id)
     }
 
+    /// Whether the token history changes what this sampler picks (any penalty is on).
+    pub fn reads_history(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
+    }
+
     /// Whether this sampler reads the whole logits row; `false` means the row's argmax is all it
     /// uses (greedy, no penalties), so a GPU backend need not copy the row back.
     pub fn needs_logits(&self) -> bool {
         let p = &self.params;
         let greedy = p.temperature == 0.0 || p.top_k == 1;
-        let penalties =
-            p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-        !greedy || penalties
+        !greedy || self.reads_history()
     }
 
     /// Picks the next token. `history` is prompt + generated tokens; every token in it counts for

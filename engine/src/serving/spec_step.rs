@@ -113,7 +113,7 @@ impl EngineThread {
     /// step, unless the policy holds them back. Returns what the step records of it.
     pub(super) fn propose(&mut self) -> SpecStep {
         let mut st = SpecStep::default();
-        let running = self.sched.running_ids().len();
+        let running = self.sched.num_running();
         let pause = self.spec.gate.check(&self.knobs.spec, running);
         let Some(proposer) = self.spec.proposer.as_mut() else {
             return st;
@@ -183,15 +183,13 @@ pub(super) fn verify_seq(
     scratch: &mut Vec<f32>,
 ) -> Result<Vec<u32>, String> {
     let mut out = Vec::with_capacity(draft.len() + 1);
-    // The history each row's penalties see: the request's tokens plus what was kept before it.
-    let mut ext: Vec<u32> = if draft.is_empty() {
-        Vec::new()
-    } else {
-        history.to_vec()
-    };
+    // The history each row's penalties see: the request's tokens plus what was kept before it,
+    // copied only for a sampler with penalties (the others never read it).
+    let extend = !draft.is_empty() && l.sampler.reads_history();
+    let mut ext: Vec<u32> = if extend { history.to_vec() } else { Vec::new() };
     for (i, row) in rows.into_iter().enumerate() {
         let proposed = draft.get(i).copied();
-        let h: &[u32] = if draft.is_empty() { history } else { &ext };
+        let h: &[u32] = if extend { &ext } else { history };
         let tok = match row {
             Row::Argmax(Some(t)) => t,
             Row::TopK(Some((ids, vals))) => l.sampler.sample_candidates(ids, vals),
@@ -212,7 +210,9 @@ pub(super) fn verify_seq(
         if proposed != Some(tok) {
             break;
         }
-        ext.push(tok);
+        if extend {
+            ext.push(tok);
+        }
     }
     Ok(out)
 }

@@ -123,8 +123,10 @@ impl Drafter {
         if !batch.is_empty() {
             self.run(&batch, &owners, &mut drafts)?;
         }
-        for &(i, _) in &live {
-            self.fed.insert(asks[i].id, asks[i].tokens.to_vec());
+        for &(i, common) in &live {
+            if let Some(f) = self.fed.get_mut(&asks[i].id) {
+                f.extend_from_slice(&asks[i].tokens[common..]);
+            }
         }
         // One token per further forward, for every request that wants more.
         for step in 1.. {
