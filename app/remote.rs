@@ -286,7 +286,12 @@ async fn stream_one(rb: reqwest::RequestBuilder, id: RequestId, tx: &Sender<Even
         };
         let done = reader.feed(&chunk, &mut texts);
         for text in texts.drain(..) {
-            let _ = tx.send(Event::Token { id, token: 0, text });
+            let _ = tx.send(Event::Token {
+                id,
+                token: 0,
+                text,
+                logprob: None,
+            });
         }
         match done {
             Ok(false) => {}

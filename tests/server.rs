@@ -218,7 +218,7 @@ fn bad_requests_get_openai_errors_with_their_status() {
     let r = post(addr, chat, &chat_body(json!({"temperature": -1})));
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "temperature");
-    let r = post(addr, chat, &chat_body(json!({"n": 2})));
+    let r = post(addr, chat, &chat_body(json!({"n": 0})));
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "n");
 

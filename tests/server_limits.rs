@@ -229,12 +229,6 @@ fn every_request_cap_is_a_400_naming_the_parameter_and_the_limit() {
         "logit_bias",
         "not a token id",
     );
-    // Within the caps but not applied by this sampler: refused, not ignored.
-    over_cap(
-        &post(addr, chat, &chat_body(json!({"logit_bias": {"5": 3}}))),
-        "logit_bias",
-        "not supported",
-    );
     let ok = post(
         addr,
         chat,

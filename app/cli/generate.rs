@@ -100,6 +100,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         frequency_penalty: a.frequency_penalty,
         presence_penalty: a.presence_penalty,
         seed: a.seed,
+        logit_bias: Vec::new(),
     };
     sampling.validate()?;
     let grammar = asked_grammar(a)?;
@@ -146,6 +147,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         stop,
         priority: 0,
         constraint,
+        logprobs: None,
     };
     let (spec, draft) = a.spec.resolve()?;
     let setup = GenerateSetup {

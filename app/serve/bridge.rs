@@ -1,24 +1,20 @@
-//! The bridge from the engine's per-request std channel to async handlers: a blocking-pool task
-//! forwards each event to a tokio channel (and records the server's metrics), and a guard
-//! cancels the request in the engine when its handler or response stream is dropped, which is
-//! what happens when the client disconnects.
+//! The bridge from the engine's per-request std channels to async handlers. A request's
+//! choices (`n`) are submitted as separate engine requests, each forwarded by a blocking-pool
+//! task onto one tokio channel tagged with the choice's index (recording the server's metrics
+//! on the way). A guard per choice cancels it in the engine when its handler or response
+//! stream is dropped, which is what happens when the client disconnects.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::body::Bytes;
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tpslab_engine::sched::RequestId;
-use tpslab_engine::sched::stop::FinishReason;
-use tpslab_engine::serving::engine::{EngineHandle, Event, Request, Usage};
-use tpslab_engine::text::reasoning::{ReasoningParser, Split};
+use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
 
+use super::errors::ApiError;
 use super::metrics::ServerMetrics;
-use super::openai::{Meta, chunk, usage_chunk};
 
 /// Cancels its request in the engine on drop unless the request already ended.
 pub struct CancelGuard {
@@ -45,169 +41,166 @@ impl Drop for CancelGuard {
     }
 }
 
-/// A submitted request: its events, in order, and the guard that cancels it if dropped.
-pub struct Submitted {
-    pub events: UnboundedReceiver<Event>,
-    pub guard: CancelGuard,
-}
+/// An event of one choice.
+pub type Indexed = (usize, Event);
 
-/// Submits a request; its events arrive on the returned receiver. Never blocks the caller: the
-/// blocking `recv` runs on tokio's blocking pool and ends with the request's last event.
-pub fn submit(engine: &EngineHandle, req: Request, metrics: Arc<ServerMetrics>) -> Submitted {
-    let (tx, rx) = std::sync::mpsc::channel();
+/// Submits one request as choice `index`; its events arrive on `tx`. Never blocks the caller:
+/// the blocking `recv` runs on tokio's blocking pool and ends with the request's last event.
+fn submit_to(
+    engine: &EngineHandle,
+    req: Request,
+    metrics: Arc<ServerMetrics>,
+    index: usize,
+    tx: UnboundedSender<Indexed>,
+) -> CancelGuard {
+    let (etx, erx) = std::sync::mpsc::channel();
     let sent = Instant::now();
     let prompt_len = req.prompt.len();
-    let id = engine.submit(req, tx);
-    let (atx, arx) = unbounded_channel();
+    let id = engine.submit(req, etx);
     tokio::task::spawn_blocking(move || {
         let mut timer = metrics.start(sent, prompt_len);
-        while let Ok(ev) = rx.recv() {
+        while let Ok(ev) = erx.recv() {
             let last = matches!(ev, Event::Finished { .. } | Event::Refused { .. });
             timer.observe(&ev);
             // A closed receiver (client gone) is not a reason to stop: the cancel is on its way
             // and the `Finished` that follows keeps the counters whole.
-            let _ = atx.send(ev);
+            let _ = tx.send((index, ev));
             if last {
                 break;
             }
         }
     });
-    Submitted {
-        events: arx,
-        guard: CancelGuard {
-            engine: engine.clone(),
-            id,
-            done: false,
-        },
+    CancelGuard {
+        engine: engine.clone(),
+        id,
+        done: false,
     }
 }
 
-/// The SSE body of a streamed response: `data: {chunk}` per piece of text (a chat answer's
-/// reasoning as `delta.reasoning_content`, split as it streams), the final chunk with its
-/// `finish_reason`, the usage chunk if asked for, then `data: [DONE]`. Dropping it (the client
-/// went away) cancels the request.
-pub struct SseStream {
-    events: UnboundedReceiver<Event>,
-    guard: CancelGuard,
-    meta: Meta,
-    include_usage: bool,
-    reasoning: Option<ReasoningParser>,
-    first: bool,
-    pending: VecDeque<Bytes>,
-    ended: bool,
+/// The choices of one request, running: their events in arrival order, each tagged with its
+/// index, and their guards (a choice's is disarmed by its last event).
+pub struct Choices {
+    events: UnboundedReceiver<Indexed>,
+    guards: Vec<CancelGuard>,
+    /// Events read while the choices were being started, handed out first.
+    buffered: VecDeque<Indexed>,
 }
 
-fn frame(v: &serde_json::Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
-}
-
-impl SseStream {
-    pub fn new(
-        sub: Submitted,
-        meta: Meta,
-        include_usage: bool,
-        reasoning: Option<ReasoningParser>,
-    ) -> Self {
-        Self {
-            events: sub.events,
-            guard: sub.guard,
-            meta,
-            include_usage,
-            reasoning,
-            first: true,
-            pending: VecDeque::new(),
-            ended: false,
+impl Choices {
+    /// Submits `n` choices of `req` (choice `i` seeded `seed + i` when a seed is given) and
+    /// waits until the engine has accepted all of them, so a refusal (queue full, no room) is
+    /// a real error status and not an error inside a 200 stream. With `n > 1` the others are
+    /// submitted once the first has produced its first token: its prompt's KV blocks are in
+    /// the prefix cache by then, and the others reuse them instead of computing the prompt
+    /// again.
+    pub async fn start(
+        engine: &EngineHandle,
+        metrics: &Arc<ServerMetrics>,
+        req: Request,
+        n: usize,
+    ) -> Result<Choices, ApiError> {
+        let (tx, events) = unbounded_channel();
+        let mut c = Choices {
+            events,
+            guards: Vec::with_capacity(n),
+            buffered: VecDeque::new(),
+        };
+        let seeded = |i: usize| {
+            let mut r = req.clone();
+            r.sampling.seed = req.sampling.seed.map(|s| s.wrapping_add(i as u64));
+            r
+        };
+        c.guards.push(submit_to(
+            engine,
+            seeded(0),
+            Arc::clone(metrics),
+            0,
+            tx.clone(),
+        ));
+        c.wait(|ev| matches!(ev, Event::Started { .. }), 1).await?;
+        if n > 1 {
+            // Choice 0's first token (or its end): its prompt has been computed.
+            c.wait(
+                |ev| matches!(ev, Event::Token { .. } | Event::Finished { .. }),
+                1,
+            )
+            .await?;
+            for i in 1..n {
+                let g = submit_to(engine, seeded(i), Arc::clone(metrics), i, tx.clone());
+                c.guards.push(g);
+            }
+            c.wait(|ev| matches!(ev, Event::Started { .. }), n).await?;
         }
+        Ok(c)
     }
 
-    fn text(&mut self, text: &Split, finish: Option<FinishReason>) {
-        let c = chunk(&self.meta, self.first, text, finish, self.include_usage);
-        self.first = false;
-        self.pending.push_back(frame(&c));
-    }
-
-    /// A piece of the answer, through the reasoning splitter when there is one.
-    fn split(&mut self, text: &str) -> Split {
-        match &mut self.reasoning {
-            Some(p) => p.push(text),
-            None => Split {
-                reasoning: String::new(),
-                content: text.to_string(),
-            },
-        }
-    }
-
-    fn finish(&mut self, reason: FinishReason, usage: &Usage, tail: &str) {
-        let mut rest = self.split(tail);
-        if let Some(p) = &mut self.reasoning {
-            rest.extend(p.finish());
-        }
-        if !rest.is_empty() {
-            self.text(&rest, None);
-        }
-        self.text(&Split::default(), Some(reason));
-        if self.include_usage {
-            self.pending
-                .push_back(frame(&usage_chunk(&self.meta, usage)));
-        }
-        self.pending
-            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-        self.ended = true;
-        self.guard.done();
-    }
-
-    fn on_event(&mut self, ev: Event) {
-        match ev {
-            Event::Started { .. } => {}
-            Event::Token { text, .. } => {
-                let split = self.split(&text);
-                if !split.is_empty() || self.first {
-                    self.text(&split, None);
+    /// Reads events (kept for later) until `count` of them are `want` in all; a refusal of any
+    /// choice, or the engine stopping, ends the whole request with that error (dropping `self`
+    /// cancels the choices that started).
+    async fn wait(&mut self, want: impl Fn(&Event) -> bool, count: usize) -> Result<(), ApiError> {
+        let mut seen = self.buffered.iter().filter(|(_, e)| want(e)).count();
+        while seen < count {
+            match self.events.recv().await {
+                Some((i, Event::Refused { reason, .. })) => {
+                    self.disarm(i);
+                    return Err(ApiError::refused(&reason));
                 }
-            }
-            Event::Finished {
-                reason,
-                usage,
-                text,
-                ..
-            } => self.finish(reason, &usage, &text),
-            Event::Refused { reason, .. } => {
-                let err = super::errors::ApiError::refused(&reason);
-                self.pending.push_back(frame(&err.body()));
-                self.pending
-                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                self.ended = true;
-                self.guard.done();
+                Some(ev) => {
+                    seen += usize::from(want(&ev.1));
+                    if matches!(ev.1, Event::Finished { .. }) {
+                        self.disarm(ev.0);
+                    }
+                    self.buffered.push_back(ev);
+                }
+                None => return Err(ApiError::internal("the engine stopped")),
             }
         }
+        Ok(())
     }
-}
 
-impl futures_core::Stream for SseStream {
-    type Item = Result<Bytes, Infallible>;
+    fn disarm(&mut self, i: usize) {
+        if let Some(g) = self.guards.get_mut(i) {
+            g.done();
+        }
+    }
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(b) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(b)));
-            }
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match this.events.poll_recv(cx) {
-                Poll::Ready(Some(ev)) => this.on_event(ev),
-                Poll::Ready(None) => {
-                    // The engine went away without a last event.
-                    let err = super::errors::ApiError::refused(
-                        &tpslab_engine::serving::engine::Refusal::Stopped,
-                    );
-                    this.pending.push_back(frame(&err.body()));
-                    this.ended = true;
-                    this.guard.done();
-                }
+    /// How many choices there are.
+    pub fn len(&self) -> usize {
+        self.guards.len()
+    }
+
+    /// The engine's id of the first choice (the response's id is made from it).
+    pub fn first_id(&self) -> RequestId {
+        self.guards
+            .first()
+            .map_or(RequestId::default(), CancelGuard::id)
+    }
+
+    /// The next event of any choice; `None` once every choice's channel has closed. A
+    /// choice's last event (finished or refused) disarms its guard.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Indexed>> {
+        let ev = match self.buffered.pop_front() {
+            Some(ev) => Some(ev),
+            None => match self.events.poll_recv(cx) {
+                Poll::Ready(ev) => ev,
                 Poll::Pending => return Poll::Pending,
-            }
+            },
+        };
+        if let Some((i, Event::Finished { .. } | Event::Refused { .. })) = &ev {
+            self.disarm(*i);
+        }
+        Poll::Ready(ev)
+    }
+
+    /// As [`Self::poll_next`], awaited.
+    pub async fn next(&mut self) -> Option<Indexed> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// Disarms every guard: the request ended for all of its choices.
+    pub fn all_done(&mut self) {
+        for g in &mut self.guards {
+            g.done();
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The two completion endpoints: read the body (bounded in size and time), parse, render and
-//! tokenize on a bounded blocking pool, submit, then answer whole or as an SSE stream.
+//! tokenize on a bounded blocking pool, submit every choice, then answer whole or as an SSE
+//! stream.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,11 +9,9 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tpslab_engine::sched::stop::FinishReason;
-use tpslab_engine::serving::engine::{Event, Usage};
-use tpslab_engine::text::reasoning::Split;
 
-use super::bridge::{self, SseStream, submit};
+use super::answer::{AnswerSpec, SseStream, collect};
+use super::bridge::Choices;
 use super::errors::{self, ApiError};
 use super::openai::{self, Kind, Meta};
 use super::state::{ServerState, unix_now};
@@ -31,7 +30,7 @@ pub async fn completions(st: State<Arc<ServerState>>, headers: HeaderMap, body: 
 
 /// The whole body, at most `limit` bytes, within `timeout` of the headers: a client that stalls
 /// its body gets a 408, one that sends too much a 413.
-async fn read_body(
+pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -94,26 +93,24 @@ async fn complete(
     })
     .await
     .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))??;
-    let mut sub = submit(&st.engine, req, Arc::clone(&st.metrics));
-    let meta = Meta {
-        kind,
-        id: format!("{}-{}", kind.id_prefix(), sub.guard.id()),
-        created: unix_now(),
-        model: st.model_id.clone(),
+    let mut choices = Choices::start(&st.engine, &st.metrics, req, parsed.n).await?;
+    let echo = parsed.echo.then(|| echo_text(&parsed, &st));
+    let spec = AnswerSpec {
+        meta: Meta {
+            kind,
+            id: format!("{}-{}", kind.id_prefix(), choices.first_id()),
+            created: unix_now(),
+            model: st.model_id.clone(),
+        },
+        lm: Arc::clone(&st.lm),
+        reasoning,
+        echo,
+        include_usage: parsed.include_usage(),
+        token_ids: parsed.common.return_tokens_as_token_ids.unwrap_or(false),
     };
-    match sub.events.recv().await {
-        Some(Event::Started { .. }) => {}
-        Some(Event::Refused { reason, .. }) => {
-            sub.guard.done();
-            return Err(ApiError::refused(&reason));
-        }
-        Some(_) | None => {
-            sub.guard.done();
-            return Err(ApiError::internal("the engine stopped"));
-        }
-    }
+    let logprobs = parsed.logprobs.is_some();
     if parsed.stream() {
-        let stream = SseStream::new(sub, meta, parsed.include_usage(), reasoning);
+        let stream = SseStream::new(choices, spec, logprobs);
         return Ok((
             StatusCode::OK,
             [
@@ -124,44 +121,16 @@ async fn complete(
         )
             .into_response());
     }
-    // Dropping this future (the client hung up) drops `sub`, whose guard cancels the request.
-    let (text, reason, usage) = collect(&mut sub).await?;
-    let text = match reasoning {
-        Some(parser) => parser.split_all(&text),
-        None => Split {
-            reasoning: String::new(),
-            content: text,
-        },
-    };
-    Ok(errors::json_response(
-        StatusCode::OK,
-        &openai::full_response(&meta, &text, reason, &usage),
-    ))
+    // Dropping this future (the client hung up) drops `choices`, whose guards cancel them.
+    let body = collect(&mut choices, &spec, logprobs).await?;
+    Ok(errors::json_response(StatusCode::OK, &body))
 }
 
-/// The whole text of a non-streamed request.
-async fn collect(sub: &mut bridge::Submitted) -> Result<(String, FinishReason, Usage), ApiError> {
-    let mut out = String::new();
-    while let Some(ev) = sub.events.recv().await {
-        match ev {
-            Event::Started { .. } => {}
-            Event::Token { text, .. } => out.push_str(&text),
-            Event::Finished {
-                reason,
-                usage,
-                text,
-                ..
-            } => {
-                sub.guard.done();
-                out.push_str(&text);
-                return Ok((out, reason, usage));
-            }
-            Event::Refused { reason, .. } => {
-                sub.guard.done();
-                return Err(ApiError::refused(&reason));
-            }
-        }
+/// The prompt's text for `echo`: as sent, or the token ids decoded.
+fn echo_text(p: &openai::Parsed, st: &ServerState) -> String {
+    match (&p.prompt_text, &p.prompt_tokens) {
+        (Some(t), _) => t.clone(),
+        (None, Some(ids)) => st.lm.tokenizer.decode(ids, false).unwrap_or_default(),
+        (None, None) => String::new(),
     }
-    sub.guard.done();
-    Err(ApiError::internal("the engine stopped"))
 }

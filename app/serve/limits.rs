@@ -22,6 +22,8 @@ pub struct Limits {
     pub max_stop_bytes: usize,
     /// Entries in `logit_bias`.
     pub max_logit_bias: usize,
+    /// Choices per request (`n`): each is one more sequence in the batch.
+    pub max_n: usize,
     /// The `priority` values an API client may ask for (inclusive); others get a 400.
     pub min_priority: i32,
     pub max_priority: i32,
@@ -44,6 +46,7 @@ impl Default for Limits {
             max_stop: 16,
             max_stop_bytes: 256,
             max_logit_bias: 300,
+            max_n: 16,
             min_priority: WINDOW_CHAT_PRIORITY,
             max_priority: i32::MAX,
             header_timeout: Duration::from_secs(10),
@@ -96,6 +99,10 @@ pub struct LimitArgs {
     /// Most `logit_bias` entries in one request.
     #[arg(long, default_value_t = Limits::default().max_logit_bias)]
     pub max_logit_bias: usize,
+    /// Most choices (`n`) in one request; each runs as its own sequence, sharing the prompt's
+    /// KV blocks through the prefix cache.
+    #[arg(long, default_value_t = Limits::default().max_n, value_parser = at_least_one)]
+    pub max_n: usize,
     /// Lowest (most urgent) `priority` an API client may ask for; the window's chat runs at 0,
     /// so the default lets no client outrank it. Requests outside the range get a 400.
     #[arg(long, default_value_t = Limits::default().min_priority, allow_hyphen_values = true)]
@@ -132,6 +139,7 @@ impl LimitArgs {
             max_stop: self.max_stop,
             max_stop_bytes: self.max_stop_bytes,
             max_logit_bias: self.max_logit_bias,
+            max_n: self.max_n,
             min_priority: self.min_priority,
             max_priority: self.max_priority,
             header_timeout: self.header_timeout,

@@ -6,28 +6,38 @@
 //!   llama-server's `json_schema` / `grammar`) as one compiled constraint.
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
 //!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
+//! - [`unhonoured`]: fields the engine cannot honour (audio, images, beam search...), each a 400
+//!   naming it.
 //! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
-//! - [`bridge`]: engine events to async handlers; cancel on client disconnect; the SSE body.
+//! - [`bridge`]: a request's choices submitted (sharing the prompt's KV blocks) and their
+//!   engine events merged for async handlers; cancel on client disconnect.
+//! - [`answer`]: the choices' events as the whole response or as the SSE body.
+//! - [`logprobs_json`]: token log-probabilities in chat's and completions' shapes.
+//! - [`tokenize`]: `/tokenize` and `/detokenize` (vLLM's shapes).
 //! - [`errors`]: OpenAI's error JSON with its HTTP status.
 //! - [`metrics`]: `GET /metrics` in Prometheus text (`tpslab:*`, vLLM's shapes).
 //! - [`limits`]: every limit the server enforces, and its `tpslab serve` flags.
 //! - [`http`]: connections: the cap, the header and idle timeouts.
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` and
-//! `GET /metrics`, all behind the API key when one is set (`--metrics-open` leaves `/metrics`
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
+//! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is set (`--metrics-open` leaves `/metrics`
 //! open). Binds to loopback unless told otherwise.
 
+pub mod answer;
 pub mod bridge;
 pub mod chat_input;
 pub mod errors;
 pub mod handlers;
 pub mod http;
 pub mod limits;
+pub mod logprobs_json;
 pub mod metrics;
 pub mod openai;
 pub mod state;
 pub mod structured;
+pub mod tokenize;
+pub mod unhonoured;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,7 +92,9 @@ pub fn router(state: Arc<ServerState>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
-        .route("/v1/models", get(models));
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize));
     let open = Router::new().route("/metrics", get(prometheus));
     if state.metrics_open {
         v1 = v1.route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
@@ -131,6 +143,8 @@ async fn models(State(st): State<Arc<ServerState>>) -> Response {
                 "created": st.created,
                 "owned_by": "tpslab",
                 "max_model_len": st.lm.model.cfg.context_len,
+                "quantization": st.lm.precision.to_string(),
+                "vocab_size": st.lm.model.cfg.vocab,
             }],
         }),
     )

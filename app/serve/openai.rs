@@ -10,6 +10,7 @@ use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::admission::Admission;
 use tpslab_engine::serving::engine::{Request, Usage};
+use tpslab_engine::serving::logprobs::MAX_TOP_LOGPROBS;
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::{ChatMessage, RenderOptions};
 use tpslab_engine::text::reasoning::{ReasoningParser, Split};
@@ -57,6 +58,14 @@ pub struct Common {
     pub priority: Option<i32>,
     /// Token id (as a string) to a bias in [-100, 100].
     pub logit_bias: Option<HashMap<String, f64>>,
+    /// Chat: a boolean; completions: how many alternatives per token (0 to 20).
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (0 to 20), with `logprobs: true`.
+    pub top_logprobs: Option<u32>,
+    /// Completions: the prompt's text before the answer's.
+    pub echo: Option<bool>,
+    /// vLLM's extension: log-probabilities name tokens `token_id:<id>`.
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// `prompt`: a string, a list holding one string, or token ids.
@@ -109,6 +118,12 @@ pub struct Parsed {
     pub sampling: SamplingParams,
     /// Structured output (`response_format`, `guided_*`, `json_schema`, `grammar`).
     pub constraint: Option<Asked>,
+    /// `Some(k)`: each token's log-probability with its `k` most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Choices to generate (`n`), each its own sequence in the batch.
+    pub n: usize,
+    /// Completions' `echo`: the answer's text starts with the prompt's.
+    pub echo: bool,
 }
 
 impl Parsed {
@@ -172,10 +187,29 @@ pub fn parse(
     if let Some(t) = &prompt_text {
         check_prompt_bytes("prompt", t.len(), limits)?;
     }
-    let sampling = sampling(&common)?;
+    super::unhonoured::check(kind, body)?;
     check_limits(&common, limits, shape)?;
+    let sampling = sampling(&common)?;
     let constraint = structured::asked(body)?;
+    let logprobs = logprobs(kind, &common)?;
+    let echo = common.echo.unwrap_or(false);
+    if echo && kind == Kind::Chat {
+        return Err(ApiError::bad_param(
+            "echo",
+            "echo is a completions field; chat answers never repeat the conversation",
+        ));
+    }
+    if echo && logprobs.is_some() {
+        return Err(ApiError::bad_param(
+            "echo",
+            "echo with logprobs asks for the prompt's log-probabilities, which this server \
+             does not compute; send one of the two",
+        ));
+    }
     Ok(Parsed {
+        logprobs,
+        n: common.n.unwrap_or(1) as usize,
+        echo,
         kind,
         common,
         messages,
@@ -216,11 +250,14 @@ fn stop_list(c: &Common) -> &[String] {
 
 fn check_limits(c: &Common, l: &Limits, shape: ModelShape) -> Result<(), ApiError> {
     if let Some(n) = c.n
-        && n != 1
+        && !(1..=l.max_n).contains(&(n as usize))
     {
         return Err(ApiError::over_cap(
             "n",
-            format!("n = {n} is not supported: this server returns one choice (n = 1)"),
+            format!(
+                "n = {n}: this server returns 1 to {} choices per request (--max-n)",
+                l.max_n
+            ),
         ));
     }
     for (name, v) in [
@@ -297,8 +334,7 @@ fn check_stop(stop: &[String], l: &Limits) -> Result<(), ApiError> {
 }
 
 /// Entries past the cap, ids the model lacks and values outside OpenAI's [-100, 100] are
-/// refused. The sampler applies no per-token bias, so a non-zero bias is refused too rather
-/// than silently ignored.
+/// refused.
 fn check_logit_bias(
     bias: &HashMap<String, f64>,
     l: &Limits,
@@ -323,13 +359,78 @@ fn check_logit_bias(
             return bad(format!("logit_bias[{k}] = {v} is outside [-100, 100]"));
         }
     }
-    if bias.values().any(|&v| v != 0.0) {
-        return Err(ApiError::bad_param(
-            "logit_bias",
-            "logit_bias is not supported by this server (send no entries, or zeros)",
-        ));
-    }
     Ok(())
+}
+
+/// The bias as the sampler takes it (checked by [`check_logit_bias`] first), by token id.
+fn logit_bias(c: &Common) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = c
+        .logit_bias
+        .iter()
+        .flatten()
+        .filter_map(|(k, &b)| Some((k.parse().ok()?, b as f32)))
+        .collect();
+    v.sort_unstable_by_key(|&(id, _)| id);
+    v
+}
+
+/// A JSON value's kind, for messages that must not echo the value itself.
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "this number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// How many alternatives per token a request asks for, `None` for no log-probabilities:
+/// chat's `logprobs: true` with `top_logprobs`, completions' integer `logprobs`.
+fn logprobs(kind: Kind, c: &Common) -> Result<Option<usize>, ApiError> {
+    let max = MAX_TOP_LOGPROBS as u64;
+    match kind {
+        Kind::Chat => {
+            let on = match &c.logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(ApiError::bad_param(
+                        "logprobs",
+                        format!(
+                            "logprobs must be a boolean in chat requests, not {}",
+                            kind_of(v)
+                        ),
+                    ));
+                }
+            };
+            match c.top_logprobs {
+                Some(k) if u64::from(k) > max => Err(ApiError::over_cap(
+                    "top_logprobs",
+                    format!("top_logprobs = {k}; at most {max}"),
+                )),
+                Some(k) if k > 0 && !on => Err(ApiError::bad_param(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                )),
+                k => Ok(on.then(|| k.unwrap_or(0) as usize)),
+            }
+        }
+        Kind::Completion => match &c.logprobs {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(k) if k <= max => Ok(Some(k as usize)),
+                _ => Err(ApiError::over_cap(
+                    "logprobs",
+                    format!(
+                        "logprobs must be an integer from 0 to {max}, not {}",
+                        kind_of(v)
+                    ),
+                )),
+            },
+        },
+    }
 }
 
 /// OpenAI's defaults where a field is absent (temperature 1), checked as the engine would.
@@ -345,6 +446,7 @@ fn sampling(c: &Common) -> Result<SamplingParams, ApiError> {
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         seed: c.seed,
+        logit_bias: logit_bias(c),
     };
     s.validate()
         .map_err(|e| ApiError::bad_param(e.name, e.to_string()))?;
@@ -396,6 +498,7 @@ pub fn to_request(
             .as_ref()
             .map(|a| structured::compile(lm, a))
             .transpose()?,
+        logprobs: p.logprobs,
     };
     Admission::for_model(&lm.model.cfg)
         .check(&req)
@@ -420,50 +523,62 @@ pub struct Meta {
     pub model: String,
 }
 
+/// One choice of a response or of a chunk: its text (a chat answer's reasoning apart), its
+/// finish reason once it has one, and its tokens' log-probabilities when they were asked for.
+pub struct ChoiceOut<'a> {
+    pub index: usize,
+    pub text: &'a Split,
+    pub finish: Option<FinishReason>,
+    pub logprobs: Option<Value>,
+}
+
 /// The whole non-streamed response: a chat answer's reasoning, when it has any, as
 /// `message.reasoning_content` (llama-server's and vLLM's field).
-pub fn full_response(m: &Meta, text: &Split, reason: FinishReason, usage: &Usage) -> Value {
-    let choice = match m.kind {
-        Kind::Chat => {
-            let mut message = json!({"role": "assistant", "content": text.content});
-            if !text.reasoning.is_empty() {
-                message["reasoning_content"] = json!(text.reasoning);
+pub fn full_response(m: &Meta, choices: Vec<ChoiceOut<'_>>, usage: &Usage) -> Value {
+    let choices: Vec<Value> = choices
+        .into_iter()
+        .map(|c| {
+            let reason = c.finish.map(FinishReason::as_str);
+            let logprobs = c.logprobs.unwrap_or(Value::Null);
+            match m.kind {
+                Kind::Chat => {
+                    let mut message = json!({"role": "assistant", "content": c.text.content});
+                    if !c.text.reasoning.is_empty() {
+                        message["reasoning_content"] = json!(c.text.reasoning);
+                    }
+                    json!({
+                        "index": c.index,
+                        "message": message,
+                        "logprobs": logprobs,
+                        "finish_reason": reason,
+                    })
+                }
+                Kind::Completion => json!({
+                    "index": c.index,
+                    "text": c.text.content,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                }),
             }
-            json!({
-                "index": 0,
-                "message": message,
-                "logprobs": null,
-                "finish_reason": reason.as_str(),
-            })
-        }
-        Kind::Completion => json!({
-            "index": 0,
-            "text": text.content,
-            "logprobs": null,
-            "finish_reason": reason.as_str(),
-        }),
-    };
+        })
+        .collect();
     json!({
         "id": m.id,
         "object": m.kind.object(),
         "created": m.created,
         "model": m.model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage_json(usage),
     })
 }
 
-/// One streamed chunk: `role` on the first chat chunk, `text` as a delta (reasoning as
-/// `delta.reasoning_content`), `finish` on the last. With `include_usage` every chunk carries
-/// `"usage": null` (OpenAI's shape).
-pub fn chunk(
-    m: &Meta,
-    first: bool,
-    text: &Split,
-    finish: Option<FinishReason>,
-    usage_null: bool,
-) -> Value {
-    let reason = finish.map(FinishReason::as_str);
+/// One streamed chunk of one choice: `role` on a chat choice's first chunk, the text as a
+/// delta (reasoning as `delta.reasoning_content`), the finish reason on its last. With
+/// `include_usage` every chunk carries `"usage": null` (OpenAI's shape).
+pub fn chunk(m: &Meta, first: bool, c: ChoiceOut<'_>, usage_null: bool) -> Value {
+    let reason = c.finish.map(FinishReason::as_str);
+    let text = c.text;
+    let logprobs = c.logprobs.unwrap_or(Value::Null);
     let (object, choice) = match m.kind {
         Kind::Chat => {
             let mut delta = json!({});
@@ -479,12 +594,14 @@ pub fn chunk(
             }
             (
                 "chat.completion.chunk",
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
+                json!({"index": c.index, "delta": delta, "logprobs": logprobs,
+                       "finish_reason": reason}),
             )
         }
         Kind::Completion => (
             "text_completion",
-            json!({"index": 0, "text": text.content, "logprobs": null, "finish_reason": reason}),
+            json!({"index": c.index, "text": text.content, "logprobs": logprobs,
+                   "finish_reason": reason}),
         ),
     };
     let mut v = json!({

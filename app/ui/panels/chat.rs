@@ -222,6 +222,7 @@ impl Generation {
                         stop: lm.default_stop(Some(max_tokens)),
                         priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
                         constraint,
+                        logprobs: None,
                     };
                     Ok((engine.submit(req, tx), prompt.reasoning))
                 });

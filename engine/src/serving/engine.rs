@@ -6,7 +6,7 @@
 //! snapshot, out. One step = one `schedule()`, ONE batched forward for every scheduled token of
 //! every request, sampling, `update()`, stop checks, events.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,7 @@ use crate::sched::stop::{FinishReason, StopChecker};
 use crate::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
 use crate::serving::admission::Admission;
 use crate::serving::constraint::ConstraintRun;
+use crate::serving::logprobs::{MAX_TOP_LOGPROBS, TokenLogprob};
 use crate::serving::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes,
 };
@@ -283,6 +284,10 @@ struct Live {
     speculate: bool,
     /// Its proposals verified so far.
     spec: SpecUsage,
+    /// `Some(n)`: each token's log-probability and `n` alternatives go with its event.
+    logprobs: Option<usize>,
+    /// The log-probabilities of the tokens this step emitted, in order, until their events go.
+    pending_logprobs: VecDeque<TokenLogprob>,
 }
 
 struct EngineThread {
@@ -529,6 +534,7 @@ impl EngineThread {
             mut stop,
             priority,
             constraint,
+            logprobs,
         } = req;
         stop.max_tokens = Some(admitted.max_tokens);
         let prompt_len = prompt.len();
@@ -558,6 +564,8 @@ impl EngineThread {
                 queue_time: None,
                 speculate,
                 spec: SpecUsage::default(),
+                logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
+                pending_logprobs: VecDeque::new(),
             },
         );
     }

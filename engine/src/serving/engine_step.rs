@@ -86,8 +86,8 @@ impl EngineThread {
             .iter()
             .flat_map(|s| {
                 let need = match self.live.get(&s.id) {
-                    // The grammar's mask goes over the whole row.
-                    Some(l) if l.constraint.is_some() => RowNeed::Full,
+                    // The grammar's mask and the log-probabilities read the whole row.
+                    Some(l) if l.constraint.is_some() || l.logprobs.is_some() => RowNeed::Full,
                     Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
                     Some(_) if !s.draft.is_empty() => RowNeed::Full,
                     Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
@@ -130,10 +130,12 @@ impl EngineThread {
                 .finish
                 .or_else(|| l.constraint.as_mut().and_then(|c| c.advance(a.token)));
             metrics.on_token(a.id, now);
+            let logprob = l.pending_logprobs.pop_front().map(Box::new);
             let _ = l.events.send(Event::Token {
                 id: a.id,
                 token: a.token,
                 text: st.text,
+                logprob,
             });
             finish
         });

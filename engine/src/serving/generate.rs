@@ -139,6 +139,7 @@ pub fn generate_with(
         stop,
         priority: 0,
         constraint: None,
+        logprobs: None,
     };
     generate_request(lm, setup, req, on_text)
 }

@@ -217,6 +217,7 @@ fn next_request(
         },
         priority: spec.priority,
         constraint: None,
+        logprobs: None,
     };
     (req, plen, olen)
 }
@@ -351,6 +352,7 @@ mod tests {
                 id,
                 token: 1,
                 text: String::new(),
+                logprob: None,
             });
             let _ = events.send(Event::Finished {
                 id,

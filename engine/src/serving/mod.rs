@@ -7,7 +7,8 @@
 //! - [`request`]: a request and the events it gets back (re-exported by [`engine`]).
 //! - [`refusal`]: why a request is not run, typed, as every front end shows it.
 //! - [`admission`]: the one check a request passes at submit, its typed refusal, its `max_tokens`.
-//! - [`sampler`]: penalties and greedy / top-k / top-p / min-p / temperature sampling.
+//! - [`logprobs`]: log-probabilities of the generated tokens and their top alternatives.
+//! - [`sampler`]: logit bias, penalties and greedy / top-k / top-p / min-p / temperature sampling.
 //! - [`constraint`]: structured output (JSON schema, regex, Lark, GBNF through llguidance): the
 //!   per-model grammar compiler and the per-request token masks (GBNF conversion in `gbnf`).
 //! - [`generate`]: a loaded model bundle and the single-request generation loop.
@@ -29,6 +30,7 @@ pub mod gbnf;
 pub mod generate;
 pub mod kl;
 pub mod loadgen;
+pub mod logprobs;
 pub mod metrics;
 pub mod perplexity;
 pub mod refusal;

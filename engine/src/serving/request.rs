@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
 use crate::serving::constraint::Constraint;
+use crate::serving::logprobs::TokenLogprob;
 pub use crate::serving::refusal::{Refusal, RefusalKind};
 use crate::serving::sampler::SamplingParams;
 
@@ -23,6 +24,9 @@ pub struct Request {
     /// Structured output: the grammar every generated token must keep to (compiled by the
     /// front end with the model's [`crate::serving::constraint::compiler_for`]).
     pub constraint: Option<Constraint>,
+    /// OpenAI's `logprobs`: `Some(n)` sends each generated token's log-probability with the `n`
+    /// most likely alternatives (at most [`crate::serving::logprobs::MAX_TOP_LOGPROBS`]) in its [`Event::Token`].
+    pub logprobs: Option<usize>,
 }
 
 /// Token counts of a finished request (OpenAI's `usage`).
@@ -45,6 +49,8 @@ pub enum Event {
         id: RequestId,
         token: u32,
         text: String,
+        /// Its log-probability, when the request asked for them.
+        logprob: Option<Box<TokenLogprob>>,
     },
     /// The request ended: `text` is any held-back tail.
     Finished {

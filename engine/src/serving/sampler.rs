@@ -38,6 +38,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Fixed seed for a repeatable run; `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// OpenAI's `logit_bias`: added to a token's logit before anything else (ids outside the
+    /// vocabulary are skipped; the server checks them first).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +54,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -169,6 +173,10 @@ impl Sampler {
         if !p.presence_penalty.is_finite() {
             p.presence_penalty = 0.0;
         }
+        p.logit_bias.retain(|&(_, b)| b.is_finite() && b != 0.0);
+        for (_, b) in &mut p.logit_bias {
+            *b = b.clamp(-100.0, 100.0);
+        }
         let rng = match p.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_rng(&mut rand::rng()),
@@ -192,7 +200,8 @@ impl Sampler {
     /// temperature and no penalties), so a GPU backend can send those alone.
     pub fn top_k_only(&self) -> Option<usize> {
         let p = &self.params;
-        (p.temperature > 0.0 && p.top_k > 1 && !self.reads_history()).then_some(p.top_k as usize)
+        (p.temperature > 0.0 && p.top_k > 1 && !self.reads_history() && p.logit_bias.is_empty())
+            .then_some(p.top_k as usize)
     }
 
     /// Samples from candidates (ids and their logits) that hold at least the top-k of the row,
@@ -227,7 +236,7 @@ impl Sampler {
     pub fn needs_logits(&self) -> bool {
         let p = &self.params;
         let greedy = p.temperature == 0.0 || p.top_k == 1;
-        !greedy || self.reads_history()
+        !greedy || self.reads_history() || !p.logit_bias.is_empty()
     }
 
     /// Picks the next token. `history` is prompt + generated tokens; every token in it counts for
@@ -251,12 +260,17 @@ impl Sampler {
         self.sample_stochastic(logits)
     }
 
-    /// NaN to -inf and the penalties, in place; then the token when the choice is already
+    /// NaN to -inf, the logit bias and the penalties, in place; then the token when the choice is already
     /// made (an empty row: 0; greedy: the argmax), `None` when it is to be drawn.
     fn prepare(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) -> Option<u32> {
         for l in logits.iter_mut() {
             if l.is_nan() {
                 *l = f32::NEG_INFINITY;
+            }
+        }
+        for &(id, b) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += b;
             }
         }
         self.apply_penalties(logits, history, prompt_len.min(history.len()));

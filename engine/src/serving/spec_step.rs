@@ -9,6 +9,7 @@ use super::{EngineThread, Live};
 use crate::device::{BackendError, CpuBackend};
 use crate::model::LoadedModel;
 use crate::sched::RequestId;
+use crate::serving::logprobs::token_logprob;
 use crate::serving::spec_metrics::SpecStep;
 use crate::spec::draft::{Ask, Drafter};
 use crate::spec::{Gate, Proposer, SpecConfig, SpecMethod};
@@ -183,6 +184,8 @@ pub(super) fn verify_seq(
     scratch: &mut Vec<f32>,
 ) -> Result<Vec<u32>, String> {
     let mut out = Vec::with_capacity(draft.len() + 1);
+    // Left over from a step whose tokens were dropped (a stop inside the accepted proposals).
+    l.pending_logprobs.clear();
     // The history each row's penalties see: the request's tokens plus what was kept before it,
     // copied only for a sampler with penalties (the others never read it).
     let extend = !draft.is_empty() && l.sampler.reads_history();
@@ -199,10 +202,15 @@ pub(super) fn verify_seq(
                 if let Some(c) = l.constraint.as_mut() {
                     c.apply(scratch).map_err(|e| e.to_string())?;
                 }
-                match proposed {
+                let tok = match proposed {
                     Some(p) => l.sampler.verify(scratch, h, l.prompt_len, p),
                     None => l.sampler.sample_with_prompt(scratch, h, l.prompt_len),
+                };
+                if let Some(n) = l.logprobs {
+                    // The raw row, before the mask, the bias and the penalties.
+                    l.pending_logprobs.push_back(token_logprob(r, tok, n));
                 }
+                tok
             }
             _ => break,
         };

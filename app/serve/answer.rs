@@ -1,0 +1,322 @@
+//! A request's answer from its choices' events: each choice's text (a chat answer's reasoning
+//! split off as it streams), finish reason and log-probabilities, whole ([`collect`]) or as an
+//! SSE body ([`SseStream`]); usage counts the prompt once and every choice's tokens.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Bytes;
+use serde_json::Value;
+use tpslab_engine::model::LoadedModel;
+use tpslab_engine::sched::stop::FinishReason;
+use tpslab_engine::serving::engine::{Event, Refusal, Usage};
+use tpslab_engine::text::reasoning::{ReasoningParser, Split};
+
+use super::bridge::Choices;
+use super::errors::ApiError;
+use super::logprobs_json::{self, Names, Scored};
+use super::openai::{ChoiceOut, Kind, Meta, chunk, full_response, usage_chunk};
+
+/// What every choice of a request shares: the endpoint's shape and what the answer adds.
+#[derive(Clone)]
+pub struct AnswerSpec {
+    pub meta: Meta,
+    pub lm: Arc<LoadedModel>,
+    /// The splitter of a chat answer's reasoning (each choice gets its own copy).
+    pub reasoning: Option<ReasoningParser>,
+    /// Completions' `echo`: the prompt's text, put before each choice's.
+    pub echo: Option<String>,
+    pub include_usage: bool,
+    /// vLLM's `return_tokens_as_token_ids`: log-probabilities name tokens by id.
+    pub token_ids: bool,
+}
+
+/// One choice as its events arrive.
+struct ChoiceState {
+    reasoning: Option<ReasoningParser>,
+    /// No chunk has gone out for it yet.
+    first: bool,
+    finish: Option<FinishReason>,
+    /// Whole answers: all of its text; streams: nothing (each piece goes out as it comes).
+    text: String,
+    /// Log-probabilities not yet sent (streams) or all of them (whole answers).
+    scored: Vec<Scored>,
+    /// Completions' `text_offset` of the next token.
+    offset: usize,
+}
+
+impl ChoiceState {
+    fn new(spec: &AnswerSpec) -> Self {
+        let echo = spec.echo.clone().unwrap_or_default();
+        Self {
+            reasoning: spec.reasoning.clone(),
+            first: true,
+            finish: None,
+            offset: echo.len(),
+            text: echo,
+            scored: Vec::new(),
+        }
+    }
+
+    /// A piece of the answer, through the reasoning splitter when there is one.
+    fn split(&mut self, text: &str) -> Split {
+        match &mut self.reasoning {
+            Some(p) => p.push(text),
+            None => Split {
+                reasoning: String::new(),
+                content: text.to_string(),
+            },
+        }
+    }
+
+    /// The log-probabilities gathered so far, in the endpoint's shape, and forgotten.
+    fn take_logprobs(&mut self, spec: &AnswerSpec, asked: bool) -> Option<Value> {
+        if !asked {
+            return None;
+        }
+        let items = std::mem::take(&mut self.scored);
+        let names = Names {
+            tok: &spec.lm.tokenizer,
+            as_ids: spec.token_ids,
+        };
+        Some(match spec.meta.kind {
+            Kind::Chat => logprobs_json::chat(names, &items),
+            Kind::Completion => logprobs_json::completion(names, &items, &mut self.offset),
+        })
+    }
+}
+
+/// Usage over choices: the prompt once, every choice's completion tokens.
+fn add_usage(total: &mut Option<Usage>, u: Usage) {
+    match total {
+        None => *total = Some(u),
+        Some(t) => t.completion_tokens += u.completion_tokens,
+    }
+}
+
+/// The whole answer of a non-streamed request: waits for every choice's end. A choice that
+/// fails fails the request (its error status), as a whole response cannot hold an error.
+pub async fn collect(
+    choices: &mut Choices,
+    spec: &AnswerSpec,
+    logprobs: bool,
+) -> Result<Value, ApiError> {
+    let mut states: Vec<ChoiceState> = (0..choices.len()).map(|_| ChoiceState::new(spec)).collect();
+    let mut usage = None;
+    let mut open = states.len();
+    while open > 0 {
+        let Some((i, ev)) = choices.next().await else {
+            return Err(ApiError::internal("the engine stopped"));
+        };
+        let Some(c) = states.get_mut(i) else { continue };
+        match ev {
+            Event::Started { .. } => {}
+            Event::Token {
+                text,
+                token,
+                logprob,
+                ..
+            } => {
+                c.text.push_str(&text);
+                if let Some(lp) = logprob {
+                    c.scored.push((token, *lp));
+                }
+            }
+            Event::Finished {
+                reason,
+                usage: u,
+                text,
+                ..
+            } => {
+                c.text.push_str(&text);
+                c.finish = Some(reason);
+                add_usage(&mut usage, u);
+                open -= 1;
+            }
+            Event::Refused { reason, .. } => return Err(ApiError::refused(&reason)),
+        }
+    }
+    let outs: Vec<(Split, Option<Value>, Option<FinishReason>)> = states
+        .iter_mut()
+        .map(|c| {
+            let text = std::mem::take(&mut c.text);
+            let split = match c.reasoning.take() {
+                Some(p) => p.split_all(&text),
+                None => Split {
+                    reasoning: String::new(),
+                    content: text,
+                },
+            };
+            // Offsets count from the start of the text, echo included.
+            c.offset = spec.echo.as_ref().map_or(0, String::len);
+            (split, c.take_logprobs(spec, logprobs), c.finish)
+        })
+        .collect();
+    let choices = outs
+        .iter()
+        .enumerate()
+        .map(|(index, (text, lp, finish))| ChoiceOut {
+            index,
+            text,
+            finish: *finish,
+            logprobs: lp.clone(),
+        })
+        .collect();
+    Ok(full_response(
+        &spec.meta,
+        choices,
+        &usage.unwrap_or_default(),
+    ))
+}
+
+/// The SSE body of a streamed request: `data: {chunk}` per piece of a choice's text, each
+/// choice's last chunk with its `finish_reason`, then the usage chunk if asked for and
+/// `data: [DONE]` once every choice has ended. Dropping it (the client went away) cancels
+/// every choice still running.
+pub struct SseStream {
+    choices: Choices,
+    spec: AnswerSpec,
+    logprobs: bool,
+    states: Vec<ChoiceState>,
+    usage: Option<Usage>,
+    open: usize,
+    pending: VecDeque<Bytes>,
+    ended: bool,
+}
+
+fn frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl SseStream {
+    pub fn new(choices: Choices, spec: AnswerSpec, logprobs: bool) -> Self {
+        let states: Vec<ChoiceState> = (0..choices.len())
+            .map(|_| {
+                let mut c = ChoiceState::new(&spec);
+                c.text.clear(); // streams send the echo in the first chunk instead
+                c
+            })
+            .collect();
+        Self {
+            open: states.len(),
+            choices,
+            spec,
+            logprobs,
+            states,
+            usage: None,
+            pending: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// Sends a chunk of choice `i` with its log-probabilities so far.
+    fn send(&mut self, i: usize, text: &Split, finish: Option<FinishReason>) {
+        let c = &mut self.states[i];
+        let logprobs = c.take_logprobs(&self.spec, self.logprobs);
+        let first = std::mem::replace(&mut c.first, false);
+        let mut text = text.clone();
+        if first && let Some(echo) = &self.spec.echo {
+            text.content.insert_str(0, echo);
+        }
+        let out = ChoiceOut {
+            index: i,
+            text: &text,
+            finish,
+            logprobs,
+        };
+        let v = chunk(&self.spec.meta, first, out, self.spec.include_usage);
+        self.pending.push_back(frame(&v));
+    }
+
+    fn finish(&mut self, i: usize, reason: FinishReason, usage: Usage, tail: &str) {
+        let c = &mut self.states[i];
+        let mut rest = c.split(tail);
+        if let Some(p) = &mut c.reasoning {
+            rest.extend(p.finish());
+        }
+        c.finish = Some(reason);
+        if !rest.is_empty() || !c.scored.is_empty() {
+            self.send(i, &rest, None);
+        }
+        self.send(i, &Split::default(), Some(reason));
+        add_usage(&mut self.usage, usage);
+        self.open -= 1;
+        if self.open == 0 {
+            if self.spec.include_usage {
+                let u = self.usage.unwrap_or_default();
+                self.pending
+                    .push_back(frame(&usage_chunk(&self.spec.meta, &u)));
+            }
+            self.end();
+        }
+    }
+
+    fn end(&mut self) {
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.ended = true;
+        self.choices.all_done();
+    }
+
+    fn fail(&mut self, reason: &Refusal) {
+        let err = ApiError::refused(reason);
+        self.pending.push_back(frame(&err.body()));
+        self.end();
+    }
+
+    fn on_event(&mut self, i: usize, ev: Event) {
+        if i >= self.states.len() || self.states[i].finish.is_some() {
+            return;
+        }
+        match ev {
+            Event::Started { .. } => {}
+            Event::Token {
+                text,
+                token,
+                logprob,
+                ..
+            } => {
+                let c = &mut self.states[i];
+                if let Some(lp) = logprob {
+                    c.scored.push((token, *lp));
+                }
+                let split = c.split(&text);
+                if !split.is_empty() || c.first {
+                    self.send(i, &split, None);
+                }
+            }
+            Event::Finished {
+                reason,
+                usage,
+                text,
+                ..
+            } => self.finish(i, reason, usage, &text),
+            Event::Refused { reason, .. } => self.fail(&reason),
+        }
+    }
+}
+
+impl futures_core::Stream for SseStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(b) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(b)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.choices.poll_next(cx) {
+                Poll::Ready(Some((i, ev))) => this.on_event(i, ev),
+                // The engine went away without a last event.
+                Poll::Ready(None) => this.fail(&Refusal::Stopped),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Fields of OpenAI's (and vLLM's) request bodies that this server knows but cannot honour:
+//! each is answered with a 400 naming it, never silently ignored. Fields that change nothing a
+//! client sees (`user`, `metadata`, `store`, `service_tier`) are accepted as they are.
+
+use serde_json::Value;
+
+use super::errors::ApiError;
+use super::openai::Kind;
+
+/// Whether a field is present with a value that asks for something (not null, false, 0, "",
+/// an empty list or object).
+fn asks(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Bool(true)) => true,
+    }
+}
+
+fn refuse(field: &str, why: &str) -> ApiError {
+    ApiError::bad_param(field, format!("{field}: {why}"))
+}
+
+/// The body's fields against what the engine can do for `kind`.
+pub fn check(kind: Kind, body: &Value) -> Result<(), ApiError> {
+    let get = |k: &str| body.get(k);
+    let common: [(&str, &str); 6] = [
+        (
+            "use_beam_search",
+            "beam search is not supported; sample n choices instead",
+        ),
+        (
+            "prompt_logprobs",
+            "the prompt's log-probabilities are not computed by this server",
+        ),
+        (
+            "min_tokens",
+            "a minimum length is not supported (the engine stops at EOS)",
+        ),
+        (
+            "truncate_prompt_tokens",
+            "prompts are never truncated; send a shorter one",
+        ),
+        (
+            "guided_whitespace_pattern",
+            "a whitespace pattern for JSON is not supported",
+        ),
+        (
+            "suffix",
+            "text insertion (a suffix after the completion) is not supported",
+        ),
+    ];
+    for (field, why) in common {
+        if asks(get(field)) {
+            return Err(refuse(field, why));
+        }
+    }
+    if let Some(b) = get("best_of").and_then(Value::as_u64)
+        && b > 1
+    {
+        return Err(refuse(
+            "best_of",
+            "best_of > 1 is not supported; ask for n choices and rank them yourself",
+        ));
+    }
+    if kind == Kind::Completion {
+        return Ok(());
+    }
+    let chat: [(&str, &str); 5] = [
+        (
+            "audio",
+            "audio output is not supported: this server generates text",
+        ),
+        ("prediction", "predicted outputs are not supported"),
+        ("web_search_options", "web search is not available"),
+        (
+            "functions",
+            "the legacy functions field is not supported; send tools",
+        ),
+        (
+            "function_call",
+            "the legacy function_call field is not supported; send tool_choice",
+        ),
+    ];
+    for (field, why) in chat {
+        if asks(get(field)) {
+            return Err(refuse(field, why));
+        }
+    }
+    if let Some(Value::Array(m)) = get("modalities")
+        && let Some(other) = m.iter().find(|v| v.as_str() != Some("text"))
+    {
+        let name = other.as_str().unwrap_or("a non-string value");
+        return Err(refuse(
+            "modalities",
+            &format!("only text is generated here, not {name:.40}"),
+        ));
+    }
+    content_parts(get("messages"))
+}
+
+/// Message parts other than text (images, audio, files) are refused by position: the model
+/// served here reads text only.
+fn content_parts(messages: Option<&Value>) -> Result<(), ApiError> {
+    let Some(Value::Array(messages)) = messages else {
+        return Ok(());
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        for (j, p) in parts.iter().enumerate() {
+            let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind != "text" {
+                let field = format!("messages[{i}].content[{j}]");
+                let what = if kind.is_empty() {
+                    "a part without a type".to_string()
+                } else {
+                    format!("a {kind:.40} part")
+                };
+                return Err(ApiError::bad_param(
+                    &field,
+                    format!("{field} is {what}; this model reads text parts only"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(kind: Kind, body: Value) -> Option<String> {
+        check(kind, &body).err().map(|e| e.body().to_string())
+    }
+
+    #[test]
+    fn asking_fields_are_refused_by_name_and_empty_ones_pass() {
+        let chat = |extra: Value| {
+            let mut b = json!({"messages": [{"role": "user", "content": "hi"}]});
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            b
+        };
+        assert!(
+            refused(Kind::Chat, chat(json!({"audio": {"voice": "x"}})))
+                .unwrap()
+                .contains("audio")
+        );
+        assert!(
+            refused(Kind::Chat, chat(json!({"modalities": ["text", "audio"]})))
+                .unwrap()
+                .contains("modalities")
+        );
+        assert!(refused(Kind::Chat, chat(json!({"audio": null, "modalities": ["text"], "user": "u", "store": true, "min_tokens": 0}))).is_none());
+        let img = json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "data:"}}]}]});
+        let e = refused(Kind::Chat, img).unwrap();
+        assert!(
+            e.contains("messages[0].content[1]") && e.contains("image_url"),
+            "{e}"
+        );
+        assert!(
+            refused(Kind::Completion, json!({"prompt": "a", "suffix": "b"}))
+                .unwrap()
+                .contains("suffix")
+        );
+        assert!(
+            refused(Kind::Completion, json!({"prompt": "a", "best_of": 3}))
+                .unwrap()
+                .contains("best_of")
+        );
+        assert!(
+            refused(
+                Kind::Completion,
+                json!({"prompt": "a", "best_of": 1, "suffix": ""})
+            )
+            .is_none()
+        );
+    }
+}

@@ -1,0 +1,119 @@
+"""Drives a running `tpslab serve` with the official OpenAI Python client, as an application
+would, and checks what it gets back. Run by tests/openai_python.rs:
+
+    python openai_check.py BASE_URL MODEL
+
+Prints one line per check and exits non-zero at the first failure.
+"""
+
+import json
+import math
+import sys
+
+import openai
+from openai import OpenAI
+
+base, model = sys.argv[1], sys.argv[2]
+client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+Q = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def check(name, cond, detail=""):
+    if not cond:
+        print(f"FAIL {name}: {detail}", flush=True)
+        sys.exit(1)
+    print(f"ok {name}", flush=True)
+
+
+# Models: the id, and the extras vLLM's clients read.
+models = client.models.list().data
+check("models", any(m.id == model for m in models), [m.id for m in models])
+extra = models[0].model_extra or {}
+check("models.max_model_len", extra.get("max_model_len", 0) > 0, extra)
+check("models.quantization", isinstance(extra.get("quantization"), str), extra)
+
+# Whole and streamed agree (greedy), usage in the last chunk.
+whole = client.chat.completions.create(model=model, messages=Q, temperature=0, max_tokens=12)
+text = whole.choices[0].message.content
+check("chat.whole", "Paris" in text, text)
+stream = client.chat.completions.create(
+    model=model, messages=Q, temperature=0, max_tokens=12, stream=True,
+    stream_options={"include_usage": True})
+parts, usage = [], None
+for c in stream:
+    if c.choices and c.choices[0].delta.content:
+        parts.append(c.choices[0].delta.content)
+    if c.usage:
+        usage = c.usage
+check("chat.stream", "".join(parts) == text, ("".join(parts), text))
+check("chat.stream.usage", usage and usage.completion_tokens == whole.usage.completion_tokens, usage)
+
+# Log-probabilities: one entry per token, alternatives in order, the greedy pick the top one.
+r = client.chat.completions.create(
+    model=model, messages=Q, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3)
+content = r.choices[0].logprobs.content
+check("chat.logprobs.count", len(content) == r.usage.completion_tokens, len(content))
+for e in content:
+    tops = [t.logprob for t in e.top_logprobs]
+    check("chat.logprobs.top", len(tops) == 3 and tops == sorted(tops, reverse=True), tops)
+    check("chat.logprobs.greedy", abs(e.logprob - tops[0]) < 1e-6, (e.logprob, tops))
+    check("chat.logprobs.range", e.logprob <= 0 and math.isfinite(e.logprob), e.logprob)
+    check("chat.logprobs.bytes", bytes(e.bytes).decode("utf-8", "replace") == e.token, e)
+joined = "".join(bytes(b for e in content for b in e.bytes).decode("utf-8", "replace"))
+check("chat.logprobs.text", joined.startswith(r.choices[0].message.content), joined)
+
+# n choices, seeded.
+r = client.chat.completions.create(
+    model=model, messages=Q, temperature=1.0, seed=3, n=2, max_tokens=10)
+check("chat.n", [c.index for c in r.choices] == [0, 1], r.choices)
+again = client.chat.completions.create(
+    model=model, messages=Q, temperature=1.0, seed=3, n=2, max_tokens=10)
+check("chat.n.seeded", [c.message.content for c in r.choices]
+      == [c.message.content for c in again.choices])
+
+# Structured output: the JSON parses and keeps to the schema.
+schema = {"type": "object", "properties": {"city": {"type": "string"},
+          "population": {"type": "integer"}}, "required": ["city", "population"],
+          "additionalProperties": False}
+r = client.chat.completions.create(
+    model=model, messages=Q, temperature=0, max_tokens=60,
+    response_format={"type": "json_schema",
+                     "json_schema": {"name": "city", "schema": schema, "strict": True}})
+obj = json.loads(r.choices[0].message.content)
+check("chat.json_schema", set(obj) == {"city", "population"}
+      and isinstance(obj["population"], int), obj)
+
+# Completions: echo, logprobs, logit_bias.
+prompt = "The quick brown fox"
+r = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, echo=True)
+check("completions.echo", r.choices[0].text.startswith(prompt), r.choices[0].text)
+r = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, logprobs=2)
+lp = r.choices[0].logprobs
+check("completions.logprobs", "".join(lp.tokens) == r.choices[0].text
+      and len(lp.token_logprobs) == len(lp.tokens) and len(lp.text_offset) == len(lp.tokens), lp)
+first = client.completions.create(
+    model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=0,
+    extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs.tokens[0]
+banned = first.split(":")[1]
+r = client.completions.create(
+    model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=0,
+    logit_bias={banned: -100}, extra_body={"return_tokens_as_token_ids": True})
+check("completions.logit_bias", r.choices[0].logprobs.tokens[0] != first,
+      (first, r.choices[0].logprobs.tokens))
+
+# What cannot be honoured is a BadRequestError naming the parameter.
+for name, kwargs in [
+    ("n", {"n": 1000}),
+    ("audio", {"audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"]}),
+    ("messages[0].content[1]", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
+]:
+    args = {"model": model, "messages": Q, "max_tokens": 4, **kwargs}
+    try:
+        client.chat.completions.create(**args)
+        check(f"400.{name}", False, "accepted")
+    except openai.BadRequestError as e:
+        check(f"400.{name}", e.body and e.body.get("param") == name, e.body)
+
+print("all checks passed", flush=True)
