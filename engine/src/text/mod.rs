@@ -11,6 +11,8 @@
 //!   `chat_json` and its clock in `chat_time`.
 //! - [`reasoning`]: splits a thinking model's output into its reasoning and its answer as the
 //!   tokens stream.
+//! - [`tool_calls`]: finds the tool calls a model writes in its family's format (Hermes, Llama 3
+//!   JSON, Mistral) and splits them from the answer's text, whole or streamed.
 //! - [`chat_budget`]: the budgets of a template render (fuel, output, time, memory) and the
 //!   isolated render that enforces them (with its render server, `chat_zygote`).
 
@@ -25,5 +27,6 @@ pub mod reasoning;
 pub(crate) mod special;
 pub(crate) mod spm;
 pub mod tokenizer;
+pub mod tool_calls;
 mod tokenizer_error;
 pub(crate) mod vocab;
