@@ -117,9 +117,9 @@ fn assistant(content: &str, calls: &[(String, Value)], string_args: bool) -> Cha
 /// What the template wrote for the last assistant message.
 fn cut(t: &ChatTemplate, tools: &[Value], last: ChatMessage, eos: &str) -> String {
     let user = ChatMessage::user("What is the weather in Paris?");
-    let opts = |gen: bool| RenderOptions {
+    let opts = |generation: bool| RenderOptions {
         tools: Some(tools.to_vec()),
-        ..RenderOptions::new(gen)
+        ..RenderOptions::new(generation)
     };
     let before = t.render_with(&[user.clone()], &opts(true)).expect("render before");
     let whole = t.render_with(&[user, last], &opts(false)).expect("render whole");
