@@ -19,6 +19,7 @@ use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 
 use super::metrics::ServerMetrics;
 use super::openai::{Meta, chunk, usage_chunk};
+use super::tools::{ToolParse, ToolStream};
 
 /// Cancels its request in the engine on drop unless the request already ended.
 pub struct CancelGuard {
@@ -92,6 +93,8 @@ pub struct SseStream {
     meta: Meta,
     include_usage: bool,
     reasoning: Option<ReasoningParser>,
+    /// Tool calls read out of the answer's content (`tools` with `tool_choice` not `none`).
+    tools: Option<ToolStream>,
     first: bool,
     pending: VecDeque<Bytes>,
     ended: bool,
@@ -114,35 +117,61 @@ impl SseStream {
             meta,
             include_usage,
             reasoning,
+            tools: None,
             first: true,
             pending: VecDeque::new(),
             ended: false,
         }
     }
 
+    /// Reads the answer's tool calls (sent as `delta.tool_calls`).
+    pub fn with_tools(mut self, parse: Option<ToolParse>) -> Self {
+        self.tools = parse.map(ToolStream::new);
+        self
+    }
+
     fn text(&mut self, text: &Split, finish: Option<FinishReason>) {
-        let c = chunk(&self.meta, self.first, text, finish, self.include_usage);
+        let mut c = chunk(&self.meta, self.first, text, finish, self.include_usage);
+        if let Some(t) = &mut self.tools {
+            t.patch_chunk(&mut c);
+        }
         self.first = false;
         self.pending.push_back(frame(&c));
     }
 
     /// A piece of the answer, through the reasoning splitter when there is one.
     fn split(&mut self, text: &str) -> Split {
-        match &mut self.reasoning {
+        let mut split = match &mut self.reasoning {
             Some(p) => p.push(text),
             None => Split {
                 reasoning: String::new(),
                 content: text.to_string(),
             },
+        };
+        if let Some(t) = &mut self.tools {
+            split.content = t.push(&split.content);
         }
+        split
+    }
+
+    fn tools_pending(&self) -> bool {
+        self.tools.as_ref().is_some_and(ToolStream::has_pending)
     }
 
     fn finish(&mut self, reason: FinishReason, usage: &Usage, tail: &str) {
         let mut rest = self.split(tail);
         if let Some(p) = &mut self.reasoning {
-            rest.extend(p.finish());
+            let mut last = p.finish();
+            if let Some(t) = &mut self.tools {
+                last.content = t.push(&last.content);
+            }
+            rest.extend(last);
         }
-        if !rest.is_empty() {
+        if let Some(t) = &mut self.tools {
+            let held = t.finish();
+            rest.content.push_str(&held);
+        }
+        if !rest.is_empty() || self.tools_pending() {
             self.text(&rest, None);
         }
         self.text(&Split::default(), Some(reason));
@@ -161,7 +190,7 @@ impl SseStream {
             Event::Started { .. } => {}
             Event::Token { text, .. } => {
                 let split = self.split(&text);
-                if !split.is_empty() || self.first {
+                if !split.is_empty() || self.first || self.tools_pending() {
                     self.text(&split, None);
                 }
             }

@@ -16,6 +16,7 @@ use super::bridge::{self, SseStream, submit};
 use super::errors::{self, ApiError};
 use super::openai::{self, Kind, Meta};
 use super::state::{ServerState, unix_now};
+use super::tools::ToolParse;
 
 pub async fn chat(st: State<Arc<ServerState>>, headers: HeaderMap, body: Body) -> Response {
     complete(st, Kind::Chat, headers, body)
@@ -31,7 +32,7 @@ pub async fn completions(st: State<Arc<ServerState>>, headers: HeaderMap, body: 
 
 /// The whole body, at most `limit` bytes, within `timeout` of the headers: a client that stalls
 /// its body gets a 408, one that sends too much a 413.
-async fn read_body(
+pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -112,8 +113,10 @@ async fn complete(
             return Err(ApiError::internal("the engine stopped"));
         }
     }
+    let tool_parse = ToolParse::for_plan(parsed.tools.as_ref(), &st.lm);
     if parsed.stream() {
-        let stream = SseStream::new(sub, meta, parsed.include_usage(), reasoning);
+        let stream =
+            SseStream::new(sub, meta, parsed.include_usage(), reasoning).with_tools(tool_parse);
         return Ok((
             StatusCode::OK,
             [
@@ -133,14 +136,16 @@ async fn complete(
             content: text,
         },
     };
-    Ok(errors::json_response(
-        StatusCode::OK,
-        &openai::full_response(&meta, &text, reason, &usage),
-    ))
+    let mut answer = openai::full_response(&meta, &text, reason, &usage);
+    if let Some(parse) = tool_parse {
+        let (content, calls) = parse.parse_all(&text.content);
+        super::tools::into_chat_response(&mut answer, &content, &calls);
+    }
+    Ok(errors::json_response(StatusCode::OK, &answer))
 }
 
 /// The whole text of a non-streamed request.
-async fn collect(sub: &mut bridge::Submitted) -> Result<(String, FinishReason, Usage), ApiError> {
+pub(super) async fn collect(sub: &mut bridge::Submitted) -> Result<(String, FinishReason, Usage), ApiError> {
     let mut out = String::new();
     while let Some(ev) = sub.events.recv().await {
         match ev {

@@ -18,6 +18,7 @@ use super::chat_input::{self, ChatBody};
 use super::errors::{ApiError, typed};
 use super::limits::Limits;
 use super::structured::{self, Asked};
+use super::tools::{self, ToolPlan};
 
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -109,6 +110,8 @@ pub struct Parsed {
     pub sampling: SamplingParams,
     /// Structured output (`response_format`, `guided_*`, `json_schema`, `grammar`).
     pub constraint: Option<Asked>,
+    /// `tools` and `tool_choice` of a chat request (an enforced choice is in `constraint`).
+    pub tools: Option<ToolPlan>,
 }
 
 impl Parsed {
@@ -174,7 +177,14 @@ pub fn parse(
     }
     let sampling = sampling(&common)?;
     check_limits(&common, limits, shape)?;
-    let constraint = structured::asked(body)?;
+    let mut constraint = structured::asked(body)?;
+    let tools = match kind {
+        Kind::Chat => tools::plan(body, constraint.as_ref())?,
+        Kind::Completion => None,
+    };
+    if let Some(c) = tools.as_ref().and_then(ToolPlan::constraint) {
+        constraint = Some(c);
+    }
     Ok(Parsed {
         kind,
         common,
@@ -184,6 +194,7 @@ pub fn parse(
         prompt_tokens,
         sampling,
         constraint,
+        tools,
     })
 }
 
