@@ -200,7 +200,11 @@ fn every_request_cap_is_a_400_naming_the_parameter_and_the_limit() {
         "stop",
         &l.max_stop_bytes.to_string(),
     );
-    over_cap(&post(addr, chat, &chat_body(json!({"n": 3}))), "n", "n = 1");
+    over_cap(
+        &post(addr, chat, &chat_body(json!({"n": l.max_n + 1}))),
+        "n",
+        &l.max_n.to_string(),
+    );
     let ctx = model().model.cfg.context_len;
     over_cap(
         &post(addr, chat, &chat_body(json!({"max_tokens": ctx + 1}))),
