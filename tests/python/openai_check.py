@@ -72,13 +72,14 @@ check("chat.n.seeded", [c.message.content for c in r.choices]
       == [c.message.content for c in again.choices])
 
 # Structured output: the JSON parses and keeps to the schema.
-schema = {"type": "object", "properties": {"city": {"type": "string"},
-          "population": {"type": "integer"}}, "required": ["city", "population"],
+schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+          "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}, "required": ["city", "population"],
           "additionalProperties": False}
 r = client.chat.completions.create(
-    model=model, messages=Q, temperature=0, max_tokens=60,
+    model=model, messages=Q, temperature=0, max_tokens=120,
     response_format={"type": "json_schema",
                      "json_schema": {"name": "city", "schema": schema, "strict": True}})
+check("chat.json_schema.finish", r.choices[0].finish_reason == "stop", r.choices[0])
 obj = json.loads(r.choices[0].message.content)
 check("chat.json_schema", set(obj) == {"city", "population"}
       and isinstance(obj["population"], int), obj)
