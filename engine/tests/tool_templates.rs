@@ -121,11 +121,15 @@ fn cut(t: &ChatTemplate, tools: &[Value], last: ChatMessage, eos: &str) -> Strin
         tools: Some(tools.to_vec()),
         ..RenderOptions::new(generation)
     };
-    let before = t.render_with(&[user.clone()], &opts(true)).expect("render before");
-    let whole = t.render_with(&[user, last], &opts(false)).expect("render whole");
-    let rest = whole
-        .strip_prefix(&before)
-        .unwrap_or_else(|| panic!("the whole render does not start with the prompt:\n{whole}\n---\n{before}"));
+    let before = t
+        .render_with(&[user.clone()], &opts(true))
+        .expect("render before");
+    let whole = t
+        .render_with(&[user, last], &opts(false))
+        .expect("render whole");
+    let rest = whole.strip_prefix(&before).unwrap_or_else(|| {
+        panic!("the whole render does not start with the prompt:\n{whole}\n---\n{before}")
+    });
     let mut rest = rest.trim_end();
     for end in [eos, "<|im_end|>", "<|eot_id|>", "</s>"] {
         rest = rest.strip_suffix(end).unwrap_or(rest).trim_end();
@@ -135,7 +139,12 @@ fn cut(t: &ChatTemplate, tools: &[Value], last: ChatMessage, eos: &str) -> Strin
 
 fn check(f: &Family, text: &str, want: &[(String, Value)]) {
     let (content, got) = ToolCallParser::parse_all(f.format, text);
-    assert_eq!(got.len(), want.len(), "{}: calls of {text:?}: {got:?}", f.template);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{}: calls of {text:?}: {got:?}",
+        f.template
+    );
     for (g, (name, args)) in got.iter().zip(want) {
         assert_eq!(&g.name, name, "{}", f.template);
         let a: Value = serde_json::from_str(&g.arguments).expect("arguments are JSON");
@@ -146,8 +155,18 @@ fn check(f: &Family, text: &str, want: &[(String, Value)]) {
         "{}: content {content:?}",
         f.template
     );
-    for marker in ["tool_call", "TOOL_CALLS", "python_tag", "[ARGS]", "\"name\""] {
-        assert!(!content.contains(marker), "{}: {marker} in {content:?}", f.template);
+    for marker in [
+        "tool_call",
+        "TOOL_CALLS",
+        "python_tag",
+        "[ARGS]",
+        "\"name\"",
+    ] {
+        assert!(
+            !content.contains(marker),
+            "{}: {marker} in {content:?}",
+            f.template
+        );
     }
     // One character at a time: the same text, the same calls, names before arguments.
     let mut p = ToolCallParser::new(f.format);
@@ -162,8 +181,15 @@ fn check(f: &Family, text: &str, want: &[(String, Value)]) {
     deltas.extend(last.calls);
     assert_eq!(streamed, content, "{}: streamed text", f.template);
     for (i, _) in want.iter().enumerate() {
-        let first = deltas.iter().find(|d| d.index == i).expect("a delta per call");
-        assert!(first.name.is_some(), "{}: call {i} starts without its name", f.template);
+        let first = deltas
+            .iter()
+            .find(|d| d.index == i)
+            .expect("a delta per call");
+        assert!(
+            first.name.is_some(),
+            "{}: call {i} starts without its name",
+            f.template
+        );
     }
     assert_eq!(collect(deltas), got, "{}: streamed calls", f.template);
 }
@@ -196,7 +222,11 @@ fn real_templates_calls_parse_back() {
             }
             let want = calls(f.several, string_args);
             let text = cut(&t, &tools, assistant(f.content, &want, string_args), eos);
-            assert!(!text.is_empty(), "{}: the template wrote no call", f.template);
+            assert!(
+                !text.is_empty(),
+                "{}: the template wrote no call",
+                f.template
+            );
             check(f, &text, &want);
             checked += 1;
         }
@@ -213,7 +243,9 @@ fn smollm3_template_renders_no_calls_and_gets_hermes() {
     let t = template(name, &reference);
     assert_eq!(ToolFormat::for_template(t.source()), ToolFormat::Hermes);
     let want = calls(false, false);
-    let eos = reference["templates"][name]["eos_token"].as_str().unwrap_or("");
+    let eos = reference["templates"][name]["eos_token"]
+        .as_str()
+        .unwrap_or("");
     let text = cut(&t, &[], assistant("", &want, false), eos);
     assert_eq!(text, "", "SmolLM3's template now renders calls: test them");
 }

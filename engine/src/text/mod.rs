@@ -27,6 +27,6 @@ pub mod reasoning;
 pub(crate) mod special;
 pub(crate) mod spm;
 pub mod tokenizer;
-pub mod tool_calls;
 mod tokenizer_error;
+pub mod tool_calls;
 pub(crate) mod vocab;

@@ -180,7 +180,9 @@ fn json_end(s: &str) -> Option<usize> {
 fn partial_marker(buf: &str, marker: &str) -> usize {
     (1..marker.len())
         .rev()
-        .find(|&n| buf.len() >= n && buf.is_char_boundary(buf.len() - n) && buf.ends_with(&marker[..n]))
+        .find(|&n| {
+            buf.len() >= n && buf.is_char_boundary(buf.len() - n) && buf.ends_with(&marker[..n])
+        })
         .unwrap_or(0)
 }
 
@@ -311,7 +313,11 @@ impl ToolCallParser {
                         self.state = State::Call;
                         continue;
                     }
-                    let keep = if end { 0 } else { partial_marker(&self.pending, marker) };
+                    let keep = if end {
+                        0
+                    } else {
+                        partial_marker(&self.pending, marker)
+                    };
                     let n = self.pending.len() - keep;
                     self.give(out, n);
                     return;
@@ -449,7 +455,11 @@ fn mistral(buf: &str, end: bool) -> Read {
         return Read::More;
     };
     let head = &trimmed[..a];
-    let name = head.split(MISTRAL_CALL_ID).next().unwrap_or_default().trim();
+    let name = head
+        .split(MISTRAL_CALL_ID)
+        .next()
+        .unwrap_or_default()
+        .trim();
     let args = &trimmed[a + MISTRAL_ARGS.len()..];
     let Some(n) = json_end(args) else {
         return Read::More;
@@ -527,16 +537,26 @@ mod tests {
     #[test]
     fn the_number_of_calls_is_capped() {
         let one = "<tool_call>{\"name\": \"f\"}</tool_call>";
-        let (text, calls) = ToolCallParser::parse_all(ToolFormat::Hermes, &one.repeat(MAX_CALLS + 2));
+        let (text, calls) =
+            ToolCallParser::parse_all(ToolFormat::Hermes, &one.repeat(MAX_CALLS + 2));
         assert_eq!(calls.len(), MAX_CALLS);
         assert_eq!(text, one.repeat(2));
     }
 
     #[test]
     fn formats_of_templates() {
-        assert_eq!(ToolFormat::for_template("{{ '[TOOL_CALLS][' }}"), ToolFormat::Mistral);
-        assert_eq!(ToolFormat::for_template("<tool_call>\n"), ToolFormat::Hermes);
-        assert_eq!(ToolFormat::for_template("<|start_header_id|>ipython"), ToolFormat::Llama3Json);
+        assert_eq!(
+            ToolFormat::for_template("{{ '[TOOL_CALLS][' }}"),
+            ToolFormat::Mistral
+        );
+        assert_eq!(
+            ToolFormat::for_template("<tool_call>\n"),
+            ToolFormat::Hermes
+        );
+        assert_eq!(
+            ToolFormat::for_template("<|start_header_id|>ipython"),
+            ToolFormat::Llama3Json
+        );
         assert_eq!(ToolFormat::for_template("plain"), ToolFormat::Hermes);
     }
 }
