@@ -13,6 +13,7 @@ use serde_json::Value;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{Event, Refusal, Usage};
+use tpslab_engine::serving::logprobs::TokenLogprob;
 use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 
 use super::bridge::Choices;
@@ -72,6 +73,13 @@ impl ChoiceState {
         }
     }
 
+    /// Keeps a token's log-probabilities (when the request asked for them) until they go out.
+    fn score(&mut self, token: u32, logprob: Option<Box<TokenLogprob>>) {
+        if let Some(lp) = logprob {
+            self.scored.push((token, *lp));
+        }
+    }
+
     /// The log-probabilities gathered so far, in the endpoint's shape, and forgotten.
     fn take_logprobs(&mut self, spec: &AnswerSpec, asked: bool) -> Option<Value> {
         if !asked {
@@ -121,9 +129,7 @@ pub async fn collect(
                 ..
             } => {
                 c.text.push_str(&text);
-                if let Some(lp) = logprob {
-                    c.scored.push((token, *lp));
-                }
+                c.score(token, logprob);
             }
             Event::Finished {
                 reason,
@@ -280,9 +286,7 @@ impl SseStream {
                 ..
             } => {
                 let c = &mut self.states[i];
-                if let Some(lp) = logprob {
-                    c.scored.push((token, *lp));
-                }
+                c.score(token, logprob);
                 let split = c.split(&text);
                 if !split.is_empty() || c.first {
                     self.send(i, &split, None);

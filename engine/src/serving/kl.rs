@@ -181,17 +181,10 @@ struct Accumulator {
 
 /// log-softmax pieces of one logits row: (index of the first maximum, max + ln Σ exp(x - max)).
 fn log_norm(row: &[f32]) -> (usize, f64) {
-    let (mut imax, mut max) = (0, f32::NEG_INFINITY);
-    for (i, &x) in row.iter().enumerate() {
-        if x > max {
-            (imax, max) = (i, x);
-        }
-    }
-    let sum: f64 = row
-        .iter()
-        .map(|&x| (f64::from(x) - f64::from(max)).exp())
-        .sum();
-    (imax, f64::from(max) + sum.ln())
+    (
+        crate::device::argmax(row) as usize,
+        crate::serving::logprobs::log_sum_exp(row),
+    )
 }
 
 impl Accumulator {

@@ -233,9 +233,7 @@ impl<'a> Scorer<'a> {
 
 /// -log softmax(row)[target], in f64.
 pub(crate) fn neg_log_softmax(row: &[f32], target: usize) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    sum.ln() + max - row[target] as f64
+    crate::serving::logprobs::log_sum_exp(row) - row[target] as f64
 }
 
 #[cfg(test)]

@@ -113,6 +113,16 @@ pub struct ToolCallParser {
     calls: usize,
 }
 
+/// The call one JSON text holds, if it parses as one ([`call_of`]).
+fn call_in(json: &str) -> Vec<ToolCall> {
+    serde_json::from_str::<Value>(json)
+        .ok()
+        .as_ref()
+        .and_then(call_of)
+        .into_iter()
+        .collect()
+}
+
 /// A call's JSON object read as vLLM reads it: `name` a non-empty string, `arguments` (or
 /// `parameters`) an object, a JSON string of one, or absent (`{}`).
 fn call_of(v: &Value) -> Option<ToolCall> {
@@ -387,12 +397,7 @@ fn hermes(buf: &str, end: bool) -> Read {
         None if end => (body, buf.len()),
         None => return Read::More,
     };
-    let calls = serde_json::from_str::<Value>(inner.trim())
-        .ok()
-        .as_ref()
-        .and_then(call_of)
-        .into_iter()
-        .collect();
+    let calls = call_in(inner.trim());
     Read::Done { used, calls }
 }
 
@@ -411,12 +416,7 @@ fn llama(buf: &str, _end: bool) -> Read {
         return Read::More;
     };
     let used = at + n;
-    let calls = serde_json::from_str::<Value>(&buf[at..used])
-        .ok()
-        .as_ref()
-        .and_then(call_of)
-        .into_iter()
-        .collect();
+    let calls = call_in(&buf[at..used]);
     Read::Done { used, calls }
 }
 
