@@ -67,8 +67,11 @@ fn id_of(name: &Value) -> u32 {
 
 const TOL: f64 = 2e-3;
 
+/// A generated token as returned: its id, its log-probability, and its alternatives.
+type Returned = (u32, f64, Vec<(u32, f64)>);
+
 /// Each chosen token's log-probability and its alternatives against the reference rows.
-fn check_against_reference(tokens: &[(u32, f64, Vec<(u32, f64)>)], rows: &[Vec<f64>], k: usize) {
+fn check_against_reference(tokens: &[Returned], rows: &[Vec<f64>], k: usize) {
     assert_eq!(tokens.len(), rows.len());
     for (pos, ((id, lp, top), row)) in tokens.iter().zip(rows).enumerate() {
         let want = row[*id as usize];
@@ -103,7 +106,7 @@ fn check_against_reference(tokens: &[(u32, f64, Vec<(u32, f64)>)], rows: &[Vec<f
     }
 }
 
-fn chat_tokens(logprobs: &Value) -> Vec<(u32, f64, Vec<(u32, f64)>)> {
+fn chat_tokens(logprobs: &Value) -> Vec<Returned> {
     logprobs["content"]
         .as_array()
         .expect("logprobs.content")

@@ -112,7 +112,9 @@ pub async fn collect(
     spec: &AnswerSpec,
     logprobs: bool,
 ) -> Result<Value, ApiError> {
-    let mut states: Vec<ChoiceState> = (0..choices.len()).map(|_| ChoiceState::new(spec)).collect();
+    let mut states: Vec<ChoiceState> = (0..choices.count())
+        .map(|_| ChoiceState::new(spec))
+        .collect();
     let mut usage = None;
     let mut open = states.len();
     while open > 0 {
@@ -199,7 +201,7 @@ fn frame(v: &Value) -> Bytes {
 
 impl SseStream {
     pub fn new(choices: Choices, spec: AnswerSpec, logprobs: bool) -> Self {
-        let states: Vec<ChoiceState> = (0..choices.len())
+        let states: Vec<ChoiceState> = (0..choices.count())
             .map(|_| {
                 let mut c = ChoiceState::new(&spec);
                 c.text.clear(); // streams send the echo in the first chunk instead

@@ -165,7 +165,7 @@ impl Choices {
     }
 
     /// How many choices there are.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.guards.len()
     }
 

@@ -21,8 +21,8 @@
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-//! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is set (`--metrics-open` leaves `/metrics`
-//! open). Binds to loopback unless told otherwise.
+//! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is
+//! set (`--metrics-open` leaves `/metrics` open). Binds to loopback unless told otherwise.
 
 pub mod answer;
 pub mod bridge;

@@ -136,54 +136,49 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn refused(kind: Kind, body: Value) -> Option<String> {
-        check(kind, &body).err().map(|e| e.body().to_string())
+    /// The error body, or "" when the body is accepted.
+    fn refused(kind: Kind, body: Value) -> String {
+        check(kind, &body)
+            .err()
+            .map(|e| e.body().to_string())
+            .unwrap_or_default()
     }
 
     #[test]
     fn asking_fields_are_refused_by_name_and_empty_ones_pass() {
         let chat = |extra: Value| {
             let mut b = json!({"messages": [{"role": "user", "content": "hi"}]});
-            b.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
+            for (k, v) in extra.as_object().into_iter().flatten() {
+                b[k] = v.clone();
+            }
             b
         };
-        assert!(
-            refused(Kind::Chat, chat(json!({"audio": {"voice": "x"}})))
-                .unwrap()
-                .contains("audio")
-        );
+        assert!(refused(Kind::Chat, chat(json!({"audio": {"voice": "x"}}))).contains("audio"));
         assert!(
             refused(Kind::Chat, chat(json!({"modalities": ["text", "audio"]})))
-                .unwrap()
                 .contains("modalities")
         );
-        assert!(refused(Kind::Chat, chat(json!({"audio": null, "modalities": ["text"], "user": "u", "store": true, "min_tokens": 0}))).is_none());
+        assert!(refused(Kind::Chat, chat(json!({"audio": null, "modalities": ["text"], "user": "u", "store": true, "min_tokens": 0}))).is_empty());
         let img = json!({"messages": [{"role": "user", "content": [
             {"type": "text", "text": "what is this"},
             {"type": "image_url", "image_url": {"url": "data:"}}]}]});
-        let e = refused(Kind::Chat, img).unwrap();
+        let e = refused(Kind::Chat, img);
         assert!(
             e.contains("messages[0].content[1]") && e.contains("image_url"),
             "{e}"
         );
         assert!(
-            refused(Kind::Completion, json!({"prompt": "a", "suffix": "b"}))
-                .unwrap()
-                .contains("suffix")
+            refused(Kind::Completion, json!({"prompt": "a", "suffix": "b"})).contains("suffix")
         );
         assert!(
-            refused(Kind::Completion, json!({"prompt": "a", "best_of": 3}))
-                .unwrap()
-                .contains("best_of")
+            refused(Kind::Completion, json!({"prompt": "a", "best_of": 3})).contains("best_of")
         );
         assert!(
             refused(
                 Kind::Completion,
                 json!({"prompt": "a", "best_of": 1, "suffix": ""})
             )
-            .is_none()
+            .is_empty()
         );
     }
 }

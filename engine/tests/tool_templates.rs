@@ -122,7 +122,7 @@ fn cut(t: &ChatTemplate, tools: &[Value], last: ChatMessage, eos: &str) -> Strin
         ..RenderOptions::new(generation)
     };
     let before = t
-        .render_with(&[user.clone()], &opts(true))
+        .render_with(std::slice::from_ref(&user), &opts(true))
         .expect("render before");
     let whole = t
         .render_with(&[user, last], &opts(false))
