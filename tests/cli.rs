@@ -9,6 +9,9 @@ use serde_json::Value;
 #[path = "support/runaway.rs"]
 mod runaway;
 
+#[path = "support/llamacpp.rs"]
+mod llamacpp;
+
 fn model() -> PathBuf {
     tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
 }
@@ -441,4 +444,45 @@ fn speculative_generate_keeps_the_tokens_and_reports_proposals() {
         "speculative tokens",
     );
     fails_with(&with(&["--spec", "draft:/nonexistent/x.gguf"]), "x.gguf");
+}
+
+/// A draft model must share the model's tokenizer: one with another vocabulary (a tiny model
+/// with Llama 3's) is refused before anything runs, with the reason, not run with proposals
+/// whose ids mean other words.
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let dir = std::env::temp_dir().join(format!("tpslab-cli-draft-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let other = dir.join("llama-bpe.gguf");
+    let tokenizer = tpslab_engine::model::tiny::tokenizer_of(&llamacpp::vocab("llama-bpe"))
+        .expect("llama-bpe vocabulary");
+    tpslab_engine::model::tiny::write_tiny("llama", &tokenizer, &other).expect("tiny model");
+    let draft = format!("draft:{}", other.to_str().expect("utf8 path"));
+    let m = model();
+    let args = [
+        "generate",
+        "--model",
+        m.to_str().expect("utf8 path"),
+        "--prompt",
+        "hi",
+        "--spec",
+        &draft,
+    ];
+    let out = tpslab(&args);
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a draft model with another vocabulary ran"
+    );
+    assert!(!err.contains("panicked"), "panicked: {err}");
+    assert!(
+        err.contains("vocabulary differs") && err.contains("tokens against"),
+        "unclear error: {err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "generated: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -402,7 +402,7 @@ fn sweep_point(c: usize, aggregate: f64, per_request: f64) -> SweepPoint {
         concurrency: c,
         prompt_len: 128,
         output_len: 64,
-        precision: "Q4_1".into(),
+        precision: Some("Q4_1".parse().expect("Q4_1")),
         completed: 2 * c,
         duration_s: 10.0,
         output_throughput: aggregate,

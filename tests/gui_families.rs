@@ -217,7 +217,7 @@ fn the_window_loads_each_tiny_family_and_chats_with_it() {
             .find(|m| m.name == file_name(arch))
             .unwrap_or_else(|| panic!("{arch} is not listed"));
         assert_eq!(&entry.arch, arch);
-        assert_eq!(entry.precision, "F32", "{arch}");
+        assert_eq!(entry.precision.to_string(), "F32", "{arch}");
     }
 
     let mut failed = Vec::new();

@@ -156,7 +156,7 @@ fn the_models_panel_lists_the_default_model_and_imports_a_typed_path() {
         "the loaded model cannot be loaded again"
     );
     let entry = h.state().library().expect("library").models[0].clone();
-    assert_eq!(entry.precision, "Q4_1");
+    assert_eq!(entry.precision.to_string(), "Q4_1");
     assert_eq!(entry.arch, "llama");
     assert_eq!(entry.sha256.len(), 64);
     assert!(
@@ -245,9 +245,10 @@ fn the_wizard_quantizes_to_q8_0_into_the_library_and_the_result_loads_and_is_mea
     assert!(out.exists());
     wait_until(&mut h, "the output to be listed", 60, |h| {
         listed(h).len() == 2
-            && h.state()
-                .library()
-                .is_some_and(|l| l.find(&out).is_some_and(|m| m.precision == "Q8_0"))
+            && h.state().library().is_some_and(|l| {
+                l.find(&out)
+                    .is_some_and(|m| m.precision.to_string() == "Q8_0")
+            })
     });
     // Select it in the Models panel and load it.
     // Load it as the Models panel's Load button does. (Clicking its row here is left out: after
@@ -265,7 +266,7 @@ fn the_wizard_quantizes_to_q8_0_into_the_library_and_the_result_loads_and_is_mea
     });
     let row = h.state().state.wizard.measured[0].clone();
     assert_eq!(row.path, out);
-    assert_eq!(row.precision, "Q8_0");
+    assert_eq!(row.precision.to_string(), "Q8_0");
     assert!(
         row.perplexity > 1.0 && row.perplexity < 1000.0,
         "{}",
@@ -439,7 +440,7 @@ fn a_searched_hub_repo_downloads_its_gguf_with_progress_into_the_library_and_it_
     let path = lib.join(DEFAULT_FILE);
     let entry = h.state().library().expect("library").models[0].clone();
     assert_eq!(entry.path, path);
-    assert_eq!(entry.precision, "Q4_1");
+    assert_eq!(entry.precision.to_string(), "Q4_1");
     assert_eq!(entry.size, served_gguf().bytes.len() as u64);
     // It loads: select its row, then Load.
     h.get_by_label(DEFAULT_FILE).click();
@@ -529,6 +530,73 @@ fn cancelling_perplexity_says_cancelled_and_the_wizard_measures_again() {
         "{}",
         row.perplexity
     );
+    drop(h);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[path = "support/llamacpp.rs"]
+mod llamacpp;
+
+/// The dashboard's draft model for speculative decoding comes from the library: choosing the
+/// draft method applies nothing until a model is picked; a model with another vocabulary (a tiny
+/// Llama 3 one) is refused with the reason; one that shares the tokenizer becomes the engine's
+/// draft model and the draft method runs with it.
+#[test]
+fn the_dashboard_picks_a_draft_model_from_the_library() {
+    use tpslab_engine::spec::SpecMethod;
+    let home = temp_home("draft");
+    let lib = home.join("models");
+    let model = with_default_model(&lib);
+    let foreign = lib.join("tiny-llama3.gguf");
+    let tokenizer = tpslab_engine::model::tiny::tokenizer_of(&llamacpp::vocab("llama-bpe"))
+        .expect("llama-bpe vocabulary");
+    tpslab_engine::model::tiny::write_tiny("llama", &tokenizer, &foreign).expect("tiny model");
+    let mut h = harness(
+        AppState::default(),
+        model.to_str().expect("utf8 path"),
+        &lib,
+    );
+    wait_until(&mut h, "the model to load", 600, |h| {
+        h.state().engine().is_some()
+    });
+    wait_until(&mut h, "both models listed", 60, |h| listed(h).len() == 2);
+    h.get_by_label("Dashboard").click();
+    h.step();
+    h.get_by_label("Speculative decoding").click();
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::ComboBox, "Method").click();
+    h.run_steps(2);
+    h.get_by_label("draft model").click();
+    h.run_steps(3);
+    let stats = |h: &Harness<'static, TpsApp>| h.state().engine().expect("engine").stats();
+    assert_eq!(
+        stats(&h).knobs.spec.method,
+        SpecMethod::Off,
+        "applied with no draft model"
+    );
+
+    h.get_by_role_and_label(Role::ComboBox, "Draft model")
+        .click();
+    h.run_steps(2);
+    h.get_by_label_contains("tiny-llama3.gguf").click();
+    wait_until(&mut h, "the foreign vocabulary refused", 60, |h| {
+        has(h, "vocabulary differs")
+    });
+    assert_eq!(stats(&h).spec_draft, None);
+    assert_eq!(stats(&h).knobs.spec.method, SpecMethod::Off);
+
+    h.get_by_role_and_label(Role::ComboBox, "Draft model")
+        .click();
+    h.run_steps(2);
+    h.get_by_label_contains(DEFAULT_FILE).click();
+    wait_until(&mut h, "the draft method on the chosen model", 120, |h| {
+        let s = stats(h);
+        s.knobs.spec.method == SpecMethod::Draft && s.spec_draft.as_deref() == Some(model.as_path())
+    });
+    assert_eq!(stats(&h).last_error, None);
+    wait_until(&mut h, "the picker to name it", 10, |h| {
+        h.query_all_by_label_contains(DEFAULT_FILE).count() >= 1 && has(h, "draft k=")
+    });
     drop(h);
     let _ = std::fs::remove_dir_all(&home);
 }

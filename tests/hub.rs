@@ -47,7 +47,10 @@ fn pulls_a_gguf_with_progress_and_registers_it() {
         want,
         "the file on disk is the served one"
     );
-    assert_eq!((m.arch.as_str(), m.precision.as_str()), ("llama", "Q4_1"));
+    assert_eq!(
+        (m.arch.as_str(), m.precision.to_string().as_str()),
+        ("llama", "Q4_1")
+    );
     assert!(m.params > 100_000_000, "{}", m.params);
     assert_eq!(m.context_len, Some(8192));
     assert!(
@@ -439,7 +442,7 @@ fn pulls_a_safetensors_set_and_lists_its_shape() {
     assert_eq!(m.name, "tiny-st");
     assert_eq!(m.format, ModelFormat::Safetensors);
     assert_eq!(
-        (m.arch.as_str(), m.params, m.precision.as_str()),
+        (m.arch.as_str(), m.params, m.precision.to_string().as_str()),
         ("LlamaForCausalLM", 8, "F32")
     );
     assert_eq!(m.context_len, Some(128));
@@ -713,7 +716,7 @@ fn pulls_a_split_gguf_as_one_model() {
         assert_eq!((&f.name, &f.sha256), (&p.name, &p.sha256()));
     }
     assert_eq!(m.path, lib.root().join("smol-q4_1").join(&parts[0].name));
-    assert_eq!(m.precision, "Q4_1");
+    assert_eq!(m.precision.to_string(), "Q4_1");
     assert!(progress.iter().any(|p| p.n_files == 3 && p.file_index == 3));
     tpslab_engine::model::LoadedModel::load(&m.path).expect("the pulled split model loads");
     // A first part whose siblings are not all in the repo: refused before any download.

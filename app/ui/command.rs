@@ -38,6 +38,8 @@ pub enum Command {
     SetDevice(DevicePref),
     /// Restart the engine on this model file.
     LoadModel(PathBuf),
+    /// Load this library model as the draft model, then apply the draft method.
+    SetDraftModel(PathBuf),
     StartServer,
     StopServer,
 }

@@ -13,6 +13,7 @@ use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::serving::loadgen::{self, PromptSet};
+use tpslab_engine::spec::SpecMethod;
 
 /// The device choice as saved with the window's state (the engine's [`DeviceChoice`] is not
 /// serde). The default is `Auto`: the GPU where there is one, else the CPU.
@@ -279,9 +280,13 @@ fn start_engine(
     lm: &Arc<LoadedModel>,
     threads: usize,
     device: DeviceChoice,
-    knobs: Knobs,
+    mut knobs: Knobs,
     ctx: &egui::Context,
 ) -> Result<EngineHandle, String> {
+    // A new engine has no draft model (one is chosen again in the dashboard, and loads then).
+    if knobs.spec.method == SpecMethod::Draft {
+        knobs.spec.method = SpecMethod::Off;
+    }
     let repaint_ctx = ctx.clone();
     EngineHandle::start(
         Arc::clone(lm),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use tpslab_engine::model::precision::Precision;
 use tpslab_engine::serving::engine::{EngineHandle, EngineSnapshot};
 use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
 
@@ -335,7 +336,8 @@ pub struct SweepPoint {
     pub concurrency: usize,
     pub prompt_len: usize,
     pub output_len: usize,
-    pub precision: String,
+    /// The engine's weight precision; `None` for a remote server's, which is not known here.
+    pub precision: Option<Precision>,
     pub completed: usize,
     pub duration_s: f64,
     pub output_throughput: f64,
@@ -349,6 +351,14 @@ pub struct SweepPoint {
     /// The backend, as the engine reports it ("CPU, 2 threads").
     #[serde(default)]
     pub device: String,
+}
+
+impl SweepPoint {
+    /// The precision as the sweep's labels and files write it ("remote" where not known).
+    pub fn precision_label(&self) -> String {
+        self.precision
+            .map_or_else(|| "remote".into(), |p| p.to_string())
+    }
 }
 
 /// A sweep in progress: levels arrive one by one.
@@ -378,7 +388,7 @@ impl SweepRun {
         target: TargetSpec,
         prompts: &PromptSet,
         settings: &LoadSettings,
-        precision: &str,
+        precision: Option<Precision>,
         ctx: &egui::Context,
     ) -> Result<Self, String> {
         let levels = sweep_levels(settings.sweep_max);
@@ -386,7 +396,6 @@ impl SweepRun {
         let (tx, rx) = mpsc::channel();
         let (prompts, ctx) = (prompts.clone(), ctx.clone());
         let (t_stop, t_levels, settings) = (Arc::clone(&stop), levels.clone(), settings.clone());
-        let precision = precision.to_owned();
         std::thread::Builder::new()
             .name("tpslab-sweep".into())
             .spawn(move || {
@@ -400,7 +409,7 @@ impl SweepRun {
                 };
                 let precision = match &target {
                     Target::Local(_) => precision,
-                    Target::Remote(_) => "remote".to_string(),
+                    Target::Remote(_) => None,
                 };
                 for (i, &c) in t_levels.iter().enumerate() {
                     if t_stop.load(Ordering::Relaxed) {
@@ -417,7 +426,7 @@ impl SweepRun {
                         concurrency: c,
                         prompt_len: settings.prompt_len,
                         output_len: settings.output_len,
-                        precision: precision.clone(),
+                        precision,
                         completed: s.completed,
                         duration_s: s.duration,
                         output_throughput: s.output_throughput,

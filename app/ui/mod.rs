@@ -7,6 +7,7 @@
 //! - [`command`]: what the panels ask the app for (a leaf: it names no panel).
 //! - [`engine_link`]: the link to the engine (model slot, engine handle) and the saved device.
 //! - `library_windows`: the app's Models and Quantize windows, and loading another model.
+//! - `draft_pick`: a draft model for speculative decoding, loaded on a worker for the engine.
 //! - [`window`]: the native window (`tpslab` with no subcommand) and its eframe hooks.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
 //! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
@@ -27,6 +28,7 @@
 
 pub mod catalog;
 pub mod command;
+mod draft_pick;
 pub mod engine_link;
 pub mod files;
 mod frame_bench;
@@ -49,10 +51,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::device::DeviceChoice;
+use tpslab_engine::model::precision::Precision;
 use tpslab_engine::serving::engine::EngineSnapshot;
+use tpslab_engine::spec::SpecMethod;
 
 use catalog::Library;
 use command::Command;
+use draft_pick::DraftLoad;
 use engine_link::{DevicePref, EngineLink, ModelSlot, SlotNews};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
@@ -130,6 +135,8 @@ struct Runtime {
     /// While another model loads: the model spec before, to go back to if it fails.
     model_before: Option<String>,
     library: Option<Library>,
+    /// A draft model loading for speculative decoding.
+    draft: Option<DraftLoad>,
     models: ModelsPanel,
     wizard: Wizard,
     server: api_server::ApiServer,
@@ -253,6 +260,11 @@ impl TpsApp {
         match slot.poll() {
             SlotNews::Nothing => {}
             SlotNews::Ready => {
+                // The new engine started without a draft model (see `start_engine`).
+                let spec = &mut self.state.dash.knobs.spec;
+                if spec.method == SpecMethod::Draft {
+                    spec.method = SpecMethod::Off;
+                }
                 if self.rt.model_before.take().is_some() {
                     let name = self.link().map(EngineLink::model_name);
                     let name = name.unwrap_or_default();
@@ -303,6 +315,18 @@ impl TpsApp {
                     let label = format!("sweep, {} concurrent", p.concurrency);
                     self.record_speed(&label, p.mean_per_request_tps);
                 }
+            }
+        }
+        if let Some(done) = self.rt.draft.as_mut().and_then(DraftLoad::poll) {
+            self.rt.draft = None;
+            match done {
+                // After the model (the engine takes commands in order): the draft method, if
+                // it is the one chosen.
+                Ok(engine) if self.state.dash.knobs.spec.method == SpecMethod::Draft => {
+                    engine.set_knobs(self.state.dash.knobs.clone());
+                }
+                Ok(_) => {}
+                Err(e) => self.rt.errors.push(e),
             }
         }
         if let Some(outcome) = self.rt.saving.as_ref().and_then(PendingSave::poll) {
@@ -381,9 +405,14 @@ impl TpsApp {
     }
 
     /// The precision the engine serves at now (the live knob may have changed the file's).
-    fn precision(&self) -> String {
+    fn precision_now(&self) -> Option<Precision> {
         (self.rt.snapshot.as_ref().and_then(|s| s.precision))
             .or_else(|| self.link().map(|b| b.lm.precision))
+    }
+
+    /// [`Self::precision_now`] as the labels write it.
+    fn precision(&self) -> String {
+        self.precision_now()
             .map_or_else(|| "–".into(), |p| p.to_string())
     }
 
@@ -443,6 +472,7 @@ impl TpsApp {
             sweep_points: &self.rt.sweep_points,
             saving: self.rt.saving.is_some(),
             server: self.rt.server.describe(),
+            models: self.rt.library.as_ref().map_or(&[][..], |l| &l.models),
         };
         renderer::central_panel(ui).show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
@@ -537,7 +567,7 @@ impl TpsApp {
                     TargetSpec::of(&b.engine, settings),
                     &b.prompts,
                     settings,
-                    &self.precision(),
+                    self.precision_now(),
                     ctx,
                 )?;
                 // A new sweep replaces the points of its own target and keeps the others', so
@@ -566,6 +596,11 @@ impl TpsApp {
             }
             Command::SetDevice(pref) => self.set_device(pref, ctx),
             Command::LoadModel(path) => self.load_model(path, ctx),
+            Command::SetDraftModel(path) => {
+                let engine = self.engine().ok_or("the model is not loaded yet")?.clone();
+                self.rt.draft = Some(DraftLoad::start(path, engine, ctx)?);
+                Ok(())
+            }
             Command::StartServer => self.start_server(),
             Command::StopServer => {
                 self.rt.server.stop();

@@ -272,7 +272,9 @@ fn point_settings(p: &SweepPoint) -> String {
     }
     s.push_str(&format!(
         "prompt {} -> output {} tok · {}",
-        p.prompt_len, p.output_len, p.precision
+        p.prompt_len,
+        p.output_len,
+        p.precision_label()
     ));
     if !p.device.is_empty() {
         s.push_str(&format!(" · {}", p.device));

@@ -27,7 +27,7 @@ pub fn save_sweep(base: &Path, points: &[SweepPoint]) -> Result<[PathBuf; 3], St
             p.concurrency,
             p.prompt_len,
             p.output_len,
-            p.precision,
+            p.precision_label(),
             p.completed,
             p.duration_s,
             p.output_throughput,

@@ -116,7 +116,7 @@ fn imports_the_default_gguf_and_lists_it_with_a_manifest() {
     assert_eq!(m.sha256, default_manifest().expect("manifest").sha256);
     assert_eq!(m.sha256, sha256_file(&m.path).expect("hash"));
     assert_eq!(
-        (m.format, m.arch.as_str(), m.precision.as_str()),
+        (m.format, m.arch.as_str(), m.precision.to_string().as_str()),
         (ModelFormat::Gguf, "llama", "Q4_1")
     );
     assert_eq!(m.context_len, Some(8192));
@@ -199,7 +199,7 @@ fn imports_a_safetensors_folder_with_its_model_files_only() {
     let m = lib.import(&src, &never(), &mut |_, _| {}).expect("import");
     assert_eq!(m.format, ModelFormat::Safetensors);
     assert_eq!(
-        (m.arch.as_str(), m.params, m.precision.as_str()),
+        (m.arch.as_str(), m.params, m.precision.to_string().as_str()),
         ("LlamaForCausalLM", 18, "BF16")
     );
     assert_eq!(m.context_len, Some(64));

@@ -280,3 +280,56 @@ fn sampled_outputs_keep_the_models_distribution() {
         );
     }
 }
+
+/// The engine's stats once `done` holds (bounded: the engine publishes after each command).
+fn stats_when(
+    e: &EngineHandle,
+    what: &str,
+    done: impl Fn(&tpslab_engine::serving::engine::EngineSnapshot) -> bool,
+) -> tpslab_engine::serving::engine::EngineSnapshot {
+    for _ in 0..600 {
+        let st = e.stats();
+        if done(&st) {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("waited 30 s for {what}: {:?}", e.stats().last_error);
+}
+
+/// A draft model set while the engine runs (the dashboard's picker): one with another
+/// vocabulary is refused with the reason and nothing changes; one that shares the tokenizer is
+/// used once the draft method is on, with the same greedy tokens as without and proposals made.
+#[test]
+fn a_draft_model_set_while_running_is_checked_then_used() {
+    let lm = model();
+    let e = engine(Knobs::default());
+    let texts = &PROMPTS[..2];
+    let plain = run_all(&e, greedy(&lm, texts));
+    // A synthetic model: the same vocabulary size, but byte tokens where the model has words.
+    let other = LoadedModel::synthetic("smollm2-135m", tpslab_kernels::WType::Q8_0, 1, 2)
+        .expect("synthetic model");
+    e.set_draft(Some(std::sync::Arc::new(other)));
+    let st = stats_when(&e, "the refusal", |s| s.last_error.is_some());
+    let err = st.last_error.unwrap_or_default();
+    assert!(err.contains("vocabulary differs"), "{err}");
+    assert!(err.contains("kept the previous draft model"), "{err}");
+    assert_eq!(st.spec_draft, None);
+
+    e.set_draft(Some(std::sync::Arc::clone(&lm)));
+    e.set_knobs(Knobs {
+        spec: spec(SpecMethod::Draft),
+        ..Knobs::default()
+    });
+    let st = stats_when(&e, "the draft method", |s| {
+        s.knobs.spec.method == SpecMethod::Draft
+    });
+    assert_eq!(st.last_error, None);
+    assert_eq!(st.spec_draft.as_deref(), Some(lm.path.as_path()));
+    let with = run_all(&e, greedy(&lm, texts));
+    for (i, ((want, _), (got, _))) in plain.iter().zip(&with).enumerate() {
+        assert_eq!(got, want, "prompt {:?}", texts[i]);
+    }
+    let drafted: usize = with.iter().map(|(_, u)| u.spec.draft_tokens).sum();
+    assert!(drafted > 0, "the draft model proposed nothing");
+}

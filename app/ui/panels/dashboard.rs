@@ -2,6 +2,7 @@
 //! tokens, and the live plots beside them ([`crate::ui::plots`]).
 
 use serde::{Deserialize, Serialize};
+use tpslab_engine::library::entry::ModelEntry;
 use tpslab_engine::sched::Policy;
 use tpslab_engine::serving::engine::{EngineSnapshot, Knobs};
 use tpslab_engine::serving::metrics::cost_per_million_output_tokens;
@@ -53,6 +54,8 @@ pub struct DashView<'a> {
     pub saving: bool,
     /// The API server's address and model while it runs.
     pub server: Option<String>,
+    /// The library's models (draft model choices).
+    pub models: &'a [ModelEntry],
 }
 
 /// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
@@ -152,7 +155,11 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
         commit |= ui.horizontal(|ui| policy_ui(ui, &mut k.policy)).inner;
         ui.end_row();
     });
-    commit |= super::spec_knobs::spec_ui(ui, &mut s.knobs.spec, view.snapshot);
+    let spec_view = super::spec_knobs::SpecView {
+        snapshot: view.snapshot,
+        models: view.models,
+    };
+    commit |= super::spec_knobs::spec_ui(ui, &mut s.knobs.spec, &spec_view, cmds);
     precision_ui(ui, view, cmds);
     // KV settings rebuild the pool: edited freely, applied with a button.
     ui.label("KV cache (applying rebuilds the pool)");

@@ -227,7 +227,7 @@ impl ModelsPanel {
                             ui.label(m.source.to_string());
                             ui.label(&m.arch);
                             ui.label(params_text(m.params));
-                            ui.label(&m.precision);
+                            ui.label(m.precision.to_string());
                             ui.label(size_text(m.size));
                             ui.label(m.context_len.map_or("–".into(), |c| c.to_string()));
                             if m.is_indexed() {

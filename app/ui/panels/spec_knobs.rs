@@ -1,33 +1,63 @@
-//! The dashboard's speculative decoding section: method, proposed tokens, the policy that pauses
-//! it, and what it does live (acceptance, tokens per step, proposal time, why it is paused).
+//! The dashboard's speculative decoding section: method, proposed tokens, the draft model, the
+//! policy that pauses it, and what it does live (acceptance, tokens per step, proposal time, why
+//! it is paused).
 
+use tpslab_engine::library::entry::ModelEntry;
 use tpslab_engine::serving::engine::EngineSnapshot;
 use tpslab_engine::spec::{MAX_SPEC_TOKENS, SpecConfig, SpecMethod};
 
-/// Draws the section; true when a setting changed and should be applied now.
-pub fn spec_ui(ui: &mut egui::Ui, c: &mut SpecConfig, snap: Option<&EngineSnapshot>) -> bool {
+use crate::ui::command::Command;
+
+/// What the section shows besides the knobs.
+pub struct SpecView<'a> {
+    pub snapshot: Option<&'a EngineSnapshot>,
+    /// The library's models, offered as draft models.
+    pub models: &'a [ModelEntry],
+}
+
+/// Draws the section; true when a setting changed and should be applied now. A draft model
+/// chosen here is a command (it loads on a worker).
+pub fn spec_ui(
+    ui: &mut egui::Ui,
+    c: &mut SpecConfig,
+    view: &SpecView<'_>,
+    cmds: &mut Vec<Command>,
+) -> bool {
     let mut commit = false;
     // Folded by default: an advanced lever, and the knobs column must leave room for the rest.
     egui::CollapsingHeader::new("Speculative decoding")
         .default_open(false)
-        .show(ui, |ui| commit = spec_grid(ui, c));
-    if let Some(sn) = snap.filter(|sn| sn.knobs.spec.method != SpecMethod::Off) {
+        .show(ui, |ui| commit = spec_grid(ui, c, view, cmds));
+    if let Some(sn) = (view.snapshot).filter(|sn| sn.knobs.spec.method != SpecMethod::Off) {
         ui.label(egui::RichText::new(status(sn)).small());
     }
     commit
 }
 
 /// The knobs' grid; true when a setting changed and should be applied now.
-fn spec_grid(ui: &mut egui::Ui, c: &mut SpecConfig) -> bool {
+fn spec_grid(
+    ui: &mut egui::Ui,
+    c: &mut SpecConfig,
+    view: &SpecView<'_>,
+    cmds: &mut Vec<Command>,
+) -> bool {
     let mut commit = false;
+    let has_draft = view.snapshot.is_some_and(|s| s.spec_draft.is_some());
     egui::Grid::new("spec_grid").num_columns(2).show(ui, |ui| {
         let l = ui.label("Method");
         egui::ComboBox::from_id_salt("spec_method")
             .selected_text(label(c.method))
             .show_ui(ui, |ui| {
-                // A draft model is chosen at start (`--spec draft:MODEL`), not here.
-                for m in [SpecMethod::Off, SpecMethod::Ngram, SpecMethod::SelfDraft] {
-                    commit |= ui.selectable_value(&mut c.method, m, label(m)).changed();
+                for m in [
+                    SpecMethod::Off,
+                    SpecMethod::Ngram,
+                    SpecMethod::SelfDraft,
+                    SpecMethod::Draft,
+                ] {
+                    // The draft method applies once the engine has a draft model: choosing
+                    // one below sends both.
+                    let waits = m == SpecMethod::Draft && !has_draft;
+                    commit |= ui.selectable_value(&mut c.method, m, label(m)).changed() && !waits;
                 }
             })
             .response
@@ -38,6 +68,10 @@ fn spec_grid(ui: &mut egui::Ui, c: &mut SpecConfig) -> bool {
                  and the batch spends compute on the guesses.",
             );
         ui.end_row();
+        if c.method == SpecMethod::Draft {
+            draft_row_ui(ui, view, cmds);
+            ui.end_row();
+        }
         let l = ui.label("Proposed tokens");
         let r = ui
             .add(egui::DragValue::new(&mut c.num_tokens).range(1..=MAX_SPEC_TOKENS))
@@ -77,6 +111,37 @@ fn spec_grid(ui: &mut egui::Ui, c: &mut SpecConfig) -> bool {
         ui.end_row();
     });
     commit
+}
+
+/// The draft model: the engine's now, or one of the library's (it must share the tokenizer:
+/// the engine refuses one that does not, and the error bar says why). Choosing one loads it,
+/// then applies the draft method.
+fn draft_row_ui(ui: &mut egui::Ui, view: &SpecView<'_>, cmds: &mut Vec<Command>) {
+    let current = view.snapshot.and_then(|s| s.spec_draft.as_deref());
+    let name = |p: &std::path::Path| {
+        p.file_name().map_or_else(
+            || p.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    };
+    let l = ui.label("Draft model");
+    egui::ComboBox::from_id_salt("spec_draft")
+        .selected_text(current.map_or_else(|| "none".into(), name))
+        .show_ui(ui, |ui| {
+            for m in view.models {
+                let chosen = current == Some(m.path.as_path());
+                let text = format!("{} ({}, {})", m.name, m.precision, m.arch);
+                if ui.selectable_label(chosen, text).clicked() && !chosen {
+                    cmds.push(Command::SetDraftModel(m.path.clone()));
+                }
+            }
+        })
+        .response
+        .labelled_by(l.id)
+        .on_hover_text(
+            "A smaller model with the same tokenizer proposes the tokens; it runs batched with \
+             its own KV pool.",
+        );
 }
 
 fn label(m: SpecMethod) -> &'static str {

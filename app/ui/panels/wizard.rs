@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::library::entry::StoredType;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
@@ -30,8 +31,8 @@ use crate::ui::task::Task;
 #[serde(default)]
 pub struct WizardSettings {
     pub open: bool,
-    /// The target type's name ("Q8_0").
-    pub target: String,
+    /// The target type.
+    pub target: Preset,
     /// Perplexity window (tokens); the second half of each is scored.
     pub ppl_ctx: usize,
     pub measured: Vec<Measured>,
@@ -41,7 +42,7 @@ impl Default for WizardSettings {
     fn default() -> Self {
         Self {
             open: false,
-            target: "Q8_0".into(),
+            target: Preset::Q8_0,
             ppl_ctx: 512,
             measured: Vec::new(),
         }
@@ -68,7 +69,8 @@ pub struct Quality {
 #[serde(default)]
 pub struct Measured {
     pub path: PathBuf,
-    pub precision: String,
+    /// The type the file stores (the library's label), unknown for a file the library lost.
+    pub precision: StoredType,
     pub size_bytes: u64,
     pub perplexity: f64,
     pub ctx: usize,
@@ -226,7 +228,7 @@ impl Wizard {
         let speed = self.speeds.iter().find(|(p, _)| same_file(p, path));
         let row = Measured {
             path: path.to_path_buf(),
-            precision: entry.map_or_else(|| "?".into(), |e| e.precision.clone()),
+            precision: entry.map_or(StoredType::Unknown, |e| e.precision.clone()),
             size_bytes: entry.map_or_else(
                 || std::fs::metadata(path).map_or(0, |m| m.len()),
                 |e| e.size,
@@ -253,7 +255,7 @@ impl Wizard {
         let ctx = ui.ctx().clone();
         self.source_ui(ui, lib, view);
         ui.separator();
-        let target = s.target.parse().unwrap_or(Preset::Q8_0);
+        let target = s.target;
         let mut chosen = target;
         ui.strong("Target type");
         // 16 presets: wrapped in a few rows (each with its note on hover, the chosen one's
@@ -265,13 +267,13 @@ impl Wizard {
         });
         ui.label(format!("{chosen}: {}", chosen.note()));
         if chosen != target {
-            s.target = chosen.to_string();
+            s.target = chosen;
         }
         let src = self.source.clone().and_then(|p| lib.find(&p).cloned());
         if let Some(src) = &src
             && !self.output_edited
         {
-            self.output_name = output_name(&src.path, &src.precision, chosen);
+            self.output_name = output_name(&src.path, &src.precision.to_string(), chosen);
         }
         ui.separator();
         let Some(src) = src else {
@@ -617,7 +619,7 @@ fn table_ui(ui: &mut egui::Ui, s: &mut WizardSettings) {
             ui.end_row();
             for (i, m) in s.measured.iter().enumerate() {
                 ui.label(catalog::file_name(&m.path));
-                ui.label(&m.precision);
+                ui.label(m.precision.to_string());
                 ui.label(size_text(m.size_bytes));
                 ui.label(format!("{:.3} (ctx {})", m.perplexity, m.ctx));
                 match m.kl {

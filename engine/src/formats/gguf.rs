@@ -202,6 +202,32 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+impl std::str::FromStr for GgmlType {
+    type Err = String;
+
+    /// The name [`GgmlType::name`] gives, ignoring case ("Q4_K", "iq4_xs").
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        (0..=u8::MAX.into())
+            .filter_map(Self::from_id)
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown ggml type '{s}'"))
+    }
+}
+
+/// Written as its name ("Q4_1"), as the library index and reports always wrote it.
+impl serde::Serialize for GgmlType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for GgmlType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {

@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 
 use crate::formats::gguf::{GgufFile, Value};
 use crate::library;
-use crate::library::entry::{IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource};
+use crate::library::entry::{
+    IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource, StoredType,
+};
 
 /// A manifest or config.json past this size is not ours: refuse before reading it.
 const MAX_JSON: u64 = 64 << 20;
@@ -94,14 +96,24 @@ pub(crate) fn folder_facts(dir: &Path, listing: &[(String, u64)]) -> Result<Fact
         .iter()
         .max_by_key(|(_, n)| *n)
         .map(|(d, _)| d.clone())
-        .or_else(|| config["torch_dtype"].as_str().map(str::to_uppercase))
-        .unwrap_or_else(|| "unknown".into());
+        .or_else(|| config["torch_dtype"].as_str().map(torch_dtype_name))
+        .map_or(StoredType::Unknown, |d| StoredType::from_dtype(&d));
     Ok(Facts {
         arch,
         params,
         precision,
         context_len,
     })
+}
+
+/// The safetensors name of a config's `torch_dtype` ("bfloat16" -> "BF16").
+fn torch_dtype_name(torch: &str) -> String {
+    match torch.to_ascii_lowercase().as_str() {
+        "bfloat16" => "BF16".into(),
+        "float16" | "half" => "F16".into(),
+        "float32" | "float" => "F32".into(),
+        _ => torch.to_uppercase(),
+    }
 }
 
 /// (dtype, elements, bytes) of every tensor in one safetensors file, validated against it.
@@ -342,7 +354,7 @@ pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
 pub(crate) struct Facts {
     pub arch: String,
     pub params: u64,
-    pub precision: String,
+    pub precision: StoredType,
     pub context_len: Option<u64>,
 }
 
@@ -370,8 +382,8 @@ fn gguf_facts(path: &Path) -> Result<(Facts, Vec<(String, u64)>), IndexError> {
     let (arch, context_len) = arch_and_context(&f);
     // The file's dominant type, named even where the kernels cannot run it: the library lists
     // every model it holds.
-    let precision = crate::model::precision::dominant_type(&f)
-        .map_or("unknown".to_string(), |t| t.name().to_string());
+    let precision =
+        crate::model::precision::dominant_type(&f).map_or(StoredType::Unknown, StoredType::Ggml);
     Ok((
         Facts {
             arch,

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::formats::gguf::GgmlType;
 use crate::library::LibraryError;
 
 /// The file format of a model.
@@ -49,6 +50,56 @@ impl std::fmt::Display for ModelSource {
     }
 }
 
+/// What a model stores most of its matrix bytes in, as the library lists it: named even where
+/// the kernels cannot run it, since the library lists every model it holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub enum StoredType {
+    /// A ggml type: a GGUF's tensors, or a safetensors F32/F16/BF16.
+    Ggml(GgmlType),
+    /// A safetensors dtype that ggml has no type for ("I8", "F8_E4M3"), as its header spells it.
+    Dtype(String),
+    /// Nothing says: a folder whose tensors and config name no dtype.
+    #[default]
+    Unknown,
+}
+
+impl StoredType {
+    /// A safetensors header's dtype name: a ggml type where ggml has one.
+    pub fn from_dtype(dtype: &str) -> Self {
+        match dtype.parse() {
+            Ok(t) => Self::Ggml(t),
+            Err(_) => Self::Dtype(dtype.to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for StoredType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ggml(t) => f.pad(t.name()),
+            Self::Dtype(d) => f.pad(d),
+            Self::Unknown => f.pad("unknown"),
+        }
+    }
+}
+
+/// Written as its label ("Q4_1", "F8_E4M3", "unknown"), as the index always wrote it.
+impl Serialize for StoredType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for StoredType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let label = String::deserialize(d)?;
+        Ok(match label.as_str() {
+            "unknown" | "" => Self::Unknown,
+            l => Self::from_dtype(l),
+        })
+    }
+}
+
 /// One file of a model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelFile {
@@ -73,7 +124,7 @@ pub struct ModelEntry {
     pub arch: String,
     pub params: u64,
     /// The type holding most matrix bytes ("Q4_1", "BF16").
-    pub precision: String,
+    pub precision: StoredType,
     /// Bytes on disk, all files.
     pub size: u64,
     pub context_len: Option<u64>,

@@ -2,9 +2,10 @@
 //! fell back to, compared as types and written as the label users see ("Q4_1", "Q4_K+Q4_1").
 
 use std::fmt;
+use std::str::FromStr;
 
-use serde::{Serialize, Serializer};
-use tpslab_kernels::WType;
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use tpslab_kernels::{UnknownWType, WType};
 
 use crate::formats::gguf::{GgmlType, GgufFile};
 use crate::model::config::ModelConfig;
@@ -66,6 +67,29 @@ impl fmt::Display for Precision {
 impl Serialize for Precision {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+/// Read back from its label ("Q4_1", "Q4_K+Q4_1"): saved sweeps and tables.
+impl FromStr for Precision {
+    type Err = UnknownWType;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (main, fallback) = match s.split_once('+') {
+            Some((m, f)) => (m, Some(f.parse()?)),
+            None => (s, None),
+        };
+        Ok(Self {
+            main: main.parse()?,
+            fallback,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Precision {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let label = String::deserialize(d)?;
+        label.parse().map_err(de::Error::custom)
     }
 }
 

@@ -7,6 +7,7 @@
 //! every request, sampling, `update()`, stop checks, events.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -79,6 +80,8 @@ enum Command {
     /// Boxed: a whole model is far larger than the other commands.
     PrecisionReady(Box<Result<(LoadedModel, RequantReport), String>>),
     ResetMetrics,
+    /// The draft model of [`SpecMethod::Draft`](crate::spec::SpecMethod::Draft) from now on.
+    SetDraft(Option<Arc<LoadedModel>>),
     Shutdown,
 }
 
@@ -165,6 +168,8 @@ pub struct EngineSnapshot {
     pub spec_pause: Option<SpecPause>,
     /// Times the speculation policy turned proposals on or off.
     pub spec_switches: u64,
+    /// The draft model's file, when one is set (used by the draft-model method).
+    pub spec_draft: Option<PathBuf>,
 }
 
 impl EngineHandle {
@@ -239,6 +244,14 @@ impl EngineHandle {
 
     pub fn reset_metrics(&self) {
         let _ = self.tx.send(Command::ResetMetrics);
+    }
+
+    /// The draft model that the draft-model method proposes with, from the next step on (a model
+    /// loaded on a worker: the engine never reads a file). One with another vocabulary is
+    /// refused: `stats().last_error` says why and the previous one stays; `stats().spec_draft`
+    /// names the one in use.
+    pub fn set_draft(&self, draft: Option<Arc<LoadedModel>>) {
+        let _ = self.tx.send(Command::SetDraft(draft));
     }
 
     /// Whether `other` is a handle of the same engine thread.
@@ -441,6 +454,7 @@ impl EngineThread {
             Command::SetPrecision(ty) => self.start_requant(ty),
             Command::PrecisionReady(r) => self.finish_requant(*r),
             Command::ResetMetrics => self.metrics.reset(),
+            Command::SetDraft(d) => self.set_draft(d),
             Command::Shutdown => return false,
         }
         true
@@ -627,6 +641,28 @@ impl EngineThread {
         self.publish();
     }
 
+    fn set_draft(&mut self, draft: Option<Arc<LoadedModel>>) {
+        self.last_error = None;
+        // Checked whatever the method now, so a later switch to the draft method cannot fail.
+        if let Some(e) = draft
+            .as_ref()
+            .and_then(|d| spec_step::vocab_check(&self.lm, d).err())
+        {
+            self.last_error = Some(format!("{e}; kept the previous draft model"));
+            self.publish();
+            return;
+        }
+        let old = std::mem::replace(&mut self.spec.draft_lm, draft);
+        if let Err(e) = self.rebuild_proposer() {
+            self.spec.draft_lm = old;
+            self.last_error = Some(match self.rebuild_proposer() {
+                Ok(()) => format!("{e}; kept the previous draft model"),
+                Err(e2) => format!("{e}; {e2}; speculation off"),
+            });
+        }
+        self.publish();
+    }
+
     /// A new KV pool of the given settings: the scheduler's block pool and the backend's storage
     /// together (everything running is preempted and recomputed later; nothing is lost). On a
     /// failure the old geometry is restored.
@@ -683,6 +719,7 @@ impl EngineThread {
             last_error: self.last_error.clone(),
             spec_pause: self.spec.gate.pause().cloned(),
             spec_switches: self.spec.gate.switches,
+            spec_draft: self.spec.draft_lm.as_ref().map(|d| d.path.clone()),
         };
         if let Ok(mut s) = self.snapshot.lock() {
             *s = snap;

@@ -19,7 +19,7 @@ use crate::spec::{Gate, Proposer, SpecConfig, SpecMethod};
 pub(super) struct SpecState {
     pub proposer: Option<Proposer>,
     pub gate: Gate,
-    /// The draft model given at start (`--spec draft:MODEL`), if any.
+    /// The draft model given at start (`--spec draft:MODEL`) or set since, if any.
     pub draft_lm: Option<Arc<LoadedModel>>,
 }
 
@@ -28,7 +28,9 @@ pub(super) struct SpecState {
 pub enum SpecError {
     #[error("speculation: {0}")]
     Config(String),
-    #[error("speculation: no draft model was given (start with --spec draft:MODEL)")]
+    #[error(
+        "speculation: no draft model is set (choose one in the dashboard, or start with --spec draft:MODEL)"
+    )]
     NoDraftModel,
     #[error(
         "speculation: the draft model's vocabulary differs from the model's ({0}); a draft model must share the tokenizer"
@@ -36,6 +38,11 @@ pub enum SpecError {
     Vocabulary(String),
     #[error("speculation: the drafter could not be opened: {0}")]
     Backend(#[from] BackendError),
+}
+
+/// Refuses a draft model `d` whose vocabulary is not `lm`'s.
+pub(super) fn vocab_check(lm: &LoadedModel, d: &LoadedModel) -> Result<(), SpecError> {
+    vocab_difference(lm, d).map_or(Ok(()), |why| Err(SpecError::Vocabulary(why)))
 }
 
 /// Where two tokenizers first differ, if they do (sizes, then each token's bytes).
@@ -85,9 +92,7 @@ pub(super) fn build(
         }
         SpecMethod::Draft => {
             let d = draft.ok_or(SpecError::NoDraftModel)?;
-            if let Some(why) = vocab_difference(lm, d) {
-                return Err(SpecError::Vocabulary(why));
-            }
+            vocab_check(lm, d)?;
             let b = CpuBackend::new(Arc::clone(d), threads, block_size, num_blocks)?;
             Some(drafter(b, d))
         }
