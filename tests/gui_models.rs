@@ -578,7 +578,7 @@ fn the_dashboard_picks_a_draft_model_from_the_library() {
     h.get_by_role_and_label(Role::ComboBox, "Draft model")
         .click();
     h.run_steps(2);
-    h.get_by_label_contains("tiny-llama3.gguf").click();
+    h.get_by_label("tiny-llama3.gguf (F32, llama)").click();
     wait_until(&mut h, "the foreign vocabulary refused", 60, |h| {
         has(h, "vocabulary differs")
     });
@@ -588,14 +588,16 @@ fn the_dashboard_picks_a_draft_model_from_the_library() {
     h.get_by_role_and_label(Role::ComboBox, "Draft model")
         .click();
     h.run_steps(2);
-    h.get_by_label_contains(DEFAULT_FILE).click();
+    // Its entry in the list (the status bar names the loaded file too).
+    h.get_by_label(&format!("{DEFAULT_FILE} (Q4_1, llama)"))
+        .click();
     wait_until(&mut h, "the draft method on the chosen model", 120, |h| {
         let s = stats(h);
         s.knobs.spec.method == SpecMethod::Draft && s.spec_draft.as_deref() == Some(model.as_path())
     });
     assert_eq!(stats(&h).last_error, None);
-    wait_until(&mut h, "the picker to name it", 10, |h| {
-        h.query_all_by_label_contains(DEFAULT_FILE).count() >= 1 && has(h, "draft k=")
+    wait_until(&mut h, "the live status of the draft method", 10, |h| {
+        has(h, "draft k=")
     });
     drop(h);
     let _ = std::fs::remove_dir_all(&home);
