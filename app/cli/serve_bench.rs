@@ -504,7 +504,7 @@ fn print_ratios(plain: &[LevelResult], runs: &[LevelResult], label: &str) {
         "\n| concurrency | aggregate TPS plain | {label} | ratio | per-request TPS plain | {label} | ratio |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (p, s) in plain.iter().zip(&runs) {
+    for (p, s) in plain.iter().zip(runs) {
         let ratio = |x: f64, y: f64| if x > 0.0 { y / x } else { f64::NAN };
         let (pp, sp) = (
             p.summary.mean_per_request_tps.unwrap_or(0.0),
