@@ -12,10 +12,11 @@
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
+use tpslab_engine::text::chat::{ChatMessage, RenderOptions};
 
 #[path = "support/http_client.rs"]
 mod http_client;
-use http_client::{post, shared};
+use http_client::{model, post, shared};
 
 const QUESTION: &str = "What is the capital of France?";
 
@@ -149,17 +150,30 @@ fn streamed_events_in_order_join_to_the_text() {
     assert_eq!(ev[0].1["response"]["status"], "in_progress");
 }
 
+/// `instructions` are the system message: the prompt is the template's render of them and
+/// the input (SmolLM2's template puts its own system line in when there is none).
 #[test]
 fn instructions_go_into_the_prompt() {
     let addr = shared();
+    let instructions = "Answer in French, in one word, and nothing else.";
     let plain = responses(addr, &json!({"input": QUESTION, "max_output_tokens": 4}));
     let told = responses(
         addr,
-        &json!({"input": QUESTION, "max_output_tokens": 4,
-                "instructions": "Answer in French, in one word, and nothing else."}),
+        &json!({"input": QUESTION, "max_output_tokens": 4, "instructions": instructions}),
     );
     let n = |v: &Value| v["usage"]["input_tokens"].as_u64().expect("input tokens");
-    assert!(n(&told) > n(&plain) + 5, "{} vs {}", n(&told), n(&plain));
+    let lm = model();
+    let rendered = |messages: &[ChatMessage]| {
+        let text = lm
+            .template
+            .render_with(messages, &RenderOptions::conversation())
+            .expect("render");
+        lm.tokenizer.encode(&text, true).expect("encode").len() as u64
+    };
+    let with = [ChatMessage::system(instructions), ChatMessage::user(QUESTION)];
+    assert_eq!(n(&told), rendered(&with));
+    assert_eq!(n(&plain), rendered(&[ChatMessage::user(QUESTION)]));
+    assert_ne!(n(&told), n(&plain));
 }
 
 fn add_tool() -> Value {
