@@ -324,7 +324,8 @@ impl ToolParse {
     }
 }
 
-/// The calls of `required`'s output, a JSON list of `{name, arguments}`.
+/// The calls of `required`'s output, a JSON list of `{name, arguments}`. A list cut short
+/// (`max_tokens`; a small model may repeat its call until then) gives the calls it completed.
 fn json_calls(text: &str) -> Option<Vec<ToolCall>> {
     let one = |v: &Value| {
         Some(ToolCall {
@@ -332,10 +333,25 @@ fn json_calls(text: &str) -> Option<Vec<ToolCall>> {
             arguments: serde_json::to_string(v.get("arguments")?).ok()?,
         })
     };
-    match serde_json::from_str::<Value>(text.trim()).ok()? {
-        Value::Array(items) if !items.is_empty() => items.iter().map(one).collect(),
-        _ => None,
+    let mut rest = text.trim_start().strip_prefix('[')?;
+    let mut calls = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() || rest.starts_with(']') {
+            break;
+        }
+        // One item: the first JSON value of what is left, and where it ended.
+        let mut items = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let Some(Ok(item)) = items.next() else { break };
+        let Some(call) = one(&item) else { break };
+        calls.push(call);
+        rest = rest[items.byte_offset()..].trim_start();
+        match rest.strip_prefix(',') {
+            Some(r) => rest = r,
+            None => break,
+        }
     }
+    (!calls.is_empty()).then_some(calls)
 }
 
 fn deltas(calls: Vec<ToolCall>) -> Vec<ToolDelta> {
@@ -456,6 +472,9 @@ mod tests {
         );
         let (text, calls) = ToolParse::Required(String::new()).parse_all("[{\"name\": \"f\"");
         assert_eq!((text.as_str(), calls.len()), ("[{\"name\": \"f\"", 0));
+        let cut = "[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"f\", \"argu";
+        let (text, calls) = ToolParse::Required(String::new()).parse_all(cut);
+        assert_eq!((text.as_str(), calls.len()), ("", 1));
         let mut named = ToolParse::Named {
             name: "f".into(),
             started: false,

@@ -117,10 +117,12 @@ def int_args(text):
     return set(args) == {"a", "b"} and all(type(v) is int for v in args.values())
 
 
-for name, choice in [("named", {"type": "function", "function": {"name": "add"}}),
-                     ("required", "required")]:
+# `required` with one call: a 135M model given parallel calls repeats its call until max_tokens.
+for name, choice, parallel in [
+        ("named", {"type": "function", "function": {"name": "add"}}, True),
+        ("required", "required", False)]:
     kw = dict(model=model, messages=AQ, tools=TOOLS, tool_choice=choice, temperature=0,
-              max_tokens=64)
+              max_tokens=64, parallel_tool_calls=parallel)
     c = client.chat.completions.create(**kw).choices[0]
     calls = c.message.tool_calls or []
     check(f"tools.{name}.finish", c.finish_reason == "tool_calls", c)
