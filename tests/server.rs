@@ -483,13 +483,20 @@ fn bench_endpoint_drives_the_server() {
         json_path.to_str().expect("utf8 path"),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("with tools"), "{stdout}");
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(&json_path).expect("report")).expect("json");
     let runs = report["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 3, "{report}");
-    assert!(runs[1]["json_schema"].is_string() && runs[2]["tools"].is_string(), "{report}");
+    assert!(
+        runs[1]["json_schema"].is_string() && runs[2]["tools"].is_string(),
+        "{report}"
+    );
     for r in runs {
         assert_eq!(r["completed"], 2, "{r}");
         assert_eq!(r["refused"], 0, "{r}");

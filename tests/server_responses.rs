@@ -35,7 +35,11 @@ fn events(addr: SocketAddr, body: &Value) -> Vec<(String, Value)> {
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     let text = String::from_utf8_lossy(&r.body).into_owned();
     let mut out = Vec::new();
-    for (i, block) in text.split("\n\n").filter(|b| !b.trim().is_empty()).enumerate() {
+    for (i, block) in text
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .enumerate()
+    {
         let name = block
             .lines()
             .find_map(|l| l.strip_prefix("event: "))
@@ -65,11 +69,17 @@ fn text_of(response: &Value) -> String {
 }
 
 fn check_shape(v: &Value) {
-    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("resp_")), "{v}");
+    assert!(
+        v["id"].as_str().is_some_and(|id| id.starts_with("resp_")),
+        "{v}"
+    );
     assert_eq!(v["object"], "response", "{v}");
     assert!(v["created_at"].is_u64(), "{v}");
     let u = &v["usage"];
-    let (i, o) = (u["input_tokens"].as_u64().expect("in"), u["output_tokens"].as_u64().expect("out"));
+    let (i, o) = (
+        u["input_tokens"].as_u64().expect("in"),
+        u["output_tokens"].as_u64().expect("out"),
+    );
     assert_eq!(u["total_tokens"].as_u64(), Some(i + o), "{v}");
     match v["status"].as_str() {
         Some("completed") => assert!(v["incomplete_details"].is_null(), "{v}"),
@@ -77,7 +87,10 @@ fn check_shape(v: &Value) {
         other => panic!("status {other:?}: {v}"),
     }
     for item in v["output"].as_array().expect("output") {
-        assert!(item["id"].is_string() && item["status"].is_string(), "{item}");
+        assert!(
+            item["id"].is_string() && item["status"].is_string(),
+            "{item}"
+        );
         if item["type"] == "message" {
             assert_eq!(item["role"], "assistant");
             assert_eq!(item["content"][0]["annotations"], json!([]));
@@ -118,7 +131,10 @@ fn streamed_events_in_order_join_to_the_text() {
     let whole = text_of(&responses(addr, &body));
     let ev = events(addr, &body);
     let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
-    let deltas = names.iter().filter(|n| **n == "response.output_text.delta").count();
+    let deltas = names
+        .iter()
+        .filter(|n| **n == "response.output_text.delta")
+        .count();
     assert!(deltas >= 1, "{names:?}");
     let mut want = vec![
         "response.created",
@@ -133,7 +149,10 @@ fn streamed_events_in_order_join_to_the_text() {
         "response.output_item.done",
     ]);
     let last = *names.last().expect("events");
-    assert!(last == "response.completed" || last == "response.incomplete", "{names:?}");
+    assert!(
+        last == "response.completed" || last == "response.incomplete",
+        "{names:?}"
+    );
     want.push(last);
     assert_eq!(names, want);
     let joined: String = ev
@@ -141,7 +160,10 @@ fn streamed_events_in_order_join_to_the_text() {
         .filter(|(n, _)| n == "response.output_text.delta")
         .map(|(_, v)| v["delta"].as_str().expect("delta").to_string())
         .collect();
-    let done = ev.iter().find(|(n, _)| n == "response.output_text.done").expect("done");
+    let done = ev
+        .iter()
+        .find(|(n, _)| n == "response.output_text.done")
+        .expect("done");
     assert_eq!(done.1["text"], json!(joined));
     let final_response = &ev.last().expect("last").1["response"];
     check_shape(final_response);
@@ -170,7 +192,10 @@ fn instructions_go_into_the_prompt() {
             .expect("render");
         lm.tokenizer.encode(&text, true).expect("encode").len() as u64
     };
-    let with = [ChatMessage::system(instructions), ChatMessage::user(QUESTION)];
+    let with = [
+        ChatMessage::system(instructions),
+        ChatMessage::user(QUESTION),
+    ];
     assert_eq!(n(&told), rendered(&with));
     assert_eq!(n(&plain), rendered(&[ChatMessage::user(QUESTION)]));
     assert_ne!(n(&told), n(&plain));
@@ -205,7 +230,12 @@ fn named_function_tool_gives_a_function_call() {
         .unwrap_or_else(|| panic!("no function_call: {v}"))
         .clone();
     assert_eq!(call["name"], "add");
-    assert!(call["call_id"].as_str().is_some_and(|c| c.starts_with("call_")), "{call}");
+    assert!(
+        call["call_id"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("call_")),
+        "{call}"
+    );
     check_args(call["arguments"].as_str().expect("arguments"));
 
     let ev = events(addr, &body);
@@ -219,7 +249,11 @@ fn named_function_tool_gives_a_function_call() {
         .filter(|(n, _)| n == "response.function_call_arguments.delta")
         .map(|(_, v)| v["delta"].as_str().expect("delta").to_string())
         .collect();
-    assert_eq!(json!(joined), call["arguments"], "greedy: streamed as whole");
+    assert_eq!(
+        json!(joined),
+        call["arguments"],
+        "greedy: streamed as whole"
+    );
     let done = ev
         .iter()
         .find(|(n, _)| n == "response.function_call_arguments.done")
@@ -254,8 +288,10 @@ fn function_call_items_are_taken_as_input() {
     let question = json!([{"role": "user", "content": "Add 2 and 3."}]);
     let mut items = question.clone();
     let items_list = items.as_array_mut().expect("list");
-    items_list.push(json!({"type": "function_call", "call_id": "call_9", "name": "add",
-                           "arguments": "{\"a\":2,\"b\":3}"}));
+    items_list.push(
+        json!({"type": "function_call", "call_id": "call_9", "name": "add",
+                           "arguments": "{\"a\":2,\"b\":3}"}),
+    );
     items_list.push(json!({"type": "function_call_output", "call_id": "call_9", "output": "5"}));
     let n = |input: &Value| {
         let v = responses(
@@ -264,7 +300,10 @@ fn function_call_items_are_taken_as_input() {
         );
         v["usage"]["input_tokens"].as_u64().expect("input tokens")
     };
-    assert!(n(&items) > n(&question), "the call and its output reach the prompt");
+    assert!(
+        n(&items) > n(&question),
+        "the call and its output reach the prompt"
+    );
     let r = post(
         addr,
         "/v1/responses",
@@ -299,16 +338,31 @@ fn what_cannot_be_honoured_is_a_400_naming_it() {
         assert_eq!(r.status, 400);
         let e = r.error();
         assert_eq!(e["param"], "tools");
-        assert!(e["message"].as_str().is_some_and(|m| m.contains(builtin)), "{e}");
+        assert!(
+            e["message"].as_str().is_some_and(|m| m.contains(builtin)),
+            "{e}"
+        );
     }
     // The chat path's checks, in the Responses body's own names.
-    let r = post(addr, "/v1/responses", &json!({"input": "hi", "max_output_tokens": 0}));
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": "hi", "max_output_tokens": 0}),
+    );
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "max_output_tokens");
-    let r = post(addr, "/v1/responses", &json!({"input": "hi", "text": {"format": {"type": "yaml"}}}));
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": "hi", "text": {"format": {"type": "yaml"}}}),
+    );
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "text");
-    let r = post(addr, "/v1/responses", &json!({"input": [], "max_output_tokens": 4}));
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": [], "max_output_tokens": 4}),
+    );
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "input");
     let image = json!({"input": [{"role": "user", "content": [
@@ -318,12 +372,21 @@ fn what_cannot_be_honoured_is_a_400_naming_it() {
     assert_eq!(r.status, 400);
     let e = r.error();
     assert_eq!(e["param"], "input");
-    assert!(e["message"].as_str().is_some_and(|m| m.contains("input_image")), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("input_image")),
+        "{e}"
+    );
     let r = post(addr, "/v1/responses", &json!({"max_output_tokens": 4}));
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "input");
-    let r = post(addr, "/v1/responses", &json!({"input": "hi", "tools": [add_tool()],
-                                                 "tool_choice": {"type": "function", "name": "mul"}}));
+    let r = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": "hi", "tools": [add_tool()],
+                                                 "tool_choice": {"type": "function", "name": "mul"}}),
+    );
     assert_eq!(r.status, 400);
     assert_eq!(r.error()["param"], "tool_choice");
 }

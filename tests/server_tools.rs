@@ -151,7 +151,11 @@ fn streamed(addr: SocketAddr, extra: Value) -> Vec<Calls> {
             reasons.insert(ci, choice["finish_reason"].clone());
         }
         let mine = calls.entry(ci).or_default();
-        for d in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+        for d in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let i = d["index"].as_u64().expect("index");
             match mine.get_mut(&i) {
                 None => {
@@ -167,7 +171,10 @@ fn streamed(addr: SocketAddr, extra: Value) -> Vec<Calls> {
                     mine.insert(i, (name.to_string(), args.to_string()));
                 }
                 Some((_, args)) => {
-                    assert!(d.get("id").is_none() && d["function"].get("name").is_none(), "{d}");
+                    assert!(
+                        d.get("id").is_none() && d["function"].get("name").is_none(),
+                        "{d}"
+                    );
                     args.push_str(d["function"]["arguments"].as_str().expect("fragment"));
                 }
             }
@@ -235,8 +242,16 @@ fn each_choice_makes_its_own_call() {
     };
     let calls = whole(addr, extra(false));
     assert_eq!(calls.len(), 2);
-    assert!(calls.iter().all(|c| c.len() == 1 && c[0].0 == "get_weather"));
-    assert_eq!(streamed(addr, extra(true)), calls, "seeded: streamed as whole");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.len() == 1 && c[0].0 == "get_weather")
+    );
+    assert_eq!(
+        streamed(addr, extra(true)),
+        calls,
+        "seeded: streamed as whole"
+    );
 }
 
 /// The raw answer of `messages` (rendered here with `tools`) from `/v1/completions`, split by
@@ -350,7 +365,10 @@ fn a_tool_conversation_renders_through_the_template() {
     let ids = lm.tokenizer.encode(&prompt, true).expect("encode");
     assert_eq!(r.json()["usage"]["prompt_tokens"], json!(ids.len()));
 
-    assert_eq!(ToolFormat::for_template(lm.template.source()), ToolFormat::Hermes);
+    assert_eq!(
+        ToolFormat::for_template(lm.template.source()),
+        ToolFormat::Hermes
+    );
     auto_matches_raw(addr, &lm, Some(&id));
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
@@ -413,7 +431,9 @@ fn bad_tools_and_choices_are_400s_naming_them() {
     assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.error()["param"], "tools");
     // A parameters schema the grammar compiler refuses, on an enforced choice.
-    let bad_schema = f(json!({"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}));
+    let bad_schema = f(
+        json!({"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}),
+    );
     let r = post(
         addr,
         "/v1/chat/completions",

@@ -297,7 +297,8 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
             bail!("{} must hold a JSON list of tools", file.display());
         }
         let lm = Arc::new(lm);
-        let decode: Decode = Arc::new(move |ids| lm.tokenizer.decode(ids, true).unwrap_or_default());
+        let decode: Decode =
+            Arc::new(move |ids| lm.tokenizer.decode(ids, true).unwrap_or_default());
         target.set_requests(
             RemoteShape::Chat(decode),
             object(json!({"tools": tools, "tool_choice": "required"})),
@@ -306,7 +307,10 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
         for r in &mut more {
             r.tools = Some(file.display().to_string());
         }
-        println!("\nas chat requests with the tools of {} (a call required):", file.display());
+        println!(
+            "\nas chat requests with the tools of {} (a call required):",
+            file.display()
+        );
         print_table(&more);
         print_ratios(&runs[..plain], &more, "with tools");
         runs.extend(more);

@@ -47,7 +47,10 @@ fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
                 match kind {
                     "input_text" | "output_text" | "text" => {
                         out.push(p.get("text").and_then(Value::as_str).ok_or_else(|| {
-                            bad("input", format!("input[{i}]: an {kind} part needs its text"))
+                            bad(
+                                "input",
+                                format!("input[{i}]: an {kind} part needs its text"),
+                            )
                         })?);
                     }
                     other => {
@@ -72,9 +75,12 @@ fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
 
 /// `input[i]`'s string field `k`.
 fn item_field<'a>(it: &'a Value, i: usize, kind: &str, k: &str) -> Result<&'a str, ApiError> {
-    it.get(k)
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("input", format!("input[{i}] ({kind}) needs {k} as a string")))
+    it.get(k).and_then(Value::as_str).ok_or_else(|| {
+        bad(
+            "input",
+            format!("input[{i}] ({kind}) needs {k} as a string"),
+        )
+    })
 }
 
 /// `input` (and `instructions`, first) as chat messages. Function calls and their outputs
@@ -123,7 +129,8 @@ fn messages(input: &Value, instructions: Option<&str>) -> Result<Vec<Value>, Api
                             calls.push(call);
                         }
                     }
-                    _ => out.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+                    _ => out
+                        .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
                 }
             }
             "function_call_output" => {
@@ -425,7 +432,10 @@ mod tests {
         let e = to_chat_body(json!({"input": "x", "tools": [{"type": "web_search"}]}))
             .expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("tools"));
-        let e = renamed(ApiError::bad_param("max_tokens", "max_tokens must be at least 1"));
+        let e = renamed(ApiError::bad_param(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        ));
         assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
         assert_eq!(e.message, "max_output_tokens must be at least 1");
     }

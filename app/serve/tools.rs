@@ -64,7 +64,10 @@ fn functions(body: &Value) -> Result<Vec<(String, Value)>, ApiError> {
     if list.len() > MAX_TOOLS {
         return Err(ApiError::over_cap(
             "tools",
-            format!("{} tools; this server takes at most {MAX_TOOLS}", list.len()),
+            format!(
+                "{} tools; this server takes at most {MAX_TOOLS}",
+                list.len()
+            ),
         ));
     }
     let mut out: Vec<(String, Value)> = Vec::with_capacity(list.len());

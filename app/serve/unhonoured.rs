@@ -124,7 +124,10 @@ pub fn check_responses(body: &Value) -> Result<(), ApiError> {
             "top_logprobs",
             "log-probabilities are not returned by /v1/responses here; use /v1/chat/completions",
         ),
-        ("include", "no extra output data (include) is available here"),
+        (
+            "include",
+            "no extra output data (include) is available here",
+        ),
         (
             "max_tool_calls",
             "a cap on tool calls is not supported; use parallel_tool_calls: false for one",
