@@ -406,24 +406,55 @@ impl SseStream {
     }
 }
 
+/// A response body made of a request's choices' events (the chat and completions SSE body, and
+/// `/v1/responses`' events): its queue of bytes, whether it has ended, and what it does with
+/// each event.
+pub trait EventBody {
+    fn parts(&mut self) -> (&mut VecDeque<Bytes>, bool, &mut Choices);
+    fn on_event(&mut self, i: usize, ev: Event);
+    fn fail(&mut self, reason: &Refusal);
+}
+
+/// The `poll_next` of every [`EventBody`]: the queued bytes first, then the next event.
+pub fn poll_body<B: EventBody>(
+    body: &mut B,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, Infallible>>> {
+    loop {
+        let (pending, ended, choices) = body.parts();
+        if let Some(b) = pending.pop_front() {
+            return Poll::Ready(Some(Ok(b)));
+        }
+        if ended {
+            return Poll::Ready(None);
+        }
+        match choices.poll_next(cx) {
+            Poll::Ready(Some((i, ev))) => body.on_event(i, ev),
+            // The engine went away without a last event.
+            Poll::Ready(None) => body.fail(&Refusal::Stopped),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+}
+
+impl EventBody for SseStream {
+    fn parts(&mut self) -> (&mut VecDeque<Bytes>, bool, &mut Choices) {
+        (&mut self.pending, self.ended, &mut self.choices)
+    }
+
+    fn on_event(&mut self, i: usize, ev: Event) {
+        SseStream::on_event(self, i, ev);
+    }
+
+    fn fail(&mut self, reason: &Refusal) {
+        SseStream::fail(self, reason);
+    }
+}
+
 impl futures_core::Stream for SseStream {
     type Item = Result<Bytes, Infallible>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(b) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(b)));
-            }
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match this.choices.poll_next(cx) {
-                Poll::Ready(Some((i, ev))) => this.on_event(i, ev),
-                // The engine went away without a last event.
-                Poll::Ready(None) => this.fail(&Refusal::Stopped),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_body(self.get_mut(), cx)
     }
 }

@@ -20,7 +20,7 @@ use tpslab_engine::serving::engine::Usage;
 
 use super::answer::gather;
 use super::errors::{self, ApiError};
-use super::handlers::{Started, prepare, sse};
+use super::handlers::{prepare, sse};
 use super::openai::Kind;
 use super::responses_stream::ResponsesStream;
 use super::state::{ServerState, unix_now};
@@ -356,22 +356,17 @@ async fn respond(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let Started {
-        parsed,
-        mut choices,
-        spec,
-    } = prepare(&st, Kind::Chat, &headers, body, to_chat_body).await?;
+    let mut started = prepare(&st, Kind::Chat, &headers, body, to_chat_body).await?;
     let meta = RespMeta {
         id: new_id("resp"),
         created_at: unix_now(),
         model: st.model_id.clone(),
     };
-    if parsed.stream() {
-        return Ok(sse(Body::from_stream(ResponsesStream::new(
-            choices, spec, meta,
-        ))));
+    if started.parsed.stream() {
+        let events = ResponsesStream::new(started.choices, started.spec, meta);
+        return Ok(sse(Body::from_stream(events)));
     }
-    let (outs, usage) = gather(&mut choices, &spec, false).await?;
+    let (outs, usage) = gather(&mut started.choices, &started.spec, false).await?;
     let Some(w) = outs.into_iter().next() else {
         return Err(ApiError::internal("the answer has no choice"));
     };

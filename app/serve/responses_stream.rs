@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{Event, Refusal, Usage};
 
-use super::answer::{AnswerSpec, Piece, TextPipe};
+use super::answer::{AnswerSpec, EventBody, Piece, TextPipe, poll_body};
 use super::bridge::Choices;
 use super::errors::ApiError;
 use super::responses::{RespMeta, call_item, message_item, new_id, response_json};
@@ -237,24 +237,25 @@ impl ResponsesStream {
     }
 }
 
+impl EventBody for ResponsesStream {
+    fn parts(&mut self) -> (&mut VecDeque<Bytes>, bool, &mut Choices) {
+        (&mut self.pending, self.ended, &mut self.choices)
+    }
+
+    /// One choice only: Responses has no `n`.
+    fn on_event(&mut self, _: usize, ev: Event) {
+        ResponsesStream::on_event(self, ev);
+    }
+
+    fn fail(&mut self, reason: &Refusal) {
+        ResponsesStream::fail(self, reason);
+    }
+}
+
 impl futures_core::Stream for ResponsesStream {
     type Item = Result<Bytes, Infallible>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(b) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(b)));
-            }
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match this.choices.poll_next(cx) {
-                // One choice only: Responses has no `n`.
-                Poll::Ready(Some((_, ev))) => this.on_event(ev),
-                Poll::Ready(None) => this.fail(&Refusal::Stopped),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_body(self.get_mut(), cx)
     }
 }
