@@ -2,7 +2,9 @@
 //! TGI, llama.cpp's server, `tpslab serve`).
 //!
 //! Each request is one streaming `POST {url}/v1/completions` with the prompt as token ids,
-//! `max_tokens`, `ignore_eos`, temperature 0 and `stream_options.include_usage`, timed on the
+//! `max_tokens`, `ignore_eos`, temperature 0 and `stream_options.include_usage` (or, in the
+//! [`RemoteShape::Chat`] shape, `/v1/chat/completions` with the prompt decoded as the user's
+//! message; either with extra fields such as `response_format` or `tools`), timed on the
 //! client side as vLLM's `benchmark_serving` does: every chunk that carries a choice is one
 //! timestamp (TTFT at the first, ITL between them), and the token counts come from the final
 //! `usage`. A cancelled request drops its connection, which a server takes as a cancel. What
@@ -16,7 +18,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tpslab_engine::sched::RequestId;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{Event, Refusal, RefusalKind, Request, Usage};
@@ -39,6 +41,19 @@ const MAX_COUNT: u64 = 1 << 32;
 /// Requests on their way, by id: the task streaming each one (to abort it) and where its events go.
 type InFlight = HashMap<RequestId, (tokio::task::AbortHandle, Sender<Event>)>;
 
+/// Turns a prompt's token ids back into text (for chat requests).
+pub type Decode = Arc<dyn Fn(&[u32]) -> String + Send + Sync>;
+
+/// Which endpoint each request goes to, and how its prompt is sent.
+#[derive(Clone, Default)]
+pub enum RemoteShape {
+    /// `/v1/completions` with the prompt's token ids.
+    #[default]
+    Completions,
+    /// `/v1/chat/completions` with the prompt decoded as one user message.
+    Chat(Decode),
+}
+
 /// An OpenAI-compatible server as a load target.
 pub struct RemoteTarget {
     rt: tokio::runtime::Runtime,
@@ -50,6 +65,9 @@ pub struct RemoteTarget {
     next_id: AtomicU64,
     /// Requests in flight: their task (aborted on cancel) and their event channel.
     flying: Arc<Mutex<InFlight>>,
+    shape: RemoteShape,
+    /// Fields added to every request body (`response_format`, `tools`, `tool_choice`).
+    extra: Map<String, Value>,
 }
 
 /// Base URL: trailing slashes and a trailing `/v1` removed (both spellings are common).
@@ -106,7 +124,15 @@ impl RemoteTarget {
             model,
             next_id: AtomicU64::new(1),
             flying: Arc::default(),
+            shape: RemoteShape::Completions,
+            extra: Map::new(),
         })
+    }
+
+    /// The requests sent from now on: their endpoint, and fields added to every body.
+    pub fn set_requests(&mut self, shape: RemoteShape, extra: Map<String, Value>) {
+        self.shape = shape;
+        self.extra = extra;
     }
 
     pub fn model(&self) -> &str {
@@ -190,7 +216,6 @@ impl LoadTarget for RemoteTarget {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut body = json!({
             "model": self.model,
-            "prompt": req.prompt,
             "max_tokens": req.stop.max_tokens.unwrap_or(16),
             "temperature": req.sampling.temperature,
             "ignore_eos": req.stop.ignore_eos,
@@ -200,9 +225,22 @@ impl LoadTarget for RemoteTarget {
         if let Some(seed) = req.sampling.seed {
             body["seed"] = json!(seed);
         }
+        let path = match &self.shape {
+            RemoteShape::Completions => {
+                body["prompt"] = json!(req.prompt);
+                "completions"
+            }
+            RemoteShape::Chat(decode) => {
+                body["messages"] = json!([{"role": "user", "content": decode(&req.prompt)}]);
+                "chat/completions"
+            }
+        };
+        for (k, v) in &self.extra {
+            body[k] = v.clone();
+        }
         let mut rb = self
             .client
-            .post(format!("{}/v1/completions", self.url))
+            .post(format!("{}/v1/{path}", self.url))
             .timeout(REQUEST_TIMEOUT)
             .json(&body);
         if let Some(k) = &self.api_key {
@@ -367,6 +405,20 @@ impl SseLines {
     }
 }
 
+/// A streamed choice's text: completions' `text`, or chat's `delta.content` and the argument
+/// pieces of its `delta.tool_calls`.
+fn choice_text(c: &Value) -> String {
+    if let Some(t) = c["text"].as_str() {
+        return t.to_string();
+    }
+    let delta = &c["delta"];
+    let mut out = delta["content"].as_str().unwrap_or_default().to_string();
+    for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        out.push_str(call["function"]["arguments"].as_str().unwrap_or_default());
+    }
+    out
+}
+
 /// The client side of one completion stream, fed chunk by chunk: the text of each choice,
 /// the finish reason and the usage. Pure (no I/O), so it is what the fuzz tests drive.
 #[derive(Debug)]
@@ -417,7 +469,11 @@ impl StreamReader {
                 return Err(format!("the server sent an error: {msg:.300}"));
             }
             if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
-                texts.push(c["text"].as_str().unwrap_or_default().to_string());
+                // A chat chunk with nothing in it (vLLM's first, naming the role) is no token.
+                let text = choice_text(c);
+                if !text.is_empty() || c.get("text").is_some() {
+                    texts.push(text);
+                }
                 match c["finish_reason"].as_str() {
                     Some("length") => self.reason = Some(FinishReason::Length),
                     Some(_) => self.reason = Some(FinishReason::Stop),

@@ -461,6 +461,48 @@ fn bench_endpoint_drives_the_server() {
         assert_eq!(r["request_goodput"], r["request_throughput"], "{r}");
     }
 
+    // Structured output and tool requests, each level again beside the plain one.
+    let schema = dir.join("schema.json");
+    let schema_json = json!({"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]});
+    std::fs::write(&schema, schema_json.to_string()).expect("schema");
+    let tools = dir.join("tools.json");
+    let tools_json = json!([{"type": "function", "function": {"name": "lookup",
+        "parameters": schema_json}}]);
+    std::fs::write(&tools, tools_json.to_string()).expect("tools");
+    let out = bench(&[
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "2",
+        "--json-schema",
+        schema.to_str().expect("utf8 path"),
+        "--tools",
+        tools.to_str().expect("utf8 path"),
+        "--json",
+        json_path.to_str().expect("utf8 path"),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("with tools"), "{stdout}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("report")).expect("json");
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 3, "{report}");
+    assert!(
+        runs[1]["json_schema"].is_string() && runs[2]["tools"].is_string(),
+        "{report}"
+    );
+    for r in runs {
+        assert_eq!(r["completed"], 2, "{r}");
+        assert_eq!(r["refused"], 0, "{r}");
+        assert_eq!(r["total_output_tokens"], 12, "{r}");
+    }
+
     let out = bench(&["--concurrency", "1", "--model", "no-such-model"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

@@ -1,6 +1,6 @@
 //! Fuzz tests (proptest, fixed seeds so CI runs the same cases every time): the OpenAI request
 //! parser on arbitrary JSON values, arbitrary bytes through the real HTTP routes of a real
-//! server, and the remote client's SSE stream reader on arbitrary and arbitrarily split input.
+//! server (chat with tools and `/v1/responses` among them), and the remote client's SSE stream reader on arbitrary and arbitrarily split input.
 //! `TPSLAB_FUZZ_CASES=N` runs N cases per target instead of the default few hundred.
 
 use std::net::SocketAddr;
@@ -66,6 +66,22 @@ const KEYS: &[&str] = &[
     "type",
     "text",
     "include_usage",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "function",
+    "name",
+    "parameters",
+    "arguments",
+    "tool_calls",
+    "tool_call_id",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "previous_response_id",
+    "call_id",
+    "output",
+    "format",
 ];
 
 fn scalar() -> impl Strategy<Value = Value> {
@@ -109,17 +125,27 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
-/// A body close to a valid request: a valid one with some fields replaced or added.
+/// A body close to a valid request (completions, chat, chat with tools, responses with a
+/// function tool): a valid one with some fields replaced or added.
 fn near_valid() -> impl Strategy<Value = Value> {
     (
-        any::<bool>(),
+        0..4u8,
         prop::collection::vec((prop::sample::select(KEYS), json_value()), 0..4),
     )
-        .prop_map(|(chat, edits)| {
-            let mut b = if chat {
-                json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-            } else {
-                json!({"prompt": "Hi", "max_tokens": 2})
+        .prop_map(|(kind, edits)| {
+            let f = json!({"name": "f", "parameters": {"type": "object",
+                "properties": {"a": {"type": "integer"}}}});
+            let mut b = match kind {
+                0 => json!({"prompt": "Hi", "max_tokens": 2}),
+                1 => json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+                2 => json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                            "tools": [{"type": "function", "function": f}],
+                            "tool_choice": "required"}),
+                _ => {
+                    let mut tool = f;
+                    tool["type"] = json!("function");
+                    json!({"input": "Hi", "max_output_tokens": 2, "tools": [tool]})
+                }
             };
             for (k, v) in edits {
                 b[k] = v;
@@ -199,10 +225,10 @@ proptest! {
     #[test]
     fn any_body_through_the_real_routes_gets_an_answer(
         body in body_bytes(),
-        chat in any::<bool>(),
+        route in prop::sample::select(&["/v1/chat/completions", "/v1/completions", "/v1/responses"][..]),
     ) {
         let addr = fuzz_server();
-        let path = if chat { "/v1/chat/completions" } else { "/v1/completions" };
+        let path = route;
         let r = request(addr, "POST", path, &[], &body);
         prop_assert!(
             [200, 400, 404, 413, 422, 429].contains(&r.status),

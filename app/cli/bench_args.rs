@@ -81,10 +81,14 @@ pub struct BenchArgs {
     )]
     pub tokenizer: String,
     /// Structured output's cost: each level runs twice in the same run, plain and with every
-    /// request constrained to the JSON schema in FILE, and the ratio is printed (in-process
-    /// engine only).
-    #[arg(long, value_name = "FILE", conflicts_with = "endpoint")]
+    /// request constrained to the JSON schema in FILE, and the ratio is printed (with
+    /// --endpoint: sent as `response_format` json_schema).
+    #[arg(long, value_name = "FILE")]
     pub json_schema: Option<std::path::PathBuf>,
+    /// With --endpoint: each level again as chat requests (the prompt decoded as the user's
+    /// message) carrying the OpenAI tools in FILE (a JSON list) with `tool_choice: "required"`.
+    #[arg(long, value_name = "FILE", requires = "endpoint")]
+    pub tools: Option<std::path::PathBuf>,
 }
 
 /// The current UTC time as `YYYY-MM-DD HH:MM:SS UTC` (for reports).

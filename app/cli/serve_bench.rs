@@ -1,6 +1,8 @@
 //! The serving benchmark: `tpslab bench --concurrency 1,4,16,64`. For each level it starts the
-//! engine, drives it with the load generator, and reports vLLM's figures (TTFT, TPOT, ITL,
-//! E2EL percentiles, output throughput) plus both faces of TPS: per request and aggregate.
+//! engine (or drives a remote server, `--endpoint`), drives it with the load generator, and
+//! reports vLLM's figures (TTFT, TPOT, ITL, E2EL percentiles, output throughput) plus both faces
+//! of TPS: per request and aggregate; `--json-schema` and (remote) `--tools` run every level
+//! again with structured output or tool requests, side by side.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -8,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use serde_json::{Map, Value, json};
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
@@ -18,6 +21,7 @@ use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 use tpslab_engine::serving::spec_metrics::SpecUsage;
 
 use super::bench_args::BenchArgs;
+use crate::remote::{Decode, RemoteShape};
 
 /// One concurrency level: vLLM's result fields (flattened) plus ours.
 #[derive(Debug, Serialize)]
@@ -37,6 +41,9 @@ struct LevelResult {
     /// The schema every request of this level was constrained to (`--json-schema`).
     #[serde(skip_serializing_if = "Option::is_none")]
     json_schema: Option<String>,
+    /// The tools every (chat) request of this level carried, a call required (`--tools`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<String>,
     /// Speculative decoding over the level's requests (vLLM's spec_decode counts), when
     /// anything was proposed.
     spec: Option<SpecFigures>,
@@ -241,6 +248,7 @@ fn run_levels<T: loadgen::LoadTarget>(
                 .then(|| crate::mem::rss_bytes().map(|(_, p)| p))
                 .flatten(),
             json_schema: None,
+            tools: None,
         });
     }
     Ok(runs)
@@ -255,9 +263,8 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
     let path = tpslab_engine::library::resolve_model(&a.tokenizer, &mut |m| eprintln!("{m}"))?;
     let lm = LoadedModel::load(&path)?;
     let prompts = workload_prompts(a, &lm)?;
-    drop(lm);
     let model = (a.model.model != "default").then_some(a.model.model.as_str());
-    let target = crate::remote::RemoteTarget::connect(url, a.api_key.clone(), model)
+    let mut target = crate::remote::RemoteTarget::connect(url, a.api_key.clone(), model)
         .map_err(|e| anyhow::anyhow!(e))?;
     let device = format!("remote {} ({})", target.url(), target.model());
     println!(
@@ -267,8 +274,47 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
         a.prompt_len,
         a.output_len
     );
-    let runs = run_levels(a, &prompts, |_| Ok(&target), false)?;
+    let mut runs = run_levels(a, &prompts, |_| Ok(&target), false)?;
     print_table(&runs);
+    let plain = runs.len();
+    if let Some(file) = &a.json_schema {
+        let schema = read_json(file)?;
+        let extra = json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "bench", "schema": schema, "strict": true}}});
+        target.set_requests(RemoteShape::Completions, object(extra));
+        let mut more = run_levels(a, &prompts, |_| Ok(&target), false)?;
+        for r in &mut more {
+            r.json_schema = Some(file.display().to_string());
+        }
+        println!("\nwith every request constrained to {}:", file.display());
+        print_table(&more);
+        print_ratios(&runs[..plain], &more, "constrained");
+        runs.extend(more);
+    }
+    if let Some(file) = &a.tools {
+        let tools = read_json(file)?;
+        if !tools.as_array().is_some_and(|t| !t.is_empty()) {
+            bail!("{} must hold a JSON list of tools", file.display());
+        }
+        let lm = Arc::new(lm);
+        let decode: Decode =
+            Arc::new(move |ids| lm.tokenizer.decode(ids, true).unwrap_or_default());
+        target.set_requests(
+            RemoteShape::Chat(decode),
+            object(json!({"tools": tools, "tool_choice": "required"})),
+        );
+        let mut more = run_levels(a, &prompts, |_| Ok(&target), false)?;
+        for r in &mut more {
+            r.tools = Some(file.display().to_string());
+        }
+        println!(
+            "\nas chat requests with the tools of {} (a call required):",
+            file.display()
+        );
+        print_table(&more);
+        print_ratios(&runs[..plain], &more, "with tools");
+        runs.extend(more);
+    }
     if let Some(path) = &a.json {
         let report = Report {
             date: super::bench_args::utc_now(),
@@ -400,10 +446,7 @@ fn run_constrained(
     file: &std::path::Path,
     plain: &[LevelResult],
 ) -> Result<Vec<LevelResult>> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let schema = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", file.display()))?;
+    let schema = read_json(file)?;
     let constraint = compiler_for(&lm.tokenizer)?.compile(&Grammar::json_schema(schema))?;
     let before = mask_stats();
     let mut runs = run_levels(
@@ -433,11 +476,39 @@ fn run_constrained(
     }
     println!("\nwith every request constrained to {}:", file.display());
     print_table(&runs);
+    print_ratios(plain, &runs, "constrained");
+    let masks = after.masks.saturating_sub(before.masks).max(1) as f64;
     println!(
-        "\n| concurrency | aggregate TPS plain | constrained | ratio | per-request TPS plain | constrained | ratio |"
+        "masks: {} computed, {:.3} ms each on the workers, the engine step waited {:.3} ms per mask",
+        after.masks - before.masks,
+        (after.compute_ns - before.compute_ns) as f64 / masks / 1e6,
+        (after.wait_ns - before.wait_ns) as f64 / masks / 1e6,
+    );
+    Ok(runs)
+}
+
+/// A JSON file, read and parsed.
+fn read_json(file: &std::path::Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", file.display()))
+}
+
+/// A JSON object's fields (empty for anything else).
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// The same levels plain and with something added, side by side.
+fn print_ratios(plain: &[LevelResult], runs: &[LevelResult], label: &str) {
+    println!(
+        "\n| concurrency | aggregate TPS plain | {label} | ratio | per-request TPS plain | {label} | ratio |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (p, s) in plain.iter().zip(&runs) {
+    for (p, s) in plain.iter().zip(runs) {
         let ratio = |x: f64, y: f64| if x > 0.0 { y / x } else { f64::NAN };
         let (pp, sp) = (
             p.summary.mean_per_request_tps.unwrap_or(0.0),
@@ -454,12 +525,4 @@ fn run_constrained(
             ratio(pp, sp),
         );
     }
-    let masks = after.masks.saturating_sub(before.masks).max(1) as f64;
-    println!(
-        "masks: {} computed, {:.3} ms each on the workers, the engine step waited {:.3} ms per mask",
-        after.masks - before.masks,
-        (after.compute_ns - before.compute_ns) as f64 / masks / 1e6,
-        (after.wait_ns - before.wait_ns) as f64 / masks / 1e6,
-    );
-    Ok(runs)
 }

@@ -1,6 +1,7 @@
 //! A request's answer from its choices' events: each choice's text (a chat answer's reasoning
-//! split off as it streams), finish reason and log-probabilities, whole ([`collect`]) or as an
-//! SSE body ([`SseStream`]); usage counts the prompt once and every choice's tokens.
+//! split off and its tool calls read out as it streams, [`TextPipe`]), finish reason and
+//! log-probabilities, whole ([`collect`]) or as an SSE body ([`SseStream`]); usage counts the
+//! prompt once and every choice's tokens.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -15,11 +16,13 @@ use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{Event, Refusal, Usage};
 use tpslab_engine::serving::logprobs::TokenLogprob;
 use tpslab_engine::text::reasoning::{ReasoningParser, Split};
+use tpslab_engine::text::tool_calls::{ToolCall, ToolDelta};
 
 use super::bridge::Choices;
 use super::errors::ApiError;
 use super::logprobs_json::{self, Names, Scored};
 use super::openai::{ChoiceOut, Kind, Meta, chunk, full_response, usage_chunk};
+use super::tools::{ToolParse, calls_json, deltas_json};
 
 /// What every choice of a request shares: the endpoint's shape and what the answer adds.
 #[derive(Clone)]
@@ -33,11 +36,102 @@ pub struct AnswerSpec {
     pub include_usage: bool,
     /// vLLM's `return_tokens_as_token_ids`: log-probabilities name tokens by id.
     pub token_ids: bool,
+    /// The reader of a chat answer's tool calls (each choice gets its own copy).
+    pub tools: Option<ToolParse>,
+}
+
+/// A piece of a choice's answer: its text (reasoning apart) and pieces of its tool calls.
+#[derive(Debug, Default)]
+pub struct Piece {
+    pub text: Split,
+    pub calls: Vec<ToolDelta>,
+}
+
+impl Piece {
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.calls.is_empty()
+    }
+}
+
+/// One choice's text on its way out: the reasoning split off, then the tool calls read out of
+/// what is left.
+#[derive(Clone)]
+pub struct TextPipe {
+    reasoning: Option<ReasoningParser>,
+    tools: Option<ToolParse>,
+}
+
+impl TextPipe {
+    pub fn new(spec: &AnswerSpec) -> Self {
+        Self {
+            reasoning: spec.reasoning.clone(),
+            tools: spec.tools.clone(),
+        }
+    }
+
+    /// Content through the tool reader, if any.
+    fn calls(&mut self, text: &mut Split, calls: &mut Vec<ToolDelta>) {
+        if let Some(t) = &mut self.tools {
+            let step = t.push(&text.content);
+            text.content = step.content;
+            calls.extend(step.calls);
+        }
+    }
+
+    /// A piece of the answer as it streams.
+    pub fn push(&mut self, text: &str) -> Piece {
+        let mut split = match &mut self.reasoning {
+            Some(p) => p.push(text),
+            None => Split {
+                reasoning: String::new(),
+                content: text.to_string(),
+            },
+        };
+        let mut calls = Vec::new();
+        self.calls(&mut split, &mut calls);
+        Piece { text: split, calls }
+    }
+
+    /// The answer's last text, and whatever the readers still held.
+    pub fn finish(&mut self, tail: &str) -> Piece {
+        let mut piece = self.push(tail);
+        if let Some(p) = &mut self.reasoning {
+            let mut last = p.finish();
+            self.calls(&mut last, &mut piece.calls);
+            piece.text.extend(last);
+        }
+        if let Some(t) = &mut self.tools {
+            let step = t.finish();
+            piece.text.content.push_str(&step.content);
+            piece.calls.extend(step.calls);
+        }
+        piece
+    }
+
+    /// A whole answer's text and calls.
+    pub fn whole(self, text: String) -> (Split, Vec<ToolCall>) {
+        let mut split = match self.reasoning {
+            Some(p) => p.split_all(&text),
+            None => Split {
+                reasoning: String::new(),
+                content: text,
+            },
+        };
+        let calls = match self.tools {
+            Some(t) => {
+                let (content, calls) = t.parse_all(&split.content);
+                split.content = content;
+                calls
+            }
+            None => Vec::new(),
+        };
+        (split, calls)
+    }
 }
 
 /// One choice as its events arrive.
 struct ChoiceState {
-    reasoning: Option<ReasoningParser>,
+    pipe: TextPipe,
     /// No chunk has gone out for it yet.
     first: bool,
     finish: Option<FinishReason>,
@@ -47,29 +141,21 @@ struct ChoiceState {
     scored: Vec<Scored>,
     /// Completions' `text_offset` of the next token.
     offset: usize,
+    /// A streamed call has been sent: the choice finishes with `"tool_calls"`.
+    called: bool,
 }
 
 impl ChoiceState {
     fn new(spec: &AnswerSpec) -> Self {
         let echo = spec.echo.clone().unwrap_or_default();
         Self {
-            reasoning: spec.reasoning.clone(),
+            pipe: TextPipe::new(spec),
             first: true,
             finish: None,
             offset: echo.len(),
             text: echo,
             scored: Vec::new(),
-        }
-    }
-
-    /// A piece of the answer, through the reasoning splitter when there is one.
-    fn split(&mut self, text: &str) -> Split {
-        match &mut self.reasoning {
-            Some(p) => p.push(text),
-            None => Split {
-                reasoning: String::new(),
-                content: text.to_string(),
-            },
+            called: false,
         }
     }
 
@@ -105,13 +191,44 @@ fn add_usage(total: &mut Option<Usage>, u: Usage) {
     }
 }
 
-/// The whole answer of a non-streamed request: waits for every choice's end. A choice that
-/// fails fails the request (its error status), as a whole response cannot hold an error.
+/// One choice's whole answer.
+pub struct Whole {
+    pub text: Split,
+    pub calls: Vec<ToolCall>,
+    pub logprobs: Option<Value>,
+    pub finish: Option<FinishReason>,
+}
+
+/// The whole answer of a non-streamed request as the chat or completions response.
 pub async fn collect(
     choices: &mut Choices,
     spec: &AnswerSpec,
     logprobs: bool,
 ) -> Result<Value, ApiError> {
+    let (outs, usage) = gather(choices, spec, logprobs).await?;
+    let choices = outs
+        .iter()
+        .enumerate()
+        .map(|(index, w)| ChoiceOut {
+            index,
+            text: &w.text,
+            finish: w.finish,
+            logprobs: w.logprobs.clone(),
+            tool_calls: (!w.calls.is_empty()).then(|| calls_json(&w.calls)),
+            called: !w.calls.is_empty(),
+        })
+        .collect();
+    Ok(full_response(&spec.meta, choices, &usage))
+}
+
+/// Every choice's whole answer and the request's usage: waits for every choice's end. A
+/// choice that fails fails the request (its error status), as a whole response cannot hold an
+/// error.
+pub async fn gather(
+    choices: &mut Choices,
+    spec: &AnswerSpec,
+    logprobs: bool,
+) -> Result<(Vec<Whole>, Usage), ApiError> {
     let mut states: Vec<ChoiceState> = (0..choices.count())
         .map(|_| ChoiceState::new(spec))
         .collect();
@@ -147,37 +264,21 @@ pub async fn collect(
             Event::Refused { reason, .. } => return Err(ApiError::refused(&reason)),
         }
     }
-    let outs: Vec<(Split, Option<Value>, Option<FinishReason>)> = states
-        .iter_mut()
-        .map(|c| {
-            let text = std::mem::take(&mut c.text);
-            let split = match c.reasoning.take() {
-                Some(p) => p.split_all(&text),
-                None => Split {
-                    reasoning: String::new(),
-                    content: text,
-                },
-            };
+    let outs = states
+        .into_iter()
+        .map(|mut c| {
+            let (text, calls) = c.pipe.clone().whole(std::mem::take(&mut c.text));
             // Offsets count from the start of the text, echo included.
             c.offset = spec.echo.as_ref().map_or(0, String::len);
-            (split, c.take_logprobs(spec, logprobs), c.finish)
+            Whole {
+                text,
+                calls,
+                logprobs: c.take_logprobs(spec, logprobs),
+                finish: c.finish,
+            }
         })
         .collect();
-    let choices = outs
-        .iter()
-        .enumerate()
-        .map(|(index, (text, lp, finish))| ChoiceOut {
-            index,
-            text,
-            finish: *finish,
-            logprobs: lp.clone(),
-        })
-        .collect();
-    Ok(full_response(
-        &spec.meta,
-        choices,
-        &usage.unwrap_or_default(),
-    ))
+    Ok((outs, usage.unwrap_or_default()))
 }
 
 /// The SSE body of a streamed request: `data: {chunk}` per piece of a choice's text, each
@@ -221,19 +322,22 @@ impl SseStream {
     }
 
     /// Sends a chunk of choice `i` with its log-probabilities so far.
-    fn send(&mut self, i: usize, text: &Split, finish: Option<FinishReason>) {
+    fn send(&mut self, i: usize, piece: Piece, finish: Option<FinishReason>) {
         let c = &mut self.states[i];
         let logprobs = c.take_logprobs(&self.spec, self.logprobs);
         let first = std::mem::replace(&mut c.first, false);
-        let mut text = text.clone();
+        let mut text = piece.text;
         if first && let Some(echo) = &self.spec.echo {
             text.content.insert_str(0, echo);
         }
+        c.called |= !piece.calls.is_empty();
         let out = ChoiceOut {
             index: i,
             text: &text,
             finish,
             logprobs,
+            tool_calls: (!piece.calls.is_empty()).then(|| deltas_json(piece.calls)),
+            called: c.called,
         };
         let v = chunk(&self.spec.meta, first, out, self.spec.include_usage);
         self.pending.push_back(frame(&v));
@@ -241,15 +345,12 @@ impl SseStream {
 
     fn finish(&mut self, i: usize, reason: FinishReason, usage: Usage, tail: &str) {
         let c = &mut self.states[i];
-        let mut rest = c.split(tail);
-        if let Some(p) = &mut c.reasoning {
-            rest.extend(p.finish());
-        }
+        let rest = c.pipe.finish(tail);
         c.finish = Some(reason);
         if !rest.is_empty() || !c.scored.is_empty() {
-            self.send(i, &rest, None);
+            self.send(i, rest, None);
         }
-        self.send(i, &Split::default(), Some(reason));
+        self.send(i, Piece::default(), Some(reason));
         add_usage(&mut self.usage, usage);
         self.open -= 1;
         if self.open == 0 {
@@ -289,9 +390,9 @@ impl SseStream {
             } => {
                 let c = &mut self.states[i];
                 c.score(token, logprob);
-                let split = c.split(&text);
-                if !split.is_empty() || c.first {
-                    self.send(i, &split, None);
+                let piece = c.pipe.push(&text);
+                if !piece.is_empty() || c.first {
+                    self.send(i, piece, None);
                 }
             }
             Event::Finished {
@@ -305,24 +406,55 @@ impl SseStream {
     }
 }
 
+/// A response body made of a request's choices' events (the chat and completions SSE body, and
+/// `/v1/responses`' events): its queue of bytes, whether it has ended, and what it does with
+/// each event.
+pub trait EventBody {
+    fn parts(&mut self) -> (&mut VecDeque<Bytes>, bool, &mut Choices);
+    fn on_event(&mut self, i: usize, ev: Event);
+    fn fail(&mut self, reason: &Refusal);
+}
+
+/// The `poll_next` of every [`EventBody`]: the queued bytes first, then the next event.
+pub fn poll_body<B: EventBody>(
+    body: &mut B,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, Infallible>>> {
+    loop {
+        let (pending, ended, choices) = body.parts();
+        if let Some(b) = pending.pop_front() {
+            return Poll::Ready(Some(Ok(b)));
+        }
+        if ended {
+            return Poll::Ready(None);
+        }
+        match choices.poll_next(cx) {
+            Poll::Ready(Some((i, ev))) => body.on_event(i, ev),
+            // The engine went away without a last event.
+            Poll::Ready(None) => body.fail(&Refusal::Stopped),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+}
+
+impl EventBody for SseStream {
+    fn parts(&mut self) -> (&mut VecDeque<Bytes>, bool, &mut Choices) {
+        (&mut self.pending, self.ended, &mut self.choices)
+    }
+
+    fn on_event(&mut self, i: usize, ev: Event) {
+        SseStream::on_event(self, i, ev);
+    }
+
+    fn fail(&mut self, reason: &Refusal) {
+        SseStream::fail(self, reason);
+    }
+}
+
 impl futures_core::Stream for SseStream {
     type Item = Result<Bytes, Infallible>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(b) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(b)));
-            }
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match this.choices.poll_next(cx) {
-                Poll::Ready(Some((i, ev))) => this.on_event(i, ev),
-                // The engine went away without a last event.
-                Poll::Ready(None) => this.fail(&Refusal::Stopped),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_body(self.get_mut(), cx)
     }
 }

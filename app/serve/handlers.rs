@@ -1,6 +1,6 @@
 //! The two completion endpoints: read the body (bounded in size and time), parse, render and
-//! tokenize on a bounded blocking pool, submit every choice, then answer whole or as an SSE
-//! stream.
+//! tokenize on a bounded blocking pool ([`prepare`], which `/v1/responses` shares), submit every
+//! choice, then answer whole or as an SSE stream.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,12 +9,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use serde_json::Value;
 
 use super::answer::{AnswerSpec, SseStream, collect};
 use super::bridge::Choices;
 use super::errors::{self, ApiError};
 use super::openai::{self, Kind, Meta};
 use super::state::{ServerState, unix_now};
+use super::tools::ToolParse;
 
 pub async fn chat(st: State<Arc<ServerState>>, headers: HeaderMap, body: Body) -> Response {
     complete(st, Kind::Chat, headers, body)
@@ -65,26 +67,37 @@ pub(super) async fn read_body(
     Ok(Bytes::from(out))
 }
 
-/// Both endpoints. JSON parsing, the chat template and the tokenizer run on tokio's blocking
-/// pool, at most `ServerState::prepare` of them at once (a 4 MiB prompt takes seconds and holds
-/// its bytes several times over). The response status waits for the engine's first event, so a
-/// refusal (queue full) is a real 429 and not an error inside a 200 stream.
-async fn complete(
-    State(st): State<Arc<ServerState>>,
+/// A request read, checked and started: what it asked, its running choices, and how its
+/// answer is read ([`AnswerSpec`]).
+pub struct Started {
+    pub parsed: openai::Parsed,
+    pub choices: Choices,
+    pub spec: AnswerSpec,
+}
+
+/// Reads the body (bounded), translates it (`/v1/responses` into the chat body it means),
+/// parses it as `kind`, and submits its choices. JSON parsing, the translation, the chat
+/// template and the tokenizer run on tokio's blocking pool, at most `ServerState::prepare` of
+/// them at once (a 4 MiB prompt takes seconds and holds its bytes several times over). Returns
+/// once the engine has accepted every choice, so a refusal (queue full) is a real 429 and not
+/// an error inside a 200 stream.
+pub async fn prepare(
+    st: &Arc<ServerState>,
     kind: Kind,
-    headers: HeaderMap,
+    headers: &HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
+    translate: fn(Value) -> Result<Value, ApiError>,
+) -> Result<Started, ApiError> {
     let limits = &st.limits;
-    let bytes = read_body(&headers, body, limits.max_body_bytes, limits.body_timeout).await?;
+    let bytes = read_body(headers, body, limits.max_body_bytes, limits.body_timeout).await?;
     let slot = Arc::clone(&st.prepare)
         .acquire_owned()
         .await
         .map_err(|_| ApiError::internal("the server is stopping"))?;
-    let state = Arc::clone(&st);
+    let state = Arc::clone(st);
     let (parsed, (req, reasoning)) = tokio::task::spawn_blocking(move || {
         let _slot = slot;
-        let body = errors::parse_body(&bytes)?;
+        let body = translate(errors::parse_body(&bytes)?)?;
         drop(bytes);
         let parsed = openai::parse(kind, &body, &state.limits, state.shape())?;
         state.check_model(parsed.common.model.as_deref())?;
@@ -93,8 +106,8 @@ async fn complete(
     })
     .await
     .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))??;
-    let mut choices = Choices::start(&st.engine, &st.metrics, req, parsed.n).await?;
-    let echo = parsed.echo.then(|| echo_text(&parsed, &st));
+    let choices = Choices::start(&st.engine, &st.metrics, req, parsed.n).await?;
+    let echo = parsed.echo.then(|| echo_text(&parsed, st));
     let spec = AnswerSpec {
         meta: Meta {
             kind,
@@ -107,19 +120,44 @@ async fn complete(
         echo,
         include_usage: parsed.include_usage(),
         token_ids: parsed.common.return_tokens_as_token_ids.unwrap_or(false),
+        tools: ToolParse::for_plan(parsed.tools.as_ref(), &st.lm),
     };
+    Ok(Started {
+        parsed,
+        choices,
+        spec,
+    })
+}
+
+/// A 200 whose body is an SSE stream.
+pub fn sse(stream: Body) -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        stream,
+    )
+        .into_response()
+}
+
+/// Both endpoints: the request prepared, then the answer whole or streamed.
+async fn complete(
+    State(st): State<Arc<ServerState>>,
+    kind: Kind,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Started {
+        parsed,
+        mut choices,
+        spec,
+    } = prepare(&st, kind, &headers, body, Ok).await?;
     let logprobs = parsed.logprobs.is_some();
     if parsed.stream() {
         let stream = SseStream::new(choices, spec, logprobs);
-        return Ok((
-            StatusCode::OK,
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            Body::from_stream(stream),
-        )
-            .into_response());
+        return Ok(sse(Body::from_stream(stream)));
     }
     // Dropping this future (the client hung up) drops `choices`, whose guards cancel them.
     let body = collect(&mut choices, &spec, logprobs).await?;

@@ -4,6 +4,10 @@
 //! - [`openai`]: request and response shapes, their caps, and their translation to engine requests.
 //! - [`structured`]: the structured-output fields (`response_format`, vLLM's `guided_*`,
 //!   llama-server's `json_schema` / `grammar`) as one compiled constraint.
+//! - [`tools`]: `tools` and `tool_choice` (`required` and a named tool enforced with a JSON
+//!   schema), the calls read out of an answer in OpenAI's shapes.
+//! - [`responses`]: `POST /v1/responses` (OpenAI's Responses API) over the chat path, its SSE
+//!   events in [`responses_stream`].
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
 //!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
 //! - [`unhonoured`]: fields the engine cannot honour (audio, images, beam search...), each a 400
@@ -20,7 +24,8 @@
 //! - [`http`]: connections: the cap, the header and idle timeouts.
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`,
+//! `GET /v1/models`,
 //! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is
 //! set (`--metrics-open` leaves `/metrics` open). Binds to loopback unless told otherwise.
 
@@ -34,9 +39,12 @@ pub mod limits;
 pub mod logprobs_json;
 pub mod metrics;
 pub mod openai;
+pub mod responses;
+pub mod responses_stream;
 pub mod state;
 pub mod structured;
 pub mod tokenize;
+pub mod tools;
 pub mod unhonoured;
 
 use std::net::SocketAddr;
@@ -92,6 +100,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));

@@ -19,6 +19,7 @@ use super::chat_input::{self, ChatBody};
 use super::errors::{ApiError, typed};
 use super::limits::Limits;
 use super::structured::{self, Asked};
+use super::tools::{self, ToolPlan};
 
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -124,6 +125,8 @@ pub struct Parsed {
     pub n: usize,
     /// Completions' `echo`: the answer's text starts with the prompt's.
     pub echo: bool,
+    /// `tools` and `tool_choice` of a chat request (an enforced choice is in `constraint`).
+    pub tools: Option<ToolPlan>,
 }
 
 impl Parsed {
@@ -190,7 +193,14 @@ pub fn parse(
     super::unhonoured::check(kind, body)?;
     check_limits(&common, limits, shape)?;
     let sampling = sampling(&common)?;
-    let constraint = structured::asked(body)?;
+    let mut constraint = structured::asked(body)?;
+    let tools = match kind {
+        Kind::Chat => tools::plan(body, constraint.as_ref())?,
+        Kind::Completion => None,
+    };
+    if let Some(c) = tools.as_ref().and_then(ToolPlan::constraint) {
+        constraint = Some(c);
+    }
     let logprobs = logprobs(kind, &common)?;
     let echo = common.echo.unwrap_or(false);
     if echo && kind == Kind::Chat {
@@ -218,6 +228,7 @@ pub fn parse(
         prompt_tokens,
         sampling,
         constraint,
+        tools,
     })
 }
 
@@ -524,12 +535,25 @@ pub struct Meta {
 }
 
 /// One choice of a response or of a chunk: its text (a chat answer's reasoning apart), its
-/// finish reason once it has one, and its tokens' log-probabilities when they were asked for.
+/// finish reason once it has one, its tokens' log-probabilities when they were asked for, and
+/// its tool calls (whole, or a chunk's pieces of them).
 pub struct ChoiceOut<'a> {
     pub index: usize,
     pub text: &'a Split,
     pub finish: Option<FinishReason>,
     pub logprobs: Option<Value>,
+    pub tool_calls: Option<Value>,
+    /// The choice made a call: it finishes with `"tool_calls"` (unless cut short by length).
+    pub called: bool,
+}
+
+impl ChoiceOut<'_> {
+    fn finish_reason(&self) -> Option<&'static str> {
+        self.finish.map(|f| match f {
+            FinishReason::Stop if self.called => "tool_calls",
+            f => f.as_str(),
+        })
+    }
 }
 
 /// The whole non-streamed response: a chat answer's reasoning, when it has any, as
@@ -538,13 +562,20 @@ pub fn full_response(m: &Meta, choices: Vec<ChoiceOut<'_>>, usage: &Usage) -> Va
     let choices: Vec<Value> = choices
         .into_iter()
         .map(|c| {
-            let reason = c.finish.map(FinishReason::as_str);
+            let reason = c.finish_reason();
             let logprobs = c.logprobs.unwrap_or(Value::Null);
             match m.kind {
                 Kind::Chat => {
                     let mut message = json!({"role": "assistant", "content": c.text.content});
                     if !c.text.reasoning.is_empty() {
                         message["reasoning_content"] = json!(c.text.reasoning);
+                    }
+                    if let Some(calls) = c.tool_calls {
+                        // OpenAI's shape: no text beside the calls is a null content.
+                        if c.text.content.trim().is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                        message["tool_calls"] = calls;
                     }
                     json!({
                         "index": c.index,
@@ -576,7 +607,7 @@ pub fn full_response(m: &Meta, choices: Vec<ChoiceOut<'_>>, usage: &Usage) -> Va
 /// delta (reasoning as `delta.reasoning_content`), the finish reason on its last. With
 /// `include_usage` every chunk carries `"usage": null` (OpenAI's shape).
 pub fn chunk(m: &Meta, first: bool, c: ChoiceOut<'_>, usage_null: bool) -> Value {
-    let reason = c.finish.map(FinishReason::as_str);
+    let reason = c.finish_reason();
     let text = c.text;
     let logprobs = c.logprobs.unwrap_or(Value::Null);
     let (object, choice) = match m.kind {
@@ -591,6 +622,9 @@ pub fn chunk(m: &Meta, first: bool, c: ChoiceOut<'_>, usage_null: bool) -> Value
             }
             if !text.reasoning.is_empty() {
                 delta["reasoning_content"] = json!(text.reasoning);
+            }
+            if let Some(calls) = c.tool_calls {
+                delta["tool_calls"] = calls;
             }
             (
                 "chat.completion.chunk",

@@ -1,5 +1,6 @@
-//! Fields of OpenAI's (and vLLM's) request bodies that this server knows but cannot honour:
-//! each is answered with a 400 naming it, never silently ignored. Fields that change nothing a
+//! Fields of OpenAI's (and vLLM's) request bodies that this server knows but cannot honour
+//! (chat and completions in [`check`], `/v1/responses` in [`check_responses`]): each is
+//! answered with a 400 naming it, never silently ignored. Fields that change nothing a
 //! client sees (`user`, `metadata`, `store`, `service_tier`) are accepted as they are.
 
 use serde_json::Value;
@@ -100,6 +101,50 @@ pub fn check(kind: Kind, body: &Value) -> Result<(), ApiError> {
         ));
     }
     content_parts(get("messages"))
+}
+
+/// A `/v1/responses` body's fields that need what this server does not have: a store of past
+/// responses and conversations, background runs, and outputs it does not compute.
+pub fn check_responses(body: &Value) -> Result<(), ApiError> {
+    let fields: [(&str, &str); 7] = [
+        (
+            "previous_response_id",
+            "this server stores no responses; send the whole conversation in input",
+        ),
+        (
+            "conversation",
+            "this server stores no conversations; send the whole conversation in input",
+        ),
+        ("background", "background responses are not supported"),
+        (
+            "prompt",
+            "stored prompt templates are not supported; send instructions and input",
+        ),
+        (
+            "top_logprobs",
+            "log-probabilities are not returned by /v1/responses here; use /v1/chat/completions",
+        ),
+        (
+            "include",
+            "no extra output data (include) is available here",
+        ),
+        (
+            "max_tool_calls",
+            "a cap on tool calls is not supported; use parallel_tool_calls: false for one",
+        ),
+    ];
+    for (field, why) in fields {
+        if asks(body.get(field)) {
+            return Err(refuse(field, why));
+        }
+    }
+    if body.get("truncation").and_then(Value::as_str) == Some("auto") {
+        return Err(refuse(
+            "truncation",
+            "prompts are never truncated here (truncation: disabled); send a shorter input",
+        ));
+    }
+    Ok(())
 }
 
 /// Message parts other than text (images, audio, files) are refused by position: the model

@@ -102,6 +102,88 @@ r = client.completions.create(
 check("completions.logit_bias", r.choices[0].logprobs.tokens[0] != first,
       (first, r.choices[0].logprobs.tokens))
 
+# Tools: a named function and `required` are enforced, so even a small model's call parses;
+# streamed, the deltas rebuild the same calls; the call and its result go back in.
+INT = {"type": "integer", "minimum": -1000, "maximum": 1000}
+ADD = {"name": "add", "description": "Add two numbers", "parameters": {
+    "type": "object", "properties": {"a": INT, "b": INT}, "required": ["a", "b"],
+    "additionalProperties": False}}
+TOOLS = [{"type": "function", "function": ADD}]
+AQ = [{"role": "user", "content": "Add 2 and 3."}]
+
+
+def int_args(text):
+    args = json.loads(text)
+    return set(args) == {"a", "b"} and all(type(v) is int for v in args.values())
+
+
+# `required` with one call: a 135M model given parallel calls repeats its call until max_tokens.
+for name, choice, parallel in [
+        ("named", {"type": "function", "function": {"name": "add"}}, True),
+        ("required", "required", False)]:
+    kw = dict(model=model, messages=AQ, tools=TOOLS, tool_choice=choice, temperature=0,
+              max_tokens=64, parallel_tool_calls=parallel)
+    c = client.chat.completions.create(**kw).choices[0]
+    calls = c.message.tool_calls or []
+    check(f"tools.{name}.finish", c.finish_reason == "tool_calls", c)
+    check(f"tools.{name}.call", len(calls) >= 1 and calls[0].type == "function"
+          and calls[0].function.name == "add" and calls[0].id.startswith("call_"), calls)
+    check(f"tools.{name}.arguments", int_args(calls[0].function.arguments), calls)
+    got, finish = {}, None
+    for ch in client.chat.completions.create(**kw, stream=True):
+        if not ch.choices:
+            continue
+        for tc in ch.choices[0].delta.tool_calls or []:
+            if tc.index not in got:
+                got[tc.index] = [tc.id, tc.function.name, ""]
+            got[tc.index][2] += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    check(f"tools.{name}.stream", finish == "tool_calls" and all(g[0] for g in got.values())
+          and [(g[1], g[2]) for g in got.values()]
+          == [(x.function.name, x.function.arguments) for x in calls], (got, calls))
+    if name == "named":
+        follow = AQ + [c.message.model_dump(exclude_none=True),
+                       {"role": "tool", "tool_call_id": calls[0].id, "content": "5"}]
+        r = client.chat.completions.create(model=model, messages=follow, tools=TOOLS,
+                                           tool_choice="none", temperature=0, max_tokens=8)
+        check("tools.result", isinstance(r.choices[0].message.content, str)
+              and r.usage.prompt_tokens > 0, r)
+
+# The Responses API: whole as the chat answer, streamed deltas join to it, a function tool.
+r = client.responses.create(model=model, input=Q[0]["content"], max_output_tokens=12,
+                            temperature=0)
+check("responses.whole", r.output_text == text and r.status in ("completed", "incomplete"),
+      (r.output_text, text))
+check("responses.usage", r.usage.input_tokens == whole.usage.prompt_tokens
+      and r.usage.output_tokens == whole.usage.completion_tokens, r.usage)
+deltas, final = [], None
+for ev in client.responses.create(model=model, input=Q[0]["content"], max_output_tokens=12,
+                                  temperature=0, stream=True):
+    if ev.type == "response.output_text.delta":
+        deltas.append(ev.delta)
+    elif ev.type in ("response.completed", "response.incomplete"):
+        final = ev.response
+check("responses.stream", final is not None and "".join(deltas) == r.output_text
+      and final.output_text == r.output_text, (deltas, final))
+fkw = dict(model=model, input="Add 2 and 3.", tools=[{"type": "function", **ADD}],
+           tool_choice={"type": "function", "name": "add"}, max_output_tokens=64, temperature=0)
+r = client.responses.create(**fkw)
+calls = [o for o in r.output if o.type == "function_call"]
+check("responses.function_call", len(calls) == 1 and calls[0].name == "add"
+      and int_args(calls[0].arguments), r.output)
+args = None
+for ev in client.responses.create(**fkw, stream=True):
+    if ev.type == "response.function_call_arguments.done":
+        args = ev.arguments
+check("responses.function_call.stream", args == calls[0].arguments, (args, calls))
+for name, kwargs in [("previous_response_id", {"previous_response_id": "resp_123"}),
+                     ("tools", {"tools": [{"type": "web_search"}]})]:
+    try:
+        client.responses.create(model=model, input="hi", max_output_tokens=4, **kwargs)
+        check(f"responses.400.{name}", False, "accepted")
+    except openai.BadRequestError as e:
+        check(f"responses.400.{name}", e.body and e.body.get("param") == name, e.body)
+
 # What cannot be honoured is a BadRequestError naming the parameter.
 for name, kwargs in [
     ("n", {"n": 1000}),
