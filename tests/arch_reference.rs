@@ -7,9 +7,11 @@
 //!   keep K/V and the attention's queries in f16 and sum in different orders; F32 weights),
 //! - the same perplexity over the bundled text at a context of 128, within 1e-3 relative.
 //!
-//! The mixtures of experts (`qwen3moe`, and `mixtral`: a `llama` file with expert tensors) are
-//! held to the same bounds: their routing picks the same experts as llama.cpp's at every token
-//! or the greedy tokens and perplexity would part.
+//! The mixtures of experts (`qwen3moe`, `mixtral`: a `llama` file with expert tensors, and
+//! `gpt-oss`: MXFP4 experts with biases, attention sinks, alternating sliding windows, YaRN,
+//! GPT-2's vocabulary as llama.cpp ships no o200k one) are held to the same bounds: their
+//! routing picks the same experts as llama.cpp's at every token or the greedy tokens and
+//! perplexity would part.
 //!
 //! The references (tests/data/arch_refs.json, moe_refs.json) come from llama.cpp built from the pinned sdist;
 //! this test needs neither llama.cpp nor Python.
@@ -142,7 +144,7 @@ fn check_refs(refs: &Value) {
     assert!(bad.is_empty(), "{bad:#?}");
 }
 
-const MOE: [&str; 2] = ["qwen3moe", "mixtral"];
+const MOE: [&str; 3] = ["qwen3moe", "mixtral", "gpt-oss"];
 
 #[test]
 fn every_architecture_computes_as_llama_cpp() {

@@ -105,6 +105,7 @@ fn llama_graph(spec: &ArchSpec, ty: WType) -> Vec<Op> {
                 qkv: Buf::Qkv,
                 heads,
                 opts: AttnOpts::plain(c.head_dim),
+                sinks: None,
                 out: Buf::Attn,
             },
             Op::Linear {

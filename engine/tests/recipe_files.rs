@@ -3,7 +3,7 @@
 //! (`src/models/<arch>.cpp`) computes it, written out here from what the file holds, with what
 //! each family adds: QK-norm, RoPE frequency factors and scaling per layer, layers without RoPE,
 //! local and global layers with their own bases, sliding windows, soft-caps, Gemma's scaled
-//! embedding and sandwich norms. The CPU device receives exactly that sequence, its logits
+//! embedding and sandwich norms, gpt-oss's biases, sinks and MXFP4 experts. The CPU device receives exactly that sequence, its logits
 //! unchanged by the recording; the CUDA path refuses what it has no kernel for, by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -98,6 +98,21 @@ fn layer_of(
             }),
             None,
         ),
+        // YaRN on every layer, the sliding (even) ones included; queries scaled by the
+        // rotated size.
+        "gpt-oss" => {
+            attn.window = li.is_multiple_of(2).then_some(WINDOW as usize);
+            (
+                Some(Rope {
+                    theta: 150_000.0,
+                    freq_scale: 0.25,
+                    yarn: Some(corr_dims(hd as f32, 64.0, 150_000.0)),
+                    mscale: 1.0 + 0.1 * 4f32.ln(),
+                    ..plain
+                }),
+                None,
+            )
+        }
         "qwen2" => (
             Some(Rope {
                 theta: 1e6,
@@ -160,6 +175,7 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
         head_dim: hd,
     };
     let gemma = arch.starts_with("gemma");
+    let gpt_oss = arch == "gpt-oss";
     let mut ops = vec![Op::Embed {
         table: m(VOCAB, h, false),
         out: Buf::X,
@@ -188,7 +204,7 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
             }
         });
         ops.push(Op::Linear {
-            w: m(q + 2 * kv, h, arch == "qwen2"),
+            w: m(q + 2 * kv, h, matches!(arch, "qwen2" | "gpt-oss")),
             x: Buf::H,
             y: Buf::Qkv,
         });
@@ -214,10 +230,11 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
             qkv: Buf::Qkv,
             heads,
             opts,
+            sinks: gpt_oss.then_some(v(c.n_heads)),
             out: Buf::Attn,
         });
         ops.push(Op::Linear {
-            w: m(h, q, false),
+            w: m(h, q, gpt_oss),
             x: Buf::Attn,
             y: Buf::Tmp,
         });
@@ -236,20 +253,36 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
             eps,
             out: Buf::H,
         });
-        // llama.cpp's `build_moe_ffn` for both: softmax, top-k, renormalized, no scale.
+        // llama.cpp's `build_moe_ffn`: for Qwen3-MoE and Mixtral softmax, top-k,
+        // renormalized, no scale; for gpt-oss the top-k biased logits softmaxed, biased MXFP4
+        // experts, OpenAI's SwiGLU.
         if let Some(e) = c.extras.moe {
+            let expert = |n, k| ParamShape::Matrix {
+                ty: if gpt_oss { WType::MXFP4 } else { WType::F32 },
+                n,
+                k,
+                bias: gpt_oss,
+            };
             ops.push(Op::MoeFfn {
-                router: m(e.n_expert, h, false),
-                gate_up: m(2 * e.ffn_exp, h, false),
-                down: m(h, e.ffn_exp, false),
+                router: m(e.n_expert, h, gpt_oss),
+                gate_up: expert(2 * e.ffn_exp, h),
+                down: expert(h, e.ffn_exp),
                 n_expert: e.n_expert,
                 rule: tpslab_kernels::moe::Router {
                     n_used: e.router.n_used,
-                    gating: tpslab_kernels::moe::Gating::Softmax,
-                    norm: true,
+                    gating: if gpt_oss {
+                        tpslab_kernels::moe::Gating::SoftmaxWeight
+                    } else {
+                        tpslab_kernels::moe::Gating::Softmax
+                    },
+                    norm: !gpt_oss,
                     scale: 0.0,
                 },
-                act: Activation::Silu,
+                act: if gpt_oss {
+                    Activation::SwigluOai
+                } else {
+                    Activation::Silu
+                },
                 x: Buf::H,
                 out: Buf::Tmp,
             });
@@ -309,10 +342,10 @@ fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
         let c = &model.cfg;
         assert_eq!(
             c.family,
-            if arch.starts_with("gemma") {
-                Family::Gemma
-            } else {
-                Family::Llama
+            match arch {
+                "gemma2" | "gemma3" => Family::Gemma,
+                "gpt-oss" => Family::GptOss,
+                _ => Family::Llama,
             },
             "{arch}"
         );
@@ -373,6 +406,7 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("smollm3", Some("a layer without RoPE")),
             ("qwen3moe", Some("QK-norm")),
             ("mixtral", Some("mixture-of-experts layers")),
+            ("gpt-oss", Some("RoPE scaling")),
         ]
     );
 }

@@ -16,7 +16,7 @@ use tpslab_engine::serving::generate::generate;
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_kernels::{ThreadPool, WType};
 
-const ALL: [WType; 15] = WType::ALL;
+const ALL: [WType; 16] = WType::ALL;
 
 /// Every byte of a weight set, in a fixed order.
 fn bytes(w: &Weights) -> Vec<&[u8]> {

@@ -106,6 +106,7 @@ fn new_layers(pool: &ThreadPool, c: &Case, out: &mut [f32]) {
             scale: 1.0 / (SHAPE.head_dim as f32).sqrt(),
             softcap: None,
             window: None,
+            sinks: None,
         };
         attn::paged_attention(pool, &input, out);
     }

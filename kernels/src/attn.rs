@@ -68,6 +68,10 @@ pub struct AttnInput<'a, T> {
     pub softcap: Option<f32>,
     /// Sliding window: token `t` sees positions `positions[t] + 1 - window ..= positions[t]`.
     pub window: Option<usize>,
+    /// One logit per query head that joins its softmax's denominator and attends to nothing
+    /// (gpt-oss's sinks): `w_p = exp(s_p) / (sum_p exp(s_p) + exp(sink))`, as ggml's
+    /// `soft_max` with sinks forms it.
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl<T> AttnInput<'_, T> {
@@ -144,6 +148,10 @@ pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
         input.k_cache.len(),
         input.v_cache.len(),
         "K and V caches differ"
+    );
+    assert!(
+        input.sinks.is_none_or(|s| s.len() == n_heads),
+        "not one sink per query head"
     );
     // The SIMD kernels step through the head 8 floats at a time.
     // Attention has no integer dots: every x86 path runs the AVX2 code.
@@ -325,7 +333,7 @@ fn run_item<T: AsRef<[u32]>>(
         }
     }
 
-    write_out(input.shape, item, s, out);
+    write_out(input.shape, input.sinks, item, s, out);
 }
 
 /// The item's queries rounded to f16 into the scratch, their accumulators and states reset.
@@ -351,15 +359,25 @@ fn load_queries<T>(
 }
 
 /// Each query's accumulator divided by its softmax sum, into its (token, head) row of `out`.
-fn write_out(shape: AttnShape, item: Item, s: &Scratch, out: SendPtr<f32>) {
+/// A head's sink joins the sum here: the maximum becomes the larger of the scores' and the
+/// sink's (rescaling what was summed), and `exp(sink - max)` is added.
+fn write_out(shape: AttnShape, sinks: Option<&[f32]>, item: Item, s: &Scratch, out: SendPtr<f32>) {
     let (hd, group) = (shape.head_dim, shape.n_heads / shape.n_kv_heads);
     let hidden = shape.n_heads * hd;
     let Item { t0, nt, g, .. } = item;
     for i in 0..nt {
         for j in 0..group {
             let qi = i * group + j;
-            let sum = s.state[qi].1;
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let (max, mut sum) = s.state[qi];
+            let mut rescale = 1.0;
+            if let Some(sink) = sinks.map(|sk| sk[g * group + j]) {
+                let m = max.max(sink);
+                if max > f32::NEG_INFINITY {
+                    rescale = (max - m).exp();
+                }
+                sum = sum * rescale + (sink - m).exp();
+            }
+            let inv = if sum > 0.0 { rescale / sum } else { 0.0 };
             let at = (t0 + i) * hidden + (g * group + j) * hd;
             // SAFETY: `out` holds `n * hidden` floats (checked by the caller) and each
             // (token, head) row is written by exactly one item: the one of its tile and group.

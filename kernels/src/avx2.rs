@@ -341,7 +341,8 @@ unsafe fn row_dot<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
             WType::Q5_0 | WType::Q5_1 => crate::avx2_lowbit::dot_q5::<D>(ty, w, x),
             WType::Q2K => crate::avx2_lowbit::dot_q2k::<D>(w, x),
             WType::Q3K => crate::avx2_lowbit::dot_q3k::<D>(w, x),
-            WType::IQ4NL => crate::avx2_lowbit::dot_iq4nl::<D>(w, x),
+            WType::IQ4NL => crate::avx2_lowbit::dot_grid4::<D>(&crate::dots::IQ4NL_GRID, w, x),
+            WType::MXFP4 => crate::avx2_lowbit::dot_grid4::<D>(&crate::dots::MXFP4_GRID, w, x),
             WType::IQ4XS => crate::avx2_lowbit::dot_iq4xs::<D>(w, x),
             _ => quant::dot_q32(ty, w, x),
         }

@@ -1,4 +1,4 @@
-//! AVX2 dots of the types in `dots` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS): ggml's
+//! AVX2 dots of the types in `dots` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4): ggml's
 //! `ggml_vec_dot_*` AVX2 code, bit-identical to the portable formulas there (same exact
 //! integer lanes, same per-block FMAs and final reductions).
 
@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 use crate::WType;
 use crate::avx2_kquant::{check_row, f16_at, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
+use crate::dots::{Grid4, grid4_lanes};
 use crate::isa::Dots;
 use crate::quant::{ActRow, QK_K, QK8};
 
@@ -214,15 +215,15 @@ pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
     }
 }
 
-/// 32 IQ4 grid values from 16 bytes of indices (low nibbles first).
+/// 32 values of a 16-entry grid from 16 bytes of indices (low nibbles first).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_values(p: &[u8]) -> __m256i {
+fn grid4_values(grid: &[i8; 16], p: &[u8]) -> __m256i {
     assert!(p.len() >= 16);
     let m4 = _mm_set1_epi8(0x0f);
     // SAFETY: the 16-entry table and 16 bytes of `p` (checked above) are in bounds.
     unsafe {
-        let values = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+        let values = _mm_loadu_si128(grid.as_ptr().cast());
         let bits = _mm_loadu_si128(p.as_ptr().cast());
         _mm256_set_m128i(
             _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(bits), m4)),
@@ -231,34 +232,33 @@ fn iq4_values(p: &[u8]) -> __m256i {
     }
 }
 
-/// IQ4_NL x Q8_0 over a row ([`crate::dots::dot_iq4nl`]).
+/// IQ4_NL or MXFP4 x Q8_0 over a row ([`crate::dots::dot_grid4`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_iq4nl<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_grid4<D: Dots>(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        let nb = w.len() / 18;
+        let nb = w.len() / g.ts;
         assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
         let mut acc = [_mm256_setzero_ps(); 2];
         let pairs = nb / 2 * 2;
-        for (b, blk) in w.chunks_exact(18).take(pairs).enumerate() {
-            let p = dot_i8_lanes::<D>(iq4_values(&blk[2..18]), load_acts(x.qs, b * QK8));
-            let d = _mm256_set1_ps(x.d[b] * f16_at(blk, 0));
+        for (b, blk) in w.chunks_exact(g.ts).take(pairs).enumerate() {
+            let q4 = grid4_values(g.values, &blk[g.qs..g.qs + 16]);
+            let p = dot_i8_lanes::<D>(q4, load_acts(x.qs, b * QK8));
+            let d = _mm256_set1_ps(x.d[b] * (g.scale)(blk));
             acc[b % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[b % 2]);
         }
         let mut sumf = hsum8(_mm256_add_ps(acc[0], acc[1]));
         if pairs < nb {
             // The odd last block as ggml's scalar tail.
             let b = pairs;
-            let blk = &w[18 * b..18 * b + 18];
+            let blk = &w[g.ts * b..g.ts * (b + 1)];
             let xq = &x.qs[b * QK8..(b + 1) * QK8];
-            let mut sumi = 0i32;
-            for j in 0..16 {
-                sumi += xq[j] as i32 * KVALUES_IQ4NL[(blk[2 + j] & 0xf) as usize] as i32;
-                sumi += xq[16 + j] as i32 * KVALUES_IQ4NL[(blk[2 + j] >> 4) as usize] as i32;
-            }
-            sumf = (x.d[b] * f16_at(blk, 0)).mul_add(sumi as f32, sumf);
+            let sumi: i32 = grid4_lanes(g.values, &blk[g.qs..g.qs + 16], xq)
+                .iter()
+                .sum();
+            sumf = (x.d[b] * (g.scale)(blk)).mul_add(sumi as f32, sumf);
         }
         sumf
     }
@@ -277,7 +277,7 @@ pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
             // Two accumulators, as in `dot_q2k`.
             let mut sumi = [_mm256_setzero_si256(); 2];
             for ib in 0..8 {
-                let q4 = iq4_values(&blk[8 + 16 * ib..24 + 16 * ib]);
+                let q4 = grid4_values(&KVALUES_IQ4NL, &blk[8 + 16 * ib..24 + 16 * ib]);
                 let p16 = _mm256_maddubs_epi16(
                     _mm256_sign_epi8(q4, q4),
                     _mm256_sign_epi8(load_acts(x.qs, b * QK_K + 32 * ib), q4),

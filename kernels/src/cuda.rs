@@ -110,13 +110,14 @@ pub fn wtype_id(ty: WType) -> i32 {
         WType::Q3K => 12,
         WType::IQ4NL => 13,
         WType::IQ4XS => 14,
+        WType::MXFP4 => 15,
     }
 }
 
 /// Whether the CUDA backend takes weights of type `ty`. Q5_K's kernels (mmvq.cu, the Q5_K
 /// cases of common.cuh and elementwise.cu) are written but have not run on a GPU yet: until
 /// tests/gpu/gpu-check.sh passes with them, Q5_K models stay on the CPU. Q5_0, Q5_1, Q2_K,
-/// Q3_K, IQ4_NL and IQ4_XS have no CUDA kernels: their models run on the CPU.
+/// Q3_K, IQ4_NL, IQ4_XS and MXFP4 have no CUDA kernels: their models run on the CPU.
 pub fn has_kernel(ty: WType) -> bool {
     matches!(
         ty,

@@ -62,7 +62,8 @@ pub fn dequantize_row(ty: WType, data: &[u8], out: &mut [f32]) {
             WType::Q5_0 | WType::Q5_1 => dequantize_q5(ty, blk, chunk),
             WType::Q2K => dequantize_q2k(blk, chunk),
             WType::Q3K => dequantize_q3k(blk, chunk),
-            WType::IQ4NL => dequantize_iq4(f16_at(blk, 0), &blk[2..18], chunk),
+            WType::IQ4NL => dequantize_grid4(&KVALUES_IQ4NL, f16_at(blk, 0), &blk[2..18], chunk),
+            WType::MXFP4 => dequantize_grid4(&KVALUES_MXFP4, e8m0_half(blk[0]), &blk[1..17], chunk),
             WType::IQ4XS => dequantize_iq4xs(blk, chunk),
         }
     }
@@ -222,11 +223,29 @@ pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
-/// 32 elements from 16 bytes of grid indices (low nibbles first) at scale `d`.
-fn dequantize_iq4(d: f32, qs: &[u8], out: &mut [f32]) {
+/// ggml's `kvalues_mxfp4`: the e2m1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives)
+/// doubled, so they are integers; [`e8m0_half`] halves the scale to match.
+pub(crate) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An e8m0 scale byte as f32, halved (ggml's `ggml_e8m0_to_fp32_half`): `2^(e - 128)`, the two
+/// lowest exponents as subnormals.
+#[inline(always)]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// 32 elements from 16 bytes of 4-bit indices into `grid` (low nibbles first) at scale `d`:
+/// IQ4_NL and MXFP4.
+fn dequantize_grid4(grid: &[i8; 16], d: f32, qs: &[u8], out: &mut [f32]) {
     for j in 0..16 {
-        out[j] = d * KVALUES_IQ4NL[(qs[j] & 0xf) as usize] as f32;
-        out[j + 16] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+        out[j] = d * grid[(qs[j] & 0xf) as usize] as f32;
+        out[j + 16] = d * grid[(qs[j] >> 4) as usize] as f32;
     }
 }
 
@@ -244,6 +263,6 @@ fn dequantize_iq4xs(blk: &[u8], out: &mut [f32]) {
     let d = f16_at(blk, 0);
     for (ib, o) in out.chunks_exact_mut(32).enumerate() {
         let dl = d * (iq4xs_scale(blk, ib) - 32) as f32;
-        dequantize_iq4(dl, &blk[8 + 16 * ib..24 + 16 * ib], o);
+        dequantize_grid4(&KVALUES_IQ4NL, dl, &blk[8 + 16 * ib..24 + 16 * ib], o);
     }
 }

@@ -1,13 +1,14 @@
 //! The portable dot of any quantized weight row with its activations ([`dot_row`], over the
-//! formulas of `quant` and those here), and the formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and
-//! IQ4_XS weight rows with quantized activations, doing exactly the float operations of ggml's AVX2 code
+//! formulas of `quant` and those here), and the formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
+//! IQ4_XS and MXFP4 weight rows with quantized activations, doing exactly the float operations of ggml's AVX2 code
 //! (`ggml_vec_dot_*` in ggml-cpu/arch/x86/quants.c), in the shape `quant` describes: exact
 //! integer lanes (lane `l` holds elements `4l..4l+4` of every 32), one f32 FMA per lane and
 //! block, ggml's `hsum_float_8` at the end.
 
 use crate::WType;
 use crate::dequant::{
-    KVALUES_IQ4NL, f16_at, iq4xs_scale, k_low2, q3k_level, q3k_scales, q5_level, u32_at,
+    KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_half, f16_at, iq4xs_scale, k_low2, q3k_level, q3k_scales,
+    q5_level, u32_at,
 };
 use crate::quant::{self, ActRow, QK_K, QK8, hsum8};
 
@@ -22,7 +23,8 @@ pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
         WType::Q5_0 | WType::Q5_1 => dot_q5(ty, w, x),
         WType::Q2K => dot_q2k(w, x),
         WType::Q3K => dot_q3k(w, x),
-        WType::IQ4NL => dot_iq4nl(w, x),
+        WType::IQ4NL => dot_grid4(&IQ4NL_GRID, w, x),
+        WType::MXFP4 => dot_grid4(&MXFP4_GRID, w, x),
         WType::IQ4XS => dot_iq4xs(w, x),
         WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
     }
@@ -104,29 +106,62 @@ pub(crate) fn dot_q3k(w: &[u8], x: ActRow<'_>) -> f32 {
     hsum8(acc)
 }
 
-/// The exact integer lanes of 32 IQ4 grid values (indices in 16 bytes, low nibbles first)
-/// times 32 activations.
+/// A 32-element block type of one scale and 16 bytes of 4-bit indices into a 16-value grid:
+/// IQ4_NL (f16 scale, `kvalues_iq4nl`) and MXFP4 (e8m0 scale, `kvalues_mxfp4`). Their dots with
+/// Q8_0 activations are the same code in ggml (`ggml_vec_dot_iq4_nl_q8_0`,
+/// `ggml_vec_dot_mxfp4_q8_0`), as here.
+pub(crate) struct Grid4 {
+    /// Bytes per block.
+    pub ts: usize,
+    /// Where the 16 bytes of indices start.
+    pub qs: usize,
+    pub values: &'static [i8; 16],
+    /// The block's scale from its bytes.
+    pub scale: fn(&[u8]) -> f32,
+}
+
+pub(crate) const IQ4NL_GRID: Grid4 = Grid4 {
+    ts: 18,
+    qs: 2,
+    values: &KVALUES_IQ4NL,
+    scale: |b| f16_at(b, 0),
+};
+
+pub(crate) const MXFP4_GRID: Grid4 = Grid4 {
+    ts: 17,
+    qs: 1,
+    values: &KVALUES_MXFP4,
+    scale: |b| e8m0_half(b[0]),
+};
+
+/// The exact integer lanes of 32 grid values (indices in 16 bytes, low nibbles first) times
+/// 32 activations.
 #[inline(always)]
-fn iq4_lanes(qs: &[u8], xq: &[i8]) -> [i32; 8] {
+pub(crate) fn grid4_lanes(grid: &[i8; 16], qs: &[u8], xq: &[i8]) -> [i32; 8] {
     let mut lanes = [0i32; 8];
     for j in 0..16 {
-        lanes[j / 4] += KVALUES_IQ4NL[(qs[j] & 0xf) as usize] as i32 * xq[j] as i32;
-        lanes[4 + j / 4] += KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32 * xq[16 + j] as i32;
+        lanes[j / 4] += grid[(qs[j] & 0xf) as usize] as i32 * xq[j] as i32;
+        lanes[4 + j / 4] += grid[(qs[j] >> 4) as usize] as i32 * xq[16 + j] as i32;
     }
     lanes
 }
 
-/// IQ4_NL x Q8_0 over a row (ggml `ggml_vec_dot_iq4_nl_q8_0`, AVX2): blocks in pairs, even
-/// blocks into one accumulator and odd into another, `hsum8(acc1 + acc2)`; an odd last block
-/// is added as a scalar `sumf += d * sumi` (contracted to an FMA).
+/// IQ4_NL or MXFP4 x Q8_0 over a row (ggml `ggml_vec_dot_iq4_nl_q8_0` /
+/// `ggml_vec_dot_mxfp4_q8_0`, AVX2): blocks in pairs, even blocks into one accumulator and odd
+/// into another, `hsum8(acc1 + acc2)`; an odd last block is added as a scalar
+/// `sumf += d * sumi` (contracted to an FMA). The scale is `d_x * d_w`.
 #[inline(always)]
-pub(crate) fn dot_iq4nl(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) fn dot_grid4(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
     let mut acc = [[0f32; 8]; 2];
-    let nb = w.len() / 18;
+    let nb = w.len() / g.ts;
     let pairs = nb / 2 * 2;
-    for (b, blk) in w.chunks_exact(18).take(pairs).enumerate() {
-        let lanes = iq4_lanes(&blk[2..18], &x.qs[b * QK8..(b + 1) * QK8]);
-        let dd = x.d[b] * f16_at(blk, 0);
+    for (b, blk) in w.chunks_exact(g.ts).take(pairs).enumerate() {
+        let lanes = grid4_lanes(
+            g.values,
+            &blk[g.qs..g.qs + 16],
+            &x.qs[b * QK8..(b + 1) * QK8],
+        );
+        let dd = x.d[b] * (g.scale)(blk);
         for (a, &l) in acc[b % 2].iter_mut().zip(&lanes) {
             *a = dd.mul_add(l as f32, *a);
         }
@@ -134,11 +169,15 @@ pub(crate) fn dot_iq4nl(w: &[u8], x: ActRow<'_>) -> f32 {
     let mut sumf = hsum8(std::array::from_fn(|l| acc[0][l] + acc[1][l]));
     if pairs < nb {
         let b = pairs;
-        let blk = &w[18 * b..18 * b + 18];
-        let sumi: i32 = iq4_lanes(&blk[2..18], &x.qs[b * QK8..(b + 1) * QK8])
-            .iter()
-            .sum();
-        sumf = (x.d[b] * f16_at(blk, 0)).mul_add(sumi as f32, sumf);
+        let blk = &w[g.ts * b..g.ts * (b + 1)];
+        let sumi: i32 = grid4_lanes(
+            g.values,
+            &blk[g.qs..g.qs + 16],
+            &x.qs[b * QK8..(b + 1) * QK8],
+        )
+        .iter()
+        .sum();
+        sumf = (x.d[b] * (g.scale)(blk)).mul_add(sumi as f32, sumf);
     }
     sumf
 }
@@ -154,7 +193,7 @@ pub(crate) fn dot_iq4xs(w: &[u8], x: ActRow<'_>) -> f32 {
         for ib in 0..8 {
             let ls = iq4xs_scale(blk, ib) - 32;
             let xq = &x.qs[b * QK_K + 32 * ib..b * QK_K + 32 * ib + 32];
-            let lanes = iq4_lanes(&blk[8 + 16 * ib..24 + 16 * ib], xq);
+            let lanes = grid4_lanes(&KVALUES_IQ4NL, &blk[8 + 16 * ib..24 + 16 * ib], xq);
             for (s, l) in sumi.iter_mut().zip(lanes) {
                 *s += ls * l;
             }

@@ -8,20 +8,23 @@
 //! - `dequant`: weight blocks (ggml layouts) back to f32, the plain reference for every type.
 //! - `quantize`: weight quantization, f32 rows to ggml block bytes, byte-exact with ggml's
 //!   reference quantizers (`quantize_row_*_ref`, the K-quants' scale searches included).
-//! - `quantize_lowbit`: the Q3_K, IQ4_NL and IQ4_XS quantizers (ggml's scale searches).
+//! - `quantize_lowbit`: the Q3_K, IQ4_NL and IQ4_XS quantizers (ggml's scale searches), and
+//!   MXFP4's.
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
 //!   portable and written to do exactly the float operations ggml's AVX2 code does.
-//! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS.
+//! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4.
 //! - `isa`: the x86 integer-dot paths (AVX2, AVX-VNNI, AVX-512 VNNI): the kernels below are
 //!   generic over them and compiled once per path, chosen at run time ([`Backend::detect`]).
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
-//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS).
+//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS,
+//!   MXFP4).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `moe`: mixture-of-experts routing and the expert FFN grouped by expert (each expert's
 //!   weights read once per step).
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
-//! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback).
+//! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback), with
+//!   sliding windows, soft-capping and per-head sinks.
 //! - `cuda` (feature `cuda`, on by default): the GPU kernels (`kernels/cuda/*.cu`, embedded as the
 //!   PTX in `kernels/ptx/`) behind safe wrappers on cudarc; libcuda is loaded at run time.
 

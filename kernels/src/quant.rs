@@ -32,7 +32,7 @@ impl ActType {
     pub fn for_weight(ty: WType) -> Self {
         match ty {
             WType::F32 | WType::F16 | WType::BF16 => Self::F32,
-            WType::Q4_0 | WType::Q8_0 | WType::Q5_0 | WType::IQ4NL => Self::Q8_0,
+            WType::Q4_0 | WType::Q8_0 | WType::Q5_0 | WType::IQ4NL | WType::MXFP4 => Self::Q8_0,
             WType::Q4_1 | WType::Q5_1 => Self::Q8_1,
             WType::Q4K | WType::Q5K | WType::Q6K | WType::Q2K | WType::Q3K | WType::IQ4XS => {
                 Self::Q8K

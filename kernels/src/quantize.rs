@@ -1,5 +1,5 @@
 //! Weight quantization: f32 rows to ggml block bytes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q2_K, Q4_K, Q5_K, Q6_K here; Q3_K, IQ4_NL and IQ4_XS in `quantize_lowbit`), doing exactly the float operations of ggml's reference quantizers
+//! Q5_1, Q2_K, Q4_K, Q5_K, Q6_K here; Q3_K, IQ4_NL, IQ4_XS and MXFP4 in `quantize_lowbit`), doing exactly the float operations of ggml's reference quantizers
 //! (`quantize_row_*_ref` in ggml-quants.c, which `llama-quantize` uses when no importance matrix
 //! is given), so a file we write has the bytes llama.cpp would write.
 //!
@@ -61,6 +61,7 @@ pub fn quantize_row(ty: WType, x: &[f32], out: &mut [u8]) {
                     WType::Q3K => crate::quantize_lowbit::quantize_q3k(xb, blk),
                     WType::IQ4NL => crate::quantize_lowbit::quantize_iq4nl(xb, blk),
                     WType::IQ4XS => crate::quantize_lowbit::quantize_iq4xs(xb, blk),
+                    WType::MXFP4 => crate::quantize_lowbit::quantize_mxfp4(xb, blk),
                     WType::F32 | WType::F16 | WType::BF16 => unreachable!("handled above"),
                 }
             }

@@ -1,4 +1,4 @@
-//! The Q3_K, IQ4_NL and IQ4_XS quantizers, doing exactly the float operations of ggml's
+//! The Q3_K, IQ4_NL, IQ4_XS and MXFP4 quantizers, doing exactly the float operations of ggml's
 //! (`quantize_row_q3_K_ref`, and `quantize_iq4_nl` / `quantize_iq4_xs` without an importance
 //! matrix, which is what `llama-quantize` runs for these types), as `quantize` does for the
 //! others; and the rounding and packing helpers both modules use.
@@ -287,4 +287,34 @@ pub(crate) fn quantize_iq4xs(x: &[f32], blk: &mut [u8]) {
         scales_h |= ((l >> 4) as u16) << (2 * ib);
     }
     blk[2..4].copy_from_slice(&scales_h.to_le_bytes());
+}
+
+/// ggml `quantize_row_mxfp4_ref` (gguf-py's `MXFP4.quantize_blocks`): the shared exponent is
+/// `floor(log2(amax)) - 2 + 127` (so the largest value lands on the grid's top, 6 = 12 / 2, or
+/// just under), then each element takes the nearest grid value, the first on ties. (An
+/// `amax` under 2^-125 would give a negative exponent, which C and numpy wrap; it is clamped
+/// to 0 here: such a block is all but zero either way.)
+pub(crate) fn quantize_mxfp4(x: &[f32], blk: &mut [u8]) {
+    use crate::dequant::{KVALUES_MXFP4, e8m0_half};
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let e = if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+    } else {
+        0
+    };
+    let d = e8m0_half(e);
+    let best = |v: f32| {
+        let mut best = (0usize, (d * KVALUES_MXFP4[0] as f32 - v).abs());
+        for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+            let err = (d * k as f32 - v).abs();
+            if err < best.1 {
+                best = (i, err);
+            }
+        }
+        best.0 as u8
+    };
+    blk[0] = e;
+    for j in 0..16 {
+        blk[1 + j] = best(x[j]) | (best(x[16 + j]) << 4);
+    }
 }

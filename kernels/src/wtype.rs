@@ -40,6 +40,10 @@ pub enum WType {
     /// ggml `block_iq4_xs`: f16 d, 2 bytes of high and 4 of low scale bits (8 6-bit scales), 128
     /// bytes of `kvalues_iq4nl` indices; 256 elements.
     IQ4XS,
+    /// ggml `block_mxfp4` (OCP microscaling FP4, gpt-oss's experts): one e8m0 exponent byte,
+    /// 16 bytes of e2m1 nibbles (low nibbles first); x = 2^(e - 128) * `kvalues_mxfp4`[q] (the
+    /// grid doubled, the scale halved); 32 elements.
+    MXFP4,
 }
 
 /// Other spellings [`WType::from_str`] takes: llama.cpp's file-type names for the K-quant mixes
@@ -54,7 +58,7 @@ const ALIASES: [(&str, WType); 5] = [
 
 impl WType {
     /// Every type, in the order of the kernels' type ids.
-    pub const ALL: [WType; 15] = [
+    pub const ALL: [WType; 16] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -70,6 +74,7 @@ impl WType {
         Self::Q3K,
         Self::IQ4NL,
         Self::IQ4XS,
+        Self::MXFP4,
     ];
 
     /// ggml's name of the type ("Q4_K"), as GGUF tools and llama.cpp print it.
@@ -90,6 +95,7 @@ impl WType {
             Self::Q3K => "Q3_K",
             Self::IQ4NL => "IQ4_NL",
             Self::IQ4XS => "IQ4_XS",
+            Self::MXFP4 => "MXFP4",
         }
     }
 
@@ -98,6 +104,7 @@ impl WType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => 32,
+            Self::MXFP4 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K | Self::Q2K | Self::Q3K | Self::IQ4XS => 256,
         }
     }
@@ -118,6 +125,7 @@ impl WType {
             Self::Q3K => 110,
             Self::IQ4NL => 18,
             Self::IQ4XS => 136,
+            Self::MXFP4 => 17,
         }
     }
     /// Bytes of one row of `k` elements.
@@ -185,7 +193,7 @@ mod tests {
             names,
             [
                 "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q5_0",
-                "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"
+                "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"
             ]
         );
         for t in WType::ALL {

@@ -37,6 +37,7 @@ struct Case {
     v: Vec<f16>,
     softcap: Option<f32>,
     window: Option<usize>,
+    sinks: Option<Vec<f32>>,
 }
 
 impl Case {
@@ -86,6 +87,7 @@ impl Case {
             v,
             softcap: None,
             window: None,
+            sinks: None,
         }
     }
 
@@ -102,6 +104,7 @@ impl Case {
             scale: 1.0 / (self.shape.head_dim as f32).sqrt(),
             softcap: self.softcap,
             window: self.window,
+            sinks: self.sinks.as_deref(),
         }
     }
 
@@ -126,6 +129,7 @@ impl Case {
             v: self.v.clone(),
             softcap: self.softcap,
             window: self.window,
+            sinks: self.sinks.clone(),
         }
     }
 
@@ -159,9 +163,14 @@ impl Case {
                             .map_or(s, |c| (s / f64::from(c)).tanh() * f64::from(c))
                     })
                     .collect();
-                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sink = self.sinks.as_ref().map(|sk| f64::from(sk[h]));
+                let max = s
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-                let sum: f64 = w.iter().sum();
+                let sum: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for d in 0..hd {
                     let acc: f64 = (first..=pos)
                         .zip(&w)
@@ -265,6 +274,61 @@ fn windows_and_softcap_match_reference() {
             }
         }
     }
+}
+
+/// Sinks (one logit per query head, in each softmax's denominator; gpt-oss): below, among and
+/// far above the scores, with and without a window, on every backend against the f64
+/// reference; a token's output with sinks does not depend on its batch; a sink of -inf is no
+/// sink at all.
+#[test]
+fn sinks_match_reference() {
+    let shape = AttnShape {
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 64,
+        block_size: 16,
+    };
+    let seqs = [(1, 1), (300, 1), (70, 70), (129, 13), (33, 2)];
+    for (i, &(lo, hi, window)) in [
+        (-20.0f32, -10.0, None),
+        (-3.0, 3.0, None),
+        (-3.0, 3.0, Some(16)),
+        (40.0, 60.0, Some(5)),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut case = Case::random(shape, &seqs, 3.0, 700 + i as u64);
+        let mut rng = StdRng::seed_from_u64(i as u64);
+        case.sinks = Some((0..8).map(|_| rng.random_range(lo..hi)).collect());
+        case.window = window;
+        let want = case.reference();
+        for b in backends() {
+            let got = case.run(b, &pools()[1]);
+            for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 2e-5,
+                    "{b:?} sinks {lo}..{hi} window {window:?} elem {e}: {g} vs {w}"
+                );
+            }
+            let hidden = shape.n_heads * shape.head_dim;
+            for t in [0, 5, 40, case.positions.len() - 1] {
+                let alone = case.alone(t).run(b, &pools()[0]);
+                let batched = &got[t * hidden..(t + 1) * hidden];
+                assert!(
+                    alone
+                        .iter()
+                        .zip(batched)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{b:?} sinks: token {t} differs alone"
+                );
+            }
+        }
+    }
+    let mut case = Case::random(shape, &seqs, 3.0, 800);
+    let plain = case.run(Backend::Portable, &pools()[1]);
+    case.sinks = Some(vec![f32::NEG_INFINITY; 8]);
+    assert_eq!(case.run(Backend::Portable, &pools()[1]), plain);
 }
 
 /// Head dims that are not a multiple of 8 run on the portable path whatever the backend asked.

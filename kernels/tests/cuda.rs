@@ -613,7 +613,7 @@ fn no_driver_is_an_error_not_a_panic() {
 }
 
 /// Without a GPU: the types with no CUDA kernel (Q5_K, and Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
-/// IQ4_XS) are refused by name before any launch, and every type's id is its place in
+/// IQ4_XS, MXFP4) are refused by name before any launch, and every type's id is its place in
 /// `WType::ALL` (the kernel tables are indexed by it).
 #[test]
 fn types_without_kernels_are_refused_by_name_and_ids_index_the_tables() {
@@ -628,6 +628,7 @@ fn types_without_kernels_are_refused_by_name_and_ids_index_the_tables() {
         WType::Q3K,
         WType::IQ4NL,
         WType::IQ4XS,
+        WType::MXFP4,
     ] {
         assert!(!has_kernel(ty));
         let e = tpslab_kernels::cuda::check_type(ty).expect_err("no kernel");

@@ -72,6 +72,7 @@ fn quantize_is_byte_identical_to_gguf_py() {
         WType::Q5_0,
         WType::Q5_1,
         WType::Q8_0,
+        WType::MXFP4,
     ] {
         let x = floats(record(&format!("q/{ty}/input")));
         let want = record(&format!("q/{ty}/bytes"));
@@ -87,6 +88,6 @@ fn quantize_is_byte_identical_to_gguf_py() {
 #[test]
 fn the_fixture_holds_only_known_records() {
     let names: Vec<String> = records().into_iter().map(|(n, _)| n).collect();
-    // 14 dequantized types (blocks and values) and 6 quantized ones (input and bytes).
-    assert_eq!(names.len(), 14 * 2 + 6 * 2, "{names:?}");
+    // 15 dequantized types (blocks and values) and 7 quantized ones (input and bytes).
+    assert_eq!(names.len(), 15 * 2 + 7 * 2, "{names:?}");
 }

@@ -12,7 +12,8 @@ tokenizer of one of llama.cpp's ggml-vocab-*.gguf files) it records:
 Usage (llama.cpp built by ../shared/reference/build-llamacpp.sh):
   python3 tests/reference/make_arch_refs.py [LLAMA_CPP_BIN] > tests/data/arch_refs.json
   python3 tests/reference/make_arch_refs.py --moe [LLAMA_CPP_BIN] > tests/data/moe_refs.json
-(--moe: the mixture-of-experts variants, kept in their own file.)
+(--moe: the mixture-of-experts variants, kept in their own file: qwen3moe, Mixtral-style llama
+and gpt-oss, whose tiny file has MXFP4 experts, attention sinks and biases.)
 Fixtures: the llama.cpp models/ folder as tests/support/llamacpp.rs caches it
 ($TPSLAB_FIXTURES/models, default ~/.cache/tpslab/llama-cpp-0.3.36/models).
 """
@@ -38,6 +39,8 @@ VARIANTS = {
 MOE_VARIANTS = {
     "qwen3moe": "qwen2",
     "mixtral": "llama-spm",
+    # llama.cpp ships no o200k (gpt-oss) vocabulary: GPT-2's byte-level BPE is the closest.
+    "gpt-oss": "gpt-2",
 }
 CTX = 128
 STEPS = 32

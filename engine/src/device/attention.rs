@@ -19,13 +19,14 @@ pub const MAX_HEAD_DIM: usize = attn::MAX_HEAD_DIM;
 
 /// `out[t]` = attention of the query rows `q[t]` over positions `0..=positions[t]` of token
 /// `t`'s sequence (those in the window of `opts`), K/V read from `k_cache`/`v_cache` through the
-/// batch's block tables. `q` rows are `q_stride` floats apart (they sit inside the fused QKV
-/// output).
+/// batch's block tables, with one sink logit per query head where `sinks` is given. `q` rows
+/// are `q_stride` floats apart (they sit inside the fused QKV output).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     pool: &ThreadPool,
     shape: AttnShape,
     opts: AttnOpts,
+    sinks: Option<&[f32]>,
     batch: &Batch,
     q: &[f32],
     q_stride: usize,
@@ -45,6 +46,7 @@ pub fn paged_attention(
         scale: opts.scale,
         softcap: opts.softcap,
         window: opts.window,
+        sinks,
     };
     attn::paged_attention(pool, &input, out);
 }
@@ -199,7 +201,7 @@ mod tests {
             let (kc, vc) = kv.layer(0);
             let opts = AttnOpts::plain(hd);
             paged_attention(
-                &pool, shape, opts, &batch, &q_all, q_stride, kc, vc, &mut out,
+                &pool, shape, opts, None, &batch, &q_all, q_stride, kc, vc, &mut out,
             );
             let mut off = 0;
             for (q, k, v) in &seqs {

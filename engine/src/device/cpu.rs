@@ -251,6 +251,7 @@ impl Ops for CpuOps<'_> {
         qkv: Buf,
         heads: Heads,
         opts: AttnOpts,
+        sinks: Option<&Vec<f32>>,
         out: Buf,
     ) -> Result<(), Infallible> {
         let shape = AttnShape {
@@ -268,6 +269,7 @@ impl Ops for CpuOps<'_> {
             pool,
             shape,
             opts,
+            sinks.map(Vec::as_slice),
             batch,
             q,
             heads.qkv_dim(),

@@ -192,11 +192,17 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights) -> Option<&'static str> {
         Op::QkNorm { .. } => Some("QK-norm"),
         Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),
         Op::RopeStore { rope, factors, .. } => rope_gap(rope.as_ref(), factors.is_some()),
-        Op::Attention { heads, opts, .. } => attn_gap(*heads, opts),
+        Op::Attention {
+            heads, opts, sinks, ..
+        } => attn_gap(*heads, opts, sinks.is_some()),
         Op::GatedFfn {
             act: Activation::GeluTanh,
             ..
         } => Some("GELU gating"),
+        Op::GatedFfn {
+            act: Activation::SwigluOai,
+            ..
+        } => Some("OpenAI's clamped SwiGLU"),
         Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
         _ => None,
     })
@@ -213,8 +219,10 @@ fn rope_gap(rope: Option<&Rope>, factors: bool) -> Option<&'static str> {
     }
 }
 
-fn attn_gap(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
-    if opts.window.is_some() {
+fn attn_gap(heads: Heads, opts: &AttnOpts, sinks: bool) -> Option<&'static str> {
+    if sinks {
+        Some("attention sinks")
+    } else if opts.window.is_some() {
         Some("sliding-window attention")
     } else if opts.softcap.is_some() {
         Some("attention soft-capping")
@@ -642,9 +650,10 @@ impl Ops for CudaOps<'_> {
         qkv: Buf,
         heads: Heads,
         opts: AttnOpts,
+        sinks: Option<&DevVector>,
         out: Buf,
     ) -> Result<(), CudaError> {
-        if let Some(what) = attn_gap(heads, &opts) {
+        if let Some(what) = attn_gap(heads, &opts, sinks.is_some()) {
             return Err(CudaError::NoOp(what));
         }
         let (kc, vc) = self.kv_of(layer);
@@ -675,6 +684,7 @@ impl Ops for CudaOps<'_> {
         match act {
             Activation::Silu => self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?,
             Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
+            Activation::SwigluOai => return Err(CudaError::NoOp("OpenAI's clamped SwiGLU")),
         }
         down.forward(self.g, a, self.n, out, self.sc)
     }

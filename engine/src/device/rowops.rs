@@ -1,5 +1,6 @@
 //! Small per-row operations of the forward pass: RMSNorm, rotary embeddings (with ggml's
-//! scaling: linear, YaRN, frequency factors), SwiGLU and GeGLU, soft-capping, residual add.
+//! scaling: linear, YaRN, frequency factors), SwiGLU, GeGLU and OpenAI's clamped SwiGLU,
+//! soft-capping, residual add.
 //! Each row is computed on its own, so results never depend on what else is in the batch.
 
 use half::f16;
@@ -83,6 +84,23 @@ pub fn gated(act: Activation, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
     match act {
         Activation::Silu => swiglu(gate_up, ffn, out),
         Activation::GeluTanh => geglu(gate_up, ffn, out),
+        Activation::SwigluOai => swiglu_oai(gate_up, ffn, out),
+    }
+}
+
+/// `out = swiglu_oai(gate, up)` for each row of `gu` = `[gate (ffn) | up (ffn)]`, as ggml's CPU
+/// `swiglu_oai` computes it with gpt-oss's constants: the gate clamped from above, the up
+/// from both sides, `g / (1 + exp(-alpha g)) * (u + 1)`.
+pub fn swiglu_oai(gu: &[f32], ffn: usize, out: &mut [f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (row, o) in gu.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
+        let (g, u) = row.split_at(ffn);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let x = g.min(LIMIT);
+            let y = u.clamp(-LIMIT, LIMIT);
+            *o = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+        }
     }
 }
 
@@ -204,6 +222,22 @@ mod tests {
         let (mut c10, mut s10) = (vec![0f32; 4], vec![0f32; 4]);
         rope_cache(10, &plain(8), None, &mut c10, &mut s10);
         assert!((c[3] - c10[3]).abs() < 1e-5);
+    }
+
+    /// The gate is clamped at 7 from above only, the up at +-7, and the output is
+    /// `g * sigmoid(1.702 g) * (u + 1)`.
+    #[test]
+    fn swiglu_oai_clamps_as_gpt_oss() {
+        let gu = [9.0f32, -9.0, 0.5, 0.0, 20.0, -20.0, 2.0, 3.0];
+        let mut out = [0f32; 4];
+        swiglu_oai(&gu, 4, &mut out);
+        let f = |g: f32, u: f32| g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+        assert_eq!(out[0], f(7.0, 7.0));
+        assert_eq!(out[1], f(-9.0, -7.0));
+        assert_eq!(out[2], f(0.5, 2.0));
+        assert_eq!(out[3], 0.0);
+        // -9 is not clamped: sigmoid(-15.3) is tiny but not 0, and (u + 1) = -6 flips its sign.
+        assert!(out[1] > 0.0 && out[1] < 1e-4, "{}", out[1]);
     }
 
     #[test]

@@ -92,6 +92,7 @@ pub enum GgmlType {
     Q8K,
     IQ4NL,
     IQ4XS,
+    MXFP4,
 }
 
 impl GgmlType {
@@ -114,6 +115,7 @@ impl GgmlType {
             20 => Self::IQ4NL,
             23 => Self::IQ4XS,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             _ => return None,
         })
     }
@@ -137,6 +139,7 @@ impl GgmlType {
             Self::IQ4NL => 20,
             Self::IQ4XS => 23,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
@@ -145,7 +148,7 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::IQ4NL => 32,
+            Self::IQ4NL | Self::MXFP4 => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
             Self::IQ4XS => 256,
         }
@@ -170,6 +173,7 @@ impl GgmlType {
             Self::Q8K => 292,
             Self::IQ4NL => 18,
             Self::IQ4XS => 136,
+            Self::MXFP4 => 17,
         }
     }
 
@@ -192,6 +196,7 @@ impl GgmlType {
             Self::Q8K => "Q8_K",
             Self::IQ4NL => "IQ4_NL",
             Self::IQ4XS => "IQ4_XS",
+            Self::MXFP4 => "MXFP4",
         }
     }
 }

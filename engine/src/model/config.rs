@@ -23,6 +23,11 @@ pub enum Family {
     /// Gemma 2 and 3: scaled embeddings, norms before and after attention and FFN, GELU gating,
     /// soft-capping (Gemma 2), local and global layers.
     Gemma,
+    /// gpt-oss: the Llama block with biases on Q/K/V and the output, a learned sink logit per
+    /// head in each softmax, sliding-window and full layers alternating, YaRN on all of them,
+    /// and a mixture of experts with biases behind a router with a bias, gated by OpenAI's
+    /// clamped SwiGLU.
+    GptOss,
 }
 
 /// What the engine knows of a GGUF `general.architecture` it runs.
@@ -86,6 +91,11 @@ pub const ARCHS: &[Arch] = &[
         family: Family::Gemma,
         rope_style: RopeStyle::Neox,
     },
+    Arch {
+        name: "gpt-oss",
+        family: Family::GptOss,
+        rope_style: RopeStyle::Neox,
+    },
 ];
 
 /// The architecture of a GGUF `general.architecture`, if the engine runs it (the library's
@@ -123,6 +133,9 @@ pub struct Extras {
     pub swa_layers: Vec<bool>,
     /// The RoPE base of sliding-window layers (Gemma 3's local layers).
     pub rope_theta_swa: f32,
+    /// Whether sliding-window layers keep the model's RoPE scaling (gpt-oss: llama.cpp's
+    /// `rope_freq_scale_train_swa` is the trained scale) or run unscaled (Gemma 3).
+    pub rope_scaled_swa: bool,
     /// `tanh(s / cap) * cap` on attention scores, and on the logits (Gemma 2).
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
@@ -154,6 +167,7 @@ impl Extras {
             window: None,
             swa_layers: Vec::new(),
             rope_theta_swa: 10_000.0,
+            rope_scaled_swa: false,
             attn_softcap: None,
             final_softcap: None,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -445,6 +459,23 @@ fn extras(k: &Keys<'_>, c: &ModelConfig) -> Result<Extras, ConfigError> {
         }
         // Phi-3's sliding window is off in llama.cpp (its files set it wrongly).
         "phi3" => {}
+        // llama.cpp's `llama_model_openai_moe::load_arch_hparams`: the window is required,
+        // every other layer slides (the first does), the sliding layers keep the base and
+        // scaling unless the file gives them a base of their own; queries are scaled by the
+        // rotated size.
+        "gpt-oss" => {
+            if window == 0 {
+                return Err(ConfigError::Shape(format!(
+                    "{} must be set for gpt-oss",
+                    k.key("attention.sliding_window")
+                )));
+            }
+            e.window = Some(window);
+            e.swa_layers = swa_pattern(k, c.n_layers, 2)?;
+            e.rope_theta_swa = k.float_or("rope.freq_base_swa", c.rope_theta, false)?;
+            e.rope_scaled_swa = true;
+            e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
+        }
         _ => e.window = (window > 0).then_some(window),
     }
     if c.family == Family::Gemma {
@@ -467,19 +498,21 @@ fn extras(k: &Keys<'_>, c: &ModelConfig) -> Result<Extras, ConfigError> {
 
 /// The experts, when the file has them (`expert_count` > 0), counts checked before anything is
 /// sized from them: at most llama.cpp's 1024 experts, 1..=n_expert used per token. Qwen3-MoE's
-/// experts are `expert_feed_forward_length` wide (else `ffn / used`); Mixtral-style `llama` files
-/// use `feed_forward_length`. Both route by a softmax, the top-k, renormalized (llama.cpp's
-/// `build_moe_ffn` with `norm_w` for both).
+/// experts are `expert_feed_forward_length` wide (else `ffn / used`), gpt-oss's must say so;
+/// Mixtral-style `llama` files use `feed_forward_length`. Qwen3-MoE and Mixtral route by a
+/// softmax, the top-k, renormalized (llama.cpp's `build_moe_ffn` with `norm_w`); gpt-oss by the
+/// top-k logits, softmaxed.
 fn moe(k: &Keys<'_>, ffn: usize) -> Result<Option<MoeConfig>, ConfigError> {
     let n_expert = match k.f.get(&k.key("expert_count")) {
         Some(_) => k.f.get_u64(&k.key("expert_count"))?,
         None => 0,
     };
     if n_expert == 0 {
-        if k.arch == "qwen3moe" {
+        if matches!(k.arch, "qwen3moe" | "gpt-oss") {
             return Err(ConfigError::Shape(format!(
-                "{} must be set for qwen3moe",
-                k.key("expert_count")
+                "{} must be set for {}",
+                k.key("expert_count"),
+                k.arch
             )));
         }
         return Ok(None);
@@ -493,18 +526,25 @@ fn moe(k: &Keys<'_>, ffn: usize) -> Result<Option<MoeConfig>, ConfigError> {
     let n_used = k.count("expert_used_count", n_expert)?;
     let ffn_exp = match k.arch {
         "qwen3moe" => k.count_or("expert_feed_forward_length", MAX_DIM, ffn / n_used)?,
+        "gpt-oss" => k.count("expert_feed_forward_length", MAX_DIM)?,
         _ => ffn,
     };
     if ffn_exp == 0 {
         return Err(ConfigError::Shape("experts of width 0".into()));
     }
+    // gpt-oss: the top-k of the (biased) router logits, then a softmax over those k
+    // (`LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT`), not renormalized.
+    let (gating, norm) = match k.arch {
+        "gpt-oss" => (tpslab_kernels::moe::Gating::SoftmaxWeight, false),
+        _ => (tpslab_kernels::moe::Gating::Softmax, true),
+    };
     Ok(Some(MoeConfig {
         n_expert: n_expert as usize,
         ffn_exp,
         router: tpslab_kernels::moe::Router {
             n_used,
-            gating: tpslab_kernels::moe::Gating::Softmax,
-            norm: true,
+            gating,
+            norm,
             scale: 0.0,
         },
     }))

@@ -100,8 +100,9 @@ pub struct Rope {
 
 impl Rope {
     /// The rotation of layer `layer`, or `None` where the layer has none (SmolLM3's NoPE
-    /// layers). Sliding-window layers use their own base and no scaling (Gemma 3's local
-    /// layers), as llama.cpp's `get_rope_freq_base` / `get_rope_freq_scale` do.
+    /// layers). Sliding-window layers use their own base, and no scaling (Gemma 3's local
+    /// layers) unless the family keeps it there (gpt-oss), as llama.cpp's
+    /// `get_rope_freq_base` / `get_rope_freq_scale` do.
     pub fn of(c: &ModelConfig, layer: usize) -> Option<Self> {
         if !c.has_rope(layer) {
             return None;
@@ -116,7 +117,9 @@ impl Rope {
         };
         if !c.extras.swa_layers.is_empty() && c.window(layer).is_some() {
             r.theta = c.extras.rope_theta_swa;
-            return Some(r);
+            if !c.extras.rope_scaled_swa {
+                return Some(r);
+            }
         }
         match c.rope_scaling {
             RopeScaling::None => {}
@@ -179,6 +182,9 @@ pub enum Activation {
     Silu,
     /// GeGLU with the tanh approximation of GELU (Gemma).
     GeluTanh,
+    /// OpenAI's clamped SwiGLU (gpt-oss, ggml's `swiglu_oai` with alpha 1.702 and limit 7):
+    /// `g = min(gate, 7)`, `u = clamp(up, -7, 7)`, `g * sigmoid(1.702 g) * (u + 1)`.
+    SwigluOai,
 }
 
 /// The operations of a forward step on one device. Ops run in call order; each reads and
@@ -232,13 +238,16 @@ pub trait Ops {
         factors: Option<&Self::Vector>,
     ) -> Result<(), Self::Error>;
     /// Causal paged attention of each token's query heads (in `qkv`) over its sequence's keys and
-    /// values of `layer` up to its position (within the window, if any).
+    /// values of `layer` up to its position (within the window, if any). With `sinks` (one
+    /// logit per query head, gpt-oss) each head's softmax has one more term in its
+    /// denominator, `exp(sink)`, that attends to nothing.
     fn attention(
         &mut self,
         layer: usize,
         qkv: Buf,
         heads: Heads,
         opts: AttnOpts,
+        sinks: Option<&Self::Vector>,
         out: Buf,
     ) -> Result<(), Self::Error>;
     /// `out = down(act(gate) * up)` where `gate_up` holds the gate rows then the up rows.

@@ -60,6 +60,8 @@ pub enum Op {
         qkv: Buf,
         heads: Heads,
         opts: AttnOpts,
+        /// The sinks' shape (one per query head), when the layer has them.
+        sinks: Option<ParamShape>,
         out: Buf,
     },
     GatedFfn {
@@ -187,6 +189,7 @@ impl Ops for NoDevice {
         _: Buf,
         _: Heads,
         _: AttnOpts,
+        _: Option<&ParamShape>,
         _: Buf,
     ) -> Result<(), Infallible> {
         Ok(())
@@ -333,14 +336,16 @@ impl<O: Ops> Ops for Recording<O> {
         qkv: Buf,
         heads: Heads,
         opts: AttnOpts,
+        sinks: Option<&O::Vector>,
         out: Buf,
     ) -> Result<(), O::Error> {
-        self.inner.attention(layer, qkv, heads, opts, out)?;
+        self.inner.attention(layer, qkv, heads, opts, sinks, out)?;
         self.ops.push(Op::Attention {
             layer,
             qkv,
             heads,
             opts,
+            sinks: sinks.map(Param::shape),
             out,
         });
         Ok(())

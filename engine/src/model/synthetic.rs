@@ -284,6 +284,7 @@ pub fn synthetic_weights(
             // row; a spec without experts stays a plain Llama block).
             q_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
             k_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
+            attn_sinks: None,
             wo: matrix("attn_output", h, q, layer_id(i, 1))?,
             post_attn_norm: None,
             ffn_norm: vec![1.0; h],
@@ -572,6 +573,14 @@ fn fill_chunk(ty: WType, out: &mut [u8], rng: &mut Rng) {
         WType::Q6K => fill_q6k(out, rng),
         WType::Q5_0 | WType::Q5_1 | WType::IQ4NL => fill_32(ty, out, rng),
         WType::Q2K | WType::Q3K | WType::IQ4XS => fill_lowbit_k(ty, out, rng),
+        // x = 2^(e - 128) * grid[q]: random indices (the grid's spread is 5.85) at e = 119 or
+        // 120 (2^-9 or 2^-8): a spread near 0.018, |x| up to 0.047.
+        WType::MXFP4 => {
+            for b in out.chunks_exact_mut(17) {
+                rng.fill(b);
+                b[0] = 119 + (b[0] & 1);
+            }
+        }
     }
 }
 

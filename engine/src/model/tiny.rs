@@ -6,12 +6,14 @@
 //! perplexity (`tests/arch_reference.rs`, references recorded by
 //! `tests/reference/make-arch-refs.sh`).
 //!
-//! Weights are F32, seeded by the tensor's name, so a file's bytes depend on its variant and
-//! vocabulary only. Each variant turns on what its family adds: Llama 3's `rope_freqs`, Qwen2's
-//! biases with YaRN scaling, Qwen3's QK-norm with a head size that is not `hidden / heads`,
-//! Gemma's sandwich norms, soft-caps and sliding windows, Phi-3's fused tensors and LongRoPE
-//! factors, SmolLM3's layers without RoPE, Qwen3-MoE's and Mixtral's experts (3-D
-//! `ffn_*_exps` tensors and a router).
+//! Weights are F32 (gpt-oss's experts MXFP4, as its released files have them), seeded by the
+//! tensor's name, so a file's bytes depend on its variant and vocabulary only. Each variant
+//! turns on what its family adds: Llama 3's `rope_freqs`, Qwen2's biases with YaRN scaling,
+//! Qwen3's QK-norm with a head size that is not `hidden / heads`, Gemma's sandwich norms,
+//! soft-caps and sliding windows, Phi-3's fused tensors and LongRoPE factors, SmolLM3's layers
+//! without RoPE, Qwen3-MoE's and Mixtral's experts (3-D `ffn_*_exps` tensors and a router),
+//! gpt-oss's biases everywhere, attention sinks, alternating windows with YaRN and MXFP4
+//! experts.
 
 use std::path::Path;
 
@@ -22,9 +24,9 @@ use crate::formats::gguf_write::{GgufWriteError, TensorDesc, write_gguf};
 /// (`mistral` with a sliding window; `mistral` and `smollm` are names llama.cpp does not use,
 /// their files say `llama`), and `mixtral`, a `llama` file with expert tensors as Mixtral's
 /// are (llama.cpp runs it: the file says `llama`).
-pub const VARIANTS: [&str; 11] = [
+pub const VARIANTS: [&str; 12] = [
     "llama", "mistral", "smollm", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
-    "qwen3moe", "mixtral",
+    "qwen3moe", "mixtral", "gpt-oss",
 ];
 
 /// The GGUF architecture a variant's file says.
@@ -42,6 +44,8 @@ fn experts_of(variant: &str) -> Option<(u64, u64, u64)> {
         "qwen3moe" => Some((8, 4, 32)),
         // Mixtral routes 2 of 8, each as wide as the dense FFN.
         "mixtral" => Some((4, 2, FFN)),
+        // gpt-oss-20b routes 4 of 32.
+        "gpt-oss" => Some((8, 4, 32)),
         _ => None,
     }
 }
@@ -82,7 +86,7 @@ struct Shape {
 
 fn shape(arch: &str) -> Shape {
     match arch {
-        "qwen3" | "qwen3moe" | "gemma2" => Shape {
+        "qwen3" | "qwen3moe" | "gemma2" | "gpt-oss" => Shape {
             layers: 4,
             head_dim: 32,
         },
@@ -125,9 +129,11 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
     let mut add = |name: String, dims: Vec<u64>| {
         let n: u64 = dims.iter().product();
         let bytes = match dims.as_slice() {
-            // Norm weights near 1, biases and factors of their own ranges.
+            // Norm weights near 1, biases, sinks and factors of their own ranges.
             [_] if name.ends_with("norm.weight") => uniform(&name, n, 0.8, 1.2),
             [_] if name.contains("rope_f") => uniform(&name, n, 1.0, 4.0),
+            [_] if name.ends_with("attn_sinks.weight") => uniform(&name, n, 0.0, 3.0),
+            _ if name.ends_with(".bias") => uniform(&name, n, -0.1, 0.1),
             [_] => uniform(&name, n, -0.1, 0.1),
             [_, _] if name == "token_embd.weight" => uniform(&name, n, -0.5, 0.5),
             [k, _] | [k, _, _] => {
@@ -158,7 +164,7 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
             add(p("attn_k.weight"), vec![h, kv]);
             add(p("attn_v.weight"), vec![h, kv]);
         }
-        if arch == "qwen2" {
+        if matches!(arch, "qwen2" | "gpt-oss") {
             add(p("attn_q.bias"), vec![q]);
             add(p("attn_k.bias"), vec![kv]);
             add(p("attn_v.bias"), vec![kv]);
@@ -168,12 +174,25 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
             add(p("attn_k_norm.weight"), vec![head_dim]);
         }
         add(p("attn_output.weight"), vec![q, h]);
-        add(p("ffn_norm.weight"), vec![h]);
+        if arch == "gpt-oss" {
+            add(p("attn_output.bias"), vec![h]);
+            add(p("attn_sinks.weight"), vec![HEADS]);
+            // gpt-oss's FFN norm, by llama.cpp's name.
+            add(p("post_attention_norm.weight"), vec![h]);
+        } else {
+            add(p("ffn_norm.weight"), vec![h]);
+        }
         if let Some((n, _, w)) = experts_of(arch) {
             add(p("ffn_gate_inp.weight"), vec![h, n]);
             add(p("ffn_gate_exps.weight"), vec![h, w, n]);
             add(p("ffn_up_exps.weight"), vec![h, w, n]);
             add(p("ffn_down_exps.weight"), vec![w, h, n]);
+            if arch == "gpt-oss" {
+                add(p("ffn_gate_inp.bias"), vec![n]);
+                add(p("ffn_gate_exps.bias"), vec![w, n]);
+                add(p("ffn_up_exps.bias"), vec![w, n]);
+                add(p("ffn_down_exps.bias"), vec![h, n]);
+            }
         } else if arch == "phi3" {
             add(p("ffn_up.weight"), vec![h, 2 * FFN]);
         } else {
@@ -186,6 +205,21 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
         if arch.starts_with("gemma") {
             add(p("post_attention_norm.weight"), vec![h]);
             add(p("post_ffw_norm.weight"), vec![h]);
+        }
+    }
+    if arch == "gpt-oss" {
+        add("output.weight".into(), vec![h, vocab]);
+        // The experts in MXFP4, quantized from the same floats.
+        for (desc, bytes) in t
+            .iter_mut()
+            .filter(|(d, _)| d.name.ends_with("_exps.weight"))
+        {
+            let floats: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            *bytes = tpslab_kernels::quantize::quantize(tpslab_kernels::WType::MXFP4, &floats);
+            desc.ty = GgmlType::MXFP4;
         }
     }
     t
@@ -218,6 +252,15 @@ fn metadata(arch: &str) -> Vec<(String, Value)> {
     match arch {
         "llama" => md.push(base(500_000.0)),
         "qwen3moe" | "mixtral" => md.push(base(1_000_000.0)),
+        // gpt-oss's base and YaRN, its window every other layer (a trained context of 4096 in
+        // the real files; 64 here, so the ramp falls inside the tiny head).
+        "gpt-oss" => md.extend([
+            base(150_000.0),
+            (k("attention.sliding_window"), u(WINDOW)),
+            (k("rope.scaling.type"), Value::String("yarn".into())),
+            (k("rope.scaling.factor"), Value::F32(4.0)),
+            (k("rope.scaling.original_context_length"), u(64)),
+        ]),
         "qwen2" => md.extend([
             base(1_000_000.0),
             (k("rope.scaling.type"), Value::String("yarn".into())),
@@ -247,7 +290,7 @@ fn metadata(arch: &str) -> Vec<(String, Value)> {
     }
     if let Some((n, used, w)) = experts_of(arch) {
         md.extend([(k("expert_count"), u(n)), (k("expert_used_count"), u(used))]);
-        if arch == "qwen3moe" {
+        if matches!(arch, "qwen3moe" | "gpt-oss") {
             md.push((k("expert_feed_forward_length"), u(w)));
         }
     }

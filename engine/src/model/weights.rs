@@ -67,6 +67,7 @@ pub fn kernel_type(ty: GgmlType) -> Option<WType> {
         GgmlType::Q3K => WType::Q3K,
         GgmlType::IQ4NL => WType::IQ4NL,
         GgmlType::IQ4XS => WType::IQ4XS,
+        GgmlType::MXFP4 => WType::MXFP4,
         GgmlType::Q8_1 | GgmlType::Q8K => return None,
     })
 }
@@ -218,6 +219,9 @@ pub struct LayerWeights<L = Linear, V = Vec<f32>> {
     /// Per-head norms of Q and K (Qwen3, Gemma 3).
     pub q_norm: Option<V>,
     pub k_norm: Option<V>,
+    /// One learned logit per query head that joins each softmax's denominator (gpt-oss's
+    /// `attn_sinks`).
+    pub attn_sinks: Option<V>,
     pub wo: L,
     /// The norm of the attention block's output before the residual add (Gemma).
     pub post_attn_norm: Option<V>,
@@ -334,6 +338,7 @@ impl<L, V> Weights<L, V> {
                 wqkv: fm(&l.wqkv)?,
                 q_norm: l.q_norm.as_ref().map(&mut fv).transpose()?,
                 k_norm: l.k_norm.as_ref().map(&mut fv).transpose()?,
+                attn_sinks: l.attn_sinks.as_ref().map(&mut fv).transpose()?,
                 wo: fm(&l.wo)?,
                 post_attn_norm: l.post_attn_norm.as_ref().map(&mut fv).transpose()?,
                 ffn_norm: fv(&l.ffn_norm)?,
@@ -377,6 +382,7 @@ impl Weights {
                 Some(&l.attn_norm),
                 l.q_norm.as_ref(),
                 l.k_norm.as_ref(),
+                l.attn_sinks.as_ref(),
                 l.post_attn_norm.as_ref(),
                 Some(&l.ffn_norm),
                 l.post_ffn_norm.as_ref(),
@@ -439,8 +445,10 @@ pub(crate) fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear,
     Ok(Linear::new(ty, n as usize, k as usize, data))
 }
 
-/// The experts of a 3-D `ffn_*_exps` tensor of `n_expert` matrices of `k` inputs and `n`
-/// outputs (ggml dims `[k, n, n_expert]`), each cut out as its own matrix.
+/// The experts of a 3-D `{name}.weight` tensor (`name` is `blk.{i}.ffn_*_exps`) of `n_expert`
+/// matrices of `k` inputs and `n` outputs (ggml dims `[k, n, n_expert]`), each cut out as its
+/// own matrix, with its row of `{name}.bias` (ggml dims `[n, n_expert]`) where the file has one
+/// (gpt-oss).
 pub(crate) fn experts(
     f: &GgufFile,
     name: &str,
@@ -448,36 +456,62 @@ pub(crate) fn experts(
     n: u64,
     n_expert: u64,
 ) -> Result<Vec<Linear>, WeightError> {
-    let t = info(f, name, &[k, n, n_expert])?;
+    let wname = format!("{name}.weight");
+    let t = info(f, &wname, &[k, n, n_expert])?;
     let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
-        name: name.into(),
+        name: wname.clone(),
         ty: t.ty,
     })?;
     let data = f.read_tensor(t)?;
     let each = n as usize * ty.row_bytes(k as usize);
     if data.len() != each * n_expert as usize {
         return Err(WeightError::Shape {
-            name: name.into(),
+            name: wname,
             found: t.dims.clone(),
             expected: vec![k, n, n_expert],
         });
     }
+    let bname = format!("{name}.bias");
+    let biases = match f.tensor(&bname) {
+        Some(_) => Some(floats(f, &bname, &[n, n_expert])?),
+        None => None,
+    };
     Ok(data
         .chunks_exact(each)
-        .map(|c| Linear::new(ty, n as usize, k as usize, c.to_vec()))
+        .enumerate()
+        .map(|(e, c)| {
+            let mut l = Linear::new(ty, n as usize, k as usize, c.to_vec());
+            l.bias = biases
+                .as_ref()
+                .map(|b| b[e * n as usize..(e + 1) * n as usize].to_vec());
+            l
+        })
         .collect())
 }
 
-pub(crate) fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
-    let t = info(f, name, &[n])?;
+/// A tensor of shape `dims` as floats (norm weights, biases).
+fn floats(f: &GgufFile, name: &str, dims: &[u64]) -> Result<Vec<f32>, WeightError> {
+    let t = info(f, name, dims)?;
     let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
         name: name.into(),
         ty: t.ty,
     })?;
     let data = f.read_tensor(t)?;
-    let mut out = vec![0f32; n as usize];
+    let len: u64 = dims.iter().product();
+    let mut out = vec![0f32; len as usize];
+    if data.len() != ty.row_bytes(out.len()) || !out.len().is_multiple_of(ty.block_size()) {
+        return Err(WeightError::Shape {
+            name: name.into(),
+            found: t.dims.clone(),
+            expected: dims.to_vec(),
+        });
+    }
     tpslab_kernels::dequantize_row(ty, &data, &mut out);
     Ok(out)
+}
+
+pub(crate) fn vector(f: &GgufFile, name: &str, n: u64) -> Result<Vec<f32>, WeightError> {
+    floats(f, name, &[n])
 }
 
 pub(crate) fn optional_vector(

@@ -164,6 +164,9 @@ impl From<WType> for Preset {
             WType::Q4_0 => Self::Q4_0,
             WType::IQ4XS => Self::IQ4XS,
             WType::IQ4NL => Self::IQ4NL,
+            // No preset quantizes to MXFP4 (gpt-oss's files come with it): IQ4_NL, the other
+            // 32-weight 4-bit grid, stands in.
+            WType::MXFP4 => Self::IQ4NL,
             WType::Q3K => Self::Q3KM,
             WType::Q2K => Self::Q2K,
         }

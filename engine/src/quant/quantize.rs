@@ -56,6 +56,7 @@ pub fn ggml_type(ty: WType) -> GgmlType {
         WType::Q3K => GgmlType::Q3K,
         WType::IQ4NL => GgmlType::IQ4NL,
         WType::IQ4XS => GgmlType::IQ4XS,
+        WType::MXFP4 => GgmlType::MXFP4,
     }
 }
 

@@ -9,7 +9,7 @@ use candle_core::quantized::k_quants::{
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tpslab_kernels::{QMatrix, WType};
 
-pub const ALL_TYPES: [WType; 15] = WType::ALL;
+pub const ALL_TYPES: [WType; 16] = WType::ALL;
 
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
@@ -58,7 +58,7 @@ fn quantize_with<T: GgmlType>(x: &[f32]) -> Vec<u8> {
 }
 
 /// `x` (rows of `k`) in weight type `ty`, ggml layout, quantized by candle's reference code
-/// (IQ4_NL and IQ4_XS, which candle lacks, by ours).
+/// (IQ4_NL, IQ4_XS and MXFP4, which candle lacks, by ours).
 pub fn to_weight_bytes(ty: WType, x: &[f32]) -> Vec<u8> {
     match ty {
         WType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -80,7 +80,7 @@ pub fn to_weight_bytes(ty: WType, x: &[f32]) -> Vec<u8> {
         WType::Q5_1 => quantize_with::<BlockQ5_1>(x),
         WType::Q2K => quantize_with::<BlockQ2K>(x),
         WType::Q3K => quantize_with::<BlockQ3K>(x),
-        WType::IQ4NL | WType::IQ4XS => tpslab_kernels::quantize::quantize(ty, x),
+        WType::IQ4NL | WType::IQ4XS | WType::MXFP4 => tpslab_kernels::quantize::quantize(ty, x),
     }
 }
 

@@ -28,8 +28,8 @@ fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightError> {
 }
 
 /// `blk.{i}.attn_qkv.weight` when the file fuses Q, K and V (Phi-3), else the three stacked,
-/// with their biases where the file has them (Qwen2).
-fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
+/// with their biases where the file has them (Qwen2, gpt-oss).
+pub(super) fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
     let (h, q_dim, kv) = (cfg.hidden as u64, cfg.q_dim() as u64, cfg.kv_dim() as u64);
     let p = |s: &str| format!("blk.{i}.{s}");
     if f.tensor(&p("attn_qkv.weight")).is_some() {
@@ -61,8 +61,8 @@ fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightEr
 
 /// The block's FFN: the dense gate/up and down, or (when the configuration has experts) the
 /// router and the experts of the 3-D `ffn_{gate,up,down}_exps` tensors, each expert's gate and
-/// up stacked.
-fn ffn(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Ffn, WeightError> {
+/// up stacked; with the router's and the experts' biases where the file has them (gpt-oss).
+pub(super) fn ffn(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Ffn, WeightError> {
     let h = cfg.hidden as u64;
     let p = |s: &str| format!("blk.{i}.{s}");
     let Some(m) = cfg.extras.moe else {
@@ -72,10 +72,11 @@ fn ffn(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Ffn, WeightError> {
         });
     };
     let (fe, ne) = (m.ffn_exp as u64, m.n_expert as u64);
-    let router = linear(f, &p("ffn_gate_inp.weight"), h, ne)?;
-    let gates = experts(f, &p("ffn_gate_exps.weight"), h, fe, ne)?;
-    let ups = experts(f, &p("ffn_up_exps.weight"), h, fe, ne)?;
-    let downs = experts(f, &p("ffn_down_exps.weight"), fe, h, ne)?;
+    let mut router = linear(f, &p("ffn_gate_inp.weight"), h, ne)?;
+    router.bias = optional_vector(f, &p("ffn_gate_inp.bias"), ne)?;
+    let gates = experts(f, &p("ffn_gate_exps"), h, fe, ne)?;
+    let ups = experts(f, &p("ffn_up_exps"), h, fe, ne)?;
+    let downs = experts(f, &p("ffn_down_exps"), fe, h, ne)?;
     let mut list = Vec::with_capacity(m.n_expert);
     for (e, ((g, u), d)) in gates.iter().zip(&ups).zip(downs).enumerate() {
         list.push(Expert {
@@ -137,6 +138,7 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
             wqkv: qkv(f, cfg, i)?,
             q_norm: optional_vector(f, &p("attn_q_norm.weight"), hd)?,
             k_norm: optional_vector(f, &p("attn_k_norm.weight"), hd)?,
+            attn_sinks: None,
             wo: linear(f, &p("attn_output.weight"), cfg.q_dim() as u64, h)?,
             post_attn_norm: None,
             ffn_norm: vector(f, &p("ffn_norm.weight"), h)?,
@@ -153,8 +155,9 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
     })
 }
 
-/// Q/K norms (when the layer has them), RoPE with the KV store, and attention: the part of a
-/// block every family shares, from `Buf::Qkv` to `Buf::Attn`.
+/// Q/K norms (when the layer has them), RoPE with the KV store, and attention (with the
+/// layer's sinks, when it has them): the part of a block every family shares, from `Buf::Qkv`
+/// to `Buf::Attn`.
 fn attend<O: Ops>(
     c: &ModelConfig,
     w: &Weights<O::Matrix, O::Vector>,
@@ -173,7 +176,8 @@ fn attend<O: Ops>(
         Rope::of(c, li),
         w.rope_factors.as_ref(),
     )?;
-    o.attention(li, Buf::Qkv, heads, AttnOpts::of(c, li), Buf::Attn)
+    let sinks = l.attn_sinks.as_ref();
+    o.attention(li, Buf::Qkv, heads, AttnOpts::of(c, li), sinks, Buf::Attn)
 }
 
 /// The recipe. Each block's residual add is fused into the next norm (`add_rms_norm`); the last

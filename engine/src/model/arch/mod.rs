@@ -7,6 +7,8 @@
 //!   blocks of grouped-query attention with RoPE and a SwiGLU FFN, with each member's additions.
 //! - [`gemma`]: Gemma 2 and 3: scaled embeddings, sandwich norms, GELU gating, local and global
 //!   layers, soft-capping.
+//! - [`gptoss`]: gpt-oss: biased attention with sinks, alternating sliding-window layers, YaRN,
+//!   and biased experts gated by OpenAI's clamped SwiGLU.
 //!
 //! Adding an architecture is one file with its `load` (tensors by GGUF name) and `forward`
 //! (the recipe), plus its registration: its entries in [`ARCHS`] and a [`Family`] variant (both
@@ -20,6 +22,7 @@ use crate::model::ops::Ops;
 use crate::model::weights::{WeightError, Weights};
 
 pub mod gemma;
+pub mod gptoss;
 pub mod llama;
 
 /// The weights of `cfg`'s architecture from `file`.
@@ -27,6 +30,7 @@ pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> 
     match cfg.family {
         Family::Llama => llama::load(file, cfg),
         Family::Gemma => gemma::load(file, cfg),
+        Family::GptOss => gptoss::load(file, cfg),
     }
 }
 
@@ -40,5 +44,6 @@ pub fn forward<O: Ops>(
     match cfg.family {
         Family::Llama => llama::forward(cfg, w, o),
         Family::Gemma => gemma::forward(cfg, w, o),
+        Family::GptOss => gptoss::forward(cfg, w, o),
     }
 }
