@@ -114,7 +114,7 @@ fn decode_throughput(timings: &[RequestTiming]) -> Option<f64> {
 
 /// The bundled text's tokens; seeded random ids for a synthetic model, which has no real
 /// vocabulary to cut text into.
-fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
+pub fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
     let tokens = match lm.is_synthetic() {
         true => synthetic::random_tokens(lm.model.cfg.vocab, 1 << 14, 0),
         false => lm.raw_prompt(loadgen::PROMPT_TEXT)?,
@@ -202,6 +202,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             // Other prompts at each level: a server keeps its prefix cache between levels.
             seed: level as u64,
             priority: 0,
+            submit_for_s: None,
         };
         let bar = ProgressBar::new(n as u64);
         bar.set_style(

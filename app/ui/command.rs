@@ -40,4 +40,7 @@ pub enum Command {
     LoadModel(PathBuf),
     StartServer,
     StopServer,
+    /// Start the SLO tuner with the Tuner tab's settings over the window's engine.
+    StartTune,
+    StopTune,
 }

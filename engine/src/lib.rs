@@ -15,6 +15,7 @@
 //! - [`plan`]: the capacity planner (a calibrated roofline of this engine's steps per device).
 //! - [`serving`]: the engine thread, requests and admission, sampling, generation, metrics, the
 //!   load generator, perplexity, the live precision knob.
+//! - [`tune`]: the SLO tuner (successive halving of measured runs over the engine's knobs).
 pub mod device;
 pub mod formats;
 pub mod kv;
@@ -26,3 +27,4 @@ pub mod sched;
 pub mod serving;
 pub mod spec;
 pub mod text;
+pub mod tune;

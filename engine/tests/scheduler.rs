@@ -466,6 +466,7 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
                 prefix_caching: caching,
                 policy,
                 max_waiting,
+                ..SchedulerConfig::default()
             },
         )
 }

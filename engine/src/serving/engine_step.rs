@@ -163,6 +163,10 @@ impl EngineThread {
         batch_len: usize,
         spec: SpecStep,
     ) {
+        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        // The adaptive token budget's step-time model learns from every step.
+        self.sched
+            .record_step_time(out.num_batched_tokens, step_ms);
         let st = self.sched.stats();
         let prefill: usize = out
             .scheduled
@@ -185,7 +189,7 @@ impl EngineThread {
                 - self.cache_seen.0.min(st.prefix_cache_queries),
             prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
             rss_bytes: self.rss,
-            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            step_ms,
             spec,
         });
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);

@@ -1,0 +1,231 @@
+//! `tpslab tune`: the SLO tuner on the command line. The engine starts once; each candidate's
+//! knobs are applied to it live and measured with the load generator (successive halving), and
+//! the winner and the default knobs get fresh verification runs in the same session. Prints
+//! goodput against settings and the Pareto frontier; `--json` writes the whole report.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use serde::Serialize;
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::tune::run::last_runs;
+use tpslab_engine::tune::{
+    CandidateRun, Measured, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload, tune,
+};
+use tpslab_kernels::WType;
+
+use crate::model_args::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Objectives: ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms (milliseconds) and min_tps
+    /// (per-request tokens/s), as KEY=VALUE,... e.g. ttft_p99_ms=2000,itl_p99_ms=200.
+    #[arg(long, value_parser = TuneSlo::parse)]
+    pub slo: TuneSlo,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Poisson arrivals at this many requests per second.
+    #[arg(long, required_unless_present = "concurrency")]
+    pub rate: Option<f64>,
+    /// Closed loop at this many requests in flight (with --rate: the most in flight).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Seconds of measured runs in all: 70% for the search, 15% for each verification.
+    #[arg(long, default_value_t = 60.0)]
+    pub budget_s: f64,
+    /// The shortest run of the first rung (fewer candidates start when the budget is small).
+    #[arg(long, default_value_t = 1.0)]
+    pub min_run_s: f64,
+    /// The most candidates the search starts with.
+    #[arg(long, default_value_t = 32)]
+    pub max_candidates: usize,
+    /// Weight precisions to try besides the loaded one (comma separated, e.g. Q8_0,Q4_K);
+    /// each change re-quantizes the weights in memory, which takes seconds.
+    #[arg(long, value_delimiter = ',')]
+    pub precisions: Vec<WType>,
+    /// Seed of the sample of the space.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// KV cache memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub kv_budget_mb: usize,
+    /// Write the report (best knobs, verified and default runs, every candidate's rungs) here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    date: String,
+    model: String,
+    device: String,
+    #[serde(flatten)]
+    tune: &'a TuneReport,
+}
+
+fn f1(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+fn row(r: &CandidateRun) -> String {
+    let m = &r.measured;
+    match &r.error {
+        Some(e) => format!("| {} | {} | {:.1} | failed: {e} |", r.candidate, r.rung, r.seconds),
+        None => format!(
+            "| {} | {} | {:.1} | {} | {}/{} | {:.2} | {:.0}% | {:.0} | {:.0} | {} | {} |",
+            r.candidate,
+            r.rung,
+            r.seconds,
+            r.knobs.label(),
+            m.good,
+            m.requests,
+            m.goodput,
+            m.slo_attainment * 100.0,
+            m.ttft_p99_ms,
+            m.itl_p99_ms,
+            f1(m.per_request_tps_mean),
+            if m.meets_slo { "yes" } else { "no" },
+        ),
+    }
+}
+
+fn verified_line(name: &str, m: &Measured) -> String {
+    format!(
+        "{name}: goodput {:.2} req/s ({} of {} requests met every objective), meets SLO: {}; P99 TTFT {:.0} ms, ITL {:.0} ms, TPOT {:.1} ms, E2E {:.0} ms; per-request TPS mean {}, P1 {}",
+        m.goodput,
+        m.good,
+        m.requests,
+        if m.meets_slo { "yes" } else { "no" },
+        m.ttft_p99_ms,
+        m.itl_p99_ms,
+        m.tpot_p99_ms,
+        m.e2e_p99_ms,
+        f1(m.per_request_tps_mean),
+        f1(m.tps_p1),
+    )
+}
+
+const HEADER: &str = "| # | rung | run s | knobs | good/done | goodput req/s | attainment | TTFT p99 ms | ITL p99 ms | per-request TPS | meets SLO |\n|---|---|---|---|---|---|---|---|---|---|---|";
+
+pub fn run(a: &TuneArgs) -> Result<()> {
+    let workload = Workload {
+        prompt_len: a.prompt_len,
+        output_len: a.output_len,
+        concurrency: a.concurrency,
+        rate: a.rate,
+    };
+    workload.check().map_err(anyhow::Error::msg)?;
+    if !(a.budget_s.is_finite() && a.budget_s > 0.0) {
+        bail!("--budget-s must be a positive number of seconds");
+    }
+    if !(a.min_run_s.is_finite() && a.min_run_s > 0.0) {
+        bail!("--min-run-s must be a positive number of seconds");
+    }
+    let lm = a.model.load()?;
+    let ctx = lm.model.cfg.context_len;
+    if a.prompt_len + a.output_len >= ctx {
+        bail!(
+            "prompt {} + output {} tokens do not fit the model's context of {ctx}",
+            a.prompt_len,
+            a.output_len
+        );
+    }
+    let prompts = super::serve_bench::prompt_set(&lm)?;
+    let mut space = Space::default_for(a.concurrency.unwrap_or(64));
+    space
+        .precision
+        .extend(a.precisions.iter().map(|t| Some(t.name().to_string())));
+    let base = Knobs {
+        kv: KvSettings {
+            budget_bytes: a.kv_budget_mb << 20,
+            ..KvSettings::default()
+        },
+        ..Knobs::default()
+    };
+    let engine = EngineHandle::start(
+        lm.clone(),
+        EngineConfig {
+            threads: a.model.threads,
+            knobs: base.clone(),
+            device: a.model.device,
+            ..EngineConfig::default()
+        },
+        None,
+    )?;
+    let device = engine.stats().device;
+    let cfg = TuneConfig {
+        slo: a.slo,
+        workload,
+        budget_s: a.budget_s,
+        min_run_s: a.min_run_s,
+        max_candidates: a.max_candidates,
+        space,
+        seed: a.seed,
+    };
+    println!(
+        "model: {} ({}), {device}; prompt {} -> output {} tokens, {}; budget {:.0} s",
+        lm.path.display(),
+        lm.precision,
+        a.prompt_len,
+        a.output_len,
+        match (a.concurrency, a.rate) {
+            (c, Some(r)) => format!(
+                "{r} req/s{}",
+                c.map_or(String::new(), |c| format!(", at most {c} in flight"))
+            ),
+            (c, None) => format!("{} in flight", c.unwrap_or(1)),
+        },
+        a.budget_s
+    );
+    let stop = AtomicBool::new(false);
+    let report = tune(&engine, &prompts, &base, &cfg, &stop, &mut |ev| match ev {
+        TuneEvent::Started { candidates, runs } => {
+            println!("successive halving: {candidates} candidates, {runs} measured runs");
+            println!("{HEADER}");
+        }
+        TuneEvent::Measured(r) => println!("{}", row(&r)),
+        TuneEvent::Verifying(what) => eprintln!("verifying the {what} knobs with a fresh run"),
+    })?;
+    print_summary(&report);
+    if let Some(path) = &a.json {
+        let out = Report {
+            date: super::bench_args::utc_now(),
+            model: lm.path.display().to_string(),
+            device,
+            tune: &report,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
+    }
+    Ok(())
+}
+
+fn print_summary(r: &TuneReport) {
+    println!("\nPareto frontier (goodput vs mean per-request TPS, each at its last rung):");
+    let last = last_runs(r.candidates.len(), &r.runs);
+    for &i in &r.frontier {
+        if let Some(run) = last[i] {
+            println!(
+                "  #{i}: goodput {:.2} req/s, per-request TPS {} — {}",
+                run.measured.goodput,
+                f1(run.measured.per_request_tps_mean),
+                run.knobs.label()
+            );
+        }
+    }
+    println!("\nbest knobs: {}", r.best.label());
+    println!("{}", verified_line("best (fresh run)", &r.verified));
+    println!(
+        "{}",
+        verified_line(
+            &format!("default (fresh run; {})", r.default.knobs.label()),
+            &r.default.measured
+        )
+    );
+    println!("took {:.1} s", r.elapsed_s);
+}
