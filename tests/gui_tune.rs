@@ -8,7 +8,7 @@
 mod gui_wait;
 
 use egui_kittest::Harness;
-use egui_kittest::kittest::Queryable;
+use egui_kittest::kittest::{NodeT, Queryable};
 use gui_wait::wait_until;
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
@@ -82,6 +82,7 @@ fn the_tuner_tab_runs_shows_its_candidates_and_applies_the_winner() {
     });
     let best = h
         .get_by_label_contains("Best knobs: ")
+        .accesskit_node()
         .label()
         .expect("label")
         .trim_start_matches("Best knobs: ")

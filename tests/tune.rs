@@ -9,6 +9,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "support/http_client.rs"]
+mod http_client;
+
 fn model() -> PathBuf {
     tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
 }
@@ -153,4 +156,51 @@ fn tune_refuses_bad_flags_with_one_clear_line() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn against_a_remote_server_tune_searches_the_clients_concurrency() {
+    let server = http_client::start(http_client::engine(8, None), None);
+    let url = format!("http://{}", server.addr);
+    let dir = std::env::temp_dir().join(format!("tpslab-tune-remote-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("tune.json");
+    let slo = format!("ttft_p99_ms={TTFT},itl_p99_ms={ITL}");
+    let out = tpslab(&[
+        "tune",
+        "--endpoint",
+        &url,
+        "--slo",
+        &slo,
+        "--prompt-len",
+        "8",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "2",
+        "--budget-s",
+        "3",
+        "--min-run-s",
+        "0.4",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "tpslab tune --endpoint failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("JSON");
+    assert!(v["device"].as_str().expect("device").starts_with("remote http://"));
+    // The client's concurrency is all there is to turn; the workload's own is the default.
+    assert_eq!(v["default"]["knobs"]["concurrency"], 2);
+    let levels: Vec<u64> = (v["candidates"].as_array().expect("candidates").iter())
+        .map(|c| c["concurrency"].as_u64().expect("level"))
+        .collect();
+    assert!(levels.len() >= 2 && levels[0] == 2, "{levels:?}");
+    assert!(levels.iter().all(|&c| (1..=4).contains(&c)), "{levels:?}");
+    assert!(v["best"]["concurrency"].as_u64().is_some());
+    check_verified(&v["verified"]);
+    check_verified(&v["default"]);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,9 +10,11 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::tune::run::last_runs;
 use tpslab_engine::tune::{
-    CandidateRun, Measured, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload, tune,
+    CandidateRun, Knob, Measured, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload,
+    tune, tune_client,
 };
 use tpslab_kernels::WType;
 
@@ -58,22 +60,31 @@ pub struct TuneArgs {
     /// Write the report (best knobs, verified and default runs, every candidate's rungs) here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Tune against a remote OpenAI-compatible server (http(s)://host:port) instead of the
+    /// in-process engine: only what a client controls is searched (requests in flight).
+    /// `--model` then names the served model (default: the first one the server lists);
+    /// prompts are token ids cut from the bundled text by the default model's tokenizer.
+    #[arg(long, value_name = "URL", conflicts_with = "precisions")]
+    pub endpoint: Option<String>,
+    /// Bearer token for --endpoint (also read from TPSLAB_API_KEY).
+    #[arg(long, value_name = "K", env = "TPSLAB_API_KEY", requires = "endpoint")]
+    pub api_key: Option<String>,
 }
 
 #[derive(Serialize)]
-struct Report<'a> {
+struct Report<'a, K> {
     date: String,
     model: String,
     device: String,
     #[serde(flatten)]
-    tune: &'a TuneReport,
+    tune: &'a TuneReport<K>,
 }
 
 fn f1(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
 }
 
-fn row(r: &CandidateRun) -> String {
+fn row<K: Knob>(r: &CandidateRun<K>) -> String {
     let m = &r.measured;
     match &r.error {
         Some(e) => format!("| {} | {} | {:.1} | failed: {e} |", r.candidate, r.rung, r.seconds),
@@ -113,6 +124,49 @@ fn verified_line(name: &str, m: &Measured) -> String {
 
 const HEADER: &str = "| # | rung | run s | knobs | good/done | goodput req/s | attainment | TTFT p99 ms | ITL p99 ms | per-request TPS | meets SLO |\n|---|---|---|---|---|---|---|---|---|---|---|";
 
+/// Prints each event as it comes: the plan, a table row per measured rung, verifications.
+fn print_event<K: Knob>(ev: TuneEvent<K>) {
+    match ev {
+        TuneEvent::Started { candidates, runs } => {
+            println!("successive halving: {candidates} candidates, {runs} measured runs");
+            println!("{HEADER}");
+        }
+        TuneEvent::Measured(r) => println!("{}", row(&r)),
+        TuneEvent::Verifying(what) => eprintln!("verifying the {what} knobs with a fresh run"),
+    }
+}
+
+fn write_json<K: Serialize>(a: &TuneArgs, model: String, device: String, r: &TuneReport<K>) -> Result<()> {
+    if let Some(path) = &a.json {
+        let out = Report {
+            date: super::bench_args::utc_now(),
+            model,
+            device,
+            tune: r,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
+    }
+    Ok(())
+}
+
+/// `--endpoint`: the client's concurrency against a remote server.
+fn run_remote(a: &TuneArgs, url: &str, cfg: &TuneConfig) -> Result<()> {
+    let path = tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}"))?;
+    let prompts = super::serve_bench::prompt_set(&LoadedModel::load(&path)?)?;
+    let model = (a.model.model != "default").then_some(a.model.model.as_str());
+    let target = crate::remote::RemoteTarget::connect(url, a.api_key.clone(), model)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let device = format!("remote {} ({})", target.url(), target.model());
+    println!(
+        "endpoint: {device}; prompt {} -> output {} tokens (ids), greedy; tuning the client's concurrency; budget {:.0} s",
+        a.prompt_len, a.output_len, a.budget_s
+    );
+    let stop = AtomicBool::new(false);
+    let report = tune_client(&target, &prompts, cfg, &stop, &mut |ev| print_event(ev))?;
+    print_summary(&report);
+    write_json(a, target.model().to_string(), device, &report)
+}
+
 pub fn run(a: &TuneArgs) -> Result<()> {
     let workload = Workload {
         prompt_len: a.prompt_len,
@@ -127,6 +181,22 @@ pub fn run(a: &TuneArgs) -> Result<()> {
     if !(a.min_run_s.is_finite() && a.min_run_s > 0.0) {
         bail!("--min-run-s must be a positive number of seconds");
     }
+    let mut space = Space::default_for(a.concurrency.unwrap_or(64));
+    space
+        .precision
+        .extend(a.precisions.iter().map(|t| Some(t.name().to_string())));
+    let cfg = TuneConfig {
+        slo: a.slo,
+        workload,
+        budget_s: a.budget_s,
+        min_run_s: a.min_run_s,
+        max_candidates: a.max_candidates,
+        space,
+        seed: a.seed,
+    };
+    if let Some(url) = &a.endpoint {
+        return run_remote(a, url, &cfg);
+    }
     let lm = a.model.load()?;
     let ctx = lm.model.cfg.context_len;
     if a.prompt_len + a.output_len >= ctx {
@@ -137,10 +207,6 @@ pub fn run(a: &TuneArgs) -> Result<()> {
         );
     }
     let prompts = super::serve_bench::prompt_set(&lm)?;
-    let mut space = Space::default_for(a.concurrency.unwrap_or(64));
-    space
-        .precision
-        .extend(a.precisions.iter().map(|t| Some(t.name().to_string())));
     let base = Knobs {
         kv: KvSettings {
             budget_bytes: a.kv_budget_mb << 20,
@@ -159,15 +225,6 @@ pub fn run(a: &TuneArgs) -> Result<()> {
         None,
     )?;
     let device = engine.stats().device;
-    let cfg = TuneConfig {
-        slo: a.slo,
-        workload,
-        budget_s: a.budget_s,
-        min_run_s: a.min_run_s,
-        max_candidates: a.max_candidates,
-        space,
-        seed: a.seed,
-    };
     println!(
         "model: {} ({}), {device}; prompt {} -> output {} tokens, {}; budget {:.0} s",
         lm.path.display(),
@@ -184,28 +241,12 @@ pub fn run(a: &TuneArgs) -> Result<()> {
         a.budget_s
     );
     let stop = AtomicBool::new(false);
-    let report = tune(&engine, &prompts, &base, &cfg, &stop, &mut |ev| match ev {
-        TuneEvent::Started { candidates, runs } => {
-            println!("successive halving: {candidates} candidates, {runs} measured runs");
-            println!("{HEADER}");
-        }
-        TuneEvent::Measured(r) => println!("{}", row(&r)),
-        TuneEvent::Verifying(what) => eprintln!("verifying the {what} knobs with a fresh run"),
-    })?;
+    let report = tune(&engine, &prompts, &base, &cfg, &stop, &mut |ev| print_event(ev))?;
     print_summary(&report);
-    if let Some(path) = &a.json {
-        let out = Report {
-            date: super::bench_args::utc_now(),
-            model: lm.path.display().to_string(),
-            device,
-            tune: &report,
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
-    }
-    Ok(())
+    write_json(a, lm.path.display().to_string(), device, &report)
 }
 
-fn print_summary(r: &TuneReport) {
+fn print_summary<K: Knob>(r: &TuneReport<K>) {
     println!("\nPareto frontier (goodput vs mean per-request TPS, each at its last rung):");
     let last = last_runs(r.candidates.len(), &r.runs);
     for &i in &r.frontier {

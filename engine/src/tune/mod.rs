@@ -14,5 +14,8 @@ pub mod run;
 pub mod space;
 
 pub use halving::{Plan, pareto_front, successive_halving};
-pub use run::{CandidateRun, TuneConfig, TuneEvent, TuneReport, Tunable, Workload, tune};
+pub use run::{
+    CandidateRun, ClientKnobs, Knob, TuneConfig, TuneEvent, TuneReport, Tunable, Workload, tune,
+    tune_client,
+};
 pub use space::{Candidate, Measured, Space, TuneSlo};

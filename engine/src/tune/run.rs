@@ -125,15 +125,16 @@ pub struct TuneConfig {
     pub seed: u64,
 }
 
-/// One measured run of one candidate.
+/// One measured run of one candidate: `K` is what the search turns (the engine's knobs, or a
+/// client's concurrency against a remote server).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CandidateRun {
+pub struct CandidateRun<K = Candidate> {
     /// Index in the report's `candidates`.
     pub candidate: usize,
     pub rung: usize,
     /// The run's time box (requests were sent during it).
     pub seconds: f64,
-    pub knobs: Candidate,
+    pub knobs: K,
     pub measured: Measured,
     /// Why its knobs could not be applied (then nothing was measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,43 +143,66 @@ pub struct CandidateRun {
 
 /// A fresh run with fixed knobs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Verified {
-    pub knobs: Candidate,
+pub struct Verified<K = Candidate> {
+    pub knobs: K,
     #[serde(flatten)]
     pub measured: Measured,
 }
 
 /// What the tuner reports as it goes.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TuneEvent {
+pub enum TuneEvent<K = Candidate> {
     Started { candidates: usize, runs: usize },
-    Measured(CandidateRun),
+    Measured(CandidateRun<K>),
     /// A verification run starts ("best" or "default").
     Verifying(&'static str),
 }
 
 /// A session's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TuneReport {
+pub struct TuneReport<K = Candidate> {
     pub slo: TuneSlo,
     pub workload: Workload,
     pub budget_s: f64,
     pub elapsed_s: f64,
     pub plan: Plan,
     /// The winner's knobs.
-    pub best: Candidate,
+    pub best: K,
     /// A fresh run with the winner's knobs.
     pub verified: Measured,
     /// A fresh run with the default knobs, in the same session.
-    pub default: Verified,
-    pub candidates: Vec<Candidate>,
+    pub default: Verified<K>,
+    pub candidates: Vec<K>,
     /// Every measured rung of every candidate, in the order run.
-    pub runs: Vec<CandidateRun>,
+    pub runs: Vec<CandidateRun<K>>,
     /// Candidates on the Pareto frontier of goodput against mean per-request TPS (each at its
     /// last rung), by ascending goodput.
     pub frontier: Vec<usize>,
     /// Stopped before the end (then `verified` and `default` may be empty runs).
     pub stopped: bool,
+}
+
+/// What a client controls against a remote server: how many requests it keeps in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientKnobs {
+    pub concurrency: usize,
+}
+
+/// A setting the search turns, as one line for tables.
+pub trait Knob {
+    fn label(&self) -> String;
+}
+
+impl Knob for Candidate {
+    fn label(&self) -> String {
+        Candidate::label(self)
+    }
+}
+
+impl Knob for ClientKnobs {
+    fn label(&self) -> String {
+        format!("concurrency {}", self.concurrency)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +214,7 @@ pub enum TuneError {
 }
 
 /// The last rung's figures of each candidate (`None` where it never ran).
-pub fn last_runs(candidates: usize, runs: &[CandidateRun]) -> Vec<Option<&CandidateRun>> {
+pub fn last_runs<K>(candidates: usize, runs: &[CandidateRun<K>]) -> Vec<Option<&CandidateRun<K>>> {
     let mut last = vec![None; candidates];
     for r in runs {
         if let Some(slot) = last.get_mut(r.candidate) {
@@ -201,7 +225,7 @@ pub fn last_runs(candidates: usize, runs: &[CandidateRun]) -> Vec<Option<&Candid
 }
 
 /// The frontier of goodput against mean per-request TPS over each candidate's last rung.
-pub fn frontier(candidates: usize, runs: &[CandidateRun]) -> Vec<usize> {
+pub fn frontier<K>(candidates: usize, runs: &[CandidateRun<K>]) -> Vec<usize> {
     let points: Vec<(f64, f64)> = last_runs(candidates, runs)
         .into_iter()
         .map(|r| match r.filter(|r| r.error.is_none()) {
@@ -215,64 +239,55 @@ pub fn frontier(candidates: usize, runs: &[CandidateRun]) -> Vec<usize> {
     pareto_front(&points)
 }
 
-/// The tuner: `base` is the engine's knobs now (what the candidates change, and the default
-/// they are compared with), at the precision the engine runs now. `stop` ends it early.
-pub fn tune(
-    target: &dyn Tunable,
-    prompts: &PromptSet,
-    base: &Knobs,
-    cfg: &TuneConfig,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(TuneEvent),
-) -> Result<TuneReport, TuneError> {
+/// Checks what every search needs.
+fn check(cfg: &TuneConfig) -> Result<(), TuneError> {
     cfg.workload.check().map_err(TuneError::Config)?;
     if !(cfg.budget_s.is_finite() && cfg.budget_s > 0.0) {
         return Err(TuneError::Config("the budget must be a positive number of seconds".into()));
     }
-    let loaded = target.precision().ok_or(TuneError::NoPrecision)?;
-    let parse = |p: &Option<String>| -> Result<WType, TuneError> {
-        p.as_deref().map_or(Ok(loaded), |name| {
-            name.parse()
-                .map_err(|e| TuneError::Config(format!("precision {name}: {e}")))
-        })
-    };
-    for p in &cfg.space.precision {
-        parse(p)?;
+    if !(cfg.min_run_s.is_finite() && cfg.min_run_s > 0.0) {
+        return Err(TuneError::Config("the shortest run must be a positive number of seconds".into()));
     }
+    Ok(())
+}
+
+/// How many candidates the budget lets the halving start with (at most `max`).
+fn start_count(cfg: &TuneConfig, max: usize) -> usize {
+    Plan::for_budget(cfg.budget_s * 0.7, cfg.min_run_s, max.max(1)).rungs[0].candidates
+}
+
+/// The search both tuners share: successive halving over `candidates` with 70% of the budget,
+/// then fresh runs of the winner and of `default` (15% each). `measure(k, seconds)` runs
+/// candidate `k` for a time box of `seconds`.
+fn search<K: Clone>(
+    candidates: Vec<K>,
+    default: K,
+    cfg: &TuneConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(TuneEvent<K>),
+    measure: &mut dyn FnMut(&K, f64) -> Result<Measured, String>,
+) -> TuneReport<K> {
     let started = Instant::now();
     let verify_s = (cfg.budget_s * 0.15).max(cfg.min_run_s.min(cfg.budget_s));
-    let plan = Plan::for_budget(
-        cfg.budget_s * 0.7,
-        cfg.min_run_s,
-        cfg.max_candidates.max(1),
-    );
-    let default = Candidate::of_knobs(base);
-    let candidates = cfg
-        .space
-        .sample(plan.rungs[0].candidates, cfg.seed, &default);
     let plan = Plan::with(candidates.len(), cfg.budget_s * 0.7);
     progress(TuneEvent::Started {
         candidates: candidates.len(),
         runs: plan.runs(),
     });
-    let itl_target = cfg.slo.itl_p99_ms.or(cfg.slo.tpot_p99_ms);
-    let mut seed = cfg.seed.wrapping_mul(1000);
-    let mut measure = |c: &Candidate, seconds: f64| -> Result<Measured, String> {
-        let knobs = c.knobs(base, itl_target);
-        target.apply(&knobs, parse(&c.precision).map_err(|e| e.to_string())?, stop)?;
-        seed += 1;
-        let spec = cfg.workload.load_spec(seconds, seed);
-        let r = loadgen::run(&target, prompts, &spec, stop, &mut |_, _| {});
-        Ok(Measured::of(&r.timings, r.refused.len(), r.duration_s, &cfg.slo))
-    };
-    let mut runs = Vec::new();
+    let empty = || Measured::of(&[], 0, 0.0, &cfg.slo);
+    let mut runs: Vec<CandidateRun<K>> = Vec::new();
     let halving = successive_halving(candidates.len(), &plan, &mut |i, rung, seconds| {
         if stop.load(Ordering::Relaxed) {
             return None;
         }
         let (measured, error) = match measure(&candidates[i], seconds) {
             Ok(m) => (m, None),
-            Err(e) => (Measured::of(&[], 0, 0.0, &cfg.slo), Some(e)),
+            Err(e) => (empty(), Some(e)),
+        };
+        // A candidate whose knobs failed ranks last.
+        let score = match error {
+            None => measured.score(),
+            Some(_) => (f64::NEG_INFINITY, 0.0, 0.0),
         };
         let run = CandidateRun {
             candidate: i,
@@ -282,24 +297,18 @@ pub fn tune(
             measured,
             error,
         };
-        let score = run.measured.score();
         progress(TuneEvent::Measured(run.clone()));
         runs.push(run);
-        // A candidate whose knobs failed ranks last.
-        Some(if runs.last().is_some_and(|r| r.error.is_some()) {
-            (f64::NEG_INFINITY, 0.0, 0.0)
-        } else {
-            score
-        })
+        Some(score)
     });
     let best = candidates[halving.winner.unwrap_or(0)].clone();
-    let mut verify = |label: &'static str, c: &Candidate| {
+    let mut verify = |label: &'static str, k: &K| {
         progress(TuneEvent::Verifying(label));
-        measure(c, verify_s).unwrap_or_else(|_| Measured::of(&[], 0, 0.0, &cfg.slo))
+        measure(k, verify_s).unwrap_or_else(|_| empty())
     };
     let verified = verify("best", &best);
     let default_run = verify("default", &default);
-    Ok(TuneReport {
+    TuneReport {
         slo: cfg.slo,
         workload: cfg.workload.clone(),
         budget_s: cfg.budget_s,
@@ -315,5 +324,75 @@ pub fn tune(
         candidates,
         runs,
         stopped: halving.stopped || stop.load(Ordering::Relaxed),
-    })
+    }
+}
+
+/// The tuner over the in-process engine: `base` is the engine's knobs now (what the
+/// candidates change, and the default they are compared with), at the precision it runs now.
+/// The engine is left on the default knobs (verified last). `stop` ends it early.
+pub fn tune(
+    target: &dyn Tunable,
+    prompts: &PromptSet,
+    base: &Knobs,
+    cfg: &TuneConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(TuneEvent),
+) -> Result<TuneReport, TuneError> {
+    check(cfg)?;
+    let loaded = target.precision().ok_or(TuneError::NoPrecision)?;
+    let parse = |p: &Option<String>| -> Result<WType, TuneError> {
+        p.as_deref().map_or(Ok(loaded), |name| {
+            name.parse()
+                .map_err(|e| TuneError::Config(format!("precision {name}: {e}")))
+        })
+    };
+    for p in &cfg.space.precision {
+        parse(p)?;
+    }
+    let default = Candidate::of_knobs(base);
+    let n = start_count(cfg, cfg.max_candidates);
+    let candidates = cfg.space.sample(n, cfg.seed, &default);
+    let itl_target = cfg.slo.itl_p99_ms.or(cfg.slo.tpot_p99_ms);
+    let mut seed = cfg.seed.wrapping_mul(1000);
+    let mut measure = |c: &Candidate, seconds: f64| -> Result<Measured, String> {
+        let knobs = c.knobs(base, itl_target);
+        target.apply(&knobs, parse(&c.precision).map_err(|e| e.to_string())?, stop)?;
+        seed += 1;
+        let spec = cfg.workload.load_spec(seconds, seed);
+        let r = loadgen::run(&target, prompts, &spec, stop, &mut |_, _| {});
+        Ok(Measured::of(&r.timings, r.refused.len(), r.duration_s, &cfg.slo))
+    };
+    Ok(search(candidates, default, cfg, stop, progress, &mut measure))
+}
+
+/// The tuner against a server it does not control (a remote endpoint): only what a client
+/// sets is searched, the most requests it keeps in flight (1, 2, 4, ... up to twice the
+/// workload's concurrency, or 256 under a rate alone); the default is the workload's own.
+pub fn tune_client(
+    target: &dyn LoadTarget,
+    prompts: &PromptSet,
+    cfg: &TuneConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(TuneEvent<ClientKnobs>),
+) -> Result<TuneReport<ClientKnobs>, TuneError> {
+    check(cfg)?;
+    let top = cfg.workload.concurrency.map_or(256, |c| c.saturating_mul(2)).max(1);
+    let default = ClientKnobs {
+        concurrency: cfg.workload.concurrency.unwrap_or(top),
+    };
+    let levels = std::iter::successors(Some(1usize), |c| c.checked_mul(2)).take_while(|&c| c <= top);
+    let mut candidates = vec![default];
+    candidates.extend(levels.filter(|&c| c != default.concurrency).map(|concurrency| ClientKnobs { concurrency }));
+    candidates.truncate(start_count(cfg, cfg.max_candidates.min(candidates.len())));
+    let mut seed = cfg.seed.wrapping_mul(1000);
+    let mut measure = |k: &ClientKnobs, seconds: f64| -> Result<Measured, String> {
+        seed += 1;
+        let w = Workload {
+            concurrency: Some(k.concurrency),
+            ..cfg.workload.clone()
+        };
+        let r = loadgen::run(target, prompts, &w.load_spec(seconds, seed), stop, &mut |_, _| {});
+        Ok(Measured::of(&r.timings, r.refused.len(), r.duration_s, &cfg.slo))
+    };
+    Ok(search(candidates, default, cfg, stop, progress, &mut measure))
 }

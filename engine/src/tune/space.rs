@@ -11,7 +11,7 @@ use crate::serving::metrics::{BenchSummary, RequestTiming, percentile};
 use crate::spec::SpecMethod;
 
 /// One setting of the knobs the tuner turns.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
