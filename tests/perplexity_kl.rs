@@ -10,7 +10,6 @@
 //! KL 5%, perplexities 1%, ln(PPL ratio) 0.01 absolute, same top and RMS Δp 2 percentage points.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -23,19 +22,11 @@ use tpslab_kernels::WType;
 
 #[path = "support/llamacpp.rs"]
 mod llamacpp;
+#[path = "support/cli_bin.rs"]
+mod cli_bin;
+use cli_bin::{model, tpslab};
 
 const REFS: &str = include_str!("data/kl_refs.json");
-
-fn model() -> PathBuf {
-    tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
-}
-
-fn tpslab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tpslab"))
-        .args(args)
-        .output()
-        .expect("run tpslab")
-}
 
 struct Tmp(PathBuf);
 

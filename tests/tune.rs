@@ -4,24 +4,14 @@
 //! Nothing here asserts a timing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
 use serde_json::Value;
+
+#[path = "support/cli_bin.rs"]
+mod cli_bin;
+use cli_bin::{model, tpslab};
 
 #[path = "support/http_client.rs"]
 mod http_client;
-
-fn model() -> PathBuf {
-    tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
-}
-
-fn tpslab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tpslab"))
-        .args(args)
-        .output()
-        .expect("run tpslab")
-}
 
 fn num(v: &Value, key: &str) -> f64 {
     v[key]
@@ -60,43 +50,48 @@ fn check_verified(v: &Value) {
     assert!((num(v, "goodput") - good / num(v, "duration_s")).abs() < 1e-9);
 }
 
-#[test]
-fn tune_measures_candidates_and_verifies_the_best_against_the_defaults() {
-    let m = model();
-    let dir = std::env::temp_dir().join(format!("tpslab-tune-test-{}", std::process::id()));
+/// Runs `tpslab tune` with the test's objectives and small workload plus `extra`; returns the
+/// JSON report and stdout.
+fn tune_json(extra: &[&str], budget_s: &str, min_run_s: &str) -> (Value, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "tpslab-tune-test-{}-{}",
+        std::process::id(),
+        extra.len()
+    ));
     std::fs::create_dir_all(&dir).expect("dir");
     let json = dir.join("tune.json");
     let slo = format!("ttft_p99_ms={TTFT},itl_p99_ms={ITL}");
-    let out = tpslab(&[
-        "tune",
-        "--model",
-        m.to_str().expect("utf8"),
-        "--device",
-        "cpu",
-        "--slo",
-        &slo,
-        "--prompt-len",
-        "8",
-        "--output-len",
-        "4",
+    let mut args = vec!["tune", "--slo", slo.as_str(), "--prompt-len", "8", "--output-len", "4"];
+    args.extend([
         "--concurrency",
         "2",
         "--budget-s",
-        "4",
+        budget_s,
         "--min-run-s",
-        "0.5",
+        min_run_s,
         "--json",
         json.to_str().expect("utf8"),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    args.extend_from_slice(extra);
+    let out = tpslab(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
-        "tpslab tune failed: {}\n{stdout}",
+        "tpslab {args:?} failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let v = serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("JSON");
+    let _ = std::fs::remove_dir_all(&dir);
+    (v, stdout)
+}
+
+#[test]
+fn tune_measures_candidates_and_verifies_the_best_against_the_defaults() {
+    let m = model();
+    let m = m.to_str().expect("utf8");
+    let (v, stdout) = tune_json(&["--model", m, "--device", "cpu"], "4", "0.5");
     assert!(stdout.contains("best knobs: "), "{stdout}");
     assert!(stdout.contains("Pareto frontier"), "{stdout}");
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("JSON");
     // The winner's knobs.
     let best = &v["best"];
     for k in ["max_num_seqs", "max_num_batched_tokens"] {
@@ -131,7 +126,6 @@ fn tune_measures_candidates_and_verifies_the_best_against_the_defaults() {
     let frontier = v["frontier"].as_array().expect("frontier");
     assert!(!frontier.is_empty());
     assert!(frontier.iter().all(|i| (i.as_u64().unwrap() as usize) < candidates.len()));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -162,35 +156,7 @@ fn tune_refuses_bad_flags_with_one_clear_line() {
 fn against_a_remote_server_tune_searches_the_clients_concurrency() {
     let server = http_client::start(http_client::engine(8, None), None);
     let url = format!("http://{}", server.addr);
-    let dir = std::env::temp_dir().join(format!("tpslab-tune-remote-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let json = dir.join("tune.json");
-    let slo = format!("ttft_p99_ms={TTFT},itl_p99_ms={ITL}");
-    let out = tpslab(&[
-        "tune",
-        "--endpoint",
-        &url,
-        "--slo",
-        &slo,
-        "--prompt-len",
-        "8",
-        "--output-len",
-        "4",
-        "--concurrency",
-        "2",
-        "--budget-s",
-        "3",
-        "--min-run-s",
-        "0.4",
-        "--json",
-        json.to_str().expect("utf8"),
-    ]);
-    assert!(
-        out.status.success(),
-        "tpslab tune --endpoint failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("JSON");
+    let (v, _) = tune_json(&["--endpoint", url.as_str()], "3", "0.4");
     assert!(v["device"].as_str().expect("device").starts_with("remote http://"));
     // The client's concurrency is all there is to turn; the workload's own is the default.
     assert_eq!(v["default"]["knobs"]["concurrency"], 2);
@@ -202,5 +168,4 @@ fn against_a_remote_server_tune_searches_the_clients_concurrency() {
     assert!(v["best"]["concurrency"].as_u64().is_some());
     check_verified(&v["verified"]);
     check_verified(&v["default"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }

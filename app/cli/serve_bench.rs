@@ -122,6 +122,17 @@ pub fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
     PromptSet::new(tokens).ok_or_else(|| anyhow::anyhow!("the prompt set tokenized to nothing"))
 }
 
+/// Refuses a prompt and output that together do not fit the model's context.
+pub fn check_fits(lm: &LoadedModel, prompt_len: usize, output_len: usize) -> Result<()> {
+    let ctx = lm.model.cfg.context_len;
+    if prompt_len + output_len >= ctx {
+        bail!(
+            "prompt {prompt_len} + output {output_len} tokens do not fit the model's context of {ctx}"
+        );
+    }
+    Ok(())
+}
+
 /// `--workload`'s prompts: free writing, or copy-heavy.
 fn workload_prompts(a: &BenchArgs, lm: &LoadedModel) -> Result<PromptSet> {
     let p = prompt_set(lm)?;
@@ -291,14 +302,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         return run_remote(a, url);
     }
     let lm = a.model.load()?;
-    let ctx = lm.model.cfg.context_len;
-    if a.prompt_len + a.output_len >= ctx {
-        bail!(
-            "prompt {} + output {} tokens do not fit the model's context of {ctx}",
-            a.prompt_len,
-            a.output_len
-        );
-    }
+    check_fits(&lm, a.prompt_len, a.output_len)?;
     if a.concurrency.contains(&0) {
         bail!("--concurrency levels must be at least 1");
     }

@@ -13,7 +13,7 @@ use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettin
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::tune::run::last_runs;
 use tpslab_engine::tune::{
-    CandidateRun, Knob, Measured, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload,
+    CandidateRun, Knob, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload,
     tune, tune_client,
 };
 use tpslab_kernels::WType;
@@ -106,22 +106,6 @@ fn row<K: Knob>(r: &CandidateRun<K>) -> String {
     }
 }
 
-fn verified_line(name: &str, m: &Measured) -> String {
-    format!(
-        "{name}: goodput {:.2} req/s ({} of {} requests met every objective), meets SLO: {}; P99 TTFT {:.0} ms, ITL {:.0} ms, TPOT {:.1} ms, E2E {:.0} ms; per-request TPS mean {}, P1 {}",
-        m.goodput,
-        m.good,
-        m.requests,
-        if m.meets_slo { "yes" } else { "no" },
-        m.ttft_p99_ms,
-        m.itl_p99_ms,
-        m.tpot_p99_ms,
-        m.e2e_p99_ms,
-        f1(m.per_request_tps_mean),
-        f1(m.tps_p1),
-    )
-}
-
 const HEADER: &str = "| # | rung | run s | knobs | good/done | goodput req/s | attainment | TTFT p99 ms | ITL p99 ms | per-request TPS | meets SLO |\n|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// Prints each event as it comes: the plan, a table row per measured rung, verifications.
@@ -198,14 +182,7 @@ pub fn run(a: &TuneArgs) -> Result<()> {
         return run_remote(a, url, &cfg);
     }
     let lm = a.model.load()?;
-    let ctx = lm.model.cfg.context_len;
-    if a.prompt_len + a.output_len >= ctx {
-        bail!(
-            "prompt {} + output {} tokens do not fit the model's context of {ctx}",
-            a.prompt_len,
-            a.output_len
-        );
-    }
+    super::serve_bench::check_fits(&lm, a.prompt_len, a.output_len)?;
     let prompts = super::serve_bench::prompt_set(&lm)?;
     let base = Knobs {
         kv: KvSettings {
@@ -260,13 +237,11 @@ fn print_summary<K: Knob>(r: &TuneReport<K>) {
         }
     }
     println!("\nbest knobs: {}", r.best.label());
-    println!("{}", verified_line("best (fresh run)", &r.verified));
+    println!("best (fresh run): {}", r.verified.describe());
     println!(
-        "{}",
-        verified_line(
-            &format!("default (fresh run; {})", r.default.knobs.label()),
-            &r.default.measured
-        )
+        "default (fresh run; {}): {}",
+        r.default.knobs.label(),
+        r.default.measured.describe()
     );
     println!("took {:.1} s", r.elapsed_s);
 }

@@ -8,7 +8,7 @@ use egui_plot::{Legend, Line, Plot, PlotPoints, Points};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::serving::engine::Knobs;
 use tpslab_engine::tune::run::{frontier, last_runs};
-use tpslab_engine::tune::{CandidateRun, Measured, Space, TuneConfig, TuneSlo, Workload};
+use tpslab_engine::tune::{CandidateRun, Space, TuneConfig, TuneSlo, Workload};
 
 use crate::ui::command::Command;
 use crate::ui::plots::{outline, styled};
@@ -214,20 +214,6 @@ fn plot_ui(ui: &mut egui::Ui, run: &TuneRun, n: usize) {
     outline(ui, shown.response.rect);
 }
 
-fn verified_text(name: &str, m: &Measured) -> String {
-    format!(
-        "{name}: goodput {:.2} req/s ({} of {} met every objective) · meets SLO: {} · P99 TTFT {:.0} ms, ITL {:.0} ms, E2E {:.0} ms · per-request {} tok/s",
-        m.goodput,
-        m.good,
-        m.requests,
-        if m.meets_slo { "yes" } else { "no" },
-        m.ttft_p99_ms,
-        m.itl_p99_ms,
-        m.e2e_p99_ms,
-        fmt(m.per_request_tps_mean, 1),
-    )
-}
-
 /// The tab. `dash_knobs` are the dashboard's knobs: Apply sets them too, so the dashboard
 /// shows what runs.
 pub fn ui(
@@ -271,10 +257,11 @@ pub fn ui(
     match &run.outcome {
         Some(Ok(rep)) => {
             ui.label(format!("Best knobs: {}", rep.best.label()));
-            ui.label(verified_text("Best (fresh run)", &rep.verified));
-            ui.label(verified_text(
-                &format!("Default (fresh run; {})", rep.default.knobs.label()),
-                &rep.default.measured,
+            ui.label(format!("Best (fresh run): {}", rep.verified.describe()));
+            ui.label(format!(
+                "Default (fresh run; {}): {}",
+                rep.default.knobs.label(),
+                rep.default.measured.describe()
             ));
             let apply = ui.add_enabled(
                 view.engine_knobs.is_some() && !rep.stopped,

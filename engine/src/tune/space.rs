@@ -293,6 +293,25 @@ impl Measured {
         }
     }
 
+    /// One line: goodput, how many met the objectives, whether the run did, its P99s and
+    /// per-request decode speed.
+    pub fn describe(&self) -> String {
+        let tps = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
+        format!(
+            "goodput {:.2} req/s ({} of {} requests met every objective) · meets SLO: {} · P99 TTFT {:.0} ms, ITL {:.0} ms, TPOT {:.1} ms, E2E {:.0} ms · per-request TPS mean {}, P1 {}",
+            self.goodput,
+            self.good,
+            self.requests,
+            if self.meets_slo { "yes" } else { "no" },
+            self.ttft_p99_ms,
+            self.itl_p99_ms,
+            self.tpot_p99_ms,
+            self.e2e_p99_ms,
+            tps(self.per_request_tps_mean),
+            tps(self.tps_p1),
+        )
+    }
+
     /// How candidates rank: goodput, then the share that met the objectives, then output
     /// throughput (so runs where nothing met them still rank by how close they came).
     pub fn score(&self) -> (f64, f64, f64) {
