@@ -15,6 +15,26 @@
 //! - [`plan`]: the capacity planner (a calibrated roofline of this engine's steps per device).
 //! - [`serving`]: the engine thread, requests and admission, sampling, generation, metrics, the
 //!   load generator, perplexity, the live precision knob.
+/// Serializes a type as its `Display` label and reads it back through its `FromStr`: the one
+/// way saved records and reports write the engine's named types (weight types, presets,
+/// precisions).
+macro_rules! serde_as_label {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let label = <String as serde::Deserialize>::deserialize(d)?;
+                label.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 pub mod device;
 pub mod formats;
 pub mod kv;

@@ -251,27 +251,33 @@ fn windows_and_softcap_match_reference() {
         let mut case = Case::random(shape, &seqs, 6.0, 500 + i as u64);
         case.window = window;
         case.softcap = softcap;
-        let want = case.reference();
-        for b in backends() {
-            let got = case.run(b, &pools()[1]);
-            for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (f64::from(g) - w).abs() <= 2e-5,
-                    "{b:?} window {window:?} softcap {softcap:?} elem {e}: {g} vs {w}"
-                );
-            }
-            let hidden = shape.n_heads * shape.head_dim;
-            for t in [0, 5, 40, case.positions.len() - 1] {
-                let alone = case.alone(t).run(b, &pools()[0]);
-                let batched = &got[t * hidden..(t + 1) * hidden];
-                assert!(
-                    alone
-                        .iter()
-                        .zip(batched)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{b:?} window {window:?}: token {t} differs alone"
-                );
-            }
+        check_reference_and_alone(&case, &format!("window {window:?} softcap {softcap:?}"));
+    }
+}
+
+/// On every backend: `case` within 2e-5 of the f64 reference, and a few of its tokens run alone
+/// give the bits they give in the batch.
+fn check_reference_and_alone(case: &Case, what: &str) {
+    let want = case.reference();
+    let hidden = case.shape.n_heads * case.shape.head_dim;
+    for b in backends() {
+        let got = case.run(b, &pools()[1]);
+        for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (f64::from(g) - w).abs() <= 2e-5,
+                "{b:?} {what} elem {e}: {g} vs {w}"
+            );
+        }
+        for t in [0, 5, 40, case.positions.len() - 1] {
+            let alone = case.alone(t).run(b, &pools()[0]);
+            let batched = &got[t * hidden..(t + 1) * hidden];
+            assert!(
+                alone
+                    .iter()
+                    .zip(batched)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{b:?} {what}: token {t} differs alone"
+            );
         }
     }
 }
@@ -302,28 +308,7 @@ fn sinks_match_reference() {
         let mut rng = StdRng::seed_from_u64(i as u64);
         case.sinks = Some((0..8).map(|_| rng.random_range(lo..hi)).collect());
         case.window = window;
-        let want = case.reference();
-        for b in backends() {
-            let got = case.run(b, &pools()[1]);
-            for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (f64::from(g) - w).abs() <= 2e-5,
-                    "{b:?} sinks {lo}..{hi} window {window:?} elem {e}: {g} vs {w}"
-                );
-            }
-            let hidden = shape.n_heads * shape.head_dim;
-            for t in [0, 5, 40, case.positions.len() - 1] {
-                let alone = case.alone(t).run(b, &pools()[0]);
-                let batched = &got[t * hidden..(t + 1) * hidden];
-                assert!(
-                    alone
-                        .iter()
-                        .zip(batched)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{b:?} sinks: token {t} differs alone"
-                );
-            }
-        }
+        check_reference_and_alone(&case, &format!("sinks {lo}..{hi} window {window:?}"));
     }
     let mut case = Case::random(shape, &seqs, 3.0, 800);
     let plain = case.run(Backend::Portable, &pools()[1]);

@@ -219,19 +219,8 @@ impl std::str::FromStr for GgmlType {
     }
 }
 
-/// Written as its name ("Q4_1"), as the library index and reports always wrote it.
-impl serde::Serialize for GgmlType {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for GgmlType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
-}
+// Written as its name ("Q4_1"), as the library index and reports always wrote it.
+serde_as_label!(GgmlType);
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]

@@ -83,22 +83,20 @@ impl std::fmt::Display for StoredType {
     }
 }
 
-/// Written as its label ("Q4_1", "F8_E4M3", "unknown"), as the index always wrote it.
-impl Serialize for StoredType {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
+/// Its label read back: any label names some stored type.
+impl std::str::FromStr for StoredType {
+    type Err = std::convert::Infallible;
 
-impl<'de> Deserialize<'de> for StoredType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let label = String::deserialize(d)?;
-        Ok(match label.as_str() {
+    fn from_str(label: &str) -> Result<Self, Self::Err> {
+        Ok(match label {
             "unknown" | "" => Self::Unknown,
             l => Self::from_dtype(l),
         })
     }
 }
+
+// Written as its label ("Q4_1", "F8_E4M3", "unknown"), as the index always wrote it.
+serde_as_label!(StoredType);
 
 /// One file of a model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use serde::Serializer;
 use tpslab_kernels::{UnknownWType, WType};
 
 use crate::formats::gguf::{GgmlType, GgufFile};
@@ -63,14 +63,11 @@ impl fmt::Display for Precision {
     }
 }
 
-/// Serialized as its label ("Q4_K+Q4_1"), as reports and the server have always written it.
-impl Serialize for Precision {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
+// Serialized as its label ("Q4_K+Q4_1"), as reports and the server have always written it;
+// read back from it (saved sweeps and tables).
+serde_as_label!(Precision);
 
-/// Read back from its label ("Q4_1", "Q4_K+Q4_1"): saved sweeps and tables.
+/// Its label ("Q4_1", "Q4_K+Q4_1") read back.
 impl FromStr for Precision {
     type Err = UnknownWType;
 
@@ -83,13 +80,6 @@ impl FromStr for Precision {
             main: main.parse()?,
             fallback,
         })
-    }
-}
-
-impl<'de> Deserialize<'de> for Precision {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let label = String::deserialize(d)?;
-        label.parse().map_err(de::Error::custom)
     }
 }
 
@@ -171,7 +161,7 @@ mod tests {
             serde_json::to_string(&p).ok().as_deref(),
             Some("\"Q4_K+Q4_1\"")
         );
-        #[derive(Serialize)]
+        #[derive(serde::Serialize)]
         struct S {
             #[serde(serialize_with = "serialize_type")]
             t: Option<WType>,

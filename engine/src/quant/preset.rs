@@ -207,19 +207,8 @@ impl FromStr for Preset {
     }
 }
 
-/// Written as its llama.cpp name ("Q4_K_M"), read back through [`Preset::from_str`].
-impl serde::Serialize for Preset {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Preset {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
-}
+// Written as its llama.cpp name ("Q4_K_M"), read back through `Preset::from_str`.
+serde_as_label!(Preset);
 
 /// What the per-tensor rules read of a model besides its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
