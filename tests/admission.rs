@@ -370,7 +370,7 @@ fn greedy(
                 return (tokens, reason, usage.completion_tokens);
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
         }
     }
     panic!("no end")

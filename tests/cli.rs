@@ -2,26 +2,18 @@
 //! llama.cpp's reference outputs, the chat prompt, and clear one-line errors for bad input.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use serde_json::Value;
+
+#[path = "support/cli_bin.rs"]
+mod cli_bin;
+use cli_bin::{model, tpslab};
 
 #[path = "support/runaway.rs"]
 mod runaway;
 
 #[path = "support/llamacpp.rs"]
 mod llamacpp;
-
-fn model() -> PathBuf {
-    tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
-}
-
-fn tpslab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tpslab"))
-        .args(args)
-        .output()
-        .expect("run tpslab")
-}
 
 fn refs() -> Value {
     // Facts copied from ../shared/refs/llamacpp_greedy.json (llama.cpp, greedy, same model file).

@@ -2,16 +2,13 @@
 //! `generate --model DIR` and `quantize DIR` then take like a GGUF; bad targets refused in one line.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-fn tpslab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tpslab"))
-        .args(args)
-        .output()
-        .expect("run tpslab")
-}
+#[path = "support/cli_bin.rs"]
+mod cli_bin;
+use cli_bin::tpslab;
 
 fn ok(out: &Output) -> String {
     assert!(

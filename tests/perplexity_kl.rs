@@ -10,7 +10,6 @@
 //! KL 5%, perplexities 1%, ln(PPL ratio) 0.01 absolute, same top and RMS Δp 2 percentage points.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -21,21 +20,13 @@ use tpslab_engine::serving::kl::kl_divergence;
 use tpslab_engine::serving::perplexity::BUNDLED_TEXT;
 use tpslab_kernels::WType;
 
+#[path = "support/cli_bin.rs"]
+mod cli_bin;
 #[path = "support/llamacpp.rs"]
 mod llamacpp;
+use cli_bin::{model, tpslab};
 
 const REFS: &str = include_str!("data/kl_refs.json");
-
-fn model() -> PathBuf {
-    tpslab_engine::library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
-}
-
-fn tpslab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tpslab"))
-        .args(args)
-        .output()
-        .expect("run tpslab")
-}
 
 struct Tmp(PathBuf);
 

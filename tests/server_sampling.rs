@@ -405,6 +405,127 @@ fn echo_puts_the_prompt_first_whole_and_streamed() {
     assert_eq!(joined, text);
 }
 
+/// Completions' `logprobs` as (id, logprob, alternatives) per token (`null` for the first
+/// token of an echoed prompt).
+fn completion_entries(lp: &Value) -> Vec<Option<Returned>> {
+    let tokens = lp["tokens"].as_array().expect("tokens");
+    (0..tokens.len())
+        .map(|i| {
+            let chosen = lp["token_logprobs"][i].as_f64()?;
+            let top = lp["top_logprobs"][i]
+                .as_object()
+                .expect("top map")
+                .iter()
+                .map(|(k, v)| (id_of(&json!(k)), v.as_f64().expect("lp")))
+                .collect();
+            Some((id_of(&tokens[i]), chosen, top))
+        })
+        .collect()
+}
+
+#[test]
+fn echo_with_logprobs_scores_the_prompt_whole_and_streamed() {
+    let addr = shared();
+    let lm = model();
+    let prompt = "It is a truth universally acknowledged, that a single man in possession \
+                  of a good fortune, must be in want of a wife.";
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": true,
+                      "logprobs": 3, "ignore_eos": true, "return_tokens_as_token_ids": true});
+    let v = ok(addr, "/v1/completions", &body);
+    let c = &v["choices"][0];
+    assert!(c["text"].as_str().expect("text").starts_with(prompt));
+    let got = completion_entries(&c["logprobs"]);
+    let ids: Vec<u32> =
+        serde_json::from_value(ok(addr, "/tokenize", &json!({"prompt": prompt}))["tokens"].clone())
+            .expect("tokens");
+    let n_prompt = ids.len();
+    assert_eq!(v["usage"]["prompt_tokens"], n_prompt);
+    assert_eq!(
+        got.len(),
+        n_prompt + 4,
+        "every prompt token, then the 4 generated"
+    );
+    // The first prompt token has no context, hence no log-probability.
+    assert!(got[0].is_none());
+    assert!(c["logprobs"]["top_logprobs"][0].is_null());
+    let scored: Vec<Returned> = got[1..]
+        .iter()
+        .map(|e| e.clone().expect("scored"))
+        .collect();
+    let all: Vec<u32> = ids
+        .iter()
+        .copied()
+        .chain(scored[n_prompt - 1..].iter().map(|t| t.0))
+        .collect();
+    let returned: Vec<u32> = std::iter::once(ids[0])
+        .chain(scored.iter().map(|t| t.0))
+        .collect();
+    assert_eq!(returned, all, "the prompt's ids, then the generated ones");
+    let rows = reference_rows(&lm, &all, 1);
+    for (pos, ((id, lp, top), row)) in scored.iter().zip(&rows).enumerate() {
+        assert!(
+            (lp - row[*id as usize]).abs() < TOL,
+            "position {}: {lp} vs {}",
+            pos + 1,
+            row[*id as usize]
+        );
+        // Three alternatives, plus the chosen token when it is not among them.
+        assert!(
+            (3..=4).contains(&top.len()),
+            "position {}: {top:?}",
+            pos + 1
+        );
+        for &(t, l) in top {
+            assert!(
+                (l - row[t as usize]).abs() < TOL,
+                "position {}: top {t}",
+                pos + 1
+            );
+        }
+    }
+    // Offsets run over the tokens' text from the start of the echoed prompt.
+    let offsets: Vec<usize> =
+        serde_json::from_value(c["logprobs"]["text_offset"].clone()).expect("offsets");
+    let mut at = 0;
+    for (o, id) in offsets.iter().zip(&all) {
+        assert_eq!(*o, at);
+        at += String::from_utf8_lossy(lm.tokenizer.token_bytes(*id).unwrap_or_default()).len();
+    }
+
+    // Again, now that its blocks are in the prefix cache: still every position, the same
+    // figures; and streamed: the same entries, the prompt's in the first chunk.
+    let again = ok(addr, "/v1/completions", &body);
+    assert_eq!(completion_entries(&again["choices"][0]["logprobs"]), got);
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let r = post(addr, "/v1/completions", &sbody);
+    assert_eq!(r.status, 200);
+    let chunks: Vec<Value> = r
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).expect("chunk"))
+        .collect();
+    let first = completion_entries(&chunks[0]["choices"][0]["logprobs"]);
+    assert!(first.len() >= n_prompt, "the prompt's entries come first");
+    let streamed: Vec<Option<Returned>> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["logprobs"].is_object())
+        .flat_map(|c| completion_entries(&c["choices"][0]["logprobs"]))
+        .collect();
+    assert_eq!(streamed.len(), got.len());
+    for (i, (a, b)) in streamed.iter().zip(&got).enumerate() {
+        match (a, b) {
+            (None, None) => {}
+            (Some(a), Some(b)) => {
+                assert_eq!(a.0, b.0, "entry {i}");
+                assert!((a.1 - b.1).abs() < 1e-6, "entry {i}");
+            }
+            _ => panic!("entry {i}: {a:?} vs {b:?}"),
+        }
+    }
+}
+
 #[test]
 fn tokenize_and_detokenize_speak_the_real_tokenizer() {
     let addr = shared();
@@ -503,11 +624,6 @@ fn fields_the_engine_cannot_honour_are_400s_naming_them() {
             "/v1/completions",
             json!({"prompt": "a", "best_of": 2}),
             "best_of",
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": "a", "echo": true, "logprobs": 1}),
-            "echo",
         ),
         (
             "/v1/completions",

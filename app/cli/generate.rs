@@ -148,6 +148,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         priority: 0,
         constraint,
         logprobs: None,
+        prompt_logprobs: None,
     };
     let (spec, draft) = a.spec.resolve()?;
     let setup = GenerateSetup {

@@ -11,6 +11,8 @@
 //! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
 //! - [`plan`]: `tpslab plan`, the capacity planner (predicted TPS, TTFT, concurrency and cost
 //!   per device).
+//! - [`tune`]: `tpslab tune`, the SLO tuner (measured runs of the engine's knobs, successive
+//!   halving, the winner and the defaults verified).
 
 pub mod bench;
 pub mod bench_args;
@@ -19,6 +21,7 @@ pub mod library_cmds;
 pub mod model_cmds;
 pub mod plan;
 pub mod serve_bench;
+pub mod tune;
 
 use std::process::ExitCode;
 
@@ -75,6 +78,9 @@ pub enum Command {
     /// Capacity planner: predicted per-request and aggregate TPS, TTFT, the concurrency that
     /// fits and $ per 1M tokens on a table of devices (a calibrated roofline of this engine).
     Plan(plan::PlanArgs),
+    /// SLO tuner: searches the engine's knobs with short measured runs (successive halving)
+    /// for the most goodput under objectives on TTFT, ITL, TPOT, E2E latency and TPS.
+    Tune(tune::TuneArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -96,6 +102,7 @@ pub fn main() -> ExitCode {
         Some(Command::Models(args)) => library_cmds::run_models(&args),
         Some(Command::Pull(args)) => library_cmds::run_pull(&args),
         Some(Command::Plan(args)) => plan::run(&args),
+        Some(Command::Tune(args)) => tune::run(&args),
         None => crate::ui::window::run(
             crate::ui::AppOptions {
                 model: cli.model,

@@ -121,12 +121,23 @@ fn decode_throughput(timings: &[RequestTiming]) -> Option<f64> {
 
 /// The bundled text's tokens; seeded random ids for a synthetic model, which has no real
 /// vocabulary to cut text into.
-fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
+pub fn prompt_set(lm: &LoadedModel) -> Result<PromptSet> {
     let tokens = match lm.is_synthetic() {
         true => synthetic::random_tokens(lm.model.cfg.vocab, 1 << 14, 0),
         false => lm.raw_prompt(loadgen::PROMPT_TEXT)?,
     };
     PromptSet::new(tokens).ok_or_else(|| anyhow::anyhow!("the prompt set tokenized to nothing"))
+}
+
+/// Refuses a prompt and output that together do not fit the model's context.
+pub fn check_fits(lm: &LoadedModel, prompt_len: usize, output_len: usize) -> Result<()> {
+    let ctx = lm.model.cfg.context_len;
+    if prompt_len + output_len >= ctx {
+        bail!(
+            "prompt {prompt_len} + output {output_len} tokens do not fit the model's context of {ctx}"
+        );
+    }
+    Ok(())
 }
 
 /// `--workload`'s prompts: free writing, or copy-heavy.
@@ -209,6 +220,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             // Other prompts at each level: a server keeps its prefix cache between levels.
             seed: level as u64,
             priority: 0,
+            submit_for_s: None,
         };
         let bar = ProgressBar::new(n as u64);
         bar.set_style(
@@ -336,14 +348,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         return run_remote(a, url);
     }
     let lm = a.model.load()?;
-    let ctx = lm.model.cfg.context_len;
-    if a.prompt_len + a.output_len >= ctx {
-        bail!(
-            "prompt {} + output {} tokens do not fit the model's context of {ctx}",
-            a.prompt_len,
-            a.output_len
-        );
-    }
+    check_fits(&lm, a.prompt_len, a.output_len)?;
     if a.concurrency.contains(&0) {
         bail!("--concurrency levels must be at least 1");
     }

@@ -143,6 +143,9 @@ struct ChoiceState {
     offset: usize,
     /// A streamed call has been sent: the choice finishes with `"tool_calls"`.
     called: bool,
+    /// The prompt's ids and log-probabilities (completions' `echo` with `logprobs`), until
+    /// they go out ahead of the first tokens'.
+    prompt: Option<(Vec<u32>, Vec<TokenLogprob>)>,
 }
 
 impl ChoiceState {
@@ -156,6 +159,7 @@ impl ChoiceState {
             text: echo,
             scored: Vec::new(),
             called: false,
+            prompt: None,
         }
     }
 
@@ -178,7 +182,20 @@ impl ChoiceState {
         };
         Some(match spec.meta.kind {
             Kind::Chat => logprobs_json::chat(names, &items),
-            Kind::Completion => logprobs_json::completion(names, &items, &mut self.offset),
+            Kind::Completion => {
+                let generated = items.iter().map(|(id, lp)| (*id, Some(lp)));
+                match self.prompt.take() {
+                    // The echoed prompt's tokens lead, their offsets from the text's start.
+                    Some((ids, lps)) => {
+                        self.offset = 0;
+                        let first = ids.first().map(|&id| (id, None));
+                        let rest = ids.iter().skip(1).zip(&lps).map(|(&id, lp)| (id, Some(lp)));
+                        let all = first.into_iter().chain(rest).chain(generated);
+                        logprobs_json::completion(names, all, &mut self.offset)
+                    }
+                    None => logprobs_json::completion(names, generated, &mut self.offset),
+                }
+            }
         })
     }
 }
@@ -241,6 +258,9 @@ pub async fn gather(
         let Some(c) = states.get_mut(i) else { continue };
         match ev {
             Event::Started { .. } => {}
+            Event::PromptLogprobs {
+                prompt, logprobs, ..
+            } => c.prompt = Some((prompt, logprobs)),
             Event::Token {
                 text,
                 token,
@@ -382,6 +402,9 @@ impl SseStream {
         }
         match ev {
             Event::Started { .. } => {}
+            Event::PromptLogprobs {
+                prompt, logprobs, ..
+            } => self.states[i].prompt = Some((prompt, logprobs)),
             Event::Token {
                 text,
                 token,

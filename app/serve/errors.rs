@@ -132,6 +132,7 @@ impl ApiError {
             Refusal::EmptyPrompt | Refusal::OutOfVocab { .. } => Self::bad_param("prompt", message),
             Refusal::ZeroMaxTokens => Self::bad_param("max_tokens", message),
             Refusal::Sampling(e) => Self::bad_param(e.name, message),
+            Refusal::Grammar(_) => Self::bad_param("response_format", message),
             _ => match r.kind() {
                 RefusalKind::Busy => Self::busy(message),
                 RefusalKind::Unavailable => {

@@ -75,15 +75,26 @@ pub fn chat(names: Names<'_>, items: &[Scored]) -> Value {
 /// Completions' `logprobs` for these tokens; `offset` is where the first one starts in the
 /// choice's text, and is moved past them. `top_logprobs` maps each alternative's text to its
 /// log-probability, the chosen token included (vLLM's shape); tokens with the same text keep
-/// the higher one. Offsets count the tokens' text, whatever they are named.
-pub fn completion(names: Names<'_>, items: &[Scored], offset: &mut usize) -> Value {
+/// the higher one. Offsets count the tokens' text, whatever they are named. A token without
+/// log-probabilities (an echoed prompt's first) has `null` for both.
+pub fn completion<'a>(
+    names: Names<'_>,
+    items: impl IntoIterator<Item = (u32, Option<&'a TokenLogprob>)>,
+    offset: &mut usize,
+) -> Value {
     let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     for (id, lp) in items {
-        let (text, _) = names.name(*id);
+        let (text, _) = names.name(id);
         offsets.push(*offset);
-        *offset += token_text(names.tok, *id).0.len();
+        *offset += token_text(names.tok, id).0.len();
+        tokens.push(json!(text));
+        let Some(lp) = lp else {
+            lps.push(Value::Null);
+            tops.push(Value::Null);
+            continue;
+        };
         let mut top = Map::new();
-        for &(t, l) in lp.top.iter().chain(std::iter::once(&(*id, lp.logprob))) {
+        for &(t, l) in lp.top.iter().chain(std::iter::once(&(id, lp.logprob))) {
             let (k, _) = names.name(t);
             let v = finite(l);
             let keep = top
@@ -94,7 +105,6 @@ pub fn completion(names: Names<'_>, items: &[Scored], offset: &mut usize) -> Val
                 top.insert(k, json!(v));
             }
         }
-        tokens.push(json!(text));
         lps.push(json!(finite(lp.logprob)));
         tops.push(Value::Object(top));
     }

@@ -100,7 +100,7 @@ impl RequestTimer<'_> {
         let m = self.m;
         let now = Instant::now();
         match ev {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
             Event::Token { .. } => {
                 m.generation_tokens.fetch_add(1, Ordering::Relaxed);
                 match self.last_token {

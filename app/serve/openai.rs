@@ -121,6 +121,8 @@ pub struct Parsed {
     pub constraint: Option<Asked>,
     /// `Some(k)`: each token's log-probability with its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// `Some(k)`: the prompt's log-probabilities too (completions' `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// Choices to generate (`n`), each its own sequence in the batch.
     pub n: usize,
     /// Completions' `echo`: the answer's text starts with the prompt's.
@@ -209,15 +211,11 @@ pub fn parse(
             "echo is a completions field; chat answers never repeat the conversation",
         ));
     }
-    if echo && logprobs.is_some() {
-        return Err(ApiError::bad_param(
-            "echo",
-            "echo with logprobs asks for the prompt's log-probabilities, which this server \
-             does not compute; send one of the two",
-        ));
-    }
+    // Completions' echo with logprobs scores the prompt too (OpenAI's legacy answer).
+    let prompt_logprobs = if echo { logprobs } else { None };
     Ok(Parsed {
         logprobs,
+        prompt_logprobs,
         n: common.n.unwrap_or(1) as usize,
         echo,
         kind,
@@ -510,6 +508,7 @@ pub fn to_request(
             .map(|a| structured::compile(lm, a))
             .transpose()?,
         logprobs: p.logprobs,
+        prompt_logprobs: p.prompt_logprobs,
     };
     Admission::for_model(&lm.model.cfg)
         .check(&req)

@@ -221,7 +221,7 @@ impl ResponsesStream {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
             Event::Token { text, .. } => {
                 let p = self.pipe.push(&text);
                 self.piece(p);

@@ -42,4 +42,7 @@ pub enum Command {
     SetDraftModel(PathBuf),
     StartServer,
     StopServer,
+    /// Start the SLO tuner with the Tuner tab's settings over the window's engine.
+    StartTune,
+    StopTune,
 }

@@ -170,6 +170,7 @@ impl LoadSettings {
             output_len: LenDist::Fixed(self.output_len.max(1)),
             seed,
             priority: LOAD_PRIORITY,
+            submit_for_s: None,
         }
     }
 }

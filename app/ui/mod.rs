@@ -22,6 +22,7 @@
 //! - [`renderer`]: `--renderer`: wgpu on a GPU, OpenGL where wgpu would rasterize on the CPU.
 //! - [`sweep_file`]: a sweep saved as JSON, CSV and its plot as PNG.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
+//! - [`tune_run`]: a tuning run on its own thread over the window's engine.
 //!
 //! This module imports the others; of them only `window`, `frame_bench` and `library_windows`
 //! (which add to the app) import this one, and this one imports none of them.
@@ -43,6 +44,7 @@ pub mod plots;
 pub mod renderer;
 pub mod sweep_file;
 pub mod task;
+pub mod tune_run;
 pub mod window;
 
 use std::path::PathBuf;
@@ -65,7 +67,7 @@ use panels::chat::{self, ChatState, ChatView, Generation, Message, Role};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
 use panels::models::{ModelsPanel, ModelsSettings};
 use panels::wizard::{Wizard, WizardSettings};
-use panels::{api_server, planner, status};
+use panels::{api_server, planner, status, tuner};
 use plots::History;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +76,7 @@ pub enum Tab {
     Chat,
     Dashboard,
     Planner,
+    Tuner,
 }
 
 /// Everything that persists across restarts (eframe storage). `#[serde(default)]` everywhere, so
@@ -91,6 +94,7 @@ pub struct AppState {
     /// The quantization wizard (open or not, its choices, the measured table).
     pub wizard: WizardSettings,
     pub planner: planner::PlannerSettings,
+    pub tuner: tuner::TunerSettings,
 }
 
 /// Where the model comes from and what runs it (not saved: command line).
@@ -142,6 +146,8 @@ struct Runtime {
     server: api_server::ApiServer,
     /// The planner's device table (the bundled one), read on first use.
     planner_table: Option<Result<tpslab_engine::plan::DeviceTable, String>>,
+    /// The tuning run in progress, or the last one.
+    tuner: Option<tune_run::TuneRun>,
 }
 
 /// The app: saved state plus runtime handles.
@@ -228,6 +234,7 @@ impl TpsApp {
             Tab::Chat => self.chat_tab_ui(ui, &mut cmds),
             Tab::Dashboard => self.dashboard_tab_ui(ui, &mut cmds),
             Tab::Planner => self.planner_tab_ui(ui),
+            Tab::Tuner => self.tuner_tab_ui(ui, &mut cmds),
         }
         self.library_windows_ui(ui.ctx(), &mut cmds);
         for cmd in cmds {
@@ -237,7 +244,12 @@ impl TpsApp {
         // step); an idle dashboard only scrolls its time axis, once a second, so an open window
         // costs next to nothing when nothing runs.
         let running = (self.rt.snapshot.as_ref()).is_some_and(|s| s.running + s.waiting > 0);
-        if self.rt.load.is_some() || self.rt.sweep.is_some() {
+        let tuning = self
+            .rt
+            .tuner
+            .as_ref()
+            .is_some_and(tune_run::TuneRun::running);
+        if self.rt.load.is_some() || self.rt.sweep.is_some() || tuning {
             ui.ctx().request_repaint_after(Duration::from_millis(100));
         } else if self.state.tab == Tab::Dashboard {
             let every = if running { 100 } else { 1000 };
@@ -295,6 +307,9 @@ impl TpsApp {
             }
         }
         self.drain_generations();
+        if let Some(t) = &mut self.rt.tuner {
+            t.poll();
+        }
         if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
             if let Some(e) = outcome.error.take() {
                 self.rt.errors.push(e);
@@ -369,6 +384,7 @@ impl TpsApp {
             ui.selectable_value(&mut self.state.tab, Tab::Chat, "Chat");
             ui.selectable_value(&mut self.state.tab, Tab::Dashboard, "Dashboard");
             ui.selectable_value(&mut self.state.tab, Tab::Planner, "Planner");
+            ui.selectable_value(&mut self.state.tab, Tab::Tuner, "Tuner");
             ui.toggle_value(&mut self.state.models.open, "Models");
             ui.toggle_value(&mut self.state.wizard.open, "Quantize");
             ui.separator();
@@ -397,8 +413,18 @@ impl TpsApp {
     fn device_locked(&self) -> Option<&'static str> {
         if matches!(self.rt.model, Some(ModelSlot::Loading { .. })) {
             Some("The engine is starting")
-        } else if !self.rt.gens.is_empty() || self.rt.load.is_some() || self.rt.sweep.is_some() {
-            Some("Stop the running answers, load or sweep first: switching restarts the engine")
+        } else if !self.rt.gens.is_empty()
+            || self.rt.load.is_some()
+            || self.rt.sweep.is_some()
+            || self
+                .rt
+                .tuner
+                .as_ref()
+                .is_some_and(tune_run::TuneRun::running)
+        {
+            Some(
+                "Stop the running answers, load, sweep or tuning first: switching restarts the engine",
+            )
         } else {
             None
         }
@@ -479,6 +505,51 @@ impl TpsApp {
         });
     }
 
+    fn tuner_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
+        let view = tuner::TunerView {
+            run: self.rt.tuner.as_ref(),
+            engine_knobs: self.rt.snapshot.as_ref().map(|s| &s.knobs),
+        };
+        let (s, dash) = (&mut self.state.tuner, &mut self.state.dash.knobs);
+        renderer::central_panel(ui).show(ui, |ui| tuner::ui(ui, s, dash, &view, cmds));
+    }
+
+    /// Refuses a load or a sweep while the tuner measures the engine.
+    fn not_tuning(&self) -> Result<(), String> {
+        match self
+            .rt
+            .tuner
+            .as_ref()
+            .is_some_and(tune_run::TuneRun::running)
+        {
+            true => Err("stop the tuning run first: it measures the engine alone".into()),
+            false => Ok(()),
+        }
+    }
+
+    /// Starts the tuner over the engine (not beside a load or a sweep: they would share it).
+    fn start_tune(&mut self, ctx: &egui::Context) -> Result<(), String> {
+        if self
+            .rt
+            .tuner
+            .as_ref()
+            .is_some_and(tune_run::TuneRun::running)
+        {
+            return Err("a tuning run is already going".into());
+        }
+        if self.rt.load.is_some() || self.rt.sweep.is_some() {
+            return Err(
+                "stop the load or the sweep first: the tuner measures the engine alone".into(),
+            );
+        }
+        let cfg = self.state.tuner.config()?;
+        let b = self.link().ok_or("the model is not loaded yet")?;
+        let base = b.engine.stats().knobs;
+        let run = tune_run::TuneRun::start(b.engine.clone(), &b.prompts, base, cfg, ctx)?;
+        self.rt.tuner = Some(run);
+        Ok(())
+    }
+
     fn planner_tab_ui(&mut self, ui: &mut egui::Ui) {
         let table = (self.rt.planner_table).get_or_insert_with(|| {
             tpslab_engine::plan::DeviceTable::bundled().map_err(|e| e.to_string())
@@ -546,6 +617,7 @@ impl TpsApp {
                 Ok(())
             }
             Command::StartLoad => {
+                self.not_tuning()?;
                 let b = self.link().ok_or("the model is not loaded yet")?;
                 let target = TargetSpec::of(&b.engine, &self.state.dash.load);
                 let run = LoadRun::start(target, &b.prompts, &self.state.dash.load, ctx)?;
@@ -561,6 +633,7 @@ impl TpsApp {
                 Ok(())
             }
             Command::StartSweep => {
+                self.not_tuning()?;
                 let b = self.link().ok_or("the model is not loaded yet")?;
                 let settings = &self.state.dash.load;
                 let run = SweepRun::start(
@@ -604,6 +677,13 @@ impl TpsApp {
             Command::StartServer => self.start_server(),
             Command::StopServer => {
                 self.rt.server.stop();
+                Ok(())
+            }
+            Command::StartTune => self.start_tune(ctx),
+            Command::StopTune => {
+                if let Some(t) = &self.rt.tuner {
+                    t.stop();
+                }
                 Ok(())
             }
         }

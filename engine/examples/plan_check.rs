@@ -62,6 +62,7 @@ fn main() -> Result<()> {
             output_len: LenDist::Fixed(output_len),
             seed: i as u64,
             priority: 0,
+            submit_for_s: None,
         };
         let run = loadgen::run(
             &engine,

@@ -15,6 +15,8 @@
 //! - [`plan`]: the capacity planner (a calibrated roofline of this engine's steps per device).
 //! - [`serving`]: the engine thread, requests and admission, sampling, generation, metrics, the
 //!   load generator, perplexity, the live precision knob.
+//! - [`tune`]: the SLO tuner (successive halving of measured runs over the engine's knobs).
+
 /// Serializes a type as its `Display` label and reads it back through its `FromStr`: the one
 /// way saved records and reports write the engine's named types (weight types, presets,
 /// precisions).
@@ -46,3 +48,4 @@ pub mod sched;
 pub mod serving;
 pub mod spec;
 pub mod text;
+pub mod tune;

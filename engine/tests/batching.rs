@@ -16,6 +16,7 @@ use tpslab_engine::sched::{Policy, SchedulerConfig};
 use tpslab_engine::serving::engine::{
     EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
 };
+use tpslab_engine::serving::logprobs::TokenLogprob;
 
 #[path = "support/default_model.rs"]
 mod default_model;
@@ -46,12 +47,28 @@ fn request(lm: &LoadedModel, text: &str, priority: i32) -> Request {
 
 /// Submits all prompts at once and collects each one's tokens (in prompt order).
 fn run_all(engine: &EngineHandle, lm: &LoadedModel, texts: &[&str]) -> Vec<Vec<u32>> {
+    run_scored(engine, lm, texts, texts.len()).0
+}
+
+/// As [`run_all`], the prompts from `scored_from` on asking for their prompt's
+/// log-probabilities (2 alternatives), which come back second, by request.
+fn run_scored(
+    engine: &EngineHandle,
+    lm: &LoadedModel,
+    texts: &[&str],
+    scored_from: usize,
+) -> (Vec<Vec<u32>>, Vec<Option<Vec<TokenLogprob>>>) {
     let (tx, rx) = mpsc::channel();
     let ids: Vec<u64> = texts
         .iter()
         .enumerate()
-        .map(|(i, t)| engine.submit(request(lm, t, (i % 3) as i32), tx.clone()))
+        .map(|(i, t)| {
+            let mut r = request(lm, t, (i % 3) as i32);
+            r.prompt_logprobs = (i >= scored_from).then_some(2);
+            engine.submit(r, tx.clone())
+        })
         .collect();
+    let mut scored: HashMap<u64, Vec<TokenLogprob>> = HashMap::new();
     let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut done = 0;
     while done < ids.len() {
@@ -65,12 +82,26 @@ fn run_all(engine: &EngineHandle, lm: &LoadedModel, texts: &[&str]) -> Vec<Vec<u
                 done += 1;
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
+            Event::PromptLogprobs {
+                id,
+                prompt,
+                logprobs,
+            } => {
+                assert!(
+                    !out.contains_key(&id),
+                    "prompt log-probabilities come first"
+                );
+                assert_eq!(prompt.len(), logprobs.len() + 1);
+                assert!(scored.insert(id, logprobs).is_none(), "sent once");
+            }
             Event::Started { .. } => {}
         }
     }
-    ids.iter()
+    let tokens = ids
+        .iter()
         .map(|id| out.remove(id).unwrap_or_default())
-        .collect()
+        .collect();
+    (tokens, ids.iter().map(|id| scored.remove(id)).collect())
 }
 
 fn engine(knobs: Knobs) -> EngineHandle {
@@ -94,10 +125,13 @@ fn kv_blocks(budget: &KvSettings) -> usize {
 fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
     let lm = model();
     let alone_engine = engine(Knobs::default());
-    let alone: Vec<Vec<u32>> = PROMPTS
+    let (alone, alone_scored): (Vec<Vec<u32>>, Vec<Vec<TokenLogprob>>) = PROMPTS
         .iter()
-        .map(|t| run_all(&alone_engine, &lm, &[t]).remove(0))
-        .collect();
+        .map(|t| {
+            let (mut tokens, mut scored) = run_scored(&alone_engine, &lm, &[t], 0);
+            (tokens.remove(0), scored.remove(0).expect("prompt scored"))
+        })
+        .unzip();
     assert!(alone.iter().all(|o| o.len() == MAX_TOKENS));
     drop(alone_engine);
 
@@ -156,9 +190,12 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
     for (name, knobs) in settings {
         let tiny_pool = kv_blocks(&knobs.kv) < 100;
         let e = engine(knobs);
-        // Each prompt twice: the repeats also exercise prefix-cache hits where caching is on.
+        // Each prompt twice: the repeats also exercise prefix-cache hits where caching is on,
+        // and ask for their prompt's log-probabilities, which must not come from the cache:
+        // every position is scored, bit-identical to the prompt alone, through chunks and
+        // preemption alike.
         let texts: Vec<&str> = PROMPTS.iter().chain(PROMPTS.iter()).copied().collect();
-        let together = run_all(&e, &lm, &texts);
+        let (together, scored) = run_scored(&e, &lm, &texts, PROMPTS.len());
         for (i, got) in together.iter().enumerate() {
             assert_eq!(
                 got,
@@ -166,6 +203,8 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
                 "{name}: prompt {:?}",
                 texts[i]
             );
+            let want = (i >= PROMPTS.len()).then(|| &alone_scored[i % PROMPTS.len()]);
+            assert_eq!(scored[i].as_ref(), want, "{name}: prompt {:?}", texts[i]);
         }
         // Stats are published after each step; give the last one a moment to land.
         std::thread::sleep(Duration::from_millis(50));
@@ -310,7 +349,7 @@ fn kv_rebuild_while_running_loses_nothing() {
                 done += 1;
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
         }
     }
     for (i, id) in ids.iter().enumerate() {

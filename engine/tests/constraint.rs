@@ -101,7 +101,7 @@ fn run(reqs: Vec<Request>) -> Vec<(String, FinishReason)> {
                 done.insert(id, reason);
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
         }
     }
     ids.iter()

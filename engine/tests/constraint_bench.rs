@@ -49,6 +49,7 @@ fn level(target: &dyn LoadTarget, prompts: &PromptSet, c: usize, out: usize) -> 
         output_len: LenDist::Fixed(out),
         seed: c as u64,
         priority: 0,
+        submit_for_s: None,
     };
     let stop = AtomicBool::new(false);
     let r = loadgen::run(target, prompts, &spec, &stop, &mut |_, _| {});

@@ -187,7 +187,7 @@ fn serve(lm: &Arc<LoadedModel>, knobs: Knobs, prompts: &[Vec<u32>]) -> (Vec<Vec<
                 done += 1;
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
         }
     }
     // Stats are published after each step; give the last one a moment to land.

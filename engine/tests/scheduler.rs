@@ -140,6 +140,7 @@ impl Sim {
             prompt: prompt.clone(),
             max_tokens,
             priority,
+            prompt_rows: false,
         });
         match res {
             Ok(()) => {
@@ -466,6 +467,7 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
                 prefix_caching: caching,
                 policy,
                 max_waiting,
+                ..SchedulerConfig::default()
             },
         )
 }
@@ -674,6 +676,7 @@ fn req(id: RequestId, prompt: &[u32], max_tokens: usize, priority: i32) -> Sched
         prompt: prompt.to_vec(),
         max_tokens,
         priority,
+        prompt_rows: false,
     }
 }
 

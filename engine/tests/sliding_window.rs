@@ -45,6 +45,7 @@ fn blocks_that_leave_the_window_are_freed() {
         prompt: (0..100).collect(),
         max_tokens: 500,
         priority: 0,
+        prompt_rows: false,
     })
     .unwrap();
     let bound = (window + 2 * tpslab_kernels::attn::BLOCK).div_ceil(BS) + 2;
@@ -123,7 +124,7 @@ fn freeing_blocks_changes_nothing_the_model_computes() {
             Event::Token { token, .. } => got.push(token),
             Event::Finished { .. } => break,
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
         }
     }
     assert_eq!(got, want);

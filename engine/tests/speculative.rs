@@ -64,7 +64,7 @@ fn run_all(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<(Vec<u32>, Usage)> 
                 usage.insert(id, u);
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
         }
     }
     ids.iter()

@@ -223,6 +223,7 @@ impl Generation {
                         priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
                         constraint,
                         logprobs: None,
+                        prompt_logprobs: None,
                     };
                     Ok((engine.submit(req, tx), prompt.reasoning))
                 });
@@ -300,7 +301,7 @@ impl Generation {
         }
         loop {
             match self.rx.try_recv() {
-                Ok(Event::Started { .. }) => {}
+                Ok(Event::Started { .. } | Event::PromptLogprobs { .. }) => {}
                 Ok(Event::Token { text, .. }) => {
                     let now = Instant::now();
                     self.first.get_or_insert(now);

@@ -151,6 +151,21 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
             .checkbox(&mut k.prefix_caching, "Prefix caching")
             .changed();
         ui.end_row();
+        // The adaptive budget shrinks prefill chunks so decodes keep their ITL under the target.
+        commit |= ui
+            .checkbox(&mut k.adaptive_budget, "Adaptive token budget")
+            .changed();
+        ui.end_row();
+        let l = ui.label("ITL target (ms)");
+        let r = ui
+            .add_enabled(
+                k.adaptive_budget,
+                egui::DragValue::new(&mut k.itl_target_ms).range(1..=10_000),
+            )
+            .labelled_by(l.id);
+        commit |= r.changed() && !r.dragged();
+        commit |= r.drag_stopped();
+        ui.end_row();
         ui.label("Policy");
         commit |= ui.horizontal(|ui| policy_ui(ui, &mut k.policy)).inner;
         ui.end_row();
@@ -292,6 +307,12 @@ pub fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
     }
     if o.policy != n.policy {
         parts.push(format!("policy {:?}", n.policy));
+    }
+    if (o.adaptive_budget, o.itl_target_ms) != (n.adaptive_budget, n.itl_target_ms) {
+        parts.push(match n.adaptive_budget {
+            true => format!("adaptive budget on (ITL {} ms)", n.itl_target_ms),
+            false => "adaptive budget off".into(),
+        });
     }
     if old.kv != new.kv {
         parts.push(format!(

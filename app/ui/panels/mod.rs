@@ -13,6 +13,7 @@
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`spec_knobs`]: the dashboard's speculative decoding knobs and live figures.
 //! - [`status`]: the status bar (model, device, memory) and the device selector.
+//! - [`tuner`]: the SLO tuner's tab: objectives, workload, progress, candidates, Apply.
 //! - [`wizard`]: the quantization wizard, perplexity and the table of measured models.
 
 pub mod api_server;
@@ -25,6 +26,7 @@ pub mod models;
 pub mod planner;
 pub mod spec_knobs;
 pub mod status;
+pub mod tuner;
 pub mod wizard;
 
 /// A notice, or an error in the error colour.

@@ -38,7 +38,10 @@
 //!   a sequence ends).
 //! - `update`: applying a step's results (appending tokens, prefix caching, rolling back
 //!   rejected proposals) and taking proposals.
+//! - [`adaptive`]: the adaptive token budget (a step-time model fitted online that sizes each
+//!   step's prefill chunk so running decodes keep their inter-token latency under a target).
 
+pub mod adaptive;
 pub mod stop;
 mod update;
 
@@ -78,6 +81,12 @@ pub struct SchedulerConfig {
     pub policy: Policy,
     /// Load shedding: refuse new requests while this many wait. `None` = unbounded.
     pub max_waiting: Option<usize>,
+    /// Adaptive token budget: while requests decode, each step's budget is what the fitted
+    /// step-time model says runs in `itl_target_ms` (see [`adaptive`]), at most
+    /// `max_num_batched_tokens`; a long prompt then goes in smaller chunks.
+    pub adaptive_budget: bool,
+    /// The inter-token latency the adaptive budget keeps decodes under, in milliseconds.
+    pub itl_target_ms: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -90,6 +99,8 @@ impl Default for SchedulerConfig {
             prefix_caching: true,
             policy: Policy::Fcfs,
             max_waiting: None,
+            adaptive_budget: false,
+            itl_target_ms: 50,
         }
     }
 }
@@ -106,6 +117,9 @@ pub struct SchedRequest {
     pub max_tokens: usize,
     /// Lower runs first under [`Policy::Priority`]; ignored under FCFS.
     pub priority: i32,
+    /// Logits rows for every prompt position too (prompt log-probabilities): its prompt is
+    /// computed whole, never taken from the prefix cache (as vLLM does for `prompt_logprobs`).
+    pub prompt_rows: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -172,13 +186,32 @@ pub struct ScheduledSeq {
     /// of the position before each verify it, and the last one's logits give the token after
     /// them all. Empty when nothing was proposed.
     pub draft: Vec<u32>,
+    /// Logits rows for every position of `tokens` ([`SchedRequest::prompt_rows`]): the first
+    /// [`Self::prompt_rows`] give the next prompt token's log-probability.
+    pub all_rows: bool,
 }
 
 impl ScheduledSeq {
     /// Logits rows this sequence asks the forward pass for: one per proposed token plus the
     /// next token's, or none while a prompt chunk is still short of the end.
     pub fn num_logits(&self) -> usize {
-        if self.sample { 1 + self.draft.len() } else { 0 }
+        if self.all_rows {
+            self.tokens.len()
+        } else if self.sample {
+            1 + self.draft.len()
+        } else {
+            0
+        }
+    }
+
+    /// Of [`Self::num_logits`], the leading rows that score the prompt's next token (the rest
+    /// are sampled from).
+    pub fn prompt_rows(&self) -> usize {
+        if self.all_rows {
+            self.tokens.len() - if self.sample { 1 + self.draft.len() } else { 0 }
+        } else {
+            0
+        }
     }
 
     /// The tokens of the request itself (prompt or generated), without the proposals.
@@ -235,11 +268,18 @@ struct Request {
     /// Proposed tokens to verify in the next step ([`Scheduler::set_draft`]); never part of
     /// `all_tokens` until the model accepts them.
     draft: Vec<u32>,
+    prompt_rows: bool,
 }
 
 impl Request {
     fn num_generated(&self) -> usize {
         self.all_tokens.len() - self.num_prompt_tokens
+    }
+
+    /// Whether its steps give the prompt positions' rows: until its first token (a request
+    /// preempted after that has had them).
+    fn wants_prompt_rows(&self) -> bool {
+        self.prompt_rows && self.num_generated() == 0
     }
 }
 
@@ -257,6 +297,10 @@ pub struct Scheduler {
     last_step: (usize, usize),
     /// The model's sliding window when every layer has one: blocks that leave it are freed.
     window: Option<usize>,
+    /// Step times as the engine reported them, for the adaptive budget.
+    step_cost: adaptive::StepCost,
+    /// This step's token budget (`max_num_batched_tokens`, or less under the adaptive budget).
+    step_cap: usize,
 }
 
 fn check_config(c: &SchedulerConfig) -> Result<(), SchedError> {
@@ -268,6 +312,11 @@ fn check_config(c: &SchedulerConfig) -> Result<(), SchedError> {
     if c.max_num_batched_tokens == 0 {
         return Err(SchedError::InvalidConfig(
             "max_num_batched_tokens must be at least 1".into(),
+        ));
+    }
+    if c.adaptive_budget && c.itl_target_ms == 0 {
+        return Err(SchedError::InvalidConfig(
+            "itl_target_ms must be at least 1 with the adaptive budget on".into(),
         ));
     }
     Ok(())
@@ -296,6 +345,7 @@ impl Scheduler {
         check_config(&config)?;
         check_pool(num_blocks, block_size)?;
         Ok(Self {
+            step_cap: config.max_num_batched_tokens,
             kv: KvManager::new(num_blocks, block_size, config.prefix_caching),
             config,
             reqs: HashMap::new(),
@@ -305,6 +355,7 @@ impl Scheduler {
             preemptions_total: 0,
             last_step: (0, 0),
             window: None,
+            step_cost: adaptive::StepCost::default(),
         })
     }
 
@@ -440,6 +491,7 @@ impl Scheduler {
                 num_computed_tokens: 0,
                 status: RequestStatus::Waiting,
                 draft: Vec::new(),
+                prompt_rows: req.prompt_rows,
             },
         );
         self.waiting.push_back(req.id);
@@ -494,6 +546,7 @@ impl Scheduler {
             .reqs
             .get(&id)
             .map_or(&[][..], |r| &r.all_tokens[start..start + n]);
+        let all_rows = self.reqs.get(&id).is_some_and(Request::wants_prompt_rows);
         let len = self.reqs.get(&id).map_or(0, |r| r.all_tokens.len());
         let sample = start + n == len;
         debug_assert!(
@@ -509,13 +562,43 @@ impl Scheduler {
             block_table: self.kv.block_table(id).to_vec(),
             sample,
             draft,
+            all_rows,
         }
+    }
+
+    /// A step of `tokens` tokens took `step_ms` (the engine's wall time): feeds the adaptive
+    /// budget's step-time model.
+    pub fn record_step_time(&mut self, tokens: usize, step_ms: f64) {
+        self.step_cost.observe(tokens, step_ms);
+    }
+
+    /// The step-time model the adaptive budget sizes steps with.
+    pub fn step_cost(&self) -> &adaptive::StepCost {
+        &self.step_cost
+    }
+
+    /// The token budget the next [`Self::schedule`] plans under: `max_num_batched_tokens`, or
+    /// with the adaptive budget on and requests decoding, what keeps a step under
+    /// `itl_target_ms` (never below one token per decode plus one block of prefill).
+    pub fn step_budget(&self) -> usize {
+        let max = self.config.max_num_batched_tokens;
+        if !self.config.adaptive_budget {
+            return max;
+        }
+        let decodes = (self.running.iter())
+            .filter_map(|id| self.reqs.get(id))
+            .filter(|r| r.num_computed_tokens >= r.num_prompt_tokens)
+            .count();
+        let floor = decodes + self.kv.block_size();
+        let target = f64::from(self.config.itl_target_ms);
+        adaptive::budget(&self.step_cost, target, decodes, floor, max)
     }
 
     /// Plans the next step: running requests first, then waiting ones. See the module docs.
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
-        let mut budget = self.config.max_num_batched_tokens;
+        self.step_cap = self.step_budget();
+        let mut budget = self.step_cap;
         self.sort_running();
         self.preempt_for_priority(&mut out);
         let for_priority = out.preempted.len();
@@ -615,14 +698,18 @@ impl Scheduler {
                 self.waiting.remove(idx);
                 continue;
             };
-            let (hit_blocks, hit_tokens) = self.kv.computed_blocks(&r.all_tokens);
+            let (hit_blocks, hit_tokens) = if r.wants_prompt_rows() {
+                (Vec::new(), 0)
+            } else {
+                self.kv.computed_blocks(&r.all_tokens)
+            };
             let total = r.all_tokens.len();
             let left = total - hit_tokens;
             if !self.config.chunked_prefill && left > *budget {
                 // Only a request that can never fit whole may go in chunks, and only as the
                 // step's first entry (see the module docs).
-                let untouched = *budget == self.config.max_num_batched_tokens;
-                if !(left > self.config.max_num_batched_tokens && untouched) {
+                let untouched = *budget == self.step_cap;
+                if !(left > self.step_cap && untouched) {
                     break;
                 }
             }

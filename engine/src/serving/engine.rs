@@ -301,6 +301,10 @@ struct Live {
     logprobs: Option<usize>,
     /// The log-probabilities of the tokens this step emitted, in order, until their events go.
     pending_logprobs: VecDeque<TokenLogprob>,
+    /// `Some(n)`: the prompt's log-probabilities with `n` alternatives, gathered here (entry
+    /// `i` scores prompt token `i + 1`) until they go out before the first token.
+    prompt_logprobs: Option<usize>,
+    prompt_lp: Vec<TokenLogprob>,
 }
 
 struct EngineThread {
@@ -549,19 +553,35 @@ impl EngineThread {
             priority,
             constraint,
             logprobs,
+            prompt_logprobs,
         } = req;
         stop.max_tokens = Some(admitted.max_tokens);
         let prompt_len = prompt.len();
+        let sr_prompt_one = if prompt_len == 1 {
+            prompt.clone()
+        } else {
+            Vec::new()
+        };
+        let prompt_rows = prompt_logprobs.is_some() && prompt_len > 1;
         let sr = SchedRequest {
             id,
             prompt,
             max_tokens: admitted.max_tokens,
             priority,
+            prompt_rows,
         };
         if let Err(e) = self.sched.add_admitted(sr) {
             return self.refuse(id, &events, e.into());
         }
         let _ = events.send(Event::Started { id });
+        if prompt_logprobs.is_some() && prompt_len == 1 {
+            // Nothing to score: the one token has no context.
+            let _ = events.send(Event::PromptLogprobs {
+                id,
+                prompt: sr_prompt_one,
+                logprobs: Vec::new(),
+            });
+        }
         self.metrics.on_arrival(id, self.now(), prompt_len);
         // A proposal would have to be checked against the grammar first.
         let speculate = constraint.is_none();
@@ -580,6 +600,10 @@ impl EngineThread {
                 spec: SpecUsage::default(),
                 logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
                 pending_logprobs: VecDeque::new(),
+                prompt_logprobs: prompt_logprobs
+                    .filter(|_| prompt_len > 1)
+                    .map(|n| n.min(MAX_TOP_LOGPROBS)),
+                prompt_lp: Vec::new(),
             },
         );
     }

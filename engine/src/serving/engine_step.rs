@@ -12,6 +12,7 @@ use crate::device::{RowNeed, StepOutput};
 use crate::kv::Batch;
 use crate::sched::stop::FinishReason;
 use crate::sched::{RequestId, Scheduler, SchedulerOutput};
+use crate::serving::logprobs::token_logprob;
 use crate::serving::metrics::StepStats;
 use crate::serving::request::{Event, Refusal};
 use crate::serving::spec_metrics::SpecStep;
@@ -47,17 +48,14 @@ impl EngineThread {
                 .collect();
         }
         for (id, error) in at_fault {
-            self.fail(id, error);
+            self.fail(id, Refusal::Failed(error));
         }
     }
 
     /// Ends one request with an error (its events say why); the others go on.
-    fn fail(&mut self, id: RequestId, error: String) {
+    fn fail(&mut self, id: RequestId, reason: Refusal) {
         if let Some(l) = self.live.get(&id) {
-            let _ = l.events.send(Event::Refused {
-                id,
-                reason: Refusal::Failed(error),
-            });
+            let _ = l.events.send(Event::Refused { id, reason });
         }
         self.sched.finish(&[id], FinishReason::Abort);
         self.spec_forget(id);
@@ -93,7 +91,9 @@ impl EngineThread {
                     Some(l) => l.sampler.top_k_only().map_or(RowNeed::Full, RowNeed::TopK),
                     None => RowNeed::Argmax,
                 };
-                std::iter::repeat_n(need, s.num_logits())
+                // Prompt rows are scored whole.
+                std::iter::repeat_n(RowNeed::Full, s.prompt_rows())
+                    .chain(std::iter::repeat_n(need, s.num_logits() - s.prompt_rows()))
             })
             .collect();
         let step = match self.backend.forward(&batch, &needs) {
@@ -113,7 +113,7 @@ impl EngineThread {
             .gate
             .record(spec.draft_tokens, spec.accepted_tokens);
         for (id, error) in failed {
-            self.fail(id, error);
+            self.fail(id, Refusal::Grammar(error));
         }
         let now = self.now();
         let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
@@ -163,6 +163,9 @@ impl EngineThread {
         batch_len: usize,
         spec: SpecStep,
     ) {
+        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        // The adaptive token budget's step-time model learns from every step.
+        self.sched.record_step_time(out.num_batched_tokens, step_ms);
         let st = self.sched.stats();
         let prefill: usize = out
             .scheduled
@@ -185,7 +188,7 @@ impl EngineThread {
                 - self.cache_seen.0.min(st.prefix_cache_queries),
             prefix_cache_hits: st.prefix_cache_hits - self.cache_seen.1.min(st.prefix_cache_hits),
             rss_bytes: self.rss,
-            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            step_ms,
             spec,
         });
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
@@ -220,15 +223,30 @@ fn sample_rows(
         .zip(step.topk_vals.chunks_exact(kk));
     let on_host = step.argmax.is_empty();
     let mut j = 0; // the step's logits row
-    for s in out.scheduled.iter().filter(|s| s.sample) {
-        let rows: Vec<Row<'_>> = (j..j + s.num_logits())
+    for s in out.scheduled.iter().filter(|s| s.num_logits() > 0) {
+        let prompt_rows = s.prompt_rows();
+        let scored: Vec<Option<&[f32]>> = (0..prompt_rows).map(|_| full.next()).collect();
+        j += prompt_rows;
+        if let Some(l) = live.get_mut(&s.id) {
+            score_prompt(
+                s.id,
+                l,
+                sched.tokens(s.id).unwrap_or_default(),
+                s.start_pos,
+                &scored,
+            );
+        }
+        if !s.sample {
+            continue;
+        }
+        let rows: Vec<Row<'_>> = (j..j + s.num_logits() - prompt_rows)
             .map(|r| match if on_host { RowNeed::Full } else { needs[r] } {
                 RowNeed::Argmax => Row::Argmax(step.argmax.get(r).copied()),
                 RowNeed::TopK(_) => Row::TopK(cands.next()),
                 RowNeed::Full => Row::Full(full.next()),
             })
             .collect();
-        j += s.num_logits();
+        j += s.num_logits() - prompt_rows;
         let Some(l) = live.get_mut(&s.id) else {
             continue;
         };
@@ -236,7 +254,7 @@ fn sample_rows(
         let toks = match verify_seq(l, history, &s.draft, rows, &mut scratch) {
             Ok(t) => t,
             Err(e) => {
-                failed.push((s.id, format!("structured output: {e}")));
+                failed.push((s.id, e.to_string()));
                 continue;
             }
         };
@@ -260,6 +278,38 @@ fn sample_rows(
         }
     }
     (sampled, failed)
+}
+
+/// Scores prompt tokens from the rows of positions `start..` (row `i` gives the token at
+/// `start + i + 1`); positions scored before (a preempted prompt computed again) are skipped.
+/// Once the whole prompt is scored, its log-probabilities go out in one event.
+fn score_prompt(
+    id: RequestId,
+    l: &mut Live,
+    history: &[u32],
+    start: usize,
+    rows: &[Option<&[f32]>],
+) {
+    let (Some(top), false) = (l.prompt_logprobs, rows.is_empty()) else {
+        return;
+    };
+    for (pos, row) in (start..).zip(rows) {
+        if pos != l.prompt_lp.len() {
+            continue;
+        }
+        let (Some(row), Some(&next)) = (row, history.get(pos + 1)) else {
+            return;
+        };
+        l.prompt_lp.push(token_logprob(row, next, top));
+    }
+    if l.prompt_lp.len() + 1 == l.prompt_len {
+        let _ = l.events.send(Event::PromptLogprobs {
+            id,
+            prompt: history[..l.prompt_len].to_vec(),
+            logprobs: std::mem::take(&mut l.prompt_lp),
+        });
+        l.prompt_logprobs = None;
+    }
 }
 
 /// The forward pass's input for one scheduler step.

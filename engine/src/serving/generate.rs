@@ -140,6 +140,7 @@ pub fn generate_with(
         priority: 0,
         constraint: None,
         logprobs: None,
+        prompt_logprobs: None,
     };
     generate_request(lm, setup, req, on_text)
 }
@@ -188,7 +189,7 @@ pub fn generate_request(
     let spec;
     let finish_reason = loop {
         match rx.recv() {
-            Ok(Event::Started { .. }) => {}
+            Ok(Event::Started { .. } | Event::PromptLogprobs { .. }) => {}
             Ok(Event::Token { token, text: t, .. }) => {
                 let now = Instant::now();
                 first.get_or_insert(now);

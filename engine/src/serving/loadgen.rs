@@ -58,6 +58,11 @@ pub struct LoadSpec {
     pub seed: u64,
     /// Every request's scheduling priority (lower runs first under `Policy::Priority`).
     pub priority: i32,
+    /// A time-boxed run: requests are submitted only during the first this many seconds (at
+    /// most `num_requests` of them), then the run ends once those in flight have finished
+    /// (none is cut off, so a slow tail is measured, not dropped). `None`: no time box.
+    #[serde(default)]
+    pub submit_for_s: Option<f64>,
 }
 
 /// Token ids cut from the bundled text, so prompts are real language of an exact length.
@@ -218,6 +223,7 @@ fn next_request(
         priority: spec.priority,
         constraint: None,
         logprobs: None,
+        prompt_logprobs: None,
     };
     (req, plen, olen)
 }
@@ -248,6 +254,8 @@ pub fn run_observed(
     let mut flying: HashMap<RequestId, InFlight> = HashMap::new();
     let mut result = LoadResult::default();
     let mut cancelled = false;
+    // Whether requests may still be submitted at `t` (the time box, if any).
+    let open = |t: f64| spec.submit_for_s.is_none_or(|d| t < d);
     while done < spec.num_requests {
         if stop.load(Ordering::Relaxed) && !cancelled {
             cancelled = true;
@@ -260,6 +268,7 @@ pub fn run_observed(
             && submitted < spec.num_requests
             && flying.len() < cap
             && now() >= next_arrival
+            && open(now())
         {
             let (req, plen, olen) = next_request(prompts, spec, &mut rng, submitted);
             let sent = now();
@@ -283,14 +292,15 @@ pub fn run_observed(
                 next_arrival += -u.ln() / rate;
             }
         }
-        if cancelled && flying.is_empty() {
+        if (cancelled || !open(now())) && flying.is_empty() {
             break;
         }
-        let wait = if submitted < spec.num_requests && flying.len() < cap && !cancelled {
-            Duration::from_secs_f64((next_arrival - now()).clamp(0.0, 0.05))
-        } else {
-            Duration::from_millis(50)
-        };
+        let wait =
+            if submitted < spec.num_requests && flying.len() < cap && !cancelled && open(now()) {
+                Duration::from_secs_f64((next_arrival - now()).clamp(0.0, 0.05))
+            } else {
+                Duration::from_millis(50)
+            };
         let Ok(ev) = rx.recv_timeout(wait) else {
             continue;
         };
@@ -298,7 +308,7 @@ pub fn run_observed(
         for ev in std::iter::once(ev).chain(rx.try_iter()) {
             let id = ev.id();
             match ev {
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::PromptLogprobs { .. } => {}
                 Event::Token { .. } => {
                     if let Some(f) = flying.get_mut(&id) {
                         f.timing.token_times.push(t);
@@ -377,6 +387,7 @@ mod tests {
             output_len: LenDist::Fixed(1),
             seed,
             priority: 0,
+            submit_for_s: None,
         };
         let target = Recorder(Mutex::new(Vec::new()));
         for seed in [0, 1, 0] {

@@ -56,6 +56,10 @@ pub enum Refusal {
     /// The forward pass carrying the request failed.
     #[error("engine error: {0}")]
     Failed(String),
+    /// The request's grammar failed while decoding (a budget ran out, or it reached a state no
+    /// token can leave): the request's own fault, not the engine's.
+    #[error("structured output: {0}")]
+    Grammar(String),
     /// Another server's refusal, as its answer said (a remote load-test target).
     #[error("{message}")]
     Remote { kind: RefusalKind, message: String },
@@ -67,7 +71,8 @@ impl Refusal {
             Self::EmptyPrompt
             | Self::ZeroMaxTokens
             | Self::OutOfVocab { .. }
-            | Self::Sampling(_) => RefusalKind::Invalid,
+            | Self::Sampling(_)
+            | Self::Grammar(_) => RefusalKind::Invalid,
             Self::PastContext { .. } | Self::KvNeverFits(_) => RefusalKind::TooLong,
             Self::Scheduler(e) => match e {
                 SchedError::QueueFull { .. } => RefusalKind::Busy,

@@ -27,6 +27,11 @@ pub struct Request {
     /// OpenAI's `logprobs`: `Some(n)` sends each generated token's log-probability with the `n`
     /// most likely alternatives (at most [`crate::serving::logprobs::MAX_TOP_LOGPROBS`]) in its [`Event::Token`].
     pub logprobs: Option<usize>,
+    /// Prompt log-probabilities (completions' `echo` with `logprobs`, vLLM's
+    /// `prompt_logprobs`): `Some(n)` sends, before the first token, an
+    /// [`Event::PromptLogprobs`] scoring every prompt token after the first with `n`
+    /// alternatives. Its prompt is then computed whole, not taken from the prefix cache.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Token counts of a finished request (OpenAI's `usage`).
@@ -44,6 +49,14 @@ pub struct Usage {
 pub enum Event {
     /// The engine accepted the request.
     Started { id: RequestId },
+    /// The prompt's log-probabilities, when asked for: `logprobs[i]` scores `prompt[i + 1]`
+    /// given the tokens before it (the first token has none). Sent once, before the first
+    /// `Token`.
+    PromptLogprobs {
+        id: RequestId,
+        prompt: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// One generated token and the text that became final with it (may be empty).
     Token {
         id: RequestId,
@@ -71,6 +84,7 @@ impl Event {
     pub fn id(&self) -> RequestId {
         match self {
             Event::Started { id }
+            | Event::PromptLogprobs { id, .. }
             | Event::Token { id, .. }
             | Event::Finished { id, .. }
             | Event::Refused { id, .. } => *id,

@@ -1,0 +1,257 @@
+//! `tpslab tune`: the SLO tuner on the command line. The engine starts once; each candidate's
+//! knobs are applied to it live and measured with the load generator (successive halving), and
+//! the winner and the default knobs get fresh verification runs in the same session. Prints
+//! goodput against settings and the Pareto frontier; `--json` writes the whole report.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use serde::Serialize;
+use tpslab_engine::model::LoadedModel;
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::tune::run::last_runs;
+use tpslab_engine::tune::{
+    CandidateRun, Knob, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload, tune,
+    tune_client,
+};
+use tpslab_kernels::WType;
+
+use crate::model_args::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Objectives: ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms (milliseconds) and min_tps
+    /// (per-request tokens/s), as KEY=VALUE,... e.g. ttft_p99_ms=2000,itl_p99_ms=200.
+    #[arg(long, value_parser = TuneSlo::parse)]
+    pub slo: TuneSlo,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Poisson arrivals at this many requests per second.
+    #[arg(long, required_unless_present = "concurrency")]
+    pub rate: Option<f64>,
+    /// Closed loop at this many requests in flight (with --rate: the most in flight).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Seconds of measured runs in all: 70% for the search, 15% for each verification.
+    #[arg(long, default_value_t = 60.0)]
+    pub budget_s: f64,
+    /// The shortest run of the first rung (fewer candidates start when the budget is small).
+    #[arg(long, default_value_t = 1.0)]
+    pub min_run_s: f64,
+    /// The most candidates the search starts with.
+    #[arg(long, default_value_t = 32)]
+    pub max_candidates: usize,
+    /// Weight precisions to try besides the loaded one (comma separated, e.g. Q8_0,Q4_K);
+    /// each change re-quantizes the weights in memory, which takes seconds.
+    #[arg(long, value_delimiter = ',')]
+    pub precisions: Vec<WType>,
+    /// Seed of the sample of the space.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// KV cache memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub kv_budget_mb: usize,
+    /// Write the report (best knobs, verified and default runs, every candidate's rungs) here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Tune against a remote OpenAI-compatible server (http(s)://host:port) instead of the
+    /// in-process engine: only what a client controls is searched (requests in flight).
+    /// `--model` then names the served model (default: the first one the server lists);
+    /// prompts are token ids cut from the bundled text by the default model's tokenizer.
+    #[arg(long, value_name = "URL", conflicts_with = "precisions")]
+    pub endpoint: Option<String>,
+    /// Bearer token for --endpoint (also read from TPSLAB_API_KEY).
+    #[arg(long, value_name = "K", env = "TPSLAB_API_KEY", requires = "endpoint")]
+    pub api_key: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report<'a, K> {
+    date: String,
+    model: String,
+    device: String,
+    #[serde(flatten)]
+    tune: &'a TuneReport<K>,
+}
+
+fn f1(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+fn row<K: Knob>(r: &CandidateRun<K>) -> String {
+    let m = &r.measured;
+    match &r.error {
+        Some(e) => format!(
+            "| {} | {} | {:.1} | failed: {e} |",
+            r.candidate, r.rung, r.seconds
+        ),
+        None => format!(
+            "| {} | {} | {:.1} | {} | {}/{} | {:.2} | {:.0}% | {:.0} | {:.0} | {} | {} |",
+            r.candidate,
+            r.rung,
+            r.seconds,
+            r.knobs.label(),
+            m.good,
+            m.requests,
+            m.goodput,
+            m.slo_attainment * 100.0,
+            m.ttft_p99_ms,
+            m.itl_p99_ms,
+            f1(m.per_request_tps_mean),
+            if m.meets_slo { "yes" } else { "no" },
+        ),
+    }
+}
+
+const HEADER: &str = "| # | rung | run s | knobs | good/done | goodput req/s | attainment | TTFT p99 ms | ITL p99 ms | per-request TPS | meets SLO |\n|---|---|---|---|---|---|---|---|---|---|---|";
+
+/// Prints each event as it comes: the plan, a table row per measured rung, verifications.
+fn print_event<K: Knob>(ev: TuneEvent<K>) {
+    match ev {
+        TuneEvent::Started { candidates, runs } => {
+            println!("successive halving: {candidates} candidates, {runs} measured runs");
+            println!("{HEADER}");
+        }
+        TuneEvent::Measured(r) => println!("{}", row(&r)),
+        TuneEvent::Verifying(what) => eprintln!("verifying the {what} knobs with a fresh run"),
+    }
+}
+
+fn write_json<K: Serialize>(
+    a: &TuneArgs,
+    model: String,
+    device: String,
+    r: &TuneReport<K>,
+) -> Result<()> {
+    if let Some(path) = &a.json {
+        let out = Report {
+            date: super::bench_args::utc_now(),
+            model,
+            device,
+            tune: r,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
+    }
+    Ok(())
+}
+
+/// `--endpoint`: the client's concurrency against a remote server.
+fn run_remote(a: &TuneArgs, url: &str, cfg: &TuneConfig) -> Result<()> {
+    let path = tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}"))?;
+    let prompts = super::serve_bench::prompt_set(&LoadedModel::load(&path)?)?;
+    let model = (a.model.model != "default").then_some(a.model.model.as_str());
+    let target = crate::remote::RemoteTarget::connect(url, a.api_key.clone(), model)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let device = format!("remote {} ({})", target.url(), target.model());
+    println!(
+        "endpoint: {device}; prompt {} -> output {} tokens (ids), greedy; tuning the client's concurrency; budget {:.0} s",
+        a.prompt_len, a.output_len, a.budget_s
+    );
+    let stop = AtomicBool::new(false);
+    let report = tune_client(&target, &prompts, cfg, &stop, &mut |ev| print_event(ev))?;
+    print_summary(&report);
+    write_json(a, target.model().to_string(), device, &report)
+}
+
+pub fn run(a: &TuneArgs) -> Result<()> {
+    let workload = Workload {
+        prompt_len: a.prompt_len,
+        output_len: a.output_len,
+        concurrency: a.concurrency,
+        rate: a.rate,
+    };
+    workload.check().map_err(anyhow::Error::msg)?;
+    if !(a.budget_s.is_finite() && a.budget_s > 0.0) {
+        bail!("--budget-s must be a positive number of seconds");
+    }
+    if !(a.min_run_s.is_finite() && a.min_run_s > 0.0) {
+        bail!("--min-run-s must be a positive number of seconds");
+    }
+    let mut space = Space::default_for(a.concurrency.unwrap_or(64));
+    space
+        .precision
+        .extend(a.precisions.iter().map(|t| Some(t.name().to_string())));
+    let cfg = TuneConfig {
+        slo: a.slo,
+        workload,
+        budget_s: a.budget_s,
+        min_run_s: a.min_run_s,
+        max_candidates: a.max_candidates,
+        space,
+        seed: a.seed,
+    };
+    if let Some(url) = &a.endpoint {
+        return run_remote(a, url, &cfg);
+    }
+    let lm = a.model.load()?;
+    super::serve_bench::check_fits(&lm, a.prompt_len, a.output_len)?;
+    let prompts = super::serve_bench::prompt_set(&lm)?;
+    let base = Knobs {
+        kv: KvSettings {
+            budget_bytes: a.kv_budget_mb << 20,
+            ..KvSettings::default()
+        },
+        ..Knobs::default()
+    };
+    let engine = EngineHandle::start(
+        lm.clone(),
+        EngineConfig {
+            threads: a.model.threads,
+            knobs: base.clone(),
+            device: a.model.device,
+            ..EngineConfig::default()
+        },
+        None,
+    )?;
+    let device = engine.stats().device;
+    println!(
+        "model: {} ({}), {device}; prompt {} -> output {} tokens, {}; budget {:.0} s",
+        lm.path.display(),
+        lm.precision,
+        a.prompt_len,
+        a.output_len,
+        match (a.concurrency, a.rate) {
+            (c, Some(r)) => format!(
+                "{r} req/s{}",
+                c.map_or(String::new(), |c| format!(", at most {c} in flight"))
+            ),
+            (c, None) => format!("{} in flight", c.unwrap_or(1)),
+        },
+        a.budget_s
+    );
+    let stop = AtomicBool::new(false);
+    let report = tune(&engine, &prompts, &base, &cfg, &stop, &mut |ev| {
+        print_event(ev)
+    })?;
+    print_summary(&report);
+    write_json(a, lm.path.display().to_string(), device, &report)
+}
+
+fn print_summary<K: Knob>(r: &TuneReport<K>) {
+    println!("\nPareto frontier (goodput vs mean per-request TPS, each at its last rung):");
+    let last = last_runs(r.candidates.len(), &r.runs);
+    for &i in &r.frontier {
+        if let Some(run) = last[i] {
+            println!(
+                "  #{i}: goodput {:.2} req/s, per-request TPS {} — {}",
+                run.measured.goodput,
+                f1(run.measured.per_request_tps_mean),
+                run.knobs.label()
+            );
+        }
+    }
+    println!("\nbest knobs: {}", r.best.label());
+    println!("best (fresh run): {}", r.verified.describe());
+    println!(
+        "default (fresh run; {}): {}",
+        r.default.knobs.label(),
+        r.default.measured.describe()
+    );
+    println!("took {:.1} s", r.elapsed_s);
+}

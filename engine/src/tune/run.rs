@@ -1,0 +1,450 @@
+//! The tuner's loop over a live engine: each candidate's knobs applied through the engine's
+//! knob message (and a re-quantization where its precision differs), a time-boxed run of the
+//! load generator, its figures; successive halving over a sample of the space; then fresh
+//! verification runs of the winner and of the default knobs, in the same session.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tpslab_kernels::WType;
+
+use super::halving::{Plan, pareto_front, successive_halving};
+use super::space::{Candidate, Measured, Space, TuneSlo};
+use crate::serving::engine::{EngineHandle, Knobs};
+use crate::serving::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
+
+/// A target whose knobs the tuner can set: the in-process engine.
+pub trait Tunable: LoadTarget {
+    /// Puts `knobs` (and the weights at `precision`) in force; returns once they are, or why
+    /// they could not be.
+    fn apply(&self, knobs: &Knobs, precision: WType, stop: &AtomicBool) -> Result<(), String>;
+    /// The precision the weights are at now.
+    fn precision(&self) -> Option<WType>;
+}
+
+/// How long a knob change or a re-quantization may take before the tuner gives up on it.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Tunable for EngineHandle {
+    fn apply(&self, knobs: &Knobs, precision: WType, stop: &AtomicBool) -> Result<(), String> {
+        self.set_knobs(knobs.clone());
+        let requant = Tunable::precision(self) != Some(precision);
+        if requant {
+            self.set_precision(precision);
+        }
+        let sent = Instant::now();
+        loop {
+            let s = self.stats();
+            let at = s.precision.map(|p| p.main) == Some(precision);
+            if s.knobs == *knobs && s.requantizing.is_none() && at {
+                return Ok(());
+            }
+            // Errors of this change show once the engine has taken it (the knob message clears
+            // the last error first); give it a moment so an older error is not read as ours.
+            if let Some(e) = s
+                .last_error
+                .filter(|_| sent.elapsed() > Duration::from_millis(300))
+                && s.requantizing.is_none()
+            {
+                return Err(e);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Err("stopped".into());
+            }
+            if sent.elapsed() > APPLY_TIMEOUT {
+                return Err("the engine did not take the knobs in time".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn precision(&self) -> Option<WType> {
+        self.stats().precision.map(|p| p.main)
+    }
+}
+
+/// The load a tuning session measures under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    pub prompt_len: usize,
+    pub output_len: usize,
+    /// Closed loop at this many requests in flight (with `rate`: the most in flight).
+    pub concurrency: Option<usize>,
+    /// Poisson arrivals at this many requests per second.
+    pub rate: Option<f64>,
+}
+
+impl Workload {
+    /// The load generator's spec for a run of `seconds` (requests are sent during that time,
+    /// then the run waits for them): `seed` gives each run its own prompts, so no run finds
+    /// another's in the prefix cache.
+    pub fn load_spec(&self, seconds: f64, seed: u64) -> LoadSpec {
+        let num_requests = match self.rate {
+            Some(r) => ((r * seconds).ceil() as usize).max(1),
+            None => 1 << 30,
+        };
+        LoadSpec {
+            concurrency: self.concurrency,
+            rate: self.rate,
+            num_requests,
+            prompt_len: LenDist::Fixed(self.prompt_len.max(1)),
+            output_len: LenDist::Fixed(self.output_len.max(1)),
+            seed,
+            priority: 0,
+            submit_for_s: Some(seconds),
+        }
+    }
+
+    /// What is wrong with it, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        if self.prompt_len == 0 || self.output_len == 0 {
+            return Err("prompt and output lengths must be at least 1".into());
+        }
+        match (self.concurrency, self.rate) {
+            (None, None) => Err("give a concurrency or an arrival rate".into()),
+            (Some(0), _) => Err("concurrency must be at least 1".into()),
+            (_, Some(r)) if !(r.is_finite() && r > 0.0) => {
+                Err("the arrival rate must be a positive number of requests per second".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A tuning session's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TuneConfig {
+    pub slo: TuneSlo,
+    pub workload: Workload,
+    /// Seconds of measured runs in all (the halving gets 70%, each verification 15%).
+    pub budget_s: f64,
+    /// The shortest run of the first rung.
+    pub min_run_s: f64,
+    pub max_candidates: usize,
+    pub space: Space,
+    pub seed: u64,
+}
+
+/// One measured run of one candidate: `K` is what the search turns (the engine's knobs, or a
+/// client's concurrency against a remote server).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateRun<K = Candidate> {
+    /// Index in the report's `candidates`.
+    pub candidate: usize,
+    pub rung: usize,
+    /// The run's time box (requests were sent during it).
+    pub seconds: f64,
+    pub knobs: K,
+    pub measured: Measured,
+    /// Why its knobs could not be applied (then nothing was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A fresh run with fixed knobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verified<K = Candidate> {
+    pub knobs: K,
+    #[serde(flatten)]
+    pub measured: Measured,
+}
+
+/// What the tuner reports as it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TuneEvent<K = Candidate> {
+    Started {
+        candidates: usize,
+        runs: usize,
+    },
+    Measured(CandidateRun<K>),
+    /// A verification run starts ("best" or "default").
+    Verifying(&'static str),
+}
+
+/// A session's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TuneReport<K = Candidate> {
+    pub slo: TuneSlo,
+    pub workload: Workload,
+    pub budget_s: f64,
+    pub elapsed_s: f64,
+    pub plan: Plan,
+    /// The winner's knobs.
+    pub best: K,
+    /// A fresh run with the winner's knobs.
+    pub verified: Measured,
+    /// A fresh run with the default knobs, in the same session.
+    pub default: Verified<K>,
+    pub candidates: Vec<K>,
+    /// Every measured rung of every candidate, in the order run.
+    pub runs: Vec<CandidateRun<K>>,
+    /// Candidates on the Pareto frontier of goodput against mean per-request TPS (each at its
+    /// last rung), by ascending goodput.
+    pub frontier: Vec<usize>,
+    /// Stopped before the end (then `verified` and `default` may be empty runs).
+    pub stopped: bool,
+}
+
+/// What a client controls against a remote server: how many requests it keeps in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientKnobs {
+    pub concurrency: usize,
+}
+
+/// A setting the search turns, as one line for tables.
+pub trait Knob {
+    fn label(&self) -> String;
+}
+
+impl Knob for Candidate {
+    fn label(&self) -> String {
+        Candidate::label(self)
+    }
+}
+
+impl Knob for ClientKnobs {
+    fn label(&self) -> String {
+        format!("concurrency {}", self.concurrency)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    #[error("{0}")]
+    Config(String),
+    #[error("the engine reports no weight precision yet")]
+    NoPrecision,
+}
+
+/// The last rung's figures of each candidate (`None` where it never ran).
+pub fn last_runs<K>(candidates: usize, runs: &[CandidateRun<K>]) -> Vec<Option<&CandidateRun<K>>> {
+    let mut last = vec![None; candidates];
+    for r in runs {
+        if let Some(slot) = last.get_mut(r.candidate) {
+            *slot = Some(r);
+        }
+    }
+    last
+}
+
+/// The frontier of goodput against mean per-request TPS over each candidate's last rung.
+pub fn frontier<K>(candidates: usize, runs: &[CandidateRun<K>]) -> Vec<usize> {
+    let points: Vec<(f64, f64)> = last_runs(candidates, runs)
+        .into_iter()
+        .map(|r| match r.filter(|r| r.error.is_none()) {
+            Some(r) => (
+                r.measured.goodput,
+                r.measured.per_request_tps_mean.unwrap_or(f64::NAN),
+            ),
+            None => (f64::NAN, f64::NAN),
+        })
+        .collect();
+    pareto_front(&points)
+}
+
+/// Checks what every search needs.
+fn check(cfg: &TuneConfig) -> Result<(), TuneError> {
+    cfg.workload.check().map_err(TuneError::Config)?;
+    if !(cfg.budget_s.is_finite() && cfg.budget_s > 0.0) {
+        return Err(TuneError::Config(
+            "the budget must be a positive number of seconds".into(),
+        ));
+    }
+    if !(cfg.min_run_s.is_finite() && cfg.min_run_s > 0.0) {
+        return Err(TuneError::Config(
+            "the shortest run must be a positive number of seconds".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// How many candidates the budget lets the halving start with (at most `max`).
+fn start_count(cfg: &TuneConfig, max: usize) -> usize {
+    Plan::for_budget(cfg.budget_s * 0.7, cfg.min_run_s, max.max(1)).rungs[0].candidates
+}
+
+/// The search both tuners share: successive halving over `candidates` with 70% of the budget,
+/// then fresh runs of the winner and of `default` (15% each). `measure(k, seconds)` runs
+/// candidate `k` for a time box of `seconds`.
+fn search<K: Clone>(
+    candidates: Vec<K>,
+    default: K,
+    cfg: &TuneConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(TuneEvent<K>),
+    measure: &mut dyn FnMut(&K, f64) -> Result<Measured, String>,
+) -> TuneReport<K> {
+    let started = Instant::now();
+    let verify_s = (cfg.budget_s * 0.15).max(cfg.min_run_s.min(cfg.budget_s));
+    let plan = Plan::with(candidates.len(), cfg.budget_s * 0.7);
+    progress(TuneEvent::Started {
+        candidates: candidates.len(),
+        runs: plan.runs(),
+    });
+    let empty = || Measured::of(&[], 0, 0.0, &cfg.slo);
+    let mut runs: Vec<CandidateRun<K>> = Vec::new();
+    let halving = successive_halving(candidates.len(), &plan, &mut |i, rung, seconds| {
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (measured, error) = match measure(&candidates[i], seconds) {
+            Ok(m) => (m, None),
+            Err(e) => (empty(), Some(e)),
+        };
+        // A candidate whose knobs failed ranks last.
+        let score = match error {
+            None => measured.score(),
+            Some(_) => (f64::NEG_INFINITY, 0.0, 0.0),
+        };
+        let run = CandidateRun {
+            candidate: i,
+            rung,
+            seconds,
+            knobs: candidates[i].clone(),
+            measured,
+            error,
+        };
+        progress(TuneEvent::Measured(run.clone()));
+        runs.push(run);
+        Some(score)
+    });
+    let best = candidates[halving.winner.unwrap_or(0)].clone();
+    let mut verify = |label: &'static str, k: &K| {
+        progress(TuneEvent::Verifying(label));
+        measure(k, verify_s).unwrap_or_else(|_| empty())
+    };
+    let verified = verify("best", &best);
+    let default_run = verify("default", &default);
+    TuneReport {
+        slo: cfg.slo,
+        workload: cfg.workload.clone(),
+        budget_s: cfg.budget_s,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        frontier: frontier(candidates.len(), &runs),
+        plan,
+        best,
+        verified,
+        default: Verified {
+            knobs: default,
+            measured: default_run,
+        },
+        candidates,
+        runs,
+        stopped: halving.stopped || stop.load(Ordering::Relaxed),
+    }
+}
+
+/// The tuner over the in-process engine: `base` is the engine's knobs now (what the
+/// candidates change, and the default they are compared with), at the precision it runs now.
+/// The engine is left on the default knobs (verified last). `stop` ends it early.
+pub fn tune(
+    target: &dyn Tunable,
+    prompts: &PromptSet,
+    base: &Knobs,
+    cfg: &TuneConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(TuneEvent),
+) -> Result<TuneReport, TuneError> {
+    check(cfg)?;
+    let loaded = target.precision().ok_or(TuneError::NoPrecision)?;
+    let parse = |p: &Option<String>| -> Result<WType, TuneError> {
+        p.as_deref().map_or(Ok(loaded), |name| {
+            name.parse()
+                .map_err(|e| TuneError::Config(format!("precision {name}: {e}")))
+        })
+    };
+    for p in &cfg.space.precision {
+        parse(p)?;
+    }
+    let default = Candidate::of_knobs(base);
+    let n = start_count(cfg, cfg.max_candidates);
+    let candidates = cfg.space.sample(n, cfg.seed, &default);
+    let itl_target = cfg.slo.itl_p99_ms.or(cfg.slo.tpot_p99_ms);
+    let mut seed = cfg.seed.wrapping_mul(1000);
+    let mut measure = |c: &Candidate, seconds: f64| -> Result<Measured, String> {
+        let knobs = c.knobs(base, itl_target);
+        target.apply(
+            &knobs,
+            parse(&c.precision).map_err(|e| e.to_string())?,
+            stop,
+        )?;
+        seed += 1;
+        let spec = cfg.workload.load_spec(seconds, seed);
+        let r = loadgen::run(&target, prompts, &spec, stop, &mut |_, _| {});
+        Ok(Measured::of(
+            &r.timings,
+            r.refused.len(),
+            r.duration_s,
+            &cfg.slo,
+        ))
+    };
+    Ok(search(
+        candidates,
+        default,
+        cfg,
+        stop,
+        progress,
+        &mut measure,
+    ))
+}
+
+/// The tuner against a server it does not control (a remote endpoint): only what a client
+/// sets is searched, the most requests it keeps in flight (1, 2, 4, ... up to twice the
+/// workload's concurrency, or 256 under a rate alone); the default is the workload's own.
+pub fn tune_client(
+    target: &dyn LoadTarget,
+    prompts: &PromptSet,
+    cfg: &TuneConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(TuneEvent<ClientKnobs>),
+) -> Result<TuneReport<ClientKnobs>, TuneError> {
+    check(cfg)?;
+    let top = cfg
+        .workload
+        .concurrency
+        .map_or(256, |c| c.saturating_mul(2))
+        .max(1);
+    let default = ClientKnobs {
+        concurrency: cfg.workload.concurrency.unwrap_or(top),
+    };
+    let levels =
+        std::iter::successors(Some(1usize), |c| c.checked_mul(2)).take_while(|&c| c <= top);
+    let mut candidates = vec![default];
+    candidates.extend(
+        levels
+            .filter(|&c| c != default.concurrency)
+            .map(|concurrency| ClientKnobs { concurrency }),
+    );
+    candidates.truncate(start_count(cfg, cfg.max_candidates.min(candidates.len())));
+    let mut seed = cfg.seed.wrapping_mul(1000);
+    let mut measure = |k: &ClientKnobs, seconds: f64| -> Result<Measured, String> {
+        seed += 1;
+        let w = Workload {
+            concurrency: Some(k.concurrency),
+            ..cfg.workload.clone()
+        };
+        let r = loadgen::run(
+            target,
+            prompts,
+            &w.load_spec(seconds, seed),
+            stop,
+            &mut |_, _| {},
+        );
+        Ok(Measured::of(
+            &r.timings,
+            r.refused.len(),
+            r.duration_s,
+            &cfg.slo,
+        ))
+    };
+    Ok(search(
+        candidates,
+        default,
+        cfg,
+        stop,
+        progress,
+        &mut measure,
+    ))
+}

@@ -1,0 +1,220 @@
+//! `tpslab tune` end to end on the real default model with a budget of a few seconds: the
+//! report's shape, and that its verified and default figures come from real runs (requests
+//! finished, finite percentiles, `meets_slo` as the percentiles and the objectives say).
+//! Nothing here asserts a timing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+
+#[path = "support/cli_bin.rs"]
+mod cli_bin;
+use cli_bin::{model, tpslab};
+
+#[path = "support/http_client.rs"]
+mod http_client;
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+const TTFT: f64 = 20_000.0;
+const ITL: f64 = 5_000.0;
+
+/// A verification run: real requests, finite figures, and `meets_slo` exactly when the run's
+/// P99s are within the objectives.
+fn check_verified(v: &Value) {
+    let requests = v["requests"].as_u64().expect("requests");
+    assert!(requests > 0, "no request finished: {v}");
+    assert!(v["good"].as_u64().expect("good") <= requests);
+    for k in [
+        "duration_s",
+        "goodput",
+        "slo_attainment",
+        "ttft_p99_ms",
+        "itl_p99_ms",
+        "tpot_p99_ms",
+        "e2e_p99_ms",
+        "output_tps",
+    ] {
+        let x = num(v, k);
+        assert!(x.is_finite() && x >= 0.0, "{k} = {x}");
+    }
+    assert!(num(v, "ttft_p99_ms") > 0.0 && num(v, "e2e_p99_ms") >= num(v, "ttft_p99_ms"));
+    assert!(num(v, "duration_s") > 0.0);
+    let expect = num(v, "ttft_p99_ms") <= TTFT && num(v, "itl_p99_ms") <= ITL;
+    assert_eq!(v["meets_slo"].as_bool(), Some(expect), "{v}");
+    // Goodput is good requests over the run's duration.
+    let good = v["good"].as_u64().expect("good") as f64;
+    assert!((num(v, "goodput") - good / num(v, "duration_s")).abs() < 1e-9);
+}
+
+/// Runs `tpslab tune` with the test's objectives and small workload plus `extra`; returns the
+/// JSON report and stdout.
+fn tune_json(extra: &[&str], budget_s: &str, min_run_s: &str) -> (Value, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "tpslab-tune-test-{}-{}",
+        std::process::id(),
+        extra.len()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("tune.json");
+    let slo = format!("ttft_p99_ms={TTFT},itl_p99_ms={ITL}");
+    let mut args = vec![
+        "tune",
+        "--slo",
+        slo.as_str(),
+        "--prompt-len",
+        "8",
+        "--output-len",
+        "4",
+    ];
+    args.extend([
+        "--concurrency",
+        "2",
+        "--budget-s",
+        budget_s,
+        "--min-run-s",
+        min_run_s,
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    args.extend_from_slice(extra);
+    let out = tpslab(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "tpslab {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("JSON");
+    let _ = std::fs::remove_dir_all(&dir);
+    (v, stdout)
+}
+
+#[test]
+fn tune_measures_candidates_and_verifies_the_best_against_the_defaults() {
+    let m = model();
+    let m = m.to_str().expect("utf8");
+    let (v, stdout) = tune_json(&["--model", m, "--device", "cpu"], "4", "0.5");
+    assert!(stdout.contains("best knobs: "), "{stdout}");
+    assert!(stdout.contains("Pareto frontier"), "{stdout}");
+    // The winner's knobs.
+    let best = &v["best"];
+    for k in ["max_num_seqs", "max_num_batched_tokens"] {
+        assert!(best[k].as_u64().is_some_and(|n| n >= 1), "best.{k}: {best}");
+    }
+    for k in ["chunked_prefill", "adaptive_budget"] {
+        assert!(best[k].is_boolean(), "best.{k}: {best}");
+    }
+    assert!(["off", "ngram", "self"].contains(&best["spec"].as_str().expect("spec")));
+    check_verified(&v["verified"]);
+    check_verified(&v["default"]);
+    assert_eq!(v["default"]["knobs"]["max_num_seqs"], 64, "the defaults");
+    // Every candidate's measured rungs: successive halving, not a grid.
+    let candidates = v["candidates"].as_array().expect("candidates");
+    let runs = v["runs"].as_array().expect("runs");
+    assert!(candidates.len() >= 2, "{} candidates", candidates.len());
+    assert_eq!(
+        candidates[0], v["default"]["knobs"],
+        "the defaults are a candidate"
+    );
+    let rung0 = runs.iter().filter(|r| r["rung"] == 0).count();
+    assert_eq!(rung0, candidates.len());
+    let rung1: Vec<&Value> = runs.iter().filter(|r| r["rung"] == 1).collect();
+    assert_eq!(rung1.len(), candidates.len().div_ceil(2));
+    assert!(
+        num(rung1[0], "seconds") > num(&runs[0], "seconds"),
+        "longer runs later"
+    );
+    for r in runs {
+        let i = r["candidate"].as_u64().expect("index") as usize;
+        assert_eq!(r["knobs"], candidates[i]);
+        assert!(r["measured"]["requests"].as_u64().is_some());
+    }
+    // The winner is the last rung's candidate.
+    let last = runs
+        .iter()
+        .map(|r| r["rung"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let winner = runs
+        .iter()
+        .find(|r| r["rung"].as_u64() == Some(last))
+        .unwrap();
+    assert_eq!(winner["knobs"], *best);
+    let frontier = v["frontier"].as_array().expect("frontier");
+    assert!(!frontier.is_empty());
+    assert!(
+        frontier
+            .iter()
+            .all(|i| (i.as_u64().unwrap() as usize) < candidates.len())
+    );
+}
+
+#[test]
+fn tune_refuses_bad_flags_with_one_clear_line() {
+    let m = model();
+    let m = m.to_str().expect("utf8");
+    for (args, needle) in [
+        (
+            vec!["--slo", "bogus=1", "--concurrency", "2"],
+            "the objectives are",
+        ),
+        (
+            vec!["--slo", "ttft_p99_ms=-5", "--concurrency", "2"],
+            "positive",
+        ),
+        (
+            vec!["--slo", "ttft_p99_ms=100", "--concurrency", "0"],
+            "concurrency must be at least 1",
+        ),
+        (
+            vec!["--slo", "ttft_p99_ms=100", "--rate=-1"],
+            "arrival rate",
+        ),
+        (vec!["--slo", "ttft_p99_ms=100"], "--rate"),
+        (
+            vec![
+                "--slo",
+                "ttft_p99_ms=100",
+                "--concurrency",
+                "2",
+                "--budget-s",
+                "0",
+            ],
+            "--budget-s",
+        ),
+    ] {
+        let mut all = vec!["tune", "--model", m, "--device", "cpu"];
+        all.extend(args.iter());
+        let out = tpslab(&all);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn against_a_remote_server_tune_searches_the_clients_concurrency() {
+    let server = http_client::start(http_client::engine(8, None), None);
+    let url = format!("http://{}", server.addr);
+    let (v, _) = tune_json(&["--endpoint", url.as_str()], "3", "0.4");
+    assert!(
+        v["device"]
+            .as_str()
+            .expect("device")
+            .starts_with("remote http://")
+    );
+    // The client's concurrency is all there is to turn; the workload's own is the default.
+    assert_eq!(v["default"]["knobs"]["concurrency"], 2);
+    let levels: Vec<u64> = (v["candidates"].as_array().expect("candidates").iter())
+        .map(|c| c["concurrency"].as_u64().expect("level"))
+        .collect();
+    assert!(levels.len() >= 2 && levels[0] == 2, "{levels:?}");
+    assert!(levels.iter().all(|&c| (1..=4).contains(&c)), "{levels:?}");
+    assert!(v["best"]["concurrency"].as_u64().is_some());
+    check_verified(&v["verified"]);
+    check_verified(&v["default"]);
+}
