@@ -1,14 +1,25 @@
 //! Writes a tiny random model of one architecture (`tpslab_engine::model::tiny`) with the
-//! tokenizer of a vocabulary GGUF, for `tests/reference/make-arch-refs.sh`:
+//! tokenizer of a vocabulary GGUF, for `tests/reference/make_arch_refs.py`; `--f32` writes
+//! every weight F32 (the files the references are recorded on):
 //!
-//!   cargo run --release -p tpslab-engine --example tiny_model -- ARCH VOCAB.gguf OUT.gguf
+//!   cargo run -p tpslab-engine --example tiny_model -- [--f32] ARCH VOCAB.gguf OUT.gguf
+
+use tpslab_engine::model::tiny;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let f32_only = args.first().is_some_and(|a| a == "--f32");
+    if f32_only {
+        args.remove(0);
+    }
     let [arch, vocab, out] = args.as_slice() else {
-        return Err("usage: tiny_model ARCH VOCAB.gguf OUT.gguf".into());
+        return Err("usage: tiny_model [--f32] ARCH VOCAB.gguf OUT.gguf".into());
     };
-    let tokenizer = tpslab_engine::model::tiny::tokenizer_of(vocab.as_ref())?;
-    tpslab_engine::model::tiny::write_tiny(arch, &tokenizer, out.as_ref())?;
+    let tokenizer = tiny::tokenizer_of(vocab.as_ref())?;
+    if f32_only {
+        tiny::write_tiny_f32(arch, &tokenizer, out.as_ref())?;
+    } else {
+        tiny::write_tiny(arch, &tokenizer, out.as_ref())?;
+    }
     Ok(())
 }

@@ -13,7 +13,8 @@ Usage (llama.cpp built by ../shared/reference/build-llamacpp.sh):
   python3 tests/reference/make_arch_refs.py [LLAMA_CPP_BIN] > tests/data/arch_refs.json
   python3 tests/reference/make_arch_refs.py --moe [LLAMA_CPP_BIN] > tests/data/moe_refs.json
 (--moe: the mixture-of-experts variants, kept in their own file: qwen3moe, Mixtral-style llama
-and gpt-oss, whose tiny file has MXFP4 experts, attention sinks and biases.)
+and gpt-oss, with attention sinks and biases; its experts are F32 here, as every weight of
+these files, while the released files' MXFP4 is checked against gguf-py elsewhere.)
 Fixtures: the llama.cpp models/ folder as tests/support/llamacpp.rs caches it
 ($TPSLAB_FIXTURES/models, default ~/.cache/tpslab/llama-cpp-0.3.36/models).
 """
@@ -36,6 +37,8 @@ VARIANTS = {
     "phi3": "phi-3",
     "smollm3": "llama-bpe",
 }
+# ONLY=NAME records that variant alone (merge it into the committed file by hand).
+ONLY = os.environ.get("ONLY")
 MOE_VARIANTS = {
     "qwen3moe": "qwen2",
     "mixtral": "llama-spm",
@@ -106,8 +109,12 @@ def main():
             "prompt": PROMPT, "ctx": CTX, "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for arch, vocab in (MOE_VARIANTS if MOE else VARIANTS).items():
+            if ONLY and arch != ONLY:
+                continue
             model = os.path.join(tmp, f"{arch}.gguf")
-            subprocess.run([tool, arch, os.path.join(FIX, f"ggml-vocab-{vocab}.gguf"), model], check=True)
+            # Every weight F32 (gpt-oss's experts too): see tiny::write_tiny_f32.
+            subprocess.run([tool, "--f32", arch, os.path.join(FIX, f"ggml-vocab-{vocab}.gguf"), model],
+                           check=True)
             prompt, steps = server_run(model)
             refs["variants"][arch] = {"vocab": vocab, "prompt_ids": prompt, "steps": steps,
                                       "perplexity": perplexity(model)}

@@ -6,7 +6,8 @@
 //! perplexity (`tests/arch_reference.rs`, references recorded by
 //! `tests/reference/make-arch-refs.sh`).
 //!
-//! Weights are F32 (gpt-oss's experts MXFP4, as its released files have them), seeded by the
+//! Weights are F32 (gpt-oss's experts MXFP4, as its released files have them, except in
+//! [`write_tiny_f32`]'s files, which the llama.cpp references are recorded on), seeded by the
 //! tensor's name, so a file's bytes depend on its variant and vocabulary only. Each variant
 //! turns on what its family adds: Llama 3's `rope_freqs`, Qwen2's biases with YaRN scaling,
 //! Qwen3's QK-norm with a head size that is not `hidden / heads`, Gemma's sandwich norms,
@@ -122,7 +123,7 @@ fn uniform(name: &str, n: u64, lo: f32, hi: f32) -> Vec<u8> {
 }
 
 /// The tensors of `arch` with a vocabulary of `vocab`: (name, ggml dims, bytes).
-fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
+fn tensors(arch: &str, vocab: u64, as_released: bool) -> Vec<(TensorDesc, Vec<u8>)> {
     let Shape { layers, head_dim } = shape(arch);
     let (h, q, kv) = (HIDDEN, HEADS * head_dim, KV_HEADS * head_dim);
     let mut t = Vec::new();
@@ -212,7 +213,7 @@ fn tensors(arch: &str, vocab: u64) -> Vec<(TensorDesc, Vec<u8>)> {
         // The experts in MXFP4, quantized from the same floats.
         for (desc, bytes) in t
             .iter_mut()
-            .filter(|(d, _)| d.name.ends_with("_exps.weight"))
+            .filter(|(d, _)| as_released && d.name.ends_with("_exps.weight"))
         {
             let floats: Vec<f32> = bytes
                 .chunks_exact(4)
@@ -308,8 +309,30 @@ pub fn tokenizer_of(vocab_gguf: &Path) -> Result<Vec<(String, Value)>, TinyError
 }
 
 /// Writes the tiny `arch` model to `out` with the tokenizer metadata `tokenizer` (its
-/// vocabulary sizes the embedding).
+/// vocabulary sizes the embedding), its weights in the types the family's released files have.
 pub fn write_tiny(arch: &str, tokenizer: &[(String, Value)], out: &Path) -> Result<(), TinyError> {
+    write(arch, tokenizer, out, true)
+}
+
+/// As [`write_tiny`] with every weight F32, gpt-oss's experts too: the files the llama.cpp
+/// references are recorded on. A quantized expert quantizes its activations as well (to Q8_0
+/// in both engines), and on a random router that rounding noise flips which experts a token
+/// takes, so two correct engines part by up to 0.1 nats on the MXFP4 file; on F32 experts
+/// they agree to 1e-3. MXFP4 itself is held to gguf-py and to the plain dot elsewhere.
+pub fn write_tiny_f32(
+    arch: &str,
+    tokenizer: &[(String, Value)],
+    out: &Path,
+) -> Result<(), TinyError> {
+    write(arch, tokenizer, out, false)
+}
+
+fn write(
+    arch: &str,
+    tokenizer: &[(String, Value)],
+    out: &Path,
+    as_released: bool,
+) -> Result<(), TinyError> {
     if !VARIANTS.contains(&arch) {
         return Err(TinyError::Variant(arch.into()));
     }
@@ -327,7 +350,7 @@ pub fn write_tiny(arch: &str, tokenizer: &[(String, Value)], out: &Path) -> Resu
         source,
     };
     let file = std::fs::File::create(out).map_err(io)?;
-    let w = write_gguf(std::io::BufWriter::new(file), &md, &tensors(arch, vocab))?;
+    let w = write_gguf(std::io::BufWriter::new(file), &md, &tensors(arch, vocab, as_released))?;
     w.into_inner()
         .map_err(|e| io(e.into_error()))?
         .sync_all()
