@@ -18,7 +18,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "default")]
     pub model: String,
     /// Instead of a model file: a model of this architecture's exact shape with seeded random
-    /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b, qwen3-30b-a3b), for
+    /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b, qwen3-30b-a3b, gpt-oss-20b), for
     /// measuring speed where no model file can travel. Its output is noise.
     #[arg(long, value_name = "ARCH", conflicts_with = "model")]
     pub synthetic: Option<String>,

@@ -134,6 +134,89 @@ fn qwen3_30b_a3b_has_its_experts() {
     assert!((2.5e9..3.6e9).contains(&active), "{active}");
 }
 
+/// gpt-oss-20b's shape: 32 experts of 2880 with 4 routed (about 21B parameters, 3.6B read per
+/// token), a 128-token window on every other layer, YaRN 32 over 4096. A copy of its spec
+/// shrunk to two small layers builds and runs: biases on Q/K/V, the output, the router and
+/// the experts, a sink per head, experts in MXFP4 whatever the precision asked.
+#[test]
+fn gpt_oss_20b_has_its_shape_and_a_small_copy_runs() {
+    let s = arch("gpt-oss-20b").expect("arch");
+    let c = &s.config;
+    let m = c.extras.moe.expect("experts");
+    assert_eq!((m.n_expert, m.router.n_used, m.ffn_exp), (32, 4, 2880));
+    assert_eq!(m.router.gating, tpslab_kernels::moe::Gating::SoftmaxWeight);
+    assert!(!m.router.norm);
+    assert_eq!(
+        (c.q_dim(), c.kv_dim(), c.hidden, c.n_layers),
+        (4096, 512, 2880, 24)
+    );
+    assert_eq!(c.extras.window, Some(128));
+    let sliding: Vec<usize> = (0..c.n_layers)
+        .filter(|&i| c.extras.swa_layers[i])
+        .collect();
+    assert_eq!(sliding, (0..24).step_by(2).collect::<Vec<_>>());
+    assert_eq!(
+        c.rope_scaling,
+        tpslab_engine::model::config::RopeScaling::Yarn {
+            factor: 32.0,
+            orig_ctx: 4096
+        }
+    );
+    // n_params counts the embedding once (the output projection is its size again, 0.6B).
+    let n = c.n_params() as f64;
+    assert!((20.0e9..20.7e9).contains(&n), "{n}");
+    let h = c.hidden as f64;
+    let active = n - (3.0 * h * 2880.0) * 28.0 * 24.0;
+    assert!((3.3e9..3.9e9).contains(&active), "{active}");
+
+    let mut small = s.clone();
+    let sc = &mut small.config;
+    (
+        sc.hidden,
+        sc.n_layers,
+        sc.n_heads,
+        sc.n_kv_heads,
+        sc.head_dim,
+        sc.rope_dim,
+    ) = (64, 2, 4, 2, 16, 16);
+    sc.vocab = 300;
+    sc.extras.swa_layers.truncate(2);
+    sc.extras.window = Some(4);
+    sc.extras.attn_scale = 0.25;
+    if let Some(m) = &mut sc.extras.moe {
+        (m.n_expert, m.ffn_exp, m.router.n_used) = (4, 32, 2);
+    }
+    let w = synthetic_weights(&small, WType::Q8_0, 3, 2).expect("weights");
+    for l in &w.layers {
+        assert!(l.wqkv.bias.is_some() && l.wo.bias.is_some());
+        assert_eq!(l.attn_sinks.as_ref().map(Vec::len), Some(4));
+        let tpslab_engine::model::weights::Ffn::Moe(moe) = &l.ffn else {
+            panic!("experts");
+        };
+        assert!(moe.router.bias.is_some());
+        for e in &moe.experts {
+            assert_eq!((e.gate_up.ty, e.down.ty), (WType::MXFP4, WType::MXFP4));
+            assert!(e.gate_up.bias.is_some() && e.down.bias.is_some());
+        }
+        assert_eq!(l.wo.ty, WType::Q8_0);
+    }
+    let model = Model {
+        cfg: small.config.clone(),
+        weights: w,
+    };
+    let pool = ThreadPool::new(2);
+    // Past the window of 4, so the sliding layer masks.
+    let tokens = [1u32, 50, 299, 7, 7, 30, 200, 3];
+    let mut kv = KvCache::new(&model.cfg, 16, 1).expect("kv");
+    let mut ws = Workspace::default();
+    let mut b = Batch::default();
+    b.push_seq(vec![0], 0, &tokens, true);
+    let logits = model.forward(&pool, &b, &mut kv, &mut ws).expect("forward");
+    assert_eq!(logits.len(), 300);
+    assert!(logits.iter().all(|x| x.is_finite()));
+    assert!(logits.iter().any(|&x| x != logits[0]), "the logits vary");
+}
+
 #[test]
 fn weights_have_the_table_shapes() {
     let s = arch("smollm2-135m").expect("arch");

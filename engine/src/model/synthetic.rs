@@ -78,7 +78,7 @@ struct Row {
 }
 
 /// The shapes of the real models (from their `config.json` / GGUF metadata).
-const TABLE: [Row; 5] = [
+const TABLE: [Row; 6] = [
     Row {
         name: "smollm2-135m",
         arch: "llama",
@@ -165,7 +165,32 @@ const TABLE: [Row; 5] = [
         qkv_bias: false,
         experts: Some((128, 8, 768)),
     },
+    // gpt-oss-20b: 32 experts of width 2880, 4 routed per token (about 3.6B of 21B active),
+    // 64 query heads of 64 over 8 K/V heads, a 128-token window on every other layer, YaRN 32
+    // over a trained 4096, biases everywhere and a sink per head; experts in MXFP4 whatever
+    // the precision asked, as the released files have them.
+    Row {
+        name: "gpt-oss-20b",
+        arch: "gpt-oss",
+        hidden: 2880,
+        ffn: 2880,
+        n_layers: 24,
+        n_heads: 64,
+        n_kv_heads: 8,
+        head_dim: 64,
+        vocab: 201_088,
+        context_len: 131_072,
+        rope_theta: 150_000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: false,
+        qkv_bias: true,
+        experts: Some((32, 4, 2880)),
+    },
 ];
+
+/// gpt-oss's trained context under YaRN, its scaling factor and its window.
+const GPT_OSS_YARN: (f32, usize) = (32.0, 4096);
+const GPT_OSS_WINDOW: usize = 128;
 
 /// The names [`arch`] knows, in table order.
 pub fn known_archs() -> Vec<&'static str> {
@@ -187,6 +212,36 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
         name: r.arch.to_string(),
         known: crate::model::arch::names(),
     })?;
+    let gpt_oss = known.family == crate::model::config::Family::GptOss;
+    let mut extras = Extras {
+        moe: r.experts.map(|(n_expert, n_used, ffn_exp)| MoeConfig {
+            n_expert,
+            ffn_exp,
+            router: tpslab_kernels::moe::Router {
+                n_used,
+                // gpt-oss: a softmax over the top-k logits, not renormalized.
+                gating: if gpt_oss {
+                    tpslab_kernels::moe::Gating::SoftmaxWeight
+                } else {
+                    tpslab_kernels::moe::Gating::Softmax
+                },
+                norm: !gpt_oss,
+                scale: 0.0,
+            },
+        }),
+        ..Extras::plain(r.head_dim)
+    };
+    let mut rope_scaling = RopeScaling::None;
+    if gpt_oss {
+        // As `config::extras` reads a gpt-oss file: the even layers slide, keeping the base
+        // and the scaling.
+        extras.window = Some(GPT_OSS_WINDOW);
+        extras.swa_layers = (0..r.n_layers).map(|i| i % 2 == 0).collect();
+        extras.rope_theta_swa = r.rope_theta;
+        extras.rope_scaled_swa = true;
+        let (factor, orig_ctx) = GPT_OSS_YARN;
+        rope_scaling = RopeScaling::Yarn { factor, orig_ctx };
+    }
     Ok(ArchSpec {
         name: r.name,
         config: ModelConfig {
@@ -203,21 +258,9 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
             rope_theta: r.rope_theta,
             rope_dim: r.head_dim,
             rope_style: known.rope_style,
-            rope_scaling: RopeScaling::None,
+            rope_scaling,
             rms_eps: r.rms_eps,
-            extras: Extras {
-                moe: r.experts.map(|(n_expert, n_used, ffn_exp)| MoeConfig {
-                    n_expert,
-                    ffn_exp,
-                    router: tpslab_kernels::moe::Router {
-                        n_used,
-                        gating: tpslab_kernels::moe::Gating::Softmax,
-                        norm: true,
-                        scale: 0.0,
-                    },
-                }),
-                ..Extras::plain(r.head_dim)
-            },
+            extras,
         },
         tied_embeddings: r.tied_embeddings,
         qkv_bias: r.qkv_bias,
@@ -250,8 +293,15 @@ pub fn synthetic_weights(
         n => n,
     };
     let (h, q, kv, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
-    let matrix = |what: &str, n: usize, k: usize, id: u64| -> Result<Linear, SyntheticError> {
-        let ty = matrix_type(precision, k);
+    let gpt_oss = c.family == crate::model::config::Family::GptOss;
+    // gpt-oss's experts are MXFP4 in every released file.
+    let expert_type = if gpt_oss { WType::MXFP4 } else { precision };
+    let small = |n: usize, id: u64| -> Vec<f32> {
+        let mut rng = Rng::new(mix(seed, id));
+        (0..n).map(|_| rng.uniform()).collect()
+    };
+    let typed = |ty: WType, what: &str, n: usize, k: usize, id: u64| {
+        let ty = matrix_type(ty, k);
         if !k.is_multiple_of(ty.block_size()) {
             return Err(SyntheticError::Shape {
                 what: what.into(),
@@ -264,6 +314,13 @@ pub fn synthetic_weights(
         fill_blocks(ty, &mut data, mix(seed, id), threads);
         Ok(Linear::new(ty, n, k, data))
     };
+    let matrix = |what: &str, n: usize, k: usize, id: u64| typed(precision, what, n, k, id);
+    // An expert's matrix, with gpt-oss's bias.
+    let expert = |what: &str, n: usize, k: usize, id: u64| -> Result<Linear, SyntheticError> {
+        let mut m = typed(expert_type, what, n, k, id)?;
+        m.bias = gpt_oss.then(|| small(n, id ^ (1 << 62)));
+        Ok(m)
+    };
     let embed = matrix("token_embd", c.vocab, h, ID_EMBED)?;
     let lm_head = match spec.tied_embeddings {
         true => None,
@@ -274,9 +331,10 @@ pub fn synthetic_weights(
     for i in 0..c.n_layers {
         let mut wqkv = matrix("attn_qkv", q + 2 * kv, h, layer_id(i, 0))?;
         if spec.qkv_bias {
-            let mut rng = Rng::new(mix(seed, layer_id(i, 4)));
-            wqkv.bias = Some((0..wqkv.n).map(|_| rng.uniform()).collect());
+            wqkv.bias = Some(small(wqkv.n, layer_id(i, 4)));
         }
+        let mut wo = matrix("attn_output", h, q, layer_id(i, 1))?;
+        wo.bias = gpt_oss.then(|| small(h, layer_id(i, 6)));
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h],
             wqkv,
@@ -284,8 +342,8 @@ pub fn synthetic_weights(
             // row; a spec without experts stays a plain Llama block).
             q_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
             k_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
-            attn_sinks: None,
-            wo: matrix("attn_output", h, q, layer_id(i, 1))?,
+            attn_sinks: gpt_oss.then(|| small(c.n_heads, layer_id(i, 7))),
+            wo,
             post_attn_norm: None,
             ffn_norm: vec![1.0; h],
             ffn: match &c.extras.moe {
@@ -297,23 +355,26 @@ pub fn synthetic_weights(
                     let mut experts = Vec::with_capacity(m.n_expert);
                     for e in 0..m.n_expert {
                         experts.push(Expert {
-                            gate_up: matrix(
+                            gate_up: expert(
                                 "ffn_gate_up_exps",
                                 2 * m.ffn_exp,
                                 h,
                                 expert_id(i, e, 0),
                             )?,
-                            down: matrix("ffn_down_exps", h, m.ffn_exp, expert_id(i, e, 1))?,
+                            down: expert("ffn_down_exps", h, m.ffn_exp, expert_id(i, e, 1))?,
                         });
                     }
                     Ffn::Moe(MoeWeights {
                         // The router stays F32, as llama.cpp's quantizer keeps ffn_gate_inp.
-                        router: Linear::new(
-                            WType::F32,
-                            m.n_expert,
-                            h,
-                            f32_bytes(m.n_expert * h, mix(seed, layer_id(i, 5))),
-                        ),
+                        router: Linear {
+                            bias: gpt_oss.then(|| small(m.n_expert, layer_id(i, 5) ^ (1 << 62))),
+                            ..Linear::new(
+                                WType::F32,
+                                m.n_expert,
+                                h,
+                                f32_bytes(m.n_expert * h, mix(seed, layer_id(i, 5))),
+                            )
+                        },
                         experts,
                         rule: m.router,
                     })

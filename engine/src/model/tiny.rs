@@ -350,7 +350,11 @@ fn write(
         source,
     };
     let file = std::fs::File::create(out).map_err(io)?;
-    let w = write_gguf(std::io::BufWriter::new(file), &md, &tensors(arch, vocab, as_released))?;
+    let w = write_gguf(
+        std::io::BufWriter::new(file),
+        &md,
+        &tensors(arch, vocab, as_released),
+    )?;
     w.into_inner()
         .map_err(|e| io(e.into_error()))?
         .sync_all()
