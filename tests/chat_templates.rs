@@ -133,3 +133,43 @@ fn dates_follow_the_clock_and_gemma_takes_a_system_message() {
     let bad = gemma.render(&[ChatMessage::user("a"), ChatMessage::user("b")], true);
     assert!(matches!(bad, Err(ChatError::Rejected(_))), "{bad:?}");
 }
+
+/// gpt-oss's real template writes harmony: its generation prompt opens an assistant message
+/// without a channel, so the answer names its channels itself; the reasoning pair read from
+/// the template is harmony's, and an answer in that format splits into its analysis and its
+/// final message.
+#[test]
+fn gpt_oss_writes_harmony_and_its_channels_split() {
+    use tpslab_engine::text::reasoning::{HARMONY, ReasoningParser, ReasoningTags};
+    let source = llamacpp::template("openai-gpt-oss-120b");
+    let template = ChatTemplate::new(&source, "<|startoftext|>", "<|return|>").expect("compile");
+    let prompt = template
+        .render_with(
+            &[
+                ChatMessage::system("Be brief."),
+                ChatMessage::user("What is 2+2?"),
+            ],
+            &RenderOptions {
+                now: RenderTime::utc(1_782_864_000),
+                ..RenderOptions::new(true)
+            },
+        )
+        .expect("render");
+    assert!(prompt.starts_with("<|start|>system<|message|>"), "{prompt}");
+    assert!(
+        prompt.contains("<|start|>user<|message|>What is 2+2?<|end|>"),
+        "{prompt}"
+    );
+    assert!(prompt.ends_with("<|start|>assistant"), "{prompt}");
+    let tags = ReasoningTags::for_template(template.source());
+    assert_eq!(tags, HARMONY);
+    assert!(tags.keeps_control_tokens());
+    let mut p = ReasoningParser::for_prompt(tags, &prompt);
+    let mut got = p.push("<|channel|>analysis<|message|>Simple sum.<|end|>");
+    got.extend(p.push("<|start|>assistant<|channel|>final<|message|>4"));
+    got.extend(p.finish());
+    assert_eq!(
+        (got.reasoning.as_str(), got.content.as_str()),
+        ("Simple sum.", "4")
+    );
+}

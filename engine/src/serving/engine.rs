@@ -34,6 +34,7 @@ use crate::serving::sampler::Sampler;
 use crate::serving::spec_metrics::SpecUsage;
 use crate::spec::{SpecConfig, SpecPause};
 use crate::text::detok::Detokenizer;
+use crate::text::reasoning::ReasoningTags;
 
 pub use crate::serving::request::{Event, Refusal, RefusalKind, Request, Usage};
 
@@ -590,7 +591,10 @@ impl EngineThread {
             Live {
                 events,
                 sampler: Sampler::new(&sampling),
-                detok: Detokenizer::new(true),
+                // Harmony's channel markers are control tokens its answer is split by.
+                detok: Detokenizer::new(
+                    !ReasoningTags::for_template(self.lm.template.source()).keeps_control_tokens(),
+                ),
                 stop: StopChecker::new(stop),
                 prompt_len,
                 constraint: constraint.map(ConstraintRun::start),

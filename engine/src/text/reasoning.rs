@@ -8,19 +8,40 @@
 //! part of the answer. A tag split across tokens (`</th` + `ink>`) is held back until it is known
 //! to be one, so no piece of a tag ever reaches either side. An output that never closes its
 //! reasoning is all reasoning.
+//!
+//! gpt-oss writes OpenAI's harmony format, its channels marked by control tokens:
+//! `<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…`. Its
+//! pair is the analysis header and everything from the analysis's `<|end|>` to the final
+//! header; an answer that skips the analysis starts with the final header, which is dropped.
+//! Those tokens are text only when the detokenizer keeps control tokens, which it does for such
+//! a model ([`ReasoningTags::keeps_control_tokens`]).
 
 /// A pair of tags that open and close a model's reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningTags {
     pub open: &'static str,
     pub close: &'static str,
+    /// A header an answer without reasoning starts with, dropped (harmony's final channel);
+    /// empty for the others.
+    pub content_open: &'static str,
 }
 
 /// DeepSeek-R1, Qwen3, QwQ, SmolLM3 and most others.
 pub const THINK: ReasoningTags = ReasoningTags {
     open: "<think>",
     close: "</think>",
+    content_open: "",
 };
+
+/// gpt-oss's harmony channels: the analysis is the reasoning, the final channel the answer.
+pub const HARMONY: ReasoningTags = ReasoningTags {
+    open: "<|channel|>analysis<|message|>",
+    close: "<|end|><|start|>assistant<|channel|>final<|message|>",
+    content_open: "<|channel|>final<|message|>",
+};
+
+/// What marks a harmony template.
+const HARMONY_MARK: &str = "<|channel|>";
 
 /// The pairs known, most specific first (ByteDance Seed, Mistral's Magistral, Cohere's Command
 /// R7B); `<think>` last because the others contain no `</think>` but it may appear beside them.
@@ -28,14 +49,17 @@ const KNOWN: [ReasoningTags; 4] = [
     ReasoningTags {
         open: "<seed:think>",
         close: "</seed:think>",
+        content_open: "",
     },
     ReasoningTags {
         open: "[THINK]",
         close: "[/THINK]",
+        content_open: "",
     },
     ReasoningTags {
         open: "<|START_THINKING|>",
         close: "<|END_THINKING|>",
+        content_open: "",
     },
     THINK,
 ];
@@ -45,13 +69,23 @@ const KNOWN: [ReasoningTags; 4] = [
 const MAX_HELD_WHITESPACE: usize = 256;
 
 impl ReasoningTags {
-    /// The pair a chat template uses: the first known pair whose close tag it mentions, else
-    /// `<think>` (a model may think without its template saying so).
+    /// The pair a chat template uses: harmony's when it writes channels, else the first known
+    /// pair whose close tag it mentions, else `<think>` (a model may think without its template
+    /// saying so).
     pub fn for_template(source: &str) -> Self {
+        if source.contains(HARMONY_MARK) {
+            return HARMONY;
+        }
         KNOWN
             .into_iter()
             .find(|t| source.contains(t.close))
             .unwrap_or(THINK)
+    }
+
+    /// Whether the answer's control tokens must stay in its text for these tags to be seen
+    /// (harmony's channel markers are control tokens; `<think>` and the others are text).
+    pub fn keeps_control_tokens(&self) -> bool {
+        *self == HARMONY
     }
 
     /// Whether `prompt` ends inside an opened reasoning block: its last open tag is followed by
@@ -182,7 +216,14 @@ impl ReasoningParser {
             self.state = State::Reasoning { started: false };
             return Some(rest.to_string());
         }
-        let undecided = self.tags.open.starts_with(t) && buf.len() <= MAX_HELD_WHITESPACE;
+        let header = self.tags.content_open;
+        if let Some(rest) = t.strip_prefix(header).filter(|_| !header.is_empty()) {
+            self.state = State::Content { started: false };
+            return Some(rest.to_string());
+        }
+        let could_be = |tag: &str| !tag.is_empty() && tag.starts_with(t);
+        let undecided =
+            (could_be(self.tags.open) || could_be(header)) && buf.len() <= MAX_HELD_WHITESPACE;
         if undecided {
             self.pending = buf.to_string();
             return None;
@@ -248,5 +289,40 @@ mod tests {
         assert!(THINK.opened_by("<|im_start|>assistant\n<think>\n"));
         assert!(!THINK.opened_by("<think>\n\n</think>\n\n"));
         assert!(!THINK.opened_by("user said <think> then\n<|im_start|>assistant\n"));
+        assert_eq!(
+            ReasoningTags::for_template("{{- '<|start|>assistant<|channel|>final<|message|>' }}"),
+            HARMONY
+        );
+        assert!(HARMONY.keeps_control_tokens() && !THINK.keeps_control_tokens());
+    }
+
+    /// Harmony's channels, streamed in every split of the text (the markers arrive as whole
+    /// tokens in practice, but no split may leak a piece of one), and an answer that skips the
+    /// analysis.
+    #[test]
+    fn harmony_channels_split_in_any_pieces() {
+        let text = "<|channel|>analysis<|message|>User asks 2+2. Easy.<|end|>\
+                    <|start|>assistant<|channel|>final<|message|>It is 4.";
+        for cut in 0..=text.len() {
+            if !text.is_char_boundary(cut) {
+                continue;
+            }
+            let mut p = ReasoningParser::new(HARMONY);
+            let mut got = p.push(&text[..cut]);
+            got.extend(p.push(&text[cut..]));
+            got.extend(p.finish());
+            assert_eq!(got.reasoning, "User asks 2+2. Easy.", "cut at {cut}");
+            assert_eq!(got.content, "It is 4.", "cut at {cut}");
+        }
+        let direct = ReasoningParser::new(HARMONY).split_all("<|channel|>final<|message|>Hi.");
+        assert_eq!(
+            (direct.reasoning.as_str(), direct.content.as_str()),
+            ("", "Hi.")
+        );
+        // Unfinished analysis is all reasoning; plain text stays an answer.
+        let cut = ReasoningParser::new(HARMONY).split_all("<|channel|>analysis<|message|>Hmm");
+        assert_eq!((cut.reasoning.as_str(), cut.content.as_str()), ("Hmm", ""));
+        let plain = ReasoningParser::new(HARMONY).split_all("Hello there");
+        assert_eq!(plain.content, "Hello there");
     }
 }
