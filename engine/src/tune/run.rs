@@ -373,12 +373,7 @@ pub fn tune(
         seed += 1;
         let spec = cfg.workload.load_spec(seconds, seed);
         let r = loadgen::run(&target, prompts, &spec, stop, &mut |_, _| {});
-        Ok(Measured::of(
-            &r.timings,
-            r.refused.len(),
-            r.duration_s,
-            &cfg.slo,
-        ))
+        Ok(Measured::of_run(&r, &cfg.slo))
     };
     Ok(search(
         candidates,
@@ -432,12 +427,7 @@ pub fn tune_client(
             stop,
             &mut |_, _| {},
         );
-        Ok(Measured::of(
-            &r.timings,
-            r.refused.len(),
-            r.duration_s,
-            &cfg.slo,
-        ))
+        Ok(Measured::of_run(&r, &cfg.slo))
     };
     Ok(search(
         candidates,

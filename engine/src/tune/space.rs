@@ -261,6 +261,11 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// The figures of a load generator's run.
+    pub fn of_run(r: &crate::serving::loadgen::LoadResult, slo: &TuneSlo) -> Self {
+        Self::of(&r.timings, r.refused.len(), r.duration_s, slo)
+    }
+
     /// The figures of a run's timings over `duration_s`; `refused` requests were turned away.
     pub fn of(timings: &[RequestTiming], refused: usize, duration_s: f64, slo: &TuneSlo) -> Self {
         let s = BenchSummary::from_requests(timings, duration_s, None);
