@@ -398,69 +398,35 @@ fn metrics_count_the_requests_made() {
     }
 }
 
-/// `tpslab bench --endpoint` drives this server over HTTP: every request completes with the
-/// asked lengths (counted from the server's usage), figures are client-side, and a wrong model
-/// name or an unreachable endpoint fails at once with a clear line.
+/// `tpslab bench --endpoint URL --prompt-len 24 --output-len 6 EXTRA...`, run to the end.
+fn bench_endpoint(url: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "bench",
+        "--endpoint",
+        url,
+        "--prompt-len",
+        "24",
+        "--output-len",
+        "6",
+    ];
+    args.extend_from_slice(extra);
+    std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
+        .args(&args)
+        .env_remove("TPSLAB_API_KEY")
+        .output()
+        .expect("run tpslab")
+}
+
+/// `tpslab bench --endpoint` with `--json-schema` and `--tools` runs each level again with
+/// structured-output and tool requests, beside the plain one.
 #[test]
-fn bench_endpoint_drives_the_server() {
+fn bench_endpoint_sends_structured_and_tool_requests() {
     let server = start(engine(4, None), None);
     let url = format!("http://{}/v1", server.addr);
-    let dir = std::env::temp_dir().join(format!("tpslab-bench-endpoint-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tpslab-bench-tools-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json_path = dir.join("remote.json");
-    let bench = |extra: &[&str]| {
-        let mut args = vec![
-            "bench",
-            "--endpoint",
-            &url,
-            "--prompt-len",
-            "24",
-            "--output-len",
-            "6",
-        ];
-        args.extend_from_slice(extra);
-        std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
-            .args(&args)
-            .env_remove("TPSLAB_API_KEY")
-            .output()
-            .expect("run tpslab")
-    };
-    let out = bench(&[
-        "--concurrency",
-        "1,3",
-        "--num-requests",
-        "3",
-        "--goodput",
-        "ttft:600000",
-        "e2el:600000",
-        "--json",
-        json_path.to_str().expect("utf8 path"),
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("report")).expect("json");
-    assert!(
-        report["device"]
-            .as_str()
-            .expect("device")
-            .starts_with("remote http://127.0.0.1:")
-    );
-    // The remote server's precision is not known: "", as these reports have always said.
-    assert_eq!(report["precision"], "");
-    let runs = report["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 2);
-    for r in runs {
-        assert_eq!(r["completed"], 3, "{r}");
-        assert_eq!(r["refused"], 0, "{r}");
-        assert_eq!(r["total_output_tokens"], 18, "{r}");
-        assert_eq!(r["total_input_tokens"], 72, "{r}");
-        assert!(r["mean_ttft_ms"].as_f64().expect("ttft") > 0.0, "{r}");
-        assert!(r["output_throughput"].as_f64().expect("tput") > 0.0, "{r}");
-        // Objectives of ten minutes: every request meets them.
-        assert_eq!(r["request_goodput"], r["request_throughput"], "{r}");
-    }
-
+    let bench = |extra: &[&str]| bench_endpoint(&url, extra);
     // Structured output and tool requests, each level again beside the plain one.
     let schema = dir.join("schema.json");
     let schema_json = json!({"type": "object", "properties": {"city": {"type": "string"}},
@@ -501,6 +467,56 @@ fn bench_endpoint_drives_the_server() {
         assert_eq!(r["completed"], 2, "{r}");
         assert_eq!(r["refused"], 0, "{r}");
         assert_eq!(r["total_output_tokens"], 12, "{r}");
+    }
+
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tpslab bench --endpoint` drives this server over HTTP: every request completes with the
+/// asked lengths (counted from the server's usage), figures are client-side, and a wrong model
+/// name or an unreachable endpoint fails at once with a clear line.
+#[test]
+fn bench_endpoint_drives_the_server() {
+    let server = start(engine(4, None), None);
+    let url = format!("http://{}/v1", server.addr);
+    let dir = std::env::temp_dir().join(format!("tpslab-bench-endpoint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("remote.json");
+    let bench = |extra: &[&str]| bench_endpoint(&url, extra);
+    let out = bench(&[
+        "--concurrency",
+        "1,3",
+        "--num-requests",
+        "3",
+        "--goodput",
+        "ttft:600000",
+        "e2el:600000",
+        "--json",
+        json_path.to_str().expect("utf8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("report")).expect("json");
+    assert!(
+        report["device"]
+            .as_str()
+            .expect("device")
+            .starts_with("remote http://127.0.0.1:")
+    );
+    // The remote server's precision is not known: "", as these reports have always said.
+    assert_eq!(report["precision"], "");
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert_eq!(r["completed"], 3, "{r}");
+        assert_eq!(r["refused"], 0, "{r}");
+        assert_eq!(r["total_output_tokens"], 18, "{r}");
+        assert_eq!(r["total_input_tokens"], 72, "{r}");
+        assert!(r["mean_ttft_ms"].as_f64().expect("ttft") > 0.0, "{r}");
+        assert!(r["output_throughput"].as_f64().expect("tput") > 0.0, "{r}");
+        // Objectives of ten minutes: every request meets them.
+        assert_eq!(r["request_goodput"], r["request_throughput"], "{r}");
     }
 
     let out = bench(&["--concurrency", "1", "--model", "no-such-model"]);

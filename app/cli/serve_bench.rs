@@ -305,7 +305,7 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
     }
     if let Some(file) = &a.tools {
         let tools = read_json(file)?;
-        if !tools.as_array().is_some_and(|t| !t.is_empty()) {
+        if tools.as_array().is_none_or(|t| t.is_empty()) {
             bail!("{} must hold a JSON list of tools", file.display());
         }
         let lm = Arc::new(lm);

@@ -257,6 +257,36 @@ impl TpsApp {
         }
     }
 
+    /// The tuner's, the load run's and the sweep's news: a finished load or sweep leaves its
+    /// outcome and the speed one user saw.
+    fn poll_runs(&mut self) {
+        if let Some(t) = &mut self.rt.tuner {
+            t.poll();
+        }
+        if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
+            if let Some(e) = outcome.error.take() {
+                self.rt.errors.push(e);
+            }
+            self.record_speed(&outcome.label, outcome.summary.mean_per_request_tps);
+            self.rt.last_load = Some(outcome);
+            self.rt.load = None;
+        }
+        if let Some(sweep) = &mut self.rt.sweep {
+            sweep.poll(&mut self.rt.sweep_points);
+            if let Some(e) = sweep.error.take() {
+                self.rt.errors.push(e);
+            }
+            if sweep.finished {
+                self.rt.sweep = None;
+                // The lowest concurrency measured: the decode speed one user sees.
+                if let Some(p) = self.rt.sweep_points.iter().min_by_key(|p| p.concurrency) {
+                    let label = format!("sweep, {} concurrent", p.concurrency);
+                    self.record_speed(&label, p.mean_per_request_tps);
+                }
+            }
+        }
+    }
+
     /// Reads every worker's news without waiting: model load, token events, load and sweep runs,
     /// and samples the engine's stats into the plot history.
     fn poll(&mut self, ctx: &egui::Context) {
@@ -307,31 +337,7 @@ impl TpsApp {
             }
         }
         self.drain_generations();
-        if let Some(t) = &mut self.rt.tuner {
-            t.poll();
-        }
-        if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
-            if let Some(e) = outcome.error.take() {
-                self.rt.errors.push(e);
-            }
-            self.record_speed(&outcome.label, outcome.summary.mean_per_request_tps);
-            self.rt.last_load = Some(outcome);
-            self.rt.load = None;
-        }
-        if let Some(sweep) = &mut self.rt.sweep {
-            sweep.poll(&mut self.rt.sweep_points);
-            if let Some(e) = sweep.error.take() {
-                self.rt.errors.push(e);
-            }
-            if sweep.finished {
-                self.rt.sweep = None;
-                // The lowest concurrency measured: the decode speed one user sees.
-                if let Some(p) = self.rt.sweep_points.iter().min_by_key(|p| p.concurrency) {
-                    let label = format!("sweep, {} concurrent", p.concurrency);
-                    self.record_speed(&label, p.mean_per_request_tps);
-                }
-            }
-        }
+        self.poll_runs();
         if let Some(done) = self.rt.draft.as_mut().and_then(DraftLoad::poll) {
             self.rt.draft = None;
             match done {
@@ -632,28 +638,7 @@ impl TpsApp {
                 }
                 Ok(())
             }
-            Command::StartSweep => {
-                self.not_tuning()?;
-                let b = self.link().ok_or("the model is not loaded yet")?;
-                let settings = &self.state.dash.load;
-                let run = SweepRun::start(
-                    TargetSpec::of(&b.engine, settings),
-                    &b.prompts,
-                    settings,
-                    self.precision_now(),
-                    ctx,
-                )?;
-                // A new sweep replaces the points of its own target and keeps the others', so
-                // this engine and a remote server can be compared side by side.
-                let remote = format!("remote {}", settings.remote.url.trim());
-                let mine = |p: &SweepPoint| match settings.remote.enabled {
-                    true => p.device.starts_with(&remote),
-                    false => !p.device.starts_with("remote "),
-                };
-                self.rt.sweep_points.retain(|p| !mine(p));
-                self.rt.sweep = Some(run);
-                Ok(())
-            }
+            Command::StartSweep => self.start_sweep(ctx),
             Command::StopSweep => {
                 if let Some(s) = &self.rt.sweep {
                     s.stop();
@@ -687,6 +672,30 @@ impl TpsApp {
                 Ok(())
             }
         }
+    }
+
+    /// Starts a sweep over the concurrency levels (not beside the tuner).
+    fn start_sweep(&mut self, ctx: &egui::Context) -> Result<(), String> {
+        self.not_tuning()?;
+        let b = self.link().ok_or("the model is not loaded yet")?;
+        let settings = &self.state.dash.load;
+        let run = SweepRun::start(
+            TargetSpec::of(&b.engine, settings),
+            &b.prompts,
+            settings,
+            self.precision_now(),
+            ctx,
+        )?;
+        // A new sweep replaces the points of its own target and keeps the others', so
+        // this engine and a remote server can be compared side by side.
+        let remote = format!("remote {}", settings.remote.url.trim());
+        let mine = |p: &SweepPoint| match settings.remote.enabled {
+            true => p.device.starts_with(&remote),
+            false => !p.device.starts_with("remote "),
+        };
+        self.rt.sweep_points.retain(|p| !mine(p));
+        self.rt.sweep = Some(run);
+        Ok(())
     }
 
     /// Asks where to save the sweep and writes it there, on a worker (the dialog may stay open

@@ -11,8 +11,8 @@ use tpslab_engine::serving::loadgen::PromptSet;
 use tpslab_engine::tune::{CandidateRun, TuneConfig, TuneEvent, TuneReport, tune};
 
 enum Msg {
-    Event(TuneEvent),
-    Done(Result<TuneReport, String>),
+    Event(Box<TuneEvent>),
+    Done(Box<Result<TuneReport, String>>),
 }
 
 /// A tuning run, in progress or ended: what it has measured so far and its report.
@@ -45,10 +45,10 @@ impl TuneRun {
             .name("tpslab-tune".into())
             .spawn(move || {
                 let result = tune(&engine, &prompts, &base, &cfg, &t_stop, &mut |ev| {
-                    let _ = tx.send(Msg::Event(ev));
+                    let _ = tx.send(Msg::Event(Box::new(ev)));
                     ctx.request_repaint();
                 });
-                let _ = tx.send(Msg::Done(result.map_err(|e| e.to_string())));
+                let _ = tx.send(Msg::Done(Box::new(result.map_err(|e| e.to_string()))));
                 ctx.request_repaint();
             })
             .map_err(|e| format!("cannot start the tuner thread: {e}"))?;
@@ -66,21 +66,14 @@ impl TuneRun {
     pub fn poll(&mut self) {
         loop {
             match self.rx.try_recv() {
-                Ok(Msg::Event(TuneEvent::Started { candidates, runs })) => {
-                    self.planned = Some((candidates, runs));
-                    self.phase = "measuring candidates".into();
-                }
-                Ok(Msg::Event(TuneEvent::Measured(r))) => self.runs.push(r),
-                Ok(Msg::Event(TuneEvent::Verifying(what))) => {
-                    self.phase = format!("verifying the {what} knobs with a fresh run");
-                }
+                Ok(Msg::Event(ev)) => self.on_event(*ev),
                 Ok(Msg::Done(r)) => {
-                    self.phase = match &r {
+                    self.phase = match r.as_ref() {
                         Ok(rep) if rep.stopped => "stopped".into(),
                         Ok(_) => "done".into(),
                         Err(_) => "failed".into(),
                     };
-                    self.outcome = Some(r);
+                    self.outcome = Some(*r);
                 }
                 Err(TryRecvError::Empty) => return,
                 Err(TryRecvError::Disconnected) => {
@@ -90,6 +83,19 @@ impl TuneRun {
                     }
                     return;
                 }
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: TuneEvent) {
+        match ev {
+            TuneEvent::Started { candidates, runs } => {
+                self.planned = Some((candidates, runs));
+                self.phase = "measuring candidates".into();
+            }
+            TuneEvent::Measured(r) => self.runs.push(r),
+            TuneEvent::Verifying(what) => {
+                self.phase = format!("verifying the {what} knobs with a fresh run");
             }
         }
     }

@@ -119,30 +119,27 @@ fn policy_ui(ui: &mut egui::Ui, policy: &mut Policy) -> bool {
     a.changed() || b.changed()
 }
 
+/// A labelled number in a grid row: whether its value is to be applied (typed in, or a drag
+/// ended; not on every frame of a drag).
+fn drag_knob(ui: &mut egui::Ui, label: &str, enabled: bool, value: egui::DragValue<'_>) -> bool {
+    let l = ui.label(label);
+    let r = ui.add_enabled(enabled, value).labelled_by(l.id);
+    ui.end_row();
+    (r.changed() && !r.dragged()) || r.drag_stopped()
+}
+
 fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &mut Vec<Command>) {
     ui.heading("Knobs");
     let before = s.knobs.clone();
     let k = &mut s.knobs.scheduler;
     let mut commit = false;
     egui::Grid::new("knobs_grid").num_columns(2).show(ui, |ui| {
-        let l = ui.label("Max batch size");
-        let r = ui
-            .add(egui::DragValue::new(&mut k.max_num_seqs).range(1..=512))
-            .labelled_by(l.id);
-        commit |= r.changed() && !r.dragged();
-        commit |= r.drag_stopped();
-        ui.end_row();
-        let l = ui.label("Token budget");
-        let r = ui
-            .add(
-                egui::DragValue::new(&mut k.max_num_batched_tokens)
-                    .range(16..=65536)
-                    .speed(16),
-            )
-            .labelled_by(l.id);
-        commit |= r.changed() && !r.dragged();
-        commit |= r.drag_stopped();
-        ui.end_row();
+        let seqs = egui::DragValue::new(&mut k.max_num_seqs).range(1..=512);
+        commit |= drag_knob(ui, "Max batch size", true, seqs);
+        let budget = egui::DragValue::new(&mut k.max_num_batched_tokens)
+            .range(16..=65536)
+            .speed(16);
+        commit |= drag_knob(ui, "Token budget", true, budget);
         commit |= ui
             .checkbox(&mut k.chunked_prefill, "Chunked prefill")
             .changed();
@@ -156,16 +153,8 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
             .checkbox(&mut k.adaptive_budget, "Adaptive token budget")
             .changed();
         ui.end_row();
-        let l = ui.label("ITL target (ms)");
-        let r = ui
-            .add_enabled(
-                k.adaptive_budget,
-                egui::DragValue::new(&mut k.itl_target_ms).range(1..=10_000),
-            )
-            .labelled_by(l.id);
-        commit |= r.changed() && !r.dragged();
-        commit |= r.drag_stopped();
-        ui.end_row();
+        let itl = egui::DragValue::new(&mut k.itl_target_ms).range(1..=10_000);
+        commit |= drag_knob(ui, "ITL target (ms)", k.adaptive_budget, itl);
         ui.label("Policy");
         commit |= ui.horizontal(|ui| policy_ui(ui, &mut k.policy)).inner;
         ui.end_row();

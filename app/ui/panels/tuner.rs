@@ -192,7 +192,7 @@ fn plot_ui(ui: &mut egui::Ui, run: &TuneRun, n: usize) {
     };
     let all: Vec<[f64; 2]> = last.iter().flatten().filter_map(|r| xy(r)).collect();
     let front: Vec<[f64; 2]> = (frontier(n, &run.runs).into_iter())
-        .filter_map(|i| last[i].and_then(|r| xy(r)))
+        .filter_map(|i| last[i].and_then(&xy))
         .collect();
     ui.strong(format!(
         "Goodput vs per-request TPS: {} candidates, {} on the frontier",

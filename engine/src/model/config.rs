@@ -532,22 +532,28 @@ fn moe(k: &Keys<'_>, ffn: usize) -> Result<Option<MoeConfig>, ConfigError> {
     if ffn_exp == 0 {
         return Err(ConfigError::Shape("experts of width 0".into()));
     }
-    // gpt-oss: the top-k of the (biased) router logits, then a softmax over those k
-    // (`LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT`), not renormalized.
-    let (gating, norm) = match k.arch {
-        "gpt-oss" => (tpslab_kernels::moe::Gating::SoftmaxWeight, false),
-        _ => (tpslab_kernels::moe::Gating::Softmax, true),
-    };
     Ok(Some(MoeConfig {
         n_expert: n_expert as usize,
         ffn_exp,
-        router: tpslab_kernels::moe::Router {
-            n_used,
-            gating,
-            norm,
-            scale: 0.0,
-        },
+        router: router_rule(k.arch, n_used),
     }))
+}
+
+/// How an architecture's router chooses `n_used` experts and weighs them: gpt-oss takes the
+/// top-k of the (biased) router logits and softmaxes those k
+/// (`LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT`), not renormalized; the others softmax all
+/// logits, take the top-k and renormalize them (`norm_w`).
+pub fn router_rule(arch: &str, n_used: usize) -> tpslab_kernels::moe::Router {
+    let (gating, norm) = match arch {
+        "gpt-oss" => (tpslab_kernels::moe::Gating::SoftmaxWeight, false),
+        _ => (tpslab_kernels::moe::Gating::Softmax, true),
+    };
+    tpslab_kernels::moe::Router {
+        n_used,
+        gating,
+        norm,
+        scale: 0.0,
+    }
 }
 
 /// Which layers slide: `attention.sliding_window_pattern` as a per-layer array, else as a period

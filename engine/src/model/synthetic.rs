@@ -14,7 +14,7 @@ use tpslab_kernels::WType;
 
 use crate::model::LoadedModel;
 use crate::model::Model;
-use crate::model::config::{Extras, ModelConfig, MoeConfig, RopeScaling};
+use crate::model::config::{Extras, ModelConfig, MoeConfig, RopeScaling, router_rule};
 use crate::model::precision::Precision;
 pub use crate::model::precision::matrix_type;
 use crate::model::weights::{Expert, Ffn, LayerWeights, Linear, MoeWeights, Weights};
@@ -217,17 +217,7 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
         moe: r.experts.map(|(n_expert, n_used, ffn_exp)| MoeConfig {
             n_expert,
             ffn_exp,
-            router: tpslab_kernels::moe::Router {
-                n_used,
-                // gpt-oss: a softmax over the top-k logits, not renormalized.
-                gating: if gpt_oss {
-                    tpslab_kernels::moe::Gating::SoftmaxWeight
-                } else {
-                    tpslab_kernels::moe::Gating::Softmax
-                },
-                norm: !gpt_oss,
-                scale: 0.0,
-            },
+            router: router_rule(r.arch, n_used),
         }),
         ..Extras::plain(r.head_dim)
     };

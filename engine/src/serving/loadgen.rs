@@ -228,6 +228,20 @@ fn next_request(
     (req, plen, olen)
 }
 
+impl InFlight {
+    /// A request sent at `sent` with a prompt of `plen` tokens, to generate `olen`.
+    fn sent(sent: f64, plen: usize, olen: usize) -> Self {
+        Self {
+            timing: RequestTiming {
+                sent,
+                token_times: Vec::with_capacity(olen),
+                prompt_tokens: plen,
+                ..RequestTiming::default()
+            },
+        }
+    }
+}
+
 pub fn run_observed(
     engine: &dyn LoadTarget,
     prompts: &PromptSet,
@@ -274,17 +288,7 @@ pub fn run_observed(
             let sent = now();
             let id = engine.submit(req, tx.clone());
             observe(&mut |m| m.on_arrival(id, sent, plen));
-            flying.insert(
-                id,
-                InFlight {
-                    timing: RequestTiming {
-                        sent,
-                        token_times: Vec::with_capacity(olen),
-                        prompt_tokens: plen,
-                        ..RequestTiming::default()
-                    },
-                },
-            );
+            flying.insert(id, InFlight::sent(sent, plen, olen));
             submitted += 1;
             if let Some(rate) = spec.rate.filter(|r| *r > 0.0) {
                 // Exponential gaps: a Poisson process at `rate` requests per second.
