@@ -38,6 +38,20 @@ pub struct AnswerSpec {
     pub token_ids: bool,
     /// The reader of a chat answer's tool calls (each choice gets its own copy).
     pub tools: Option<ToolParse>,
+    /// The field that asked for the request's grammar (`response_format`, `guided_regex`,
+    /// `tool_choice`, ...): what a grammar failing while decoding is a 400 about.
+    pub grammar_field: Option<&'static str>,
+}
+
+impl AnswerSpec {
+    /// The error a choice's refusal is: as the engine's refusals map, but a grammar that
+    /// failed while decoding names the field that asked for it.
+    pub fn refused(&self, reason: &Refusal) -> ApiError {
+        match (reason, self.grammar_field) {
+            (Refusal::Grammar(_), Some(field)) => ApiError::bad_param(field, reason.to_string()),
+            _ => ApiError::refused(reason),
+        }
+    }
 }
 
 /// A piece of a choice's answer: its text (reasoning apart) and pieces of its tool calls.
@@ -281,7 +295,7 @@ pub async fn gather(
                 add_usage(&mut usage, u);
                 open -= 1;
             }
-            Event::Refused { reason, .. } => return Err(ApiError::refused(&reason)),
+            Event::Refused { reason, .. } => return Err(spec.refused(&reason)),
         }
     }
     let outs = states
@@ -391,7 +405,7 @@ impl SseStream {
     }
 
     fn fail(&mut self, reason: &Refusal) {
-        let err = ApiError::refused(reason);
+        let err = self.spec.refused(reason);
         self.pending.push_back(frame(&err.body()));
         self.end();
     }

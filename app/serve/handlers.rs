@@ -121,6 +121,7 @@ pub async fn prepare(
         include_usage: parsed.include_usage(),
         token_ids: parsed.common.return_tokens_as_token_ids.unwrap_or(false),
         tools: ToolParse::for_plan(parsed.tools.as_ref(), &st.lm),
+        grammar_field: parsed.constraint.as_ref().map(|a| a.field),
     };
     Ok(Started {
         parsed,
