@@ -299,8 +299,6 @@ pub struct Scheduler {
     window: Option<usize>,
     /// Step times as the engine reported them, for the adaptive budget.
     step_cost: adaptive::StepCost,
-    /// This step's token budget (`max_num_batched_tokens`, or less under the adaptive budget).
-    step_cap: usize,
 }
 
 fn check_config(c: &SchedulerConfig) -> Result<(), SchedError> {
@@ -345,7 +343,6 @@ impl Scheduler {
         check_config(&config)?;
         check_pool(num_blocks, block_size)?;
         Ok(Self {
-            step_cap: config.max_num_batched_tokens,
             kv: KvManager::new(num_blocks, block_size, config.prefix_caching),
             config,
             reqs: HashMap::new(),
@@ -542,12 +539,10 @@ impl Scheduler {
         n: usize,
         draft: Vec<u32>,
     ) -> ScheduledSeq {
-        let tokens = self
-            .reqs
-            .get(&id)
-            .map_or(&[][..], |r| &r.all_tokens[start..start + n]);
-        let all_rows = self.reqs.get(&id).is_some_and(Request::wants_prompt_rows);
-        let len = self.reqs.get(&id).map_or(0, |r| r.all_tokens.len());
+        let r = self.reqs.get(&id);
+        let tokens = r.map_or(&[][..], |r| &r.all_tokens[start..start + n]);
+        let all_rows = r.is_some_and(Request::wants_prompt_rows);
+        let len = r.map_or(0, |r| r.all_tokens.len());
         let sample = start + n == len;
         debug_assert!(
             sample || draft.is_empty(),
@@ -572,11 +567,6 @@ impl Scheduler {
         self.step_cost.observe(tokens, step_ms);
     }
 
-    /// The step-time model the adaptive budget sizes steps with.
-    pub fn step_cost(&self) -> &adaptive::StepCost {
-        &self.step_cost
-    }
-
     /// The token budget the next [`Self::schedule`] plans under: `max_num_batched_tokens`, or
     /// with the adaptive budget on and requests decoding, what keeps a step under
     /// `itl_target_ms` (never below one token per decode plus one block of prefill).
@@ -597,8 +587,9 @@ impl Scheduler {
     /// Plans the next step: running requests first, then waiting ones. See the module docs.
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
-        self.step_cap = self.step_budget();
-        let mut budget = self.step_cap;
+        // This step's cap: `max_num_batched_tokens`, or less under the adaptive budget.
+        let cap = self.step_budget();
+        let mut budget = cap;
         self.sort_running();
         self.preempt_for_priority(&mut out);
         let for_priority = out.preempted.len();
@@ -606,7 +597,7 @@ impl Scheduler {
         // As vLLM: a step that had to preempt for KV blocks admits nobody, or it would thrash.
         // A slot freed for a better priority is taken in the same step.
         if out.preempted.len() == for_priority {
-            self.schedule_waiting(&mut out, &mut budget);
+            self.schedule_waiting(&mut out, &mut budget, cap);
         }
         out.num_batched_tokens = out.scheduled.iter().map(|s| s.tokens.len()).sum();
         self.last_step = (out.scheduled.len(), out.num_batched_tokens);
@@ -685,7 +676,7 @@ impl Scheduler {
         }
     }
 
-    fn schedule_waiting(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
+    fn schedule_waiting(&mut self, out: &mut SchedulerOutput, budget: &mut usize, cap: usize) {
         while *budget > 0
             && self.running.len() < self.config.max_num_seqs
             && out.scheduled.len() < self.config.max_num_seqs
@@ -708,8 +699,8 @@ impl Scheduler {
             if !self.config.chunked_prefill && left > *budget {
                 // Only a request that can never fit whole may go in chunks, and only as the
                 // step's first entry (see the module docs).
-                let untouched = *budget == self.step_cap;
-                if !(left > self.step_cap && untouched) {
+                let untouched = *budget == cap;
+                if !(left > cap && untouched) {
                     break;
                 }
             }

@@ -225,16 +225,14 @@ fn sample_rows(
     let mut j = 0; // the step's logits row
     for s in out.scheduled.iter().filter(|s| s.num_logits() > 0) {
         let prompt_rows = s.prompt_rows();
-        let scored: Vec<Option<&[f32]>> = (0..prompt_rows).map(|_| full.next()).collect();
-        j += prompt_rows;
-        if let Some(l) = live.get_mut(&s.id) {
-            score_prompt(
-                s.id,
-                l,
-                sched.tokens(s.id).unwrap_or_default(),
-                s.start_pos,
-                &scored,
-            );
+        if prompt_rows > 0 {
+            // The prompt rows lead the sequence's rows; taken whether or not it is still live.
+            let scored: Vec<Option<&[f32]>> = (0..prompt_rows).map(|_| full.next()).collect();
+            j += prompt_rows;
+            if let Some(l) = live.get_mut(&s.id) {
+                let history = sched.tokens(s.id).unwrap_or_default();
+                score_prompt(s.id, l, history, s.start_pos, &scored);
+            }
         }
         if !s.sample {
             continue;
@@ -290,7 +288,7 @@ fn score_prompt(
     start: usize,
     rows: &[Option<&[f32]>],
 ) {
-    let (Some(top), false) = (l.prompt_logprobs, rows.is_empty()) else {
+    let Some(top) = l.prompt_logprobs else {
         return;
     };
     for (pos, row) in (start..).zip(rows) {
