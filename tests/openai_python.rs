@@ -64,5 +64,6 @@ fn the_official_openai_client_gets_what_it_expects() {
         .arg(format!("http://{addr}/v1"))
         .arg(serve_model_id()))
     .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{out}");
     assert!(out.contains("all checks passed"), "{out}");
 }

@@ -6,7 +6,8 @@
 //!
 //! The model does not think, so what it writes after `<think>\n` is what the split is checked
 //! on: the same prompt's tokens sent to `/v1/completions` (greedy) give the raw text, and the
-//! chat answer must be exactly that text split by the engine's reasoning parser.
+//! chat answer must be exactly that text split by the engine's reasoning parser. `/v1/responses`
+//! returns the same split as a `reasoning` item and a message, whole and streamed.
 
 use std::sync::Arc;
 
@@ -120,6 +121,7 @@ fn reasoning_content_whole_and_streamed() {
     let (got, role_first) = streamed(addr, &chat(json!({"stream": true})));
     assert_eq!(got, want);
     assert!(role_first);
+    responses_carry_the_reasoning(addr, &lm, &want);
 
     // Thinking off: the template closes the block in the prompt; all of the answer is content,
     // exactly as the model wrote it, and no reasoning field is sent.
@@ -149,6 +151,73 @@ fn reasoning_content_whole_and_streamed() {
     assert_eq!(r.error()["param"], "chat_template_kwargs");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `/v1/responses` gives the same answer's reasoning as a `reasoning` item ahead of the message,
+/// whole and streamed (`response.reasoning_text.delta` events joining to it), and counts its
+/// tokens in `usage.output_tokens_details.reasoning_tokens`.
+fn responses_carry_the_reasoning(addr: std::net::SocketAddr, lm: &LoadedModel, want: &Split) {
+    let body = json!({"input": QUESTION, "max_output_tokens": MAX_TOKENS, "temperature": 0});
+    let r = post(addr, "/v1/responses", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let output = v["output"].as_array().expect("output");
+    assert_eq!(output[0]["type"], "reasoning", "{v}");
+    assert!(
+        output[0]["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("rs_")),
+        "{v}"
+    );
+    assert_eq!(output[0]["content"][0]["type"], "reasoning_text", "{v}");
+    assert_eq!(
+        output[0]["content"][0]["text"],
+        json!(want.reasoning),
+        "{v}"
+    );
+    let message = output
+        .iter()
+        .find(|o| o["type"] == "message")
+        .expect("message");
+    assert_eq!(message["content"][0]["text"], json!(want.content), "{v}");
+    let counted = lm
+        .tokenizer
+        .encode(&want.reasoning, false)
+        .expect("encode")
+        .len();
+    let details = &v["usage"]["output_tokens_details"];
+    assert_eq!(details["reasoning_tokens"], json!(counted), "{v}");
+    assert!(counted > 0 && counted as u64 <= v["usage"]["output_tokens"].as_u64().expect("out"));
+
+    let mut sbody = body;
+    sbody["stream"] = json!(true);
+    let r = post(addr, "/v1/responses", &sbody);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let data: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).expect("event JSON"))
+        .collect();
+    let joined = |kind: &str| -> String {
+        data.iter()
+            .filter(|d| d["type"] == kind)
+            .map(|d| d["delta"].as_str().expect("delta").to_string())
+            .collect()
+    };
+    assert_eq!(joined("response.reasoning_text.delta"), want.reasoning);
+    assert_eq!(joined("response.output_text.delta"), want.content);
+    let done = data
+        .iter()
+        .find(|d| d["type"] == "response.reasoning_text.done")
+        .expect("reasoning_text.done");
+    assert_eq!(done["text"], json!(want.reasoning));
+    let last = data.last().expect("events");
+    assert_eq!(last["response"]["output"][0]["type"], "reasoning", "{last}");
+    assert_eq!(
+        last["response"]["usage"]["output_tokens_details"]["reasoning_tokens"],
+        json!(counted)
+    );
 }
 
 /// OpenAI's tool round trip reaches the template: tools offered, an assistant turn with a call

@@ -5,7 +5,8 @@
 //! the same as whole; `instructions` go into the prompt (more input tokens); a named function
 //! tool comes back as a `function_call` item whose arguments validate against its schema,
 //! whole and streamed; `text.format` with a JSON schema gives JSON that keeps to it; a
-//! conversation carrying a function call and its output is accepted as input; what cannot be
+//! conversation carrying a function call and its output is accepted as input; asked-for token
+//! log-probabilities come on the message's text, whole and streamed; what cannot be
 //! honoured (`previous_response_id`, `background`, built-in tools, image input) is a 400 naming
 //! the field.
 
@@ -313,6 +314,91 @@ fn function_call_items_are_taken_as_input() {
     assert_eq!(r.error()["param"], "input");
 }
 
+/// Chat's log-probability entries of a greedy answer, as (token, logprob, alternatives' tokens).
+fn entries(list: &[Value]) -> Vec<(String, f64, Vec<String>)> {
+    list.iter()
+        .map(|e| {
+            let top = e["top_logprobs"]
+                .as_array()
+                .expect("top_logprobs")
+                .iter()
+                .map(|t| t["token"].as_str().expect("token").to_string())
+                .collect();
+            (
+                e["token"].as_str().expect("token").to_string(),
+                e["logprob"].as_f64().expect("logprob"),
+                top,
+            )
+        })
+        .collect()
+}
+
+fn same_entries(a: &[Value], b: &[Value]) {
+    let (a, b) = (entries(a), entries(b));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((&x.0, &x.2), (&y.0, &y.2));
+        assert!((x.1 - y.1).abs() < 1e-6, "{x:?} vs {y:?}");
+    }
+}
+
+/// `include: ["message.output_text.logprobs"]` with `top_logprobs`: the message's text carries
+/// one entry per generated token, the same as chat's for the same greedy conversation (which
+/// `tests/server_sampling.rs` holds to the model's log-softmax); streamed, the deltas' entries
+/// join to the same list, and the done event and final response carry it whole.
+#[test]
+fn logprobs_come_with_the_text_whole_and_streamed() {
+    let addr = shared();
+    let body = json!({"input": QUESTION, "max_output_tokens": 10, "temperature": 0,
+                      "include": ["message.output_text.logprobs"], "top_logprobs": 3});
+    let v = responses(addr, &body);
+    check_shape(&v);
+    let part = &v["output"][0]["content"][0];
+    let whole = part["logprobs"].as_array().expect("logprobs").clone();
+    assert_eq!(
+        whole.len() as u64,
+        v["usage"]["output_tokens"].as_u64().expect("out"),
+        "one entry per generated token: {v}"
+    );
+    assert!(entries(&whole).iter().all(|e| e.2.len() == 3), "{v}");
+    let chat = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 10,
+                "temperature": 0, "logprobs": true, "top_logprobs": 3}),
+    );
+    assert_eq!(chat.status, 200);
+    let c = chat.json();
+    let want = c["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("chat logprobs")
+        .clone();
+    same_entries(&whole, &want);
+
+    let evs = events(addr, &body);
+    let streamed: Vec<Value> = evs
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .flat_map(|(_, d)| d["logprobs"].as_array().expect("delta logprobs").clone())
+        .collect();
+    same_entries(&streamed, &whole);
+    let (_, done) = evs
+        .iter()
+        .find(|(n, _)| n == "response.output_text.done")
+        .expect("done");
+    same_entries(done["logprobs"].as_array().expect("done logprobs"), &whole);
+    let (_, last) = evs.last().expect("events");
+    let final_lp = &last["response"]["output"][0]["content"][0]["logprobs"];
+    same_entries(final_lp.as_array().expect("final logprobs"), &whole);
+
+    // Not asked for: the text part has none.
+    let plain = responses(addr, &json!({"input": QUESTION, "max_output_tokens": 4}));
+    assert!(
+        plain["output"][0]["content"][0].get("logprobs").is_none(),
+        "{plain}"
+    );
+}
+
 #[test]
 fn what_cannot_be_honoured_is_a_400_naming_it() {
     let addr = shared();
@@ -321,7 +407,8 @@ fn what_cannot_be_honoured_is_a_400_naming_it() {
         ("background", json!(true)),
         ("conversation", json!("conv_1")),
         ("truncation", json!("auto")),
-        ("include", json!(["message.output_text.logprobs"])),
+        ("include", json!(["reasoning.encrypted_content"])),
+        ("top_logprobs", json!(21)),
     ] {
         let mut b = json!({"input": "hi"});
         b[field] = value;

@@ -220,6 +220,24 @@ fn required_makes_at_least_one_call() {
     let calls = whole(addr, json!({"tool_choice": "required"}));
     assert!(!calls[0].is_empty());
     assert_eq!(streamed(addr, json!({"tool_choice": "required"})), calls);
+    // The calls stream as they are written: the name first, then the arguments in pieces, not
+    // all in the last chunk.
+    let mut b = body(json!({"tool_choice": "required", "stream": true}));
+    b["stream"] = json!(true);
+    let r = post(addr, "/v1/chat/completions", &b);
+    let pieces = r
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter(|e| {
+            let v: Value = serde_json::from_str(e).expect("chunk JSON");
+            v["choices"][0]["delta"]["tool_calls"].is_array()
+        })
+        .count();
+    assert!(
+        pieces > calls[0].len() + 1,
+        "{pieces} chunks carry the calls"
+    );
     // Without parallel calls, exactly one.
     let one = whole(
         addr,

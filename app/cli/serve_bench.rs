@@ -221,6 +221,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             seed: level as u64,
             priority: 0,
             submit_for_s: None,
+            cut_after_s: None,
         };
         let bar = ProgressBar::new(n as u64);
         bar.set_style(

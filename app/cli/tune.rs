@@ -38,9 +38,10 @@ pub struct TuneArgs {
     /// Closed loop at this many requests in flight (with --rate: the most in flight).
     #[arg(long)]
     pub concurrency: Option<usize>,
-    /// Seconds of measured runs in all: 70% for the search, 15% for each verification. It
-    /// bounds how long each run submits requests; a run then waits for the ones in flight, so
-    /// slow candidates (long TTFTs) make the whole take longer.
+    /// Seconds of measured runs in all: 70% for the search, 15% for each verification. Each run
+    /// submits requests for its share, then waits for them at most as long as a request that
+    /// meets the objectives can take (+1 s; as long again as it submitted when the objectives
+    /// bound no request's length); what still runs then is cut and counts as missing them.
     #[arg(long, default_value_t = 60.0)]
     pub budget_s: f64,
     /// The shortest run of the first rung (fewer candidates start when the budget is small).

@@ -5,7 +5,8 @@
 //! - [`structured`]: the structured-output fields (`response_format`, vLLM's `guided_*`,
 //!   llama-server's `json_schema` / `grammar`) as one compiled constraint.
 //! - [`tools`]: `tools` and `tool_choice` (`required` and a named tool enforced with a JSON
-//!   schema), the calls read out of an answer in OpenAI's shapes.
+//!   schema), the calls read out of an answer in OpenAI's shapes; [`tool_list`] reads
+//!   `required`'s list of calls as it streams.
 //! - [`responses`]: `POST /v1/responses` (OpenAI's Responses API) over the chat path, its SSE
 //!   events in [`responses_stream`].
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
@@ -44,6 +45,7 @@ pub mod responses_stream;
 pub mod state;
 pub mod structured;
 pub mod tokenize;
+pub mod tool_list;
 pub mod tools;
 pub mod unhonoured;
 

@@ -4,6 +4,11 @@
 //! the same parse, template, admission and engine as `/v1/chat/completions`; the answer comes
 //! back as a `response` object whole, or as its SSE events ([`super::responses_stream`]).
 //!
+//! A thinking model's reasoning comes back as a `reasoning` item ahead of the message (its text
+//! as `reasoning_text` content, as vLLM returns it; `usage.output_tokens_details.reasoning_tokens`
+//! counts it). `include: ["message.output_text.logprobs"]` (or `top_logprobs` above 0) gives the
+//! answer's token log-probabilities on the message's `output_text`, in chat's entry shape.
+//!
 //! Fields it cannot honour are 400s naming them ([`super::unhonoured::check_responses`]); input
 //! that is not text (`input_image`, `input_file`, ...) is a 400 naming `input`. `store` is
 //! accepted and nothing is stored.
@@ -15,6 +20,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::Usage;
 
@@ -252,7 +258,47 @@ pub fn to_chat_body(body: Value) -> Result<Value, ApiError> {
     {
         chat.insert("response_format".into(), rf);
     }
+    logprobs(o, &mut chat)?;
     Ok(Value::Object(chat))
+}
+
+/// What `include` may name here.
+pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+
+/// `include: ["message.output_text.logprobs"]` and `top_logprobs` as chat's `logprobs` and
+/// `top_logprobs`: either asks for the answer's log-probabilities. Other `include` entries name
+/// output this server does not compute (encrypted reasoning, built-in tools' results): a 400.
+fn logprobs(o: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let mut on = false;
+    match o.get("include") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for v in list {
+                match v.as_str() {
+                    Some(INCLUDE_LOGPROBS) => on = true,
+                    Some(other) => {
+                        return Err(bad(
+                            "include",
+                            format!(
+                                "include names {other:.60?}, which this server does not compute; \
+                                 it can include {INCLUDE_LOGPROBS}"
+                            ),
+                        ));
+                    }
+                    None => return Err(bad("include", "include must be a list of strings")),
+                }
+            }
+        }
+        Some(_) => return Err(bad("include", "include must be a list of strings")),
+    }
+    if let Some(k) = o.get("top_logprobs").filter(|v| !v.is_null()) {
+        on |= k.as_u64().is_some_and(|k| k > 0);
+        chat.insert("top_logprobs".into(), k.clone());
+    }
+    if on {
+        chat.insert("logprobs".into(), json!(true));
+    }
+    Ok(())
 }
 
 /// Responses fields whose chat name differs, so an error of the chat parse names what the
@@ -264,7 +310,7 @@ const RENAMED: [(&str, &str); 3] = [
 ];
 
 /// An error of the chat path, in the Responses body's own field names.
-fn renamed(mut e: ApiError) -> ApiError {
+pub fn renamed(mut e: ApiError) -> ApiError {
     if let Some(p) = &e.param
         && let Some((ours, chat)) = RENAMED.iter().find(|(_, c)| c == p)
     {
@@ -282,30 +328,49 @@ pub struct RespMeta {
     pub model: String,
 }
 
-pub fn usage_json(u: &Usage) -> Value {
+/// The tokens of an answer's reasoning: its text tokenized again (the model's own tokens, as
+/// long as it wrote them as the tokenizer would).
+pub fn reasoning_tokens(lm: &LoadedModel, reasoning: &str) -> usize {
+    if reasoning.is_empty() {
+        return 0;
+    }
+    lm.tokenizer
+        .encode(reasoning, false)
+        .map_or(0, |ids| ids.len())
+}
+
+pub fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
         "output_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
     })
 }
 
+/// How a response ended.
+#[derive(Clone, Copy)]
+pub struct End<'a> {
+    pub reason: FinishReason,
+    pub usage: &'a Usage,
+    pub reasoning_tokens: usize,
+}
+
 /// The `response` object; `usage` and its status once it is over.
-pub fn response_json(
-    m: &RespMeta,
-    output: Vec<Value>,
-    end: Option<(FinishReason, &Usage)>,
-) -> Value {
+pub fn response_json(m: &RespMeta, output: Vec<Value>, end: Option<End<'_>>) -> Value {
     let (status, incomplete, usage) = match end {
         None => ("in_progress", Value::Null, Value::Null),
-        Some((FinishReason::Length, u)) => (
+        Some(e) if e.reason == FinishReason::Length => (
             "incomplete",
             json!({"reason": "max_output_tokens"}),
-            usage_json(u),
+            usage_json(e.usage, e.reasoning_tokens),
         ),
-        Some((_, u)) => ("completed", Value::Null, usage_json(u)),
+        Some(e) => (
+            "completed",
+            Value::Null,
+            usage_json(e.usage, e.reasoning_tokens),
+        ),
     };
     json!({
         "id": m.id,
@@ -321,14 +386,34 @@ pub fn response_json(
     })
 }
 
+/// A message's `output_text` part; its log-probabilities when they were asked for.
+pub fn text_part(text: &str, logprobs: Option<&Value>) -> Value {
+    let mut part = json!({"type": "output_text", "text": text, "annotations": []});
+    if let Some(lp) = logprobs {
+        part["logprobs"] = lp.clone();
+    }
+    part
+}
+
 /// A message output item.
-pub fn message_item(id: &str, text: &str, status: &str) -> Value {
+pub fn message_item(id: &str, part: Value, status: &str) -> Value {
     json!({
         "type": "message",
         "id": id,
         "role": "assistant",
         "status": status,
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
+        "content": [part],
+    })
+}
+
+/// A reasoning output item: the model's reasoning as `reasoning_text` content.
+pub fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "reasoning",
+        "id": id,
+        "status": status,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
     })
 }
 
@@ -362,11 +447,12 @@ async fn respond(
         created_at: unix_now(),
         model: st.model_id.clone(),
     };
+    let logprobs = started.parsed.logprobs.is_some();
     if started.parsed.stream() {
-        let events = ResponsesStream::new(started.choices, started.spec, meta);
+        let events = ResponsesStream::new(started.choices, started.spec, meta, logprobs);
         return Ok(sse(Body::from_stream(events)));
     }
-    let (outs, usage) = gather(&mut started.choices, &started.spec, false).await?;
+    let (outs, usage) = gather(&mut started.choices, &started.spec, logprobs).await?;
     let Some(w) = outs.into_iter().next() else {
         return Err(ApiError::internal("the answer has no choice"));
     };
@@ -376,10 +462,20 @@ async fn respond(
     } else {
         "completed"
     };
-    // The text as one message (when there is text, or nothing at all), then one item per call.
+    // The reasoning, the text as one message (when there is text, or nothing at all), then
+    // one item per call.
     let mut output = Vec::new();
+    if !w.text.reasoning.is_empty() {
+        output.push(reasoning_item(
+            &new_id("rs"),
+            &w.text.reasoning,
+            "completed",
+        ));
+    }
     if !w.text.content.trim().is_empty() || w.calls.is_empty() {
-        output.push(message_item(&new_id("msg"), &w.text.content, status));
+        let lp = w.logprobs.as_ref().map(|l| &l["content"]);
+        let part = text_part(&w.text.content, lp);
+        output.push(message_item(&new_id("msg"), part, status));
     }
     for c in &w.calls {
         output.push(call_item(
@@ -390,9 +486,14 @@ async fn respond(
             "completed",
         ));
     }
+    let end = End {
+        reason,
+        usage: &usage,
+        reasoning_tokens: reasoning_tokens(&started.spec.lm, &w.text.reasoning),
+    };
     Ok(errors::json_response(
         StatusCode::OK,
-        &response_json(&meta, output, Some((reason, &usage))),
+        &response_json(&meta, output, Some(end)),
     ))
 }
 

@@ -1,10 +1,13 @@
 //! The SSE body of a streamed `/v1/responses` answer: `event: <type>` and `data: {..}` per
 //! event, each with its `sequence_number`: response.created, response.in_progress, then per
-//! output item response.output_item.added, for text response.content_part.added,
-//! response.output_text.delta (one per piece), response.output_text.done and
+//! output item response.output_item.added, for reasoning response.reasoning_text.delta and
+//! .done, for text response.content_part.added, response.output_text.delta (one per piece,
+//! with the log-probabilities of the tokens since the last one), response.output_text.done and
 //! response.content_part.done, for a call response.function_call_arguments.delta and .done,
 //! response.output_item.done, and last response.completed (response.incomplete when
-//! `max_output_tokens` cut it short). Dropping it (the client went away) cancels the request.
+//! `max_output_tokens` cut it short). A grammar failing while decoding is an `error` event
+//! naming the Responses field that asked for it. Dropping it (the client went away) cancels
+//! the request.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -18,16 +21,25 @@ use tpslab_engine::serving::engine::{Event, Refusal, Usage};
 
 use super::answer::{AnswerSpec, EventBody, Piece, TextPipe, poll_body};
 use super::bridge::Choices;
-use super::errors::ApiError;
-use super::responses::{RespMeta, call_item, message_item, new_id, response_json};
+use super::logprobs_json::{self, Names, Scored};
+use super::responses::{
+    End, RespMeta, call_item, message_item, new_id, reasoning_item, reasoning_tokens, renamed,
+    response_json, text_part,
+};
 use super::tools::call_id;
 
 /// The output item being written.
 enum Open {
     None,
+    Reasoning {
+        id: String,
+        text: String,
+    },
     Message {
         id: String,
         text: String,
+        /// Every log-probability sent with its deltas (when asked for).
+        logprobs: Vec<Value>,
     },
     Call {
         id: String,
@@ -40,7 +52,14 @@ enum Open {
 pub struct ResponsesStream {
     choices: Choices,
     pipe: TextPipe,
+    spec: AnswerSpec,
     meta: RespMeta,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
+    /// Tokens scored since the last text delta.
+    scored: Vec<Scored>,
+    /// All the reasoning written, for its token count.
+    reasoning: String,
     seq: u64,
     open: Open,
     /// The output items done, in order.
@@ -50,11 +69,15 @@ pub struct ResponsesStream {
 }
 
 impl ResponsesStream {
-    pub fn new(choices: Choices, spec: AnswerSpec, meta: RespMeta) -> Self {
+    pub fn new(choices: Choices, spec: AnswerSpec, meta: RespMeta, logprobs: bool) -> Self {
         let mut s = Self {
             choices,
             pipe: TextPipe::new(&spec),
+            spec,
             meta,
+            logprobs,
+            scored: Vec::new(),
+            reasoning: String::new(),
             seq: 0,
             open: Open::None,
             done: Vec::new(),
@@ -85,17 +108,26 @@ impl ResponsesStream {
         let i = self.index();
         let item = match std::mem::replace(&mut self.open, Open::None) {
             Open::None => return,
-            Open::Message { id, text } => {
-                let part = json!({"type": "output_text", "text": text, "annotations": []});
+            Open::Reasoning { id, text } => {
+                self.event(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": i, "content_index": 0, "text": text}),
+                );
+                reasoning_item(&id, &text, "completed")
+            }
+            Open::Message { id, text, logprobs } => {
+                let lp = Value::Array(logprobs);
+                let part = text_part(&text, self.logprobs.then_some(&lp));
                 self.event(
                     "response.output_text.done",
-                    json!({"item_id": id, "output_index": i, "content_index": 0, "text": text}),
+                    json!({"item_id": id, "output_index": i, "content_index": 0, "text": text,
+                           "logprobs": lp}),
                 );
                 self.event(
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": i, "content_index": 0, "part": part}),
                 );
-                message_item(&id, &text, "completed")
+                message_item(&id, part, "completed")
             }
             Open::Call {
                 id,
@@ -122,7 +154,7 @@ impl ResponsesStream {
         self.close();
         let id = new_id("msg");
         let i = self.index();
-        let mut item = message_item(&id, "", "in_progress");
+        let mut item = message_item(&id, Value::Null, "in_progress");
         item["content"] = json!([]);
         self.event(
             "response.output_item.added",
@@ -136,7 +168,25 @@ impl ResponsesStream {
         self.open = Open::Message {
             id,
             text: String::new(),
+            logprobs: Vec::new(),
         };
+    }
+
+    /// The log-probabilities of the tokens scored since the last text delta, in chat's entry
+    /// shape.
+    fn take_scored(&mut self) -> Vec<Value> {
+        let items = std::mem::take(&mut self.scored);
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let names = Names {
+            tok: &self.spec.lm.tokenizer,
+            as_ids: self.spec.token_ids,
+        };
+        match logprobs_json::chat(names, &items)["content"].take() {
+            Value::Array(v) => v,
+            _ => Vec::new(),
+        }
     }
 
     fn text(&mut self, delta: &str) {
@@ -146,18 +196,55 @@ impl ResponsesStream {
         if !matches!(self.open, Open::Message { .. }) {
             self.open_message();
         }
+        self.text_delta(delta);
+    }
+
+    /// An `output_text.delta` of the open message, with the log-probabilities scored since the
+    /// last one.
+    fn text_delta(&mut self, delta: &str) {
         let i = self.index();
-        if let Open::Message { id, text } = &mut self.open {
+        let lp = self.take_scored();
+        if let Open::Message { id, text, logprobs } = &mut self.open {
             text.push_str(delta);
-            let data =
-                json!({"item_id": id, "output_index": i, "content_index": 0, "delta": delta});
+            logprobs.extend(lp.iter().cloned());
+            let data = json!({"item_id": id, "output_index": i, "content_index": 0,
+                              "delta": delta, "logprobs": lp});
             self.event("response.output_text.delta", data);
         }
     }
 
-    /// A piece of the answer: its text (reasoning is not written: Responses would carry it as
-    /// a reasoning item), then its call pieces.
+    fn reasoning_text(&mut self, delta: &str) {
+        if delta.is_empty() {
+            return;
+        }
+        if !matches!(self.open, Open::Reasoning { .. }) {
+            self.close();
+            let id = new_id("rs");
+            let mut item = reasoning_item(&id, "", "in_progress");
+            item["content"] = json!([]);
+            let i = self.index();
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": i, "item": item}),
+            );
+            self.open = Open::Reasoning {
+                id,
+                text: String::new(),
+            };
+        }
+        self.reasoning.push_str(delta);
+        let i = self.index();
+        if let Open::Reasoning { id, text } = &mut self.open {
+            text.push_str(delta);
+            let data =
+                json!({"item_id": id, "output_index": i, "content_index": 0, "delta": delta});
+            self.event("response.reasoning_text.delta", data);
+        }
+    }
+
+    /// A piece of the answer: its reasoning, its text, then its call pieces.
     fn piece(&mut self, p: Piece) {
+        self.reasoning_text(&p.text.reasoning);
         self.text(&p.text.content);
         for d in p.calls {
             if let Some(name) = d.name {
@@ -190,12 +277,23 @@ impl ResponsesStream {
     fn finish(&mut self, reason: FinishReason, usage: &Usage, tail: &str) {
         let p = self.pipe.finish(tail);
         self.piece(p);
-        if self.done.is_empty() && matches!(self.open, Open::None) {
+        if !self.scored.is_empty() && matches!(self.open, Open::Message { .. }) {
+            // Tokens that wrote no text of their own still belong to the message.
+            self.text_delta("");
+        }
+        let no_answer = self.done.iter().all(|item| item["type"] == "reasoning")
+            && matches!(self.open, Open::None | Open::Reasoning { .. });
+        if no_answer {
             // An empty answer is still one (empty) message.
             self.open_message();
         }
         self.close();
-        let r = response_json(&self.meta, self.done.clone(), Some((reason, usage)));
+        let end = End {
+            reason,
+            usage,
+            reasoning_tokens: reasoning_tokens(&self.spec.lm, &self.reasoning),
+        };
+        let r = response_json(&self.meta, self.done.clone(), Some(end));
         let kind = if reason == FinishReason::Length {
             "response.incomplete"
         } else {
@@ -211,7 +309,7 @@ impl ResponsesStream {
     }
 
     fn fail(&mut self, reason: &Refusal) {
-        let e = ApiError::refused(reason);
+        let e = renamed(self.spec.refused(reason));
         self.event(
             "error",
             json!({"code": e.code.unwrap_or(e.kind), "message": e.message, "param": e.param}),
@@ -222,7 +320,15 @@ impl ResponsesStream {
     fn on_event(&mut self, ev: Event) {
         match ev {
             Event::Started { .. } | Event::PromptLogprobs { .. } => {}
-            Event::Token { text, .. } => {
+            Event::Token {
+                text,
+                token,
+                logprob,
+                ..
+            } => {
+                if let Some(lp) = logprob.filter(|_| self.logprobs) {
+                    self.scored.push((token, *lp));
+                }
                 let p = self.pipe.push(&text);
                 self.piece(p);
             }

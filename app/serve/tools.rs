@@ -5,7 +5,8 @@
 //!
 //! `tool_choice: "none"` renders the tools (as vLLM does) and parses nothing. A named tool's
 //! output is its arguments alone (the schema is the tool's `parameters`), so they stream as
-//! they are written; `required` writes a JSON list of `{name, arguments}`, read at the end.
+//! they are written; `required` writes a JSON list of `{name, arguments}`, read as it streams
+//! by [`super::tool_list::CallList`].
 
 use serde_json::{Map, Value, json};
 use tpslab_engine::model::LoadedModel;
@@ -16,6 +17,7 @@ use tpslab_engine::text::tool_calls::{
 
 use super::errors::ApiError;
 use super::structured::Asked;
+use super::tool_list::CallList;
 
 const F: &str = "tool_choice";
 /// OpenAI's limits on a function name: 1 to 64 of `a-z A-Z 0-9 _ -` (dots allowed too, as
@@ -241,8 +243,8 @@ pub enum ToolParse {
     Auto(ToolCallParser),
     /// A named tool: the whole output is its arguments, streamed as they come.
     Named { name: String, started: bool },
-    /// `required`: the whole output is the constrained JSON list, read at the end.
-    Required(String),
+    /// `required`: the whole output is the constrained JSON list, read as it streams.
+    Required(CallList),
 }
 
 impl ToolParse {
@@ -257,7 +259,7 @@ impl ToolParse {
                 name: name.clone(),
                 started: false,
             }),
-            Choice::Required => Some(ToolParse::Required(String::new())),
+            Choice::Required => Some(ToolParse::Required(CallList::default())),
         }
     }
 
@@ -278,11 +280,7 @@ impl ToolParse {
                     }],
                 }
             }
-            ToolParse::Required(buf) => {
-                // The grammar bounds the output by max_tokens; this holds no more than that.
-                buf.push_str(content);
-                ToolStep::default()
-            }
+            ToolParse::Required(list) => list.push(content),
         }
     }
 
@@ -302,80 +300,19 @@ impl ToolParse {
                 }
             }
             ToolParse::Named { .. } => ToolStep::default(),
-            ToolParse::Required(buf) => {
-                let text = std::mem::take(buf);
-                match json_calls(&text) {
-                    Some(calls) => ToolStep {
-                        content: String::new(),
-                        calls: deltas(calls),
-                    },
-                    // Cut short (max_tokens): what was written is the answer's text.
-                    None => ToolStep {
-                        content: text,
-                        calls: Vec::new(),
-                    },
-                }
-            }
+            ToolParse::Required(list) => list.finish(),
         }
     }
 
     /// A whole answer's text and calls.
     pub fn parse_all(mut self, content: &str) -> (String, Vec<ToolCall>) {
+        if let ToolParse::Required(_) = self {
+            return CallList::read_all(content);
+        }
         let mut step = self.push(content);
         step.extend(self.finish());
         (step.content, tool_calls::collect(step.calls))
     }
-}
-
-/// The calls of `required`'s output, a JSON list of `{name, arguments}`. A list cut short
-/// (`max_tokens`; a small model may repeat its call until then) gives the calls it completed.
-fn json_calls(text: &str) -> Option<Vec<ToolCall>> {
-    let one = |v: &Value| {
-        Some(ToolCall {
-            name: v.get("name")?.as_str()?.to_string(),
-            arguments: serde_json::to_string(v.get("arguments")?).ok()?,
-        })
-    };
-    let mut rest = text.trim_start().strip_prefix('[')?;
-    let mut calls = Vec::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() || rest.starts_with(']') {
-            break;
-        }
-        // One item: the first JSON value of what is left, and where it ended.
-        let mut items = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        let Some(Ok(item)) = items.next() else { break };
-        let Some(call) = one(&item) else { break };
-        calls.push(call);
-        rest = rest[items.byte_offset()..].trim_start();
-        match rest.strip_prefix(',') {
-            Some(r) => rest = r,
-            None => break,
-        }
-    }
-    (!calls.is_empty()).then_some(calls)
-}
-
-fn deltas(calls: Vec<ToolCall>) -> Vec<ToolDelta> {
-    calls
-        .into_iter()
-        .enumerate()
-        .flat_map(|(index, c)| {
-            [
-                ToolDelta {
-                    index,
-                    name: Some(c.name),
-                    arguments: String::new(),
-                },
-                ToolDelta {
-                    index,
-                    name: None,
-                    arguments: c.arguments,
-                },
-            ]
-        })
-        .collect()
 }
 
 /// A fresh call id, `call_` and 24 random hex digits.
@@ -463,21 +400,17 @@ mod tests {
 
     #[test]
     fn enforced_output_becomes_calls() {
-        let (text, calls) = ToolParse::Required(String::new())
+        // The arguments as the model wrote them, as a named tool's stream.
+        let (text, calls) = ToolParse::Required(CallList::default())
             .parse_all("[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]");
         assert_eq!(text, "");
         assert_eq!(
             calls,
             vec![ToolCall {
                 name: "f".into(),
-                arguments: "{\"a\":1}".into()
+                arguments: "{\"a\": 1}".into()
             }]
         );
-        let (text, calls) = ToolParse::Required(String::new()).parse_all("[{\"name\": \"f\"");
-        assert_eq!((text.as_str(), calls.len()), ("[{\"name\": \"f\"", 0));
-        let cut = "[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"f\", \"argu";
-        let (text, calls) = ToolParse::Required(String::new()).parse_all(cut);
-        assert_eq!((text.as_str(), calls.len()), ("", 1));
         let mut named = ToolParse::Named {
             name: "f".into(),
             started: false,

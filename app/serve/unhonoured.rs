@@ -106,7 +106,7 @@ pub fn check(kind: Kind, body: &Value) -> Result<(), ApiError> {
 /// A `/v1/responses` body's fields that need what this server does not have: a store of past
 /// responses and conversations, background runs, and outputs it does not compute.
 pub fn check_responses(body: &Value) -> Result<(), ApiError> {
-    let fields: [(&str, &str); 7] = [
+    let fields: [(&str, &str); 5] = [
         (
             "previous_response_id",
             "this server stores no responses; send the whole conversation in input",
@@ -119,14 +119,6 @@ pub fn check_responses(body: &Value) -> Result<(), ApiError> {
         (
             "prompt",
             "stored prompt templates are not supported; send instructions and input",
-        ),
-        (
-            "top_logprobs",
-            "log-probabilities are not returned by /v1/responses here; use /v1/chat/completions",
-        ),
-        (
-            "include",
-            "no extra output data (include) is available here",
         ),
         (
             "max_tool_calls",

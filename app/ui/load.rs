@@ -171,6 +171,7 @@ impl LoadSettings {
             seed,
             priority: LOAD_PRIORITY,
             submit_for_s: None,
+            cut_after_s: None,
         }
     }
 }

@@ -63,6 +63,7 @@ fn main() -> Result<()> {
             seed: i as u64,
             priority: 0,
             submit_for_s: None,
+            cut_after_s: None,
         };
         let run = loadgen::run(
             &engine,

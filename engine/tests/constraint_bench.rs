@@ -50,6 +50,7 @@ fn level(target: &dyn LoadTarget, prompts: &PromptSet, c: usize, out: usize) -> 
         seed: c as u64,
         priority: 0,
         submit_for_s: None,
+        cut_after_s: None,
     };
     let stop = AtomicBool::new(false);
     let r = loadgen::run(target, prompts, &spec, &stop, &mut |_, _| {});

@@ -165,6 +165,13 @@ for ev in client.responses.create(model=model, input=Q[0]["content"], max_output
         final = ev.response
 check("responses.stream", final is not None and "".join(deltas) == r.output_text
       and final.output_text == r.output_text, (deltas, final))
+r = client.responses.create(model=model, input=Q[0]["content"], max_output_tokens=12,
+                            temperature=0, include=["message.output_text.logprobs"],
+                            top_logprobs=2)
+lps = r.output[0].content[0].logprobs or []
+check("responses.logprobs", len(lps) == r.usage.output_tokens
+      and all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in lps)
+      and "".join(lp.token for lp in lps).startswith(r.output_text[:8]), lps)
 fkw = dict(model=model, input="Add 2 and 3.", tools=[{"type": "function", **ADD}],
            tool_choice={"type": "function", "name": "add"}, max_output_tokens=64, temperature=0)
 r = client.responses.create(**fkw)

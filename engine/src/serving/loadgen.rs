@@ -63,6 +63,11 @@ pub struct LoadSpec {
     /// (none is cut off, so a slow tail is measured, not dropped). `None`: no time box.
     #[serde(default)]
     pub submit_for_s: Option<f64>,
+    /// A deadline for the whole run: requests still in flight this many seconds after it
+    /// started are cancelled and counted in [`LoadResult::cut`] (a tuner's slow candidate
+    /// cannot hold the session past its budget). `None`: every request runs to its end.
+    #[serde(default)]
+    pub cut_after_s: Option<f64>,
 }
 
 /// Token ids cut from the bundled text, so prompts are real language of an exact length.
@@ -113,6 +118,8 @@ pub struct LoadResult {
     pub duration_s: f64,
     pub refused: Vec<String>,
     pub aborted: usize,
+    /// Requests still in flight at the run's deadline (`LoadSpec::cut_after_s`), cancelled.
+    pub cut: usize,
 }
 
 struct InFlight {
@@ -242,6 +249,21 @@ impl InFlight {
     }
 }
 
+/// Cancels every request in flight, tells `aborted` of each, forgets them all, and says how many.
+fn cut_in_flight(
+    engine: &dyn LoadTarget,
+    flying: &mut HashMap<RequestId, InFlight>,
+    mut aborted: impl FnMut(RequestId),
+) -> usize {
+    for id in flying.keys() {
+        engine.cancel(*id);
+        aborted(*id);
+    }
+    let n = flying.len();
+    flying.clear();
+    n
+}
+
 pub fn run_observed(
     engine: &dyn LoadTarget,
     prompts: &PromptSet,
@@ -268,14 +290,22 @@ pub fn run_observed(
     let mut flying: HashMap<RequestId, InFlight> = HashMap::new();
     let mut result = LoadResult::default();
     let mut cancelled = false;
-    // Whether requests may still be submitted at `t` (the time box, if any).
-    let open = |t: f64| spec.submit_for_s.is_none_or(|d| t < d);
+    // Whether requests may still be submitted at `t` (the time box and the deadline, if any).
+    let past_deadline = |t: f64| spec.cut_after_s.is_some_and(|d| t >= d);
+    let open = |t: f64| spec.submit_for_s.is_none_or(|d| t < d) && !past_deadline(t);
     while done < spec.num_requests {
+        if past_deadline(now()) && !flying.is_empty() {
+            // The deadline: what is still running is cut, and its later events are ignored.
+            let cut = cut_in_flight(engine, &mut flying, |id| {
+                observe(&mut |m| m.on_finish(id, now(), FinishKind::Aborted))
+            });
+            result.cut += cut;
+            done += cut;
+            progress(done, spec.num_requests);
+        }
         if stop.load(Ordering::Relaxed) && !cancelled {
             cancelled = true;
-            for id in flying.keys() {
-                engine.cancel(*id);
-            }
+            flying.keys().for_each(|id| engine.cancel(*id));
         }
         // Submit whatever is due.
         while !cancelled
@@ -303,7 +333,8 @@ pub fn run_observed(
             if submitted < spec.num_requests && flying.len() < cap && !cancelled && open(now()) {
                 Duration::from_secs_f64((next_arrival - now()).clamp(0.0, 0.05))
             } else {
-                Duration::from_millis(50)
+                let to_deadline = spec.cut_after_s.map_or(0.05, |d| d - now());
+                Duration::from_secs_f64(to_deadline.clamp(0.0, 0.05))
             };
         let Ok(ev) = rx.recv_timeout(wait) else {
             continue;
@@ -392,6 +423,7 @@ mod tests {
             seed,
             priority: 0,
             submit_for_s: None,
+            cut_after_s: None,
         };
         let target = Recorder(Mutex::new(Vec::new()));
         for seed in [0, 1, 0] {
@@ -412,5 +444,56 @@ mod tests {
             "seed 1 repeated a prompt of seed 0"
         );
         assert_eq!(a, again, "the same seed sends the same prompts");
+    }
+
+    /// A target whose requests never end; it records what was cancelled.
+    #[derive(Default)]
+    struct Stuck {
+        sent: Mutex<usize>,
+        cancelled: Mutex<Vec<RequestId>>,
+    }
+
+    impl LoadTarget for Stuck {
+        fn submit(&self, _: Request, events: mpsc::Sender<Event>) -> RequestId {
+            let mut n = self.sent.lock().expect("lock");
+            *n += 1;
+            let id = *n as RequestId;
+            let _ = events.send(Event::Started { id });
+            id
+        }
+        fn cancel(&self, id: RequestId) {
+            self.cancelled.lock().expect("lock").push(id);
+        }
+    }
+
+    #[test]
+    fn the_deadline_cuts_what_is_still_running() {
+        let prompts = PromptSet::new((0..5000).collect()).expect("tokens");
+        let spec = LoadSpec {
+            concurrency: Some(3),
+            rate: None,
+            num_requests: 1 << 20,
+            prompt_len: LenDist::Fixed(8),
+            output_len: LenDist::Fixed(4),
+            seed: 0,
+            priority: 0,
+            submit_for_s: Some(0.05),
+            cut_after_s: Some(0.2),
+        };
+        let target = Stuck::default();
+        let r = run(
+            &target,
+            &prompts,
+            &spec,
+            &AtomicBool::new(false),
+            &mut |_, _| {},
+        );
+        // Without the deadline this run would never end: nothing finishes.
+        assert_eq!(r.cut, 3, "the three in flight are cut");
+        assert!(r.timings.is_empty() && r.refused.is_empty());
+        let mut cancelled = target.cancelled.lock().expect("lock").clone();
+        cancelled.sort_unstable();
+        assert_eq!(cancelled, [1, 2, 3]);
+        assert_eq!(*target.sent.lock().expect("lock"), 3);
     }
 }

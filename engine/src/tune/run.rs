@@ -78,9 +78,9 @@ pub struct Workload {
 
 impl Workload {
     /// The load generator's spec for a run of `seconds` (requests are sent during that time,
-    /// then the run waits for them): `seed` gives each run its own prompts, so no run finds
-    /// another's in the prefix cache.
-    pub fn load_spec(&self, seconds: f64, seed: u64) -> LoadSpec {
+    /// then the run waits for them, at most `drain_s` more: what is still running then is cut):
+    /// `seed` gives each run its own prompts, so no run finds another's in the prefix cache.
+    pub fn load_spec(&self, seconds: f64, drain_s: f64, seed: u64) -> LoadSpec {
         let num_requests = match self.rate {
             Some(r) => ((r * seconds).ceil() as usize).max(1),
             None => 1 << 30,
@@ -94,6 +94,7 @@ impl Workload {
             seed,
             priority: 0,
             submit_for_s: Some(seconds),
+            cut_after_s: Some(seconds + drain_s),
         }
     }
 
@@ -125,6 +126,19 @@ pub struct TuneConfig {
     pub max_candidates: usize,
     pub space: Space,
     pub seed: u64,
+}
+
+impl TuneConfig {
+    /// How long a run that submits for `seconds` waits for its requests after that: the
+    /// longest a request can take and meet the objectives ([`TuneSlo::longest_request_s`]),
+    /// plus a second of slack, or as long again as it submitted when they bound no request's
+    /// length. A request cut then has missed its objectives, so a slow candidate costs its
+    /// own goodput and not the session's budget.
+    pub fn drain_s(&self, seconds: f64) -> f64 {
+        self.slo
+            .longest_request_s(self.workload.output_len)
+            .map_or(seconds, |s| s + 1.0)
+    }
 }
 
 /// One measured run of one candidate: `K` is what the search turns (the engine's knobs, or a
@@ -371,7 +385,7 @@ pub fn tune(
             stop,
         )?;
         seed += 1;
-        let spec = cfg.workload.load_spec(seconds, seed);
+        let spec = cfg.workload.load_spec(seconds, cfg.drain_s(seconds), seed);
         let r = loadgen::run(&target, prompts, &spec, stop, &mut |_, _| {});
         Ok(Measured::of_run(&r, &cfg.slo))
     };
@@ -423,7 +437,7 @@ pub fn tune_client(
         let r = loadgen::run(
             target,
             prompts,
-            &w.load_spec(seconds, seed),
+            &w.load_spec(seconds, cfg.drain_s(seconds), seed),
             stop,
             &mut |_, _| {},
         );

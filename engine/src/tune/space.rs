@@ -174,6 +174,25 @@ pub struct TuneSlo {
 }
 
 impl TuneSlo {
+    /// The longest a request of `output_len` tokens can take and still meet these objectives,
+    /// in seconds: the E2E objective, or the TTFT objective plus the rest of the output at the
+    /// ITL / TPOT bound or the `min_tps` floor (the loosest of them). `None` when the
+    /// objectives bound no request's length (TTFT alone, say).
+    pub fn longest_request_s(&self, output_len: usize) -> Option<f64> {
+        if let Some(e2e) = self.e2e_p99_ms {
+            return Some(e2e / 1e3);
+        }
+        let ttft = self.ttft_p99_ms? / 1e3;
+        let rest = output_len.saturating_sub(1) as f64;
+        let per_token = [self.itl_p99_ms, self.tpot_p99_ms]
+            .into_iter()
+            .flatten()
+            .map(|ms| ms / 1e3)
+            .chain(self.min_tps.map(|t| 1.0 / t))
+            .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))?;
+        Some(ttft + rest * per_token)
+    }
+
     /// `ttft_p99_ms=500,itl_p99_ms=100,min_tps=5`: each key once at most, positive finite
     /// numbers, at least one objective.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -255,18 +274,29 @@ pub struct Measured {
     pub e2e_p99_ms: f64,
     /// The slow tail of per-request decode speed (P1), what `min_tps` is held against.
     pub tps_p1: Option<f64>,
+    /// Requests still running at the run's deadline, cancelled. Each counts as missing its
+    /// objectives (the deadline leaves a request that meets them time to finish), and in
+    /// `failed`; the percentiles are of the requests that finished.
+    #[serde(default)]
+    pub cut: usize,
     /// The run as a whole met every objective: its P99s within the bounds, its P1 decode speed
-    /// at least `min_tps`, and at least one request finished.
+    /// at least `min_tps`, at least one request finished, and no more than 1% of the requests
+    /// sent (the share a P99 allows) were cut at the deadline.
     pub meets_slo: bool,
 }
 
 impl Measured {
     /// The figures of a load generator's run.
     pub fn of_run(r: &crate::serving::loadgen::LoadResult, slo: &TuneSlo) -> Self {
-        Self::of(&r.timings, r.refused.len(), r.duration_s, slo)
+        let mut m = Self::of(&r.timings, r.refused.len() + r.cut, r.duration_s, slo);
+        m.cut = r.cut;
+        let sent = r.timings.len() + r.refused.len() + r.cut;
+        m.meets_slo &= r.cut * 100 <= sent;
+        m
     }
 
-    /// The figures of a run's timings over `duration_s`; `refused` requests were turned away.
+    /// The figures of a run's timings over `duration_s`; `refused` requests were turned away
+    /// (or cut at the deadline).
     pub fn of(timings: &[RequestTiming], refused: usize, duration_s: f64, slo: &TuneSlo) -> Self {
         let s = BenchSummary::from_requests(timings, duration_s, None);
         let good = timings.iter().filter(|r| slo.request_meets(r)).count();
@@ -302,6 +332,7 @@ impl Measured {
             tpot_p99_ms: s.p99_tpot_ms,
             e2e_p99_ms: s.p99_e2el_ms,
             tps_p1,
+            cut: 0,
             meets_slo,
         }
     }
@@ -322,7 +353,11 @@ impl Measured {
             self.e2e_p99_ms,
             tps(self.per_request_tps_mean),
             tps(self.tps_p1),
-        )
+        ) + &if self.cut > 0 {
+            format!(" · {} cut at the deadline", self.cut)
+        } else {
+            String::new()
+        }
     }
 
     /// How candidates rank: goodput, then the share that met the objectives, then output
@@ -411,6 +446,45 @@ mod tests {
         assert!(!Measured::of(&runs, 0, 10.0, &strict).meets_slo);
         // Nothing finished: nothing is met.
         assert!(!Measured::of(&[], 3, 1.0, &slo).meets_slo);
+    }
+
+    #[test]
+    fn requests_cut_at_the_deadline_are_missed_objectives() {
+        let slo = TuneSlo::parse("ttft_p99_ms=100,tpot_p99_ms=30").expect("ok");
+        let run = |n: usize, cut: usize| crate::serving::loadgen::LoadResult {
+            timings: (0..n)
+                .map(|i| timing(i as f64, &[0.05, 0.02, 0.02]))
+                .collect(),
+            duration_s: 10.0,
+            cut,
+            ..Default::default()
+        };
+        let all = Measured::of_run(&run(200, 0), &slo);
+        assert!(all.meets_slo && all.cut == 0);
+        // 2 cut of 200 sent: within the 1% a P99 allows; 3 of 200 is not.
+        let two = Measured::of_run(&run(198, 2), &slo);
+        assert!(two.meets_slo, "{}", two.describe());
+        assert_eq!((two.cut, two.failed, two.good), (2, 2, 198));
+        assert!((two.slo_attainment - 198.0 / 200.0).abs() < 1e-12);
+        let three = Measured::of_run(&run(197, 3), &slo);
+        assert!(!three.meets_slo);
+        assert!(three.describe().contains("3 cut at the deadline"));
+    }
+
+    #[test]
+    fn the_longest_request_follows_from_the_objectives() {
+        let p = |s: &str| TuneSlo::parse(s).expect("ok");
+        assert_eq!(
+            p("e2e_p99_ms=3000,ttft_p99_ms=1").longest_request_s(10),
+            Some(3.0)
+        );
+        // TTFT, then 9 more tokens at the loosest per-token bound (50 ms, or 20 tok/s).
+        let l = p("ttft_p99_ms=500,itl_p99_ms=40,tpot_p99_ms=50").longest_request_s(10);
+        assert!((l.expect("bound") - 0.95).abs() < 1e-9);
+        let l = p("ttft_p99_ms=500,min_tps=20").longest_request_s(10);
+        assert!((l.expect("bound") - 0.95).abs() < 1e-9);
+        assert_eq!(p("ttft_p99_ms=500").longest_request_s(10), None);
+        assert_eq!(p("itl_p99_ms=40").longest_request_s(10), None);
     }
 
     #[test]
