@@ -237,11 +237,71 @@ fn the_window_loads_each_tiny_family_and_chats_with_it() {
     wait_until(&mut h, "the dashboard's labels", 10, |h| {
         has(h, "engine: batch cap") && has(h, "batch cap ") && has(h, "· F32 · CPU")
     });
+    // A dense model has no expert view.
+    assert!(
+        !has(&h, "Expert weights read"),
+        "a dense model shows expert figures"
+    );
     let counters = h.state().engine().expect("engine").stats().live.counters;
     assert!(
         counters.generation_tokens_total >= 1,
         "the last engine counted no tokens: {counters:?}"
     );
+    drop(h);
+}
+
+/// A mixture of experts (the tiny qwen3moe, Qwen's vocabulary) answers in the window, and the
+/// dashboard shows what its steps read of the experts: the share of expert weights per step and
+/// the tokens each expert got in the latest step, drawn from the engine's own counts.
+#[test]
+fn the_dashboard_shows_what_a_mixture_of_experts_reads() {
+    let home = std::env::temp_dir().join(format!("tpslab-gui-moe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let tmp = Tmp(home);
+    let lib = tmp.0.join("models");
+    std::fs::create_dir_all(&lib).expect("temp library");
+    let path = lib.join(file_name("qwen3moe"));
+    let tokenizer = tokenizer_of(&llamacpp::vocab("qwen2")).expect("vocabulary");
+    write_tiny("qwen3moe", &tokenizer, &path).expect("tiny model");
+    let families = [("qwen3moe".to_owned(), "qwen2".to_owned())];
+    let mut h = harness(conversations(&families), &path.display().to_string(), &lib);
+    wait_until(&mut h, "the MoE model to run", 300, |h| {
+        h.state().engine().is_some() && has(h, "Precision: F32")
+    });
+    let (text, stats) = chat_with(&mut h, "qwen3moe");
+    assert!(
+        answered(&text, &stats),
+        "answer {text:?}, figures {stats:?}"
+    );
+
+    let engine = h.state().engine().expect("engine").stats();
+    let load = engine
+        .live
+        .experts
+        .clone()
+        .expect("the engine's expert load");
+    let counters = &engine.live.counters;
+    let share = counters.expert_share().expect("an expert share");
+    assert!(share > 0.0 && share <= 1.0, "share {share}: {counters:?}");
+    // Every MoE layer routed each token of the step to 4 of its 8 experts (the tiny file).
+    let routed: u32 = load.tokens_per_expert.iter().sum();
+    assert_eq!(load.tokens_per_expert.len(), 8, "{load:?}");
+    assert!(load.layers >= 1 && routed > 0, "{load:?}");
+    assert_eq!(routed % (load.layers * 4), 0, "{load:?}");
+
+    h.get_by_label("Dashboard").click();
+    wait_until(&mut h, "the dashboard's expert view", 20, |h| {
+        has(h, "Expert weights read per step (%)") && has(h, "Tokens per expert, latest step")
+    });
+    let shown = h
+        .state()
+        .history()
+        .experts
+        .clone()
+        .expect("the window's expert load");
+    assert_eq!(shown.tokens_per_expert.len(), load.tokens_per_expert.len());
+    let title = format!("mean of {} layers;", shown.layers);
+    assert!(has(&h, &title), "no {title:?} on screen");
     drop(h);
 }
 

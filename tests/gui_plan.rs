@@ -31,6 +31,7 @@ fn sample(t: f64, batch: usize, per_req: f64, aggregate: f64) -> Sample {
         kv_total: 100,
         rss_mib: Some(150.0),
         vram_mib: None,
+        expert_pct: None,
     }
 }
 

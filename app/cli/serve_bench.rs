@@ -47,6 +47,10 @@ struct LevelResult {
     /// Speculative decoding over the level's requests (vLLM's spec_decode counts), when
     /// anything was proposed.
     spec: Option<SpecFigures>,
+    /// The share of a mixture of experts' weights a step read, over the level's steps (weighted
+    /// by step; `None` for a dense model or a remote server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expert_share: Option<f64>,
 }
 
 /// A level's speculation: vLLM's counters and the rates derived from them.
@@ -184,6 +188,13 @@ fn print_table(runs: &[LevelResult]) {
         );
     }
     for r in runs {
+        if let Some(share) = r.expert_share {
+            println!(
+                "concurrency {}: a step read {:.1}% of the expert weights",
+                r.max_concurrency,
+                share * 100.0
+            );
+        }
         if let Some(sp) = &r.spec {
             println!(
                 "concurrency {}: speculation accepted {} of {} proposed tokens ({}), {} tokens per verified step",
@@ -255,6 +266,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             output_len: a.output_len,
             decode_throughput: decode_throughput(&result.timings),
             spec: spec_figures(&result.timings),
+            expert_share: target.counters().and_then(|c| c.expert_share()),
             summary,
             refused: result.refused.len(),
             peak_rss_bytes: rss

@@ -205,6 +205,16 @@ impl ServerMetrics {
                 sc.num_accepted_tokens,
             ),
             (
+                "expert_bytes_read",
+                "Mixture-of-experts weight bytes the steps read (0 for a dense model).",
+                snap.live.counters.expert_bytes_read,
+            ),
+            (
+                "expert_bytes",
+                "Bytes of every expert of the MoE layers the steps ran: expert_bytes_read over this is the share read.",
+                snap.live.counters.expert_bytes_total,
+            ),
+            (
                 "num_preemptions",
                 "Cumulative number of preemptions.",
                 snap.live.counters.preemptions,

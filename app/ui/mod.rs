@@ -185,6 +185,11 @@ impl TpsApp {
         self.link().map(|b| b.path.as_path())
     }
 
+    /// The dashboard's history of live figures, as the plots draw it.
+    pub fn history(&self) -> &History {
+        &self.rt.history
+    }
+
     /// The model library as last scanned.
     pub fn library(&self) -> Option<&Library> {
         self.rt.library.as_ref()

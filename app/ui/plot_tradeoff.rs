@@ -191,6 +191,7 @@ mod tests {
             kv_total: 0,
             rss_mib: None,
             vram_mib: None,
+            expert_pct: None,
         }
     }
 

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use egui_plot::{Corner, GridInput, GridMark, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
+use tpslab_engine::device::ExpertLoad;
 use tpslab_engine::serving::engine::EngineSnapshot;
 
 use super::load::SweepPoint;
@@ -38,6 +39,9 @@ pub struct Sample {
     pub rss_mib: Option<f64>,
     /// Device memory in use (on a GPU).
     pub vram_mib: Option<f64>,
+    /// The share of a mixture of experts' weights the latest step read (%; `None` for a dense
+    /// model).
+    pub expert_pct: Option<f64>,
 }
 
 /// A knob change, drawn as a vertical line.
@@ -53,6 +57,8 @@ pub struct History {
     last: Option<Instant>,
     pub samples: VecDeque<Sample>,
     pub marks: VecDeque<Mark>,
+    /// The latest mixture-of-experts step's load (tokens per expert), for the expert view.
+    pub experts: Option<ExpertLoad>,
 }
 
 /// 10 samples a second for 10 minutes.
@@ -67,6 +73,7 @@ impl Default for History {
             last: None,
             samples: VecDeque::new(),
             marks: VecDeque::new(),
+            experts: None,
         }
     }
 }
@@ -103,7 +110,10 @@ impl History {
             kv_total: snap.kv_total_blocks,
             rss_mib: rss.map(|b| b as f64 / (1 << 20) as f64),
             vram_mib: snap.memory.device_used.map(|b| b as f64 / (1 << 20) as f64),
+            expert_pct: step.and_then(|s| s.expert_share).map(|v| v * 100.0),
         });
+        // Reuses the per-expert counts' allocation from sample to sample.
+        self.experts.clone_from(&live.experts);
         while self.samples.len() > MAX_SAMPLES {
             self.samples.pop_front();
         }
@@ -139,6 +149,7 @@ impl History {
                 *v = Some(jitter(v.unwrap_or(1.0).max(1.0)));
             }
             s.vram_mib = s.vram_mib.map(&mut jitter);
+            s.expert_pct = s.expert_pct.map(&mut jitter);
             s.batch = jitter(s.batch.max(1) as f64) as usize;
             s.queue = jitter(s.queue.max(1) as f64) as usize;
             s.kv_used = jitter(s.kv_used.max(1) as f64) as usize;

@@ -4,7 +4,8 @@
 //! token's experts and output never depend on its batch mates. The step reports the share of
 //! expert bytes it read. Through the engine (continuous batching, chunked prefill, a KV pool so
 //! small that requests are preempted and recomputed) every request's greedy tokens are the ones
-//! it gets alone. Hostile expert counts and gpt-oss keys are refused by name.
+//! it gets alone, and the engine's live figures carry what each step read of the experts.
+//! Hostile expert counts and gpt-oss keys are refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
 use tpslab_engine::serving::engine::{
     EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
 };
+use tpslab_engine::serving::metrics::LiveSnapshot;
 use tpslab_engine::text::chat::ChatTemplate;
 use tpslab_kernels::{ThreadPool, WType};
 
@@ -49,10 +51,16 @@ fn tiny(variant: &str) -> (tempdir::Dir, Model) {
 }
 
 mod tempdir {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     pub struct Dir(pub std::path::PathBuf);
+    /// Tests run in parallel threads: each directory gets its own number.
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
     impl Dir {
         pub fn new(tag: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("tpslab-moe-{tag}-{}", std::process::id()));
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let p =
+                std::env::temp_dir().join(format!("tpslab-moe-{tag}-{}-{n}", std::process::id()));
             std::fs::create_dir_all(&p).unwrap();
             Self(p)
         }
@@ -151,6 +159,16 @@ const MAX_TOKENS: usize = 8;
 /// Submits every prompt at once; each one's greedy tokens, in prompt order, and the engine's
 /// preemption count.
 fn serve(lm: &Arc<LoadedModel>, knobs: Knobs, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, u64) {
+    let (tokens, live) = serve_live(lm, knobs, prompts);
+    (tokens, live.counters.preemptions)
+}
+
+/// [`serve`], with the engine's live figures once every request has ended.
+fn serve_live(
+    lm: &Arc<LoadedModel>,
+    knobs: Knobs,
+    prompts: &[Vec<u32>],
+) -> (Vec<Vec<u32>>, LiveSnapshot) {
     let engine = EngineHandle::start(
         Arc::clone(lm),
         EngineConfig {
@@ -192,9 +210,43 @@ fn serve(lm: &Arc<LoadedModel>, knobs: Knobs, prompts: &[Vec<u32>]) -> (Vec<Vec<
     }
     // Stats are published after each step; give the last one a moment to land.
     std::thread::sleep(Duration::from_millis(50));
-    let preempted = engine.stats().live.counters.preemptions;
+    let live = engine.stats().live;
     let tokens = ids.iter().map(|id| out.remove(id).unwrap_or_default());
-    (tokens.collect(), preempted)
+    (tokens.collect(), live)
+}
+
+/// What the steps read of the experts, as the engine counts it: a decode step of one request
+/// reads exactly the 4 experts of 8 its token chose in each layer (the tiny qwen3moe's experts
+/// are all the same size, so half the bytes), the step's tokens per expert add up to 4 per
+/// token and layer, and six requests batched read a larger share than one alone. A dense model
+/// counts nothing.
+#[test]
+fn the_engine_counts_the_expert_weights_each_step_reads() {
+    let (_dir, lm) = loaded("qwen3moe");
+    let (_, alone) = serve_live(&lm, Knobs::default(), &[prompt(1, 9)]);
+    let last = alone.latest_step.as_ref().expect("a step");
+    assert_eq!(last.batch_size, 1);
+    assert_eq!(last.expert_share, Some(0.5), "{last:?}");
+    let load = alone.experts.as_ref().expect("the latest step's load");
+    assert_eq!(load.layers as usize, lm.model.cfg.n_layers, "{load:?}");
+    assert_eq!(load.tokens_per_expert.len(), 8);
+    assert_eq!(load.tokens_per_expert.iter().sum::<u32>(), 4 * load.layers);
+    let alone_share = alone.counters.expert_share().expect("a run share");
+    assert!((0.5..1.0).contains(&alone_share), "{:?}", alone.counters);
+
+    let prompts: Vec<Vec<u32>> = (1..=6).map(|seed| prompt(seed, 5)).collect();
+    let (_, together) = serve_live(&lm, Knobs::default(), &prompts);
+    let together_share = together.counters.expert_share().expect("a run share");
+    assert!(
+        together_share > alone_share && together_share <= 1.0,
+        "six requests read {together_share}, one {alone_share}"
+    );
+
+    let (_dense_dir, dense) = loaded("qwen3");
+    let (_, live) = serve_live(&dense, Knobs::default(), &[prompt(1, 9)]);
+    assert_eq!(live.experts, None);
+    assert_eq!(live.counters.expert_share(), None);
+    assert_eq!(live.latest_step.and_then(|s| s.expert_share), None);
 }
 
 /// Continuous batching on the mixtures of experts: each request's greedy tokens are the same

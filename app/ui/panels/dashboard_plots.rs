@@ -1,10 +1,14 @@
 //! The dashboard's live view, laid out: the settings once, the operating point, aggregate and
 //! per-request TPS side by side on their own axes, the trade-off view beside TTFT and
-//! inter-token latency, batch and queue beside KV and memory, and the sweep's plot.
+//! inter-token latency, batch and queue beside KV and memory, for a mixture of experts the
+//! share of expert weights each step read beside the tokens each expert got, and the sweep's
+//! plot.
 
 use crate::ui::load::SweepPoint;
 use crate::ui::plot_tradeoff;
-use crate::ui::plots::{History, Sample, Y_AXIS_WIDTH, sweep_plot_ui, time_plot};
+use egui_plot::{Bar, BarChart, Plot};
+
+use crate::ui::plots::{History, Sample, Y_AXIS_WIDTH, outline, styled, sweep_plot_ui, time_plot};
 
 /// The live view of `h`: the settings it was taken under (`label`, said once for the whole
 /// view), the operating point now, each face of TPS on its own axis, the trade-off between them
@@ -60,6 +64,22 @@ pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[Swe
         time_plot(&mut cols[0], "plot_batch", h, None, lines, 150.0);
         kv_plot(&mut cols[1], h);
     });
+    if h.samples.iter().any(|s| s.expert_pct.is_some()) {
+        ui.columns(2, |cols| {
+            let series = series_for(&cols[0], h);
+            cols[0].strong("Expert weights read per step (%)");
+            let lines = vec![("expert weights read (%)", series(&|s| s.expert_pct))];
+            time_plot(
+                &mut cols[0],
+                "plot_expert_share",
+                h,
+                Some("%"),
+                lines,
+                150.0,
+            );
+            expert_load_plot(&mut cols[1], h);
+        });
+    }
     if !sweep_points.is_empty() {
         sweep_plot_ui(ui, sweep_points, 260.0);
     }
@@ -72,6 +92,35 @@ type Pick<'f> = &'f dyn Fn(&Sample) -> Option<f64>;
 fn series_for<'a>(ui: &egui::Ui, h: &'a History) -> impl Fn(Pick<'_>) -> Vec<[f64; 2]> + use<'a> {
     let columns = ((ui.available_width() - Y_AXIS_WIDTH) * ui.ctx().pixels_per_point()) as usize;
     move |f| h.series(columns, f)
+}
+
+/// Tokens per expert in the latest step, averaged over its MoE layers: how evenly the router
+/// spread the batch, and how many experts a step had to read.
+fn expert_load_plot(ui: &mut egui::Ui, h: &History) {
+    let Some(load) = &h.experts else {
+        ui.strong("Tokens per expert: no MoE step yet");
+        return;
+    };
+    let bars: Vec<Bar> = (load.mean_tokens_per_expert().enumerate())
+        .map(|(e, n)| Bar::new(e as f64, n).width(1.0))
+        .collect();
+    let touched = bars.iter().filter(|b| b.value > 0.0).count();
+    ui.strong(format!(
+        "Tokens per expert, latest step (mean of {} layers; {touched} of {} experts chosen)",
+        load.layers,
+        bars.len()
+    ));
+    let shown = styled(Plot::new("plot_expert_load"))
+        .height(150.0)
+        .include_y(0.0)
+        .include_y(1.0)
+        .x_axis_label("expert")
+        .y_axis_label("tokens")
+        .y_axis_min_width(Y_AXIS_WIDTH)
+        .show(ui, |p| {
+            p.bar_chart(BarChart::new("tokens per expert", bars))
+        });
+    outline(ui, shown.response.rect);
 }
 
 /// KV blocks and memory: process RSS, and on a GPU the device's memory in use (the title says

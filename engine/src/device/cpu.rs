@@ -11,7 +11,7 @@ use tpslab_kernels::moe::{MoeScratch, Route, moe_ffn, route};
 use crate::device::attention::{AttnShape, paged_attention};
 use crate::device::rowops;
 use crate::device::{
-    Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
+    Backend, BackendError, BatchError, ExpertLoad, MemoryUse, RowNeed, StepOutput, check_batch,
 };
 use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
@@ -39,23 +39,6 @@ pub struct Workspace {
     moe: MoeScratch,
     /// What the last step read of the experts.
     pub experts: ExpertLoad,
-}
-
-/// What one step read of a mixture of experts: the expert bytes it read against the bytes of
-/// every expert of every layer it ran (per chunk of [`FFN_ROWS`] tokens), and how many tokens
-/// chose each expert, summed over layers. Zero for a dense model.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ExpertLoad {
-    pub bytes_read: usize,
-    pub bytes_total: usize,
-    pub tokens_per_expert: Vec<u32>,
-}
-
-impl ExpertLoad {
-    /// The share of expert bytes the step read (`None` for a dense model).
-    pub fn share(&self) -> Option<f64> {
-        (self.bytes_total > 0).then(|| self.bytes_read as f64 / self.bytes_total as f64)
-    }
 }
 
 impl Workspace {
@@ -340,6 +323,7 @@ impl Ops for CpuOps<'_> {
         let o_rows = sized(&mut o, n * width);
         let load = &mut ws.experts;
         load.tokens_per_expert.resize(ne, 0);
+        load.layers += 1;
         ws.routes
             .iter()
             .for_each(|r| load.tokens_per_expert[r.expert as usize] += 1);
@@ -440,7 +424,7 @@ impl Model {
     ) -> Result<&'w [f32], BatchError> {
         debug_assert!(cfg.n_layers <= self.cfg.n_layers);
         check_batch(cfg, batch, kv.num_blocks, kv.block_size)?;
-        ws.experts = ExpertLoad::default();
+        ws.experts.clear();
         let mut ops = CpuOps::new(pool, batch, kv, ws);
         match arch::forward(cfg, &self.weights, &mut ops) {
             Ok(()) => {}
@@ -557,7 +541,7 @@ impl Backend for CpuBackend {
         self.pool.n_threads()
     }
 
-    fn expert_load(&self) -> Option<ExpertLoad> {
-        self.ws.experts.share().map(|_| self.ws.experts.clone())
+    fn expert_load(&self) -> Option<&ExpertLoad> {
+        self.ws.experts.share().map(|_| &self.ws.experts)
     }
 }

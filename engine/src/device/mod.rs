@@ -22,7 +22,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod rowops;
 
-pub use cpu::{CpuBackend, ExpertLoad, Workspace};
+pub use cpu::{CpuBackend, Workspace};
 
 /// A batch a device refuses before touching memory with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -226,13 +226,48 @@ pub trait Backend: Send {
     fn threads(&self) -> usize;
     /// What the last step read of a mixture of experts (`None` for a dense model, or a device
     /// that does not count it).
-    fn expert_load(&self) -> Option<ExpertLoad> {
+    fn expert_load(&self) -> Option<&ExpertLoad> {
         None
     }
     /// Runs `lm`'s weights from now on (same architecture and shape; another precision). The
     /// KV pool is kept as it is; the caller recomputes what it held. On an error the old
     /// weights stay.
     fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), BackendError>;
+}
+
+/// What one step read of a mixture of experts: the expert bytes it read against the bytes of
+/// every expert of every layer it ran (the CPU counts per chunk of tokens it groups), how many
+/// tokens chose each expert, summed over the `layers` MoE layers it ran. Empty for a dense model.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExpertLoad {
+    pub bytes_read: usize,
+    pub bytes_total: usize,
+    pub tokens_per_expert: Vec<u32>,
+    pub layers: u32,
+}
+
+impl ExpertLoad {
+    /// The share of expert bytes the step read (`None` for a dense model).
+    pub fn share(&self) -> Option<f64> {
+        (self.bytes_total > 0).then(|| self.bytes_read as f64 / self.bytes_total as f64)
+    }
+
+    /// Tokens that chose each expert, averaged over the layers (a layer's expert `e` and the
+    /// next layer's are different experts; the mean shows how evenly the router spreads).
+    pub fn mean_tokens_per_expert(&self) -> impl Iterator<Item = f64> + '_ {
+        let layers = f64::from(self.layers.max(1));
+        self.tokens_per_expert
+            .iter()
+            .map(move |&n| f64::from(n) / layers)
+    }
+
+    /// Empty for the next step, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.bytes_read = 0;
+        self.bytes_total = 0;
+        self.tokens_per_expert.iter_mut().for_each(|n| *n = 0);
+        self.layers = 0;
+    }
 }
 
 /// What [`open`] chose, and why when it fell back to the CPU.

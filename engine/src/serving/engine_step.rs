@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::spec_step::{Row, verify_seq};
 use super::{EngineThread, Live, PUBLISH_EVERY};
-use crate::device::{RowNeed, StepOutput};
+use crate::device::{ExpertLoad, RowNeed, StepOutput};
 use crate::kv::Batch;
 use crate::sched::stop::FinishReason;
 use crate::sched::{RequestId, Scheduler, SchedulerOutput};
@@ -190,7 +190,11 @@ impl EngineThread {
             rss_bytes: self.rss,
             step_ms,
             spec,
+            expert_share: self.backend.expert_load().and_then(ExpertLoad::share),
         });
+        if let Some(load) = self.backend.expert_load() {
+            self.metrics.on_experts(load);
+        }
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
     }
 }

@@ -15,7 +15,7 @@ use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
 use crate::serving::constraint::Constraint;
 use crate::serving::engine::{EngineHandle, Event, Request, Usage};
-use crate::serving::metrics::{FinishKind, LiveMetrics, RequestTiming};
+use crate::serving::metrics::{FinishKind, LiveCounters, LiveMetrics, RequestTiming};
 use crate::serving::sampler::SamplingParams;
 
 /// The bundled prompt text requests are cut from.
@@ -133,6 +133,11 @@ struct InFlight {
 pub trait LoadTarget {
     fn submit(&self, req: Request, events: mpsc::Sender<Event>) -> RequestId;
     fn cancel(&self, id: RequestId);
+    /// What the engine behind the target counted since it started (`None` where the target
+    /// cannot see its engine, as a remote server).
+    fn counters(&self) -> Option<LiveCounters> {
+        None
+    }
 }
 
 impl LoadTarget for EngineHandle {
@@ -142,6 +147,9 @@ impl LoadTarget for EngineHandle {
     fn cancel(&self, id: RequestId) {
         EngineHandle::cancel(self, id);
     }
+    fn counters(&self) -> Option<LiveCounters> {
+        Some(self.stats().live.counters)
+    }
 }
 
 impl<T: LoadTarget + ?Sized> LoadTarget for &T {
@@ -150,6 +158,9 @@ impl<T: LoadTarget + ?Sized> LoadTarget for &T {
     }
     fn cancel(&self, id: RequestId) {
         (**self).cancel(id);
+    }
+    fn counters(&self) -> Option<LiveCounters> {
+        (**self).counters()
     }
 }
 
@@ -167,6 +178,9 @@ impl<T: LoadTarget> LoadTarget for ConstrainedTarget<T> {
     }
     fn cancel(&self, id: RequestId) {
         self.inner.cancel(id);
+    }
+    fn counters(&self) -> Option<LiveCounters> {
+        self.inner.counters()
     }
 }
 

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::device::ExpertLoad;
 pub use crate::serving::ring::{MetricsError, Ring};
 pub use crate::serving::rss::{parse_proc_status, process_rss_bytes};
 use crate::serving::spec_metrics::{SpecCounters, SpecStep, SpecUsage, SpecWindow};
@@ -356,6 +357,9 @@ pub struct StepStats {
     pub step_ms: f64,
     /// Speculative decoding in this step.
     pub spec: SpecStep,
+    /// The share of the mixture-of-experts weights the step read (`None` for a dense model).
+    #[serde(default)]
+    pub expert_share: Option<f64>,
 }
 
 /// Identifies a request to [`LiveMetrics`]; the engine's request id.
@@ -424,6 +428,22 @@ pub struct LiveCounters {
     pub generation_tokens_total: u64,
     pub preemptions: u64,
     pub spec: SpecCounters,
+    /// Mixture-of-experts weight bytes the steps read, and the bytes of every expert of the
+    /// layers they ran: their ratio is the share of expert weights read per step, weighted by
+    /// step. Zero for a dense model.
+    #[serde(default)]
+    pub expert_bytes_read: u64,
+    #[serde(default)]
+    pub expert_bytes_total: u64,
+}
+
+impl LiveCounters {
+    /// The share of expert weights the steps read since the counters started (`None` for a
+    /// dense model).
+    pub fn expert_share(&self) -> Option<f64> {
+        (self.expert_bytes_total > 0)
+            .then(|| self.expert_bytes_read as f64 / self.expert_bytes_total as f64)
+    }
 }
 
 /// The live figures at one instant, plain data for the UI. The caller attaches the settings label
@@ -460,6 +480,9 @@ pub struct LiveSnapshot {
     pub latest_step: Option<StepStats>,
     /// Speculative decoding over the window's steps.
     pub spec: SpecWindow,
+    /// What the latest step of a mixture of experts read, and how many tokens each expert got.
+    #[serde(default)]
+    pub experts: Option<ExpertLoad>,
 }
 
 /// Live engine metrics, fed by the engine thread at every step and token and read by the UI.
@@ -486,6 +509,8 @@ pub struct LiveMetrics {
     /// Scheduler's preemption total at the last reset, and the latest one seen.
     preemptions_base: u64,
     preemptions_seen: u64,
+    /// The latest step's expert load (kept allocated from step to step).
+    experts: Option<ExpertLoad>,
 }
 
 impl LiveMetrics {
@@ -506,6 +531,7 @@ impl LiveMetrics {
             counters: LiveCounters::default(),
             preemptions_base: 0,
             preemptions_seen: 0,
+            experts: None,
             config,
         })
     }
@@ -531,6 +557,7 @@ impl LiveMetrics {
         self.run_start = None;
         self.counters = LiveCounters::default();
         self.preemptions_base = self.preemptions_seen;
+        self.experts = None;
     }
 
     fn mark(&mut self, t: f64) {
@@ -566,6 +593,16 @@ impl LiveMetrics {
         }
         self.counters.spec.add(&stats.spec);
         self.steps.push(stats);
+    }
+
+    /// What a mixture-of-experts step read (after its [`Self::on_step`]).
+    pub fn on_experts(&mut self, load: &ExpertLoad) {
+        self.counters.expert_bytes_read += load.bytes_read as u64;
+        self.counters.expert_bytes_total += load.bytes_total as u64;
+        match &mut self.experts {
+            Some(latest) => latest.clone_from(load),
+            None => self.experts = Some(load.clone()),
+        }
     }
 
     /// One output token of `req` at `t`.
@@ -697,6 +734,7 @@ impl LiveMetrics {
                     .filter(|s| self.in_window(s.t, now))
                     .map(|s| &s.spec),
             ),
+            experts: self.experts.clone(),
         }
     }
 }
