@@ -230,20 +230,31 @@ unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut 
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
         let cols = D::COLS.min(C);
-        // With a single activation tile there is nothing to amortize unpacking over: read the
-        // ggml blocks directly (decode).
-        if job.m <= cols {
+        // Up to DIRECT_ROWS activation rows, read the ggml blocks in place, a tile of `cols`
+        // rows at a time: the group's weight bytes come from DRAM for the first tile and from
+        // L1 for the others, cheaper than unpacking them (decode, and small batches).
+        if job.m <= DIRECT_ROWS {
             for g in g_lo..g_hi {
-                match (job.m, job.ty) {
-                    (1, WType::Q4_1) => tile_direct::<D, 1, Q4_1>(job, g * R),
-                    (1, WType::Q4_0) => tile_direct::<D, 1, Q4_0>(job, g * R),
-                    (1, _) => tile_direct::<D, 1, Q8_0>(job, g * R),
-                    (2, WType::Q4_1) => tile_direct::<D, 2, Q4_1>(job, g * R),
-                    (2, WType::Q4_0) => tile_direct::<D, 2, Q4_0>(job, g * R),
-                    (2, _) => tile_direct::<D, 2, Q8_0>(job, g * R),
-                    (_, WType::Q4_1) => tile_direct::<D, C, Q4_1>(job, g * R),
-                    (_, WType::Q4_0) => tile_direct::<D, C, Q4_0>(job, g * R),
-                    (_, _) => tile_direct::<D, C, Q8_0>(job, g * R),
+                // Tiles as even as `cols` allows (4 rows: 2 + 2, not 3 + 1): a one-row tile
+                // pays a whole tile's block overhead for a third of the work.
+                let mut tiles = job.m.div_ceil(cols);
+                let mut c0 = 0;
+                while c0 < job.m {
+                    let cc = (job.m - c0).div_ceil(tiles);
+                    tiles -= 1;
+                    let fetch = c0 == 0;
+                    match (cc, job.ty) {
+                        (1, WType::Q4_1) => tile_direct::<D, 1, Q4_1>(job, g * R, c0, fetch),
+                        (1, WType::Q4_0) => tile_direct::<D, 1, Q4_0>(job, g * R, c0, fetch),
+                        (1, _) => tile_direct::<D, 1, Q8_0>(job, g * R, c0, fetch),
+                        (2, WType::Q4_1) => tile_direct::<D, 2, Q4_1>(job, g * R, c0, fetch),
+                        (2, WType::Q4_0) => tile_direct::<D, 2, Q4_0>(job, g * R, c0, fetch),
+                        (2, _) => tile_direct::<D, 2, Q8_0>(job, g * R, c0, fetch),
+                        (_, WType::Q4_1) => tile_direct::<D, C, Q4_1>(job, g * R, c0, fetch),
+                        (_, WType::Q4_0) => tile_direct::<D, C, Q4_0>(job, g * R, c0, fetch),
+                        (_, _) => tile_direct::<D, C, Q8_0>(job, g * R, c0, fetch),
+                    }
+                    c0 += cc;
                 }
             }
             return;
@@ -393,8 +404,11 @@ pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     quant::dot_f32(x, w)
 }
 
-/// How far ahead of the current block decode prefetches weight bytes.
-const PREFETCH: usize = 512;
+/// How many weight-row groups ahead of the current one the in-place tiles prefetch.
+const PREFETCH_GROUPS: usize = 1;
+/// Most activation rows the in-place tiles take (see [`groups`]); past it, each group's
+/// weights are unpacked once and every tile reads the unpacked copy.
+const DIRECT_ROWS: usize = 12;
 
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -417,12 +431,19 @@ unsafe fn f16x4(rows: &[*const u8; R], at: usize) -> __m128 {
     }
 }
 
-/// The 4 x CC tile reading weight blocks in place (`T` is `Q4_0`, `Q4_1` or `Q8_0`), for all
-/// `m == CC` activation rows. Same per-element float operations as [`tile_cols`].
+/// The 4 x CC tile reading weight blocks in place (`T` is `Q4_0`, `Q4_1` or `Q8_0`), for
+/// activation rows `c0..c0 + CC`. Same per-element float operations as [`tile_cols`]. With
+/// `fetch`, asks for the weight bytes [`PREFETCH_GROUPS`] groups ahead (the first tile of a
+/// group; the others find its bytes in L1).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(job: &GroupJob<'_>, j0: usize) {
+unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
+    job: &GroupJob<'_>,
+    j0: usize,
+    c0: usize,
+    fetch: bool,
+) {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
         let (k, n) = (job.k, job.n);
@@ -434,8 +455,12 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(job: &GroupJob<'_>,
         };
         let rb = nb * ts;
         let acts = job.acts;
-        assert!(job.data.len() >= n * rb && acts.qs.len() >= CC * k && acts.d.len() >= CC * nb);
-        assert!(T != Q4_1 || acts.s.len() >= CC * nb);
+        let end = c0 + CC;
+        assert!(job.data.len() >= n * rb && acts.qs.len() >= end * k && acts.d.len() >= end * nb);
+        assert!(T != Q4_1 || acts.s.len() >= end * nb);
+        assert!(c0 + CC <= job.m);
+        // A thread's groups are contiguous: the bytes PREFETCH_GROUPS groups on.
+        let ahead = PREFETCH_GROUPS * R * rb;
         // Rows past `n` re-read row j0 (results dropped) so every load stays in bounds.
         let rows: [*const u8; R] = std::array::from_fn(|r| {
             let j = if j0 + r < n { j0 + r } else { j0 };
@@ -447,7 +472,11 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(job: &GroupJob<'_>,
         let mut acc = [[_mm256_setzero_ps(); CC]; R];
         let mut summs = [_mm_setzero_ps(); CC];
         let mut dd = [[0f32; R]; CC];
-        let (xp, xd, xs) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.s.as_ptr());
+        let (xp, xd, xs) = (
+            acts.qs.as_ptr().add(c0 * k),
+            acts.d.as_ptr().add(c0 * nb),
+            acts.s.as_ptr().wrapping_add(c0 * nb),
+        );
         for b in 0..nb {
             // SAFETY: block b of each row and of each activation row is in bounds (checked above).
             unsafe {
@@ -466,9 +495,9 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(job: &GroupJob<'_>,
                 }
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     let p = rows[r].add(b * ts);
-                    if CC == 1 {
-                        // Decode streams weights from DRAM: ask for them ~0.5 KiB ahead.
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                    if fetch {
+                        // Weights stream from DRAM: ask for the next groups' bytes now.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead).cast());
                     }
                     let w = match T {
                         Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
@@ -505,7 +534,7 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(job: &GroupJob<'_>,
             }
             for (c, a) in acc_r.iter().enumerate() {
                 // SAFETY: (c, j0 + r) is inside `y` and only this thread's group writes that column.
-                unsafe { *job.y.get().add(c * n + j0 + r) = hsum8(*a) + sm[c][r] };
+                unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = hsum8(*a) + sm[c][r] };
             }
         }
     }
