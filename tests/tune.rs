@@ -1,7 +1,9 @@
-//! `tpslab tune` end to end on the real default model with a budget of a few seconds: the
-//! report's shape, and that its verified and default figures come from real runs (requests
-//! finished, finite percentiles, `meets_slo` as the percentiles and the objectives say).
-//! Nothing here asserts a timing.
+//! The decision commands end to end on the real default model. `tpslab tune` with a budget of a
+//! few seconds: the report's shape, and that its verified and default figures come from real
+//! runs (requests finished, finite percentiles, `meets_slo` as the percentiles and the
+//! objectives say). `tpslab plan`: the JSON rows, `--calibrate` measuring this machine (its row
+//! refitted to the run at one request, the others held out), the saved table giving the same
+//! predictions, and a hostile table refused in one line. Nothing here asserts a timing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
@@ -217,4 +219,173 @@ fn against_a_remote_server_tune_searches_the_clients_concurrency() {
     assert!(v["best"]["concurrency"].as_u64().is_some());
     check_verified(&v["verified"]);
     check_verified(&v["default"]);
+}
+
+fn plan_json(args: &[&str], dir: &std::path::Path, name: &str) -> (Value, String) {
+    let json = dir.join(name);
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    all.extend(["--json", json.to_str().unwrap()]);
+    let out = tpslab(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "tpslab plan {args:?}: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_slice(&std::fs::read(&json).unwrap()).expect("plan JSON");
+    (v, stdout)
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tpslab-plan-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `tpslab plan` for a synthetic shape: one row per (device, precision, concurrency) with the
+/// issue's fields, and each device's source printed with its error.
+#[test]
+fn plan_writes_a_row_per_device_precision_and_concurrency() {
+    let dir = temp_dir("rows");
+    let args = [
+        "--synthetic",
+        "llama-3-8b",
+        "--precision",
+        "f16,q4_k",
+        "--device",
+        "h200,this-cpu",
+        "--concurrency",
+        "1,16,256",
+    ];
+    let (v, stdout) = plan_json(&args, &dir, "plan.json");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 2 * 3, "{v}");
+    for r in rows {
+        for k in ["precision", "concurrency", "max_concurrency"] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+        if r["max_concurrency"].as_u64() > Some(0) {
+            for k in [
+                "per_request_tps",
+                "aggregate_tps",
+                "ttft_ms",
+                "usd_per_million_tokens",
+            ] {
+                assert!(num(r, k) > 0.0, "{k} in {r}");
+            }
+        }
+    }
+    assert!(stdout.contains("h200: cuda calibration; against this device's measured runs: mean"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--calibrate` measures the default model here, refits this-cpu to the run at one request
+/// (its per-request TPS and TTFT are then predicted as measured), holds the other two runs out
+/// and says their error; the saved table gives the same predictions on a later run.
+#[test]
+fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
+    let dir = temp_dir("calibrate");
+    let _ = model();
+    let saved = dir.join("devices.json");
+    let args = [
+        "--device",
+        "this-cpu",
+        "--concurrency",
+        "1,4,16",
+        "--token-budget",
+        "2048",
+        "--calibrate",
+        "--threads",
+        "2",
+        "--save-devices",
+        saved.to_str().unwrap(),
+    ];
+    let (v, stdout) = plan_json(&args, &dir, "calibrated.json");
+    assert!(
+        stdout.contains("calibrated this-cpu: bandwidth"),
+        "{stdout}"
+    );
+    let table: Value = serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
+    let cpu = (table["devices"].as_array().unwrap().iter())
+        .find(|d| d["id"] == "this-cpu")
+        .expect("this-cpu in the saved table");
+    let src = cpu["bandwidth_gb_s"]["source"].as_str().unwrap();
+    assert!(
+        src.contains("calibrated here (tpslab plan --calibrate"),
+        "{src}"
+    );
+    let measured = cpu["measured"].as_array().expect("measured rows");
+    let levels: Vec<u64> = measured
+        .iter()
+        .map(|r| r["concurrency"].as_u64().unwrap())
+        .collect();
+    assert_eq!(levels, [1, 4, 16]);
+    let fitted: Vec<bool> = measured.iter().map(|r| r["fitted"] == true).collect();
+    assert_eq!(fitted, [true, false, false]);
+
+    // The fitted run is reproduced; the held-out error is reported.
+    let source = &v["sources"][0];
+    let errs = source["error"]["rows"].as_array().expect("error rows");
+    let first = &errs[0];
+    assert!(num(first, "per_request_err").abs() < 1e-3, "{first}");
+    assert!(num(first, "ttft_err").abs() < 1e-3, "{first}");
+    assert!(
+        source["error"]["held_out_mean_abs_pct"].is_number(),
+        "{source}"
+    );
+    let row1 = &v["rows"][0];
+    assert!(
+        (num(row1, "per_request_tps") / num(&measured[0], "per_request_tps") - 1.0).abs() < 1e-3
+    );
+
+    // The saved table, passed back, predicts the same rows without measuring again.
+    let again = [
+        "--device",
+        "this-cpu",
+        "--concurrency",
+        "1,4,16",
+        "--token-budget",
+        "2048",
+        "--devices",
+        saved.to_str().unwrap(),
+    ];
+    let (w, stdout) = plan_json(&again, &dir, "again.json");
+    assert!(!stdout.contains("calibrated this-cpu"), "{stdout}");
+    // The same figures (a JSON round trip may move a float's last bit).
+    let (a, b) = (w["rows"].as_array().unwrap(), v["rows"].as_array().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        for k in ["per_request_tps", "aggregate_tps", "ttft_ms"] {
+            assert!((num(x, k) / num(y, k) - 1.0).abs() < 1e-9, "{k}: {x} vs {y}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A device table with a hostile figure is refused in one line naming it.
+#[test]
+fn plan_refuses_a_hostile_device_table_by_name() {
+    let dir = temp_dir("hostile");
+    let mut table: Value =
+        serde_json::from_str(include_str!("../assets/devices.json")).expect("bundled table");
+    table["devices"][0]["bandwidth_gb_s"]["value"] = serde_json::json!(-1.0);
+    let path = dir.join("bad.json");
+    std::fs::write(&path, table.to_string()).unwrap();
+    let out = tpslab(&[
+        "plan",
+        "--synthetic",
+        "llama-3-8b",
+        "--devices",
+        path.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bandwidth_gb_s must be a positive number"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

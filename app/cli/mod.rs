@@ -11,6 +11,7 @@
 //! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
 //! - [`plan`]: `tpslab plan`, the capacity planner (predicted TPS, TTFT, concurrency and cost
 //!   per device).
+//! - [`plan_calibrate`]: `tpslab plan --calibrate`, this machine measured and its CPU row refitted.
 //! - [`tune`]: `tpslab tune`, the SLO tuner (measured runs of the engine's knobs, successive
 //!   halving, the winner and the defaults verified).
 
@@ -20,6 +21,7 @@ pub mod generate;
 pub mod library_cmds;
 pub mod model_cmds;
 pub mod plan;
+pub mod plan_calibrate;
 pub mod serve_bench;
 pub mod tune;
 

@@ -47,6 +47,18 @@ pub struct PlanArgs {
     /// Also write the rows, the sources and their errors as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// First measure this machine: the default model through the engine at concurrency 1, 4
+    /// and 16 (prompt 128, output 128; about half a minute), then refit this-cpu's bandwidth
+    /// and FLOP/s to the run at one request. The other runs are held out: the error printed
+    /// beside this-cpu is how far its predictions fall from them.
+    #[arg(long)]
+    pub calibrate: bool,
+    /// Compute threads of the calibration run (0 = one per core).
+    #[arg(long, default_value_t = 0, requires = "calibrate")]
+    pub threads: usize,
+    /// Write the device table, with this-cpu as calibrated, to this file (for `--devices`).
+    #[arg(long, value_name = "FILE", requires = "calibrate")]
+    pub save_devices: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -76,15 +88,48 @@ fn shape_of(a: &PlanArgs) -> Result<(ModelShape, WType)> {
     Ok((ModelShape::from_config(&name, &cfg, tied), ty))
 }
 
+/// Replaces this-cpu in `table` with its calibration on this machine, says what changed, and
+/// writes the table to `--save-devices`.
+fn calibrate(table: &mut DeviceTable, a: &PlanArgs) -> Result<()> {
+    let new = super::plan_calibrate::calibrate_here(table, a.threads)?;
+    let slot = (table.devices.iter_mut())
+        .find(|d| d.id == new.id)
+        .context("this-cpu left the table")?;
+    println!(
+        "calibrated {}: bandwidth {:.1} GB/s (table: {:.1}); {}",
+        new.id,
+        new.bandwidth_gb_s.value,
+        slot.bandwidth_gb_s.value,
+        (new.tflops.iter())
+            .map(|(p, f)| format!(
+                "{p} {:.3} TFLOP/s (table: {:.3})",
+                f.value,
+                slot.tflops.get(p).map_or(f64::NAN, |o| o.value)
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    *slot = new;
+    if let Some(path) = &a.save_devices {
+        let text = serde_json::to_string_pretty(&*table)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("device table with this machine's row: {}", path.display());
+    }
+    Ok(())
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "—".into(), |v| format!("{v:.digits$}"))
 }
 
 pub fn run(a: &PlanArgs) -> Result<()> {
-    let table = match &a.devices {
+    let mut table = match &a.devices {
         Some(p) => DeviceTable::load(p)?,
         None => DeviceTable::bundled()?,
     };
+    if a.calibrate {
+        calibrate(&mut table, a)?;
+    }
     let (shape, own) = shape_of(a)?;
     let precisions = if a.precision.is_empty() {
         vec![own]

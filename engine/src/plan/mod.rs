@@ -10,11 +10,14 @@
 //!   the bundled table is `assets/devices.json`.
 //! - [`roofline`]: the model's shape and the prediction for one device, precision and workload,
 //!   and its error against measured rows.
+//! - [`calibrate`]: a device row refitted to runs measured on the machine the planner runs on.
 
+pub mod calibrate;
 pub mod devices;
 pub mod roofline;
 
-pub use devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
+pub use calibrate::calibrate_device;
+pub use devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow, Sourced};
 pub use roofline::{
     ErrorSummary, ModelShape, Prediction, Source, Workload, check, predict, source,
 };

@@ -1,0 +1,166 @@
+//! Calibrating a device row on the machine the planner runs on. The bundled `this-cpu` row
+//! describes the CPU its calibration was fitted on; machines of one kind differ (another CPU
+//! model, another share of the host's memory bandwidth), and predictions for this machine were
+//! off by up to 62%. [`calibrate_device`] takes runs measured here and finds the bandwidth and
+//! FLOP/s that make the roofline reproduce the fitted ones, keeping the backend's calibration
+//! (the share of the roofline this engine reaches) as it is. The other measured runs are held
+//! out: their error is what the calibration is worth.
+
+use super::PlanError;
+use super::devices::{DeviceSpec, DeviceTable, MeasuredRow, Sourced};
+use super::roofline::{ModelShape, Workload, predict};
+
+/// Rounds of the alternating fit; each one closes most of the remaining gap.
+const ROUNDS: usize = 60;
+/// The fit stops once both fitted figures are within this relative error.
+const TOLERANCE: f64 = 1e-4;
+
+/// `device` with its bandwidth and FLOP/s refitted so that the predictions for the `fitted`
+/// rows of `measured` match them, and `measured` as its measured rows (`source` says where the
+/// run came from). Decode at one request is bandwidth-bound here: its per-request TPS scales
+/// bandwidth and FLOP/s together (a slower machine is slower at both); the first request's TTFT
+/// is compute-bound: it scales FLOP/s alone. Fails without a fitted row at concurrency 1, or
+/// where a figure cannot be reached.
+pub fn calibrate_device(
+    table: &DeviceTable,
+    device: &DeviceSpec,
+    measured: Vec<MeasuredRow>,
+    source: &str,
+) -> Result<DeviceSpec, PlanError> {
+    let fit = (measured.iter())
+        .find(|r| r.fitted && r.concurrency == 1)
+        .ok_or_else(|| PlanError::Table("calibration needs a fitted run at concurrency 1".into()))?
+        .clone();
+    let shape = ModelShape::synthetic(&fit.model)?;
+    let ty = (fit.precision.parse()).map_err(|e| PlanError::Table(format!("precision: {e}")))?;
+    let w = Workload {
+        concurrency: 1,
+        prompt_len: fit.prompt_len,
+        output_len: fit.output_len,
+        token_budget: fit.token_budget,
+    };
+    let mut d = device.clone();
+    d.measured = Vec::new();
+    let (mut speed, mut compute) = (1.0_f64, 1.0_f64);
+    for _ in 0..ROUNDS {
+        let p = predict(table, &d, &shape, ty, &w)?;
+        let (Some(tps), Some(ttft)) = (p.per_request_tps, p.ttft_ms) else {
+            return Err(PlanError::Table(format!(
+                "{} does not fit {}: nothing to calibrate against",
+                fit.model, d.id
+            )));
+        };
+        let (dec, pre) = (fit.per_request_tps / tps, ttft / fit.ttft_ms);
+        if (dec - 1.0).abs() < TOLERANCE && (pre - 1.0).abs() < TOLERANCE {
+            break;
+        }
+        speed *= dec;
+        compute *= pre;
+        d = scaled(device, speed, speed * compute);
+    }
+    let cal = table.calibration(device)?;
+    let why = format!(
+        "calibrated here ({source}): the {} run at concurrency 1 ({:.1} tok/s per request, TTFT \
+         {:.0} ms) through the {} calibration",
+        fit.model, fit.per_request_tps, fit.ttft_ms, device.backend
+    );
+    let (bw_factor, flops_factor) = (speed, speed * compute);
+    d.bandwidth_gb_s = Sourced {
+        value: device.bandwidth_gb_s.value * bw_factor,
+        source: format!(
+            "{why}; {:.2}x the table's {} GB/s",
+            bw_factor, device.bandwidth_gb_s.value
+        ),
+    };
+    for (p, f) in &mut d.tflops {
+        let old = device.tflops.get(p).map_or(f.value, |o| o.value);
+        f.source = format!("{why}; {flops_factor:.2}x the table's {old} TFLOP/s");
+    }
+    if !d.tflops.contains_key(&cal.compute_precision) {
+        return Err(PlanError::Table(format!(
+            "{} has no tflops.{}",
+            d.id, cal.compute_precision
+        )));
+    }
+    d.measured = measured;
+    Ok(d)
+}
+
+/// `base` with its bandwidth times `bw` and every FLOP/s figure times `flops`.
+fn scaled(base: &DeviceSpec, bw: f64, flops: f64) -> DeviceSpec {
+    let mut d = base.clone();
+    d.measured = Vec::new();
+    d.bandwidth_gb_s.value *= bw;
+    for f in d.tflops.values_mut() {
+        f.value *= flops;
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::check;
+    use tpslab_kernels::WType;
+
+    fn row(table: &DeviceTable, d: &DeviceSpec, c: usize, fitted: bool) -> MeasuredRow {
+        let shape = ModelShape::synthetic("smollm2-135m").unwrap();
+        let w = Workload {
+            concurrency: c,
+            prompt_len: 128,
+            output_len: 128,
+            token_budget: 2048,
+        };
+        let p = predict(table, d, &shape, WType::Q4_1, &w).unwrap();
+        MeasuredRow {
+            model: "smollm2-135m".into(),
+            precision: "Q4_1".into(),
+            concurrency: c,
+            prompt_len: 128,
+            output_len: 128,
+            token_budget: 2048,
+            aggregate_tps: p.aggregate_tps.unwrap(),
+            per_request_tps: p.per_request_tps.unwrap(),
+            ttft_ms: p.ttft_ms.unwrap(),
+            fitted,
+            source: "a machine of known speed".into(),
+        }
+    }
+
+    /// Runs "measured" on a machine with 0.6x the bandwidth and 0.45x the FLOP/s of the table's
+    /// CPU: the calibration finds both, so the held-out rows (other concurrencies) are predicted
+    /// as that machine runs them, where the uncalibrated row was far off.
+    #[test]
+    fn finds_the_bandwidth_and_flops_of_a_slower_machine() {
+        let table = DeviceTable::bundled().unwrap();
+        let cpu = table.device("this-cpu").unwrap();
+        let other = scaled(cpu, 0.6, 0.45);
+        let rows: Vec<MeasuredRow> = [(1, true), (4, false), (16, false)]
+            .iter()
+            .map(|&(c, f)| row(&table, &other, c, f))
+            .collect();
+        let mut before = cpu.clone();
+        before.measured = rows.clone();
+        let was = check(&table, &before).unwrap().unwrap();
+        assert!(was.max_abs_pct > 20.0, "{}", was.text());
+
+        let d = calibrate_device(&table, cpu, rows, "test").unwrap();
+        let bw = d.bandwidth_gb_s.value / cpu.bandwidth_gb_s.value;
+        let fl = d.tflops["int8"].value / cpu.tflops["int8"].value;
+        assert!((bw - 0.6).abs() < 0.01, "bandwidth x{bw}");
+        assert!((fl - 0.45).abs() < 0.01, "FLOP/s x{fl}");
+        assert!(d.bandwidth_gb_s.source.contains("calibrated here (test)"));
+        let now = check(&table, &d).unwrap().unwrap();
+        assert!(now.max_abs_pct < 1.0, "{}", now.text());
+        assert_eq!(now.held_out_mean_abs_pct.map(|m| m < 1.0), Some(true));
+    }
+
+    #[test]
+    fn without_a_fitted_run_at_one_request_there_is_nothing_to_fit() {
+        let table = DeviceTable::bundled().unwrap();
+        let cpu = table.device("this-cpu").unwrap();
+        let rows = vec![row(&table, cpu, 4, true), row(&table, cpu, 1, false)];
+        let e = calibrate_device(&table, cpu, rows, "test").unwrap_err();
+        assert!(e.to_string().contains("concurrency 1"), "{e}");
+    }
+}
