@@ -358,7 +358,10 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(b) {
         for k in ["per_request_tps", "aggregate_tps", "ttft_ms"] {
-            assert!((num(x, k) / num(y, k) - 1.0).abs() < 1e-9, "{k}: {x} vs {y}");
+            assert!(
+                (num(x, k) / num(y, k) - 1.0).abs() < 1e-9,
+                "{k}: {x} vs {y}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,7 +1,9 @@
 //! The capacity planner against what was measured: the bundled device table's predictions for
 //! the H200 rows of BENCHMARKS.md (Llama-3-8B F16 and Q4_K, concurrency 1 to 256) and this
 //! CPU's rows stay within the error the planner states; the roofline's parts behave as a
-//! roofline; a hostile table or workload is an error, never a panic, a hang or a huge number.
+//! roofline; a mixture of experts holds all its experts in memory but reads only those its
+//! step's tokens chose; a hostile table or workload is an error, never a panic, a hang or a huge
+//! number.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
@@ -120,6 +122,46 @@ fn batching_trades_per_request_for_aggregate_and_memory_caps_concurrency() {
     let full = predict(&t, rtx, &shape, WType::F16, &work(4096)).unwrap();
     assert!(full.kv_limited && full.max_concurrency < 4096);
     assert!(full.aggregate_tps.unwrap().is_finite());
+}
+
+/// Qwen3-30B-A3B holds its 30.5B parameters (Qwen's figure) but a one-token step reads about
+/// its 3.3B active ones less the embedding (gathered, not read); a step of many tokens reads
+/// nearly every expert, so decode slows with batch size faster than for a dense model, and
+/// gpt-oss keeps its experts in MXFP4 whatever the precision asked.
+#[test]
+fn a_mixture_of_experts_holds_every_expert_and_reads_those_chosen() {
+    let q = ModelShape::synthetic("qwen3-30b-a3b").unwrap();
+    let e = q.experts.expect("experts");
+    assert_eq!((e.n_expert, e.n_used, e.ffn), (128, 8, 768));
+    let params = q.weight_bytes_total(WType::F32) / 4.0;
+    assert!((30.0e9..31.0e9).contains(&params), "{params}");
+    let one = q.weight_bytes_read(WType::F32, 1) / 4.0;
+    assert!((2.9e9..3.2e9).contains(&one), "{one}");
+    assert!((e.read_per_layer(1) - 8.0).abs() < 1e-9);
+    let many = q.weight_bytes_read(WType::F32, 4096) / 4.0;
+    let embedding = (q.hidden * q.vocab) as f64;
+    assert!(
+        (many / (params - embedding) - 1.0).abs() < 1e-3,
+        "{many} of {params}"
+    );
+    // Reads grow with the batch, then saturate.
+    let reads: Vec<f64> = [1, 4, 16, 64, 256]
+        .iter()
+        .map(|&t| q.weight_bytes_read(WType::Q4K, t))
+        .collect();
+    assert!(reads.windows(2).all(|w| w[1] > w[0]), "{reads:?}");
+    assert!(q.weight_bytes_total(WType::Q4K) / (1u64 << 30) as f64 > 15.0);
+
+    let g = ModelShape::synthetic("gpt-oss-20b").unwrap();
+    assert_eq!(g.experts.unwrap().fixed_type, Some(WType::MXFP4));
+    // F16 asked: the attention doubles from Q8_0, the MXFP4 experts do not move.
+    let (f16, q8) = (
+        g.weight_bytes_total(WType::F16),
+        g.weight_bytes_total(WType::Q8_0),
+    );
+    assert!(f16 / q8 < 1.3, "{f16} vs {q8}");
+    let params = g.weight_bytes_total(WType::F32);
+    assert!(params > 1.0e10, "{params}");
 }
 
 #[test]

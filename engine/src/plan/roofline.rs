@@ -32,6 +32,37 @@ pub struct ModelShape {
     pub vocab: usize,
     /// The output head is the embedding (its bytes count once).
     pub tied_embeddings: bool,
+    /// A mixture of experts' FFN in every layer (then `ffn` is unused).
+    pub experts: Option<ExpertShape>,
+}
+
+/// The experts of every layer: `n_expert` FFNs of width `ffn`, `n_used` chosen per token.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ExpertShape {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub ffn: usize,
+    /// The type the experts keep whatever the precision asked (gpt-oss's MXFP4).
+    #[serde(serialize_with = "type_name")]
+    pub fixed_type: Option<WType>,
+}
+
+/// A weight type as its name ("MXFP4") in the planner's JSON.
+fn type_name<S: serde::Serializer>(t: &Option<WType>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_some(t.name()),
+        None => s.serialize_none(),
+    }
+}
+
+impl ExpertShape {
+    /// Experts of one layer a step of `tokens` tokens reads, expected when each token chooses
+    /// `n_used` of `n_expert` uniformly: `E (1 - (1 - k/E)^t)`. One token reads k; a large batch
+    /// reads them all (the share `tpslab bench` measures).
+    pub fn read_per_layer(&self, tokens: usize) -> f64 {
+        let (e, k) = (self.n_expert as f64, self.n_used.min(self.n_expert) as f64);
+        e * (1.0 - (1.0 - k / e).powf(tokens as f64))
+    }
 }
 
 /// One plan's workload: `concurrency` requests at once, each `prompt_len` tokens in and
@@ -77,6 +108,13 @@ impl ModelShape {
             ffn: cfg.ffn,
             vocab: cfg.vocab,
             tied_embeddings,
+            experts: cfg.extras.moe.as_ref().map(|m| ExpertShape {
+                n_expert: m.n_expert,
+                n_used: m.router.n_used,
+                ffn: m.ffn_exp,
+                fixed_type: (cfg.family == crate::model::config::Family::GptOss)
+                    .then_some(WType::MXFP4),
+            }),
         }
     }
 
@@ -92,47 +130,84 @@ impl ModelShape {
     }
 
     /// (inputs k, outputs n, how many) of each matrix a step multiplies by: every layer's
-    /// Q, K, V, O, gate, up and down, and the output head.
+    /// Q, K, V, O, gate, up and down (a mixture of experts: the router), and the output head.
     fn matrices(&self) -> [(usize, usize, usize); 6] {
         let (h, l) = (self.hidden, self.n_layers);
+        let ffn = match &self.experts {
+            // The router; the experts are counted apart.
+            Some(e) => [(h, e.n_expert, l), (0, 0, 0)],
+            None => [(h, self.ffn, 2 * l), (self.ffn, h, l)],
+        };
         [
             (h, self.q_dim, l),
             (h, self.kv_dim, 2 * l),
             (self.q_dim, h, l),
-            (h, self.ffn, 2 * l),
-            (self.ffn, h, l),
+            ffn[0],
+            ffn[1],
             (h, self.vocab, 1),
         ]
     }
 
     /// Bytes of an `n x k` matrix in `ty` (or the type its rows fall back to).
     fn matrix_bytes(ty: WType, k: usize, n: usize) -> f64 {
+        if k == 0 || n == 0 {
+            return 0.0;
+        }
         let t = matrix_type(ty, k);
         k as f64 / t.block_size() as f64 * t.type_size() as f64 * n as f64
     }
 
-    /// Bytes a step reads: every matrix once (the embedding's rows are gathered, not read).
-    pub fn weight_bytes_read(&self, ty: WType) -> f64 {
+    /// Bytes of one expert (gate, up and down) in `ty`, or in the type the experts keep.
+    fn expert_bytes(&self, e: &ExpertShape, ty: WType) -> f64 {
+        let ty = e.fixed_type.unwrap_or(ty);
+        2.0 * Self::matrix_bytes(ty, self.hidden, e.ffn)
+            + Self::matrix_bytes(ty, e.ffn, self.hidden)
+    }
+
+    /// Bytes a step of `tokens` tokens reads: every matrix once (the embedding's rows are
+    /// gathered, not read), and of a mixture of experts the experts its tokens chose
+    /// ([`ExpertShape::read_per_layer`]).
+    pub fn weight_bytes_read(&self, ty: WType, tokens: usize) -> f64 {
+        self.dense_bytes(ty) + self.experts_read(ty, tokens)
+    }
+
+    /// Bytes of every matrix but the experts.
+    fn dense_bytes(&self, ty: WType) -> f64 {
         (self.matrices().iter())
             .map(|&(k, n, count)| Self::matrix_bytes(ty, k, n) * count as f64)
             .sum()
     }
 
-    /// Bytes the weights take in memory: the matrices and an untied embedding.
+    /// Bytes the weights take in memory: the matrices, every expert, and an untied embedding.
     pub fn weight_bytes_total(&self, ty: WType) -> f64 {
         let embedding = if self.tied_embeddings {
             0.0
         } else {
             Self::matrix_bytes(ty, self.hidden, self.vocab)
         };
-        self.weight_bytes_read(ty) + embedding
+        let all_experts = self.experts.as_ref().map_or(0.0, |e| {
+            e.n_expert as f64 * self.expert_bytes(e, ty) * self.n_layers as f64
+        });
+        self.dense_bytes(ty) + all_experts + embedding
     }
 
-    /// Multiply-adds per token of the matrices (2 FLOPs each).
+    /// The expert bytes of [`Self::weight_bytes_read`].
+    fn experts_read(&self, ty: WType, tokens: usize) -> f64 {
+        self.experts.as_ref().map_or(0.0, |e| {
+            e.read_per_layer(tokens.max(1)) * self.expert_bytes(e, ty) * self.n_layers as f64
+        })
+    }
+
+    /// Multiply-adds per token of the matrices (2 FLOPs each): of a mixture of experts, the
+    /// `n_used` experts each token runs.
     pub fn matmul_params(&self) -> f64 {
+        let experts = self.experts.as_ref().map_or(0.0, |e| {
+            (3 * self.hidden * e.ffn * e.n_used * self.n_layers) as f64
+        });
         (self.matrices().iter())
             .map(|&(k, n, count)| (k * n * count) as f64)
-            .sum()
+            .sum::<f64>()
+            + experts
     }
 
     /// Bytes of one token's K and V in every layer (an F16 cache).
@@ -161,11 +236,12 @@ impl Machine<'_> {
             && (self.cal.dequant_above_tokens).is_some_and(|limit| tokens > limit);
         let weights = if dequant {
             // Read the quantized bytes, write F16's, read those for the F16 GEMM.
-            let f16 = shape.weight_bytes_read(WType::F16);
-            (shape.weight_bytes_read(self.ty) + 2.0 * f16)
+            let f16 = shape.weight_bytes_read(WType::F16, tokens);
+            (shape.weight_bytes_read(self.ty, tokens) + 2.0 * f16)
                 / (bw * self.cal.weight_efficiency("F16"))
         } else {
-            shape.weight_bytes_read(self.ty) / (bw * self.cal.weight_efficiency(self.ty.name()))
+            shape.weight_bytes_read(self.ty, tokens)
+                / (bw * self.cal.weight_efficiency(self.ty.name()))
         };
         let flops =
             (self.device.tflops.get(&self.cal.compute_precision)).map_or(1e12, |f| f.value * 1e12);
