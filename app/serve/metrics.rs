@@ -154,41 +154,11 @@ impl ServerMetrics {
         }
     }
 
-    /// The Prometheus text exposition (version 0.0.4).
-    pub fn render(&self, snap: &EngineSnapshot) -> String {
-        let mut out = String::new();
-        let l = format!("model_name=\"{}\"", self.model);
-        let kv_usage = if snap.kv_total_blocks == 0 {
-            0.0
-        } else {
-            snap.kv_used_blocks as f64 / snap.kv_total_blocks as f64
-        };
-        let gauges: [(&str, &str, f64); 3] = [
-            (
-                "num_requests_running",
-                "Requests in model execution batches.",
-                snap.running as f64,
-            ),
-            (
-                "num_requests_waiting",
-                "Requests waiting to be processed.",
-                snap.waiting as f64,
-            ),
-            (
-                "kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage.",
-                kv_usage,
-            ),
-        ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP tpslab:{name} {help}\n# TYPE tpslab:{name} gauge\ntpslab:{name}{{{l}}} {v}"
-            );
-        }
+    /// The counters' (name, help, value), each exposed as `tpslab:{name}_total`.
+    fn counter_rows(&self, snap: &EngineSnapshot) -> [(&'static str, &'static str, u64); 11] {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &snap.live.counters.spec;
-        let counters = [
+        [
             (
                 "spec_decode_num_drafts",
                 "Steps that verified a request's proposed tokens (speculative decoding).",
@@ -244,7 +214,43 @@ impl ServerMetrics {
                 "Requests refused (queue full, bad input).",
                 load(&self.refused),
             ),
+        ]
+    }
+
+    /// The Prometheus text exposition (version 0.0.4).
+    pub fn render(&self, snap: &EngineSnapshot) -> String {
+        let mut out = String::new();
+        let l = format!("model_name=\"{}\"", self.model);
+        let kv_usage = if snap.kv_total_blocks == 0 {
+            0.0
+        } else {
+            snap.kv_used_blocks as f64 / snap.kv_total_blocks as f64
+        };
+        let gauges: [(&str, &str, f64); 3] = [
+            (
+                "num_requests_running",
+                "Requests in model execution batches.",
+                snap.running as f64,
+            ),
+            (
+                "num_requests_waiting",
+                "Requests waiting to be processed.",
+                snap.waiting as f64,
+            ),
+            (
+                "kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                kv_usage,
+            ),
         ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP tpslab:{name} {help}\n# TYPE tpslab:{name} gauge\ntpslab:{name}{{{l}}} {v}"
+            );
+        }
+        let sc = &snap.live.counters.spec;
+        let counters = self.counter_rows(snap);
         for (name, help, v) in counters {
             let _ = writeln!(
                 out,
@@ -259,7 +265,7 @@ impl ServerMetrics {
             let _ = writeln!(
                 out,
                 "tpslab:request_success_total{{{l},finished_reason=\"{reason}\"}} {}",
-                load(c)
+                c.load(Ordering::Relaxed)
             );
         }
         render_accepted_per_pos(&mut out, &l, &sc.num_accepted_tokens_per_pos);

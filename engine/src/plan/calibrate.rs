@@ -98,6 +98,7 @@ fn scaled(base: &DeviceSpec, bw: f64, flops: f64) -> DeviceSpec {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::plan::check;
