@@ -10,7 +10,7 @@ use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::plan::{DeviceSpec, DeviceTable, MeasuredRow, calibrate_device};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec};
+use tpslab_engine::serving::loadgen::{self, LoadSpec};
 use tpslab_engine::serving::metrics::BenchSummary;
 use tpslab_kernels::WType;
 
@@ -73,17 +73,7 @@ pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec>
             },
             None,
         )?;
-        let spec = LoadSpec {
-            concurrency: Some(c),
-            rate: None,
-            num_requests: c,
-            prompt_len: LenDist::Fixed(PROMPT_LEN),
-            output_len: LenDist::Fixed(OUTPUT_LEN),
-            seed: i as u64,
-            priority: 0,
-            submit_for_s: None,
-            cut_after_s: None,
-        };
+        let spec = LoadSpec::all_at_once(c, PROMPT_LEN, OUTPUT_LEN, i as u64);
         let stop = AtomicBool::new(false);
         let run = loadgen::run(&engine, &prompts, &spec, &stop, &mut |_, _| {});
         if let Some(r) = run.refused.first() {

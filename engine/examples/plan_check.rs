@@ -13,7 +13,7 @@ use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::plan::{DeviceTable, ModelShape, Workload, predict};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::loadgen::{self, LenDist, LoadSpec, PromptSet};
+use tpslab_engine::serving::loadgen::{self, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, percentile};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -54,17 +54,7 @@ fn main() -> Result<()> {
             },
             None,
         )?;
-        let spec = LoadSpec {
-            concurrency: Some(c),
-            rate: None,
-            num_requests: c,
-            prompt_len: LenDist::Fixed(prompt_len),
-            output_len: LenDist::Fixed(output_len),
-            seed: i as u64,
-            priority: 0,
-            submit_for_s: None,
-            cut_after_s: None,
-        };
+        let spec = LoadSpec::all_at_once(c, prompt_len, output_len, i as u64);
         let run = loadgen::run(
             &engine,
             &prompts,

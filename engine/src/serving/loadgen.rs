@@ -70,6 +70,24 @@ pub struct LoadSpec {
     pub cut_after_s: Option<f64>,
 }
 
+impl LoadSpec {
+    /// `n` requests of `prompt_len` tokens in and `output_len` out, all submitted at once: a
+    /// closed loop of `n`, as `tpslab bench` and the planner's calibration measure.
+    pub fn all_at_once(n: usize, prompt_len: usize, output_len: usize, seed: u64) -> Self {
+        Self {
+            concurrency: Some(n),
+            rate: None,
+            num_requests: n,
+            prompt_len: LenDist::Fixed(prompt_len),
+            output_len: LenDist::Fixed(output_len),
+            seed,
+            priority: 0,
+            submit_for_s: None,
+            cut_after_s: None,
+        }
+    }
+}
+
 /// Token ids cut from the bundled text, so prompts are real language of an exact length.
 #[derive(Debug, Clone)]
 pub struct PromptSet {
