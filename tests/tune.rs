@@ -281,6 +281,16 @@ fn plan_writes_a_row_per_device_precision_and_concurrency() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The plan both calibration runs ask for.
+const CPU_LEVELS: [&str; 6] = [
+    "--device",
+    "this-cpu",
+    "--concurrency",
+    "1,4,16",
+    "--token-budget",
+    "2048",
+];
+
 /// `--calibrate` measures the default model here, refits this-cpu to the run at one request
 /// (its per-request TPS and TTFT are then predicted as measured), holds the other two runs out
 /// and says their error; the saved table gives the same predictions on a later run.
@@ -290,12 +300,12 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
     let _ = model();
     let saved = dir.join("devices.json");
     let args = [
-        "--device",
-        "this-cpu",
-        "--concurrency",
-        "1,4,16",
-        "--token-budget",
-        "2048",
+        CPU_LEVELS[0],
+        CPU_LEVELS[1],
+        CPU_LEVELS[2],
+        CPU_LEVELS[3],
+        CPU_LEVELS[4],
+        CPU_LEVELS[5],
         "--calibrate",
         "--threads",
         "2",
@@ -341,16 +351,8 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
     );
 
     // The saved table, passed back, predicts the same rows without measuring again.
-    let again = [
-        "--device",
-        "this-cpu",
-        "--concurrency",
-        "1,4,16",
-        "--token-budget",
-        "2048",
-        "--devices",
-        saved.to_str().unwrap(),
-    ];
+    let mut again = CPU_LEVELS.to_vec();
+    again.extend(["--devices", saved.to_str().unwrap()]);
     let (w, stdout) = plan_json(&again, &dir, "again.json");
     assert!(!stdout.contains("calibrated this-cpu"), "{stdout}");
     // The same figures (a JSON round trip may move a float's last bit).

@@ -10,15 +10,9 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tpslab_kernels::{Backend, QMatrix, ThreadPool, WType, matmul, matmul_with, reference_matmul};
 
-const LAYER: [(usize, usize); 7] = [
-    (576, 576),
-    (192, 576),
-    (192, 576),
-    (576, 576),
-    (1536, 576),
-    (1536, 576),
-    (576, 1536),
-];
+#[path = "common/smollm2_shape.rs"]
+mod smollm2_shape;
+use smollm2_shape::LAYER;
 const VOCAB: usize = 49152;
 
 /// Random but valid blocks: f16 scales/mins of sensible size, random quants.

@@ -10,16 +10,9 @@ use std::time::Instant;
 
 use tpslab_kernels::{Backend, QMatrix, ThreadPool, WType, matmul};
 
-const LAYER: [(usize, usize); 7] = [
-    (576, 576),
-    (192, 576),
-    (192, 576),
-    (576, 576),
-    (1536, 576),
-    (1536, 576),
-    (576, 1536),
-];
-const LAYERS: usize = 30;
+#[path = "../benches/common/smollm2_shape.rs"]
+mod smollm2_shape;
+use smollm2_shape::{LAYER, LAYERS};
 
 fn main() {
     let threads = std::env::var("TPSLAB_BENCH_THREADS")
