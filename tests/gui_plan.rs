@@ -237,3 +237,60 @@ fn the_window_has_a_planner_tab() {
             .is_some()
     );
 }
+
+/// `--devices FILE` (a table `tpslab plan --calibrate --save-devices` wrote, here one without
+/// the H200's measured rows) is the table the planner tab plans with; a hostile one is
+/// shown as its error, and the window goes on.
+#[test]
+fn the_planner_tab_plans_with_a_saved_device_table() {
+    let dir = std::env::temp_dir().join(format!("tpslab-gui-devices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut table: serde_json::Value =
+        serde_json::from_str(include_str!("../assets/devices.json")).unwrap();
+    let h200 = (table["devices"].as_array_mut().unwrap().iter_mut())
+        .find(|d| d["id"] == "h200")
+        .unwrap();
+    h200["measured"] = serde_json::json!([]);
+    let saved = dir.join("saved.json");
+    std::fs::write(&saved, table.to_string()).unwrap();
+    let hostile = dir.join("hostile.json");
+    std::fs::write(&hostile, "{\"devices\": [], \"calibrations\": 7}").unwrap();
+
+    let open = |path: &std::path::Path| {
+        let mut app = TpsApp::new(
+            AppState::default(),
+            AppOptions {
+                model: "/nonexistent/tpslab-gui-plan.gguf".into(),
+                threads: 1,
+                device: Some(DeviceChoice::Cpu),
+            },
+        );
+        app.set_device_table(path);
+        let mut h = Harness::builder()
+            .with_size([1400.0, 1000.0])
+            .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
+        h.run_steps(3);
+        h.get_by_label("Planner").click();
+        h.run_steps(3);
+        h
+    };
+    let h = open(&saved);
+    // The bundled table's H200 has measured rows (the other test sees their error); the saved
+    // one has none, and no other CUDA device was measured.
+    assert!(
+        h.query_by_label_contains("h200: cuda calibration; against this device's measured runs")
+            .is_none()
+    );
+    assert!(
+        h.query_by_label_contains("h200: cuda calibration; error unknown (nothing measured)")
+            .is_some()
+    );
+    drop(h);
+    let h = open(&hostile);
+    assert!(
+        h.query_by_label_contains("Device table: device table:")
+            .is_some()
+    );
+    assert!(h.query_by_label("Planner").is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}

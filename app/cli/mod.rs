@@ -54,6 +54,10 @@ pub struct Cli {
     /// wgpu, or glow (OpenGL).
     #[arg(long, value_enum, default_value = "auto")]
     pub renderer: crate::ui::renderer::RendererChoice,
+    /// The window's planner tab uses this device table instead of the bundled one (for example
+    /// one `tpslab plan --calibrate --save-devices FILE` wrote for this machine).
+    #[arg(long, value_name = "FILE")]
+    pub devices: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -112,6 +116,7 @@ pub fn main() -> ExitCode {
                 device: cli.device,
             },
             cli.renderer,
+            cli.devices,
         ),
     };
     match result {

@@ -185,6 +185,14 @@ impl TpsApp {
         self.link().map(|b| b.path.as_path())
     }
 
+    /// The planner tab's device table from `path` (one `tpslab plan --calibrate --save-devices`
+    /// wrote, or an edited copy) instead of the bundled one; a table that does not load or
+    /// check is shown in the tab as its error.
+    pub fn set_device_table(&mut self, path: &std::path::Path) {
+        let table = tpslab_engine::plan::DeviceTable::load(path).map_err(|e| e.to_string());
+        self.rt.planner_table = Some(table);
+    }
+
     /// The dashboard's history of live figures, as the plots draw it.
     pub fn history(&self) -> &History {
         &self.rt.history

@@ -39,7 +39,11 @@ impl eframe::App for Window {
 }
 
 /// Opens the window with the painter `renderer` picks (blocks until it is closed).
-pub fn run(options: AppOptions, renderer: renderer::RendererChoice) -> anyhow::Result<()> {
+pub fn run(
+    options: AppOptions,
+    renderer: renderer::RendererChoice,
+    devices: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
     let bench = FrameBench::from_env();
     let painter = renderer::resolve(renderer);
     eprintln!("window: {}", painter.why);
@@ -49,7 +53,10 @@ pub fn run(options: AppOptions, renderer: renderer::RendererChoice) -> anyhow::R
         "TPS Lab",
         native,
         Box::new(move |cc| {
-            let app = TpsApp::from_creation_context(cc, options);
+            let mut app = TpsApp::from_creation_context(cc, options);
+            if let Some(path) = &devices {
+                app.set_device_table(path);
+            }
             let bench = bench.map(|b| b.with_renderer(why));
             Ok(Box::new(Window { app, bench }))
         }),
