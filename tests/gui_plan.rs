@@ -214,10 +214,10 @@ fn the_planner_shows_each_source_with_its_error_and_the_predicted_rows() {
     assert!(h.query_by_label_contains("(KV-limited)").is_some());
 }
 
-#[test]
-fn the_window_has_a_planner_tab() {
-    // A missing model file fails fast; the planner needs no model.
-    let app = TpsApp::new(
+/// The window with its Planner tab open, on the device table in `devices` (else the bundled
+/// one). A missing model file fails fast; the planner needs no model.
+fn planner_window(devices: Option<&std::path::Path>) -> Harness<'static, TpsApp> {
+    let mut app = TpsApp::new(
         AppState::default(),
         AppOptions {
             model: "/nonexistent/tpslab-gui-plan.gguf".into(),
@@ -225,12 +225,21 @@ fn the_window_has_a_planner_tab() {
             device: Some(DeviceChoice::Cpu),
         },
     );
+    if let Some(path) = devices {
+        app.set_device_table(path);
+    }
     let mut h = Harness::builder()
         .with_size([1400.0, 1000.0])
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
     h.run_steps(3);
     h.get_by_label("Planner").click();
     h.run_steps(3);
+    h
+}
+
+#[test]
+fn the_window_has_a_planner_tab() {
+    let h = planner_window(None);
     assert!(h.query_by_label("Capacity planner").is_some());
     assert!(
         h.query_by_label_contains("h200: cuda calibration; against this device's measured runs")
@@ -256,25 +265,7 @@ fn the_planner_tab_plans_with_a_saved_device_table() {
     let hostile = dir.join("hostile.json");
     std::fs::write(&hostile, "{\"devices\": [], \"calibrations\": 7}").unwrap();
 
-    let open = |path: &std::path::Path| {
-        let mut app = TpsApp::new(
-            AppState::default(),
-            AppOptions {
-                model: "/nonexistent/tpslab-gui-plan.gguf".into(),
-                threads: 1,
-                device: Some(DeviceChoice::Cpu),
-            },
-        );
-        app.set_device_table(path);
-        let mut h = Harness::builder()
-            .with_size([1400.0, 1000.0])
-            .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app);
-        h.run_steps(3);
-        h.get_by_label("Planner").click();
-        h.run_steps(3);
-        h
-    };
-    let h = open(&saved);
+    let h = planner_window(Some(&saved));
     // The bundled table's H200 has measured rows (the other test sees their error); the saved
     // one has none, and no other CUDA device was measured.
     assert!(
@@ -286,7 +277,7 @@ fn the_planner_tab_plans_with_a_saved_device_table() {
             .is_some()
     );
     drop(h);
-    let h = open(&hostile);
+    let h = planner_window(Some(&hostile));
     assert!(
         h.query_by_label_contains("Device table: device table:")
             .is_some()

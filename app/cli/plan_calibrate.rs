@@ -19,14 +19,14 @@ use super::serve_bench::prompt_set;
 use crate::model_args::ModelArgs;
 
 /// The levels measured: the first is fitted, the others held out.
-pub const LEVELS: [usize; 3] = [1, 4, 16];
+const LEVELS: [usize; 3] = [1, 4, 16];
 /// The workload of every level (the bundled rows' shape).
 const PROMPT_LEN: usize = 128;
 const OUTPUT_LEN: usize = 128;
 /// The shape the default model is planned as.
 const SHAPE: &str = "smollm2-135m";
 /// The device row that stands for this machine.
-pub const THIS_CPU: &str = "this-cpu";
+const THIS_CPU: &str = "this-cpu";
 
 /// `this-cpu` of `table`, refitted to the default model measured here with `threads` compute
 /// threads (0: one per core); progress goes to stderr.

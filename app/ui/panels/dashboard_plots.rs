@@ -7,6 +7,7 @@
 use crate::ui::load::SweepPoint;
 use crate::ui::plot_tradeoff;
 use egui_plot::{Bar, BarChart, Plot};
+use tpslab_engine::device::ExpertLoad;
 
 use crate::ui::plots::{History, Sample, Y_AXIS_WIDTH, outline, styled, sweep_plot_ui, time_plot};
 
@@ -64,7 +65,8 @@ pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[Swe
         time_plot(&mut cols[0], "plot_batch", h, None, lines, 150.0);
         kv_plot(&mut cols[1], h);
     });
-    if h.samples.iter().any(|s| s.expert_pct.is_some()) {
+    // The latest snapshot's load: no scan of the history in the frame.
+    if let Some(load) = &h.experts {
         ui.columns(2, |cols| {
             let series = series_for(&cols[0], h);
             cols[0].strong("Expert weights read per step (%)");
@@ -77,7 +79,7 @@ pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[Swe
                 lines,
                 150.0,
             );
-            expert_load_plot(&mut cols[1], h);
+            expert_load_plot(&mut cols[1], load);
         });
     }
     if !sweep_points.is_empty() {
@@ -96,11 +98,7 @@ fn series_for<'a>(ui: &egui::Ui, h: &'a History) -> impl Fn(Pick<'_>) -> Vec<[f6
 
 /// Tokens per expert in the latest step, averaged over its MoE layers: how evenly the router
 /// spread the batch, and how many experts a step had to read.
-fn expert_load_plot(ui: &mut egui::Ui, h: &History) {
-    let Some(load) = &h.experts else {
-        ui.strong("Tokens per expert: no MoE step yet");
-        return;
-    };
+fn expert_load_plot(ui: &mut egui::Ui, load: &ExpertLoad) {
     let bars: Vec<Bar> = (load.mean_tokens_per_expert().enumerate())
         .map(|(e, n)| Bar::new(e as f64, n).width(1.0))
         .collect();

@@ -39,8 +39,7 @@ pub fn calibrate_device(
         output_len: fit.output_len,
         token_budget: fit.token_budget,
     };
-    let mut d = device.clone();
-    d.measured = Vec::new();
+    let mut d = scaled(device, 1.0, 1.0);
     let (mut speed, mut compute) = (1.0_f64, 1.0_f64);
     for _ in 0..ROUNDS {
         let p = predict(table, &d, &shape, ty, &w)?;
@@ -58,7 +57,6 @@ pub fn calibrate_device(
         compute *= pre;
         d = scaled(device, speed, speed * compute);
     }
-    let cal = table.calibration(device)?;
     let why = format!(
         "calibrated here ({source}): the {} run at concurrency 1 ({:.1} tok/s per request, TTFT \
          {:.0} ms) through the {} calibration",
@@ -75,12 +73,6 @@ pub fn calibrate_device(
     for (p, f) in &mut d.tflops {
         let old = device.tflops.get(p).map_or(f.value, |o| o.value);
         f.source = format!("{why}; {flops_factor:.2}x the table's {old} TFLOP/s");
-    }
-    if !d.tflops.contains_key(&cal.compute_precision) {
-        return Err(PlanError::Table(format!(
-            "{} has no tflops.{}",
-            d.id, cal.compute_precision
-        )));
     }
     d.measured = measured;
     Ok(d)

@@ -167,6 +167,7 @@ impl EngineThread {
         // The adaptive token budget's step-time model learns from every step.
         self.sched.record_step_time(out.num_batched_tokens, step_ms);
         let st = self.sched.stats();
+        let experts = self.backend.expert_load();
         let prefill: usize = out
             .scheduled
             .iter()
@@ -190,9 +191,9 @@ impl EngineThread {
             rss_bytes: self.rss,
             step_ms,
             spec,
-            expert_share: self.backend.expert_load().and_then(ExpertLoad::share),
+            expert_share: experts.and_then(ExpertLoad::share),
         });
-        if let Some(load) = self.backend.expert_load() {
+        if let Some(load) = experts {
             self.metrics.on_experts(load);
         }
         self.cache_seen = (st.prefix_cache_queries, st.prefix_cache_hits);
