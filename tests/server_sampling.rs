@@ -1,8 +1,8 @@
 //! The sampling side of the OpenAI API over real HTTP with the real default model: token
 //! log-probabilities (chat and completions, whole and streamed) held against a forward pass of
 //! the whole sequence run here, `n` choices with a seed each and their shared prompt blocks,
-//! `logit_bias`, `echo`, `/tokenize` and `/detokenize` against the real tokenizer, `/v1/models`,
-//! and the 400s for fields the engine cannot honour.
+//! `logit_bias`, `echo`, vLLM's `prompt_logprobs` with ranks, `/tokenize` and `/detokenize`
+//! against the real tokenizer, `/v1/models`, and the 400s for fields the engine cannot honour.
 
 use std::net::SocketAddr;
 
@@ -523,6 +523,117 @@ fn echo_with_logprobs_scores_the_prompt_whole_and_streamed() {
             }
             _ => panic!("entry {i}: {a:?} vs {b:?}"),
         }
+    }
+}
+
+/// vLLM's `prompt_logprobs` entry of one position: (id, logprob, rank, decoded_token).
+fn prompt_entries(pos: &Value) -> Vec<(u32, f64, u64, String)> {
+    pos.as_object()
+        .expect("a map per position")
+        .iter()
+        .map(|(k, e)| {
+            (
+                k.parse().expect("token id key"),
+                e["logprob"].as_f64().expect("logprob"),
+                e["rank"].as_u64().expect("rank"),
+                e["decoded_token"].as_str().expect("decoded_token").into(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn prompt_logprobs_score_every_prompt_token_with_its_rank() {
+    let addr = shared();
+    let lm = model();
+    let prompt = "The quick brown fox jumps over the lazy dog, and then it runs away.";
+    let ids: Vec<u32> =
+        serde_json::from_value(ok(addr, "/tokenize", &json!({"prompt": prompt}))["tokens"].clone())
+            .expect("tokens");
+    // Echo with one alternative, prompt_logprobs with three: each answer keeps its own count.
+    let body = json!({"prompt": prompt, "max_tokens": 2, "temperature": 0, "echo": true,
+                      "logprobs": 1, "prompt_logprobs": 3});
+    let v = ok(addr, "/v1/completions", &body);
+    let c = &v["choices"][0];
+    let pl = c["prompt_logprobs"].as_array().expect("prompt_logprobs");
+    assert_eq!(pl.len(), ids.len(), "one entry per prompt token");
+    assert!(pl[0].is_null(), "the first token has no context");
+    let rows = reference_rows(&lm, &ids, 1);
+    for (pos, (entry, row)) in pl[1..].iter().zip(&rows).enumerate() {
+        let id = ids[pos + 1];
+        let got = prompt_entries(entry);
+        assert!(
+            (3..=4).contains(&got.len()),
+            "position {}: {got:?}",
+            pos + 1
+        );
+        let mut top: Vec<_> = got.iter().filter(|e| e.2 <= 3).collect();
+        top.sort_by_key(|e| e.2);
+        let ranks: Vec<u64> = top.iter().map(|e| e.2).collect();
+        assert_eq!(ranks, [1, 2, 3], "position {}: {got:?}", pos + 1);
+        for (t, lp, rank, text) in &got {
+            let want = row[*t as usize];
+            assert!(
+                (lp - want).abs() < TOL,
+                "position {}: {t} {lp} vs {want}",
+                pos + 1
+            );
+            let bytes = lm.tokenizer.token_bytes(*t).unwrap_or_default();
+            assert_eq!(*text, String::from_utf8_lossy(bytes));
+            // Its rank counts the tokens at least as likely (within the tolerance of a
+            // reference computed apart).
+            let above = row.iter().filter(|&&x| x > want + TOL).count() as u64;
+            let at_least = row.iter().filter(|&&x| x >= want - TOL).count() as u64;
+            assert!(
+                (above + 1..=at_least).contains(rank),
+                "position {}: token {t} rank {rank}, reference {above}+1..={at_least}",
+                pos + 1
+            );
+        }
+        assert!(
+            got.iter().any(|e| e.0 == id),
+            "the prompt's own token is there"
+        );
+    }
+    // The echoed prompt's entries in `logprobs` keep the one alternative asked there.
+    let tops = c["logprobs"]["top_logprobs"]
+        .as_array()
+        .expect("top_logprobs");
+    assert!(
+        tops[1..ids.len()]
+            .iter()
+            .all(|t| (1..=2).contains(&t.as_object().map_or(0, |m| m.len())))
+    );
+
+    // Chat: beside the choices, one entry per token of the rendered prompt.
+    let v = ok(
+        addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"prompt_logprobs": 0})),
+    );
+    let pl = v["prompt_logprobs"]
+        .as_array()
+        .expect("chat prompt_logprobs");
+    assert_eq!(
+        pl.len() as u64,
+        v["usage"]["prompt_tokens"].as_u64().expect("usage")
+    );
+    assert!(pl[0].is_null());
+    assert!(
+        pl[1..].iter().all(|e| prompt_entries(e).len() == 1),
+        "0 alternatives: the token alone"
+    );
+    assert!(v["choices"][0].get("prompt_logprobs").is_none());
+
+    // What vLLM refuses is a 400 naming the field.
+    for bad in [
+        json!({"prompt_logprobs": 21}),
+        json!({"prompt_logprobs": -1}),
+        json!({"prompt_logprobs": 1, "stream": true}),
+    ] {
+        let r = post(addr, "/v1/chat/completions", &chat_body(bad.clone()));
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(r.error()["param"], "prompt_logprobs", "{bad}");
     }
 }
 

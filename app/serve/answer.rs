@@ -41,6 +41,11 @@ pub struct AnswerSpec {
     /// The field that asked for the request's grammar (`response_format`, `guided_regex`,
     /// `tool_choice`, ...): what a grammar failing while decoding is a 400 about.
     pub grammar_field: Option<&'static str>,
+    /// Alternatives per generated token when the request asked for log-probabilities.
+    pub logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt position in the whole answer's
+    /// `prompt_logprobs`.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl AnswerSpec {
@@ -157,8 +162,8 @@ struct ChoiceState {
     offset: usize,
     /// A streamed call has been sent: the choice finishes with `"tool_calls"`.
     called: bool,
-    /// The prompt's ids and log-probabilities (completions' `echo` with `logprobs`), until
-    /// they go out ahead of the first tokens'.
+    /// The prompt's ids and log-probabilities (completions' `echo` with `logprobs`, vLLM's
+    /// `prompt_logprobs`), until they go out.
     prompt: Option<(Vec<u32>, Vec<TokenLogprob>)>,
 }
 
@@ -185,10 +190,8 @@ impl ChoiceState {
     }
 
     /// The log-probabilities gathered so far, in the endpoint's shape, and forgotten.
-    fn take_logprobs(&mut self, spec: &AnswerSpec, asked: bool) -> Option<Value> {
-        if !asked {
-            return None;
-        }
+    fn take_logprobs(&mut self, spec: &AnswerSpec) -> Option<Value> {
+        let k = spec.logprobs?;
         let items = std::mem::take(&mut self.scored);
         let names = Names {
             tok: &spec.lm.tokenizer,
@@ -200,8 +203,13 @@ impl ChoiceState {
                 let generated = items.iter().map(|(id, lp)| (*id, Some(lp)));
                 match self.prompt.take() {
                     // The echoed prompt's tokens lead, their offsets from the text's start.
-                    Some((ids, lps)) => {
+                    Some((ids, mut lps)) => {
                         self.offset = 0;
+                        // The engine scored the prompt for `prompt_logprobs` too: its
+                        // alternatives may be more than `logprobs` asked for.
+                        for lp in &mut lps {
+                            lp.top.truncate(k);
+                        }
                         let first = ids.first().map(|&id| (id, None));
                         let rest = ids.iter().skip(1).zip(&lps).map(|(&id, lp)| (id, Some(lp)));
                         let all = first.into_iter().chain(rest).chain(generated);
@@ -211,6 +219,15 @@ impl ChoiceState {
                 }
             }
         })
+    }
+}
+
+impl ChoiceState {
+    /// vLLM's `prompt_logprobs` of the choice's prompt, when the request asked for them.
+    fn prompt_logprobs(&self, spec: &AnswerSpec) -> Option<Value> {
+        let k = spec.prompt_logprobs?;
+        let (ids, lps) = self.prompt.as_ref()?;
+        Some(logprobs_json::prompt(&spec.lm.tokenizer, ids, lps, k))
     }
 }
 
@@ -227,16 +244,14 @@ pub struct Whole {
     pub text: Split,
     pub calls: Vec<ToolCall>,
     pub logprobs: Option<Value>,
+    /// vLLM's `prompt_logprobs`, when asked for.
+    pub prompt_logprobs: Option<Value>,
     pub finish: Option<FinishReason>,
 }
 
 /// The whole answer of a non-streamed request as the chat or completions response.
-pub async fn collect(
-    choices: &mut Choices,
-    spec: &AnswerSpec,
-    logprobs: bool,
-) -> Result<Value, ApiError> {
-    let (outs, usage) = gather(choices, spec, logprobs).await?;
+pub async fn collect(choices: &mut Choices, spec: &AnswerSpec) -> Result<Value, ApiError> {
+    let (outs, usage) = gather(choices, spec).await?;
     let choices = outs
         .iter()
         .enumerate()
@@ -247,6 +262,7 @@ pub async fn collect(
             logprobs: w.logprobs.clone(),
             tool_calls: (!w.calls.is_empty()).then(|| calls_json(&w.calls)),
             called: !w.calls.is_empty(),
+            prompt_logprobs: w.prompt_logprobs.clone(),
         })
         .collect();
     Ok(full_response(&spec.meta, choices, &usage))
@@ -258,7 +274,6 @@ pub async fn collect(
 pub async fn gather(
     choices: &mut Choices,
     spec: &AnswerSpec,
-    logprobs: bool,
 ) -> Result<(Vec<Whole>, Usage), ApiError> {
     let mut states: Vec<ChoiceState> = (0..choices.count())
         .map(|_| ChoiceState::new(spec))
@@ -304,10 +319,12 @@ pub async fn gather(
             let (text, calls) = c.pipe.clone().whole(std::mem::take(&mut c.text));
             // Offsets count from the start of the text, echo included.
             c.offset = spec.echo.as_ref().map_or(0, String::len);
+            let prompt_logprobs = c.prompt_logprobs(spec);
             Whole {
                 text,
                 calls,
-                logprobs: c.take_logprobs(spec, logprobs),
+                prompt_logprobs,
+                logprobs: c.take_logprobs(spec),
                 finish: c.finish,
             }
         })
@@ -322,7 +339,6 @@ pub async fn gather(
 pub struct SseStream {
     choices: Choices,
     spec: AnswerSpec,
-    logprobs: bool,
     states: Vec<ChoiceState>,
     usage: Option<Usage>,
     open: usize,
@@ -335,7 +351,7 @@ fn frame(v: &Value) -> Bytes {
 }
 
 impl SseStream {
-    pub fn new(choices: Choices, spec: AnswerSpec, logprobs: bool) -> Self {
+    pub fn new(choices: Choices, spec: AnswerSpec) -> Self {
         let states: Vec<ChoiceState> = (0..choices.count())
             .map(|_| {
                 let mut c = ChoiceState::new(&spec);
@@ -347,7 +363,6 @@ impl SseStream {
             open: states.len(),
             choices,
             spec,
-            logprobs,
             states,
             usage: None,
             pending: VecDeque::new(),
@@ -358,7 +373,7 @@ impl SseStream {
     /// Sends a chunk of choice `i` with its log-probabilities so far.
     fn send(&mut self, i: usize, piece: Piece, finish: Option<FinishReason>) {
         let c = &mut self.states[i];
-        let logprobs = c.take_logprobs(&self.spec, self.logprobs);
+        let logprobs = c.take_logprobs(&self.spec);
         let first = std::mem::replace(&mut c.first, false);
         let mut text = piece.text;
         if first && let Some(echo) = &self.spec.echo {
@@ -372,6 +387,7 @@ impl SseStream {
             logprobs,
             tool_calls: (!piece.calls.is_empty()).then(|| deltas_json(piece.calls)),
             called: c.called,
+            prompt_logprobs: None,
         };
         let v = chunk(&self.spec.meta, first, out, self.spec.include_usage);
         self.pending.push_back(frame(&v));

@@ -122,6 +122,8 @@ pub async fn prepare(
         token_ids: parsed.common.return_tokens_as_token_ids.unwrap_or(false),
         tools: ToolParse::for_plan(parsed.tools.as_ref(), &st.lm),
         grammar_field: parsed.constraint.as_ref().map(|a| a.field),
+        logprobs: parsed.logprobs,
+        prompt_logprobs: parsed.prompt_logprobs,
     };
     Ok(Started {
         parsed,
@@ -155,13 +157,12 @@ async fn complete(
         mut choices,
         spec,
     } = prepare(&st, kind, &headers, body, Ok).await?;
-    let logprobs = parsed.logprobs.is_some();
     if parsed.stream() {
-        let stream = SseStream::new(choices, spec, logprobs);
+        let stream = SseStream::new(choices, spec);
         return Ok(sse(Body::from_stream(stream)));
     }
     // Dropping this future (the client hung up) drops `choices`, whose guards cancel them.
-    let body = collect(&mut choices, &spec, logprobs).await?;
+    let body = collect(&mut choices, &spec).await?;
     Ok(errors::json_response(StatusCode::OK, &body))
 }
 

@@ -2,7 +2,9 @@
 //! `{token, logprob, bytes, top_logprobs}`) and completions' `logprobs` (parallel lists
 //! `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`). A token's text is its bytes as
 //! UTF-8 (a token that is part of a character shows U+FFFD; `bytes` is exact); a log-probability
-//! of `-inf` is sent as -9999.0, as vLLM does, since JSON has no infinity.
+//! of `-inf` is sent as -9999.0, as vLLM does, since JSON has no infinity. vLLM's
+//! `prompt_logprobs` ([`prompt`]) have their own shape: per position, token id to
+//! `{logprob, rank, decoded_token}`.
 
 use serde_json::{Map, Value, json};
 use tpslab_engine::serving::logprobs::TokenLogprob;
@@ -114,4 +116,22 @@ pub fn completion<'a>(
         "top_logprobs": tops,
         "text_offset": offsets,
     })
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then per position a map of token
+/// id (as a string) to `{logprob, rank, decoded_token}` holding the prompt's token (its rank in
+/// the row) and the `k` most likely (ranks 1 to `k`; a prompt token among them keeps that
+/// rank, as vLLM's map does). `lps[i]` scores `ids[i + 1]`.
+pub fn prompt(tok: &Tokenizer, ids: &[u32], lps: &[TokenLogprob], k: usize) -> Value {
+    let entry = |id: u32, lp: f32, rank: u32| json!({"logprob": finite(lp), "rank": rank, "decoded_token": token_text(tok, id).0});
+    let first = ids.first().map(|_| Value::Null);
+    let rest = ids.iter().skip(1).zip(lps).map(|(&id, lp)| {
+        let mut m = Map::new();
+        m.insert(id.to_string(), entry(id, lp.logprob, lp.rank));
+        for (r, &(t, l)) in (1u32..).zip(lp.top.iter().take(k)) {
+            m.insert(t.to_string(), entry(t, l, r));
+        }
+        Value::Object(m)
+    });
+    Value::Array(first.into_iter().chain(rest).collect())
 }

@@ -67,6 +67,9 @@ pub struct Common {
     pub echo: Option<bool>,
     /// vLLM's extension: log-probabilities name tokens `token_id:<id>`.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM's extension: score every prompt token with this many alternatives (0 to 20), in
+    /// the response's own `prompt_logprobs`.
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// `prompt`: a string, a list holding one string, or token ids.
@@ -121,7 +124,10 @@ pub struct Parsed {
     pub constraint: Option<Asked>,
     /// `Some(k)`: each token's log-probability with its `k` most likely alternatives.
     pub logprobs: Option<usize>,
-    /// `Some(k)`: the prompt's log-probabilities too (completions' `echo` with `logprobs`).
+    /// vLLM's `prompt_logprobs`: `Some(k)` scores the prompt with `k` alternatives per
+    /// position, answered as the response's `prompt_logprobs` (chat: beside `choices`;
+    /// completions: in each choice). Completions' `echo` with `logprobs` scores the prompt too,
+    /// into `logprobs` ([`Parsed::scored_prompt`]).
     pub prompt_logprobs: Option<usize>,
     /// Choices to generate (`n`), each its own sequence in the batch.
     pub n: usize,
@@ -145,6 +151,13 @@ impl Parsed {
 
     pub fn max_tokens(&self) -> Option<u32> {
         self.common.max_completion_tokens.or(self.common.max_tokens)
+    }
+
+    /// The alternatives per prompt position the engine scores: for `prompt_logprobs`, and for
+    /// completions' `echo` with `logprobs` (whose answer leads with the prompt's tokens).
+    pub fn scored_prompt(&self) -> Option<usize> {
+        let echoed = if self.echo { self.logprobs } else { None };
+        echoed.max(self.prompt_logprobs)
     }
 }
 
@@ -211,8 +224,7 @@ pub fn parse(
             "echo is a completions field; chat answers never repeat the conversation",
         ));
     }
-    // Completions' echo with logprobs scores the prompt too (OpenAI's legacy answer).
-    let prompt_logprobs = if echo { logprobs } else { None };
+    let prompt_logprobs = prompt_logprobs(&common)?;
     Ok(Parsed {
         logprobs,
         prompt_logprobs,
@@ -442,6 +454,27 @@ fn logprobs(kind: Kind, c: &Common) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// vLLM's `prompt_logprobs`: 0 to 20 alternatives per prompt position. Not on a stream (as in
+/// vLLM: the answer carries them whole).
+fn prompt_logprobs(c: &Common) -> Result<Option<usize>, ApiError> {
+    let max = MAX_TOP_LOGPROBS as i64;
+    match c.prompt_logprobs {
+        None => Ok(None),
+        Some(k) if !(0..=max).contains(&k) => Err(ApiError::over_cap(
+            "prompt_logprobs",
+            format!(
+                "prompt_logprobs = {k}; this server returns 0 to {max} alternatives per \
+                 prompt token"
+            ),
+        )),
+        Some(_) if c.stream.unwrap_or(false) => Err(ApiError::bad_param(
+            "prompt_logprobs",
+            "prompt_logprobs is not available when stream is true",
+        )),
+        Some(k) => Ok(Some(k as usize)),
+    }
+}
+
 /// OpenAI's defaults where a field is absent (temperature 1), checked as the engine would.
 fn sampling(c: &Common) -> Result<SamplingParams, ApiError> {
     let s = SamplingParams {
@@ -508,7 +541,7 @@ pub fn to_request(
             .map(|a| structured::compile(lm, a))
             .transpose()?,
         logprobs: p.logprobs,
-        prompt_logprobs: p.prompt_logprobs,
+        prompt_logprobs: p.scored_prompt(),
     };
     Admission::for_model(&lm.model.cfg)
         .check(&req)
@@ -544,6 +577,8 @@ pub struct ChoiceOut<'a> {
     pub tool_calls: Option<Value>,
     /// The choice made a call: it finishes with `"tool_calls"` (unless cut short by length).
     pub called: bool,
+    /// vLLM's `prompt_logprobs` of a whole answer, when asked for.
+    pub prompt_logprobs: Option<Value>,
 }
 
 impl ChoiceOut<'_> {
@@ -557,10 +592,13 @@ impl ChoiceOut<'_> {
 
 /// The whole non-streamed response: a chat answer's reasoning, when it has any, as
 /// `message.reasoning_content` (llama-server's and vLLM's field).
+/// vLLM's `prompt_logprobs`, when asked for, lie beside the choices (chat) or in each
+/// (completions).
 pub fn full_response(m: &Meta, choices: Vec<ChoiceOut<'_>>, usage: &Usage) -> Value {
+    let mut prompt_logprobs = None;
     let choices: Vec<Value> = choices
         .into_iter()
-        .map(|c| {
+        .map(|mut c| {
             let reason = c.finish_reason();
             let logprobs = c.logprobs.unwrap_or(Value::Null);
             match m.kind {
@@ -576,6 +614,9 @@ pub fn full_response(m: &Meta, choices: Vec<ChoiceOut<'_>>, usage: &Usage) -> Va
                         }
                         message["tool_calls"] = calls;
                     }
+                    if prompt_logprobs.is_none() {
+                        prompt_logprobs = c.prompt_logprobs.take();
+                    }
                     json!({
                         "index": c.index,
                         "message": message,
@@ -583,23 +624,33 @@ pub fn full_response(m: &Meta, choices: Vec<ChoiceOut<'_>>, usage: &Usage) -> Va
                         "finish_reason": reason,
                     })
                 }
-                Kind::Completion => json!({
-                    "index": c.index,
-                    "text": c.text.content,
-                    "logprobs": logprobs,
-                    "finish_reason": reason,
-                }),
+                Kind::Completion => {
+                    let mut v = json!({
+                        "index": c.index,
+                        "text": c.text.content,
+                        "logprobs": logprobs,
+                        "finish_reason": reason,
+                    });
+                    if let Some(p) = c.prompt_logprobs.take() {
+                        v["prompt_logprobs"] = p;
+                    }
+                    v
+                }
             }
         })
         .collect();
-    json!({
+    let mut v = json!({
         "id": m.id,
         "object": m.kind.object(),
         "created": m.created,
         "model": m.model,
         "choices": choices,
         "usage": usage_json(usage),
-    })
+    });
+    if let Some(p) = prompt_logprobs {
+        v["prompt_logprobs"] = p;
+    }
+    v
 }
 
 /// One streamed chunk of one choice: `role` on a chat choice's first chunk, the text as a

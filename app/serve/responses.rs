@@ -447,12 +447,11 @@ async fn respond(
         created_at: unix_now(),
         model: st.model_id.clone(),
     };
-    let logprobs = started.parsed.logprobs.is_some();
     if started.parsed.stream() {
-        let events = ResponsesStream::new(started.choices, started.spec, meta, logprobs);
+        let events = ResponsesStream::new(started.choices, started.spec, meta);
         return Ok(sse(Body::from_stream(events)));
     }
-    let (outs, usage) = gather(&mut started.choices, &started.spec, logprobs).await?;
+    let (outs, usage) = gather(&mut started.choices, &started.spec).await?;
     let Some(w) = outs.into_iter().next() else {
         return Err(ApiError::internal("the answer has no choice"));
     };

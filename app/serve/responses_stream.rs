@@ -54,8 +54,6 @@ pub struct ResponsesStream {
     pipe: TextPipe,
     spec: AnswerSpec,
     meta: RespMeta,
-    /// The request asked for log-probabilities.
-    logprobs: bool,
     /// Tokens scored since the last text delta.
     scored: Vec<Scored>,
     /// All the reasoning written, for its token count.
@@ -69,13 +67,12 @@ pub struct ResponsesStream {
 }
 
 impl ResponsesStream {
-    pub fn new(choices: Choices, spec: AnswerSpec, meta: RespMeta, logprobs: bool) -> Self {
+    pub fn new(choices: Choices, spec: AnswerSpec, meta: RespMeta) -> Self {
         let mut s = Self {
             choices,
             pipe: TextPipe::new(&spec),
             spec,
             meta,
-            logprobs,
             scored: Vec::new(),
             reasoning: String::new(),
             seq: 0,
@@ -117,7 +114,7 @@ impl ResponsesStream {
             }
             Open::Message { id, text, logprobs } => {
                 let lp = Value::Array(logprobs);
-                let part = text_part(&text, self.logprobs.then_some(&lp));
+                let part = text_part(&text, self.spec.logprobs.is_some().then_some(&lp));
                 self.event(
                     "response.output_text.done",
                     json!({"item_id": id, "output_index": i, "content_index": 0, "text": text,
@@ -326,7 +323,7 @@ impl ResponsesStream {
                 logprob,
                 ..
             } => {
-                if let Some(lp) = logprob.filter(|_| self.logprobs) {
+                if let Some(lp) = logprob.filter(|_| self.spec.logprobs.is_some()) {
                     self.scored.push((token, *lp));
                 }
                 let p = self.pipe.push(&text);

@@ -28,14 +28,10 @@ fn refuse(field: &str, why: &str) -> ApiError {
 /// The body's fields against what the engine can do for `kind`.
 pub fn check(kind: Kind, body: &Value) -> Result<(), ApiError> {
     let get = |k: &str| body.get(k);
-    let common: [(&str, &str); 6] = [
+    let common: [(&str, &str); 5] = [
         (
             "use_beam_search",
             "beam search is not supported; sample n choices instead",
-        ),
-        (
-            "prompt_logprobs",
-            "the prompt's log-probabilities are not computed by this server",
         ),
         (
             "min_tokens",

@@ -8,6 +8,9 @@
 pub struct TokenLogprob {
     /// `ln p(token)`; `-inf` for a token the row gives no probability.
     pub logprob: f32,
+    /// The token's rank in the row, from 1, as vLLM counts it: the entries at least as likely
+    /// as the token, itself included (one past the row for an id outside it).
+    pub rank: u32,
     /// The `top` most likely tokens with their log-probabilities, most likely first (lower id
     /// first on ties).
     pub top: Vec<(u32, f32)>,
@@ -53,6 +56,11 @@ pub fn token_logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
     let logprob = row
         .get(token as usize)
         .map_or(f32::NEG_INFINITY, |&v| lp(v));
+    let rank = match row.get(token as usize) {
+        Some(&v) if !v.is_nan() => row.iter().filter(|&&x| x >= v).count(),
+        Some(_) => row.iter().filter(|x| !x.is_nan()).count() + 1,
+        None => row.len() + 1,
+    };
     let top = top.min(MAX_TOP_LOGPROBS).min(row.len());
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
     if top > 0 {
@@ -69,6 +77,7 @@ pub fn token_logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
     }
     TokenLogprob {
         logprob,
+        rank: u32::try_from(rank).unwrap_or(u32::MAX),
         top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
     }
 }
@@ -85,6 +94,15 @@ mod tests {
         assert!((f64::from(t.logprob) - (1.0 - z.ln())).abs() < 1e-6);
         let ids: Vec<u32> = t.top.iter().map(|&(i, _)| i).collect();
         assert_eq!(ids, [1, 2, 0], "most likely first, lower id first on ties");
+        assert_eq!(t.rank, 3, "token 0 is third");
+        assert_eq!(
+            token_logprob(&row, 1, 0).rank,
+            2,
+            "a tie counts the other token"
+        );
+        assert_eq!(token_logprob(&row, 3, 0).rank, 4);
+        assert_eq!(token_logprob(&row, 4, 0).rank, 5, "NaN ranks last");
+        assert_eq!(token_logprob(&row, 99, 0).rank, 6, "outside the row");
         let total: f64 = (0..4)
             .map(|i| f64::from(token_logprob(&row, i, 0).logprob).exp())
             .sum();
