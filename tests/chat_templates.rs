@@ -1,5 +1,6 @@
 //! The real chat templates of the families TPS Lab runs (llama.cpp's models/templates/: Llama
-//! 3.1 / 3.2 / 3.3, Qwen2.5, Qwen3, Gemma 2, Phi-3.5, Mistral Nemo, SmolLM3, DeepSeek-R1 distills)
+//! 3.1 / 3.2 / 3.3, Qwen2.5, Qwen3, Gemma 2, Phi-3.5, Mistral Nemo, SmolLM3, DeepSeek-R1 distills,
+//! gpt-oss)
 //! render exactly as jinja2 renders them under transformers' setup, for conversations with and
 //! without system messages, several turns, tools and tool calls, documents, reasoning history,
 //! `add_generation_prompt` and `enable_thinking` on, off and absent, on a pinned date.
@@ -56,7 +57,7 @@ fn real_templates_render_as_transformers_does() {
     let now = RenderTime::utc(reference["now_unix"].as_i64().expect("now_unix"));
     let cases = reference["cases"].as_object().expect("cases");
     let templates = reference["templates"].as_object().expect("templates");
-    assert_eq!(templates.len(), 11, "the families of issue 16");
+    assert_eq!(templates.len(), 12, "the families of issues 16 and 19");
     let mut checked = 0;
     let mut wrong = Vec::new();
     for (name, t) in templates {
@@ -137,10 +138,12 @@ fn dates_follow_the_clock_and_gemma_takes_a_system_message() {
 /// gpt-oss's real template writes harmony: its generation prompt opens an assistant message
 /// without a channel, so the answer names its channels itself; the reasoning pair read from
 /// the template is harmony's, and an answer in that format splits into its analysis and its
-/// final message.
+/// final message. Its tool format is harmony's too: a call written the way the template writes
+/// one in the history (recipient first, commentary channel) reads back as that call.
 #[test]
 fn gpt_oss_writes_harmony_and_its_channels_split() {
     use tpslab_engine::text::reasoning::{HARMONY, ReasoningParser, ReasoningTags};
+    use tpslab_engine::text::tool_calls::{ToolCall, ToolCallParser, ToolFormat};
     let source = llamacpp::template("openai-gpt-oss-120b");
     let template = ChatTemplate::new(&source, "<|startoftext|>", "<|return|>").expect("compile");
     let prompt = template
@@ -172,4 +175,42 @@ fn gpt_oss_writes_harmony_and_its_channels_split() {
         (got.reasoning.as_str(), got.content.as_str()),
         ("Simple sum.", "4")
     );
+    // Its calls: what the template writes for an assistant's call in the history reads back as
+    // that call, and so does an answer that thinks, says a preamble, then calls.
+    assert_eq!(
+        ToolFormat::for_template(template.source()),
+        ToolFormat::Harmony
+    );
+    let call = ToolCall {
+        name: "get_weather".into(),
+        arguments: r#"{"location":"Paris"}"#.into(),
+    };
+    let history = template
+        .render_with(
+            &serde_json::from_value::<Vec<ChatMessage>>(serde_json::json!([
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "18"},
+            ]))
+            .expect("messages"),
+            &RenderOptions::new(false),
+        )
+        .expect("render");
+    let written = history
+        .split("<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant")
+        .nth(1)
+        .and_then(|rest| rest.split("<|start|>functions.get_weather").next())
+        .expect("the assistant's call in the history");
+    assert!(written.contains("to=functions.get_weather"), "{written}");
+    let answer = format!(
+        "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant\
+         <|channel|>commentary<|message|>Checking.<|end|><|start|>assistant{written}"
+    );
+    for text in [written, answer.as_str()] {
+        let split = ReasoningParser::for_prompt(tags, &prompt).split_all(text);
+        let (content, calls) = ToolCallParser::parse_all(ToolFormat::Harmony, &split.content);
+        assert_eq!(calls, std::slice::from_ref(&call), "{text}");
+        assert!(["", "Checking."].contains(&content.trim()), "{content:?}");
+    }
 }

@@ -48,6 +48,7 @@ TEMPLATES = {
     "HuggingFaceTB-SmolLM3-3B": ("", "<|im_end|>"),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "openai-gpt-oss-120b": ("<|startoftext|>", "<|return|>"),
 }
 
 TOOLS = [

@@ -12,7 +12,8 @@
 //! - [`reasoning`]: splits a thinking model's output into its reasoning and its answer as the
 //!   tokens stream.
 //! - [`tool_calls`]: finds the tool calls a model writes in its family's format (Hermes, Llama 3
-//!   JSON, Mistral) and splits them from the answer's text, whole or streamed.
+//!   JSON, Mistral, gpt-oss's harmony in `tool_calls/harmony`) and splits them from the
+//!   answer's text, whole or streamed.
 //! - [`chat_budget`]: the budgets of a template render (fuel, output, time, memory) and the
 //!   isolated render that enforces them (with its render server, `chat_zygote`).
 

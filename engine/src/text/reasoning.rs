@@ -9,12 +9,15 @@
 //! to be one, so no piece of a tag ever reaches either side. An output that never closes its
 //! reasoning is all reasoning.
 //!
-//! gpt-oss writes OpenAI's harmony format, its channels marked by control tokens:
-//! `<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…`. Its
-//! pair is the analysis header and everything from the analysis's `<|end|>` to the final
-//! header; an answer that skips the analysis starts with the final header, which is dropped.
-//! Those tokens are text only when the detokenizer keeps control tokens, which it does for such
-//! a model ([`ReasoningTags::keeps_control_tokens`]).
+//! gpt-oss writes OpenAI's harmony format, a run of messages whose channels are marked by
+//! control tokens: `<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final
+//! <|message|>…`. Its pair is the analysis header and the `<|end|><|start|>assistant` between
+//! two messages; each message's header decides its side again: an analysis is reasoning, the
+//! final channel's header is dropped and its text is the answer, and any other message (a
+//! commentary preamble, a call `to=functions.…`) goes to the answer as written, for the tool
+//! reader ([`crate::text::tool_calls::ToolFormat::Harmony`]). Those tokens are text only when
+//! the detokenizer keeps control tokens, which it does for such a model
+//! ([`ReasoningTags::keeps_control_tokens`]).
 
 /// A pair of tags that open and close a model's reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +39,7 @@ pub const THINK: ReasoningTags = ReasoningTags {
 /// gpt-oss's harmony channels: the analysis is the reasoning, the final channel the answer.
 pub const HARMONY: ReasoningTags = ReasoningTags {
     open: "<|channel|>analysis<|message|>",
-    close: "<|end|><|start|>assistant<|channel|>final<|message|>",
+    close: "<|end|><|start|>assistant",
     content_open: "<|channel|>final<|message|>",
 };
 
@@ -86,6 +89,12 @@ impl ReasoningTags {
     /// (harmony's channel markers are control tokens; `<think>` and the others are text).
     pub fn keeps_control_tokens(&self) -> bool {
         *self == HARMONY
+    }
+
+    /// Whether the output is a run of messages whose headers each decide their side (harmony):
+    /// `close` ends any message, not only the reasoning.
+    fn messages(&self) -> bool {
+        !self.content_open.is_empty()
     }
 
     /// Whether `prompt` ends inside an opened reasoning block: its last open tag is followed by
@@ -165,8 +174,9 @@ impl ReasoningParser {
         let mut out = Split::default();
         let mut buf = std::mem::take(&mut self.pending);
         buf.push_str(text);
-        // Each pass either ends (holding or giving out all of `buf`) or moves to a later state
-        // with what follows a tag, so this runs at most three times.
+        // Each pass either ends (holding or giving out all of `buf`) or moves to another state
+        // with what follows a tag, so this runs at most three times (harmony: three per
+        // message in `buf`).
         loop {
             match self.state {
                 State::Start => match self.start(&buf) {
@@ -181,7 +191,11 @@ impl ReasoningParser {
                         let inside = if started { inside } else { inside.trim_start() };
                         out.reasoning.push_str(inside.trim_end());
                         buf = buf[i + self.tags.close.len()..].to_string();
-                        self.state = State::Content { started: false };
+                        self.state = if self.tags.messages() {
+                            State::Start
+                        } else {
+                            State::Content { started: false }
+                        };
                     }
                     None => {
                         let keep = held_back(&buf, self.tags.close);
@@ -196,12 +210,33 @@ impl ReasoningParser {
                     }
                 },
                 State::Content { started } => {
-                    let give = if started { &buf[..] } else { buf.trim_start() };
+                    // Harmony: the message ends at `close`, and the next one's header decides.
+                    let (upto, next) = match buf.find(self.tags.close) {
+                        Some(i) if self.tags.messages() => (i, Some(i + self.tags.close.len())),
+                        _ if self.tags.messages() => {
+                            (buf.len() - partial(&buf, self.tags.close), None)
+                        }
+                        _ => (buf.len(), None),
+                    };
+                    let give = if started {
+                        &buf[..upto]
+                    } else {
+                        buf[..upto].trim_start()
+                    };
                     if !give.is_empty() {
                         self.state = State::Content { started: true };
                     }
                     out.content.push_str(give);
-                    return out;
+                    match next {
+                        Some(at) => {
+                            buf = buf[at..].to_string();
+                            self.state = State::Start;
+                        }
+                        None => {
+                            self.pending = buf[upto..].to_string();
+                            return out;
+                        }
+                    }
                 }
             }
         }
@@ -263,15 +298,20 @@ impl ReasoningParser {
 /// How many bytes at the end of `buf` must wait: a start of `close`, with the whitespace before
 /// it (a reasoning block's trailing whitespace is dropped when the close tag follows), bounded.
 fn held_back(buf: &str, close: &str) -> usize {
-    let partial = (1..close.len())
-        .rev()
-        .find(|&n| {
-            buf.len() >= n && buf.is_char_boundary(buf.len() - n) && buf.ends_with(&close[..n])
-        })
-        .unwrap_or(0);
+    let partial = partial(buf, close);
     let before = &buf[..buf.len() - partial];
     let ws = before.len() - before.trim_end().len();
     partial + ws.min(MAX_HELD_WHITESPACE)
+}
+
+/// How many bytes at the end of `buf` are a start of `tag`.
+fn partial(buf: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| {
+            buf.len() >= n && buf.is_char_boundary(buf.len() - n) && buf.ends_with(&tag[..n])
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -324,5 +364,33 @@ mod tests {
         assert_eq!((cut.reasoning.as_str(), cut.content.as_str()), ("Hmm", ""));
         let plain = ReasoningParser::new(HARMONY).split_all("Hello there");
         assert_eq!(plain.content, "Hello there");
+    }
+
+    /// Harmony after the analysis: a commentary preamble and a call go to the answer as written
+    /// (for the tool reader), a second analysis is reasoning again; in every split.
+    #[test]
+    fn harmony_messages_after_the_analysis_each_take_their_side() {
+        let text = "<|channel|>analysis<|message|>Need weather.<|end|>\
+                    <|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>\
+                    <|start|>assistant<|channel|>analysis<|message|>Call it.<|end|>\
+                    <|start|>assistant<|channel|>commentary to=functions.get_weather \
+                    <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+        for cut in 0..=text.len() {
+            let mut p = ReasoningParser::new(HARMONY);
+            let mut got = p.push(&text[..cut]);
+            got.extend(p.push(&text[cut..]));
+            got.extend(p.finish());
+            assert_eq!(got.reasoning, "Need weather.Call it.", "cut at {cut}");
+            assert_eq!(
+                got.content,
+                "<|channel|>commentary<|message|>Checking.\
+                 <|channel|>commentary to=functions.get_weather <|constrain|>json\
+                 <|message|>{\"city\":\"Paris\"}",
+                "cut at {cut}"
+            );
+        }
+        // The think tags never reopen: a tag in the answer is the answer's.
+        let think = ReasoningParser::new(THINK).split_all("<think>a</think>b<think>c</think>");
+        assert_eq!(think.content, "b<think>c</think>");
     }
 }

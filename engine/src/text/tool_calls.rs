@@ -1,6 +1,7 @@
 //! Tool calls in model output: finds the calls a model writes in its family's format (Hermes /
-//! Qwen `<tool_call>{..}</tool_call>`, Llama 3.x JSON, Mistral `[TOOL_CALLS]`) and splits them
-//! from the answer's text, whole or as the text streams.
+//! Qwen `<tool_call>{..}</tool_call>`, Llama 3.x JSON, Mistral `[TOOL_CALLS]`, gpt-oss's harmony
+//! messages `to=functions.NAME`, read in [`harmony`]) and splits them from the answer's text,
+//! whole or as the text streams.
 //!
 //! The rules are vLLM's tool parsers': a call whose JSON does not parse, or lacks a `name`, is
 //! given back as text exactly as written (never an error); a marker split across tokens
@@ -10,6 +11,8 @@
 //! text), and at most [`MAX_HELD`] bytes held back for one call (past it the call is text).
 
 use serde_json::Value;
+
+mod harmony;
 
 /// Most calls one answer may make; markers past it are left in the text.
 pub const MAX_CALLS: usize = 64;
@@ -35,14 +38,21 @@ pub enum ToolFormat {
     /// Mistral: `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`, or the newer
     /// `[TOOL_CALLS]name[ARGS]{..}` (with `[CALL_ID]id` before `[ARGS]` in some), repeated.
     Mistral,
+    /// gpt-oss (OpenAI's harmony): a commentary message addressed to a function,
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}<|call|>` (the
+    /// recipient may come before the channel); other messages' headers and ends are dropped and
+    /// their text is the answer's.
+    Harmony,
 }
 
 impl ToolFormat {
-    /// The format a chat template teaches: Mistral's marker, then Hermes' tag, then Llama 3's
+    /// The format a chat template teaches: harmony's channels, Mistral's marker, then Hermes' tag, then Llama 3's
     /// `ipython` role; Hermes when the template says nothing (vLLM's most common parser, and
     /// what small ChatML models imitate).
     pub fn for_template(source: &str) -> Self {
-        if source.contains(MISTRAL) {
+        if source.contains(harmony::TEMPLATE_MARK) {
+            ToolFormat::Harmony
+        } else if source.contains(MISTRAL) {
             ToolFormat::Mistral
         } else if source.contains(HERMES_OPEN) {
             ToolFormat::Hermes
@@ -92,7 +102,8 @@ impl ToolStep {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Llama 3 only: nothing but whitespace seen; the answer may still open with a call.
+    /// Llama 3 and harmony: nothing but whitespace seen; the answer may still open with a call
+    /// (harmony's recipient before its channel).
     Start,
     /// Answer text; for Hermes and Mistral a marker may follow.
     Text,
@@ -202,12 +213,15 @@ enum Read {
     More,
     /// `used` bytes make up the calls (empty when they were not valid: the bytes are text).
     Done { used: usize, calls: Vec<ToolCall> },
+    /// `used` bytes are the format's own (harmony's headers and message ends): neither text
+    /// nor a call.
+    Skip { used: usize },
 }
 
 impl ToolCallParser {
     pub fn new(format: ToolFormat) -> Self {
         let state = match format {
-            ToolFormat::Llama3Json => State::Start,
+            ToolFormat::Llama3Json | ToolFormat::Harmony => State::Start,
             _ => State::Text,
         };
         Self {
@@ -283,6 +297,17 @@ impl ToolCallParser {
                     self.give(out, n);
                     return;
                 }
+                State::Start if self.format == ToolFormat::Harmony => {
+                    let t = self.pending.trim_start();
+                    if t.starts_with(harmony::RECIPIENT) {
+                        self.state = State::Call;
+                        continue;
+                    }
+                    if harmony::RECIPIENT.starts_with(t) && !end && self.pending.len() <= MAX_HELD {
+                        return;
+                    }
+                    self.state = State::Text;
+                }
                 State::Start | State::AfterCall => {
                     let t = self.pending.trim_start();
                     let t = if self.state == State::AfterCall {
@@ -305,38 +330,16 @@ impl ToolCallParser {
                     self.state = State::Plain;
                 }
                 State::Text => {
-                    let marker = match self.format {
-                        ToolFormat::Hermes => HERMES_OPEN,
-                        ToolFormat::Mistral => MISTRAL,
-                        ToolFormat::Llama3Json => {
-                            self.state = State::Plain;
-                            continue;
-                        }
-                    };
-                    if !self.room() {
-                        let n = self.pending.len();
-                        self.give(out, n);
+                    if self.text(out, end) {
                         return;
                     }
-                    if let Some(i) = self.pending.find(marker) {
-                        self.give(out, i);
-                        self.state = State::Call;
-                        continue;
-                    }
-                    let keep = if end {
-                        0
-                    } else {
-                        partial_marker(&self.pending, marker)
-                    };
-                    let n = self.pending.len() - keep;
-                    self.give(out, n);
-                    return;
                 }
                 State::Call => {
                     let read = match self.format {
                         ToolFormat::Hermes => hermes(&self.pending, end),
                         ToolFormat::Mistral => mistral(&self.pending, end),
                         ToolFormat::Llama3Json => llama(&self.pending, end),
+                        ToolFormat::Harmony => harmony::read(&self.pending, end),
                     };
                     match read {
                         Read::More if !end && self.pending.len() <= MAX_HELD => return,
@@ -348,6 +351,10 @@ impl ToolCallParser {
                             if end {
                                 return;
                             }
+                        }
+                        Read::Skip { used } => {
+                            self.pending.drain(..used);
+                            self.state = self.after_call();
                         }
                         Read::Done { used, calls } => {
                             if calls.is_empty() {
@@ -363,6 +370,42 @@ impl ToolCallParser {
                 }
             }
         }
+    }
+
+    /// In `Text`: gives out the text before the next marker and moves to `Call` at it (false:
+    /// go on), or gives out all but a possible start of one (true: wait for more).
+    fn text(&mut self, out: &mut ToolStep, end: bool) -> bool {
+        let markers = match self.format {
+            ToolFormat::Hermes => &[HERMES_OPEN][..],
+            ToolFormat::Mistral => &[MISTRAL][..],
+            ToolFormat::Harmony => &harmony::MARKS[..],
+            ToolFormat::Llama3Json => {
+                self.state = State::Plain;
+                return false;
+            }
+        };
+        if !self.room() {
+            let n = self.pending.len();
+            self.give(out, n);
+            return true;
+        }
+        if let Some(i) = markers.iter().filter_map(|m| self.pending.find(m)).min() {
+            self.give(out, i);
+            self.state = State::Call;
+            return false;
+        }
+        let keep = if end {
+            0
+        } else {
+            markers
+                .iter()
+                .map(|m| partial_marker(&self.pending, m))
+                .max()
+                .unwrap_or(0)
+        };
+        let n = self.pending.len() - keep;
+        self.give(out, n);
+        true
     }
 
     fn after_call(&self) -> State {
