@@ -1,10 +1,20 @@
 //! The dashboard's trade-off view and the capacity planner, driven by their labels (AccessKit)
 //! with egui_kittest: no GPU, no display. The trade-off view is fed a plot history as the engine
-//! would fill it; the planner runs on the bundled device table.
+//! would fill it; the planner runs on the bundled device table, on a saved one, and on one it
+//! opened through the dialog seam and calibrated on the window's engine with the real default
+//! model (waits are bounded loops of frames, never timing checks).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/gui_wait.rs"]
+mod gui_wait;
+
+use std::sync::Arc;
+
+use gui_wait::wait_until;
+use tpslab::ui::files::{DialogAnswer, FixedDialog};
+
 use egui_kittest::Harness;
-use egui_kittest::kittest::Queryable;
+use egui_kittest::kittest::{NodeT, Queryable};
 use tpslab::ui::panels::dashboard_plots::plots_ui;
 use tpslab::ui::panels::planner::{self, PlannerSettings, PlannerView};
 use tpslab::ui::plots::{History, Sample};
@@ -137,6 +147,9 @@ fn planner_harness(settings: PlannerSettings) -> Harness<'static, Planner> {
                 let view = PlannerView {
                     table: Ok(&p.table),
                     loaded: None,
+                    origin: "bundled",
+                    busy: None,
+                    message: None,
                 };
                 planner::ui(ui, &mut p.settings, &view);
             },
@@ -217,10 +230,14 @@ fn the_planner_shows_each_source_with_its_error_and_the_predicted_rows() {
 /// The window with its Planner tab open, on the device table in `devices` (else the bundled
 /// one). A missing model file fails fast; the planner needs no model.
 fn planner_window(devices: Option<&std::path::Path>) -> Harness<'static, TpsApp> {
+    planner_window_on("/nonexistent/tpslab-gui-plan.gguf", devices)
+}
+
+fn planner_window_on(model: &str, devices: Option<&std::path::Path>) -> Harness<'static, TpsApp> {
     let mut app = TpsApp::new(
         AppState::default(),
         AppOptions {
-            model: "/nonexistent/tpslab-gui-plan.gguf".into(),
+            model: model.into(),
             threads: 1,
             device: Some(DeviceChoice::Cpu),
         },
@@ -252,16 +269,8 @@ fn the_window_has_a_planner_tab() {
 /// shown as its error, and the window goes on.
 #[test]
 fn the_planner_tab_plans_with_a_saved_device_table() {
-    let dir = std::env::temp_dir().join(format!("tpslab-gui-devices-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut table: serde_json::Value =
-        serde_json::from_str(include_str!("../assets/devices.json")).unwrap();
-    let h200 = (table["devices"].as_array_mut().unwrap().iter_mut())
-        .find(|d| d["id"] == "h200")
-        .unwrap();
-    h200["measured"] = serde_json::json!([]);
-    let saved = dir.join("saved.json");
-    std::fs::write(&saved, table.to_string()).unwrap();
+    let dir = temp_dir("saved");
+    let saved = table_without_h200_runs(&dir);
     let hostile = dir.join("hostile.json");
     std::fs::write(&hostile, "{\"devices\": [], \"calibrations\": 7}").unwrap();
 
@@ -283,5 +292,101 @@ fn the_planner_tab_plans_with_a_saved_device_table() {
             .is_some()
     );
     assert!(h.query_by_label("Planner").is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn temp_dir(what: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("tpslab-gui-devices-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The bundled table with the H200's measured runs taken out, saved in `dir`.
+fn table_without_h200_runs(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut table: serde_json::Value =
+        serde_json::from_str(include_str!("../assets/devices.json")).unwrap();
+    let h200 = (table["devices"].as_array_mut().unwrap().iter_mut())
+        .find(|d| d["id"] == "h200")
+        .unwrap();
+    h200["measured"] = serde_json::json!([]);
+    let saved = dir.join("saved.json");
+    std::fs::write(&saved, table.to_string()).unwrap();
+    saved
+}
+
+fn answer(h: &mut Harness<'static, TpsApp>, a: DialogAnswer) {
+    h.state_mut().set_file_dialog(Arc::new(FixedDialog(a)));
+}
+
+/// The tab's own buttons: a table opened through the dialog, `this-cpu` calibrated on the
+/// window's engine running the real default model (1, 4 and 16 concurrent), and the table
+/// saved: the file holds the opened table with the calibrated row and its measured runs.
+#[test]
+fn the_planner_tab_opens_calibrates_and_saves_its_table() {
+    let dir = temp_dir("calibrate");
+    let opened = table_without_h200_runs(&dir);
+    let mut h = planner_window_on("default", None);
+    assert!(h.query_by_label("Device table: bundled").is_some());
+
+    // No dialog to show: said, and the table stays.
+    answer(&mut h, DialogAnswer::Unavailable("no portal".into()));
+    h.get_by_label("Open table…").click();
+    wait_until(&mut h, "the dialog's answer", 30, |h| {
+        h.query_by_label_contains("cannot open a table: no portal")
+            .is_some()
+    });
+    answer(&mut h, DialogAnswer::Chosen(opened.clone()));
+    h.get_by_label("Open table…").click();
+    let origin = format!("Device table: {}", opened.display());
+    wait_until(&mut h, "the opened table", 30, |h| {
+        h.query_by_label(&origin).is_some()
+    });
+    assert!(
+        h.query_by_label_contains("h200: cuda calibration; error unknown (nothing measured)")
+            .is_some()
+    );
+
+    wait_until(&mut h, "the model to load", 600, |h| {
+        h.state().engine().is_some()
+    });
+    h.get_by_label("Calibrate this CPU").click();
+    h.run_steps(2);
+    assert!(h.query_by_label_contains("Calibrating this CPU").is_some());
+    wait_until(&mut h, "the calibration", 900, |h| {
+        h.query_by_label_contains("this-cpu calibrated: bandwidth")
+            .is_some()
+    });
+    let said = h
+        .query_by_label_contains("this-cpu calibrated: bandwidth")
+        .map(|n| n.accesskit_node().value().unwrap_or_default())
+        .unwrap();
+    assert!(
+        said.contains("against this device's measured runs"),
+        "{said}"
+    );
+
+    let out = dir.join("calibrated.json");
+    answer(&mut h, DialogAnswer::Chosen(out.clone()));
+    h.get_by_label("Save table…").click();
+    wait_until(&mut h, "the save", 60, |h| {
+        h.query_by_label_contains("Table saved:").is_some()
+    });
+    let saved = DeviceTable::load(&out).unwrap();
+    assert!(
+        saved.device("h200").unwrap().measured.is_empty(),
+        "the opened table"
+    );
+    let cpu = saved.device("this-cpu").unwrap();
+    let levels: Vec<usize> = cpu.measured.iter().map(|r| r.concurrency).collect();
+    assert_eq!(levels, [1, 4, 16]);
+    assert!(
+        cpu.measured
+            .iter()
+            .all(|r| r.source.starts_with("the window's planner"))
+    );
+    assert!(cpu.bandwidth_gb_s.source.contains("calibrated here"));
+    let bw = format!("bandwidth {:.1} GB/s", cpu.bandwidth_gb_s.value);
+    assert!(said.contains(&bw), "{said} / {bw}");
     let _ = std::fs::remove_dir_all(&dir);
 }

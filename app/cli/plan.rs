@@ -92,24 +92,22 @@ fn shape_of(a: &PlanArgs) -> Result<(ModelShape, WType)> {
 /// writes the table to `--save-devices`.
 fn calibrate(table: &mut DeviceTable, a: &PlanArgs) -> Result<()> {
     let new = super::plan_calibrate::calibrate_here(table, a.threads)?;
-    let slot = (table.devices.iter_mut())
-        .find(|d| d.id == new.id)
-        .context("this-cpu left the table")?;
+    let old = table.replace_device(new)?;
+    let new = table.device(&old.id)?;
     println!(
         "calibrated {}: bandwidth {:.1} GB/s (table: {:.1}); {}",
         new.id,
         new.bandwidth_gb_s.value,
-        slot.bandwidth_gb_s.value,
+        old.bandwidth_gb_s.value,
         (new.tflops.iter())
             .map(|(p, f)| format!(
                 "{p} {:.3} TFLOP/s (table: {:.3})",
                 f.value,
-                slot.tflops.get(p).map_or(f64::NAN, |o| o.value)
+                old.tflops.get(p).map_or(f64::NAN, |o| o.value)
             ))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    *slot = new;
     if let Some(path) = &a.save_devices {
         let text = serde_json::to_string_pretty(&*table)?;
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;

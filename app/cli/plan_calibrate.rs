@@ -5,28 +5,15 @@
 
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, anyhow, bail};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::model::precision::Precision;
-use tpslab_engine::plan::{DeviceSpec, DeviceTable, MeasuredRow, calibrate_device};
+use tpslab_engine::plan::calibrate::{self, LEVELS, THIS_CPU};
+use tpslab_engine::plan::{DeviceSpec, DeviceTable, calibrate_device};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
-use tpslab_engine::serving::loadgen::{self, LoadSpec};
-use tpslab_engine::serving::metrics::BenchSummary;
-use tpslab_kernels::WType;
 
-use super::bench_args::utc_now;
 use super::serve_bench::prompt_set;
 use crate::model_args::ModelArgs;
-
-/// The levels measured: the first is fitted, the others held out.
-const LEVELS: [usize; 3] = [1, 4, 16];
-/// The workload of every level (the bundled rows' shape).
-const PROMPT_LEN: usize = 128;
-const OUTPUT_LEN: usize = 128;
-/// The shape the default model is planned as.
-const SHAPE: &str = "smollm2-135m";
-/// The device row that stands for this machine.
-const THIS_CPU: &str = "this-cpu";
 
 /// `this-cpu` of `table`, refitted to the default model measured here with `threads` compute
 /// threads (0: one per core); progress goes to stderr.
@@ -40,7 +27,7 @@ pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec>
         threads,
     };
     let lm = args.load()?;
-    if lm.precision != Precision::built(&lm.model.cfg, WType::Q4_1) {
+    if lm.precision != Precision::built(&lm.model.cfg, calibrate::PRECISION) {
         bail!(
             "the default model is {}, not the Q4_1 the calibration plans it as",
             lm.precision
@@ -49,12 +36,7 @@ pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec>
     let prompts = prompt_set(&lm)?;
     let knobs = Knobs::default();
     let budget = knobs.scheduler.max_num_batched_tokens;
-    let source = format!(
-        "tpslab plan --calibrate, {}, {} threads, {} kernels",
-        utc_now(),
-        args.n_threads(),
-        tpslab_kernels::Backend::detect().name()
-    );
+    let source = calibrate::run_source("tpslab plan --calibrate", args.n_threads());
     let mut rows = Vec::new();
     for (i, &c) in LEVELS.iter().enumerate() {
         let engine = EngineHandle::start(
@@ -73,33 +55,14 @@ pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec>
             },
             None,
         )?;
-        let spec = LoadSpec::all_at_once(c, PROMPT_LEN, OUTPUT_LEN, i as u64);
         let stop = AtomicBool::new(false);
-        let run = loadgen::run(&engine, &prompts, &spec, &stop, &mut |_, _| {});
-        if let Some(r) = run.refused.first() {
-            bail!("concurrency {c}: a request was refused: {r}");
-        }
-        let s = BenchSummary::from_requests(&run.timings, run.duration_s, None);
-        let per_request = s
-            .mean_per_request_tps
-            .context("no request decoded two tokens")?;
+        let row = calibrate::measure_level(&engine, &prompts, i, budget, &source, &stop)
+            .map_err(|e| anyhow!(e))?;
         eprintln!(
-            "calibration run, concurrency {c}: {:.1} tok/s aggregate, {per_request:.1} per request, median TTFT {:.0} ms",
-            s.output_throughput, s.median_ttft_ms
+            "calibration run, concurrency {c}: {:.1} tok/s aggregate, {:.1} per request, median TTFT {:.0} ms",
+            row.aggregate_tps, row.per_request_tps, row.ttft_ms
         );
-        rows.push(MeasuredRow {
-            model: SHAPE.into(),
-            precision: "Q4_1".into(),
-            concurrency: c,
-            prompt_len: PROMPT_LEN,
-            output_len: OUTPUT_LEN,
-            token_budget: budget,
-            aggregate_tps: s.output_throughput,
-            per_request_tps: per_request,
-            ttft_ms: s.median_ttft_ms,
-            fitted: i == 0,
-            source: source.clone(),
-        });
+        rows.push(row);
     }
     let device = table.device(THIS_CPU)?;
     Ok(calibrate_device(table, device, rows, &source)?)

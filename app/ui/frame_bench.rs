@@ -1,5 +1,5 @@
 //! The real window measuring its own frame time, rendering included:
-//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json[,full|chat] tpslab` (under Xvfb here).
+//! `TPSLAB_FRAME_BENCH=SECONDS,CONCURRENCY,OUT.json[,full|chat|sweep] tpslab` (under Xvfb here).
 //! Once the model is loaded it sizes the window to 1280x800, opens the dashboard, starts the load
 //! generator (prompt 32, output 512 tokens, CONCURRENCY requests), repaints continuously with
 //! vsync off, records the time between frames (layout, tessellation and the renderer's work:
@@ -8,7 +8,9 @@
 //! 10-minute capacity with noisy samples (the most the plots ever draw, as after a long session).
 //! With `chat`, the chat tab is measured instead: a conversation of 20 earlier exchanges in
 //! markdown, and a new message whose answer streams in the same batch as CONCURRENCY - 1 load
-//! requests.
+//! requests. With `sweep`, the dashboard's sweep runs instead of a steady load: concurrency 1, 2,
+//! 4, ... up to CONCURRENCY (prompt 32, output 64), so the live trade-off view fills with one
+//! point per batch size (what the README's screenshot shows).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,6 +46,8 @@ enum Scenario {
     DashboardFullHistory,
     /// The chat tab, an answer streaming among the load's requests.
     Chat,
+    /// The dashboard during a sweep of concurrency levels.
+    Sweep,
 }
 
 #[derive(Serialize)]
@@ -80,6 +84,7 @@ impl FrameBench {
             None => Scenario::Dashboard,
             Some("full") => Scenario::DashboardFullHistory,
             Some("chat") => Scenario::Chat,
+            Some("sweep") => Scenario::Sweep,
             Some(_) => return None,
         };
         (secs > 0.0 && concurrency > 0).then_some(Self {
@@ -136,7 +141,12 @@ impl TpsApp {
                     };
                     (l.concurrency, l.prompt_len, l.output_len) = (load, 32, 512);
                     l.remote.enabled = false;
-                    self.apply(Command::StartLoad, ctx);
+                    if fb.scenario == Scenario::Sweep {
+                        (l.sweep_max, l.output_len) = (fb.concurrency, 64);
+                        self.apply(Command::StartSweep, ctx);
+                    } else {
+                        self.apply(Command::StartLoad, ctx);
+                    }
                     if fb.scenario == Scenario::Chat {
                         self.start_bench_chat(ctx);
                     }
@@ -232,6 +242,7 @@ impl TpsApp {
             eprintln!("frame bench: cannot write {}: {e}", fb.out.display());
         }
         self.apply(Command::StopLoad, ctx);
+        self.apply(Command::StopSweep, ctx);
         ctx.send_viewport_cmd(egui::ViewportCommand::Close);
     }
 }

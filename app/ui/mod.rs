@@ -10,6 +10,8 @@
 //! - `draft_pick`: a draft model for speculative decoding, loaded on a worker for the engine.
 //! - [`window`]: the native window (`tpslab` with no subcommand) and its eframe hooks.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
+//! - [`planner_table`]: the planner tab's device table and the jobs on it (workers, polled).
+//! - `planner_run`: starts those jobs: a table opened, this CPU calibrated here, a table saved.
 //! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
 //! - [`files`]: the file-dialog seam (rfd on a worker thread; fixed answers in tests).
 //! - [`hub_adapter`]: the Models panel's seam to the Hugging Face Hub client (search, list,
@@ -24,8 +26,8 @@
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`tune_run`]: a tuning run on its own thread over the window's engine.
 //!
-//! This module imports the others; of them only `window`, `frame_bench` and `library_windows`
-//! (which add to the app) import this one, and this one imports none of them.
+//! This module imports the others; of them only `window`, `frame_bench`, `library_windows` and
+//! `planner_run` (which add to the app) import this one, and this one imports none of them.
 
 pub mod catalog;
 pub mod command;
@@ -38,6 +40,8 @@ mod library_windows;
 pub mod load;
 pub mod markdown;
 pub mod panels;
+mod planner_run;
+pub mod planner_table;
 pub mod plot_png;
 pub mod plot_tradeoff;
 pub mod plots;
@@ -144,8 +148,8 @@ struct Runtime {
     models: ModelsPanel,
     wizard: Wizard,
     server: api_server::ApiServer,
-    /// The planner's device table (the bundled one), read on first use.
-    planner_table: Option<Result<tpslab_engine::plan::DeviceTable, String>>,
+    /// The planner's device table and the jobs on it.
+    planner: planner_table::PlannerTable,
     /// The tuning run in progress, or the last one.
     tuner: Option<tune_run::TuneRun>,
 }
@@ -183,14 +187,6 @@ impl TpsApp {
     /// The file of the model the engine runs.
     pub fn loaded_model(&self) -> Option<&std::path::Path> {
         self.link().map(|b| b.path.as_path())
-    }
-
-    /// The planner tab's device table from `path` (one `tpslab plan --calibrate --save-devices`
-    /// wrote, or an edited copy) instead of the bundled one; a table that does not load or
-    /// check is shown in the tab as its error.
-    pub fn set_device_table(&mut self, path: &std::path::Path) {
-        let table = tpslab_engine::plan::DeviceTable::load(path).map_err(|e| e.to_string());
-        self.rt.planner_table = Some(table);
     }
 
     /// The dashboard's history of live figures, as the plots draw it.
@@ -567,25 +563,6 @@ impl TpsApp {
         let run = tune_run::TuneRun::start(b.engine.clone(), &b.prompts, base, cfg, ctx)?;
         self.rt.tuner = Some(run);
         Ok(())
-    }
-
-    fn planner_tab_ui(&mut self, ui: &mut egui::Ui) {
-        let table = (self.rt.planner_table).get_or_insert_with(|| {
-            tpslab_engine::plan::DeviceTable::bundled().map_err(|e| e.to_string())
-        });
-        let loaded = self.rt.model.as_ref().and_then(ModelSlot::link).map(|l| {
-            let m = &l.lm.model;
-            tpslab_engine::plan::ModelShape::from_config(
-                &l.model_name(),
-                &m.cfg,
-                m.weights.lm_head.is_none(),
-            )
-        });
-        let view = planner::PlannerView {
-            table: table.as_ref().map_err(String::as_str),
-            loaded: loaded.as_ref(),
-        };
-        renderer::central_panel(ui).show(ui, |ui| planner::ui(ui, &mut self.state.planner, &view));
     }
 
     /// Applies one command; failures become errors shown in the window.

@@ -2,7 +2,10 @@
 //! model), precisions, devices and a workload; each device's prediction source with its error
 //! against measured runs, the table of predictions (as `tpslab plan` prints it) and their
 //! trade-off plot (per-request against aggregate TPS, one curve per device and precision, one
-//! point per concurrency). Predictions are closed-form, so they are remade every frame.
+//! point per concurrency). Predictions are closed-form, so they are remade every frame. Above
+//! them, the device table's row: where it came from, and buttons to open a table file,
+//! calibrate this CPU's row on the window's engine, and save the table ([`TableAction`], carried
+//! out by the app on workers).
 
 use egui_plot::{Legend, Line, Plot, PlotPoint, PlotPoints, Points, Text};
 use serde::{Deserialize, Serialize};
@@ -54,6 +57,74 @@ pub struct PlannerView<'a> {
     pub table: Result<&'a DeviceTable, &'a str>,
     /// The loaded model's shape, once one is loaded.
     pub loaded: Option<&'a ModelShape>,
+    /// Where the table came from ("bundled", a file, "calibrated here").
+    pub origin: &'a str,
+    /// A job on the table in progress (its text), if any.
+    pub busy: Option<String>,
+    /// The last job's outcome.
+    pub message: Option<&'a Result<String, String>>,
+}
+
+/// What the device table's buttons ask the app for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableAction {
+    /// Open a table file (a dialog on a worker).
+    Open,
+    /// Measure the default model on the window's engine and refit `this-cpu`.
+    Calibrate,
+    StopCalibration,
+    /// Save the table (for `tpslab plan --devices` and `tpslab --devices`).
+    Save,
+}
+
+/// The table's row: origin, buttons, the job in progress or the last outcome.
+fn table_row_ui(ui: &mut egui::Ui, view: &PlannerView<'_>) -> Option<TableAction> {
+    let mut action = None;
+    ui.horizontal_wrapped(|ui| {
+        ui.label(format!("Device table: {}", view.origin));
+        let idle = view.busy.is_none();
+        if ui
+            .add_enabled(idle, egui::Button::new("Open table…"))
+            .clicked()
+        {
+            action = Some(TableAction::Open);
+        }
+        let calibrate = egui::Button::new("Calibrate this CPU");
+        if ui
+            .add_enabled(idle && view.table.is_ok(), calibrate)
+            .on_hover_text(
+                "Measures the default model on this window's engine at 1, 4 and 16 concurrent \
+                 requests (prompt 128, output 128) and refits this-cpu's bandwidth and FLOP/s \
+                 to the run at one request; the others are held out.",
+            )
+            .clicked()
+        {
+            action = Some(TableAction::Calibrate);
+        }
+        if ui
+            .add_enabled(idle && view.table.is_ok(), egui::Button::new("Save table…"))
+            .clicked()
+        {
+            action = Some(TableAction::Save);
+        }
+        if let Some(text) = &view.busy {
+            ui.spinner();
+            ui.label(text);
+            if ui.button("Stop").clicked() {
+                action = Some(TableAction::StopCalibration);
+            }
+        }
+    });
+    match view.message {
+        Some(Ok(m)) => {
+            ui.label(m);
+        }
+        Some(Err(e)) => {
+            ui.colored_label(ui.visuals().error_fg_color, e);
+        }
+        None => {}
+    }
+    action
 }
 
 /// The concurrency levels of `text` ("1, 16,256"); what does not parse is skipped.
@@ -246,13 +317,19 @@ fn plot_ui(ui: &mut egui::Ui, rows: &[Prediction]) {
     outline(ui, shown.response.rect);
 }
 
-pub fn ui(ui: &mut egui::Ui, s: &mut PlannerSettings, view: &PlannerView<'_>) {
+/// The tab; returns what the device table's buttons asked for.
+pub fn ui(
+    ui: &mut egui::Ui,
+    s: &mut PlannerSettings,
+    view: &PlannerView<'_>,
+) -> Option<TableAction> {
     ui.heading("Capacity planner");
+    let action = table_row_ui(ui, view);
     let table = match view.table {
         Ok(t) => t,
         Err(e) => {
             ui.colored_label(ui.visuals().error_fg_color, format!("Device table: {e}"));
-            return;
+            return action;
         }
     };
     inputs_ui(ui, s, view, table);
@@ -281,4 +358,5 @@ pub fn ui(ui: &mut egui::Ui, s: &mut PlannerSettings, view: &PlannerView<'_>) {
             ui.colored_label(ui.visuals().error_fg_color, format!("Planner: {e}"));
         }
     }
+    action
 }

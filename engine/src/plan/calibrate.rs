@@ -4,11 +4,83 @@
 //! off by up to 62%. [`calibrate_device`] takes runs measured here and finds the bandwidth and
 //! FLOP/s that make the roofline reproduce the fitted ones, keeping the backend's calibration
 //! (the share of the roofline this engine reaches) as it is. The other measured runs are held
-//! out: their error is what the calibration is worth.
+//! out: their error is what the calibration is worth. [`measure_level`] is the one measurement
+//! both faces run (`tpslab plan --calibrate` and the window's planner): the default model at
+//! [`LEVELS`], each level's requests all at once.
+
+use std::sync::atomic::AtomicBool;
+
+use tpslab_kernels::WType;
 
 use super::PlanError;
 use super::devices::{DeviceSpec, DeviceTable, MeasuredRow, Sourced};
 use super::roofline::{ModelShape, Workload, predict};
+use crate::serving::loadgen::{self, LoadSpec, LoadTarget, PromptSet};
+use crate::serving::metrics::BenchSummary;
+
+/// The levels a calibration measures: the first is fitted, the others held out.
+pub const LEVELS: [usize; 3] = [1, 4, 16];
+/// The workload of every level (the bundled rows' shape).
+pub const PROMPT_LEN: usize = 128;
+pub const OUTPUT_LEN: usize = 128;
+/// The model measured (the default model's shape) and its weight type.
+pub const SHAPE: &str = "smollm2-135m";
+pub const PRECISION: WType = WType::Q4_1;
+/// The device row that stands for this machine.
+pub const THIS_CPU: &str = "this-cpu";
+
+/// Where and when a calibration ran, for its rows and the refitted figures' sources: `face`
+/// (`tpslab plan --calibrate`, the window's planner), the time, the compute threads and the
+/// kernels chosen at run time.
+pub fn run_source(face: &str, threads: usize) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "{face}, {}, {threads} threads, {} kernels",
+        crate::text::chat::strftime_utc("%Y-%m-%d %H:%M:%S UTC", secs),
+        tpslab_kernels::Backend::detect().name()
+    )
+}
+
+/// Level `index` of [`LEVELS`] measured on `target` (an engine running the default model with
+/// room for the level's requests and a step budget of `token_budget`), as a measured row;
+/// `source` says where and when. Fails when a request is refused, the run is stopped, or no
+/// request decoded two tokens.
+pub fn measure_level(
+    target: &dyn LoadTarget,
+    prompts: &PromptSet,
+    index: usize,
+    token_budget: usize,
+    source: &str,
+    stop: &AtomicBool,
+) -> Result<MeasuredRow, String> {
+    let c = LEVELS[index.min(LEVELS.len() - 1)];
+    let spec = LoadSpec::all_at_once(c, PROMPT_LEN, OUTPUT_LEN, index as u64);
+    let run = loadgen::run(target, prompts, &spec, stop, &mut |_, _| {});
+    if let Some(r) = run.refused.first() {
+        return Err(format!("concurrency {c}: a request was refused: {r}"));
+    }
+    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err("the calibration was stopped".into());
+    }
+    let s = BenchSummary::from_requests(&run.timings, run.duration_s, None);
+    let per_request = (s.mean_per_request_tps)
+        .ok_or_else(|| format!("concurrency {c}: no request decoded two tokens"))?;
+    Ok(MeasuredRow {
+        model: SHAPE.into(),
+        precision: PRECISION.to_string(),
+        concurrency: c,
+        prompt_len: PROMPT_LEN,
+        output_len: OUTPUT_LEN,
+        token_budget,
+        aggregate_tps: s.output_throughput,
+        per_request_tps: per_request,
+        ttft_ms: s.median_ttft_ms,
+        fitted: index == 0,
+        source: source.into(),
+    })
+}
 
 /// Rounds of the alternating fit; each one closes most of the remaining gap.
 const ROUNDS: usize = 60;

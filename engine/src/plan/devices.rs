@@ -137,6 +137,15 @@ impl DeviceTable {
         Self::parse(BUNDLED)
     }
 
+    /// Puts `new` in the place of the device with its id (a calibrated row); returns the one it
+    /// replaced.
+    pub fn replace_device(&mut self, new: DeviceSpec) -> Result<DeviceSpec, PlanError> {
+        let slot = (self.devices.iter_mut())
+            .find(|d| d.id == new.id)
+            .ok_or_else(|| PlanError::Table(format!("device {} is not in the table", new.id)))?;
+        Ok(std::mem::replace(slot, new))
+    }
+
     /// A table file (size-capped, then checked as [`Self::parse`]).
     pub fn load(path: &Path) -> Result<Self, PlanError> {
         let err = |e: std::io::Error| PlanError::Table(format!("{}: {e}", path.display()));
