@@ -96,7 +96,19 @@ pub fn ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: &m
         });
     crate::ui::renderer::central_panel(ui).show(ui, |ui| {
         let knobs = view.snapshot.map_or(&s.knobs, |sn| &sn.knobs);
-        let load = (view.load_running).map_or("no load generator", |(label, _, _)| label);
+        let sweep = view.sweep_running.then(|| {
+            format!(
+                "sweep to {} concurrent, prompt {} -> output {} tok",
+                view.sweep_levels.last().copied().unwrap_or(1),
+                s.load.prompt_len,
+                s.load.output_len
+            )
+        });
+        let load = match (view.load_running, &sweep) {
+            (Some((label, _, _)), _) => label,
+            (None, Some(sweep)) => sweep,
+            (None, None) => "no load generator",
+        };
         let label = settings_label(knobs, load, view.precision, view.device);
         egui::ScrollArea::vertical().show(ui, |ui| {
             super::dashboard_plots::plots_ui(ui, view.history, &label, view.sweep_points);
