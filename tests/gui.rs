@@ -289,7 +289,10 @@ fn dashboard_knobs_load_generator_and_sweep() {
     h.get_by_label("Run sweep").click();
     h.run_steps(2);
     // While it runs, the plots say what they are taken under: the sweep, not "no load".
-    assert!(has(&h, "sweep to 2 concurrent, prompt"), "the sweep in the plots' label");
+    assert!(
+        has(&h, "sweep to 2 concurrent, prompt"),
+        "the sweep in the plots' label"
+    );
     wait_until(&mut h, "the sweep's points", 180, |h| {
         has(h, "c=1:") && has(h, "c=2:") && h.query_by_label("Run sweep").is_some()
     });

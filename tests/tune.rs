@@ -394,3 +394,172 @@ fn plan_refuses_a_hostile_device_table_by_name() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tpslab serve --record-trace FILE` (the real binary) writes one line per finished request
+/// with what its response's usage said, and `tpslab tune --trace FILE` replays those lengths:
+/// its report's workload holds exactly the recorded ones. A preset is a named range; a hostile
+/// trace is refused by line.
+#[test]
+fn a_recorded_server_trace_is_the_workload_tune_replays() {
+    let m = model();
+    let dir = temp_dir("trace");
+    let (trace, want) = record_trace(&m, &dir);
+    let out = dir.join("tune.json");
+    let slo = format!("ttft_p99_ms={TTFT},itl_p99_ms={ITL}");
+    let run = tpslab(&[
+        "tune",
+        "--model",
+        m.to_str().expect("utf8"),
+        "--device",
+        "cpu",
+        "--slo",
+        &slo,
+        "--trace",
+        trace.to_str().expect("utf8"),
+        "--concurrency",
+        "2",
+        "--budget-s",
+        "3",
+        "--min-run-s",
+        "0.4",
+        "--json",
+        out.to_str().expect("utf8"),
+    ]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("3 requests"), "{stdout}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&out).expect("json")).expect("JSON");
+    let prompts: Vec<u64> = want.iter().map(|w| w.0).collect();
+    let outputs: Vec<u64> = want.iter().map(|w| w.1).collect();
+    assert_eq!(
+        v["workload"]["prompt_len"]["Samples"],
+        serde_json::json!(prompts)
+    );
+    assert_eq!(
+        v["workload"]["output_len"]["Samples"],
+        serde_json::json!(outputs)
+    );
+    check_verified(&v["verified"]);
+
+    // A hostile trace: refused by line, nothing run.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"t\": 1, \"prompt_tokens\": 0, \"completion_tokens\": 1}\n",
+    )
+    .expect("write");
+    let run = tpslab(&[
+        "tune",
+        "--model",
+        m.to_str().expect("utf8"),
+        "--slo",
+        &slo,
+        "--trace",
+        bad.to_str().expect("utf8"),
+        "--concurrency",
+        "1",
+    ]);
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("line 1: prompt_tokens = 0"), "{err}");
+    // A preset names its ranges; an unknown one lists them.
+    let run = tpslab(&[
+        "tune",
+        "--model",
+        m.to_str().expect("utf8"),
+        "--slo",
+        &slo,
+        "--workload",
+        "nope",
+        "--concurrency",
+        "1",
+    ]);
+    assert!(String::from_utf8_lossy(&run.stderr).contains("chat, summarize"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Three completions through `tpslab serve --record-trace` (the real binary); the trace file
+/// and each request's (prompt, completion) tokens as its response's usage said.
+fn record_trace(
+    m: &std::path::Path,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, Vec<(u64, u64)>) {
+    let trace = dir.join("trace.jsonl");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
+        .args([
+            "serve",
+            "--model",
+            m.to_str().expect("utf8"),
+            "--device",
+            "cpu",
+        ])
+        .args(["--port", &port.to_string(), "--record-trace"])
+        .arg(&trace)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start tpslab serve");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut want = Vec::new();
+    for (prompt, max) in [
+        ("One.", 3),
+        ("Two words here.", 5),
+        ("A somewhat longer prompt, three.", 2),
+    ] {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": max, "temperature": 0,
+                                      "ignore_eos": true});
+        let r = http_client::post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let u = &r.json()["usage"];
+        want.push((
+            u["prompt_tokens"].as_u64().expect("usage"),
+            u["completion_tokens"].as_u64().expect("usage"),
+        ));
+    }
+    // The writer appends as requests finish; wait for the three lines, then stop the server.
+    let lines = |p: &std::path::Path| -> Vec<Value> {
+        (std::fs::read_to_string(p).unwrap_or_default().lines())
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    };
+    while lines(&trace).len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the trace was not written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let got: Vec<(u64, u64)> = (lines(&trace).iter())
+        .map(|e| {
+            (
+                e["prompt_tokens"].as_u64().expect("p"),
+                e["completion_tokens"].as_u64().expect("c"),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "one line per request, as its usage said");
+    assert!(
+        lines(&trace)
+            .windows(2)
+            .all(|w| num(&w[0], "t") <= num(&w[1], "t"))
+    );
+
+    (trace, want)
+}

@@ -12,8 +12,9 @@ use serde::Serialize;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::tune::run::last_runs;
+use tpslab_engine::tune::workload::preset;
 use tpslab_engine::tune::{
-    CandidateRun, Knob, Space, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload, tune,
+    CandidateRun, Knob, Space, Trace, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload, tune,
     tune_client,
 };
 use tpslab_kernels::WType;
@@ -28,12 +29,21 @@ pub struct TuneArgs {
     /// (per-request tokens/s), as KEY=VALUE,... e.g. ttft_p99_ms=2000,itl_p99_ms=200.
     #[arg(long, value_parser = TuneSlo::parse)]
     pub slo: TuneSlo,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with_all = ["workload", "trace"])]
     pub prompt_len: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with_all = ["workload", "trace"])]
     pub output_len: usize,
+    /// A named workload shape instead of fixed lengths: prompt and output lengths drawn from
+    /// its ranges (chat, summarize, code-completion, long-context).
+    #[arg(long, value_name = "PRESET", conflicts_with = "trace")]
+    pub workload: Option<String>,
+    /// A recorded trace of a server's requests (`tpslab serve --record-trace FILE` writes one):
+    /// prompt and output lengths drawn from those it holds, arriving at its mean rate unless
+    /// --rate or --concurrency says otherwise.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Poisson arrivals at this many requests per second.
-    #[arg(long, required_unless_present = "concurrency")]
+    #[arg(long, required_unless_present_any = ["concurrency", "trace"])]
     pub rate: Option<f64>,
     /// Closed loop at this many requests in flight (with --rate: the most in flight).
     #[arg(long)]
@@ -153,8 +163,9 @@ fn run_remote(a: &TuneArgs, url: &str, cfg: &TuneConfig) -> Result<()> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let device = format!("remote {} ({})", target.url(), target.model());
     println!(
-        "endpoint: {device}; prompt {} -> output {} tokens (ids), greedy; tuning the client's concurrency; budget {:.0} s",
-        a.prompt_len, a.output_len, a.budget_s
+        "endpoint: {device}; {} (ids), greedy; tuning the client's concurrency; budget {:.0} s",
+        cfg.workload.label(),
+        a.budget_s
     );
     let stop = AtomicBool::new(false);
     let report = tune_client(&target, &prompts, cfg, &stop, &mut |ev| print_event(ev))?;
@@ -162,13 +173,38 @@ fn run_remote(a: &TuneArgs, url: &str, cfg: &TuneConfig) -> Result<()> {
     write_json(a, target.model().to_string(), device, &report)
 }
 
+/// The workload the arguments describe: fixed lengths, a preset's, or a trace's (its rate
+/// unless one is given).
+fn workload(a: &TuneArgs) -> Result<Workload> {
+    let mut w = Workload::fixed(a.prompt_len, a.output_len, a.concurrency, a.rate);
+    if let Some(name) = &a.workload {
+        (w.prompt_len, w.output_len) = preset(name).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(path) = &a.trace {
+        let t = Trace::read(path, MAX_TRACE_LEN).map_err(anyhow::Error::msg)?;
+        println!(
+            "trace {}: {} requests, {}",
+            path.display(),
+            t.requests,
+            t.rate
+                .map_or("no arrival rate (one instant)".into(), |r| format!(
+                    "{r:.3} req/s"
+                ))
+        );
+        (w.prompt_len, w.output_len) = (t.prompt_len, t.output_len);
+        if w.concurrency.is_none() && w.rate.is_none() {
+            w.rate = t.rate;
+        }
+    }
+    Ok(w)
+}
+
+/// The longest length a trace line may give before the model's context is known (the local
+/// engine then checks the lengths against its context).
+const MAX_TRACE_LEN: usize = 1 << 20;
+
 pub fn run(a: &TuneArgs) -> Result<()> {
-    let workload = Workload {
-        prompt_len: a.prompt_len,
-        output_len: a.output_len,
-        concurrency: a.concurrency,
-        rate: a.rate,
-    };
+    let workload = workload(a)?;
     workload.check().map_err(anyhow::Error::msg)?;
     if !(a.budget_s.is_finite() && a.budget_s > 0.0) {
         bail!("--budget-s must be a positive number of seconds");
@@ -193,7 +229,8 @@ pub fn run(a: &TuneArgs) -> Result<()> {
         return run_remote(a, url, &cfg);
     }
     let lm = a.model.load()?;
-    super::serve_bench::check_fits(&lm, a.prompt_len, a.output_len)?;
+    let w = &cfg.workload;
+    super::serve_bench::check_fits(&lm, w.prompt_len.max(), w.output_len.max())?;
     let prompts = super::serve_bench::prompt_set(&lm)?;
     let base = Knobs {
         kv: KvSettings {
@@ -214,18 +251,10 @@ pub fn run(a: &TuneArgs) -> Result<()> {
     )?;
     let device = engine.stats().device;
     println!(
-        "model: {} ({}), {device}; prompt {} -> output {} tokens, {}; budget {:.0} s",
+        "model: {} ({}), {device}; {}; budget {:.0} s",
         lm.path.display(),
         lm.precision,
-        a.prompt_len,
-        a.output_len,
-        match (a.concurrency, a.rate) {
-            (c, Some(r)) => format!(
-                "{r} req/s{}",
-                c.map_or(String::new(), |c| format!(", at most {c} in flight"))
-            ),
-            (c, None) => format!("{} in flight", c.unwrap_or(1)),
-        },
+        cfg.workload.label(),
         a.budget_s
     );
     let stop = AtomicBool::new(false);

@@ -8,6 +8,9 @@ use std::time::Instant;
 
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::{EngineSnapshot, Event};
+use tpslab_engine::tune::TraceEntry;
+
+use super::trace::TraceWriter;
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -85,6 +88,8 @@ pub struct ServerMetrics {
     itl: Histogram,
     e2e: Histogram,
     queue: Histogram,
+    /// `--record-trace`: each finished request's arrival and token counts.
+    trace: Option<TraceWriter>,
 }
 
 /// Times one request from submission to its last event.
@@ -110,8 +115,22 @@ impl RequestTimer<'_> {
                 self.last_token = Some(now);
             }
             Event::Finished {
-                reason, queue_time, ..
+                reason,
+                queue_time,
+                usage,
+                ..
             } => {
+                if let Some(trace) = &m.trace {
+                    let ago = (now - self.sent).as_secs_f64();
+                    let unix = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    trace.record(TraceEntry {
+                        t: unix - ago,
+                        prompt_tokens: self.prompt_len,
+                        completion_tokens: usage.completion_tokens,
+                    });
+                }
                 m.queue.observe(queue_time.as_secs_f64());
                 let i = match reason {
                     FinishReason::Stop => 0,
@@ -142,6 +161,15 @@ impl ServerMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             queue: Histogram::new(QUEUE_BUCKETS),
+            trace: None,
+        }
+    }
+
+    /// Records every finished request to `trace` too.
+    pub fn with_trace(self, trace: TraceWriter) -> Self {
+        Self {
+            trace: Some(trace),
+            ..self
         }
     }
 

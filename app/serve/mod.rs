@@ -21,6 +21,8 @@
 //! - [`tokenize`]: `/tokenize` and `/detokenize` (vLLM's shapes).
 //! - [`errors`]: OpenAI's error JSON with its HTTP status.
 //! - [`metrics`]: `GET /metrics` in Prometheus text (`tpslab:*`, vLLM's shapes).
+//! - [`trace`]: `--record-trace FILE`: each finished request as a line of a trace the tuner
+//!   replays.
 //! - [`limits`]: every limit the server enforces, and its `tpslab serve` flags.
 //! - [`http`]: connections: the cap, the header and idle timeouts.
 //! - [`state`]: what every handler shares ([`ServerState`]).
@@ -47,6 +49,7 @@ pub mod structured;
 pub mod tokenize;
 pub mod tool_list;
 pub mod tools;
+pub mod trace;
 pub mod unhonoured;
 
 use std::net::SocketAddr;
@@ -95,6 +98,10 @@ pub struct ServeArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Append one JSON line per finished request (arrival time, prompt and completion tokens)
+    /// to FILE: a trace `tpslab tune --trace FILE` replays.
+    #[arg(long, value_name = "FILE")]
+    pub record_trace: Option<std::path::PathBuf>,
 }
 
 /// The routes, with the API key check on /v1/* (and /metrics unless `metrics_open`).
@@ -245,6 +252,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;
     let mut state = ServerState::new(engine, lm, a.api_key.clone());
     state.metrics_open = a.metrics_open;
+    if let Some(path) = &a.record_trace {
+        let w = trace::TraceWriter::open(path).map_err(anyhow::Error::msg)?;
+        state.metrics = Arc::new(metrics::ServerMetrics::new(&state.model_id).with_trace(w));
+        eprintln!("recording each finished request to {}", path.display());
+    }
     state.limits = limits.clone();
     state.aliases.push(a.model.model.clone());
     if let Some(s) = &a.model.synthetic {

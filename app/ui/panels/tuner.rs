@@ -8,7 +8,11 @@ use egui_plot::{Legend, Line, Plot, PlotPoints, Points};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::serving::engine::Knobs;
 use tpslab_engine::tune::run::{frontier, last_runs};
+use tpslab_engine::tune::workload::{PRESETS, preset};
 use tpslab_engine::tune::{CandidateRun, Space, TuneConfig, TuneSlo, Workload};
+
+/// The workload choice that means the two fixed lengths.
+const FIXED: &str = "fixed lengths";
 
 use crate::ui::command::Command;
 use crate::ui::plots::{outline, styled};
@@ -25,6 +29,9 @@ pub struct TunerSettings {
     pub min_tps: f64,
     pub prompt_len: usize,
     pub output_len: usize,
+    /// A workload preset's name (its length ranges replace the two lengths), or empty for the
+    /// fixed lengths.
+    pub preset: String,
     pub concurrency: usize,
     pub rate: f64,
     pub budget_s: f64,
@@ -42,6 +49,7 @@ impl Default for TunerSettings {
             min_tps: 0.0,
             prompt_len: 128,
             output_len: 64,
+            preset: String::new(),
             concurrency: 8,
             rate: 0.0,
             budget_s: 60.0,
@@ -69,12 +77,15 @@ impl TunerSettings {
 
     /// The session these settings ask for.
     pub fn config(&self) -> Result<TuneConfig, String> {
-        let workload = Workload {
-            prompt_len: self.prompt_len,
-            output_len: self.output_len,
-            concurrency: Some(self.concurrency.max(1)),
-            rate: (self.rate > 0.0).then_some(self.rate),
-        };
+        let mut workload = Workload::fixed(
+            self.prompt_len,
+            self.output_len,
+            Some(self.concurrency.max(1)),
+            (self.rate > 0.0).then_some(self.rate),
+        );
+        if !self.preset.is_empty() {
+            (workload.prompt_len, workload.output_len) = preset(&self.preset)?;
+        }
         workload.check()?;
         if !(self.budget_s > 0.0 && self.min_run_s > 0.0) {
             return Err("the budget and the shortest run must be positive".into());
@@ -117,13 +128,29 @@ fn form_ui(ui: &mut egui::Ui, s: &mut TunerSettings, enabled: bool) {
                     .labelled_by(l.id);
                 ui.end_row();
             }
-            for (name, v, max) in [
-                ("Prompt length", &mut s.prompt_len, 1 << 20),
-                ("Output length", &mut s.output_len, 1 << 20),
-                ("Concurrency", &mut s.concurrency, 4096),
+            let l = ui.label("Workload");
+            let shown = if s.preset.is_empty() { FIXED } else { s.preset.as_str() };
+            egui::ComboBox::from_id_salt("tuner_workload")
+                .selected_text(shown.to_string())
+                .show_ui(ui, |ui| {
+                    ui.selectable_value(&mut s.preset, String::new(), FIXED);
+                    for p in PRESETS {
+                        let ((p0, p1), (o0, o1)) = (p.prompt, p.output);
+                        ui.selectable_value(&mut s.preset, p.name.to_string(), p.name)
+                            .on_hover_text(format!("prompt {p0}-{p1}, output {o0}-{o1} tokens"));
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+            ui.end_row();
+            let fixed = s.preset.is_empty();
+            for (name, v, max, on) in [
+                ("Prompt length", &mut s.prompt_len, 1 << 20, fixed),
+                ("Output length", &mut s.output_len, 1 << 20, fixed),
+                ("Concurrency", &mut s.concurrency, 4096, true),
             ] {
                 let l = ui.label(name);
-                ui.add(egui::DragValue::new(v).range(1..=max))
+                ui.add_enabled(on, egui::DragValue::new(v).range(1..=max))
                     .labelled_by(l.id);
                 ui.end_row();
             }

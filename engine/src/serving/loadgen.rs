@@ -21,25 +21,65 @@ use crate::serving::sampler::SamplingParams;
 /// The bundled prompt text requests are cut from.
 pub const PROMPT_TEXT: &str = include_str!("../../../assets/prompts/bench.txt");
 
-/// A length, fixed or drawn uniformly from a range (inclusive).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// A length: fixed, drawn uniformly from a range (inclusive), or drawn uniformly from a list of
+/// lengths seen (a recorded trace's: its empirical distribution).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum LenDist {
     Fixed(usize),
     Uniform { min: usize, max: usize },
+    Samples(Vec<usize>),
 }
 
 impl LenDist {
-    fn draw(self, rng: &mut StdRng) -> usize {
+    fn draw(&self, rng: &mut StdRng) -> usize {
         match self {
-            LenDist::Fixed(n) => n,
-            LenDist::Uniform { min, max } => rng.random_range(min.min(max)..=max.max(min)),
+            LenDist::Fixed(n) => *n,
+            LenDist::Uniform { min, max } => rng.random_range(*min.min(max)..=*max.max(min)),
+            LenDist::Samples(v) if v.is_empty() => 1,
+            LenDist::Samples(v) => v[rng.random_range(0..v.len())],
         }
     }
 
-    pub fn max(self) -> usize {
+    pub fn max(&self) -> usize {
         match self {
-            LenDist::Fixed(n) => n,
-            LenDist::Uniform { min, max } => min.max(max),
+            LenDist::Fixed(n) => *n,
+            LenDist::Uniform { min, max } => *min.max(max),
+            LenDist::Samples(v) => v.iter().copied().max().unwrap_or(1),
+        }
+    }
+
+    pub fn min(&self) -> usize {
+        match self {
+            LenDist::Fixed(n) => *n,
+            LenDist::Uniform { min, max } => *min.min(max),
+            LenDist::Samples(v) => v.iter().copied().min().unwrap_or(1),
+        }
+    }
+
+    pub fn mean(&self) -> f64 {
+        match self {
+            LenDist::Fixed(n) => *n as f64,
+            LenDist::Uniform { min, max } => (min + max) as f64 / 2.0,
+            LenDist::Samples(v) if v.is_empty() => 1.0,
+            LenDist::Samples(v) => v.iter().sum::<usize>() as f64 / v.len() as f64,
+        }
+    }
+}
+
+impl std::fmt::Display for LenDist {
+    /// "128", "64-512", "12-900, mean 210, of 350 recorded".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LenDist::Fixed(n) => write!(f, "{n}"),
+            LenDist::Uniform { .. } => write!(f, "{}-{}", self.min(), self.max()),
+            LenDist::Samples(v) => write!(
+                f,
+                "{}-{}, mean {:.0}, of {} recorded",
+                self.min(),
+                self.max(),
+                self.mean(),
+                v.len()
+            ),
         }
     }
 }

@@ -8,14 +8,17 @@
 //! - [`space`]: a candidate's knobs, the space they are drawn from, the objectives, a run's
 //!   figures and score.
 //! - [`run`]: the loop over a live engine through the load generator.
+//! - [`workload`]: what the runs load the engine with: lengths fixed, from a preset or from a
+//!   recorded trace of a server's requests, and the arrivals.
 
 pub mod halving;
 pub mod run;
 pub mod space;
+pub mod workload;
 
 pub use halving::{Plan, pareto_front, successive_halving};
 pub use run::{
-    CandidateRun, ClientKnobs, Knob, Tunable, TuneConfig, TuneEvent, TuneReport, Workload, tune,
-    tune_client,
+    CandidateRun, ClientKnobs, Knob, Tunable, TuneConfig, TuneEvent, TuneReport, tune, tune_client,
 };
 pub use space::{Candidate, Measured, Space, TuneSlo};
+pub use workload::{Trace, TraceEntry, Workload};

@@ -12,8 +12,9 @@ use tpslab_kernels::WType;
 
 use super::halving::{Plan, pareto_front, successive_halving};
 use super::space::{Candidate, Measured, Space, TuneSlo};
+use super::workload::Workload;
 use crate::serving::engine::{EngineHandle, Knobs};
-use crate::serving::loadgen::{self, LenDist, LoadSpec, LoadTarget, PromptSet};
+use crate::serving::loadgen::{self, LoadTarget, PromptSet};
 
 /// A target whose knobs the tuner can set: the in-process engine.
 pub trait Tunable: LoadTarget {
@@ -65,55 +66,6 @@ impl Tunable for EngineHandle {
     }
 }
 
-/// The load a tuning session measures under.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Workload {
-    pub prompt_len: usize,
-    pub output_len: usize,
-    /// Closed loop at this many requests in flight (with `rate`: the most in flight).
-    pub concurrency: Option<usize>,
-    /// Poisson arrivals at this many requests per second.
-    pub rate: Option<f64>,
-}
-
-impl Workload {
-    /// The load generator's spec for a run of `seconds` (requests are sent during that time,
-    /// then the run waits for them, at most `drain_s` more: what is still running then is cut):
-    /// `seed` gives each run its own prompts, so no run finds another's in the prefix cache.
-    pub fn load_spec(&self, seconds: f64, drain_s: f64, seed: u64) -> LoadSpec {
-        let num_requests = match self.rate {
-            Some(r) => ((r * seconds).ceil() as usize).max(1),
-            None => 1 << 30,
-        };
-        LoadSpec {
-            concurrency: self.concurrency,
-            rate: self.rate,
-            num_requests,
-            prompt_len: LenDist::Fixed(self.prompt_len.max(1)),
-            output_len: LenDist::Fixed(self.output_len.max(1)),
-            seed,
-            priority: 0,
-            submit_for_s: Some(seconds),
-            cut_after_s: Some(seconds + drain_s),
-        }
-    }
-
-    /// What is wrong with it, if anything.
-    pub fn check(&self) -> Result<(), String> {
-        if self.prompt_len == 0 || self.output_len == 0 {
-            return Err("prompt and output lengths must be at least 1".into());
-        }
-        match (self.concurrency, self.rate) {
-            (None, None) => Err("give a concurrency or an arrival rate".into()),
-            (Some(0), _) => Err("concurrency must be at least 1".into()),
-            (_, Some(r)) if !(r.is_finite() && r > 0.0) => {
-                Err("the arrival rate must be a positive number of requests per second".into())
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
 /// A tuning session's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TuneConfig {
@@ -136,7 +88,7 @@ impl TuneConfig {
     /// own goodput and not the session's budget.
     pub fn drain_s(&self, seconds: f64) -> f64 {
         self.slo
-            .longest_request_s(self.workload.output_len)
+            .longest_request_s(self.workload.output_len.max())
             .map_or(seconds, |s| s + 1.0)
     }
 }
