@@ -221,6 +221,23 @@ fn against_a_remote_server_tune_searches_the_clients_concurrency() {
     check_verified(&v["default"]);
 }
 
+/// Under an arrival rate the client's rate is searched too: the default is the workload's, the
+/// others a quarter of it to twice it.
+#[test]
+fn against_a_remote_server_tune_searches_the_clients_rate() {
+    let server = http_client::start(http_client::engine(8, None), None);
+    let url = format!("http://{}", server.addr);
+    let (v, _) = tune_json(&["--endpoint", url.as_str(), "--rate", "4"], "4", "0.4");
+    assert_eq!(v["default"]["knobs"]["rate"], 4.0);
+    let rates: Vec<f64> = (v["candidates"].as_array().expect("candidates").iter())
+        .map(|c| c["rate"].as_f64().expect("rate"))
+        .collect();
+    assert!(rates.len() >= 2 && rates[0] == 4.0, "{rates:?}");
+    assert!(rates.iter().any(|&r| r != 4.0), "{rates:?}");
+    assert!(rates.iter().all(|&r| (1.0..=8.0).contains(&r)), "{rates:?}");
+    check_verified(&v["verified"]);
+}
+
 fn plan_json(args: &[&str], dir: &std::path::Path, name: &str) -> (Value, String) {
     let json = dir.join(name);
     let mut all = vec!["plan"];

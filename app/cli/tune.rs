@@ -74,7 +74,8 @@ pub struct TuneArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Tune against a remote OpenAI-compatible server (http(s)://host:port) instead of the
-    /// in-process engine: only what a client controls is searched (requests in flight).
+    /// in-process engine: only what a client controls is searched (requests in flight, and the
+    /// arrival rate under --rate).
     /// `--model` then names the served model (default: the first one the server lists);
     /// prompts are token ids cut from the bundled text by the default model's tokenizer.
     #[arg(long, value_name = "URL", conflicts_with = "precisions")]
@@ -154,7 +155,8 @@ fn write_json<K: Serialize>(
     Ok(())
 }
 
-/// `--endpoint`: the client's concurrency against a remote server.
+/// `--endpoint`: the client's concurrency (and under `--rate`, its rate) against a remote
+/// server.
 fn run_remote(a: &TuneArgs, url: &str, cfg: &TuneConfig) -> Result<()> {
     let path = tpslab_engine::library::resolve_model("default", &mut |m| eprintln!("{m}"))?;
     let prompts = super::serve_bench::prompt_set(&LoadedModel::load(&path)?)?;
@@ -163,8 +165,13 @@ fn run_remote(a: &TuneArgs, url: &str, cfg: &TuneConfig) -> Result<()> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let device = format!("remote {} ({})", target.url(), target.model());
     println!(
-        "endpoint: {device}; {} (ids), greedy; tuning the client's concurrency; budget {:.0} s",
+        "endpoint: {device}; {} (ids), greedy; tuning the client's concurrency{}; budget {:.0} s",
         cfg.workload.label(),
+        if cfg.workload.rate.is_some() {
+            " and rate"
+        } else {
+            ""
+        },
         a.budget_s
     );
     let stop = AtomicBool::new(false);

@@ -153,11 +153,18 @@ pub struct TuneReport<K = Candidate> {
     pub stopped: bool,
 }
 
-/// What a client controls against a remote server: how many requests it keeps in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a client controls against a remote server: how many requests it keeps in flight, and
+/// under an arrival rate, the rate it sends at.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ClientKnobs {
     pub concurrency: usize,
+    /// Requests per second (`None`: a closed loop).
+    pub rate: Option<f64>,
 }
+
+/// The rates a client search tries around the workload's: it finds how much of the offered
+/// load the server takes within the objectives.
+const RATE_STEPS: [f64; 4] = [0.25, 0.5, 1.5, 2.0];
 
 /// A setting the search turns, as one line for tables.
 pub trait Knob {
@@ -172,7 +179,10 @@ impl Knob for Candidate {
 
 impl Knob for ClientKnobs {
     fn label(&self) -> String {
-        format!("concurrency {}", self.concurrency)
+        match self.rate {
+            Some(r) => format!("concurrency {}, {r:.3} req/s", self.concurrency),
+            None => format!("concurrency {}", self.concurrency),
+        }
     }
 }
 
@@ -353,7 +363,9 @@ pub fn tune(
 
 /// The tuner against a server it does not control (a remote endpoint): only what a client
 /// sets is searched, the most requests it keeps in flight (1, 2, 4, ... up to twice the
-/// workload's concurrency, or 256 under a rate alone); the default is the workload's own.
+/// workload's concurrency, or 256 under a rate alone) and, under an arrival rate, the rate
+/// (a quarter of it to twice it: how much of that load the server takes within the
+/// objectives); the default is the workload's own.
 pub fn tune_client(
     target: &dyn LoadTarget,
     prompts: &PromptSet,
@@ -367,16 +379,25 @@ pub fn tune_client(
         .concurrency
         .map_or(256, |c| c.saturating_mul(2))
         .max(1);
+    let rate = cfg.workload.rate;
     let default = ClientKnobs {
         concurrency: cfg.workload.concurrency.unwrap_or(top),
+        rate,
     };
     let levels =
         std::iter::successors(Some(1usize), |c| c.checked_mul(2)).take_while(|&c| c <= top);
     let mut candidates = vec![default];
+    // Under a rate, the rate first (at the default cap), then the caps at the workload's rate.
+    if let Some(r) = rate {
+        candidates.extend(RATE_STEPS.iter().map(|f| ClientKnobs {
+            rate: Some(r * f),
+            ..default
+        }));
+    }
     candidates.extend(
         levels
             .filter(|&c| c != default.concurrency)
-            .map(|concurrency| ClientKnobs { concurrency }),
+            .map(|concurrency| ClientKnobs { concurrency, rate }),
     );
     candidates.truncate(start_count(cfg, cfg.max_candidates.min(candidates.len())));
     let mut seed = cfg.seed.wrapping_mul(1000);
@@ -384,6 +405,7 @@ pub fn tune_client(
         seed += 1;
         let w = Workload {
             concurrency: Some(k.concurrency),
+            rate: k.rate,
             ..cfg.workload.clone()
         };
         let r = loadgen::run(
