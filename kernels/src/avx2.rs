@@ -414,20 +414,23 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
 
-/// The f16 at byte `at` of each of the `R` rows, as 4 floats. A function, not a closure: a
-/// closure inside the feature-less generic kernels would not be inlined into the path's
-/// feature-enabled copy, and would call `_mm_cvtph_ps` out of line.
+/// The two f16 at byte `at` of each of the `R` rows (a block's `d` and, for Q4_1, `m`), as 4
+/// floats each: one 32-bit load per row, one shuffle to put the `d`s before the `m`s, one
+/// conversion (exact, so the same values as converting each alone). A function, not a closure:
+/// a closure inside the feature-less generic kernels would not be inlined into the path's
+/// feature-enabled copy, and would call the conversion out of line.
 ///
 /// # Safety
-/// Bytes `at..at + 2` of every row are readable, on an F16C CPU.
+/// Bytes `at..at + 4` of every row are readable, on an AVX2 + F16C CPU.
 #[inline(always)]
-unsafe fn f16x4(rows: &[*const u8; R], at: usize) -> __m128 {
+unsafe fn f16x4x2(rows: &[*const u8; R], at: usize) -> (__m128, __m128) {
     // SAFETY: as the caller promises.
     unsafe {
-        let v = |r: usize| u16::from_le_bytes([*rows[r].add(at), *rows[r].add(at + 1)]) as u64;
-        _mm_cvtph_ps(_mm_cvtsi64_si128(
-            (v(0) | v(1) << 16 | v(2) << 32 | v(3) << 48) as i64,
-        ))
+        let word = |r: usize| std::ptr::read_unaligned(rows[r].add(at).cast::<i32>());
+        let v = _mm_setr_epi32(word(0), word(1), word(2), word(3));
+        let apart = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+        let f = _mm256_cvtph_ps(_mm_shuffle_epi8(v, apart));
+        (_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f))
     }
 }
 
@@ -480,12 +483,8 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
         for b in 0..nb {
             // SAFETY: block b of each row and of each activation row is in bounds (checked above).
             unsafe {
-                let dw = f16x4(&rows, b * ts);
-                let mw = if T == Q4_1 {
-                    f16x4(&rows, b * ts + 2)
-                } else {
-                    dw
-                };
+                // Every block type has at least 4 bytes: d, then m (Q4_1) or the first quants.
+                let (dw, mw) = f16x4x2(&rows, b * ts);
                 for c in 0..CC {
                     let dv = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
                     _mm_storeu_ps(dd[c].as_mut_ptr(), dv);
