@@ -462,40 +462,34 @@ fn a_recorded_server_trace_is_the_workload_tune_replays() {
     );
     check_verified(&v["verified"]);
 
-    // A hostile trace: refused by line, nothing run.
+    // A hostile trace is refused by line, nothing run; an unknown preset lists the presets.
     let bad = dir.join("bad.jsonl");
-    std::fs::write(
-        &bad,
-        "{\"t\": 1, \"prompt_tokens\": 0, \"completion_tokens\": 1}\n",
-    )
-    .expect("write");
-    let run = tpslab(&[
-        "tune",
-        "--model",
-        m.to_str().expect("utf8"),
-        "--slo",
-        &slo,
-        "--trace",
-        bad.to_str().expect("utf8"),
-        "--concurrency",
-        "1",
-    ]);
-    assert!(!run.status.success());
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(err.contains("line 1: prompt_tokens = 0"), "{err}");
-    // A preset names its ranges; an unknown one lists them.
-    let run = tpslab(&[
-        "tune",
-        "--model",
-        m.to_str().expect("utf8"),
-        "--slo",
-        &slo,
-        "--workload",
-        "nope",
-        "--concurrency",
-        "1",
-    ]);
-    assert!(String::from_utf8_lossy(&run.stderr).contains("chat, summarize"));
+    let line = "{\"t\": 1, \"prompt_tokens\": 0, \"completion_tokens\": 1}\n";
+    std::fs::write(&bad, line).expect("write");
+    let m = m.to_str().expect("utf8");
+    for (flag, value, needle) in [
+        (
+            "--trace",
+            bad.to_str().expect("utf8"),
+            "line 1: prompt_tokens = 0",
+        ),
+        ("--workload", "nope", "chat, summarize"),
+    ] {
+        let run = tpslab(&[
+            "tune",
+            "--model",
+            m,
+            "--slo",
+            &slo,
+            flag,
+            value,
+            "--concurrency",
+            "1",
+        ]);
+        assert!(!run.status.success(), "{flag} {value} was accepted");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(err.contains(needle), "{err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -304,8 +304,9 @@ fn held_back(buf: &str, close: &str) -> usize {
     partial + ws.min(MAX_HELD_WHITESPACE)
 }
 
-/// How many bytes at the end of `buf` are a start of `tag`.
-fn partial(buf: &str, tag: &str) -> usize {
+/// How many bytes at the end of `buf` are a start of `tag` (a tag split across tokens, held
+/// back until it is known to be one; the tool-call reader holds its markers the same way).
+pub(crate) fn partial(buf: &str, tag: &str) -> usize {
     (1..tag.len())
         .rev()
         .find(|&n| {

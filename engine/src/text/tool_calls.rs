@@ -12,6 +12,8 @@
 
 use serde_json::Value;
 
+use super::reasoning::partial as partial_marker;
+
 mod harmony;
 
 /// Most calls one answer may make; markers past it are left in the text.
@@ -195,16 +197,6 @@ fn json_end(s: &str) -> Option<usize> {
         }
     }
     None
-}
-
-/// How many bytes at the end of `buf` could be the start of `marker`.
-fn partial_marker(buf: &str, marker: &str) -> usize {
-    (1..marker.len())
-        .rev()
-        .find(|&n| {
-            buf.len() >= n && buf.is_char_boundary(buf.len() - n) && buf.ends_with(&marker[..n])
-        })
-        .unwrap_or(0)
 }
 
 /// The result of trying to read one marked call from the start of a buffer.
@@ -526,7 +518,7 @@ fn mistral(buf: &str, end: bool) -> Read {
 mod tests {
     use super::*;
 
-    fn call(name: &str, args: &str) -> ToolCall {
+    pub(super) fn call(name: &str, args: &str) -> ToolCall {
         ToolCall {
             name: name.into(),
             arguments: args.into(),

@@ -89,14 +89,8 @@ pub(super) fn read(buf: &str, end: bool) -> Read {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::call;
     use super::super::{ToolCall, ToolCallParser, ToolFormat, collect};
-
-    fn call(name: &str, args: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: args.into(),
-        }
-    }
 
     /// What the reasoning splitter leaves of gpt-oss answers, read in every split of the text.
     #[test]
