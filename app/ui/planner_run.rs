@@ -112,7 +112,8 @@ impl TpsApp {
                 calibrate::PRECISION
             ));
         }
-        let knobs = b.engine.stats().knobs;
+        let stats = b.engine.stats();
+        let knobs = stats.knobs;
         let need = LEVELS[LEVELS.len() - 1];
         if knobs.scheduler.max_num_seqs < need {
             return Err(format!(
@@ -121,7 +122,7 @@ impl TpsApp {
         }
         let budget = knobs.scheduler.max_num_batched_tokens;
         let (engine, prompts) = (b.engine.clone(), b.prompts.clone());
-        let threads = b.engine.stats().threads;
+        let threads = stats.threads;
         let table = self.rt.planner.table()?.clone();
         let task = Task::spawn("calibrate", "Calibrating this CPU".into(), ctx, move |r| {
             let stop = r.cancel_flag();
