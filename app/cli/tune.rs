@@ -12,7 +12,7 @@ use serde::Serialize;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::tune::run::last_runs;
-use tpslab_engine::tune::workload::preset;
+use tpslab_engine::tune::workload::{MAX_TRACE_LEN, preset};
 use tpslab_engine::tune::{
     CandidateRun, Knob, Space, Trace, TuneConfig, TuneEvent, TuneReport, TuneSlo, Workload, tune,
     tune_client,
@@ -189,26 +189,11 @@ fn workload(a: &TuneArgs) -> Result<Workload> {
     }
     if let Some(path) = &a.trace {
         let t = Trace::read(path, MAX_TRACE_LEN).map_err(anyhow::Error::msg)?;
-        println!(
-            "trace {}: {} requests, {}",
-            path.display(),
-            t.requests,
-            t.rate
-                .map_or("no arrival rate (one instant)".into(), |r| format!(
-                    "{r:.3} req/s"
-                ))
-        );
-        (w.prompt_len, w.output_len) = (t.prompt_len, t.output_len);
-        if w.concurrency.is_none() && w.rate.is_none() {
-            w.rate = t.rate;
-        }
+        println!("trace {}: {}", path.display(), t.summary());
+        t.apply(&mut w, a.concurrency.is_none() && a.rate.is_none());
     }
     Ok(w)
 }
-
-/// The longest length a trace line may give before the model's context is known (the local
-/// engine then checks the lengths against its context).
-const MAX_TRACE_LEN: usize = 1 << 20;
 
 pub fn run(a: &TuneArgs) -> Result<()> {
     let workload = workload(a)?;

@@ -45,4 +45,6 @@ pub enum Command {
     /// Start the SLO tuner with the Tuner tab's settings over the window's engine.
     StartTune,
     StopTune,
+    /// Ask for a recorded trace (`tpslab serve --record-trace`) as the tuner's workload.
+    ChooseTrace,
 }

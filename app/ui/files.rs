@@ -135,6 +135,42 @@ impl FileDialog for FixedDialog {
 /// Shared handle the app keeps and hands to workers.
 pub type Dialogs = Arc<dyn FileDialog>;
 
+/// An open dialog asked on a worker thread; the UI polls it each frame.
+pub struct PendingOpen {
+    rx: Receiver<DialogAnswer>,
+}
+
+impl PendingOpen {
+    /// Asks `dialogs` on a worker thread (`ask` puts the question: a file or a folder); the
+    /// answer arrives through [`Self::poll`] and wakes the frame.
+    pub fn start(
+        dialogs: &Dialogs,
+        ctx: &egui::Context,
+        ask: impl FnOnce(&dyn FileDialog) -> DialogAnswer + Send + 'static,
+    ) -> Result<Self, String> {
+        let (tx, rx) = mpsc::channel();
+        let (dialogs, ctx) = (Arc::clone(dialogs), ctx.clone());
+        std::thread::Builder::new()
+            .name("tpslab-dialog".into())
+            .spawn(move || {
+                let _ = tx.send(ask(dialogs.as_ref()));
+                ctx.request_repaint();
+            })
+            .map_err(|e| format!("cannot open a file dialog: {e}"))?;
+        Ok(Self { rx })
+    }
+
+    /// The answer once given; `None` while the dialog is open. A worker that ended without
+    /// one counts as cancelled.
+    pub fn poll(&self) -> Option<DialogAnswer> {
+        match self.rx.try_recv() {
+            Ok(a) => Some(a),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(DialogAnswer::Cancelled),
+        }
+    }
+}
+
 /// How a save that went through a dialog ended.
 #[derive(Debug)]
 pub enum SaveOutcome<T> {

@@ -150,8 +150,8 @@ struct Runtime {
     server: api_server::ApiServer,
     /// The planner's device table and the jobs on it.
     planner: planner_table::PlannerTable,
-    /// The tuning run in progress, or the last one.
-    tuner: Option<tune_run::TuneRun>,
+    /// The tuning run in progress, or the last one, and the trace dialog.
+    tuner: tune_run::Tuner,
 }
 
 /// The app: saved state plus runtime handles.
@@ -253,12 +253,7 @@ impl TpsApp {
         // step); an idle dashboard only scrolls its time axis, once a second, so an open window
         // costs next to nothing when nothing runs.
         let running = (self.rt.snapshot.as_ref()).is_some_and(|s| s.running + s.waiting > 0);
-        let tuning = self
-            .rt
-            .tuner
-            .as_ref()
-            .is_some_and(tune_run::TuneRun::running);
-        if self.rt.load.is_some() || self.rt.sweep.is_some() || tuning {
+        if self.rt.load.is_some() || self.rt.sweep.is_some() || self.rt.tuner.running() {
             ui.ctx().request_repaint_after(Duration::from_millis(100));
         } else if self.state.tab == Tab::Dashboard {
             let every = if running { 100 } else { 1000 };
@@ -269,8 +264,8 @@ impl TpsApp {
     /// The tuner's, the load run's and the sweep's news: a finished load or sweep leaves its
     /// outcome and the speed one user saw.
     fn poll_runs(&mut self) {
-        if let Some(t) = &mut self.rt.tuner {
-            t.poll();
+        if let Some(e) = self.rt.tuner.poll(&mut self.state.tuner) {
+            self.rt.errors.push(e);
         }
         if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
             if let Some(e) = outcome.error.take() {
@@ -431,11 +426,7 @@ impl TpsApp {
         } else if !self.rt.gens.is_empty()
             || self.rt.load.is_some()
             || self.rt.sweep.is_some()
-            || self
-                .rt
-                .tuner
-                .as_ref()
-                .is_some_and(tune_run::TuneRun::running)
+            || self.rt.tuner.running()
         {
             Some(
                 "Stop the running answers, load, sweep or tuning first: switching restarts the engine",
@@ -518,51 +509,6 @@ impl TpsApp {
         renderer::central_panel(ui).show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
         });
-    }
-
-    fn tuner_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
-        let view = tuner::TunerView {
-            run: self.rt.tuner.as_ref(),
-            engine_knobs: self.rt.snapshot.as_ref().map(|s| &s.knobs),
-        };
-        let (s, dash) = (&mut self.state.tuner, &mut self.state.dash.knobs);
-        renderer::central_panel(ui).show(ui, |ui| tuner::ui(ui, s, dash, &view, cmds));
-    }
-
-    /// Refuses a load or a sweep while the tuner measures the engine.
-    fn not_tuning(&self) -> Result<(), String> {
-        match self
-            .rt
-            .tuner
-            .as_ref()
-            .is_some_and(tune_run::TuneRun::running)
-        {
-            true => Err("stop the tuning run first: it measures the engine alone".into()),
-            false => Ok(()),
-        }
-    }
-
-    /// Starts the tuner over the engine (not beside a load or a sweep: they would share it).
-    fn start_tune(&mut self, ctx: &egui::Context) -> Result<(), String> {
-        if self
-            .rt
-            .tuner
-            .as_ref()
-            .is_some_and(tune_run::TuneRun::running)
-        {
-            return Err("a tuning run is already going".into());
-        }
-        if self.rt.load.is_some() || self.rt.sweep.is_some() {
-            return Err(
-                "stop the load or the sweep first: the tuner measures the engine alone".into(),
-            );
-        }
-        let cfg = self.state.tuner.config()?;
-        let b = self.link().ok_or("the model is not loaded yet")?;
-        let base = b.engine.stats().knobs;
-        let run = tune_run::TuneRun::start(b.engine.clone(), &b.prompts, base, cfg, ctx)?;
-        self.rt.tuner = Some(run);
-        Ok(())
     }
 
     /// Applies one command; failures become errors shown in the window.
@@ -656,11 +602,10 @@ impl TpsApp {
             }
             Command::StartTune => self.start_tune(ctx),
             Command::StopTune => {
-                if let Some(t) = &self.rt.tuner {
-                    t.stop();
-                }
+                self.rt.tuner.stop();
                 Ok(())
             }
+            Command::ChooseTrace => self.choose_trace(ctx),
         }
     }
 

@@ -5,13 +5,12 @@
 //! polls them.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
 use tpslab_engine::plan::calibrate::{self, LEVELS, THIS_CPU};
 use tpslab_engine::plan::{ModelShape, calibrate_device};
 
 use super::TpsApp;
-use super::files::{DialogRequest, PendingSave};
+use super::files::{DialogRequest, FileDialog, PendingOpen, PendingSave};
 use super::panels::planner::{self, TableAction};
 use super::task::Task;
 
@@ -58,18 +57,10 @@ impl TpsApp {
     fn table_action(&mut self, a: TableAction, ctx: &egui::Context) -> Result<(), String> {
         match a {
             TableAction::Open => {
-                let (tx, rx) = mpsc::channel();
-                let (dialogs, ctx) = (self.dialogs.clone(), ctx.clone());
                 let mut req = DialogRequest::for_path("Open a device table", &default_path());
                 req.filters = vec![("JSON".into(), vec!["json".into()])];
-                std::thread::Builder::new()
-                    .name("tpslab-dialog".into())
-                    .spawn(move || {
-                        let _ = tx.send(dialogs.open_path(&req));
-                        ctx.request_repaint();
-                    })
-                    .map_err(|e| format!("cannot open a file dialog: {e}"))?;
-                self.rt.planner.opening = Some(rx);
+                let ask = move |d: &dyn FileDialog| d.open_path(&req);
+                self.rt.planner.opening = Some(PendingOpen::start(&self.dialogs, ctx, ask)?);
             }
             TableAction::Save => {
                 let table = self.rt.planner.table()?.clone();

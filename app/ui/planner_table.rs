@@ -3,11 +3,10 @@
 //! save), each on a worker, polled once per frame. `planner_run` starts the jobs.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, TryRecvError};
 
 use tpslab_engine::plan::{DeviceSpec, DeviceTable};
 
-use super::files::{DialogAnswer, PendingSave, SaveOutcome};
+use super::files::{DialogAnswer, PendingOpen, PendingSave, SaveOutcome};
 use super::task::Task;
 
 /// The planner's device table and the jobs on it.
@@ -17,7 +16,7 @@ pub struct PlannerTable {
     pub(super) table: Option<Result<DeviceTable, String>>,
     /// Where the table came from.
     pub(super) origin: String,
-    pub(super) opening: Option<Receiver<DialogAnswer>>,
+    pub(super) opening: Option<PendingOpen>,
     pub(super) calibrating: Option<Task<DeviceSpec>>,
     pub(super) saving: Option<PendingSave<PathBuf>>,
     /// The last job's outcome, for the tab.
@@ -45,23 +44,17 @@ impl PlannerTable {
 
     /// The workers' news.
     pub(super) fn poll(&mut self) {
-        if let Some(rx) = &self.opening {
-            match rx.try_recv() {
-                Err(TryRecvError::Empty) => {}
-                Ok(answer) => {
-                    self.opening = None;
-                    match answer {
-                        DialogAnswer::Chosen(p) => {
-                            self.load(&p);
-                            self.message = None;
-                        }
-                        DialogAnswer::Cancelled => {}
-                        DialogAnswer::Unavailable(why) => {
-                            self.message = Some(Err(format!("cannot open a table: {why}")));
-                        }
-                    }
+        if let Some(answer) = self.opening.as_ref().and_then(PendingOpen::poll) {
+            self.opening = None;
+            match answer {
+                DialogAnswer::Chosen(p) => {
+                    self.load(&p);
+                    self.message = None;
                 }
-                Err(TryRecvError::Disconnected) => self.opening = None,
+                DialogAnswer::Cancelled => {}
+                DialogAnswer::Unavailable(why) => {
+                    self.message = Some(Err(format!("cannot open a table: {why}")));
+                }
             }
         }
         if let Some(done) = self.calibrating.as_mut().and_then(Task::poll) {

@@ -1,18 +1,116 @@
-//! A tuning run on its own thread: it drives the window's engine through its handle (knob
-//! messages and the load generator; the engine thread keeps its state), sends each measured
-//! rung and the report back, and wakes the frame; the UI polls it and never waits.
+//! The Tuner tab at run time. A tuning run on its own thread: it reads the recorded trace the
+//! workload names (a file: never in the frame), drives the window's engine through its handle
+//! (knob messages and the load generator; the engine thread keeps its state), sends each
+//! measured rung and the report back, and wakes the frame; the UI polls it and never waits.
+//! The trace file is chosen through the dialog seam, on a worker too.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use tpslab_engine::serving::engine::{EngineHandle, Knobs};
 use tpslab_engine::serving::loadgen::PromptSet;
-use tpslab_engine::tune::{CandidateRun, TuneConfig, TuneEvent, TuneReport, tune};
+use tpslab_engine::tune::workload::MAX_TRACE_LEN;
+use tpslab_engine::tune::{CandidateRun, Trace, TuneConfig, TuneEvent, TuneReport, tune};
+
+use super::command::Command;
+use super::files::{DialogAnswer, DialogRequest, FileDialog, PendingOpen};
+use super::panels::tuner::{self, TunerSettings};
+use super::{TpsApp, renderer};
 
 enum Msg {
+    Workload(String),
     Event(Box<TuneEvent>),
     Done(Box<Result<TuneReport, String>>),
+}
+
+/// The tuner's jobs: the run in progress (or the last one) and a trace dialog.
+#[derive(Default)]
+pub struct Tuner {
+    pub run: Option<TuneRun>,
+    dialog: Option<PendingOpen>,
+}
+
+impl Tuner {
+    pub fn running(&self) -> bool {
+        self.run.as_ref().is_some_and(TuneRun::running)
+    }
+
+    pub fn stop(&self) {
+        if let Some(r) = &self.run {
+            r.stop();
+        }
+    }
+
+    /// The workers' news: the run's, and a chosen trace into `settings`; an error to show.
+    pub fn poll(&mut self, settings: &mut TunerSettings) -> Option<String> {
+        if let Some(r) = &mut self.run {
+            r.poll();
+        }
+        let answer = self.dialog.as_ref().and_then(PendingOpen::poll)?;
+        self.dialog = None;
+        match answer {
+            DialogAnswer::Chosen(p) => {
+                settings.trace = Some(p);
+                None
+            }
+            DialogAnswer::Cancelled => None,
+            DialogAnswer::Unavailable(why) => Some(format!("cannot choose a trace: {why}")),
+        }
+    }
+}
+
+impl TpsApp {
+    pub(super) fn tuner_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
+        let view = tuner::TunerView {
+            run: self.rt.tuner.run.as_ref(),
+            engine_knobs: self.rt.snapshot.as_ref().map(|s| &s.knobs),
+            choosing_trace: self.rt.tuner.dialog.is_some(),
+        };
+        let (s, dash) = (&mut self.state.tuner, &mut self.state.dash.knobs);
+        renderer::central_panel(ui).show(ui, |ui| tuner::ui(ui, s, dash, &view, cmds));
+    }
+
+    /// Refuses a load or a sweep while the tuner measures the engine.
+    pub(super) fn not_tuning(&self) -> Result<(), String> {
+        match self.rt.tuner.running() {
+            true => Err("stop the tuning run first: it measures the engine alone".into()),
+            false => Ok(()),
+        }
+    }
+
+    /// Starts the tuner over the engine (not beside a load or a sweep: they would share it).
+    pub(super) fn start_tune(&mut self, ctx: &egui::Context) -> Result<(), String> {
+        if self.rt.tuner.running() {
+            return Err("a tuning run is already going".into());
+        }
+        if self.rt.load.is_some() || self.rt.sweep.is_some() {
+            return Err(
+                "stop the load or the sweep first: the tuner measures the engine alone".into(),
+            );
+        }
+        let cfg = self.state.tuner.config()?;
+        let trace = self.state.tuner.trace.clone();
+        let b = self.link().ok_or("the model is not loaded yet")?;
+        let base = b.engine.stats().knobs;
+        let run = TuneRun::start(b.engine.clone(), &b.prompts, base, cfg, trace, ctx)?;
+        self.rt.tuner.run = Some(run);
+        Ok(())
+    }
+
+    /// Asks for a trace file on a worker; [`Tuner::poll`] takes the answer.
+    pub(super) fn choose_trace(&mut self, ctx: &egui::Context) -> Result<(), String> {
+        if self.rt.tuner.dialog.is_some() {
+            return Ok(());
+        }
+        let at = (self.state.tuner.trace.clone()).unwrap_or_else(|| PathBuf::from("trace.jsonl"));
+        let mut req = DialogRequest::for_path("Choose a recorded trace", &at);
+        req.filters = vec![("JSON lines".into(), vec!["jsonl".into(), "json".into()])];
+        let ask = move |d: &dyn FileDialog| d.open_path(&req);
+        self.rt.tuner.dialog = Some(PendingOpen::start(&self.dialogs, ctx, ask)?);
+        Ok(())
+    }
 }
 
 /// A tuning run, in progress or ended: what it has measured so far and its report.
@@ -25,31 +123,45 @@ pub struct TuneRun {
     pub planned: Option<(usize, usize)>,
     /// What it is doing now ("measuring", "verifying the best knobs", "done").
     pub phase: String,
+    /// The load it measures under (a trace's once read).
+    pub workload: String,
     /// The report (or why there is none) once the thread has ended.
     pub outcome: Option<Result<TuneReport, String>>,
 }
 
 impl TuneRun {
-    /// Starts tuning `engine` from its knobs now (`base`).
+    /// Starts tuning `engine` from its knobs now (`base`). With a `trace`, its lengths (and its
+    /// arrival rate, when `cfg` sets none) replace the workload's, read on the tuner's thread.
     pub fn start(
         engine: EngineHandle,
         prompts: &PromptSet,
         base: Knobs,
-        cfg: TuneConfig,
+        mut cfg: TuneConfig,
+        trace: Option<PathBuf>,
         ctx: &egui::Context,
     ) -> Result<Self, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let (t_stop, prompts, ctx) = (Arc::clone(&stop), prompts.clone(), ctx.clone());
+        let workload = match &trace {
+            Some(p) => format!("reading the trace {}", p.display()),
+            None => cfg.workload.label(),
+        };
         std::thread::Builder::new()
             .name("tpslab-tune".into())
             .spawn(move || {
-                let result = tune(&engine, &prompts, &base, &cfg, &t_stop, &mut |ev| {
-                    let _ = tx.send(Msg::Event(Box::new(ev)));
+                let send = |m: Msg| {
+                    let _ = tx.send(m);
                     ctx.request_repaint();
-                });
-                let _ = tx.send(Msg::Done(Box::new(result.map_err(|e| e.to_string()))));
-                ctx.request_repaint();
+                };
+                let result = match trace.map(|p| replay(&p, &mut cfg, &send)) {
+                    Some(Err(e)) => Err(e),
+                    _ => tune(&engine, &prompts, &base, &cfg, &t_stop, &mut |ev| {
+                        send(Msg::Event(Box::new(ev)));
+                    })
+                    .map_err(|e| e.to_string()),
+                };
+                send(Msg::Done(Box::new(result)));
             })
             .map_err(|e| format!("cannot start the tuner thread: {e}"))?;
         Ok(Self {
@@ -58,6 +170,7 @@ impl TuneRun {
             runs: Vec::new(),
             planned: None,
             phase: "starting".into(),
+            workload,
             outcome: None,
         })
     }
@@ -66,6 +179,7 @@ impl TuneRun {
     pub fn poll(&mut self) {
         loop {
             match self.rx.try_recv() {
+                Ok(Msg::Workload(w)) => self.workload = w,
                 Ok(Msg::Event(ev)) => self.on_event(*ev),
                 Ok(Msg::Done(r)) => {
                     self.phase = match r.as_ref() {
@@ -107,4 +221,23 @@ impl TuneRun {
     pub fn running(&self) -> bool {
         self.outcome.is_none()
     }
+}
+
+/// Reads the trace at `path` into `cfg`'s workload (its rate too when `cfg` sets none) and
+/// says what it holds.
+fn replay(path: &std::path::Path, cfg: &mut TuneConfig, send: &dyn Fn(Msg)) -> Result<(), String> {
+    let t = Trace::read(path, MAX_TRACE_LEN)?;
+    let summary = t.summary();
+    let w = &mut cfg.workload;
+    t.apply(w, w.rate.is_none());
+    w.check()?;
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    send(Msg::Workload(format!(
+        "trace {name} ({summary}): {}",
+        w.label()
+    )));
+    Ok(())
 }

@@ -4,7 +4,6 @@
 //! on a worker; the frame never waits.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use serde::{Deserialize, Serialize};
 
@@ -12,7 +11,7 @@ use super::hub_panel::{HubFields, HubPanel};
 use super::message_ui;
 use crate::ui::catalog::{self, Library, params_text, same_file, size_text};
 use crate::ui::command::Command;
-use crate::ui::files::{DialogAnswer, DialogRequest, Dialogs};
+use crate::ui::files::{DialogAnswer, DialogRequest, Dialogs, FileDialog, PendingOpen};
 use crate::ui::task::Task;
 
 /// What the Models panel keeps across restarts (never the Hub token).
@@ -49,7 +48,7 @@ pub struct ModelsPanel {
     selected: Option<PathBuf>,
     import: Option<Task<PathBuf>>,
     /// A file dialog open on a worker.
-    browse: Option<Receiver<DialogAnswer>>,
+    browse: Option<PendingOpen>,
     /// The outcome of the last import (Ok: a notice, Err: an error), shown under the import row.
     message: Option<Result<String, String>>,
     hub: HubPanel,
@@ -67,11 +66,7 @@ impl ModelsPanel {
             // A folder holding one GGUF imports as that file: select what is listed.
             lib.rescan(ctx);
         }
-        if let Some(answer) = self.browse.as_ref().and_then(|rx| match rx.try_recv() {
-            Ok(a) => Some(a),
-            Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => Some(DialogAnswer::Cancelled),
-        }) {
+        if let Some(answer) = self.browse.as_ref().and_then(PendingOpen::poll) {
             self.browse = None;
             match answer {
                 DialogAnswer::Chosen(p) => {
@@ -111,26 +106,20 @@ impl ModelsPanel {
     }
 
     fn browse(&mut self, dialogs: &Dialogs, dir: &Path, folder: bool, ctx: &egui::Context) {
-        let (tx, rx) = mpsc::channel();
-        let (dialogs, ctx) = (dialogs.clone(), ctx.clone());
         let mut req = DialogRequest::for_path("Import a model", &dir.join(""));
         if !folder {
             req.filters = vec![("GGUF".into(), vec!["gguf".into()])];
         }
-        let spawned = std::thread::Builder::new()
-            .name("tpslab-dialog".into())
-            .spawn(move || {
-                let a = if folder {
-                    dialogs.open_folder(&req)
-                } else {
-                    dialogs.open_path(&req)
-                };
-                let _ = tx.send(a);
-                ctx.request_repaint();
-            });
-        match spawned {
-            Ok(_) => self.browse = Some(rx),
-            Err(e) => self.message = Some(Err(format!("cannot open a file dialog: {e}"))),
+        let ask = move |d: &dyn FileDialog| {
+            if folder {
+                d.open_folder(&req)
+            } else {
+                d.open_path(&req)
+            }
+        };
+        match PendingOpen::start(dialogs, ctx, ask) {
+            Ok(p) => self.browse = Some(p),
+            Err(e) => self.message = Some(Err(e)),
         }
     }
 

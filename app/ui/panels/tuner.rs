@@ -4,6 +4,8 @@
 //! frontier, the verified winner beside the defaults, and Apply (the winner's knobs, through
 //! the knob-change command).
 
+use std::path::PathBuf;
+
 use egui_plot::{Legend, Line, Plot, PlotPoints, Points};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::serving::engine::Knobs;
@@ -32,6 +34,9 @@ pub struct TunerSettings {
     /// A workload preset's name (its length ranges replace the two lengths), or empty for the
     /// fixed lengths.
     pub preset: String,
+    /// A recorded trace of a server's requests: its lengths replace the preset's or the fixed
+    /// ones, and its mean arrival rate applies when `rate` is 0 (read when a run starts).
+    pub trace: Option<PathBuf>,
     pub concurrency: usize,
     pub rate: f64,
     pub budget_s: f64,
@@ -50,6 +55,7 @@ impl Default for TunerSettings {
             prompt_len: 128,
             output_len: 64,
             preset: String::new(),
+            trace: None,
             concurrency: 8,
             rate: 0.0,
             budget_s: 60.0,
@@ -83,7 +89,7 @@ impl TunerSettings {
             Some(self.concurrency.max(1)),
             (self.rate > 0.0).then_some(self.rate),
         );
-        if !self.preset.is_empty() {
+        if !self.preset.is_empty() && self.trace.is_none() {
             (workload.prompt_len, workload.output_len) = preset(&self.preset)?;
         }
         workload.check()?;
@@ -108,9 +114,17 @@ pub struct TunerView<'a> {
     pub run: Option<&'a TuneRun>,
     /// The engine's knobs now (`None` before the model is loaded).
     pub engine_knobs: Option<&'a Knobs>,
+    /// The trace dialog is open.
+    pub choosing_trace: bool,
 }
 
-fn form_ui(ui: &mut egui::Ui, s: &mut TunerSettings, enabled: bool) {
+fn form_ui(
+    ui: &mut egui::Ui,
+    s: &mut TunerSettings,
+    enabled: bool,
+    choosing: bool,
+    cmds: &mut Vec<Command>,
+) {
     ui.add_enabled_ui(enabled, |ui| {
         egui::Grid::new("tuner_form").num_columns(2).show(ui, |ui| {
             for (name, v, max) in [
@@ -128,22 +142,51 @@ fn form_ui(ui: &mut egui::Ui, s: &mut TunerSettings, enabled: bool) {
                     .labelled_by(l.id);
                 ui.end_row();
             }
-            let l = ui.label("Workload");
-            let shown = if s.preset.is_empty() { FIXED } else { s.preset.as_str() };
-            egui::ComboBox::from_id_salt("tuner_workload")
-                .selected_text(shown.to_string())
-                .show_ui(ui, |ui| {
-                    ui.selectable_value(&mut s.preset, String::new(), FIXED);
-                    for p in PRESETS {
-                        let ((p0, p1), (o0, o1)) = (p.prompt, p.output);
-                        ui.selectable_value(&mut s.preset, p.name.to_string(), p.name)
-                            .on_hover_text(format!("prompt {p0}-{p1}, output {o0}-{o1} tokens"));
-                    }
-                })
-                .response
-                .labelled_by(l.id);
+            let l = ui.label("Trace");
+            ui.horizontal(|ui| {
+                let shown = s
+                    .trace
+                    .as_ref()
+                    .map_or("none".into(), |p| p.display().to_string());
+                ui.label(shown).labelled_by(l.id);
+                let choose = ui.add_enabled(!choosing, egui::Button::new("Choose trace…"));
+                if choose
+                    .on_hover_text("a file `tpslab serve --record-trace` wrote")
+                    .clicked()
+                {
+                    cmds.push(Command::ChooseTrace);
+                }
+                if s.trace.is_some() && ui.button("Clear trace").clicked() {
+                    s.trace = None;
+                }
+            });
             ui.end_row();
-            let fixed = s.preset.is_empty();
+            let traced = s.trace.is_some();
+            let l = ui.label("Workload");
+            let shown = if s.preset.is_empty() {
+                FIXED
+            } else {
+                s.preset.as_str()
+            }
+            .to_string();
+            ui.add_enabled_ui(!traced, |ui| {
+                egui::ComboBox::from_id_salt("tuner_workload")
+                    .selected_text(shown)
+                    .show_ui(ui, |ui| {
+                        ui.selectable_value(&mut s.preset, String::new(), FIXED);
+                        for p in PRESETS {
+                            let ((p0, p1), (o0, o1)) = (p.prompt, p.output);
+                            ui.selectable_value(&mut s.preset, p.name.to_string(), p.name)
+                                .on_hover_text(format!(
+                                    "prompt {p0}-{p1}, output {o0}-{o1} tokens"
+                                ));
+                        }
+                    })
+                    .response
+                    .labelled_by(l.id);
+            });
+            ui.end_row();
+            let fixed = s.preset.is_empty() && !traced;
             for (name, v, max, on) in [
                 ("Prompt length", &mut s.prompt_len, 1 << 20, fixed),
                 ("Output length", &mut s.output_len, 1 << 20, fixed),
@@ -157,7 +200,9 @@ fn form_ui(ui: &mut egui::Ui, s: &mut TunerSettings, enabled: bool) {
         });
         ui.label(
             egui::RichText::new(
-                "Objectives of 0 are not set; an arrival rate of 0 is a closed loop at the concurrency.",
+                "Objectives of 0 are not set; an arrival rate of 0 is a closed loop at the \
+                 concurrency, or with a trace the trace's own rate (the concurrency then caps \
+                 what is in flight).",
             )
             .small(),
         );
@@ -255,7 +300,7 @@ pub fn ui(
 ) {
     ui.heading("SLO tuner");
     let running = view.run.is_some_and(TuneRun::running);
-    form_ui(ui, s, !running);
+    form_ui(ui, s, !running, view.choosing_trace, cmds);
     ui.horizontal(|ui| {
         if running {
             if ui.button("Stop tuning").clicked() {
@@ -279,6 +324,7 @@ pub fn ui(
     let planned = run.planned.map_or(String::new(), |(c, n)| {
         format!(" · {c} candidates, {n} runs planned")
     });
+    ui.label(format!("Workload: {}", run.workload));
     ui.label(format!(
         "Progress: {} runs measured{planned} · {}",
         run.runs.len(),

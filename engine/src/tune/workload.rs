@@ -145,6 +145,9 @@ pub struct TraceEntry {
 pub const MAX_TRACE_BYTES: u64 = 64 << 20;
 pub const MAX_TRACE_LINES: usize = 1 << 20;
 const MAX_LINE_BYTES: usize = 1024;
+/// The longest length a trace line may give when the model's context is not known yet (the
+/// engine then refuses longer requests itself).
+pub const MAX_TRACE_LEN: usize = 1 << 20;
 
 /// A recorded trace as the tuner uses it: the lengths seen (drawn from as they came) and the
 /// mean arrival rate over the trace's span.
@@ -172,6 +175,24 @@ impl Trace {
         let file = std::fs::File::open(path).map_err(err)?;
         Self::parse(BufReader::new(file.take(MAX_TRACE_BYTES)), max_len)
             .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Replays the trace into `w`: its lengths, and its mean arrival rate when `take_rate`.
+    pub fn apply(self, w: &mut Workload, take_rate: bool) {
+        (w.prompt_len, w.output_len) = (self.prompt_len, self.output_len);
+        if take_rate {
+            w.rate = self.rate;
+        }
+    }
+
+    /// "12 requests, 0.250 req/s".
+    pub fn summary(&self) -> String {
+        let rate = self
+            .rate
+            .map_or("no arrival rate (one instant)".into(), |r| {
+                format!("{r:.3} req/s")
+            });
+        format!("{} requests, {rate}", self.requests)
     }
 
     /// [`Self::read`] over any reader.
