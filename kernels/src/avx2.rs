@@ -1,11 +1,13 @@
-//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the tiled 4 weight rows x
-//! `Dots::COLS` activation rows integer matmul, bit-identical to the portable formulas in
-//! `quant`; the integer dots and the entry points ([`run_groups`], [`dot_row`]) exist once per
-//! x86 path (`isa`).
+//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the Q4_0/Q4_1/Q8_0 integer
+//! matmul: up to [`DIRECT_ROWS`] activation rows, 4 weight rows x `Dots::COLS` activation rows
+//! read from the ggml blocks in place (decode: the weights stream from memory once); past it,
+//! the repacked panels of `avx2_panel`. Bit-identical to the portable formulas in `quant`; the
+//! integer dots and the entry points ([`run_groups`], [`dot_row`]) exist once per x86 path
+//! (`isa`).
 //!
 //! Batch invariance: every output element goes through the same float operations whatever tile
-//! it lands in (`dd = d_w * d_x`, `acc = fma(dd, lanes, acc)` per block, ggml's `hsum_float_8`,
-//! then `+ summs`); tiles only share loads, never arithmetic.
+//! or path it lands in (per block the exact integer dot, `acc = fma(d_w * d_x, dot, acc)`, then
+//! `+ summs` for Q4_1: `quant::dot_q32`); tiles only share loads, never arithmetic.
 
 use std::arch::x86_64::*;
 
@@ -17,22 +19,6 @@ use crate::quant::{self, ActRow, ActType, QActsRows, QK8};
 pub(crate) const R: usize = 4;
 /// Activation rows of the largest tile; each path uses `Dots::COLS` (at most this) of them.
 pub(crate) const C: usize = 3;
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum8(x: __m256) -> f32 {
-    // ggml's hsum_float_8, operation for operation.
-    let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    _mm_cvtss_f32(r)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16_to_f32(bits: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -100,113 +86,19 @@ pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
     }
 }
 
-/// Per-thread buffers for one group of `R` weight rows, reused across calls.
+/// Per-thread buffers, reused across calls: the batched path's repacked group.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// `R` rows of `k` unpacked weights: nibbles as bytes 0..15 (Q4_1), signed bytes (Q4_0
-    /// minus 8, Q8_0 as is).
-    wq: Vec<u8>,
-    /// `R x nb` weight scales.
-    dw: Vec<f32>,
-    /// `nb x R` weight mins (Q4_1), transposed so one load serves the 4 rows.
-    mw: Vec<f32>,
-    /// `R x C x nb` combined scales `d_w * d_x` for the current tile.
-    dd: Vec<f32>,
+    panels: crate::avx2_panel::Panels,
 }
 
-/// Unpacks weight rows `j0..j0+R` (rows past `n` become zeros) into `s`.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn prepare_group(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, s: &mut Scratch) {
-    let nb = k / QK8;
-    let ts = ty.type_size();
-    let rb = nb * ts;
-    s.wq.resize(R * k, 0);
-    s.dw.resize(R * nb, 0.0);
-    s.mw.resize(nb * R, 0.0);
-    let m4 = _mm_set1_epi8(0x0f);
-    let eight = _mm_set1_epi8(8);
-    for r in 0..R {
-        let j = j0 + r;
-        if j >= n {
-            s.wq[r * k..(r + 1) * k].fill(0);
-            s.dw[r * nb..(r + 1) * nb].fill(0.0);
-            for b in 0..nb {
-                s.mw[b * R + r] = 0.0;
-            }
-            continue;
-        }
-        let row = &data[j * rb..(j + 1) * rb];
-        let wq = &mut s.wq[r * k..(r + 1) * k];
-        for (b, blk) in row.chunks_exact(ts).enumerate() {
-            s.dw[r * nb + b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-            let dst = &mut wq[b * QK8..(b + 1) * QK8];
-            match ty {
-                WType::Q4_0 | WType::Q4_1 => {
-                    let off = if ty == WType::Q4_1 { 4 } else { 2 };
-                    if ty == WType::Q4_1 {
-                        s.mw[b * R + r] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
-                    }
-                    let src = &blk[off..off + 16];
-                    // SAFETY: `src` is 16 bytes and `dst` 32 bytes long.
-                    unsafe {
-                        let v = _mm_loadu_si128(src.as_ptr().cast());
-                        let mut lo = _mm_and_si128(v, m4);
-                        let mut hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
-                        if ty == WType::Q4_0 {
-                            lo = _mm_sub_epi8(lo, eight);
-                            hi = _mm_sub_epi8(hi, eight);
-                        }
-                        _mm_storeu_si128(dst.as_mut_ptr().cast(), lo);
-                        _mm_storeu_si128(dst.as_mut_ptr().add(16).cast(), hi);
-                    }
-                }
-                _ => dst.copy_from_slice(&blk[2..34]),
-            }
-        }
-    }
-}
-
-/// The 4 x CC tile's integer dots and float accumulation over all blocks; `out[r][c]` gets
-/// `hsum8(acc)` (without the Q4_1 `summs` term). `SIGNED` weights use ggml's sign trick.
-#[inline(always)]
-// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
-#[allow(unused_unsafe)]
-unsafe fn tile<D: Dots, const CC: usize, const SIGNED: bool>(
-    s: &Scratch,
-    k: usize,
-    xq: &[i8],
-    out: &mut [[f32; CC]; R],
-) {
-    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
-    unsafe {
-        let nb = k / QK8;
-        assert!(s.wq.len() >= R * k && xq.len() >= CC * k && s.dd.len() >= R * CC * nb);
-        let mut acc = [[_mm256_setzero_ps(); CC]; R];
-        let (wp, xp, dp) = (s.wq.as_ptr(), xq.as_ptr(), s.dd.as_ptr());
-        for b in 0..nb {
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                // SAFETY: all offsets are inside the buffers checked at entry.
-                let w = unsafe { _mm256_loadu_si256(wp.add(r * k + b * QK8).cast()) };
-                let aw = if SIGNED { _mm256_sign_epi8(w, w) } else { w };
-                for (c, a) in acc_r.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    let (x, d) = unsafe {
-                        (
-                            _mm256_loadu_si256(xp.add(c * k + b * QK8).cast()),
-                            _mm256_broadcast_ss(&*dp.add((r * CC + c) * nb + b)),
-                        )
-                    };
-                    let x = if SIGNED { _mm256_sign_epi8(x, w) } else { x };
-                    let p = D::dpbusd(_mm256_setzero_si256(), aw, x);
-                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
-                }
-            }
-        }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            for (oc, ac) in o.iter_mut().zip(a) {
-                *oc = hsum8(*ac);
-            }
-        }
+/// Weight rows per group of a matmul of `m` activation rows: the in-place tiles' `R` up to
+/// [`DIRECT_ROWS`], the repacked panels' past it.
+pub(crate) fn group_rows(m: usize) -> usize {
+    if m <= DIRECT_ROWS {
+        R
+    } else {
+        crate::avx2_panel::ROWS
     }
 }
 
@@ -259,80 +151,7 @@ unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut 
             }
             return;
         }
-        for g in g_lo..g_hi {
-            let j0 = g * R;
-            prepare_group(job.ty, job.data, job.n, job.k, j0, s);
-            let mut c0 = 0;
-            while c0 < job.m {
-                let cc = cols.min(job.m - c0);
-                match cc {
-                    1 => tile_cols::<D, 1>(job, j0, c0, s),
-                    2 => tile_cols::<D, 2>(job, j0, c0, s),
-                    _ => tile_cols::<D, C>(job, j0, c0, s),
-                }
-                c0 += cc;
-            }
-        }
-    }
-}
-
-#[inline(always)]
-// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
-#[allow(unused_unsafe)]
-unsafe fn tile_cols<D: Dots, const CC: usize>(
-    job: &GroupJob<'_>,
-    j0: usize,
-    c0: usize,
-    s: &mut Scratch,
-) {
-    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
-    unsafe {
-        let (k, n) = (job.k, job.n);
-        let nb = k / QK8;
-        let acts = job.acts;
-        s.dd.resize(R * CC * nb, 0.0);
-        for r in 0..R {
-            for c in 0..CC {
-                let xd = &acts.d[(c0 + c) * nb..(c0 + c + 1) * nb];
-                let dw = &s.dw[r * nb..(r + 1) * nb];
-                let dd = &mut s.dd[(r * CC + c) * nb..(r * CC + c + 1) * nb];
-                for ((o, &a), &b) in dd.iter_mut().zip(dw).zip(xd) {
-                    *o = a * b;
-                }
-            }
-        }
-        // Q4_1's `sum_b m_w * s_x`, one fma chain per element, 4 weight rows per instruction.
-        let mut summs = [[0f32; R]; CC];
-        if job.ty == WType::Q4_1 {
-            for (c, sc) in summs.iter_mut().enumerate() {
-                let xs = &acts.s[(c0 + c) * nb..(c0 + c + 1) * nb];
-                let mut a = _mm_setzero_ps();
-                for (mw, &sx) in s.mw.chunks_exact(R).zip(xs) {
-                    // SAFETY: `mw` is R = 4 floats.
-                    let mv = unsafe { _mm_loadu_ps(mw.as_ptr()) };
-                    a = _mm_fmadd_ps(mv, _mm_set1_ps(sx), a);
-                }
-                // SAFETY: `sc` is 4 floats.
-                unsafe { _mm_storeu_ps(sc.as_mut_ptr(), a) };
-            }
-        }
-        let mut out = [[0f32; CC]; R];
-        let xq = &acts.qs[c0 * k..(c0 + CC) * k];
-        if job.ty == WType::Q4_1 {
-            tile::<D, CC, false>(s, k, xq, &mut out);
-        } else {
-            tile::<D, CC, true>(s, k, xq, &mut out);
-        }
-        for (r, o) in out.iter().enumerate() {
-            if j0 + r >= n {
-                break;
-            }
-            for (c, &v) in o.iter().enumerate() {
-                // SAFETY: (c0 + c, j0 + r) is inside `y` and only this thread's group writes column
-                // j0 + r.
-                unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = v + summs[c][r] };
-            }
-        }
+        crate::avx2_panel::groups::<D>(job, g_lo, g_hi, &mut s.panels);
     }
 }
 
@@ -410,9 +229,9 @@ const PREFETCH_GROUPS: usize = 1;
 /// weights are unpacked once and every tile reads the unpacked copy.
 const DIRECT_ROWS: usize = 12;
 
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q8_0: u8 = 2;
+pub(crate) const Q4_0: u8 = 0;
+pub(crate) const Q4_1: u8 = 1;
+pub(crate) const Q8_0: u8 = 2;
 
 /// The two f16 at byte `at` of each of the `R` rows (a block's `d` and, for Q4_1, `m`), as 4
 /// floats each: one 32-bit load per row, one shuffle to put the `d`s before the `m`s, one
@@ -472,9 +291,9 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
         });
         let m4 = _mm256_set1_epi8(0x0f);
         let eight = _mm256_set1_epi8(8);
-        let mut acc = [[_mm256_setzero_ps(); CC]; R];
+        // Per activation row, the 4 weight rows' sums as the lanes of one vector.
+        let mut acc = [_mm_setzero_ps(); CC];
         let mut summs = [_mm_setzero_ps(); CC];
-        let mut dd = [[0f32; R]; CC];
         let (xp, xd, xs) = (
             acts.qs.as_ptr().add(c0 * k),
             acts.d.as_ptr().add(c0 * nb),
@@ -485,14 +304,8 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
             unsafe {
                 // Every block type has at least 4 bytes: d, then m (Q4_1) or the first quants.
                 let (dw, mw) = f16x4x2(&rows, b * ts);
-                for c in 0..CC {
-                    let dv = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
-                    _mm_storeu_ps(dd[c].as_mut_ptr(), dv);
-                    if T == Q4_1 {
-                        summs[c] = _mm_fmadd_ps(mw, _mm_set1_ps(*xs.add(c * nb + b)), summs[c]);
-                    }
-                }
-                for (r, acc_r) in acc.iter_mut().enumerate() {
+                let mut dot = [[_mm256_setzero_si256(); CC]; R];
+                for (r, dot_r) in dot.iter_mut().enumerate() {
                     let p = rows[r].add(b * ts);
                     if fetch {
                         // Weights stream from DRAM: ask for the next groups' bytes now.
@@ -513,27 +326,41 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
                     };
                     let signed = T != Q4_1;
                     let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
-                    for (c, a) in acc_r.iter_mut().enumerate() {
+                    for (c, d) in dot_r.iter_mut().enumerate() {
                         let x = _mm256_loadu_si256(xp.add(c * k + b * QK8).cast());
                         let x = if signed { _mm256_sign_epi8(x, w) } else { x };
-                        let p = D::dpbusd(_mm256_setzero_si256(), aw, x);
-                        *a = _mm256_fmadd_ps(_mm256_set1_ps(dd[c][r]), _mm256_cvtepi32_ps(p), *a);
+                        *d = D::dpbusd(_mm256_setzero_si256(), aw, x);
+                    }
+                }
+                for c in 0..CC {
+                    // The 4 rows' 8 lanes each to one exact sum per row.
+                    let h = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(dot[0][c], dot[1][c]),
+                        _mm256_hadd_epi32(dot[2][c], dot[3][c]),
+                    );
+                    let isum =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    let dd = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
+                    acc[c] = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(isum), acc[c]);
+                    if T == Q4_1 {
+                        summs[c] = _mm_fmadd_ps(mw, _mm_set1_ps(*xs.add(c * nb + b)), summs[c]);
                     }
                 }
             }
         }
-        let mut sm = [[0f32; R]; CC];
-        for (o, v) in sm.iter_mut().zip(&summs) {
+        for c in 0..CC {
+            let v = if T == Q4_1 {
+                _mm_add_ps(acc[c], summs[c])
+            } else {
+                acc[c]
+            };
+            let mut o = [0f32; R];
             // SAFETY: `o` is 4 floats.
-            unsafe { _mm_storeu_ps(o.as_mut_ptr(), *v) };
-        }
-        for (r, acc_r) in acc.iter().enumerate() {
-            if j0 + r >= n {
-                break;
-            }
-            for (c, a) in acc_r.iter().enumerate() {
-                // SAFETY: (c, j0 + r) is inside `y` and only this thread's group writes that column.
-                unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = hsum8(*a) + sm[c][r] };
+            unsafe { _mm_storeu_ps(o.as_mut_ptr(), v) };
+            for (r, &e) in o.iter().enumerate().take(n.saturating_sub(j0)) {
+                // SAFETY: (c0 + c, j0 + r) is inside `y` and only this thread's group writes
+                // that column.
+                unsafe { *job.y.get().add((c0 + c) * n + j0 + r) = e };
             }
         }
     }

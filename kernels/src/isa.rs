@@ -48,6 +48,15 @@ pub(crate) trait Dots {
     /// (BENCHMARKS.md, "code placement"). 16 ymm registers (AVX2, AVX-VNNI) hold a 4 x 2 tile;
     /// AVX-512's 32 hold 4 x 3. Results do not depend on it (tiles share loads, not arithmetic).
     const COLS: usize;
+    /// The repacked-panel tile (`avx2_panel`, batches past the in-place tiles): 8-row panels
+    /// per tile and activation rows per tile, sized the same way (`PANELS x PANEL_COLS` float
+    /// accumulators and as many integer ones, plus the loop's temporaries, in the registers).
+    const PANELS: usize;
+    const PANEL_COLS: usize;
+    /// `dpbusd` is one non-saturating instruction: unsigned bytes up to 255 may meet signed
+    /// ones (AVX2's `vpmaddubsw` saturates its i16 pairs, so its callers keep the unsigned
+    /// side at most 127, or 15 for nibbles).
+    const VNNI: bool;
     /// `acc` plus, per i32 lane, the sum of its four `u8 x i8` byte products.
     ///
     /// # Safety
@@ -70,6 +79,9 @@ pub(crate) struct Avx512Vnni;
 
 impl Dots for Avx2 {
     const COLS: usize = 2;
+    const PANELS: usize = 1;
+    const PANEL_COLS: usize = 4;
+    const VNNI: bool = false;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // SAFETY: the caller runs on an AVX2 CPU.
@@ -87,6 +99,9 @@ impl Dots for Avx2 {
 
 impl Dots for AvxVnni {
     const COLS: usize = 2;
+    const PANELS: usize = 1;
+    const PANEL_COLS: usize = 6;
+    const VNNI: bool = true;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // SAFETY: the caller runs on an AVX-VNNI CPU.
@@ -101,6 +116,9 @@ impl Dots for AvxVnni {
 
 impl Dots for Avx512Vnni {
     const COLS: usize = 3;
+    const PANELS: usize = 2;
+    const PANEL_COLS: usize = 6;
+    const VNNI: bool = true;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // SAFETY: the caller runs on an AVX-512 VNNI + VL CPU.

@@ -16,6 +16,9 @@
 //! - `isa`: the x86 integer-dot paths (AVX2, AVX-VNNI, AVX-512 VNNI): the kernels below are
 //!   generic over them and compiled once per path, chosen at run time ([`Backend::detect`]).
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
+//! - `avx2_panel`: the Q4_0/Q4_1/Q8_0 matmul for batches (prefill, many sequences): weight rows
+//!   repacked into 8-row panels once per group, so `vpdpbusd` with a broadcast activation word
+//!   leaves each row's block dot in its own lane.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations.
 //! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS,
 //!   MXFP4).
@@ -35,6 +38,8 @@ mod avx2;
 mod avx2_kquant;
 #[cfg(target_arch = "x86_64")]
 mod avx2_lowbit;
+#[cfg(target_arch = "x86_64")]
+mod avx2_panel;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dequant;

@@ -241,7 +241,7 @@ fn quantized_matmul(
                 acts,
                 y: yp,
             };
-            let groups = n.div_ceil(crate::avx2::R);
+            let groups = n.div_ceil(crate::avx2::group_rows(m));
             pool.run(&|tid, nth| {
                 let (lo, hi) = split(groups, tid, nth);
                 SCRATCH.with(|s| {

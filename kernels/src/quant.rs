@@ -3,11 +3,13 @@
 //! operations of ggml's AVX2 code (so the AVX2 kernels, which are tested bit-equal against these, reproduce llama.cpp's
 //! arithmetic).
 //!
-//! Every weight-block x activation-block dot has the same shape: an exact integer dot per
-//! 4-element group, summed into 8 i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32),
-//! then `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
-//! `hsum_float_8(acc)` plus any scalar correction term. The integer part is exact, so any
-//! evaluation order gives the same lanes; the float part is fixed here and in `avx2`.
+//! The K-quant dots have ggml's shape: an exact integer dot per 4-element group, summed into 8
+//! i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32), then
+//! `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
+//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]) take
+//! the whole block's exact integer dot and one FMA per block instead. The integer part is
+//! exact, so any evaluation order gives the same values; the float part is fixed here and in
+//! `avx2*`.
 
 use crate::WType;
 use crate::dequant::{f16_at, q6k_at, scale_min_k4};
@@ -254,41 +256,43 @@ impl QActs {
     }
 }
 
-/// Q4_0 x Q8_0, Q4_1 x Q8_1 and Q8_0 x Q8_0 over a row (ggml `ggml_vec_dot_q*_q8_*`, AVX2).
+/// Q4_0 x Q8_0, Q4_1 x Q8_1 and Q8_0 x Q8_0 over a row: per block the exact integer dot, then
+/// `acc = fma(d_w * d_x, dot, acc)` in block order, and Q4_1's `summs` chain added at the end.
+/// Not ggml's 8-lane sum (the other types keep that): one float multiply-add per block is what
+/// lets the batched tiles (`avx2_panel`) reach the integer-dot rate, and every tile of every
+/// path does these same operations.
 #[inline(always)]
 pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     let ts = ty.type_size();
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     let mut summs = 0f32;
     for (b, blk) in w.chunks_exact(ts).enumerate() {
         let xq = &x.qs[b * QK8..(b + 1) * QK8];
-        let mut lanes = [0i32; 8];
+        let mut dot = 0i32;
         match ty {
             WType::Q4_0 => {
                 for j in 0..16 {
-                    lanes[j / 4] += ((blk[2 + j] & 0x0f) as i32 - 8) * xq[j] as i32;
-                    lanes[4 + j / 4] += ((blk[2 + j] >> 4) as i32 - 8) * xq[16 + j] as i32;
+                    dot += ((blk[2 + j] & 0x0f) as i32 - 8) * xq[j] as i32;
+                    dot += ((blk[2 + j] >> 4) as i32 - 8) * xq[16 + j] as i32;
                 }
             }
             WType::Q4_1 => {
                 for j in 0..16 {
-                    lanes[j / 4] += (blk[4 + j] & 0x0f) as i32 * xq[j] as i32;
-                    lanes[4 + j / 4] += (blk[4 + j] >> 4) as i32 * xq[16 + j] as i32;
+                    dot += (blk[4 + j] & 0x0f) as i32 * xq[j] as i32;
+                    dot += (blk[4 + j] >> 4) as i32 * xq[16 + j] as i32;
                 }
                 summs = f16_at(blk, 2).mul_add(x.s[b], summs);
             }
             _ => {
                 for j in 0..32 {
-                    lanes[j / 4] += (blk[2 + j] as i8) as i32 * xq[j] as i32;
+                    dot += (blk[2 + j] as i8) as i32 * xq[j] as i32;
                 }
             }
         }
         let dd = f16_at(blk, 0) * x.d[b];
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = dd.mul_add(l as f32, *a);
-        }
+        acc = dd.mul_add(dot as f32, acc);
     }
-    hsum8(acc) + summs
+    if ty == WType::Q4_1 { acc + summs } else { acc }
 }
 
 /// Q4_K x Q8_K over a row (ggml `ggml_vec_dot_q4_K_q8_K`, AVX2).

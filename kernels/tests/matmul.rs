@@ -89,7 +89,8 @@ fn matmul_matches_f64_reference() {
     }
 }
 
-/// Model-sized shapes at m = 1 and a prompt-sized m: every SIMD path this CPU has (AVX2,
+/// Model-sized shapes at m = 1, small batches (in-place tiles) and past 12 rows (the repacked
+/// panels, every tile width and partial panels): every SIMD path this CPU has (AVX2,
 /// AVX-VNNI, AVX-512 VNNI) equals portable bit for bit. Prints which paths ran.
 #[test]
 fn backends_agree_bit_for_bit() {
@@ -106,6 +107,10 @@ fn backends_agree_bit_for_bit() {
     for (ty, n, k, m) in [
         (WType::Q4_1, 192, 576, 1),
         (WType::Q4_1, 64, 1536, 13),
+        (WType::Q4_1, 50, 576, 37),
+        (WType::Q8_0, 33, 576, 29),
+        (WType::Q4_0, 24, 1024, 19),
+        (WType::Q8_0, 8, 64, 16),
         (WType::Q8_0, 130, 576, 7),
         (WType::Q4_0, 66, 576, 5),
         (WType::Q4K, 10, 512, 3),
@@ -166,7 +171,7 @@ proptest! {
         ti in 0usize..ALL_TYPES.len(),
         n in 1usize..23,
         kb in 1usize..5,
-        m in 1usize..14,
+        m in 1usize..40,
         lo_frac in 0.0f64..1.0,
         seed in any::<u64>(),
     ) {
