@@ -111,12 +111,14 @@ fn greedy_chat(max_tokens: usize) -> AppState {
 
 #[test]
 fn chat_streams_an_answer_and_stops() {
-    // Greedy, so the answers are the same on every run.
+    // Greedy, so the answers are the same on every run. Not "What is the capital of France?":
+    // its first token is a near-tie that llama.cpp answers "L'Étoile, la Marseillaise…"; this
+    // one llama.cpp (llama-completion, same file and template) answers as we do.
     let state = greedy_chat(48);
     let mut h = harness(state);
     wait_for_model(&mut h);
 
-    type_message(&mut h, "What is the capital of France?");
+    type_message(&mut h, "Tell me the capital of France.");
     h.get_by_label("Send").click();
     wait_until(&mut h, "a streamed answer to finish", 120, |h| {
         last_message(h).is_some_and(|(role, text, finish)| {

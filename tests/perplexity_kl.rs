@@ -83,7 +83,10 @@ fn compare(r: &Value, l: &Value) -> Vec<String> {
     let checks = [
         ("mean KL", f("kld", "value"), "kld_mean", Tol::Rel(0.02)),
         ("mean KL ±", f("kld", "unc"), "kld_mean_unc", Tol::Rel(0.1)),
-        ("P99 KL", f("kld_spread", "p99"), "kld_p99", Tol::Rel(0.05)),
+        // P99 and max are order statistics of the ~5 and the 1 largest of 510 values: the last
+        // bits of the matmul arithmetic (ours sums each block's integer dot before its one
+        // float FMA, ggml sums 8 float lanes) reorder them, so they get max's 10%.
+        ("P99 KL", f("kld_spread", "p99"), "kld_p99", Tol::Rel(0.1)),
         (
             "median KL",
             f("kld_spread", "median"),

@@ -32,9 +32,7 @@ fn chat_whole_and_streamed_agree_with_usage() {
     assert!(text.contains("Paris"), "{text}");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     let prompt = model()
-        .chat_prompt(&[tpslab_engine::text::chat::ChatMessage::user(
-            "What is the capital of France?",
-        )])
+        .chat_prompt(&[tpslab_engine::text::chat::ChatMessage::user(CHAT_QUESTION)])
         .expect("prompt");
     let u = &v["usage"];
     assert_eq!(u["prompt_tokens"], prompt.len());

@@ -55,6 +55,15 @@ fn offset<D: Dots>(ty: WType) -> i32 {
     }
 }
 
+/// The f16 at byte `at` of `b` (F16C, inside the path's feature-enabled copy: exact, so the
+/// same value as `dequant::f16_at`).
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    // SAFETY: every path has F16C (`isa`); this is inlined into their feature-enabled copies.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))) }
+}
+
 /// Repacks weight rows `j0..j0 + ROWS` (rows past `n` become zeros) into `pn`.
 #[inline(always)]
 fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &mut Panels) {
@@ -77,12 +86,12 @@ fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &m
             let (mut d, mut m) = (0.0, 0.0);
             if j < n {
                 let blk = &data[j * rb + b * ts..j * rb + (b + 1) * ts];
-                d = crate::dequant::f16_at(blk, 0);
+                d = f16_at(blk, 0);
                 match ty {
                     WType::Q4_0 | WType::Q4_1 => {
                         let off = if ty == WType::Q4_1 { 4 } else { 2 };
                         if ty == WType::Q4_1 {
-                            m = crate::dequant::f16_at(blk, 2);
+                            m = f16_at(blk, 2);
                         }
                         for (i, &q) in blk[off..off + 16].iter().enumerate() {
                             v[i] = q & 0x0f;

@@ -15,7 +15,9 @@ from openai import OpenAI
 
 base, model = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
-Q = [{"role": "user", "content": "What is the capital of France?"}]
+# Not "What is the capital of France?": its greedy answer starts at a near-tie that llama.cpp
+# answers "L'Étoile…"; this question llama.cpp and we both answer with Paris.
+Q = [{"role": "user", "content": "Tell me the capital of France."}]
 
 
 def check(name, cond, detail=""):

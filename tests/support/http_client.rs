@@ -235,9 +235,14 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
     request(addr, "POST", path, &[], body.to_string().as_bytes())
 }
 
+pub const CHAT_QUESTION: &str = "Tell me the capital of France.";
+
+/// A greedy chat request (`extra` merged in). The question is one whose greedy answer llama.cpp
+/// gives as we do ("The capital of France is Paris."); "What is the capital of France?" starts
+/// at a near-tie that llama.cpp answers "L'Étoile…".
 pub fn chat_body(extra: Value) -> Value {
     let mut b = json!({
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "messages": [{"role": "user", "content": CHAT_QUESTION}],
         "temperature": 0,
         "max_tokens": 12,
     });
