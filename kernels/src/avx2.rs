@@ -38,6 +38,7 @@ pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
     let nb_total = x.len() / QK8;
     assert!(out.qs.len() >= nb_total * QK8 && out.d.len() >= nb_total);
     assert!(out.ty != ActType::Q8_1 || out.s.len() >= nb_total);
+    assert!(out.sums.len() >= nb_total);
     let sign = _mm256_set1_ps(-0.0);
     let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for blk in 0..nb_total {
@@ -71,12 +72,13 @@ pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
             >(_mm256_mul_ps(v[j], id)))
         });
         out.d[blk] = f32_to_f16_to_f32(d);
+        let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let s = _mm_add_epi32(_mm256_extracti128_si256::<1>(s), _mm256_castsi256_si128(s));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)));
+        out.sums[blk] = sum;
         if out.ty == ActType::Q8_1 {
-            let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-            let s = _mm_add_epi32(_mm256_extracti128_si256::<1>(s), _mm256_castsi256_si128(s));
-            let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-            out.s[blk] = f32_to_f16_to_f32(d * _mm_cvtsi128_si32(s) as f32);
+            out.s[blk] = f32_to_f16_to_f32(d * sum as f32);
         }
         let p01 = _mm256_packs_epi32(i[0], i[1]);
         let p23 = _mm256_packs_epi32(i[2], i[3]);

@@ -41,18 +41,6 @@ pub(crate) struct Panels {
     dw: Vec<f32>,
     /// `nb x ROWS` weight mins (Q4_1).
     mw: Vec<f32>,
-    /// `m x nb`: `corr * sum(x block)` per activation row and block (Q4_0; Q8_0 on VNNI).
-    xc: Vec<i32>,
-}
-
-/// The constant whose product with an activation block's sum is taken off each block's dot:
-/// how far the bytes the dot sees sit above the weights' values.
-fn offset<D: Dots>(ty: WType) -> i32 {
-    match ty {
-        WType::Q4_0 => 8,
-        WType::Q8_0 if D::VNNI => 128,
-        _ => 0,
-    }
 }
 
 /// The f16 at byte `at` of `b` (F16C, inside the path's feature-enabled copy: exact, so the
@@ -115,18 +103,6 @@ fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &m
     }
 }
 
-/// `corr * sum(block)` of every activation row's blocks into `pn.xc`.
-fn corrections(qs: &[i8], m: usize, k: usize, corr: i32, pn: &mut Panels) {
-    let nb = k / QK8;
-    pn.xc.clear();
-    pn.xc.extend(
-        qs[..m * k]
-            .chunks_exact(QK8)
-            .map(|b| corr * b.iter().map(|&q| q as i32).sum::<i32>()),
-    );
-    debug_assert_eq!(pn.xc.len(), m * nb);
-}
-
 /// The `PP` panels from `p0` by activation rows `c0..c0 + CC` (`T` as in `avx2`).
 #[inline(always)]
 // The register tile is indexed [panel][column] from loops in the order the loads want.
@@ -151,7 +127,10 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
         assert!(p0 + PP <= PANELS && c0 + CC <= job.m);
         assert!(pn.w.len() >= nb * PANELS * PANEL_BYTES && pn.dw.len() >= nb * ROWS);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
-        assert!(!corr || pn.xc.len() >= (c0 + CC) * nb);
+        assert!(!corr || acts.sums.len() >= (c0 + CC) * nb);
+        // How far the dotted bytes sit above the weights' values: Q4_0's nibbles 8, Q8_0's
+        // flipped bytes 128.
+        let lift = if T == crate::avx2::Q4_0 { 8 } else { 128 };
         assert!(!mins || (acts.s.len() >= (c0 + CC) * nb && pn.mw.len() >= nb * ROWS));
         let xq = acts.qs.as_ptr().add(c0 * k);
         let mut acc = [[_mm256_setzero_ps(); CC]; PP];
@@ -184,7 +163,7 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
                 for c in 0..CC {
                     let dx = _mm256_set1_ps(*acts.d.as_ptr().add((c0 + c) * nb + b));
                     let off = _mm256_set1_epi32(if corr {
-                        *pn.xc.as_ptr().add((c0 + c) * nb + b)
+                        lift * *acts.sums.as_ptr().add((c0 + c) * nb + b)
                     } else {
                         0
                     });
@@ -254,10 +233,6 @@ pub(crate) unsafe fn groups<D: Dots>(
     g_hi: usize,
     pn: &mut Panels,
 ) {
-    let corr = offset::<D>(job.ty);
-    if corr != 0 {
-        corrections(&job.acts.qs, job.m, job.k, corr, pn);
-    }
     let full = D::PANEL_COLS;
     for g in g_lo..g_hi {
         let j0 = g * ROWS;

@@ -3,6 +3,11 @@
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Runs of weight-row groups per thread in the batched matmuls: enough that a thread slowed by
+/// the machine hands its share to the others, few enough that claiming a run costs nothing.
+const RUNS_PER_THREAD: usize = 8;
 
 use crate::quant::{self, ActType, QActs};
 use crate::{QMatrix, SendPtr, ThreadPool, WType, dequantize_row};
@@ -241,9 +246,21 @@ fn quantized_matmul(
                 acts,
                 y: yp,
             };
-            let groups = n.div_ceil(crate::avx2::group_rows(m));
-            pool.run(&|tid, nth| {
-                let (lo, hi) = split(groups, tid, nth);
+            // Runs of groups handed out as threads ask: a thread slowed by the machine takes
+            // fewer, so the other does not wait for it at the end (the result does not depend
+            // on who runs what).
+            // In-place tiles (decode) keep one run per thread: each streams its weight rows
+            // with prefetches ahead, which runs cut short.
+            let rows = crate::avx2::group_rows(m);
+            let groups = n.div_ceil(rows);
+            let per_thread = if rows == crate::avx2::R {
+                1
+            } else {
+                RUNS_PER_THREAD
+            };
+            let run = groups.div_ceil(pool.n_threads() * per_thread).max(1);
+            let next = AtomicUsize::new(0);
+            pool.run(&|_, _| {
                 SCRATCH.with(|s| {
                     let mut fresh = crate::avx2::Scratch::default();
                     let mut guard = s.try_borrow_mut();
@@ -251,8 +268,15 @@ fn quantized_matmul(
                         Ok(s) => s,
                         Err(_) => &mut fresh,
                     };
-                    // SAFETY: the backend was checked available (its features detected).
-                    unsafe { crate::avx2::run_groups(path, &job, lo, hi, s) };
+                    loop {
+                        let lo = next.fetch_add(run, Ordering::Relaxed);
+                        if lo >= groups {
+                            break;
+                        }
+                        let hi = (lo + run).min(groups);
+                        // SAFETY: the backend was checked available (its features detected).
+                        unsafe { crate::avx2::run_groups(path, &job, lo, hi, s) };
+                    }
                 });
             });
         }
@@ -287,6 +311,9 @@ fn split_rows(
     } else {
         rows * nb * 16
     });
+    let (ua, ub) = r
+        .sums
+        .split_at_mut(if r.sums.is_empty() { 0 } else { rows * nb });
     (
         quant::QActsRows {
             ty: r.ty,
@@ -295,6 +322,7 @@ fn split_rows(
             d: da,
             s: sa,
             bsums: ba,
+            sums: ua,
         },
         quant::QActsRows {
             ty: r.ty,
@@ -303,6 +331,7 @@ fn split_rows(
             d: db,
             s: sb,
             bsums: bb,
+            sums: ub,
         },
     )
 }

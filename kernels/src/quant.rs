@@ -64,6 +64,9 @@ pub struct QActs {
     pub s: Vec<f32>,
     /// Q8_K only: sums of each 16 quants.
     pub bsums: Vec<i16>,
+    /// Q8_0/Q8_1: each block's integer sum of its quants (the batched tiles take it off dots
+    /// whose weight bytes sit above the weights' values).
+    pub sums: Vec<i32>,
 }
 
 impl QActs {
@@ -79,6 +82,8 @@ impl QActs {
             .resize(if ty == ActType::Q8_1 { m * nb } else { 0 }, 0.0);
         self.bsums
             .resize(if ty == ActType::Q8K { m * nb * 16 } else { 0 }, 0);
+        let q8 = matches!(ty, ActType::Q8_0 | ActType::Q8_1);
+        self.sums.resize(if q8 { m * nb } else { 0 }, 0);
     }
 
     /// Blocks per row.
@@ -172,6 +177,7 @@ pub(crate) fn quantize_rows_portable(x: &[f32], out: &mut QActsRows<'_>) {
                 ActType::Q8_0 | ActType::Q8_1 => {
                     let (d, sum) = quantize_block_q8(xb, qs);
                     out.d[row] = round_f16(d);
+                    out.sums[row] = sum;
                     if out.ty == ActType::Q8_1 {
                         out.s[row] = round_f16(d * sum as f32);
                     }
@@ -193,6 +199,7 @@ pub(crate) struct QActsRows<'a> {
     pub d: &'a mut [f32],
     pub s: &'a mut [f32],
     pub bsums: &'a mut [i16],
+    pub sums: &'a mut [i32],
 }
 
 impl QActs {
@@ -209,6 +216,11 @@ impl QActs {
         } else {
             (lo * nb * 16, hi * nb * 16)
         };
+        let (q_lo, q_hi) = if self.sums.is_empty() {
+            (0, 0)
+        } else {
+            (lo * nb, hi * nb)
+        };
         QActsRows {
             ty: self.ty,
             k: self.k,
@@ -216,6 +228,7 @@ impl QActs {
             d: &mut self.d[lo * nb..hi * nb],
             s: &mut self.s[s_lo..s_hi],
             bsums: &mut self.bsums[b_lo..b_hi],
+            sums: &mut self.sums[q_lo..q_hi],
         }
     }
 }
