@@ -228,8 +228,9 @@ pub(crate) fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
 /// How many weight-row groups ahead of the current one the in-place tiles prefetch.
 const PREFETCH_GROUPS: usize = 1;
 /// Most activation rows the in-place tiles take (see [`groups`]); past it, each group's
-/// weights are unpacked once and every tile reads the unpacked copy.
-const DIRECT_ROWS: usize = 12;
+/// weights are repacked once into panels (`avx2_panel`). Measured with `step_rows`
+/// (BENCHMARKS.md): in place is faster up to 9 rows, the two are even at 10-12.
+const DIRECT_ROWS: usize = 9;
 
 pub(crate) const Q4_0: u8 = 0;
 pub(crate) const Q4_1: u8 = 1;

@@ -43,61 +43,82 @@ pub(crate) struct Panels {
     mw: Vec<f32>,
 }
 
-/// The f16 at byte `at` of `b` (F16C, inside the path's feature-enabled copy: exact, so the
-/// same value as `dequant::f16_at`).
+/// Repacks weight rows `j0..j0 + ROWS` (rows past `n` become zeros) into `pn`: per block and
+/// panel, the 8 rows' 32 dotted bytes (8 words each) as an 8 x 8 word transpose.
 #[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
-    // SAFETY: every path has F16C (`isa`); this is inlined into their feature-enabled copies.
-    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))) }
-}
-
-/// Repacks weight rows `j0..j0 + ROWS` (rows past `n` become zeros) into `pn`.
-#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
 fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &mut Panels) {
     let nb = k / QK8;
     let ts = ty.type_size();
     let rb = nb * ts;
+    assert!(data.len() >= n * rb);
     pn.w.resize(nb * PANELS * PANEL_BYTES, 0);
     pn.dw.resize(nb * ROWS, 0.0);
     pn.mw.resize(nb * ROWS, 0.0);
-    let flip = if ty == WType::Q8_0 && D::VNNI {
-        0x80
-    } else {
-        0
-    };
-    for r in 0..ROWS {
-        let j = j0 + r;
-        let (p, lane) = (r / LANES, r % LANES);
+    let q8 = ty == WType::Q8_0;
+    // SAFETY: every path has AVX2 and F16C (`isa`); this is inlined into their feature-enabled
+    // copies. Reads stay inside rows j < n of `data` (checked above); writes inside `pn`'s
+    // buffers as sized above.
+    unsafe {
+        let m4 = _mm_set1_epi8(0x0f);
+        let flip = _mm256_set1_epi8(if q8 && D::VNNI { -128 } else { 0 });
         for b in 0..nb {
-            let mut v = [0u8; QK8];
-            let (mut d, mut m) = (0.0, 0.0);
-            if j < n {
-                let blk = &data[j * rb + b * ts..j * rb + (b + 1) * ts];
-                d = f16_at(blk, 0);
-                match ty {
-                    WType::Q4_0 | WType::Q4_1 => {
+            for p in 0..PANELS {
+                // No closures here: they would be compiled without the path's features and
+                // call every intrinsic out of line.
+                let mut rows = [_mm256_setzero_si256(); LANES];
+                for (l, row) in rows.iter_mut().enumerate() {
+                    let r = p * LANES + l;
+                    let j = j0 + r;
+                    if j >= n {
+                        pn.dw[b * ROWS + r] = 0.0;
+                        pn.mw[b * ROWS + r] = 0.0;
+                        continue;
+                    }
+                    let blk = data.as_ptr().add(j * rb + b * ts);
+                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                        blk.cast::<i32>(),
+                    )));
+                    pn.dw[b * ROWS + r] = _mm_cvtss_f32(dm);
+                    pn.mw[b * ROWS + r] = if ty == WType::Q4_1 {
+                        _mm_cvtss_f32(_mm_movehdup_ps(dm))
+                    } else {
+                        0.0
+                    };
+                    *row = if q8 {
+                        _mm256_xor_si256(_mm256_loadu_si256(blk.add(2).cast()), flip)
+                    } else {
                         let off = if ty == WType::Q4_1 { 4 } else { 2 };
-                        if ty == WType::Q4_1 {
-                            m = f16_at(blk, 2);
-                        }
-                        for (i, &q) in blk[off..off + 16].iter().enumerate() {
-                            v[i] = q & 0x0f;
-                            v[16 + i] = q >> 4;
-                        }
-                    }
-                    _ => {
-                        for (o, &q) in v.iter_mut().zip(&blk[2..34]) {
-                            *o = q ^ flip;
-                        }
-                    }
+                        let v = _mm_loadu_si128(blk.add(off).cast());
+                        let lo = _mm_and_si128(v, m4);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+                        _mm256_set_m128i(hi, lo)
+                    };
                 }
-            }
-            pn.dw[b * ROWS + r] = d;
-            pn.mw[b * ROWS + r] = m;
-            let base = (b * PANELS + p) * PANEL_BYTES + lane * 4;
-            for (step, word) in v.chunks_exact(4).enumerate() {
-                pn.w[base + step * 32..base + step * 32 + 4].copy_from_slice(word);
+                // 8 x 8 transpose of 32-bit words: word `step` of row `l` to lane `l` of
+                // vector `step`.
+                let mut t = [_mm256_setzero_si256(); LANES];
+                for i in 0..LANES / 2 {
+                    t[2 * i] = _mm256_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+                    t[2 * i + 1] = _mm256_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+                }
+                // u[h][s]: rows 4h..4h+4, words s (lanes 0..4) and s + 4 (lanes 4..8).
+                let mut u = [[_mm256_setzero_si256(); 4]; 2];
+                for (h, uh) in u.iter_mut().enumerate() {
+                    uh[0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+                    uh[1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+                    uh[2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+                    uh[3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+                }
+                let dst = pn.w.as_mut_ptr().add((b * PANELS + p) * PANEL_BYTES);
+                for s in 0..4 {
+                    let (lo, hi) = (u[0][s], u[1][s]);
+                    let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
+                    let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
+                    _mm256_storeu_si256(dst.add(s * 32).cast(), first);
+                    _mm256_storeu_si256(dst.add((s + 4) * 32).cast(), second);
+                }
             }
         }
     }
