@@ -112,8 +112,7 @@ fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &m
                     uh[3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
                 }
                 let dst = pn.w.as_mut_ptr().add((b * PANELS + p) * PANEL_BYTES);
-                for s in 0..4 {
-                    let (lo, hi) = (u[0][s], u[1][s]);
+                for (s, (&lo, &hi)) in u[0].iter().zip(&u[1]).enumerate() {
                     let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
                     let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
                     _mm256_storeu_si256(dst.add(s * 32).cast(), first);
