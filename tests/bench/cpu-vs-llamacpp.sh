@@ -73,12 +73,8 @@ done
 echo
 echo "| figure | tpslab tok/s (median) | llama.cpp tok/s (median) | same-round ratio: median | min .. max | rounds |"
 echo "|---|---|---|---|---|---|"
-awk '
+awk "$(cat "$HERE/tests/bench/median.awk")"'
   { v[$3, $2, $1] = $4; figs[$3] = 1; rounds[$1] = 1 }
-  function median(a, n,   i, j, t) {
-    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
   END {
     split("pp128 pp512 tg128 out64", order, " ")
     for (o = 1; o <= 4; o++) {

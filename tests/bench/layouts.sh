@@ -75,12 +75,8 @@ done
 echo
 echo "| layout | pp128 tok/s per round | median | median / default's |"
 echo "|---|---|---|---|"
-awk '
+awk "$(cat "$HERE/tests/bench/median.awk")"'
   { v[$2, $1] = $3; rounds[$1] = 1 }
-  function median(a, n,   i, j, t) {
-    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  }
   END {
     split("default cgu1 dummy", order, " ")
     for (o = 1; o <= 3; o++) {

@@ -76,6 +76,14 @@ pub struct Calibration {
     pub kv_bandwidth_efficiency: f64,
     /// Share of peak FLOP/s of a decode step's matmuls (one row per sequence).
     pub decode_compute_efficiency: f64,
+    /// Past this many sequences in a decode step, its matmuls run at
+    /// `batched_compute_efficiency` instead, and their weight pass adds to the dots rather than
+    /// overlapping them (the CPU backend's switch from reading weights in place to repacking
+    /// them into panels at 10 rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batched_above_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batched_compute_efficiency: Option<f64>,
     /// Share of peak FLOP/s of a prefill step's matmuls (many rows per sequence).
     pub prefill_compute_efficiency: f64,
     /// Which of the device's FLOP/s the matmuls run at ("f16", "f32").
@@ -182,6 +190,15 @@ impl DeviceTable {
                 &what("prefill_compute_efficiency"),
                 c.prefill_compute_efficiency,
             )?;
+            match (c.batched_above_tokens, c.batched_compute_efficiency) {
+                (None, None) => {}
+                (Some(_), Some(e)) => share(&what("batched_compute_efficiency"), e)?,
+                _ => {
+                    return Err(PlanError::Table(what(
+                        "batched_above_tokens and batched_compute_efficiency go together",
+                    )));
+                }
+            }
             non_negative(&what("step_overhead_ms"), c.step_overhead_ms)?;
             non_negative(&what("ttft_overhead_ms"), c.ttft_overhead_ms)?;
             non_negative(&what("memory_reserve_gib"), c.memory_reserve_gib)?;

@@ -245,15 +245,23 @@ impl Machine<'_> {
         };
         let flops =
             (self.device.tflops.get(&self.cal.compute_precision)).map_or(1e12, |f| f.value * 1e12);
-        let share = if prefill > 0 {
-            self.cal.prefill_compute_efficiency
-        } else {
-            self.cal.decode_compute_efficiency
+        let batched = prefill == 0 && self.cal.batched_above_tokens.is_some_and(|l| tokens > l);
+        let share = match self.cal.batched_compute_efficiency {
+            _ if prefill > 0 => self.cal.prefill_compute_efficiency,
+            Some(e) if batched => e,
+            _ => self.cal.decode_compute_efficiency,
         };
         let compute = 2.0 * shape.matmul_params() * tokens as f64 / (flops * share);
         let kv = decoding as f64 * ctx * shape.kv_bytes_per_token()
             / (bw * self.cal.kv_bandwidth_efficiency);
-        self.cal.step_overhead_ms / 1e3 + weights.max(compute) + kv
+        // A batched decode step repacks each weight group before its dots: that pass does not
+        // overlap them, so the two add up; elsewhere reads and dots overlap (the larger wins).
+        let matmuls = if batched {
+            weights + compute
+        } else {
+            weights.max(compute)
+        };
+        self.cal.step_overhead_ms / 1e3 + matmuls + kv
     }
 }
 
