@@ -181,10 +181,12 @@ impl Linear {
                 parts: parts.iter().map(|p| own(p)).collect(),
             });
         }
-        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        let mut data = crate::formats::weight_buffer(parts.iter().map(|p| p.data.len()).sum());
         let mut bias = Vec::new();
+        let mut at = 0;
         for p in parts {
-            data.extend_from_slice(&p.data);
+            data[at..at + p.data.len()].copy_from_slice(&p.data);
+            at += p.data.len();
             if has_bias {
                 match &p.bias {
                     Some(b) => bias.extend_from_slice(b),
