@@ -32,7 +32,7 @@ const PANELS: usize = ROWS / LANES;
 /// Bytes of one block of one panel.
 const PANEL_BYTES: usize = LANES * QK8;
 
-/// A repacked group and the activation rows' integer corrections (reused across calls).
+/// A repacked group of weight rows (reused across calls).
 #[derive(Default)]
 pub(crate) struct Panels {
     /// `nb x PANELS x 8 steps x 32` bytes, as the module doc says.
@@ -45,10 +45,13 @@ pub(crate) struct Panels {
 
 /// Repacks weight rows `j0..j0 + ROWS` (rows past `n` become zeros) into `pn`: per block and
 /// panel, the 8 rows' 32 dotted bytes (8 words each) as an 8 x 8 word transpose.
+///
+/// # Safety
+/// The CPU has `D`'s features (AVX2 and F16C at least); called from their compiled copies.
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &mut Panels) {
+unsafe fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &mut Panels) {
     let nb = k / QK8;
     let ts = ty.type_size();
     let rb = nb * ts;
@@ -57,9 +60,8 @@ fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize, pn: &m
     pn.dw.resize(nb * ROWS, 0.0);
     pn.mw.resize(nb * ROWS, 0.0);
     let q8 = ty == WType::Q8_0;
-    // SAFETY: every path has AVX2 and F16C (`isa`); this is inlined into their feature-enabled
-    // copies. Reads stay inside rows j < n of `data` (checked above); writes inside `pn`'s
-    // buffers as sized above.
+    // SAFETY: the CPU has AVX2 and F16C (the caller's promise). Reads stay inside rows j < n of
+    // `data` (checked above); writes inside `pn`'s buffers as sized above.
     unsafe {
         let m4 = _mm_set1_epi8(0x0f);
         let flip = _mm256_set1_epi8(if q8 && D::VNNI { -128 } else { 0 });
@@ -256,7 +258,8 @@ pub(crate) unsafe fn groups<D: Dots>(
     let full = D::PANEL_COLS;
     for g in g_lo..g_hi {
         let j0 = g * ROWS;
-        repack::<D>(job.ty, job.data, job.n, job.k, j0, pn);
+        // SAFETY: the caller runs on a CPU with `D`'s features.
+        unsafe { repack::<D>(job.ty, job.data, job.n, job.k, j0, pn) };
         let mut p0 = 0;
         while p0 < PANELS && j0 + p0 * LANES < job.n {
             let mut c0 = 0;
