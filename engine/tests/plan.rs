@@ -269,3 +269,15 @@ fn hostile_tables_are_refused_by_name() {
     let err = t.device("tpu-v9").unwrap_err().to_string();
     assert!(err.contains("tpu-v9") && err.contains("h200"), "{err}");
 }
+
+/// The CPU calibration's batched switch is the kernels' own: a change of one without the other
+/// would leave the roofline modelling a kernel choice the engine no longer makes.
+#[test]
+fn the_cpu_calibration_switches_where_the_kernels_do() {
+    let t = table();
+    let cpu = &t.calibrations["cpu"];
+    assert_eq!(
+        cpu.batched_above_tokens,
+        Some(tpslab_kernels::IN_PLACE_MAX_ROWS)
+    );
+}

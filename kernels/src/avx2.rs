@@ -230,7 +230,7 @@ const PREFETCH_GROUPS: usize = 1;
 /// Most activation rows the in-place tiles take (see [`groups`]); past it, each group's
 /// weights are repacked once into panels (`avx2_panel`). Measured with `step_rows`
 /// (BENCHMARKS.md): in place is faster up to 9 rows, the two are even at 10-12.
-const DIRECT_ROWS: usize = 9;
+const DIRECT_ROWS: usize = crate::IN_PLACE_MAX_ROWS;
 
 pub(crate) const Q4_0: u8 = 0;
 pub(crate) const Q4_1: u8 = 1;
@@ -257,7 +257,7 @@ unsafe fn f16x4x2(rows: &[*const u8; R], at: usize) -> (__m128, __m128) {
 }
 
 /// The 4 x CC tile reading weight blocks in place (`T` is `Q4_0`, `Q4_1` or `Q8_0`), for
-/// activation rows `c0..c0 + CC`. Same per-element float operations as [`tile_cols`]. With
+/// activation rows `c0..c0 + CC`. Same per-element float operations as `quant::dot_q32`. With
 /// `fetch`, asks for the weight bytes [`PREFETCH_GROUPS`] groups ahead (the first tile of a
 /// group; the others find its bytes in L1).
 #[inline(always)]

@@ -11,7 +11,8 @@
 //! - `quantize_lowbit`: the Q3_K, IQ4_NL and IQ4_XS quantizers (ggml's scale searches), and
 //!   MXFP4's.
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
-//!   portable and written to do exactly the float operations ggml's AVX2 code does.
+//!   portable: ggml's AVX2 float operations for the K-quants, one FMA per block for Q4_0, Q4_1
+//!   and Q8_0.
 //! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4.
 //! - `isa`: the x86 integer-dot paths (AVX2, AVX-VNNI, AVX-512 VNNI): the kernels below are
 //!   generic over them and compiled once per path, chosen at run time ([`Backend::detect`]).
@@ -59,6 +60,11 @@ pub use matmul::{Backend, matmul, matmul_with, quantize_activations, reference_m
 pub use pool::ThreadPool;
 pub use quantize::quantize_row;
 pub use wtype::{UnknownWType, WType};
+
+/// Most activation rows a Q4_0/Q4_1/Q8_0 matmul reads its weight blocks in place for (decode,
+/// small batches); past it, the x86 kernels repack each weight group into panels first. The
+/// capacity planner's CPU calibration names the same switch (`batched_above_tokens`).
+pub const IN_PLACE_MAX_ROWS: usize = 9;
 
 /// A weight matrix of `n` rows (output features) by `k` columns (input features), row-major,
 /// each row stored as `k / block_size` blocks.

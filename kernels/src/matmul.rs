@@ -5,12 +5,12 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::quant::{self, ActType, QActs};
+use crate::{QMatrix, SendPtr, ThreadPool, WType, dequantize_row};
+
 /// Runs of weight-row groups per thread in the batched matmuls: enough that a thread slowed by
 /// the machine hands its share to the others, few enough that claiming a run costs nothing.
 const RUNS_PER_THREAD: usize = 8;
-
-use crate::quant::{self, ActType, QActs};
-use crate::{QMatrix, SendPtr, ThreadPool, WType, dequantize_row};
 
 /// Which implementation runs the kernels. All give bit-identical results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,9 +248,8 @@ fn quantized_matmul(
             };
             // Runs of groups handed out as threads ask: a thread slowed by the machine takes
             // fewer, so the other does not wait for it at the end (the result does not depend
-            // on who runs what).
-            // In-place tiles (decode) keep one run per thread: each streams its weight rows
-            // with prefetches ahead, which runs cut short.
+            // on who runs what). In-place tiles (decode) keep one run per thread: each streams
+            // its weight rows with prefetches ahead, which runs cut short.
             let rows = crate::avx2::group_rows(m);
             let groups = n.div_ceil(rows);
             let per_thread = if rows == crate::avx2::R {

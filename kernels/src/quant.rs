@@ -1,7 +1,7 @@
 //! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas (those of the
-//! types added later, and the dispatch over all, in `dots`), portable and doing exactly the float
-//! operations of ggml's AVX2 code (so the AVX2 kernels, which are tested bit-equal against these, reproduce llama.cpp's
-//! arithmetic).
+//! types added later, and the dispatch over all, in `dots`), portable; the SIMD kernels are tested
+//! bit-equal against these. The K-quant formulas do exactly the float operations of ggml's AVX2
+//! code; Q4_0, Q4_1 and Q8_0 do not (below).
 //!
 //! The K-quant dots have ggml's shape: an exact integer dot per 4-element group, summed into 8
 //! i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32), then
