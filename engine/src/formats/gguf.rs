@@ -703,7 +703,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             what: "tensor too large for this platform".into(),
         })?;
-        let mut buf = super::weight_buffer(size);
+        let mut buf = vec![0u8; size];
         f.read_exact(&mut buf).map_err(io)?;
         Ok(buf)
     }

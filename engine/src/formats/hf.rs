@@ -436,7 +436,7 @@ pub fn read_tensor(
     }
     f.seek(SeekFrom::Start(start)).map_err(&io)?;
     let size = usize::try_from(stored).map_err(|_| bad("too large".into()))?;
-    let mut buf = super::weight_buffer(size);
+    let mut buf = vec![0u8; size];
     f.read_exact(&mut buf).map_err(&io)?;
     match edit {
         Edit::Permute(heads) => {

@@ -13,8 +13,7 @@
 //! - [`hf_config`]: the `config.json` fields every family reads.
 //! - [`hf_tokenizer`]: tokenizer.json + tokenizer_config.json mapped to the GGUF tokenizer keys.
 //! - [`pretokenizer`]: the pre-tokenizers by `tokenizer.ggml.pre` name (GGUF and HF share it).
-//! - (this file) the one `open` and tensor read for every format, and [`weight_buffer`]: the
-//!   zeroed buffers tensors are read into, asking Linux for transparent huge pages.
+//! - (this file) the one `open` and tensor read for every format.
 
 pub mod gguf;
 pub mod gguf_split;
@@ -45,7 +44,7 @@ impl GgufFile {
         gguf_split::join(Self::open_single(path)?)
     }
 
-    /// Reads the bytes of one tensor (into a [`weight_buffer`]). The size was validated against
+    /// Reads the bytes of one tensor. The size was validated against
     /// the file in `open`.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
         if let TensorSource::Safetensors { path, start, edit } = &info.source {
@@ -54,30 +53,4 @@ impl GgufFile {
         }
         self.read_gguf_tensor(info)
     }
-}
-
-/// Huge pages are this size on x86-64 and most aarch64 kernels.
-const HUGE_PAGE: usize = 2 << 20;
-
-/// A zeroed buffer of `size` bytes for weights. On Linux the whole 2 MiB pages inside it are
-/// marked `MADV_HUGEPAGE` before anything touches them (a large zeroed allocation is fresh,
-/// untouched memory), so a kernel whose transparent huge pages are "madvise" (the common default)
-/// backs them with 2 MiB pages: decode streams every weight once per token, and with 4 KiB pages
-/// the hardware prefetchers stop at every page boundary and each page costs a TLB walk
-/// (BENCHMARKS.md: about 10% of single-stream decode on the default model). A hint: where it is
-/// refused, nothing changes.
-pub fn weight_buffer(size: usize) -> Vec<u8> {
-    let v = vec![0u8; size];
-    #[cfg(target_os = "linux")]
-    if size >= HUGE_PAGE {
-        let start = v.as_ptr() as usize;
-        let lo = start.next_multiple_of(HUGE_PAGE);
-        let hi = (start + size) / HUGE_PAGE * HUGE_PAGE;
-        if hi > lo {
-            // SAFETY: [lo, hi) lies inside `v`'s allocation; MADV_HUGEPAGE only changes how the
-            // kernel backs those pages, never their contents.
-            let _ = unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
-        }
-    }
-    v
 }

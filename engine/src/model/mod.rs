@@ -5,6 +5,7 @@
 //! Modules:
 //! - [`config`]: the shape and architecture resolved from GGUF metadata into typed fields.
 //! - [`weights`]: [`weights::Linear`] dense or quantized, the weight set, the tensor loaders.
+//! - [`arena`]: where a loaded model's weight bytes live (one arena on huge pages per model).
 //! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
 //! - [`arch`]: the registered architectures and their recipes.
 //! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
@@ -19,6 +20,7 @@ use std::path::Path;
 use crate::formats::gguf::{GgufError, GgufFile};
 
 pub mod arch;
+pub mod arena;
 pub mod config;
 pub mod loaded;
 pub mod ops;

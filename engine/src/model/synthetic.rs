@@ -379,7 +379,8 @@ pub fn synthetic_weights(
         out_norm: vec![1.0; h],
         lm_head,
         rope_factors: None,
-    })
+    }
+    .into_arena())
 }
 
 /// GPT-2's byte-level alphabet: the vocabulary string of each byte.

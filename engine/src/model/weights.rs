@@ -5,6 +5,7 @@
 use tpslab_kernels::{QMatrix, ThreadPool, WType};
 
 use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+pub use crate::model::arena::WeightBytes;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
@@ -80,7 +81,7 @@ pub struct Linear {
     pub n: usize,
     pub k: usize,
     /// Row-major blocks of `ty`; empty when the matrix is held as `parts`.
-    pub data: Vec<u8>,
+    pub data: WeightBytes,
     pub bias: Option<Vec<f32>>,
     /// Matrices of different types stacked by [`Linear::concat`] (a Q4_K_M file's Q4_K attn_q
     /// over its Q6_K attn_v): each keeps its type and is multiplied on its own, as llama.cpp
@@ -95,7 +96,7 @@ impl Linear {
             ty,
             n,
             k,
-            data,
+            data: data.into(),
             bias: None,
             parts: Vec::new(),
         }
@@ -176,12 +177,12 @@ impl Linear {
                 ty: first.ty,
                 n: parts.iter().map(|p| p.n).sum(),
                 k: first.k,
-                data: Vec::new(),
+                data: WeightBytes::default(),
                 bias: has_bias.then_some(bias),
                 parts: parts.iter().map(|p| own(p)).collect(),
             });
         }
-        let mut data = crate::formats::weight_buffer(parts.iter().map(|p| p.data.len()).sum());
+        let mut data = vec![0; parts.iter().map(|p| p.data.len()).sum()];
         let mut bias = Vec::new();
         let mut at = 0;
         for p in parts {
@@ -198,7 +199,7 @@ impl Linear {
             ty: first.ty,
             n: parts.iter().map(|p| p.n).sum(),
             k: first.k,
-            data,
+            data: data.into(),
             bias: has_bias.then_some(bias),
             parts: Vec::new(),
         })
@@ -272,6 +273,20 @@ impl<L> Ffn<L> {
         }
     }
 
+    /// Every matrix of the block, to change.
+    pub fn matrices_mut(&mut self) -> Vec<&mut L> {
+        match self {
+            Ffn::Dense { gate_up, down } => vec![gate_up, down],
+            Ffn::Moe(m) => std::iter::once(&mut m.router)
+                .chain(
+                    m.experts
+                        .iter_mut()
+                        .flat_map(|e| [&mut e.gate_up, &mut e.down]),
+                )
+                .collect(),
+        }
+    }
+
     /// The same block held another way (see [`Weights::try_map`]).
     pub fn try_map<L2, E>(&self, fm: &mut impl FnMut(&L) -> Result<L2, E>) -> Result<Ffn<L2>, E> {
         Ok(match self {
@@ -324,6 +339,18 @@ impl<L, V> Weights<L, V> {
         std::iter::once(&self.embed)
             .chain(layers)
             .chain(&self.lm_head)
+    }
+
+    /// Every matrix, each once, to change.
+    pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut L> {
+        let layers = self.layers.iter_mut().flat_map(|l| {
+            [&mut l.wqkv, &mut l.wo]
+                .into_iter()
+                .chain(l.ffn.matrices_mut())
+        });
+        std::iter::once(&mut self.embed)
+            .chain(layers)
+            .chain(&mut self.lm_head)
     }
 
     /// The same weights held another way (uploaded to a device, or described by shape), each

@@ -125,7 +125,7 @@ fn convert_linear(l: &Linear, target: WType, threads: usize) -> Linear {
     let to = matrix_type(target, l.k);
     let one = |p: &Linear| {
         if to == p.ty {
-            p.data.clone()
+            p.data.to_vec()
         } else {
             convert(p.ty, to, &p.data, p.k, threads)
         }
@@ -148,7 +148,7 @@ fn convert_weights(w: &Weights, target: WType, threads: usize) -> Weights {
         |v| Ok(v.clone()),
     );
     match converted {
-        Ok(w) => w,
+        Ok(w) => w.into_arena(),
         Err(never) => match never {},
     }
 }

@@ -25,13 +25,14 @@ pub mod gemma;
 pub mod gptoss;
 pub mod llama;
 
-/// The weights of `cfg`'s architecture from `file`.
+/// The weights of `cfg`'s architecture from `file`, in one arena ([`Weights::into_arena`]).
 pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-    match cfg.family {
+    let w = match cfg.family {
         Family::Llama => llama::load(file, cfg),
         Family::Gemma => gemma::load(file, cfg),
         Family::GptOss => gptoss::load(file, cfg),
-    }
+    }?;
+    Ok(w.into_arena())
 }
 
 /// One forward step of `cfg`'s architecture on device `o`: every token of the step through

@@ -1,0 +1,213 @@
+//! Where a loaded model's weight bytes live: one arena per model ([`Weights::into_arena`]), and
+//! [`WeightBytes`], a matrix's slice of it.
+//!
+//! Decode streams every weight once per token. On Linux the arena's whole 2 MiB pages are marked
+//! `MADV_HUGEPAGE` before anything touches them, so a kernel whose transparent huge pages are
+//! "madvise" (the common default) backs them with 2 MiB pages: with 4 KiB pages the hardware
+//! prefetchers stop at every page boundary and each page costs a TLB walk. A model's matrices
+//! are mostly smaller than 2 MiB (the default model's are 70 KiB to 1.1 MiB), so only packed
+//! together do they fill whole huge pages (BENCHMARKS.md, "Weights on transparent huge pages").
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use super::weights::{Linear, Weights};
+
+/// Huge pages are this size on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Each matrix starts on a cache line (and on the kernels' widest vector).
+const ALIGN: usize = 64;
+
+/// A matrix's bytes: its own buffer, or its slice of a model's arena. Cloning shares them.
+#[derive(Clone, Default)]
+pub struct WeightBytes {
+    buf: Arc<Vec<u8>>,
+    start: usize,
+    len: usize,
+}
+
+impl WeightBytes {
+    /// The bytes of one matrix, alone in `v`.
+    pub fn new(v: Vec<u8>) -> Self {
+        let len = v.len();
+        Self {
+            buf: Arc::new(v),
+            start: 0,
+            len,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        self
+    }
+}
+
+impl From<Vec<u8>> for WeightBytes {
+    fn from(v: Vec<u8>) -> Self {
+        Self::new(v)
+    }
+}
+
+impl Deref for WeightBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// Equal bytes, wherever they live.
+impl PartialEq for WeightBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for WeightBytes {}
+
+impl std::fmt::Debug for WeightBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WeightBytes({} bytes", self.len)?;
+        if self.len != self.buf.len() {
+            write!(f, " at {} of a {}-byte arena", self.start, self.buf.len())?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A zeroed buffer for `size` bytes and where in it they start: on a 2 MiB boundary, with the
+/// whole 2 MiB pages from there marked `MADV_HUGEPAGE` before anything touches them (a large
+/// zeroed allocation is fresh, untouched memory; the slack around the bytes is never touched, so
+/// it costs address space only). A hint: where it is refused, nothing changes.
+fn huge_page_buffer(size: usize) -> (Vec<u8>, usize) {
+    let v = vec![0u8; size + 2 * HUGE_PAGE];
+    let base = (v.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - v.as_ptr() as usize;
+    #[cfg(target_os = "linux")]
+    {
+        let len = size.next_multiple_of(HUGE_PAGE);
+        // SAFETY: `base + len <= size + 2 * HUGE_PAGE` lies inside `v`'s allocation, and
+        // MADV_HUGEPAGE only changes how the kernel backs those pages, never their contents.
+        let _ = unsafe {
+            libc::madvise(
+                v.as_ptr().add(base) as *mut libc::c_void,
+                len,
+                libc::MADV_HUGEPAGE,
+            )
+        };
+    }
+    (v, base)
+}
+
+impl Weights {
+    /// The same weights with every matrix's bytes moved into one arena on huge pages. Each
+    /// matrix's old buffer is freed as soon as it is copied, so memory in use stays near one
+    /// model's size (the arena's pages are only backed once written).
+    pub fn into_arena(mut self) -> Self {
+        let mut at = 0;
+        let mut ranges = Vec::new();
+        for l in self.all_matrices_mut() {
+            ranges.push((at, l.data.len()));
+            at = (at + l.data.len()).next_multiple_of(ALIGN);
+        }
+        let (mut arena, base) = huge_page_buffer(at);
+        ranges.iter_mut().for_each(|r| r.0 += base);
+        for (l, &(start, len)) in self.all_matrices_mut().zip(&ranges) {
+            arena[start..start + len].copy_from_slice(&l.data);
+            l.data = WeightBytes::default();
+        }
+        let arena = Arc::new(arena);
+        for (l, &(start, len)) in self.all_matrices_mut().zip(&ranges) {
+            l.data = WeightBytes {
+                buf: Arc::clone(&arena),
+                start,
+                len,
+            };
+        }
+        self
+    }
+
+    /// Every matrix and every part of a matrix stacked from several types.
+    fn all_matrices_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.matrices_mut().flat_map(|l| {
+            if l.parts.is_empty() {
+                vec![l]
+            } else {
+                l.parts.iter_mut().collect()
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tpslab_kernels::WType;
+
+    use super::*;
+    use crate::model::weights::{Ffn, LayerWeights};
+
+    fn matrix(ty: WType, n: usize, k: usize, seed: u32) -> Linear {
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        Linear::new(ty, n, k, tpslab_kernels::quantize::quantize(ty, &x))
+    }
+
+    fn bytes_of(w: &mut Weights) -> Vec<Vec<u8>> {
+        w.all_matrices_mut().map(|l| l.data.to_vec()).collect()
+    }
+
+    /// Every matrix, and each part of one stacked from several types, keeps its bytes; all sit
+    /// in one buffer, each on a 64-byte boundary, none overlapping.
+    #[test]
+    fn the_arena_keeps_every_matrix_and_part_aligned_in_one_buffer() {
+        let k = 256;
+        let wqkv = Linear::concat(&[&matrix(WType::Q5_0, 8, k, 1), &matrix(WType::Q8_0, 3, k, 2)])
+            .expect("same k");
+        let layer = LayerWeights {
+            attn_norm: vec![1.0; k],
+            wqkv,
+            q_norm: None,
+            k_norm: None,
+            attn_sinks: None,
+            wo: matrix(WType::Q4_1, 5, k, 3),
+            post_attn_norm: None,
+            ffn_norm: vec![1.0; k],
+            ffn: Ffn::Dense {
+                gate_up: matrix(WType::Q4_0, 7, k, 4),
+                down: matrix(WType::F16, k, 3, 5),
+            },
+            post_ffn_norm: None,
+        };
+        let mut w = Weights {
+            embed: matrix(WType::Q8_0, 9, k, 6),
+            layers: vec![layer],
+            out_norm: vec![1.0; k],
+            lm_head: Some(matrix(WType::Q6K, 2, k, 7)),
+            rope_factors: None,
+        };
+        let before = bytes_of(&mut w);
+        assert_eq!(
+            before.len(),
+            7,
+            "embed, 2 parts of wqkv, wo, gate_up, down, head"
+        );
+        let mut w = w.into_arena();
+        assert_eq!(bytes_of(&mut w), before);
+        let arena = Arc::clone(&w.embed.data.buf);
+        let mut spans: Vec<(usize, usize)> = w
+            .all_matrices_mut()
+            .map(|l| {
+                assert!(Arc::ptr_eq(&l.data.buf, &arena));
+                assert_eq!(l.data.as_ptr() as usize % ALIGN, 0);
+                (l.data.start, l.data.start + l.data.len)
+            })
+            .collect();
+        spans.sort();
+        assert_eq!((arena.as_ptr() as usize + spans[0].0) % HUGE_PAGE, 0);
+        assert!(spans.windows(2).all(|p| p[0].1 <= p[1].0));
+        assert!(
+            w.layers[0].wqkv.data.is_empty(),
+            "a stacked matrix holds only its parts"
+        );
+    }
+}
