@@ -98,9 +98,62 @@ fn huge_page_buffer(size: usize) -> (Vec<u8>, usize) {
     (v, base)
 }
 
+/// Copies `src` into `dst` and frees it. Where `src` is the only holder of its buffer, each
+/// copied stretch's whole pages are handed back to the system at once, so the arena's new pages
+/// and the old buffers together never hold much more than one model (a 30 MB tensor would
+/// otherwise be resident twice while it is copied).
+fn move_bytes(src: WeightBytes, dst: &mut [u8]) {
+    match Arc::try_unwrap(src.buf) {
+        Ok(mut v) if src.start == 0 && src.len == v.len() => {
+            for (d, s) in dst.chunks_mut(RELEASE_STEP).zip(v.chunks_mut(RELEASE_STEP)) {
+                d.copy_from_slice(s);
+                release_pages(s);
+            }
+        }
+        Ok(v) => dst.copy_from_slice(&v[src.start..src.start + src.len]),
+        Err(buf) => dst.copy_from_slice(&buf[src.start..src.start + src.len]),
+    }
+}
+
+/// How much is copied between two hand-backs.
+const RELEASE_STEP: usize = 1 << 20;
+
+/// Hands the whole pages inside `s` back to the system (they read as zeros afterwards). A hint.
+fn release_pages(s: &mut [u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
+        if page == 0 {
+            return;
+        }
+        let start = s.as_mut_ptr() as usize;
+        let lo = start.next_multiple_of(page);
+        let hi = (start + s.len()) / page * page;
+        if hi > lo {
+            // SAFETY: [lo, hi) lies inside `s`, which is borrowed mutably, so nothing else reads
+            // it; MADV_DONTNEED only makes those pages read as zeros from now on.
+            let _ = unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = s;
+}
+
+/// Hands memory freed inside the allocator's heap back to the system: the buffers that loading
+/// read and then stacked (Q, K, V into one matrix, gate and up) stay mapped in glibc's heap
+/// after they are freed, and the arena is about to be written beside them.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own heaps.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 impl Weights {
     /// The same weights with every matrix's bytes moved into one arena on huge pages. Each
-    /// matrix's old buffer is freed as soon as it is copied, so memory in use stays near one
+    /// old buffer's pages are handed back as they are copied, so memory in use stays near one
     /// model's size (the arena's pages are only backed once written).
     pub fn into_arena(mut self) -> Self {
         let mut at = 0;
@@ -109,11 +162,11 @@ impl Weights {
             ranges.push((at, l.data.len()));
             at = (at + l.data.len()).next_multiple_of(ALIGN);
         }
+        return_freed_memory();
         let (mut arena, base) = huge_page_buffer(at);
         ranges.iter_mut().for_each(|r| r.0 += base);
         for (l, &(start, len)) in self.all_matrices_mut().zip(&ranges) {
-            arena[start..start + len].copy_from_slice(&l.data);
-            l.data = WeightBytes::default();
+            move_bytes(std::mem::take(&mut l.data), &mut arena[start..start + len]);
         }
         let arena = Arc::new(arena);
         for (l, &(start, len)) in self.all_matrices_mut().zip(&ranges) {
@@ -179,7 +232,8 @@ mod tests {
             post_ffn_norm: None,
         };
         let mut w = Weights {
-            embed: matrix(WType::Q8_0, 9, k, 6),
+            // 163 KB: whole pages of it are handed back while it is copied.
+            embed: matrix(WType::Q8_0, 600, k, 6),
             layers: vec![layer],
             out_norm: vec![1.0; k],
             lm_head: Some(matrix(WType::Q6K, 2, k, 7)),
