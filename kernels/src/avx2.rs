@@ -181,6 +181,27 @@ unsafe fn row_dot<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     }
 }
 
+/// Dots of one weight row with 4 activation rows, each bit-identical to [`row_dot`]'s: the
+/// K-quants unpack each weight block once for the 4 (`avx2_kquant`'s `*_rows`); `None` for the
+/// types that have no such kernel.
+#[inline(always)]
+unsafe fn rows_dot4<D: Dots>(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option<[f32; 4]> {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        match ty {
+            WType::Q4K => Some(crate::avx2_kquant::dot_q4k_rows::<D, 4>(w, xs)),
+            WType::Q5K => Some(crate::avx2_kquant::dot_q5k_rows::<D, 4>(w, xs)),
+            WType::Q6K => Some(crate::avx2_kquant::dot_q6k_rows::<D, 4>(w, xs)),
+            _ => None,
+        }
+    }
+}
+
+isa_entry!(
+    /// [`rows_dot4`] on the x86 path `path`.
+    pub(crate) fn dot_rows4(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option<[f32; 4]> => rows_dot4
+);
+
 isa_entry!(
     /// [`row_dot`] on the x86 path `path`.
     pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 => row_dot

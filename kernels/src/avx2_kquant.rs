@@ -1,6 +1,8 @@
 //! AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations: ggml's
 //! `ggml_vec_dot_q{4,5,6}_K_q8_K` AVX2 code, bit-identical to the portable formulas in `quant`
-//! (same exact integer lanes, same per-block FMA and final reductions).
+//! (same exact integer lanes, same per-block FMA and final reductions). Each kernel takes `R`
+//! activation rows (1 at decode, 4 in batches), so a weight block's bits and scales are unpacked
+//! once for all of them, and each row's operations are those of `R` = 1.
 
 use std::arch::x86_64::*;
 
@@ -82,88 +84,114 @@ pub(crate) fn check_row(w: &[u8], ts: usize, x: &ActRow<'_>) -> usize {
 
 /// Q4_K x Q8_K over a row ([`crate::quant::dot_q4k`]).
 #[inline(always)]
+pub(crate) unsafe fn dot_q4k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_q4k_rows::<D, 1>(w, [x])[0] }
+}
+
+/// Q4_K x Q8_K of one weight row with `R` activation rows: each weight block is unpacked once
+/// for all of them, and each row's result takes the same operations in the same order as
+/// [`dot_q4k`] (which is this with `R` = 1), so it is bit-identical whatever `R`.
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q4k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q4k_rows<D: Dots, const R: usize>(
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        check_row(w, 144, &x);
+        for x in &xs {
+            check_row(w, 144, x);
+        }
         let m4 = _mm256_set1_epi8(0x0f);
-        let mut acc = _mm256_setzero_ps();
-        let mut acc_m = _mm_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_m = [_mm_setzero_ps(); R];
         for (b, blk) in w.chunks_exact(144).enumerate() {
-            let d = x.d[b] * f16_at(blk, 0);
-            let dmin = -x.d[b] * f16_at(blk, 2);
             let ms = mins_and_scales(&blk[4..16]);
-            let prod = _mm_madd_epi16(
-                _mm256_extracti128_si256::<1>(ms),
-                bsum_pairs(&x.bsums[b * 16..]),
-            );
-            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+            let mins = _mm256_extracti128_si256::<1>(ms);
             let sc128 = _mm256_castsi256_si128(ms);
             let scales = _mm256_set_m128i(sc128, sc128);
-            // Two accumulators: a chained `vpdpwssd` waits its full latency each step; integer
-            // adds are exact, so splitting the sum changes no bit.
-            let mut sumi = [_mm256_setzero_si256(); 2];
-            // SAFETY: `blk` is 144 bytes (qs at 16..144) and row `b` of `x.qs` holds 256 bytes
-            // (checked in `check_row`).
+            // Two accumulators a row: a chained `vpdpwssd` waits its full latency each step;
+            // integer adds are exact, so splitting the sum changes no bit.
+            let mut sumi = [[_mm256_setzero_si256(); 2]; R];
+            // SAFETY: `blk` is 144 bytes (qs at 16..144) and row `b` of each `x.qs` holds 256
+            // bytes (checked in `check_row`).
             unsafe {
                 let q4 = blk.as_ptr().add(16);
-                let q8 = x.qs.as_ptr().add(b * QK_K);
                 for j in 0..4 {
                     let scale_l = scale_k4(scales, 2 * j as i8);
                     let scale_h = scale_k4(scales, 2 * j as i8 + 1);
                     let bits = _mm256_loadu_si256(q4.add(32 * j).cast());
                     let q4l = _mm256_and_si256(bits, m4);
                     let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                    let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
-                    let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
-                    sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                    sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    for (x, sumi) in xs.iter().zip(&mut sumi) {
+                        let q8 = x.qs.as_ptr().add(b * QK_K);
+                        let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
+                        let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
+                        sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                        sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    }
                 }
             }
-            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            let (dw, mw) = (f16_at(blk, 0), f16_at(blk, 2));
+            for r in 0..R {
+                let x = &xs[r];
+                let d = x.d[b] * dw;
+                let dmin = -x.d[b] * mw;
+                let prod = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
+                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+                let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
-        acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-        acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-        hsum8(acc) + _mm_cvtss_f32(acc_m)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut m = acc_m[r];
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            out[r] = hsum8(acc[r]) + _mm_cvtss_f32(m);
+        }
+        out
     }
 }
 
 /// Q5_K x Q8_K over a row ([`crate::quant::dot_q5k`]).
 #[inline(always)]
+pub(crate) unsafe fn dot_q5k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_q5k_rows::<D, 1>(w, [x])[0] }
+}
+
+/// Q5_K x Q8_K of one weight row with `R` activation rows, each bit-identical to [`dot_q5k`]
+/// (as [`dot_q4k_rows`]).
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q5k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q5k_rows<D: Dots, const R: usize>(
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        check_row(w, 176, &x);
+        for x in &xs {
+            check_row(w, 176, x);
+        }
         let m4 = _mm256_set1_epi8(0x0f);
-        let mut acc = _mm256_setzero_ps();
-        let mut summs = 0f32;
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut summs = [0f32; R];
         for (b, blk) in w.chunks_exact(176).enumerate() {
-            let d = x.d[b] * f16_at(blk, 0);
-            let dmin = -x.d[b] * f16_at(blk, 2);
             let ms = mins_and_scales(&blk[4..16]);
-            let prod = _mm_madd_epi16(
-                _mm256_extracti128_si256::<1>(ms),
-                bsum_pairs(&x.bsums[b * 16..]),
-            );
-            let z = _mm_setzero_si128();
-            let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, z), z);
-            summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
+            let mins = _mm256_extracti128_si256::<1>(ms);
             let sc128 = _mm256_castsi256_si128(ms);
             let scales = _mm256_set_m128i(sc128, sc128);
-            // Two accumulators: a chained `vpdpwssd` waits its full latency each step; integer
-            // adds are exact, so splitting the sum changes no bit.
-            let mut sumi = [_mm256_setzero_si256(); 2];
-            // SAFETY: `blk` is 176 bytes (qh at 16..48, qs at 48..176) and row `b` of `x.qs` holds
-            // 256 bytes (checked in `check_row`).
+            // Two accumulators a row, as in `dot_q4k_rows`.
+            let mut sumi = [[_mm256_setzero_si256(); 2]; R];
+            // SAFETY: `blk` is 176 bytes (qh at 16..48, qs at 48..176) and row `b` of each
+            // `x.qs` holds 256 bytes (checked in `check_row`).
             unsafe {
                 let hbits = _mm256_loadu_si256(blk.as_ptr().add(16).cast());
                 let q5 = blk.as_ptr().add(48);
-                let q8 = x.qs.as_ptr().add(b * QK_K);
                 for j in 0..4 {
                     let scale_0 = scale_k4(scales, 2 * j as i8);
                     let scale_1 = scale_k4(scales, 2 * j as i8 + 1);
@@ -174,45 +202,70 @@ pub(crate) unsafe fn dot_q5k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
                         hi_bit(hbits, 2 * j as i32 + 1),
                     );
-                    let q8_0 = _mm256_loadu_si256(q8.add(64 * j).cast());
-                    let q8_1 = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
-                    sumi[0] = D::dpwssd(sumi[0], scale_0, _mm256_maddubs_epi16(q5_0, q8_0));
-                    sumi[1] = D::dpwssd(sumi[1], scale_1, _mm256_maddubs_epi16(q5_1, q8_1));
+                    for (x, sumi) in xs.iter().zip(&mut sumi) {
+                        let q8 = x.qs.as_ptr().add(b * QK_K);
+                        let q8_0 = _mm256_loadu_si256(q8.add(64 * j).cast());
+                        let q8_1 = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
+                        sumi[0] = D::dpwssd(sumi[0], scale_0, _mm256_maddubs_epi16(q5_0, q8_0));
+                        sumi[1] = D::dpwssd(sumi[1], scale_1, _mm256_maddubs_epi16(q5_1, q8_1));
+                    }
                 }
             }
-            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            let (dw, mw) = (f16_at(blk, 0), f16_at(blk, 2));
+            let z = _mm_setzero_si128();
+            for r in 0..R {
+                let x = &xs[r];
+                let d = x.d[b] * dw;
+                let dmin = -x.d[b] * mw;
+                let prod = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
+                let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, z), z);
+                summs[r] = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs[r]);
+                let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
-        hsum8(acc) + summs
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum8(acc[r]) + summs[r];
+        }
+        out
     }
 }
 
 /// Q6_K x Q8_K over a row ([`crate::quant::dot_q6k`]).
 #[inline(always)]
+pub(crate) unsafe fn dot_q6k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_q6k_rows::<D, 1>(w, [x])[0] }
+}
+
+/// Q6_K x Q8_K of one weight row with `R` activation rows, each bit-identical to [`dot_q6k`]
+/// (as [`dot_q4k_rows`]).
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q6k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q6k_rows<D: Dots, const R: usize>(
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        check_row(w, 210, &x);
+        for x in &xs {
+            check_row(w, 210, x);
+        }
         let m3 = _mm256_set1_epi8(3);
         let m15 = _mm256_set1_epi8(15);
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); R];
         for (b, blk) in w.chunks_exact(210).enumerate() {
-            let d = x.d[b] * f16_at(blk, 208);
             // SAFETY: `blk` is 210 bytes (ql 0..128, qh 128..192, scales 192..208), row `b` of
-            // `x.qs` holds 256 bytes and of `x.bsums` 16 (checked in `check_row`).
+            // each `x.qs` holds 256 bytes and of each `x.bsums` 16 (checked in `check_row`).
             unsafe {
-                let q8sums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
                 let scales = _mm_loadu_si128(blk.as_ptr().add(192).cast());
-                let q8sclsub =
-                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales)));
-                // Two accumulators, as in `dot_q4k`.
-                let mut sumi = [_mm256_setzero_si256(); 2];
+                // Two accumulators a row, as in `dot_q4k_rows`.
+                let mut sumi = [[_mm256_setzero_si256(); 2]; R];
                 for j in 0..2 {
                     let q4 = blk.as_ptr().add(64 * j);
                     let qh = blk.as_ptr().add(128 + 32 * j);
-                    let q8 = x.qs.as_ptr().add(b * QK_K + 128 * j);
                     let bits1 = _mm256_loadu_si256(q4.cast());
                     let bits2 = _mm256_loadu_si256(q4.add(32).cast());
                     let bits_h = _mm256_loadu_si256(qh.cast());
@@ -228,8 +281,6 @@ pub(crate) unsafe fn dot_q6k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15), h3),
                     ];
                     for (i, qi) in q.iter().enumerate() {
-                        let x8 = _mm256_loadu_si256(q8.add(32 * i).cast());
-                        let p16 = _mm256_maddubs_epi16(*qi, x8);
                         // Scales 8j + 2i (elements 0..16 of this 32) and 8j + 2i + 1 (16..32).
                         let s = (8 * j + 2 * i) as i8;
                         let shuf = _mm_set_epi64x(
@@ -237,13 +288,30 @@ pub(crate) unsafe fn dot_q6k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                             i64::from_ne_bytes([s as u8; 8]),
                         );
                         let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
-                        sumi[i % 2] = D::dpwssd(sumi[i % 2], sc, p16);
+                        for (x, sumi) in xs.iter().zip(&mut sumi) {
+                            let q8 = x.qs.as_ptr().add(b * QK_K + 128 * j);
+                            let x8 = _mm256_loadu_si256(q8.add(32 * i).cast());
+                            let p16 = _mm256_maddubs_epi16(*qi, x8);
+                            sumi[i % 2] = D::dpwssd(sumi[i % 2], sc, p16);
+                        }
                     }
                 }
-                let sumi = _mm256_sub_epi32(_mm256_add_epi32(sumi[0], sumi[1]), q8sclsub);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                let dw = f16_at(blk, 208);
+                let sc16 = _mm256_cvtepi8_epi16(scales);
+                for r in 0..R {
+                    let x = &xs[r];
+                    let d = x.d[b] * dw;
+                    let q8sums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
+                    let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, sc16));
+                    let sumi = _mm256_sub_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]), q8sclsub);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                }
             }
         }
-        hsum8(acc)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum8(acc[r]);
+        }
+        out
     }
 }

@@ -279,21 +279,47 @@ fn quantized_matmul(
                 });
             });
         }
-        _ => {
-            let rb = w.ty.row_bytes(k);
-            pool.run(&|tid, nth| {
-                let (lo, hi) = split(n, tid, nth);
-                for j in lo..hi {
-                    let wr = &w.data[j * rb..(j + 1) * rb];
-                    for i in 0..m {
-                        let v = dot_row(backend, w.ty, wr, acts.row(i));
-                        // SAFETY: each (i, j) is written by exactly one thread (j is split).
-                        unsafe { *yp.get().add(i * n + j) = v };
-                    }
-                }
-            });
-        }
+        _ => row_dots(backend, pool, w, acts, m, yp),
     }
+}
+
+/// The matmul of the types without tiled kernels, one weight row at a time: each thread takes
+/// its share of weight rows, and each row is dotted with every activation row, four at a time
+/// where the type has a kernel that unpacks each weight block once for them (the same bits as
+/// one at a time).
+fn row_dots(
+    backend: Backend,
+    pool: &ThreadPool,
+    w: &QMatrix<'_>,
+    acts: &QActs,
+    m: usize,
+    yp: SendPtr<f32>,
+) {
+    let n = w.n;
+    let rb = w.ty.row_bytes(w.k);
+    pool.run(&|tid, nth| {
+        let (lo, hi) = split(n, tid, nth);
+        for j in lo..hi {
+            let wr = &w.data[j * rb..(j + 1) * rb];
+            let mut i = 0;
+            while i + 4 <= m {
+                let xs = [0, 1, 2, 3].map(|r| acts.row(i + r));
+                let Some(v) = dot_rows4(backend, w.ty, wr, xs) else {
+                    break;
+                };
+                for (r, v) in v.into_iter().enumerate() {
+                    // SAFETY: each (i, j) is written by exactly one thread (j is split).
+                    unsafe { *yp.get().add((i + r) * n + j) = v };
+                }
+                i += 4;
+            }
+            for i in i..m {
+                let v = dot_row(backend, w.ty, wr, acts.row(i));
+                // SAFETY: each (i, j) is written by exactly one thread (j is split).
+                unsafe { *yp.get().add(i * n + j) = v };
+            }
+        }
+    });
 }
 
 fn split_rows(
@@ -348,6 +374,23 @@ fn dot_row(backend: Backend, ty: WType, w: &[u8], x: quant::ActRow<'_>) -> f32 {
         return unsafe { crate::avx2::dot_row(path, ty, w, x) };
     }
     crate::dots::dot_row(ty, w, x)
+}
+
+/// [`dot_row`] of 4 activation rows, where the backend has a kernel for `ty` that shares the
+/// weight row's unpacking among them.
+fn dot_rows4(
+    backend: Backend,
+    ty: WType,
+    w: &[u8],
+    xs: [quant::ActRow<'_>; 4],
+) -> Option<[f32; 4]> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(path) = backend.x86() {
+        // SAFETY: the backend was checked available.
+        return unsafe { crate::avx2::dot_rows4(path, ty, w, xs) };
+    }
+    let _ = (backend, ty, w, xs);
+    None
 }
 
 fn float_matmul(

@@ -90,7 +90,8 @@ fn matmul_matches_f64_reference() {
 }
 
 /// Model-sized shapes at m = 1, small batches (in-place tiles) and past 9 rows (the repacked
-/// panels, every tile width and partial panels): every SIMD path this CPU has (AVX2,
+/// panels, every tile width and partial panels; the K-quants four rows at a time and the rest
+/// one at a time): every SIMD path this CPU has (AVX2,
 /// AVX-VNNI, AVX-512 VNNI) equals portable bit for bit. Prints which paths ran.
 #[test]
 fn backends_agree_bit_for_bit() {
@@ -122,6 +123,9 @@ fn backends_agree_bit_for_bit() {
         (WType::Q6K, 41, 1024, 1),
         (WType::Q4K, 13, 768, 11),
         (WType::Q6K, 7, 256, 17),
+        (WType::Q4K, 9, 256, 4),
+        (WType::Q5K, 12, 512, 9),
+        (WType::Q6K, 11, 512, 6),
         (WType::F16, 10, 100, 3),
         (WType::Q5_0, 66, 576, 5),
         (WType::Q5_1, 33, 576, 2),
