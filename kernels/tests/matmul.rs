@@ -90,8 +90,8 @@ fn matmul_matches_f64_reference() {
 }
 
 /// Model-sized shapes at m = 1, small batches (in-place tiles) and past 9 rows (the repacked
-/// panels, every tile width and partial panels; the K-quants four rows at a time and the rest
-/// one at a time): every SIMD path this CPU has (AVX2,
+/// panels, every tile width and partial panels; the K-quants four rows at a time, the float types in
+/// 2 x 4 tiles, the rest one at a time): every SIMD path this CPU has (AVX2,
 /// AVX-VNNI, AVX-512 VNNI) equals portable bit for bit. Prints which paths ran.
 #[test]
 fn backends_agree_bit_for_bit() {
@@ -127,6 +127,9 @@ fn backends_agree_bit_for_bit() {
         (WType::Q5K, 12, 512, 9),
         (WType::Q6K, 11, 512, 6),
         (WType::F16, 10, 100, 3),
+        (WType::F32, 9, 72, 5),
+        (WType::BF16, 13, 200, 2),
+        (WType::F16, 8, 64, 1),
         (WType::Q5_0, 66, 576, 5),
         (WType::Q5_1, 33, 576, 2),
         (WType::IQ4NL, 17, 576, 3),
