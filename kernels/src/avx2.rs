@@ -181,9 +181,9 @@ unsafe fn row_dot<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     }
 }
 
-/// Dots of one weight row with 4 activation rows, each bit-identical to [`row_dot`]'s: the
-/// K-quants unpack each weight block once for the 4 (`avx2_kquant`'s `*_rows`); `None` for the
-/// types that have no such kernel.
+/// Dots of one weight row with 4 activation rows, each bit-identical to [`row_dot`]'s: each
+/// weight block is unpacked once for the 4 (the `*_rows` kernels of `avx2_kquant` and
+/// `avx2_lowbit`); `None` for Q4_0, Q4_1 and Q8_0, whose batches take the tiles and panels.
 #[inline(always)]
 unsafe fn rows_dot4<D: Dots>(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option<[f32; 4]> {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
@@ -192,6 +192,20 @@ unsafe fn rows_dot4<D: Dots>(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option
             WType::Q4K => Some(crate::avx2_kquant::dot_q4k_rows::<D, 4>(w, xs)),
             WType::Q5K => Some(crate::avx2_kquant::dot_q5k_rows::<D, 4>(w, xs)),
             WType::Q6K => Some(crate::avx2_kquant::dot_q6k_rows::<D, 4>(w, xs)),
+            WType::Q5_0 | WType::Q5_1 => Some(crate::avx2_lowbit::dot_q5_rows::<D, 4>(ty, w, xs)),
+            WType::Q2K => Some(crate::avx2_lowbit::dot_q2k_rows::<D, 4>(w, xs)),
+            WType::Q3K => Some(crate::avx2_lowbit::dot_q3k_rows::<D, 4>(w, xs)),
+            WType::IQ4NL => Some(crate::avx2_lowbit::dot_grid4_rows::<D, 4>(
+                &crate::dots::IQ4NL_GRID,
+                w,
+                xs,
+            )),
+            WType::MXFP4 => Some(crate::avx2_lowbit::dot_grid4_rows::<D, 4>(
+                &crate::dots::MXFP4_GRID,
+                w,
+                xs,
+            )),
+            WType::IQ4XS => Some(crate::avx2_lowbit::dot_iq4xs_rows::<D, 4>(w, xs)),
             _ => None,
         }
     }

@@ -1,13 +1,14 @@
 //! AVX2 dots of the types in `dots` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4): ggml's
 //! `ggml_vec_dot_*` AVX2 code, bit-identical to the portable formulas there (same exact
-//! integer lanes, same per-block FMAs and final reductions).
+//! integer lanes, same per-block FMAs and final reductions). Each takes `R` activation rows (1 at
+//! decode, 4 in batches) and unpacks a weight block once for all of them.
 
 use std::arch::x86_64::*;
 
 use crate::WType;
 use crate::avx2_kquant::{check_row, f16_at, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
-use crate::dots::{Grid4, grid4_lanes};
+use crate::dots::{Grid4, GridScale, grid4_lanes};
 use crate::isa::Dots;
 use crate::quant::{ActRow, QK_K, QK8};
 
@@ -67,35 +68,60 @@ fn load_acts(qs: &[i8], at: usize) -> __m256i {
 
 /// Q5_0 x Q8_0 and Q5_1 x Q8_1 over a row ([`crate::dots::dot_q5`]).
 #[inline(always)]
+pub(crate) unsafe fn dot_q5<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_q5_rows::<D, 1>(ty, w, [x])[0] }
+}
+
+/// [`dot_q5`] of one weight row with `R` activation rows: each block unpacked once for all of
+/// them, each row's operations those of `R` = 1 (so the same bits).
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q5<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q5_rows<D: Dots, const R: usize>(
+    ty: WType,
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
         let ts = ty.type_size();
         let nb = w.len() / ts;
-        assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
-        assert!(ty == WType::Q5_0 || x.s.len() >= nb);
-        let mut acc = _mm256_setzero_ps();
-        let mut summs = 0f32;
+        for x in &xs {
+            assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
+            assert!(ty == WType::Q5_0 || x.s.len() >= nb);
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut summs = [0f32; R];
         for (b, blk) in w.chunks_exact(ts).enumerate() {
-            let qy = load_acts(x.qs, b * QK8);
+            let dw = f16_at(blk, 0);
             if ty == WType::Q5_0 {
                 let hi = _mm256_andnot_si256(bytes_from_bits_32(&blk[2..6]), _mm256_set1_epi8(-16));
                 let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[6..22]), hi);
-                let q = _mm256_cvtepi32_ps(dot_i8_lanes::<D>(qx, qy));
-                let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
-                acc = _mm256_fmadd_ps(d, q, acc);
+                for r in 0..R {
+                    let qy = load_acts(xs[r].qs, b * QK8);
+                    let q = _mm256_cvtepi32_ps(dot_i8_lanes::<D>(qx, qy));
+                    let d = _mm256_set1_ps(dw * xs[r].d[b]);
+                    acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
+                }
             } else {
-                summs = f16_at(blk, 2).mul_add(x.s[b], summs);
+                let mw = f16_at(blk, 2);
                 let hi = _mm256_and_si256(bytes_from_bits_32(&blk[4..8]), _mm256_set1_epi8(0x10));
                 let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[8..24]), hi);
-                let p = D::dpbusd(_mm256_setzero_si256(), qx, qy);
-                let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+                for r in 0..R {
+                    summs[r] = mw.mul_add(xs[r].s[b], summs[r]);
+                    let qy = load_acts(xs[r].qs, b * QK8);
+                    let p = D::dpbusd(_mm256_setzero_si256(), qx, qy);
+                    let d = _mm256_set1_ps(dw * xs[r].d[b]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[r]);
+                }
             }
         }
-        hsum8(acc) + summs
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum8(acc[r]) + summs[r];
+        }
+        out
     }
 }
 
@@ -122,72 +148,108 @@ fn scale_halves(all: __m256i) -> [__m256i; 2] {
 
 /// Q2_K x Q8_K over a row ([`crate::dots::dot_q2k`]).
 #[inline(always)]
+pub(crate) unsafe fn dot_q2k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_q2k_rows::<D, 1>(w, [x])[0] }
+}
+
+/// [`dot_q2k`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q2k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q2k_rows<D: Dots, const R: usize>(
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        check_row(w, 84, &x);
+        for x in &xs {
+            check_row(w, 84, x);
+        }
         let m3 = _mm256_set1_epi8(3);
         let m4 = _mm_set1_epi8(0x0f);
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); R];
         for (b, blk) in w.chunks_exact(84).enumerate() {
-            let d = x.d[b] * f16_at(blk, 80);
-            let dmin = -x.d[b] * f16_at(blk, 82);
-            // SAFETY: `blk` is 84 bytes (scales 0..16, qs 16..80); row `b` of `x` holds 256 quants
-            // and 16 bsums (checked in `check_row`).
+            let (dw, mw) = (f16_at(blk, 80), f16_at(blk, 82));
+            // SAFETY: `blk` is 84 bytes (scales 0..16, qs 16..80); row `b` of each `x` holds 256
+            // quants and 16 bsums (checked in `check_row`).
             unsafe {
                 let ms = _mm_loadu_si128(blk.as_ptr().cast());
                 let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(ms), m4));
-                let bsums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
-                let prod = _mm256_madd_epi16(mins, bsums);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+                for r in 0..R {
+                    let dmin = -xs[r].d[b] * mw;
+                    let bsums = _mm256_loadu_si256(xs[r].bsums.as_ptr().add(b * 16).cast());
+                    let prod = _mm256_madd_epi16(mins, bsums);
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[r]);
+                }
                 let scales = scale_halves(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
-                // Two accumulators: a chained `vpdpwssd` waits its full latency each step;
+                // Two accumulators a row: a chained `vpdpwssd` waits its full latency each step;
                 // integer adds are exact, so splitting the sum changes no bit.
-                let mut sumi = [_mm256_setzero_si256(); 2];
+                let mut sumi = [[_mm256_setzero_si256(); 2]; R];
                 for (j, sc) in scales.iter().enumerate() {
                     let bits = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * j).cast());
                     for s in 0..4 {
                         let sh = _mm_cvtsi32_si128(2 * s as i32);
                         let q2 = _mm256_and_si256(_mm256_srl_epi16(bits, sh), m3);
-                        let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
-                        let p = _mm256_maddubs_epi16(q2, q8);
-                        sumi[s % 2] = D::dpwssd(sumi[s % 2], scale_pair(*sc, s), p);
+                        let scale = scale_pair(*sc, s);
+                        for r in 0..R {
+                            let q8 = load_acts(xs[r].qs, b * QK_K + 128 * j + 32 * s);
+                            let p = _mm256_maddubs_epi16(q2, q8);
+                            sumi[r][s % 2] = D::dpwssd(sumi[r][s % 2], scale, p);
+                        }
                     }
                 }
-                let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                for r in 0..R {
+                    let d = xs[r].d[b] * dw;
+                    let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                }
             }
         }
-        hsum8(acc)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum8(acc[r]);
+        }
+        out
     }
 }
 
 /// Q3_K x Q8_K over a row ([`crate::dots::dot_q3k`]): the 2 low bits dotted unsigned, minus 4
 /// times the activations where the high bit is clear.
 #[inline(always)]
+pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_q3k_rows::<D, 1>(w, [x])[0] }
+}
+
+/// [`dot_q3k`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q3k_rows<D: Dots, const R: usize>(
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        check_row(w, 110, &x);
+        for x in &xs {
+            check_row(w, 110, x);
+        }
         let m3 = _mm256_set1_epi8(3);
         let four = _mm256_set1_epi8(4);
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); R];
         for (b, blk) in w.chunks_exact(110).enumerate() {
-            let d = x.d[b] * f16_at(blk, 108);
+            let dw = f16_at(blk, 108);
             let sc8 = q3k_scales(&blk[96..108]);
             // SAFETY: `blk` is 110 bytes (hmask 0..32, qs 32..96); `sc8` is 16 bytes; row `b` of
-            // `x` holds 256 quants (checked in `check_row`).
+            // each `x` holds 256 quants (checked in `check_row`).
             unsafe {
                 let scales =
                     scale_halves(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc8.as_ptr().cast())));
                 let hbits = _mm256_loadu_si256(blk.as_ptr().cast());
-                // Two accumulators: a chained `vpdpwssd` waits its full latency each step;
-                // integer adds are exact, so splitting the sum changes no bit.
-                let mut sumi = [_mm256_setzero_si256(); 2];
+                // Two accumulators a row, as in `dot_q2k_rows`.
+                let mut sumi = [[_mm256_setzero_si256(); 2]; R];
                 for (j, sc) in scales.iter().enumerate() {
                     let bits = _mm256_loadu_si256(blk.as_ptr().add(32 + 32 * j).cast());
                     for s in 0..4 {
@@ -199,19 +261,29 @@ pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
                             _mm256_setzero_si256(),
                         );
                         let q3h = _mm256_and_si256(clear, four);
-                        let q8 = load_acts(x.qs, b * QK_K + 128 * j + 32 * s);
-                        let p = _mm256_sub_epi16(
-                            _mm256_maddubs_epi16(q3l, q8),
-                            _mm256_maddubs_epi16(q3h, q8),
-                        );
-                        sumi[s % 2] = D::dpwssd(sumi[s % 2], scale_pair(*sc, s), p);
+                        let scale = scale_pair(*sc, s);
+                        for r in 0..R {
+                            let q8 = load_acts(xs[r].qs, b * QK_K + 128 * j + 32 * s);
+                            let p = _mm256_sub_epi16(
+                                _mm256_maddubs_epi16(q3l, q8),
+                                _mm256_maddubs_epi16(q3h, q8),
+                            );
+                            sumi[r][s % 2] = D::dpwssd(sumi[r][s % 2], scale, p);
+                        }
                     }
                 }
-                let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                for r in 0..R {
+                    let d = xs[r].d[b] * dw;
+                    let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                }
             }
         }
-        hsum8(acc)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum8(acc[r]);
+        }
+        out
     }
 }
 
@@ -232,63 +304,116 @@ fn grid4_values(grid: &[i8; 16], p: &[u8]) -> __m256i {
     }
 }
 
+/// A [`Grid4`] block's scale, f16 converted with F16C (the same exact value).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn grid_scale(g: &Grid4, blk: &[u8]) -> f32 {
+    match g.scale {
+        GridScale::F16 => f16_at(blk, 0),
+        GridScale::E8m0Half => g.scale(blk),
+    }
+}
+
 /// IQ4_NL or MXFP4 x Q8_0 over a row ([`crate::dots::dot_grid4`]).
+#[inline(always)]
+pub(crate) unsafe fn dot_grid4<D: Dots>(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_grid4_rows::<D, 1>(g, w, [x])[0] }
+}
+
+/// [`dot_grid4`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_grid4<D: Dots>(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_grid4_rows<D: Dots, const R: usize>(
+    g: &Grid4,
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
         let nb = w.len() / g.ts;
-        assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
-        let mut acc = [_mm256_setzero_ps(); 2];
+        for x in &xs {
+            assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
+        }
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let pairs = nb / 2 * 2;
         for (b, blk) in w.chunks_exact(g.ts).take(pairs).enumerate() {
             let q4 = grid4_values(g.values, &blk[g.qs..g.qs + 16]);
-            let p = dot_i8_lanes::<D>(q4, load_acts(x.qs, b * QK8));
-            let d = _mm256_set1_ps(x.d[b] * (g.scale)(blk));
-            acc[b % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[b % 2]);
+            let scale = grid_scale(g, blk);
+            for r in 0..R {
+                let p = dot_i8_lanes::<D>(q4, load_acts(xs[r].qs, b * QK8));
+                let d = _mm256_set1_ps(xs[r].d[b] * scale);
+                acc[r][b % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r][b % 2]);
+            }
         }
-        let mut sumf = hsum8(_mm256_add_ps(acc[0], acc[1]));
-        if pairs < nb {
-            // The odd last block as ggml's scalar tail.
-            let b = pairs;
-            let blk = &w[g.ts * b..g.ts * (b + 1)];
-            let xq = &x.qs[b * QK8..(b + 1) * QK8];
-            let sumi: i32 = grid4_lanes(g.values, &blk[g.qs..g.qs + 16], xq)
-                .iter()
-                .sum();
-            sumf = (x.d[b] * (g.scale)(blk)).mul_add(sumi as f32, sumf);
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let x = &xs[r];
+            let mut sumf = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
+            if pairs < nb {
+                // The odd last block as ggml's scalar tail.
+                let b = pairs;
+                let blk = &w[g.ts * b..g.ts * (b + 1)];
+                let xq = &x.qs[b * QK8..(b + 1) * QK8];
+                let sumi: i32 = grid4_lanes(g.values, &blk[g.qs..g.qs + 16], xq)
+                    .iter()
+                    .sum();
+                sumf = (x.d[b] * grid_scale(g, blk)).mul_add(sumi as f32, sumf);
+            }
+            out[r] = sumf;
         }
-        sumf
+        out
     }
 }
 
 /// IQ4_XS x Q8_K over a row ([`crate::dots::dot_iq4xs`]).
 #[inline(always)]
+pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+    // SAFETY: as the caller's.
+    unsafe { dot_iq4xs_rows::<D, 1>(w, [x])[0] }
+}
+
+/// [`dot_iq4xs`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+#[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_iq4xs_rows<D: Dots, const R: usize>(
+    w: &[u8],
+    xs: [ActRow<'_>; R],
+) -> [f32; R] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        check_row(w, 136, &x);
-        let mut acc = _mm256_setzero_ps();
+        for x in &xs {
+            check_row(w, 136, x);
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
         for (b, blk) in w.chunks_exact(136).enumerate() {
-            // Two accumulators, as in `dot_q2k`.
-            let mut sumi = [_mm256_setzero_si256(); 2];
+            // Two accumulators a row, as in `dot_q2k_rows`.
+            let mut sumi = [[_mm256_setzero_si256(); 2]; R];
             for ib in 0..8 {
                 let q4 = grid4_values(&KVALUES_IQ4NL, &blk[8 + 16 * ib..24 + 16 * ib]);
-                let p16 = _mm256_maddubs_epi16(
-                    _mm256_sign_epi8(q4, q4),
-                    _mm256_sign_epi8(load_acts(x.qs, b * QK_K + 32 * ib), q4),
-                );
-                let ls = (iq4xs_scale(blk, ib) - 32) as i16;
-                sumi[ib % 2] = D::dpwssd(sumi[ib % 2], p16, _mm256_set1_epi16(ls));
+                let q4_abs = _mm256_sign_epi8(q4, q4);
+                let ls = _mm256_set1_epi16((iq4xs_scale(blk, ib) - 32) as i16);
+                for r in 0..R {
+                    let p16 = _mm256_maddubs_epi16(
+                        q4_abs,
+                        _mm256_sign_epi8(load_acts(xs[r].qs, b * QK_K + 32 * ib), q4),
+                    );
+                    sumi[r][ib % 2] = D::dpwssd(sumi[r][ib % 2], p16, ls);
+                }
             }
-            let d = _mm256_set1_ps(f16_at(blk, 0) * x.d[b]);
-            let sumi = _mm256_add_epi32(sumi[0], sumi[1]);
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+            let dw = f16_at(blk, 0);
+            for r in 0..R {
+                let d = _mm256_set1_ps(dw * xs[r].d[b]);
+                let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
-        hsum8(acc)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum8(acc[r]);
+        }
+        out
     }
 }

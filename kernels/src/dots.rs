@@ -116,22 +116,43 @@ pub(crate) struct Grid4 {
     /// Where the 16 bytes of indices start.
     pub qs: usize,
     pub values: &'static [i8; 16],
-    /// The block's scale from its bytes.
-    pub scale: fn(&[u8]) -> f32,
+    /// Where and how the block's scale is stored.
+    pub scale: GridScale,
+}
+
+/// How a [`Grid4`] block stores its scale: an enum, not a function pointer, so that the SIMD
+/// kernels inline it (and convert f16 with F16C).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GridScale {
+    /// An f16 in bytes 0..2 (IQ4_NL).
+    F16,
+    /// An e8m0 exponent in byte 0, halved (MXFP4).
+    E8m0Half,
+}
+
+impl Grid4 {
+    /// The scale of block `blk`.
+    #[inline(always)]
+    pub fn scale(&self, blk: &[u8]) -> f32 {
+        match self.scale {
+            GridScale::F16 => f16_at(blk, 0),
+            GridScale::E8m0Half => e8m0_half(blk[0]),
+        }
+    }
 }
 
 pub(crate) const IQ4NL_GRID: Grid4 = Grid4 {
     ts: 18,
     qs: 2,
     values: &KVALUES_IQ4NL,
-    scale: |b| f16_at(b, 0),
+    scale: GridScale::F16,
 };
 
 pub(crate) const MXFP4_GRID: Grid4 = Grid4 {
     ts: 17,
     qs: 1,
     values: &KVALUES_MXFP4,
-    scale: |b| e8m0_half(b[0]),
+    scale: GridScale::E8m0Half,
 };
 
 /// The exact integer lanes of 32 grid values (indices in 16 bytes, low nibbles first) times
@@ -161,7 +182,7 @@ pub(crate) fn dot_grid4(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
             &blk[g.qs..g.qs + 16],
             &x.qs[b * QK8..(b + 1) * QK8],
         );
-        let dd = x.d[b] * (g.scale)(blk);
+        let dd = x.d[b] * g.scale(blk);
         for (a, &l) in acc[b % 2].iter_mut().zip(&lanes) {
             *a = dd.mul_add(l as f32, *a);
         }
@@ -177,7 +198,7 @@ pub(crate) fn dot_grid4(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
         )
         .iter()
         .sum();
-        sumf = (x.d[b] * (g.scale)(blk)).mul_add(sumi as f32, sumf);
+        sumf = (x.d[b] * g.scale(blk)).mul_add(sumi as f32, sumf);
     }
     sumf
 }

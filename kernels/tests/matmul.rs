@@ -90,8 +90,8 @@ fn matmul_matches_f64_reference() {
 }
 
 /// Model-sized shapes at m = 1, small batches (in-place tiles) and past 9 rows (the repacked
-/// panels, every tile width and partial panels; the K-quants four rows at a time, the float types in
-/// 2 x 4 tiles, the rest one at a time): every SIMD path this CPU has (AVX2,
+/// panels, every tile width and partial panels; the other quantized types four rows at a time and
+/// the float types in 2 x 4 tiles, with remainders): every SIMD path this CPU has (AVX2,
 /// AVX-VNNI, AVX-512 VNNI) equals portable bit for bit. Prints which paths ran.
 #[test]
 fn backends_agree_bit_for_bit() {
@@ -140,6 +140,11 @@ fn backends_agree_bit_for_bit() {
         (WType::Q2K, 5, 256, 13),
         (WType::Q3K, 7, 512, 1),
         (WType::IQ4XS, 9, 2048, 1),
+        (WType::Q5_1, 17, 576, 6),
+        (WType::IQ4NL, 11, 544, 5),
+        (WType::MXFP4, 9, 544, 7),
+        (WType::MXFP4, 5, 576, 1),
+        (WType::Q3K, 6, 512, 8),
     ] {
         let data = random_weights(&mut r, ty, n, k);
         let w = QMatrix {
