@@ -13,7 +13,9 @@
 # over rounds are printed.
 # Knobs: ROUNDS (5), THREADS (2), LLAMA_BIN (the llama.cpp reference build), SRC (the repo to
 # clone, default this one), REV (HEAD), WORK (a fresh temp dir; kept if KEEP=1), TARGET_DIR
-# (default WORK/target: a cold build; point it at an existing dir only to check the script).
+# (default WORK/target: a cold build; point it at an existing dir only to check the script),
+# MODEL (a GGUF file both engines run; default the default model), CONCURRENT (64; 0 skips the
+# concurrent figure, which takes minutes on a larger model).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 SRC=${SRC:-$HERE}
@@ -36,27 +38,31 @@ t0=$(date +%s)
 echo "# release build: $(( $(date +%s) - t0 )) s"
 TPS="$TARGET_DIR/release/tpslab"
 "$TPS" generate --model default --prompt x --max-tokens 1 --json >/dev/null
-MODEL="${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ -f "$MODEL" ] || { echo "default model not at $MODEL" >&2; exit 2; }
+MODEL=${MODEL:-"${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
+[ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
+CONCURRENT=${CONCURRENT:-64}
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "# CPU flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni)$' | xargs)"
+echo "# model $MODEL"
 echo "# tpslab kernels: ${TPSLAB_CPU_KERNELS:-detected}; threads $THREADS; rounds $ROUNDS; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # One round of each engine; each prints "figure value" lines.
 ours() {
   "$TPS" bench --model "$MODEL" --pp 128,512 --tg 128 --reps 1 --threads "$THREADS" |
     awk -F'|' '$2 ~ /^ *(pp|tg)[0-9]+ *$/ { gsub(/ /, "", $2); gsub(/ /, "", $3); print $2, $3 }'
-  "$TPS" bench --model "$MODEL" --concurrency 64 --prompt-len 128 --output-len 128 --threads "$THREADS" |
-    awk -F'|' '$2 ~ /^ *64 *$/ { gsub(/ /, "", $8); print "out64", $8 }'
+  [ "$CONCURRENT" = 0 ] && return
+  "$TPS" bench --model "$MODEL" --concurrency "$CONCURRENT" --prompt-len 128 --output-len 128 --threads "$THREADS" |
+    awk -F'|' -v c="$CONCURRENT" '$2 ~ "^ *" c " *$" { gsub(/ /, "", $8); print "out64", $8 }'
 }
 theirs() {
   "$LLAMA_BIN/llama-bench" -m "$MODEL" -p 128,512 -n 128 -r 1 -t "$THREADS" -o csv 2>/dev/null |
     awk -F',' 'NR == 1 { for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); c[h] = i } next }
       { p = $c["n_prompt"]; g = $c["n_gen"]; gsub(/"/, "", p); gsub(/"/, "", g); v = $c["avg_ts"]; gsub(/"/, "", v)
         print (p + 0 > 0 ? "pp" p : "tg" g), v }'
-  "$LLAMA_BIN/llama-batched-bench" -m "$MODEL" -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 64 \
-    -t "$THREADS" 2>&1 | awk -F'|' '$2 ~ /^ *128 *$/ && $4 ~ /^ *64 *$/ { print "out64", $4 * $3 / $10 }'
+  [ "$CONCURRENT" = 0 ] && return
+  "$LLAMA_BIN/llama-batched-bench" -m "$MODEL" -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$CONCURRENT" \
+    -t "$THREADS" 2>&1 | awk -F'|' -v c="$CONCURRENT" '$2 ~ /^ *128 *$/ && $4 ~ "^ *" c " *$" { print "out64", $4 * $3 / $10 }'
 }
 
 RES="$WORK/rounds.txt"
@@ -85,7 +91,7 @@ awk "$(cat "$HERE/tests/bench/median.awk")"'
       }
       if (n == 0) continue
       lo = ra[1]; hi = ra[1]; for (i = 1; i <= n; i++) { if (ra[i] < lo) lo = ra[i]; if (ra[i] > hi) hi = ra[i] }
-      name = f == "out64" ? "whole-run output, 64 concurrent" : f
+      name = f == "out64" ? "whole-run output, '"$CONCURRENT"' concurrent" : f
       printf "| %s | %.1f | %.1f | **%.2fx** | %.2f .. %.2f | %d |\n", name, median(oa, n), median(la, n), median(ra, n), lo, hi, n
     }
   }' "$RES"
