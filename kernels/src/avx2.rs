@@ -28,7 +28,7 @@ fn f32_to_f16_to_f32(x: f32) -> f32 {
 }
 
 /// Quantizes rows (Q8_0 / Q8_1) as ggml's AVX2 `quantize_row_q8_0/1`; Q8_K has no x86 SIMD
-/// version in ggml either, so it stays portable.
+/// version in ggml either, so it takes the portable formula, compiled here with AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
     if !matches!(out.ty, ActType::Q8_0 | ActType::Q8_1) {
@@ -92,6 +92,7 @@ pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
 #[derive(Default)]
 pub(crate) struct Scratch {
     panels: crate::avx2_panel::Panels,
+    panels_k: crate::avx2_panel_k::PanelsK,
 }
 
 /// Weight rows per group of a matmul of `m` activation rows: the in-place tiles' `R` up to
@@ -123,6 +124,10 @@ pub(crate) struct GroupJob<'a> {
 unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
+        if job.ty == WType::Q4K {
+            crate::avx2_panel_k::groups::<D>(job, g_lo, g_hi, &mut s.panels_k);
+            return;
+        }
         let cols = D::COLS.min(C);
         // Up to DIRECT_ROWS activation rows, read the ggml blocks in place, a tile of `cols`
         // rows at a time: the group's weight bytes come from DRAM for the first tile and from
@@ -214,6 +219,29 @@ unsafe fn rows_dot4<D: Dots>(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option
 isa_entry!(
     /// [`rows_dot4`] on the x86 path `path`.
     pub(crate) fn dot_rows4(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option<[f32; 4]> => rows_dot4
+);
+
+/// Dots of four weight rows with one activation row, each bit-identical to [`row_dot`]'s,
+/// prefetching `ahead` bytes on; `None` for the types without such a kernel.
+#[inline(always)]
+unsafe fn weights_dot4<D: Dots>(
+    ty: WType,
+    ws: [&[u8]; 4],
+    x: ActRow<'_>,
+    ahead: usize,
+) -> Option<[f32; 4]> {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        match ty {
+            WType::Q4K => Some(crate::avx2_kquant::dot_q4k_w4::<D>(ws, x, ahead)),
+            _ => None,
+        }
+    }
+}
+
+isa_entry!(
+    /// [`weights_dot4`] on the x86 path `path`.
+    pub(crate) fn dot_weights4(ty: WType, ws: [&[u8]; 4], x: ActRow<'_>, ahead: usize) -> Option<[f32; 4]> => weights_dot4
 );
 
 isa_entry!(

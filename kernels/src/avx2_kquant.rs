@@ -1,6 +1,7 @@
 //! AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations: ggml's
 //! `ggml_vec_dot_q{4,5,6}_K_q8_K` AVX2 code, bit-identical to the portable formulas in `quant`
-//! (same exact integer lanes, same per-block FMA and final reductions). Each kernel takes `R`
+//! (same exact integer lanes, same per-block FMA and final reductions; Q4_K's per-block float
+//! work is the whole block's, as `quant::dot_q4k` says). Each kernel takes `R`
 //! activation rows (1 at decode, 4 in batches), so a weight block's bits and scales are unpacked
 //! once for all of them, and each row's operations are those of `R` = 1.
 
@@ -32,10 +33,11 @@ pub(crate) fn hsum8(x: __m256) -> f32 {
 }
 
 /// The 12 packed scale bytes of a Q4_K/Q5_K block as 8 scales (low 128 bits) and 8 mins (high)
-/// in i16 lanes: ggml's `utmp` shuffle.
+/// in i16 lanes: ggml's `utmp` shuffle. As 32-bit words: the scale pairs `(sc[2t], sc[2t + 1])`,
+/// then the min pairs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn mins_and_scales(sc: &[u8]) -> __m256i {
+pub(crate) fn mins_and_scales(sc: &[u8]) -> __m256i {
     let u = |i: usize| u32::from_le_bytes([sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3]]);
     let (u0, u1, u2) = (u(0), u(1), u(2));
     let t3 = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
@@ -91,7 +93,9 @@ pub(crate) unsafe fn dot_q4k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
 
 /// Q4_K x Q8_K of one weight row with `R` activation rows: each weight block is unpacked once
 /// for all of them, and each row's result takes the same operations in the same order as
-/// [`dot_q4k`] (which is this with `R` = 1), so it is bit-identical whatever `R`.
+/// [`dot_q4k`] (which is this with `R` = 1), so it is bit-identical whatever `R`. Per block and
+/// row, the two exact integers of [`crate::quant::dot_q4k`] come out of one horizontal
+/// reduction, then two scalar FMAs.
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -105,8 +109,7 @@ pub(crate) unsafe fn dot_q4k_rows<D: Dots, const R: usize>(
             check_row(w, 144, x);
         }
         let m4 = _mm256_set1_epi8(0x0f);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut acc_m = [_mm_setzero_ps(); R];
+        let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(144).enumerate() {
             let ms = mins_and_scales(&blk[4..16]);
             let mins = _mm256_extracti128_si256::<1>(ms);
@@ -138,20 +141,105 @@ pub(crate) unsafe fn dot_q4k_rows<D: Dots, const R: usize>(
             for r in 0..R {
                 let x = &xs[r];
                 let d = x.d[b] * dw;
-                let dmin = -x.d[b] * mw;
-                let prod = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
-                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
-                let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                let dmin = x.d[b] * mw;
+                let imin4 = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
+                let s = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
+                let isum4 =
+                    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+                // [isum, imin] in lanes 0 and 1, as floats.
+                let h = _mm_hadd_epi32(isum4, imin4);
+                let f = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
+                let isum = _mm_cvtss_f32(f);
+                let imin = _mm_cvtss_f32(_mm_movehdup_ps(f));
+                acc[r] = d.mul_add(isum, acc[r]);
+                acc[r] = (-dmin).mul_add(imin, acc[r]);
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            let mut m = acc_m[r];
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            out[r] = hsum8(acc[r]) + _mm_cvtss_f32(m);
+        acc
+    }
+}
+
+/// Q4_K x Q8_K of four weight rows with one activation row (decode): per block each row's
+/// integer dots as in [`dot_q4k_rows`], then one horizontal reduction for the four rows'
+/// `isum` and one for their `imin` (`vphaddd` trees), and the float work of
+/// [`crate::quant::dot_q4k`] on the four rows side by side in one vector's lanes: the same bits
+/// as four calls of [`dot_q4k`], for a quarter of their reductions and float operations.
+/// Each block is prefetched `ahead` bytes on (0: no prefetch of use).
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn dot_q4k_w4<D: Dots>(ws: [&[u8]; 4], x: ActRow<'_>, ahead: usize) -> [f32; 4] {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let nb = check_row(ws[0], 144, &x);
+        assert!(ws.iter().all(|w| w.len() == ws[0].len()));
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut acc = _mm_setzero_ps();
+        for b in 0..nb {
+            let q8 = x.qs.as_ptr().add(b * QK_K);
+            let bp = bsum_pairs(&x.bsums[b * 16..]);
+            let mut isum = [_mm256_setzero_si256(); 4];
+            let mut imin = [_mm_setzero_si128(); 4];
+            let mut dm = [0i32; 4];
+            for (r, w) in ws.iter().enumerate() {
+                let blk = &w[b * 144..(b + 1) * 144];
+                // The four rows' blocks interleave, which the hardware prefetchers do not
+                // follow: fetch this block of the row `ahead` bytes on (the next group's).
+                let next = blk.as_ptr().wrapping_add(ahead);
+                for line in [0, 64, 128] {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
+                }
+                let ms = mins_and_scales(&blk[4..16]);
+                imin[r] = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), bp);
+                let sc128 = _mm256_castsi256_si128(ms);
+                let scales = _mm256_set_m128i(sc128, sc128);
+                let mut sumi = [_mm256_setzero_si256(); 2];
+                // SAFETY: `blk` is 144 bytes (qs at 16..144) and block `b` of `x.qs` holds 256
+                // bytes (checked in `check_row`).
+                unsafe {
+                    let q4 = blk.as_ptr().add(16);
+                    for j in 0..4 {
+                        let scale_l = scale_k4(scales, 2 * j as i8);
+                        let scale_h = scale_k4(scales, 2 * j as i8 + 1);
+                        let bits = _mm256_loadu_si256(q4.add(32 * j).cast());
+                        let q4l = _mm256_and_si256(bits, m4);
+                        let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                        let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
+                        let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
+                        sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                        sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    }
+                }
+                isum[r] = _mm256_add_epi32(sumi[0], sumi[1]);
+                dm[r] = std::ptr::read_unaligned(blk.as_ptr().cast::<i32>());
+            }
+            // Lane r of each: row r's sum (integer adds in any order are exact).
+            let h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(isum[0], isum[1]),
+                _mm256_hadd_epi32(isum[2], isum[3]),
+            );
+            let isum4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let imin4 = _mm_hadd_epi32(
+                _mm_hadd_epi32(imin[0], imin[1]),
+                _mm_hadd_epi32(imin[2], imin[3]),
+            );
+            // The rows' (d, dmin) f16 pairs widened: d in even lanes, dmin in odd ones.
+            let dmf = _mm256_cvtph_ps(_mm_setr_epi32(dm[0], dm[1], dm[2], dm[3]));
+            let dmf = _mm256_castps_si256(dmf);
+            let idx_d = _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0);
+            let idx_m = _mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0);
+            let dw = _mm256_castps256_ps128(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(
+                dmf, idx_d,
+            )));
+            let mw = _mm256_castps256_ps128(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(
+                dmf, idx_m,
+            )));
+            let dx = _mm_set1_ps(x.d[b]);
+            acc = _mm_fmadd_ps(_mm_mul_ps(dx, dw), _mm_cvtepi32_ps(isum4), acc);
+            acc = _mm_fnmadd_ps(_mm_mul_ps(dx, mw), _mm_cvtepi32_ps(imin4), acc);
         }
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), acc);
         out
     }
 }

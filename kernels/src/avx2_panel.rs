@@ -27,7 +27,7 @@ use crate::quant::QK8;
 /// Weight rows per repacked group (two 8-row panels).
 pub(crate) const ROWS: usize = 16;
 /// Weight rows per panel: the i32 lanes of a 256-bit vector.
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 const PANELS: usize = ROWS / LANES;
 /// Bytes of one block of one panel.
 const PANEL_BYTES: usize = LANES * QK8;
@@ -98,30 +98,43 @@ unsafe fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize,
                         _mm256_set_m128i(hi, lo)
                     };
                 }
-                // 8 x 8 transpose of 32-bit words: word `step` of row `l` to lane `l` of
-                // vector `step`.
-                let mut t = [_mm256_setzero_si256(); LANES];
-                for i in 0..LANES / 2 {
-                    t[2 * i] = _mm256_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
-                    t[2 * i + 1] = _mm256_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
-                }
-                // u[h][s]: rows 4h..4h+4, words s (lanes 0..4) and s + 4 (lanes 4..8).
-                let mut u = [[_mm256_setzero_si256(); 4]; 2];
-                for (h, uh) in u.iter_mut().enumerate() {
-                    uh[0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-                    uh[1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-                    uh[2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-                    uh[3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-                }
                 let dst = pn.w.as_mut_ptr().add((b * PANELS + p) * PANEL_BYTES);
-                for (s, (&lo, &hi)) in u[0].iter().zip(&u[1]).enumerate() {
-                    let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
-                    let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
-                    _mm256_storeu_si256(dst.add(s * 32).cast(), first);
-                    _mm256_storeu_si256(dst.add((s + 4) * 32).cast(), second);
+                for (s, v) in transpose8x8_words(rows).into_iter().enumerate() {
+                    _mm256_storeu_si256(dst.add(s * 32).cast(), v);
                 }
             }
         }
+    }
+}
+
+/// The 8 x 8 transpose of 32-bit words: word `s` of `rows[l]` goes to lane `l` of vector `s`
+/// (how a panel lays 8 weight rows side by side).
+///
+/// # Safety
+/// The CPU has AVX2; called from functions compiled with it.
+#[inline(always)]
+pub(crate) unsafe fn transpose8x8_words(rows: [__m256i; LANES]) -> [__m256i; LANES] {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let mut t = [_mm256_setzero_si256(); LANES];
+        for i in 0..LANES / 2 {
+            t[2 * i] = _mm256_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+        }
+        // u[h][s]: rows 4h..4h+4, words s (lanes 0..4) and s + 4 (lanes 4..8).
+        let mut u = [[_mm256_setzero_si256(); 4]; 2];
+        for (h, uh) in u.iter_mut().enumerate() {
+            uh[0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+            uh[1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+            uh[2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+            uh[3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+        }
+        let mut out = [_mm256_setzero_si256(); LANES];
+        for (s, (&lo, &hi)) in u[0].iter().zip(&u[1]).enumerate() {
+            out[s] = _mm256_permute2x128_si256::<0x20>(lo, hi);
+            out[s + 4] = _mm256_permute2x128_si256::<0x31>(lo, hi);
+        }
+        out
     }
 }
 

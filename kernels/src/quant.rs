@@ -1,15 +1,15 @@
 //! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas (those of the
 //! types added later, and the dispatch over all, in `dots`), portable; the SIMD kernels are tested
-//! bit-equal against these. The K-quant formulas do exactly the float operations of ggml's AVX2
-//! code; Q4_0, Q4_1 and Q8_0 do not (below).
+//! bit-equal against these. The K-quant formulas but Q4_K's do exactly the float operations of
+//! ggml's AVX2 code; Q4_0, Q4_1, Q8_0 and Q4_K do not (below).
 //!
 //! The K-quant dots have ggml's shape: an exact integer dot per 4-element group, summed into 8
 //! i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32), then
 //! `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
-//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]) take
-//! the whole block's exact integer dot and one FMA per block instead. The integer part is
-//! exact, so any evaluation order gives the same values; the float part is fixed here and in
-//! `avx2*`.
+//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]) and
+//! Q4_K ([`dot_q4k`]) take the whole block's exact integers and FMAs per block instead, the
+//! shape a repacked panel of 8 weight rows computes in its lanes. The integer part is exact, so
+//! any evaluation order gives the same values; the float part is fixed here and in `avx2*`.
 
 use crate::WType;
 use crate::dequant::{f16_at, q6k_at, scale_min_k4};
@@ -144,7 +144,9 @@ pub(crate) fn quantize_block_q8(x: &[f32], qs: &mut [i8]) -> (f32, i32) {
 
 /// One Q8_K block as ggml's `quantize_row_q8_K_ref` (the x86 path too): the scale comes from
 /// the signed value of largest magnitude, `d = 1 / (-127 / max)`, ggml's `nearest_int` rounds
-/// half to even.
+/// half to even. Inlined, so the AVX2 quantizer's copy rounds with `vroundps` instead of calling
+/// libm's `rintf` per element (the same values).
+#[inline(always)]
 pub(crate) fn quantize_block_q8k(x: &[f32], qs: &mut [i8], bsums: &mut [i16]) -> f32 {
     let (max, amax) = crate::quantize_lowbit::signed_absmax(x);
     if amax == 0.0 {
@@ -163,6 +165,7 @@ pub(crate) fn quantize_block_q8k(x: &[f32], qs: &mut [i8], bsums: &mut [i16]) ->
 }
 
 /// Quantizes rows `rows` of `x` (each `out.k` long) into `out` (already `reset`), portably.
+#[inline(always)]
 pub(crate) fn quantize_rows_portable(x: &[f32], out: &mut QActsRows<'_>) {
     let k = out.k;
     let bs = out.ty.block_size();
@@ -308,42 +311,41 @@ pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     if ty == WType::Q4_1 { acc + summs } else { acc }
 }
 
-/// Q4_K x Q8_K over a row (ggml `ggml_vec_dot_q4_K_q8_K`, AVX2).
+/// Q4_K x Q8_K over a row. Not ggml's lane-split float sum: per block two exact integers,
+/// `isum = sum_s sc_s * dot_s` (the sub-blocks' 6-bit scales times their integer dots) and
+/// `imin = sum_s m_s * (bsum_2s + bsum_2s+1)`, then two FMAs into one f32 accumulator,
+/// `acc = fma(d_x * d, isum, acc)` and `acc = fma(-(d_x * dmin), imin, acc)`. A dot that keeps
+/// the 8 rows of a repacked panel in one vector's lanes (`avx2_panel_k`) does the same float
+/// operations as one row alone, so decode and batches give the same bits. Both integers are
+/// exact (`|isum| <= 8 * 63 * 32 * 15 * 128`, under 2^31).
 #[inline(always)]
 pub(crate) fn dot_q4k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut acc_m = [0f32; 4];
+    let mut acc = 0f32;
     for (b, blk) in w.chunks_exact(144).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &x.bsums[b * 16..b * 16 + 16];
         let d = x.d[b] * f16_at(blk, 0);
-        let dmin = -x.d[b] * f16_at(blk, 2);
+        let dmin = x.d[b] * f16_at(blk, 2);
         let scales = &blk[4..16];
         let qs = &blk[16..144];
-        let mut lanes = [0i32; 8];
-        let mut mins = [0i32; 8];
+        let (mut isum, mut imin) = (0i32, 0i32);
         for g in 0..4 {
             let (sc1, m1) = scale_min_k4(2 * g, scales);
             let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-            mins[2 * g] = m1 as i32;
-            mins[2 * g + 1] = m2 as i32;
+            let (mut d1, mut d2) = (0i32, 0i32);
             for l in 0..32 {
                 let q = qs[32 * g + l];
-                lanes[l / 4] += sc1 as i32 * (q & 0x0f) as i32 * xq[64 * g + l] as i32
-                    + sc2 as i32 * (q >> 4) as i32 * xq[64 * g + 32 + l] as i32;
+                d1 += (q & 0x0f) as i32 * xq[64 * g + l] as i32;
+                d2 += (q >> 4) as i32 * xq[64 * g + 32 + l] as i32;
             }
+            isum += sc1 as i32 * d1 + sc2 as i32 * d2;
+            imin += m1 as i32 * (bsums[4 * g] as i32 + bsums[4 * g + 1] as i32)
+                + m2 as i32 * (bsums[4 * g + 2] as i32 + bsums[4 * g + 3] as i32);
         }
-        for (p, a) in acc_m.iter_mut().enumerate() {
-            let s0 = bsums[4 * p] as i32 + bsums[4 * p + 1] as i32;
-            let s1 = bsums[4 * p + 2] as i32 + bsums[4 * p + 3] as i32;
-            let prod = mins[2 * p] * s0 + mins[2 * p + 1] * s1;
-            *a = dmin.mul_add(prod as f32, *a);
-        }
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        acc = d.mul_add(isum as f32, acc);
+        acc = (-dmin).mul_add(imin as f32, acc);
     }
-    hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    acc
 }
 
 /// Q5_K x Q8_K over a row (ggml `ggml_vec_dot_q5_K_q8_K`, AVX2): as Q4_K with 5-bit levels,

@@ -12,6 +12,7 @@ pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// The value of largest magnitude in `x`, with its sign, and that magnitude (the first such
 /// value on ties, as ggml scans): what the symmetric quantizers scale from.
+#[inline]
 pub(crate) fn signed_absmax(x: &[f32]) -> (f32, f32) {
     let (mut max, mut amax) = (0f32, 0f32);
     for &v in x {
