@@ -124,7 +124,7 @@ pub(crate) struct GroupJob<'a> {
 unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        if job.ty == WType::Q4K {
+        if crate::avx2_panel_k::has_panels(job.ty) {
             crate::avx2_panel_k::groups::<D>(job, g_lo, g_hi, &mut s.panels_k);
             return;
         }

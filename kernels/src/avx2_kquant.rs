@@ -1,7 +1,7 @@
 //! AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations: ggml's
 //! `ggml_vec_dot_q{4,5,6}_K_q8_K` AVX2 code, bit-identical to the portable formulas in `quant`
-//! (same exact integer lanes, same per-block FMA and final reductions; Q4_K's per-block float
-//! work is the whole block's, as `quant::dot_q4k` says). Each kernel takes `R`
+//! (same exact integer lanes, same per-block FMA and final reductions; Q4_K's and Q6_K's
+//! per-block float work is the whole block's, as `quant::dot_q4k` says). Each kernel takes `R`
 //! activation rows (1 at decode, 4 in batches), so a weight block's bits and scales are unpacked
 //! once for all of them, and each row's operations are those of `R` = 1.
 
@@ -343,7 +343,7 @@ pub(crate) unsafe fn dot_q6k_rows<D: Dots, const R: usize>(
         }
         let m3 = _mm256_set1_epi8(3);
         let m15 = _mm256_set1_epi8(15);
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(210).enumerate() {
             // SAFETY: `blk` is 210 bytes (ql 0..128, qh 128..192, scales 192..208), row `b` of
             // each `x.qs` holds 256 bytes and of each `x.bsums` 16 (checked in `check_row`).
@@ -392,14 +392,19 @@ pub(crate) unsafe fn dot_q6k_rows<D: Dots, const R: usize>(
                     let q8sums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
                     let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, sc16));
                     let sumi = _mm256_sub_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]), q8sclsub);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                    acc[r] = d.mul_add(hsum_epi32(sumi) as f32, acc[r]);
                 }
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum8(acc[r]);
-        }
-        out
+        acc
     }
+}
+
+/// The sum of the 8 i32 lanes of `v` (exact, given the callers' bounds).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
 }

@@ -1,73 +1,99 @@
-//! `avx2_panel_k`: the Q4_K matmul for batches past the in-place dots (prefill, and decode of
-//! many sequences), on repacked 8-row panels as `avx2_panel` does for Q4_0 / Q4_1 / Q8_0.
+//! `avx2_panel_k`: the Q4_K and Q6_K matmuls for batches past the in-place dots (prefill, and
+//! decode of many sequences), on repacked 8-row panels as `avx2_panel` does for Q4_0 / Q4_1 /
+//! Q8_0.
 //!
 //! Each group of [`ROWS`] weight rows is repacked once per call ([`repack`]) into panels of 8
 //! rows. Per block (256 weights) and panel:
-//! - the 128 nibble bytes as 4 x 8 vectors: vector `(t, j)` holds bytes `32t + 4j..32t + 4j + 4`
-//!   of the 8 rows, so its low nibbles are elements `32s + 4j..+4` of sub-block `s = 2t` and
-//!   its high nibbles those of sub-block `2t + 1`;
-//! - the 6-bit scales and mins as 8 vectors of i16 pairs (`ggml`'s `utmp` unpack per row, then
-//!   the same word transpose): vector `t` holds `(sc[2t], sc[2t + 1])` of the 8 rows, vector
-//!   `4 + t` their `(m[2t], m[2t + 1])`;
-//! - `d` and `dmin` widened to f32, 8 rows side by side.
+//! - Q4_K: the 128 nibble bytes as 4 x 8 vectors: vector `(t, j)` holds bytes
+//!   `32t + 4j..32t + 4j + 4` of the 8 rows, so its low nibbles are elements `32s + 4j..+4` of
+//!   sub-block `s = 2t` and its high nibbles those of sub-block `2t + 1`. Q6_K: the 256 levels
+//!   unpacked to bytes (0..63) as 8 x 8 vectors, vector `(c, j)` holding elements
+//!   `32c + 4j..+4` of the 8 rows;
+//! - the scales as i16 pairs, one vector per pair of sub-blocks holding the 8 rows' pair
+//!   (Q4_K: `ggml`'s `utmp` unpack per row, vector `t` the scale pair `(sc[2t], sc[2t + 1])`,
+//!   vector `4 + t` the min pair; Q6_K: vector `t` the signed scales of its 16-element
+//!   sub-blocks `2t` and `2t + 1`);
+//! - `d` (and Q4_K's `dmin`) widened to f32, 8 rows side by side.
 //!
-//! A `dpbusd` of a nibble vector with the activation's 4 bytes broadcast adds 4 products to
-//! each row's lane; 8 of them give sub-block `s`'s integer dot of 8 rows, times the rows'
-//! scales (`vpmulld`) into `isum`. The mins meet the activation's `bsums` pairs through
-//! `vpmaddwd` into `imin`. Both are the exact integers of `quant::dot_q4k`, and the two FMAs
-//! per block are its float operations, lane by lane, so every row has the bits of the in-place
-//! dot (`avx2_kquant::dot_q4k`) and of the portable formula.
+//! A `dpbusd` of a level vector with the activation's 4 bytes broadcast adds 4 products to
+//! each row's lane; a sub-block's steps give its integer dot of 8 rows, times the rows' scales
+//! (`vpmulld`) into `isum`. The mins (Q4_K) and the level offset of 32 (Q6_K) meet the
+//! activation's `bsums` through `vpmaddwd`. These are the exact integers of `quant::dot_q4k`
+//! and `quant::dot_q6k`, and the FMAs per block are their float operations, lane by lane, so
+//! every row has the bits of the in-place dots (`avx2_kquant`) and of the portable formulas.
 
 use std::arch::x86_64::*;
 
+use crate::WType;
 use crate::avx2::GroupJob;
 use crate::avx2_kquant::mins_and_scales;
 use crate::avx2_panel::{LANES, ROWS, transpose8x8_words};
 use crate::isa::Dots;
 use crate::quant::QK_K;
 
-/// Bytes of one Q4_K block.
-const BLOCK: usize = 144;
 const PANELS: usize = ROWS / LANES;
-/// Nibble vectors of one block of one panel (4 pairs of sub-blocks x 8 steps).
-const QVECS: usize = 32;
+/// Level vectors of one block of one panel: Q4_K 4 pairs of sub-blocks x 8 steps of nibbles,
+/// Q6_K 8 chunks of 32 x 8 steps of bytes.
+const QVECS_Q4K: usize = 32;
+const QVECS_Q6K: usize = 64;
 
-/// A repacked group of Q4_K weight rows (reused across calls).
+/// The K-quant types with panels, as the const parameter of the kernels.
+const Q4K: u8 = 0;
+const Q6K: u8 = 1;
+
+/// A repacked group of Q4_K or Q6_K weight rows (reused across calls).
 #[derive(Default)]
 pub(crate) struct PanelsK {
-    /// `nb x PANELS x QVECS` nibble vectors, as the module doc says.
+    /// `nb x PANELS x QVECS_*` level vectors, as the module doc says.
     qs: Vec<__m256i>,
-    /// `nb x PANELS x 8` scale and min pair vectors.
+    /// `nb x PANELS x 8` scale (and min) pair vectors.
     sm: Vec<__m256i>,
     /// `nb x ROWS` weight `d` and `dmin` (0 for rows past `n`).
     d: Vec<f32>,
     dmin: Vec<f32>,
 }
 
-/// Repacks weight rows `j0..j0 + ROWS` (rows past `n` become zeros) into `pn`.
+/// Whether `ty` has panels here.
+pub(crate) fn has_panels(ty: WType) -> bool {
+    matches!(ty, WType::Q4K | WType::Q6K)
+}
+
+/// Repacks weight rows `j0..j0 + ROWS` of type `T` (rows past `n` become zeros) into `pn`.
 ///
 /// # Safety
 /// The CPU has `D`'s features (AVX2 and F16C at least); called from their compiled copies.
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-unsafe fn repack<D: Dots>(data: &[u8], n: usize, k: usize, j0: usize, pn: &mut PanelsK) {
+unsafe fn repack<D: Dots, const T: u8>(
+    data: &[u8],
+    n: usize,
+    k: usize,
+    j0: usize,
+    pn: &mut PanelsK,
+) {
     let nb = k / QK_K;
-    let rb = nb * BLOCK;
+    let (ts, qv) = if T == Q4K {
+        (144, QVECS_Q4K)
+    } else {
+        (210, QVECS_Q6K)
+    };
+    let rb = nb * ts;
     assert!(data.len() >= n * rb);
     // SAFETY: the CPU has AVX2 and F16C (the caller's promise). Reads stay inside rows j < n of
     // `data` (checked above); writes inside `pn`'s buffers as sized here.
     unsafe {
-        pn.qs.resize(nb * PANELS * QVECS, _mm256_setzero_si256());
+        pn.qs.resize(nb * PANELS * qv, _mm256_setzero_si256());
         pn.sm.resize(nb * PANELS * LANES, _mm256_setzero_si256());
         pn.d.resize(nb * ROWS, 0.0);
         pn.dmin.resize(nb * ROWS, 0.0);
+        let (m3, m15) = (_mm256_set1_epi8(3), _mm256_set1_epi8(15));
         for b in 0..nb {
             for p in 0..PANELS {
                 // No closures here: they would be compiled without the path's features and
                 // call every intrinsic out of line.
                 let mut sm = [_mm256_setzero_si256(); LANES];
-                let mut qs = [[_mm256_setzero_si256(); LANES]; 4];
+                let mut qs = [[_mm256_setzero_si256(); LANES]; 8];
                 for l in 0..LANES {
                     let r = p * LANES + l;
                     let j = j0 + r;
@@ -76,21 +102,52 @@ unsafe fn repack<D: Dots>(data: &[u8], n: usize, k: usize, j0: usize, pn: &mut P
                         pn.dmin[b * ROWS + r] = 0.0;
                         continue;
                     }
-                    let blk = data.as_ptr().add(j * rb + b * BLOCK);
-                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
-                        blk.cast::<i32>(),
-                    )));
-                    pn.d[b * ROWS + r] = _mm_cvtss_f32(dm);
-                    pn.dmin[b * ROWS + r] = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-                    sm[l] = mins_and_scales(std::slice::from_raw_parts(blk.add(4), 12));
-                    for (t, q) in qs.iter_mut().enumerate() {
-                        q[l] = _mm256_loadu_si256(blk.add(16 + 32 * t).cast());
+                    let blk = data.as_ptr().add(j * rb + b * ts);
+                    if T == Q4K {
+                        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                            blk.cast::<i32>(),
+                        )));
+                        pn.d[b * ROWS + r] = _mm_cvtss_f32(dm);
+                        pn.dmin[b * ROWS + r] = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+                        sm[l] = mins_and_scales(std::slice::from_raw_parts(blk.add(4), 12));
+                        for (t, q) in qs.iter_mut().take(4).enumerate() {
+                            q[l] = _mm256_loadu_si256(blk.add(16 + 32 * t).cast());
+                        }
+                        continue;
+                    }
+                    // Q6_K: ql 0..128, qh 128..192, scales 192..208, d at 208; levels as
+                    // `avx2_kquant::dot_q6k_rows` unpacks them, chunk 4h + i = elements
+                    // 128h + 32i..+32.
+                    let dh = std::ptr::read_unaligned(blk.add(208).cast::<u16>());
+                    pn.d[b * ROWS + r] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(dh as i32)));
+                    pn.dmin[b * ROWS + r] = 0.0;
+                    sm[l] = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192).cast()));
+                    for h in 0..2 {
+                        let bits1 = _mm256_loadu_si256(blk.add(64 * h).cast());
+                        let bits2 = _mm256_loadu_si256(blk.add(64 * h + 32).cast());
+                        let bits_h = _mm256_loadu_si256(blk.add(128 + 32 * h).cast());
+                        let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bits_h, m3));
+                        let h1 =
+                            _mm256_slli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(12)));
+                        let h2 = _mm256_and_si256(bits_h, _mm256_set1_epi8(48));
+                        let h3 =
+                            _mm256_srli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(-64)));
+                        qs[4 * h][l] = _mm256_or_si256(_mm256_and_si256(bits1, m15), h0);
+                        qs[4 * h + 1][l] = _mm256_or_si256(_mm256_and_si256(bits2, m15), h1);
+                        qs[4 * h + 2][l] = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m15),
+                            h2,
+                        );
+                        qs[4 * h + 3][l] = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15),
+                            h3,
+                        );
                     }
                 }
-                let at = (b * PANELS + p) * QVECS;
-                for (t, q) in qs.into_iter().enumerate() {
+                let at = (b * PANELS + p) * qv;
+                for (c, q) in qs.into_iter().take(qv / LANES).enumerate() {
                     for (s, v) in transpose8x8_words(q).into_iter().enumerate() {
-                        *pn.qs.as_mut_ptr().add(at + LANES * t + s) = v;
+                        *pn.qs.as_mut_ptr().add(at + LANES * c + s) = v;
                     }
                 }
                 let at = (b * PANELS + p) * LANES;
@@ -102,13 +159,13 @@ unsafe fn repack<D: Dots>(data: &[u8], n: usize, k: usize, j0: usize, pn: &mut P
     }
 }
 
-/// The `PP` panels from `p0` by activation rows `c0..c0 + CC`.
+/// The `PP` panels from `p0` by activation rows `c0..c0 + CC`, for type `T`.
 #[inline(always)]
 // The register tile is indexed [panel][column] from loops in the order the loads want.
 #[allow(clippy::needless_range_loop)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-unsafe fn tile<D: Dots, const PP: usize, const CC: usize>(
+unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     job: &GroupJob<'_>,
     pn: &PanelsK,
     j0: usize,
@@ -121,69 +178,24 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize>(
         let nb = k / QK_K;
         let acts = job.acts;
         assert!(p0 + PP <= PANELS && c0 + CC <= job.m);
-        assert!(pn.qs.len() >= nb * PANELS * QVECS && pn.sm.len() >= nb * PANELS * LANES);
+        let qv = if T == Q4K { QVECS_Q4K } else { QVECS_Q6K };
+        assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
         assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
         assert!(acts.bsums.len() >= (c0 + CC) * nb * 16);
-        let m4 = _mm256_set1_epi8(0x0f);
-        let lo16 = _mm256_set1_epi32(0xffff);
         let xq = acts.qs.as_ptr().add(c0 * k);
         let mut acc = [[_mm256_setzero_ps(); CC]; PP];
         for b in 0..nb {
             // SAFETY: block b of the panels and of each activation row is in bounds (above).
             unsafe {
-                let qb = pn.qs.as_ptr().add((b * PANELS + p0) * QVECS);
+                let qb = pn.qs.as_ptr().add((b * PANELS + p0) * qv);
                 let smb = pn.sm.as_ptr().add((b * PANELS + p0) * LANES);
                 let mut isum = [[_mm256_setzero_si256(); CC]; PP];
-                for s in 0..8 {
-                    let (t, high) = (s / 2, s % 2 == 1);
-                    let mut dot = [[_mm256_setzero_si256(); CC]; PP];
-                    for step in 0..LANES {
-                        let w: [__m256i; PP] = std::array::from_fn(|p| {
-                            let v = *qb.add(p * QVECS + LANES * t + step);
-                            let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
-                            _mm256_and_si256(v, m4)
-                        });
-                        for c in 0..CC {
-                            let at = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
-                            let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
-                            for p in 0..PP {
-                                dot[p][c] = D::dpbusd(dot[p][c], w[p], x);
-                            }
-                        }
-                    }
-                    for p in 0..PP {
-                        let pair = *smb.add(p * LANES + t);
-                        let sc = if high {
-                            _mm256_srli_epi32::<16>(pair)
-                        } else {
-                            _mm256_and_si256(pair, lo16)
-                        };
-                        for c in 0..CC {
-                            isum[p][c] =
-                                _mm256_add_epi32(isum[p][c], _mm256_mullo_epi32(dot[p][c], sc));
-                        }
-                    }
-                }
-                // The mins: per row, sum over t of (m[2t], m[2t + 1]) . (bp[2t], bp[2t + 1]),
-                // where bp[s] = bsums[2s] + bsums[2s + 1] (16 i16 of the activation block).
                 let mut imin = [[_mm256_setzero_si256(); CC]; PP];
-                for c in 0..CC {
-                    let bs = _mm256_loadu_si256(
-                        acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast(),
-                    );
-                    let bp = _mm_hadd_epi16(
-                        _mm256_castsi256_si128(bs),
-                        _mm256_extracti128_si256::<1>(bs),
-                    );
-                    let bpw: [i32; 4] = std::mem::transmute(bp);
-                    for t in 0..4 {
-                        let x = _mm256_set1_epi32(bpw[t]);
-                        for p in 0..PP {
-                            let mins = *smb.add(p * LANES + 4 + t);
-                            imin[p][c] = _mm256_add_epi32(imin[p][c], _mm256_madd_epi16(mins, x));
-                        }
-                    }
+                if T == Q4K {
+                    q4k_block::<D, PP, CC>(qb, smb, xq, k, b, acts, c0, nb, &mut isum, &mut imin);
+                } else {
+                    q6k_block::<D, PP, CC>(qb, smb, xq, k, b, acts, c0, nb, &mut isum);
                 }
                 let dw: [__m256; PP] = std::array::from_fn(|p| {
                     _mm256_loadu_ps(pn.d.as_ptr().add(b * ROWS + (p0 + p) * LANES))
@@ -199,11 +211,13 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize>(
                             _mm256_cvtepi32_ps(isum[p][c]),
                             acc[p][c],
                         );
-                        acc[p][c] = _mm256_fnmadd_ps(
-                            _mm256_mul_ps(mw[p], dx),
-                            _mm256_cvtepi32_ps(imin[p][c]),
-                            acc[p][c],
-                        );
+                        if T == Q4K {
+                            acc[p][c] = _mm256_fnmadd_ps(
+                                _mm256_mul_ps(mw[p], dx),
+                                _mm256_cvtepi32_ps(imin[p][c]),
+                                acc[p][c],
+                            );
+                        }
                     }
                 }
             }
@@ -233,10 +247,153 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize>(
     }
 }
 
-/// Groups `g_lo..g_hi` of [`ROWS`] weight rows for every activation row of `job` (Q4_K).
+/// Q4_K's integer part of one block for the `PP x CC` tile: per sub-block `s`, 8 `dpbusd` steps
+/// of nibbles times the rows' scales into `isum`; the mins against the activation's `bsums`
+/// pairs into `imin`.
 ///
 /// # Safety
-/// The CPU has `D`'s features; `job` is a Q4_K matmul (`k` a multiple of 256).
+/// As [`tile`]'s: `qb`, `smb` point at block `b` of panel `p0`, `xq` at activation row `c0`,
+/// and the tile's rows and blocks are in bounds.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn q4k_block<D: Dots, const PP: usize, const CC: usize>(
+    qb: *const __m256i,
+    smb: *const __m256i,
+    xq: *const i8,
+    k: usize,
+    b: usize,
+    acts: &crate::quant::QActs,
+    c0: usize,
+    nb: usize,
+    isum: &mut [[__m256i; CC]; PP],
+    imin: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let lo16 = _mm256_set1_epi32(0xffff);
+        for s in 0..8 {
+            let (t, high) = (s / 2, s % 2 == 1);
+            let mut dot = [[_mm256_setzero_si256(); CC]; PP];
+            for step in 0..LANES {
+                let w: [__m256i; PP] = std::array::from_fn(|p| {
+                    let v = *qb.add(p * QVECS_Q4K + LANES * t + step);
+                    let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
+                    _mm256_and_si256(v, m4)
+                });
+                for c in 0..CC {
+                    let at = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
+                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
+                    for p in 0..PP {
+                        dot[p][c] = D::dpbusd(dot[p][c], w[p], x);
+                    }
+                }
+            }
+            for p in 0..PP {
+                let pair = *smb.add(p * LANES + t);
+                let sc = if high {
+                    _mm256_srli_epi32::<16>(pair)
+                } else {
+                    _mm256_and_si256(pair, lo16)
+                };
+                for c in 0..CC {
+                    isum[p][c] = _mm256_add_epi32(isum[p][c], _mm256_mullo_epi32(dot[p][c], sc));
+                }
+            }
+        }
+        // The mins: per row, sum over t of (m[2t], m[2t + 1]) . (bp[2t], bp[2t + 1]), where
+        // bp[s] = bsums[2s] + bsums[2s + 1] (16 i16 of the activation block).
+        for c in 0..CC {
+            let bs =
+                _mm256_loadu_si256(acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast());
+            let bp = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let bpw: [i32; 4] = std::mem::transmute(bp);
+            for (t, &pair) in bpw.iter().enumerate() {
+                let x = _mm256_set1_epi32(pair);
+                for p in 0..PP {
+                    let mins = *smb.add(p * LANES + 4 + t);
+                    imin[p][c] = _mm256_add_epi32(imin[p][c], _mm256_madd_epi16(mins, x));
+                }
+            }
+        }
+    }
+}
+
+/// Q6_K's integer part of one block for the `PP x CC` tile: per 16-element sub-block `s`, 4
+/// `dpbusd` steps of unsigned levels times the rows' signed scales into `isum`, then the level
+/// offset, `32 * sum_s bsums[s] * sc[s]`, off by `vpmaddwd` on the scale pairs.
+///
+/// # Safety
+/// As [`tile`]'s: `qb`, `smb` point at block `b` of panel `p0`, `xq` at activation row `c0`,
+/// and the tile's rows and blocks are in bounds.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
+    qb: *const __m256i,
+    smb: *const __m256i,
+    xq: *const i8,
+    k: usize,
+    b: usize,
+    acts: &crate::quant::QActs,
+    c0: usize,
+    nb: usize,
+    isum: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        for s in 0..16 {
+            let (c32, half) = (s / 2, s % 2);
+            let mut dot = [[_mm256_setzero_si256(); CC]; PP];
+            for st in 0..4 {
+                let step = 4 * half + st;
+                let w: [__m256i; PP] =
+                    std::array::from_fn(|p| *qb.add(p * QVECS_Q6K + LANES * c32 + step));
+                for c in 0..CC {
+                    let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);
+                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
+                    for p in 0..PP {
+                        dot[p][c] = D::dpbusd(dot[p][c], w[p], x);
+                    }
+                }
+            }
+            for p in 0..PP {
+                let pair = *smb.add(p * LANES + s / 2);
+                let sc = if half == 1 {
+                    _mm256_srai_epi32::<16>(pair)
+                } else {
+                    _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair))
+                };
+                for c in 0..CC {
+                    isum[p][c] = _mm256_add_epi32(isum[p][c], _mm256_mullo_epi32(dot[p][c], sc));
+                }
+            }
+        }
+        for c in 0..CC {
+            let bs: [i32; 8] = std::ptr::read_unaligned(
+                acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast(),
+            );
+            let mut corr = [_mm256_setzero_si256(); PP];
+            for (t, &pair) in bs.iter().enumerate() {
+                let x = _mm256_set1_epi32(pair);
+                for p in 0..PP {
+                    corr[p] =
+                        _mm256_add_epi32(corr[p], _mm256_madd_epi16(*smb.add(p * LANES + t), x));
+                }
+            }
+            for p in 0..PP {
+                isum[p][c] = _mm256_sub_epi32(isum[p][c], _mm256_slli_epi32::<5>(corr[p]));
+            }
+        }
+    }
+}
+
+/// Groups `g_lo..g_hi` of [`ROWS`] weight rows for every activation row of `job`.
+///
+/// # Safety
+/// The CPU has `D`'s features; `job` is a Q4_K or Q6_K matmul ([`has_panels`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -252,7 +409,13 @@ pub(crate) unsafe fn groups<D: Dots>(
     for g in g_lo..g_hi {
         let j0 = g * ROWS;
         // SAFETY: the caller runs on a CPU with `D`'s features.
-        unsafe { repack::<D>(job.data, job.n, job.k, j0, pn) };
+        unsafe {
+            if job.ty == WType::Q4K {
+                repack::<D, Q4K>(job.data, job.n, job.k, j0, pn)
+            } else {
+                repack::<D, Q6K>(job.data, job.n, job.k, j0, pn)
+            }
+        };
         let mut p0 = 0;
         while p0 < PANELS && j0 + p0 * LANES < job.n {
             let two = D::PANELS == 2 && j0 + LANES < job.n;
@@ -268,20 +431,41 @@ pub(crate) unsafe fn groups<D: Dots>(
                 };
                 // SAFETY: the caller runs on a CPU with `D`'s features.
                 unsafe {
-                    match (two, cc) {
-                        (true, 4) => tile::<D, 2, 4>(job, pn, j0, p0, c0),
-                        (true, 3) => tile::<D, 2, 3>(job, pn, j0, p0, c0),
-                        (true, 2) => tile::<D, 2, 2>(job, pn, j0, p0, c0),
-                        (true, _) => tile::<D, 2, 1>(job, pn, j0, p0, c0),
-                        (false, 4) => tile::<D, 1, 4>(job, pn, j0, p0, c0),
-                        (false, 3) => tile::<D, 1, 3>(job, pn, j0, p0, c0),
-                        (false, 2) => tile::<D, 1, 2>(job, pn, j0, p0, c0),
-                        (false, _) => tile::<D, 1, 1>(job, pn, j0, p0, c0),
+                    if job.ty == WType::Q4K {
+                        dispatch::<D, Q4K>(job, pn, j0, p0, c0, two, cc)
+                    } else {
+                        dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc)
                     }
                 }
                 c0 += cc;
             }
             p0 += if two { 2 } else { 1 };
+        }
+    }
+}
+
+/// [`tile`] for a run-time tile shape (two panels or one, `cc` activation rows).
+#[inline(always)]
+unsafe fn dispatch<D: Dots, const T: u8>(
+    job: &GroupJob<'_>,
+    pn: &PanelsK,
+    j0: usize,
+    p0: usize,
+    c0: usize,
+    two: bool,
+    cc: usize,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match (two, cc) {
+            (true, 4) => tile::<D, T, 2, 4>(job, pn, j0, p0, c0),
+            (true, 3) => tile::<D, T, 2, 3>(job, pn, j0, p0, c0),
+            (true, 2) => tile::<D, T, 2, 2>(job, pn, j0, p0, c0),
+            (true, _) => tile::<D, T, 2, 1>(job, pn, j0, p0, c0),
+            (false, 4) => tile::<D, T, 1, 4>(job, pn, j0, p0, c0),
+            (false, 3) => tile::<D, T, 1, 3>(job, pn, j0, p0, c0),
+            (false, 2) => tile::<D, T, 1, 2>(job, pn, j0, p0, c0),
+            (false, _) => tile::<D, T, 1, 1>(job, pn, j0, p0, c0),
         }
     }
 }

@@ -238,7 +238,7 @@ fn quantized_matmul(
         #[cfg(target_arch = "x86_64")]
         Some(path)
             if matches!(w.ty, WType::Q4_0 | WType::Q4_1 | WType::Q8_0)
-                || (w.ty == WType::Q4K && m > crate::IN_PLACE_MAX_ROWS) =>
+                || (crate::avx2_panel_k::has_panels(w.ty) && m > crate::IN_PLACE_MAX_ROWS) =>
         {
             let job = crate::avx2::GroupJob {
                 ty: w.ty,

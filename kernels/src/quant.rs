@@ -1,13 +1,13 @@
 //! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas (those of the
 //! types added later, and the dispatch over all, in `dots`), portable; the SIMD kernels are tested
-//! bit-equal against these. The K-quant formulas but Q4_K's do exactly the float operations of
-//! ggml's AVX2 code; Q4_0, Q4_1, Q8_0 and Q4_K do not (below).
+//! bit-equal against these. The K-quant formulas but Q4_K's and Q6_K's do exactly the float
+//! operations of ggml's AVX2 code; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K do not (below).
 //!
 //! The K-quant dots have ggml's shape: an exact integer dot per 4-element group, summed into 8
 //! i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32), then
 //! `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
-//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]) and
-//! Q4_K ([`dot_q4k`]) take the whole block's exact integers and FMAs per block instead, the
+//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]), Q4_K
+//! ([`dot_q4k`]) and Q6_K take the whole block's exact integers and FMAs per block instead, the
 //! shape a repacked panel of 8 weight rows computes in its lanes. The integer part is exact, so
 //! any evaluation order gives the same values; the float part is fixed here and in `avx2*`.
 
@@ -386,31 +386,28 @@ pub(crate) fn dot_q5k(w: &[u8], x: ActRow<'_>) -> f32 {
     hsum8(acc) + summs
 }
 
-/// Q6_K x Q8_K over a row (ggml `ggml_vec_dot_q6_K_q8_K`, AVX2, the current form): the
-/// levels are dotted unsigned (0..63) and the offset of 32 comes off each lane as
-/// `32 * (bsums[2l] * sc[2l] + bsums[2l + 1] * sc[2l + 1])`, before the per-block FMA.
+/// Q6_K x Q8_K over a row, in [`dot_q4k`]'s shape: the levels are dotted unsigned (0..63), the
+/// offset of 32 comes off as `32 * sum_s bsums[s] * sc[s]`, all in one exact integer per block
+/// (`|isum| <= 16 * 128 * (16 * 63 * 128 + 32 * 2048)`, under 2^31), then one FMA per block.
 #[inline(always)]
 pub(crate) fn dot_q6k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (b, blk) in w.chunks_exact(210).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &x.bsums[b * 16..b * 16 + 16];
         let d = x.d[b] * f16_at(blk, 208);
         let sc = |i: usize| (blk[192 + i] as i8) as i32;
-        let mut lanes = [0i32; 8];
+        let mut isum = 0i32;
         for (e, &xe) in xq.iter().enumerate() {
             let (q, is) = q6k_at(blk, e);
-            lanes[(e % 32) / 4] += sc(is) * (q + 32) * xe as i32;
+            isum += sc(is) * (q + 32) * xe as i32;
         }
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            *lane -=
-                32 * (bsums[2 * l] as i32 * sc(2 * l) + bsums[2 * l + 1] as i32 * sc(2 * l + 1));
+        for (s, &bs) in bsums.iter().enumerate() {
+            isum -= 32 * bs as i32 * sc(s);
         }
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        acc = d.mul_add(isum as f32, acc);
     }
-    hsum8(acc)
+    acc
 }
 
 /// Plain f32 dot for float weights (`w` already converted): 8 FMA lanes, [`hsum8`], then the
