@@ -1,7 +1,7 @@
 //! AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations: ggml's
 //! `ggml_vec_dot_q{4,5,6}_K_q8_K` AVX2 code, bit-identical to the portable formulas in `quant`
-//! (same exact integer lanes, same per-block FMA and final reductions; Q4_K's and Q6_K's
-//! per-block float work is the whole block's, as `quant::dot_q4k` says). Each kernel takes `R`
+//! (same exact integer lanes; the per-block float work is the whole block's, as
+//! `quant::dot_q4k` says). Each kernel takes `R`
 //! activation rows (1 at decode, 4 in batches), so a weight block's bits and scales are unpacked
 //! once for all of them, and each row's operations are those of `R` = 1.
 
@@ -70,9 +70,26 @@ fn scale_k4(scales: __m256i, i: i8) -> __m256i {
 /// Bit `bit` of each byte of `hbits` moved to bit 4 (the fifth bit of Q5_K's levels).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hi_bit(hbits: __m256i, bit: i32) -> __m256i {
+pub(crate) fn hi_bit(hbits: __m256i, bit: i32) -> __m256i {
     let h = _mm256_and_si256(hbits, _mm256_set1_epi8((1u8 << bit) as i8));
     _mm256_slli_epi16::<4>(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit)))
+}
+
+/// The float work of one Q4_K / Q5_K block for one row ([`crate::quant::dot_q4k`]): the lanes
+/// of the scaled dots `sumi` and of the mins products `imin4` reduced to their exact sums, then
+/// `acc = fma(d_x * d, isum, acc)` and `acc = fma(-(d_x * dmin), imin, acc)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_block_tail(acc: f32, dx: f32, dw: f32, mw: f32, sumi: __m256i, imin4: __m128i) -> f32 {
+    let isum4 = _mm_add_epi32(
+        _mm256_castsi256_si128(sumi),
+        _mm256_extracti128_si256::<1>(sumi),
+    );
+    // [isum, imin] in lanes 0 and 1, as floats.
+    let h = _mm_hadd_epi32(isum4, imin4);
+    let f = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
+    let acc = (dx * dw).mul_add(_mm_cvtss_f32(f), acc);
+    (-(dx * mw)).mul_add(_mm_cvtss_f32(_mm_movehdup_ps(f)), acc)
 }
 
 /// Asserts `x` holds the Q8_K blocks of a weight row of `ts`-byte blocks; returns the count.
@@ -140,19 +157,14 @@ pub(crate) unsafe fn dot_q4k_rows<D: Dots, const R: usize>(
             let (dw, mw) = (f16_at(blk, 0), f16_at(blk, 2));
             for r in 0..R {
                 let x = &xs[r];
-                let d = x.d[b] * dw;
-                let dmin = x.d[b] * mw;
-                let imin4 = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
-                let s = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
-                let isum4 =
-                    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-                // [isum, imin] in lanes 0 and 1, as floats.
-                let h = _mm_hadd_epi32(isum4, imin4);
-                let f = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
-                let isum = _mm_cvtss_f32(f);
-                let imin = _mm_cvtss_f32(_mm_movehdup_ps(f));
-                acc[r] = d.mul_add(isum, acc[r]);
-                acc[r] = (-dmin).mul_add(imin, acc[r]);
+                acc[r] = k4_block_tail(
+                    acc[r],
+                    x.d[b],
+                    dw,
+                    mw,
+                    _mm256_add_epi32(sumi[r][0], sumi[r][1]),
+                    _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..])),
+                );
             }
         }
         acc
@@ -266,8 +278,7 @@ pub(crate) unsafe fn dot_q5k_rows<D: Dots, const R: usize>(
             check_row(w, 176, x);
         }
         let m4 = _mm256_set1_epi8(0x0f);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut summs = [0f32; R];
+        let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(176).enumerate() {
             let ms = mins_and_scales(&blk[4..16]);
             let mins = _mm256_extracti128_si256::<1>(ms);
@@ -300,23 +311,19 @@ pub(crate) unsafe fn dot_q5k_rows<D: Dots, const R: usize>(
                 }
             }
             let (dw, mw) = (f16_at(blk, 0), f16_at(blk, 2));
-            let z = _mm_setzero_si128();
             for r in 0..R {
                 let x = &xs[r];
-                let d = x.d[b] * dw;
-                let dmin = -x.d[b] * mw;
-                let prod = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
-                let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, z), z);
-                summs[r] = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs[r]);
-                let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                acc[r] = k4_block_tail(
+                    acc[r],
+                    x.d[b],
+                    dw,
+                    mw,
+                    _mm256_add_epi32(sumi[r][0], sumi[r][1]),
+                    _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..])),
+                );
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum8(acc[r]) + summs[r];
-        }
-        out
+        acc
     }
 }
 

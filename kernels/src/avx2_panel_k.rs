@@ -1,32 +1,32 @@
-//! `avx2_panel_k`: the Q4_K and Q6_K matmuls for batches past the in-place dots (prefill, and
-//! decode of many sequences), on repacked 8-row panels as `avx2_panel` does for Q4_0 / Q4_1 /
-//! Q8_0.
+//! `avx2_panel_k`: the Q4_K, Q5_K and Q6_K matmuls for batches past the in-place dots
+//! (prefill, and decode of many sequences), on repacked 8-row panels as `avx2_panel` does for
+//! Q4_0 / Q4_1 / Q8_0.
 //!
 //! Each group of [`ROWS`] weight rows is repacked once per call ([`repack`]) into panels of 8
 //! rows. Per block (256 weights) and panel:
 //! - Q4_K: the 128 nibble bytes as 4 x 8 vectors: vector `(t, j)` holds bytes
 //!   `32t + 4j..32t + 4j + 4` of the 8 rows, so its low nibbles are elements `32s + 4j..+4` of
-//!   sub-block `s = 2t` and its high nibbles those of sub-block `2t + 1`. Q6_K: the 256 levels
-//!   unpacked to bytes (0..63) as 8 x 8 vectors, vector `(c, j)` holding elements
-//!   `32c + 4j..+4` of the 8 rows;
+//!   sub-block `s = 2t` and its high nibbles those of sub-block `2t + 1`. Q5_K and Q6_K: the
+//!   256 levels unpacked to bytes (0..31, 0..63) as 8 x 8 vectors, vector `(c, j)` holding
+//!   elements `32c + 4j..+4` of the 8 rows;
 //! - the scales as i16 pairs, one vector per pair of sub-blocks holding the 8 rows' pair
-//!   (Q4_K: `ggml`'s `utmp` unpack per row, vector `t` the scale pair `(sc[2t], sc[2t + 1])`,
+//!   (Q4_K, Q5_K: `ggml`'s `utmp` unpack per row, vector `t` the scale pair `(sc[2t], sc[2t + 1])`,
 //!   vector `4 + t` the min pair; Q6_K: vector `t` the signed scales of its 16-element
 //!   sub-blocks `2t` and `2t + 1`);
-//! - `d` (and Q4_K's `dmin`) widened to f32, 8 rows side by side.
+//! - `d` (and Q4_K's, Q5_K's `dmin`) widened to f32, 8 rows side by side.
 //!
 //! A `dpbusd` of a level vector with the activation's 4 bytes broadcast adds 4 products to
 //! each row's lane; a sub-block's steps give its integer dot of 8 rows, times the rows' scales
-//! (`vpmulld`) into `isum`. The mins (Q4_K) and the level offset of 32 (Q6_K) meet the
-//! activation's `bsums` through `vpmaddwd`. These are the exact integers of `quant::dot_q4k`
-//! and `quant::dot_q6k`, and the FMAs per block are their float operations, lane by lane, so
+//! (`vpmulld`) into `isum`. The mins (Q4_K, Q5_K) and the level offset of 32 (Q6_K) meet the
+//! activation's `bsums` through `vpmaddwd`. These are the exact integers of `quant::dot_q4k`,
+//! `dot_q5k` and `dot_q6k`, and the FMAs per block are their float operations, lane by lane, so
 //! every row has the bits of the in-place dots (`avx2_kquant`) and of the portable formulas.
 
 use std::arch::x86_64::*;
 
 use crate::WType;
 use crate::avx2::GroupJob;
-use crate::avx2_kquant::mins_and_scales;
+use crate::avx2_kquant::{hi_bit, mins_and_scales};
 use crate::avx2_panel::{LANES, ROWS, transpose8x8_words};
 use crate::isa::Dots;
 use crate::quant::QK_K;
@@ -35,13 +35,15 @@ const PANELS: usize = ROWS / LANES;
 /// Level vectors of one block of one panel: Q4_K 4 pairs of sub-blocks x 8 steps of nibbles,
 /// Q6_K 8 chunks of 32 x 8 steps of bytes.
 const QVECS_Q4K: usize = 32;
-const QVECS_Q6K: usize = 64;
+/// Q5_K and Q6_K: levels unpacked to bytes, 8 chunks of 32 x 8 steps.
+const QVECS_BYTES: usize = 64;
 
 /// The K-quant types with panels, as the const parameter of the kernels.
 const Q4K: u8 = 0;
-const Q6K: u8 = 1;
+const Q5K: u8 = 1;
+const Q6K: u8 = 2;
 
-/// A repacked group of Q4_K or Q6_K weight rows (reused across calls).
+/// A repacked group of Q4_K, Q5_K or Q6_K weight rows (reused across calls).
 #[derive(Default)]
 pub(crate) struct PanelsK {
     /// `nb x PANELS x QVECS_*` level vectors, as the module doc says.
@@ -55,7 +57,7 @@ pub(crate) struct PanelsK {
 
 /// Whether `ty` has panels here.
 pub(crate) fn has_panels(ty: WType) -> bool {
-    matches!(ty, WType::Q4K | WType::Q6K)
+    matches!(ty, WType::Q4K | WType::Q5K | WType::Q6K)
 }
 
 /// Repacks weight rows `j0..j0 + ROWS` of type `T` (rows past `n` become zeros) into `pn`.
@@ -73,10 +75,10 @@ unsafe fn repack<D: Dots, const T: u8>(
     pn: &mut PanelsK,
 ) {
     let nb = k / QK_K;
-    let (ts, qv) = if T == Q4K {
-        (144, QVECS_Q4K)
-    } else {
-        (210, QVECS_Q6K)
+    let (ts, qv) = match T {
+        Q4K => (144, QVECS_Q4K),
+        Q5K => (176, QVECS_BYTES),
+        _ => (210, QVECS_BYTES),
     };
     let rb = nb * ts;
     assert!(data.len() >= n * rb);
@@ -103,15 +105,34 @@ unsafe fn repack<D: Dots, const T: u8>(
                         continue;
                     }
                     let blk = data.as_ptr().add(j * rb + b * ts);
-                    if T == Q4K {
+                    if T == Q4K || T == Q5K {
                         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
                             blk.cast::<i32>(),
                         )));
                         pn.d[b * ROWS + r] = _mm_cvtss_f32(dm);
                         pn.dmin[b * ROWS + r] = _mm_cvtss_f32(_mm_movehdup_ps(dm));
                         sm[l] = mins_and_scales(std::slice::from_raw_parts(blk.add(4), 12));
+                    }
+                    if T == Q4K {
                         for (t, q) in qs.iter_mut().take(4).enumerate() {
                             q[l] = _mm256_loadu_si256(blk.add(16 + 32 * t).cast());
+                        }
+                        continue;
+                    }
+                    if T == Q5K {
+                        // qh 16..48, qs 48..176: chunk 2t the low nibbles of bytes 32t.., plus
+                        // bit 2t of qh; chunk 2t + 1 the high nibbles, plus bit 2t + 1.
+                        let hbits = _mm256_loadu_si256(blk.add(16).cast());
+                        for t in 0..4 {
+                            let bits = _mm256_loadu_si256(blk.add(48 + 32 * t).cast());
+                            qs[2 * t][l] = _mm256_add_epi8(
+                                _mm256_and_si256(bits, m15),
+                                hi_bit(hbits, 2 * t as i32),
+                            );
+                            qs[2 * t + 1][l] = _mm256_add_epi8(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m15),
+                                hi_bit(hbits, 2 * t as i32 + 1),
+                            );
                         }
                         continue;
                     }
@@ -178,7 +199,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
         let nb = k / QK_K;
         let acts = job.acts;
         assert!(p0 + PP <= PANELS && c0 + CC <= job.m);
-        let qv = if T == Q4K { QVECS_Q4K } else { QVECS_Q6K };
+        let qv = if T == Q4K { QVECS_Q4K } else { QVECS_BYTES };
         assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
         assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
@@ -193,7 +214,13 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 let mut isum = [[_mm256_setzero_si256(); CC]; PP];
                 let mut imin = [[_mm256_setzero_si256(); CC]; PP];
                 if T == Q4K {
-                    q4k_block::<D, PP, CC>(qb, smb, xq, k, b, acts, c0, nb, &mut isum, &mut imin);
+                    k4_block::<D, Q4K, PP, CC>(
+                        qb, smb, xq, k, b, acts, c0, nb, &mut isum, &mut imin,
+                    );
+                } else if T == Q5K {
+                    k4_block::<D, Q5K, PP, CC>(
+                        qb, smb, xq, k, b, acts, c0, nb, &mut isum, &mut imin,
+                    );
                 } else {
                     q6k_block::<D, PP, CC>(qb, smb, xq, k, b, acts, c0, nb, &mut isum);
                 }
@@ -211,7 +238,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                             _mm256_cvtepi32_ps(isum[p][c]),
                             acc[p][c],
                         );
-                        if T == Q4K {
+                        if T != Q6K {
                             acc[p][c] = _mm256_fnmadd_ps(
                                 _mm256_mul_ps(mw[p], dx),
                                 _mm256_cvtepi32_ps(imin[p][c]),
@@ -247,16 +274,16 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     }
 }
 
-/// Q4_K's integer part of one block for the `PP x CC` tile: per sub-block `s`, 8 `dpbusd` steps
-/// of nibbles times the rows' scales into `isum`; the mins against the activation's `bsums`
-/// pairs into `imin`.
+/// Q4_K's or Q5_K's (`T`) integer part of one block for the `PP x CC` tile: per sub-block `s`,
+/// 8 `dpbusd` steps of levels (Q4_K's nibbles, Q5_K's bytes) times the rows' scales into
+/// `isum`; the mins against the activation's `bsums` pairs into `imin`.
 ///
 /// # Safety
 /// As [`tile`]'s: `qb`, `smb` point at block `b` of panel `p0`, `xq` at activation row `c0`,
 /// and the tile's rows and blocks are in bounds.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn q4k_block<D: Dots, const PP: usize, const CC: usize>(
+unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     qb: *const __m256i,
     smb: *const __m256i,
     xq: *const i8,
@@ -277,6 +304,9 @@ unsafe fn q4k_block<D: Dots, const PP: usize, const CC: usize>(
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for step in 0..LANES {
                 let w: [__m256i; PP] = std::array::from_fn(|p| {
+                    if T == Q5K {
+                        return *qb.add(p * QVECS_BYTES + LANES * s + step);
+                    }
                     let v = *qb.add(p * QVECS_Q4K + LANES * t + step);
                     let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
                     _mm256_and_si256(v, m4)
@@ -350,7 +380,7 @@ unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
             for st in 0..4 {
                 let step = 4 * half + st;
                 let w: [__m256i; PP] =
-                    std::array::from_fn(|p| *qb.add(p * QVECS_Q6K + LANES * c32 + step));
+                    std::array::from_fn(|p| *qb.add(p * QVECS_BYTES + LANES * c32 + step));
                 for c in 0..CC {
                     let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);
                     let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
@@ -393,7 +423,7 @@ unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
 /// Groups `g_lo..g_hi` of [`ROWS`] weight rows for every activation row of `job`.
 ///
 /// # Safety
-/// The CPU has `D`'s features; `job` is a Q4_K or Q6_K matmul ([`has_panels`]).
+/// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul ([`has_panels`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -410,10 +440,10 @@ pub(crate) unsafe fn groups<D: Dots>(
         let j0 = g * ROWS;
         // SAFETY: the caller runs on a CPU with `D`'s features.
         unsafe {
-            if job.ty == WType::Q4K {
-                repack::<D, Q4K>(job.data, job.n, job.k, j0, pn)
-            } else {
-                repack::<D, Q6K>(job.data, job.n, job.k, j0, pn)
+            match job.ty {
+                WType::Q4K => repack::<D, Q4K>(job.data, job.n, job.k, j0, pn),
+                WType::Q5K => repack::<D, Q5K>(job.data, job.n, job.k, j0, pn),
+                _ => repack::<D, Q6K>(job.data, job.n, job.k, j0, pn),
             }
         };
         let mut p0 = 0;
@@ -431,10 +461,10 @@ pub(crate) unsafe fn groups<D: Dots>(
                 };
                 // SAFETY: the caller runs on a CPU with `D`'s features.
                 unsafe {
-                    if job.ty == WType::Q4K {
-                        dispatch::<D, Q4K>(job, pn, j0, p0, c0, two, cc)
-                    } else {
-                        dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc)
+                    match job.ty {
+                        WType::Q4K => dispatch::<D, Q4K>(job, pn, j0, p0, c0, two, cc),
+                        WType::Q5K => dispatch::<D, Q5K>(job, pn, j0, p0, c0, two, cc),
+                        _ => dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc),
                     }
                 }
                 c0 += cc;

@@ -20,7 +20,8 @@
 //! - `avx2_panel`: the Q4_0/Q4_1/Q8_0 matmul for batches (prefill, many sequences): weight rows
 //!   repacked into 8-row panels once per group, so `vpdpbusd` with a broadcast activation word
 //!   leaves each row's block dot in its own lane.
-//! - `avx2_panel_k`: the same for Q4_K and Q6_K (levels, scales and mins repacked per 8 rows).
+//! - `avx2_panel_k`: the same for Q4_K, Q5_K and Q6_K (levels, scales and mins repacked per 8
+//!   rows).
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations,
 //!   one or four activation rows per unpacked weight row.
 //! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS,

@@ -1,13 +1,13 @@
 //! Activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas (those of the
 //! types added later, and the dispatch over all, in `dots`), portable; the SIMD kernels are tested
-//! bit-equal against these. The K-quant formulas but Q4_K's and Q6_K's do exactly the float
-//! operations of ggml's AVX2 code; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K do not (below).
+//! bit-equal against these. The K-quant formulas but Q4_K's, Q5_K's and Q6_K's do exactly the
+//! float operations of ggml's AVX2 code; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K do not (below).
 //!
 //! The K-quant dots have ggml's shape: an exact integer dot per 4-element group, summed into 8
 //! i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32), then
 //! `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
 //! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]), Q4_K
-//! ([`dot_q4k`]) and Q6_K take the whole block's exact integers and FMAs per block instead, the
+//! ([`dot_q4k`]), Q5_K and Q6_K take the whole block's exact integers and FMAs per block instead, the
 //! shape a repacked panel of 8 weight rows computes in its lanes. The integer part is exact, so
 //! any evaluation order gives the same values; the float part is fixed here and in `avx2*`.
 
@@ -348,42 +348,39 @@ pub(crate) fn dot_q4k(w: &[u8], x: ActRow<'_>) -> f32 {
     acc
 }
 
-/// Q5_K x Q8_K over a row (ggml `ggml_vec_dot_q5_K_q8_K`, AVX2): as Q4_K with 5-bit levels,
-/// but the min term is one exact integer per block folded into a scalar `summs` with an FMA
-/// (ggml's `summs += dmin * hsum`, contracted).
+/// Q5_K x Q8_K over a row, in [`dot_q4k`]'s shape with 5-bit levels (the fifth bit from `qh`):
+/// per block the exact `isum` and `imin`, then two FMAs.
 #[inline(always)]
 pub(crate) fn dot_q5k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut summs = 0f32;
+    let mut acc = 0f32;
     for (b, blk) in w.chunks_exact(176).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &x.bsums[b * 16..b * 16 + 16];
         let d = x.d[b] * f16_at(blk, 0);
-        let dmin = -x.d[b] * f16_at(blk, 2);
+        let dmin = x.d[b] * f16_at(blk, 2);
         let scales = &blk[4..16];
         let qh = &blk[16..48];
         let qs = &blk[48..176];
-        let mut lanes = [0i32; 8];
-        let mut mins = 0i32;
+        let (mut isum, mut imin) = (0i32, 0i32);
         for g in 0..4 {
             let (sc1, m1) = scale_min_k4(2 * g, scales);
             let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-            mins += m1 as i32 * (bsums[4 * g] as i32 + bsums[4 * g + 1] as i32)
+            imin += m1 as i32 * (bsums[4 * g] as i32 + bsums[4 * g + 1] as i32)
                 + m2 as i32 * (bsums[4 * g + 2] as i32 + bsums[4 * g + 3] as i32);
+            let (mut d1, mut d2) = (0i32, 0i32);
             for l in 0..32 {
                 let q = qs[32 * g + l];
                 let lo = (q & 0x0f) as i32 + (((qh[l] >> (2 * g)) & 1) as i32) * 16;
                 let hi = (q >> 4) as i32 + (((qh[l] >> (2 * g + 1)) & 1) as i32) * 16;
-                lanes[l / 4] += sc1 as i32 * lo * xq[64 * g + l] as i32
-                    + sc2 as i32 * hi * xq[64 * g + 32 + l] as i32;
+                d1 += lo * xq[64 * g + l] as i32;
+                d2 += hi * xq[64 * g + 32 + l] as i32;
             }
+            isum += sc1 as i32 * d1 + sc2 as i32 * d2;
         }
-        summs = dmin.mul_add(mins as f32, summs);
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        acc = d.mul_add(isum as f32, acc);
+        acc = (-dmin).mul_add(imin as f32, acc);
     }
-    hsum8(acc) + summs
+    acc
 }
 
 /// Q6_K x Q8_K over a row, in [`dot_q4k`]'s shape: the levels are dotted unsigned (0..63), the
