@@ -233,7 +233,14 @@ unsafe fn weights_dot4<D: Dots>(
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
         match ty {
-            WType::Q4K => Some(crate::avx2_kquant::dot_q4k_w4::<D>(ws, x, ahead)),
+            WType::Q4K => Some(crate::avx2_kquant::dot_k_w4::<
+                D,
+                { crate::avx2_kquant::W4_Q4K },
+            >(ws, x, ahead)),
+            WType::Q6K => Some(crate::avx2_kquant::dot_k_w4::<
+                D,
+                { crate::avx2_kquant::W4_Q6K },
+            >(ws, x, ahead)),
             _ => None,
         }
     }

@@ -108,14 +108,56 @@ pub(crate) unsafe fn dot_q4k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
     unsafe { dot_q4k_rows::<D, 1>(w, [x])[0] }
 }
 
+/// One Q4_K block's integer work for `R` activation rows: per row the 8 lanes of its scaled
+/// sub-block dots (exact), and the block's 8 mins (i16, for the `bsums` pairs).
+///
+/// # Safety
+/// The CPU has `D`'s features; `blk` is one 144-byte block and block `b` of each row of `xs`
+/// is in bounds (`check_row`).
+#[inline(always)]
+unsafe fn q4k_block<D: Dots, const R: usize>(
+    blk: &[u8],
+    b: usize,
+    xs: &[ActRow<'_>; R],
+) -> ([__m256i; R], __m128i) {
+    // SAFETY: the caller's promise; `blk` is 144 bytes (qs at 16..144) and block `b` of each
+    // `x.qs` holds 256 bytes.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ms = mins_and_scales(&blk[4..16]);
+        let sc128 = _mm256_castsi256_si128(ms);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        // Two accumulators a row: a chained `vpdpwssd` waits its full latency each step;
+        // integer adds are exact, so splitting the sum changes no bit.
+        let mut sumi = [[_mm256_setzero_si256(); 2]; R];
+        let q4 = blk.as_ptr().add(16);
+        for j in 0..4 {
+            let scale_l = scale_k4(scales, 2 * j as i8);
+            let scale_h = scale_k4(scales, 2 * j as i8 + 1);
+            let bits = _mm256_loadu_si256(q4.add(32 * j).cast());
+            let q4l = _mm256_and_si256(bits, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            for (x, sumi) in xs.iter().zip(&mut sumi) {
+                let q8 = x.qs.as_ptr().add(b * QK_K);
+                let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
+                let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
+                sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
+            }
+        }
+        (
+            sumi.map(|s| _mm256_add_epi32(s[0], s[1])),
+            _mm256_extracti128_si256::<1>(ms),
+        )
+    }
+}
+
 /// Q4_K x Q8_K of one weight row with `R` activation rows: each weight block is unpacked once
 /// for all of them, and each row's result takes the same operations in the same order as
 /// [`dot_q4k`] (which is this with `R` = 1), so it is bit-identical whatever `R`. Per block and
 /// row, the two exact integers of [`crate::quant::dot_q4k`] come out of one horizontal
 /// reduction, then two scalar FMAs.
 #[inline(always)]
-// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
-#[allow(unused_unsafe)]
 pub(crate) unsafe fn dot_q4k_rows<D: Dots, const R: usize>(
     w: &[u8],
     xs: [ActRow<'_>; R],
@@ -125,130 +167,102 @@ pub(crate) unsafe fn dot_q4k_rows<D: Dots, const R: usize>(
         for x in &xs {
             check_row(w, 144, x);
         }
-        let m4 = _mm256_set1_epi8(0x0f);
         let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(144).enumerate() {
-            let ms = mins_and_scales(&blk[4..16]);
-            let mins = _mm256_extracti128_si256::<1>(ms);
-            let sc128 = _mm256_castsi256_si128(ms);
-            let scales = _mm256_set_m128i(sc128, sc128);
-            // Two accumulators a row: a chained `vpdpwssd` waits its full latency each step;
-            // integer adds are exact, so splitting the sum changes no bit.
-            let mut sumi = [[_mm256_setzero_si256(); 2]; R];
-            // SAFETY: `blk` is 144 bytes (qs at 16..144) and row `b` of each `x.qs` holds 256
-            // bytes (checked in `check_row`).
-            unsafe {
-                let q4 = blk.as_ptr().add(16);
-                for j in 0..4 {
-                    let scale_l = scale_k4(scales, 2 * j as i8);
-                    let scale_h = scale_k4(scales, 2 * j as i8 + 1);
-                    let bits = _mm256_loadu_si256(q4.add(32 * j).cast());
-                    let q4l = _mm256_and_si256(bits, m4);
-                    let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                    for (x, sumi) in xs.iter().zip(&mut sumi) {
-                        let q8 = x.qs.as_ptr().add(b * QK_K);
-                        let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
-                        let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
-                        sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                        sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
-                    }
-                }
-            }
+            let (sumi, mins) = q4k_block::<D, R>(blk, b, &xs);
             let (dw, mw) = (f16_at(blk, 0), f16_at(blk, 2));
             for r in 0..R {
                 let x = &xs[r];
-                acc[r] = k4_block_tail(
-                    acc[r],
-                    x.d[b],
-                    dw,
-                    mw,
-                    _mm256_add_epi32(sumi[r][0], sumi[r][1]),
-                    _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..])),
-                );
+                let imin4 = _mm_madd_epi16(mins, bsum_pairs(&x.bsums[b * 16..]));
+                acc[r] = k4_block_tail(acc[r], x.d[b], dw, mw, sumi[r], imin4);
             }
         }
         acc
     }
 }
 
-/// Q4_K x Q8_K of four weight rows with one activation row (decode): per block each row's
-/// integer dots as in [`dot_q4k_rows`], then one horizontal reduction for the four rows'
-/// `isum` and one for their `imin` (`vphaddd` trees), and the float work of
-/// [`crate::quant::dot_q4k`] on the four rows side by side in one vector's lanes: the same bits
-/// as four calls of [`dot_q4k`], for a quarter of their reductions and float operations.
-/// Each block is prefetched `ahead` bytes on (0: no prefetch of use).
+/// The K-quant types with a four-weight-row decode kernel ([`dot_k_w4`]).
+pub(crate) const W4_Q4K: u8 = 0;
+pub(crate) const W4_Q6K: u8 = 1;
+
+/// Q4_K (`T` = [`W4_Q4K`]) or Q6_K ([`W4_Q6K`]) x Q8_K of four weight rows with one activation
+/// row (decode): per block each row's integer lanes as the one-row kernels compute them, then
+/// one horizontal reduction for the four rows' sums (`vphaddd` trees), and the float work of
+/// [`crate::quant::dot_q4k`] / [`crate::quant::dot_q6k`] on the four rows side by side in one
+/// vector's lanes: the same bits as four calls of [`dot_q4k`] / [`dot_q6k`], for a quarter of
+/// their reductions and float operations. Each block is prefetched `ahead` bytes on (the next
+/// group's rows; the four rows' interleaved blocks are not a stream the hardware follows).
 #[inline(always)]
-// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
-#[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q4k_w4<D: Dots>(ws: [&[u8]; 4], x: ActRow<'_>, ahead: usize) -> [f32; 4] {
+pub(crate) unsafe fn dot_k_w4<D: Dots, const T: u8>(
+    ws: [&[u8]; 4],
+    x: ActRow<'_>,
+    ahead: usize,
+) -> [f32; 4] {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
-        let nb = check_row(ws[0], 144, &x);
+        let ts = if T == W4_Q4K { 144 } else { 210 };
+        let nb = check_row(ws[0], ts, &x);
         assert!(ws.iter().all(|w| w.len() == ws[0].len()));
-        let m4 = _mm256_set1_epi8(0x0f);
+        let xs = [x];
         let mut acc = _mm_setzero_ps();
         for b in 0..nb {
-            let q8 = x.qs.as_ptr().add(b * QK_K);
-            let bp = bsum_pairs(&x.bsums[b * 16..]);
             let mut isum = [_mm256_setzero_si256(); 4];
             let mut imin = [_mm_setzero_si128(); 4];
+            // Q4_K: each row's (d, dmin) f16 pair; Q6_K: its d.
             let mut dm = [0i32; 4];
+            let bp = if T == W4_Q4K {
+                bsum_pairs(&x.bsums[b * 16..])
+            } else {
+                _mm_setzero_si128()
+            };
             for (r, w) in ws.iter().enumerate() {
-                let blk = &w[b * 144..(b + 1) * 144];
-                // The four rows' blocks interleave, which the hardware prefetchers do not
-                // follow: fetch this block of the row `ahead` bytes on (the next group's).
+                let blk = &w[b * ts..(b + 1) * ts];
                 let next = blk.as_ptr().wrapping_add(ahead);
-                for line in [0, 64, 128] {
+                for line in (0..ts).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
                 }
-                let ms = mins_and_scales(&blk[4..16]);
-                imin[r] = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), bp);
-                let sc128 = _mm256_castsi256_si128(ms);
-                let scales = _mm256_set_m128i(sc128, sc128);
-                let mut sumi = [_mm256_setzero_si256(); 2];
-                // SAFETY: `blk` is 144 bytes (qs at 16..144) and block `b` of `x.qs` holds 256
-                // bytes (checked in `check_row`).
-                unsafe {
-                    let q4 = blk.as_ptr().add(16);
-                    for j in 0..4 {
-                        let scale_l = scale_k4(scales, 2 * j as i8);
-                        let scale_h = scale_k4(scales, 2 * j as i8 + 1);
-                        let bits = _mm256_loadu_si256(q4.add(32 * j).cast());
-                        let q4l = _mm256_and_si256(bits, m4);
-                        let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                        let q8l = _mm256_loadu_si256(q8.add(64 * j).cast());
-                        let q8h = _mm256_loadu_si256(q8.add(64 * j + 32).cast());
-                        sumi[0] = D::dpwssd(sumi[0], scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                        sumi[1] = D::dpwssd(sumi[1], scale_h, _mm256_maddubs_epi16(q4h, q8h));
-                    }
+                if T == W4_Q4K {
+                    let (sumi, mins) = q4k_block::<D, 1>(blk, b, &xs);
+                    isum[r] = sumi[0];
+                    imin[r] = _mm_madd_epi16(mins, bp);
+                    dm[r] = std::ptr::read_unaligned(blk.as_ptr().cast::<i32>());
+                } else {
+                    isum[r] = q6k_block::<D, 1>(blk, b, &xs)[0];
+                    dm[r] = std::ptr::read_unaligned(blk.as_ptr().add(208).cast::<u16>()) as i32;
                 }
-                isum[r] = _mm256_add_epi32(sumi[0], sumi[1]);
-                dm[r] = std::ptr::read_unaligned(blk.as_ptr().cast::<i32>());
             }
-            // Lane r of each: row r's sum (integer adds in any order are exact).
+            // Lane r: row r's sum (integer adds in any order are exact).
             let h = _mm256_hadd_epi32(
                 _mm256_hadd_epi32(isum[0], isum[1]),
                 _mm256_hadd_epi32(isum[2], isum[3]),
             );
             let isum4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-            let imin4 = _mm_hadd_epi32(
-                _mm_hadd_epi32(imin[0], imin[1]),
-                _mm_hadd_epi32(imin[2], imin[3]),
-            );
-            // The rows' (d, dmin) f16 pairs widened: d in even lanes, dmin in odd ones.
-            let dmf = _mm256_cvtph_ps(_mm_setr_epi32(dm[0], dm[1], dm[2], dm[3]));
-            let dmf = _mm256_castps_si256(dmf);
-            let idx_d = _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0);
-            let idx_m = _mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0);
-            let dw = _mm256_castps256_ps128(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(
-                dmf, idx_d,
-            )));
-            let mw = _mm256_castps256_ps128(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(
-                dmf, idx_m,
-            )));
             let dx = _mm_set1_ps(x.d[b]);
-            acc = _mm_fmadd_ps(_mm_mul_ps(dx, dw), _mm_cvtepi32_ps(isum4), acc);
-            acc = _mm_fnmadd_ps(_mm_mul_ps(dx, mw), _mm_cvtepi32_ps(imin4), acc);
+            if T == W4_Q4K {
+                let imin4 = _mm_hadd_epi32(
+                    _mm_hadd_epi32(imin[0], imin[1]),
+                    _mm_hadd_epi32(imin[2], imin[3]),
+                );
+                // d in the even lanes, dmin in the odd ones.
+                let dmf = _mm256_castps_si256(_mm256_cvtph_ps(_mm_setr_epi32(
+                    dm[0], dm[1], dm[2], dm[3],
+                )));
+                let pick = |idx: __m256i| {
+                    _mm256_castps256_ps128(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(
+                        dmf, idx,
+                    )))
+                };
+                let dw = pick(_mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0));
+                let mw = pick(_mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0));
+                acc = _mm_fmadd_ps(_mm_mul_ps(dx, dw), _mm_cvtepi32_ps(isum4), acc);
+                acc = _mm_fnmadd_ps(_mm_mul_ps(dx, mw), _mm_cvtepi32_ps(imin4), acc);
+            } else {
+                let dw = _mm_cvtph_ps(_mm_packus_epi32(
+                    _mm_setr_epi32(dm[0], dm[1], dm[2], dm[3]),
+                    _mm_setzero_si128(),
+                ));
+                acc = _mm_fmadd_ps(_mm_mul_ps(dx, dw), _mm_cvtepi32_ps(isum4), acc);
+            }
         }
         let mut out = [0f32; 4];
         _mm_storeu_ps(out.as_mut_ptr(), acc);
@@ -348,62 +362,79 @@ pub(crate) unsafe fn dot_q6k_rows<D: Dots, const R: usize>(
         for x in &xs {
             check_row(w, 210, x);
         }
-        let m3 = _mm256_set1_epi8(3);
-        let m15 = _mm256_set1_epi8(15);
         let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(210).enumerate() {
-            // SAFETY: `blk` is 210 bytes (ql 0..128, qh 128..192, scales 192..208), row `b` of
-            // each `x.qs` holds 256 bytes and of each `x.bsums` 16 (checked in `check_row`).
-            unsafe {
-                let scales = _mm_loadu_si128(blk.as_ptr().add(192).cast());
-                // Two accumulators a row, as in `dot_q4k_rows`.
-                let mut sumi = [[_mm256_setzero_si256(); 2]; R];
-                for j in 0..2 {
-                    let q4 = blk.as_ptr().add(64 * j);
-                    let qh = blk.as_ptr().add(128 + 32 * j);
-                    let bits1 = _mm256_loadu_si256(q4.cast());
-                    let bits2 = _mm256_loadu_si256(q4.add(32).cast());
-                    let bits_h = _mm256_loadu_si256(qh.cast());
-                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bits_h, m3));
-                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(12)));
-                    let h2 = _mm256_and_si256(bits_h, _mm256_set1_epi8(48));
-                    let h3 =
-                        _mm256_srli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(-64)));
-                    let q = [
-                        _mm256_or_si256(_mm256_and_si256(bits1, m15), h0),
-                        _mm256_or_si256(_mm256_and_si256(bits2, m15), h1),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m15), h2),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15), h3),
-                    ];
-                    for (i, qi) in q.iter().enumerate() {
-                        // Scales 8j + 2i (elements 0..16 of this 32) and 8j + 2i + 1 (16..32).
-                        let s = (8 * j + 2 * i) as i8;
-                        let shuf = _mm_set_epi64x(
-                            i64::from_ne_bytes([s as u8 + 1; 8]),
-                            i64::from_ne_bytes([s as u8; 8]),
-                        );
-                        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
-                        for (x, sumi) in xs.iter().zip(&mut sumi) {
-                            let q8 = x.qs.as_ptr().add(b * QK_K + 128 * j);
-                            let x8 = _mm256_loadu_si256(q8.add(32 * i).cast());
-                            let p16 = _mm256_maddubs_epi16(*qi, x8);
-                            sumi[i % 2] = D::dpwssd(sumi[i % 2], sc, p16);
-                        }
-                    }
-                }
-                let dw = f16_at(blk, 208);
-                let sc16 = _mm256_cvtepi8_epi16(scales);
-                for r in 0..R {
-                    let x = &xs[r];
-                    let d = x.d[b] * dw;
-                    let q8sums = _mm256_loadu_si256(x.bsums.as_ptr().add(b * 16).cast());
-                    let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, sc16));
-                    let sumi = _mm256_sub_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]), q8sclsub);
-                    acc[r] = d.mul_add(hsum_epi32(sumi) as f32, acc[r]);
-                }
+            let sumi = q6k_block::<D, R>(blk, b, &xs);
+            let dw = f16_at(blk, 208);
+            for r in 0..R {
+                acc[r] = (xs[r].d[b] * dw).mul_add(hsum_epi32(sumi[r]) as f32, acc[r]);
             }
         }
         acc
+    }
+}
+
+/// One Q6_K block's integer work for `R` activation rows: per row 8 lanes whose sum is the
+/// block's exact `isum` ([`crate::quant::dot_q6k`]: unsigned levels times the signed scales,
+/// less `32 * bsums . scales`).
+///
+/// # Safety
+/// The CPU has `D`'s features; `blk` is one 210-byte block and block `b` of each row of `xs`
+/// is in bounds (`check_row`).
+#[inline(always)]
+unsafe fn q6k_block<D: Dots, const R: usize>(
+    blk: &[u8],
+    b: usize,
+    xs: &[ActRow<'_>; R],
+) -> [__m256i; R] {
+    // SAFETY: the caller's promise; `blk` is 210 bytes (ql 0..128, qh 128..192, scales
+    // 192..208), block `b` of each `x.qs` holds 256 bytes and of each `x.bsums` 16.
+    unsafe {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        let scales = _mm_loadu_si128(blk.as_ptr().add(192).cast());
+        // Two accumulators a row, as in `q4k_block`.
+        let mut sumi = [[_mm256_setzero_si256(); 2]; R];
+        for j in 0..2 {
+            let q4 = blk.as_ptr().add(64 * j);
+            let qh = blk.as_ptr().add(128 + 32 * j);
+            let bits1 = _mm256_loadu_si256(q4.cast());
+            let bits2 = _mm256_loadu_si256(q4.add(32).cast());
+            let bits_h = _mm256_loadu_si256(qh.cast());
+            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bits_h, m3));
+            let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(12)));
+            let h2 = _mm256_and_si256(bits_h, _mm256_set1_epi8(48));
+            let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(-64)));
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(bits1, m15), h0),
+                _mm256_or_si256(_mm256_and_si256(bits2, m15), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m15), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15), h3),
+            ];
+            for (i, qi) in q.iter().enumerate() {
+                // Scales 8j + 2i (elements 0..16 of this 32) and 8j + 2i + 1 (16..32).
+                let s = (8 * j + 2 * i) as i8;
+                let shuf = _mm_set_epi64x(
+                    i64::from_ne_bytes([s as u8 + 1; 8]),
+                    i64::from_ne_bytes([s as u8; 8]),
+                );
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
+                for (x, sumi) in xs.iter().zip(&mut sumi) {
+                    let q8 = x.qs.as_ptr().add(b * QK_K + 128 * j);
+                    let x8 = _mm256_loadu_si256(q8.add(32 * i).cast());
+                    let p16 = _mm256_maddubs_epi16(*qi, x8);
+                    sumi[i % 2] = D::dpwssd(sumi[i % 2], sc, p16);
+                }
+            }
+        }
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        let mut out = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let q8sums = _mm256_loadu_si256(xs[r].bsums.as_ptr().add(b * 16).cast());
+            let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, sc16));
+            out[r] = _mm256_sub_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]), q8sclsub);
+        }
+        out
     }
 }
 
