@@ -6,7 +6,9 @@
 #   tests/gpu/gpu-check.sh run     # on the GPU machine, in one call: GPU tests (CUDA vs CPU on
 #                                  # fresh random inputs), device bandwidth, then the benchmark:
 #                                  # synthetic smollm2-135m and llama-3-8b, F16 and Q4_K, at
-#                                  # concurrency 1,16,64,256; logs and JSON under $OUT, table last.
+#                                  # concurrency 1,16,64,256; logs under $OUT, table last, its rows
+#                                  # as JSON in tests/gpu/results/DATE.json (tests/gpu/results.py),
+#                                  # copied to $OUT/results-DATE.json to bring back and commit.
 #
 # The device call: run(command="bash tests/gpu/gpu-check.sh run", carry=[".gpu"], timeout_s=...).
 set -uo pipefail
@@ -94,32 +96,13 @@ EOF
   bench llama-3-8b-q6_k 1,16 --synthetic llama-3-8b --precision q6_k
   TPSLAB_CUDA_MMVQ=1 bench llama-3-8b-q6_k-mmvq 1,16 --synthetic llama-3-8b --precision q6_k
   echo "== table"
-  python3 - "$out" <<'EOF'
-import json, sys, os, re
-out = sys.argv[1]
-bw = None
-try:
-    bw = float(re.search(r"bandwidth_gbs (\d+)", open(f"{out}/bandwidth.txt").read()).group(1))
-except Exception:
-    pass
-print(f"device copy bandwidth: {bw} GB/s; floor = weight bytes / bandwidth for one decode step")
-print(f"{'run':<26}{'weights GB':>10}{'floor tok/s':>12} | c: aggregate output tok/s / per-request decode tok/s / TTFT p50 ms")
-tags = [f"{a}-{p}" for a in ("smollm2-135m", "llama-3-8b") for p in ("f16", "q4_k")]
-tags += ["smollm2-135m-f16-nographs", "llama-3-8b-q4_k-nographs", "llama-3-8b-q4_k-mmvq",
-         "llama-3-8b-q6_k", "llama-3-8b-q6_k-mmvq"]
-for tag in tags:
-    p = f"{out}/{tag}.json"
-    if not os.path.exists(p):
-        print(f"{tag:<26} (no result)"); continue
-    j = json.load(open(p))
-    wb = j.get("weights_bytes") or 0
-    floor = bw * 1e9 / wb if bw and wb else float("nan")
-    cells = []
-    for r in j.get("runs", []):
-        tpot = r.get("median_tpot_ms") or float("nan")
-        cells.append(f"c={r['max_concurrency']}: {r['output_throughput']:.0f} / {1000 / tpot:.0f} / {r['median_ttft_ms']:.1f}")
-    print(f"{tag:<26}{wb / 1e9:>10.2f}{floor:>12.0f} | " + " | ".join(cells))
-EOF
+  # The table, and the same rows as JSON (tests/gpu/results/DATE.json, brought back under $OUT
+  # too: commit it with the BENCHMARKS.md table).
+  local day
+  day=$(date -u +%F)
+  mkdir -p tests/gpu/results
+  python3 tests/gpu/results.py "$out" "tests/gpu/results/$day.json"
+  cp "tests/gpu/results/$day.json" "${OUT:-/tmp}/results-$day.json"
 }
 
 case "$mode" in
