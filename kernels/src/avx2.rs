@@ -221,36 +221,6 @@ isa_entry!(
     pub(crate) fn dot_rows4(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option<[f32; 4]> => rows_dot4
 );
 
-/// Dots of four weight rows with one activation row, each bit-identical to [`row_dot`]'s,
-/// prefetching `ahead` bytes on; `None` for the types without such a kernel.
-#[inline(always)]
-unsafe fn weights_dot4<D: Dots>(
-    ty: WType,
-    ws: [&[u8]; 4],
-    x: ActRow<'_>,
-    ahead: usize,
-) -> Option<[f32; 4]> {
-    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
-    unsafe {
-        match ty {
-            WType::Q4K => Some(crate::avx2_kquant::dot_k_w4::<
-                D,
-                { crate::avx2_kquant::W4_Q4K },
-            >(ws, x, ahead)),
-            WType::Q6K => Some(crate::avx2_kquant::dot_k_w4::<
-                D,
-                { crate::avx2_kquant::W4_Q6K },
-            >(ws, x, ahead)),
-            _ => None,
-        }
-    }
-}
-
-isa_entry!(
-    /// [`weights_dot4`] on the x86 path `path`.
-    pub(crate) fn dot_weights4(ty: WType, ws: [&[u8]; 4], x: ActRow<'_>, ahead: usize) -> Option<[f32; 4]> => weights_dot4
-);
-
 isa_entry!(
     /// [`row_dot`] on the x86 path `path`.
     pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 => row_dot

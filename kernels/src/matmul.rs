@@ -289,8 +289,7 @@ fn quantized_matmul(
 /// The matmul of the types without tiled kernels, one weight row at a time: each thread takes
 /// its share of weight rows, and each row is dotted with every activation row, four at a time
 /// where the type has a kernel that unpacks each weight block once for them (the same bits as
-/// one at a time); the activation rows left over meet four weight rows at a time where the type
-/// has a kernel that reduces and scales them together (decode).
+/// one at a time).
 fn row_dots(
     backend: Backend,
     pool: &ThreadPool,
@@ -301,55 +300,27 @@ fn row_dots(
 ) {
     let n = w.n;
     let rb = w.ty.row_bytes(w.k);
-    let row = |j: usize| &w.data[j * rb..(j + 1) * rb];
-    // SAFETY (both writers): each (i, j) is written by exactly one thread (j is split).
-    let put = |i: usize, j: usize, v: f32| unsafe { *yp.get().add(i * n + j) = v };
     pool.run(&|tid, nth| {
         let (lo, hi) = split(n, tid, nth);
-        let mut j = lo;
-        while j < hi {
-            let group = (hi - j).min(4);
-            // Activation rows four at a time, per weight row.
-            let mut done = 0;
-            while done + 4 <= m {
-                let xs = [0, 1, 2, 3].map(|r| acts.row(done + r));
-                let mut vs = [[0f32; 4]; 4];
-                let mut has_kernel = true;
-                for (g, v) in vs.iter_mut().enumerate().take(group) {
-                    match dot_rows4(backend, w.ty, row(j + g), xs) {
-                        Some(d) => *v = d,
-                        None => {
-                            has_kernel = false;
-                            break;
-                        }
-                    }
-                }
-                if !has_kernel {
+        for j in lo..hi {
+            let wr = &w.data[j * rb..(j + 1) * rb];
+            let mut i = 0;
+            while i + 4 <= m {
+                let xs = [0, 1, 2, 3].map(|r| acts.row(i + r));
+                let Some(v) = dot_rows4(backend, w.ty, wr, xs) else {
                     break;
+                };
+                for (r, v) in v.into_iter().enumerate() {
+                    // SAFETY: each (i, j) is written by exactly one thread (j is split).
+                    unsafe { *yp.get().add((i + r) * n + j) = v };
                 }
-                for (g, v) in vs.iter().enumerate().take(group) {
-                    for (r, &v) in v.iter().enumerate() {
-                        put(done + r, j + g, v);
-                    }
-                }
-                done += 4;
+                i += 4;
             }
-            for i in done..m {
-                let x = acts.row(i);
-                let ws = (group == 4).then(|| [0, 1, 2, 3].map(|g| row(j + g)));
-                // The next group's rows, for the kernel to prefetch while it has them.
-                let ahead = if j + 8 <= hi { 4 * rb } else { 0 };
-                if let Some(v) = ws.and_then(|ws| dot_weights4(backend, w.ty, ws, x, ahead)) {
-                    for (g, v) in v.into_iter().enumerate() {
-                        put(i, j + g, v);
-                    }
-                } else {
-                    for g in 0..group {
-                        put(i, j + g, dot_row(backend, w.ty, row(j + g), x));
-                    }
-                }
+            for i in i..m {
+                let v = dot_row(backend, w.ty, wr, acts.row(i));
+                // SAFETY: each (i, j) is written by exactly one thread (j is split).
+                unsafe { *yp.get().add(i * n + j) = v };
             }
-            j += group;
         }
     });
 }
@@ -422,24 +393,6 @@ fn dot_rows4(
         return unsafe { crate::avx2::dot_rows4(path, ty, w, xs) };
     }
     let _ = (backend, ty, w, xs);
-    None
-}
-
-/// [`dot_row`] of four weight rows with one activation row, where the backend has a kernel for
-/// `ty` that reduces and scales them together.
-fn dot_weights4(
-    backend: Backend,
-    ty: WType,
-    ws: [&[u8]; 4],
-    x: quant::ActRow<'_>,
-    ahead: usize,
-) -> Option<[f32; 4]> {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(path) = backend.x86() {
-        // SAFETY: the backend was checked available.
-        return unsafe { crate::avx2::dot_weights4(path, ty, ws, x, ahead) };
-    }
-    let _ = (backend, ty, ws, x, ahead);
     None
 }
 
