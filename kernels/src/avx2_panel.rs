@@ -239,22 +239,42 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
                     }
                     v = _mm256_add_ps(v, s);
                 }
-                // SAFETY: row (c0 + c) of `y` has columns row0..n, and only this thread's group
-                // writes them.
-                unsafe {
-                    let dst = job.y.get().add((c0 + c) * n + row0);
-                    if row0 + LANES <= n {
-                        _mm256_storeu_ps(dst, v);
-                    } else {
-                        let mut t = [0f32; LANES];
-                        _mm256_storeu_ps(t.as_mut_ptr(), v);
-                        for (l, &e) in t.iter().enumerate().take(n - row0) {
-                            *dst.add(l) = e;
-                        }
-                    }
-                }
+                // SAFETY: only this thread's group writes these columns.
+                unsafe { store_lanes(job, c0 + c, row0, v) };
             }
         }
+    }
+}
+
+/// A panel's 8 lanes `v` as columns `row0..row0 + 8` (those below `n`) of output row `row`.
+///
+/// # Safety
+/// The CPU has AVX2; `row < job.m`, `row0 < job.n`, and no other thread writes these columns.
+#[inline(always)]
+pub(crate) unsafe fn store_lanes(job: &GroupJob<'_>, row: usize, row0: usize, v: __m256) {
+    // SAFETY: the caller's promise: row `row` of `y` has columns row0..n.
+    unsafe {
+        let dst = job.y.get().add(row * job.n + row0);
+        if row0 + LANES <= job.n {
+            _mm256_storeu_ps(dst, v);
+        } else {
+            let mut t = [0f32; LANES];
+            _mm256_storeu_ps(t.as_mut_ptr(), v);
+            for (l, &e) in t.iter().enumerate().take(job.n - row0) {
+                *dst.add(l) = e;
+            }
+        }
+    }
+}
+
+/// Activation rows of the next tile when `rest` are left: the path's `full` width, else 2 or 1.
+pub(crate) fn tile_cols(rest: usize, full: usize) -> usize {
+    if rest >= full {
+        full
+    } else if rest >= 2 {
+        2
+    } else {
+        1
     }
 }
 
@@ -277,14 +297,7 @@ pub(crate) unsafe fn groups<D: Dots>(
         while p0 < PANELS && j0 + p0 * LANES < job.n {
             let mut c0 = 0;
             while c0 < job.m {
-                let rest = job.m - c0;
-                let cc = if rest >= full {
-                    full
-                } else if rest >= 2 {
-                    2
-                } else {
-                    1
-                };
+                let cc = tile_cols(job.m - c0, full);
                 // SAFETY: the caller runs on a CPU with `D`'s features.
                 unsafe { dispatch::<D>(job, pn, j0, p0, c0, cc) };
                 c0 += cc;

@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 use crate::WType;
 use crate::avx2::GroupJob;
 use crate::avx2_kquant::{hi_bit, mins_and_scales};
-use crate::avx2_panel::{LANES, ROWS, transpose8x8_words};
+use crate::avx2_panel::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
 use crate::isa::Dots;
 use crate::quant::QK_K;
 
@@ -213,16 +213,22 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 let smb = pn.sm.as_ptr().add((b * PANELS + p0) * LANES);
                 let mut isum = [[_mm256_setzero_si256(); CC]; PP];
                 let mut imin = [[_mm256_setzero_si256(); CC]; PP];
+                let at = Block {
+                    qb,
+                    smb,
+                    xq,
+                    k,
+                    b,
+                    acts,
+                    c0,
+                    nb,
+                };
                 if T == Q4K {
-                    k4_block::<D, Q4K, PP, CC>(
-                        qb, smb, xq, k, b, acts, c0, nb, &mut isum, &mut imin,
-                    );
+                    k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin);
                 } else if T == Q5K {
-                    k4_block::<D, Q5K, PP, CC>(
-                        qb, smb, xq, k, b, acts, c0, nb, &mut isum, &mut imin,
-                    );
+                    k4_block::<D, Q5K, PP, CC>(at, &mut isum, &mut imin);
                 } else {
-                    q6k_block::<D, PP, CC>(qb, smb, xq, k, b, acts, c0, nb, &mut isum);
+                    q6k_block::<D, PP, CC>(at, &mut isum);
                 }
                 let dw: [__m256; PP] = std::array::from_fn(|p| {
                     _mm256_loadu_ps(pn.d.as_ptr().add(b * ROWS + (p0 + p) * LANES))
@@ -255,23 +261,26 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 if row0 >= n {
                     continue;
                 }
-                // SAFETY: row (c0 + c) of `y` has columns row0..n, and only this thread's group
-                // writes them.
-                unsafe {
-                    let dst = job.y.get().add((c0 + c) * n + row0);
-                    if row0 + LANES <= n {
-                        _mm256_storeu_ps(dst, acc_p[c]);
-                    } else {
-                        let mut t = [0f32; LANES];
-                        _mm256_storeu_ps(t.as_mut_ptr(), acc_p[c]);
-                        for (l, &e) in t.iter().enumerate().take(n - row0) {
-                            *dst.add(l) = e;
-                        }
-                    }
-                }
+                // SAFETY: only this thread's group writes these columns.
+                unsafe { store_lanes(job, c0 + c, row0, acc_p[c]) };
             }
         }
     }
+}
+
+/// Where one block of a tile is: the level vectors (`qb`) and scale pairs (`smb`) of block `b`
+/// of the tile's first panel, the quantized activations (`xq`) of its first activation row `c0`
+/// (rows `k` apart, `nb` blocks each), and the activations' other fields (`acts`).
+#[derive(Clone, Copy)]
+struct Block<'a> {
+    qb: *const __m256i,
+    smb: *const __m256i,
+    xq: *const i8,
+    k: usize,
+    b: usize,
+    acts: &'a crate::quant::QActs,
+    c0: usize,
+    nb: usize,
 }
 
 /// Q4_K's or Q5_K's (`T`) integer part of one block for the `PP x CC` tile: per sub-block `s`,
@@ -279,24 +288,26 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
 /// `isum`; the mins against the activation's `bsums` pairs into `imin`.
 ///
 /// # Safety
-/// As [`tile`]'s: `qb`, `smb` point at block `b` of panel `p0`, `xq` at activation row `c0`,
-/// and the tile's rows and blocks are in bounds.
+/// As [`tile`]'s: `at` is in bounds ([`Block`]).
 #[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)]
 unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
-    qb: *const __m256i,
-    smb: *const __m256i,
-    xq: *const i8,
-    k: usize,
-    b: usize,
-    acts: &crate::quant::QActs,
-    c0: usize,
-    nb: usize,
+    at: Block<'_>,
     isum: &mut [[__m256i; CC]; PP],
     imin: &mut [[__m256i; CC]; PP],
 ) {
     // SAFETY: the caller's promise.
     unsafe {
+        let Block {
+            qb,
+            smb,
+            xq,
+            k,
+            b,
+            acts,
+            c0,
+            nb,
+        } = at;
         let m4 = _mm256_set1_epi8(0x0f);
         let lo16 = _mm256_set1_epi32(0xffff);
         for s in 0..8 {
@@ -357,23 +368,25 @@ unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
 /// offset, `32 * sum_s bsums[s] * sc[s]`, off by `vpmaddwd` on the scale pairs.
 ///
 /// # Safety
-/// As [`tile`]'s: `qb`, `smb` point at block `b` of panel `p0`, `xq` at activation row `c0`,
-/// and the tile's rows and blocks are in bounds.
+/// As [`tile`]'s: `at` is in bounds ([`Block`]).
 #[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)]
 unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
-    qb: *const __m256i,
-    smb: *const __m256i,
-    xq: *const i8,
-    k: usize,
-    b: usize,
-    acts: &crate::quant::QActs,
-    c0: usize,
-    nb: usize,
+    at: Block<'_>,
     isum: &mut [[__m256i; CC]; PP],
 ) {
     // SAFETY: the caller's promise.
     unsafe {
+        let Block {
+            qb,
+            smb,
+            xq,
+            k,
+            b,
+            acts,
+            c0,
+            nb,
+        } = at;
         for s in 0..16 {
             let (c32, half) = (s / 2, s % 2);
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
@@ -451,14 +464,7 @@ pub(crate) unsafe fn groups<D: Dots>(
             let two = D::PANELS == 2 && j0 + LANES < job.n;
             let mut c0 = 0;
             while c0 < job.m {
-                let rest = job.m - c0;
-                let cc = if rest >= full {
-                    full
-                } else if rest >= 2 {
-                    2
-                } else {
-                    1
-                };
+                let cc = tile_cols(job.m - c0, full);
                 // SAFETY: the caller runs on a CPU with `D`'s features.
                 unsafe {
                     match job.ty {
