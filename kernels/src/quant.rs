@@ -6,9 +6,9 @@
 //! The K-quant dots have ggml's shape: an exact integer dot per 4-element group, summed into 8
 //! i32 "lanes" (lane `l` holds elements `4l..4l+4` of every 32), then
 //! `acc[l] = fma(d_w * d_x, lanes[l], acc[l])` in f32 per block, and at the end ggml's
-//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]), Q4_K
-//! ([`dot_q4k`]), Q5_K and Q6_K take the whole block's exact integers and FMAs per block instead, the
-//! shape a repacked panel of 8 weight rows computes in its lanes. The integer part is exact, so
+//! `hsum_float_8(acc)` plus any scalar correction term. Q4_0, Q4_1 and Q8_0 ([`dot_q32`]),
+//! Q4_K ([`dot_q4k`]), Q5_K and Q6_K take the whole block's exact integers and FMAs per block
+//! instead, the shape a repacked panel of 8 weight rows computes in its lanes. The integer part is exact, so
 //! any evaluation order gives the same values; the float part is fixed here and in `avx2*`.
 
 use crate::WType;
@@ -320,62 +320,44 @@ pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
 /// exact (`|isum| <= 8 * 63 * 32 * 15 * 128`, under 2^31).
 #[inline(always)]
 pub(crate) fn dot_q4k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = 0f32;
-    for (b, blk) in w.chunks_exact(144).enumerate() {
-        let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
-        let bsums = &x.bsums[b * 16..b * 16 + 16];
-        let d = x.d[b] * f16_at(blk, 0);
-        let dmin = x.d[b] * f16_at(blk, 2);
-        let scales = &blk[4..16];
-        let qs = &blk[16..144];
-        let (mut isum, mut imin) = (0i32, 0i32);
-        for g in 0..4 {
-            let (sc1, m1) = scale_min_k4(2 * g, scales);
-            let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-            let (mut d1, mut d2) = (0i32, 0i32);
-            for l in 0..32 {
-                let q = qs[32 * g + l];
-                d1 += (q & 0x0f) as i32 * xq[64 * g + l] as i32;
-                d2 += (q >> 4) as i32 * xq[64 * g + 32 + l] as i32;
-            }
-            isum += sc1 as i32 * d1 + sc2 as i32 * d2;
-            imin += m1 as i32 * (bsums[4 * g] as i32 + bsums[4 * g + 1] as i32)
-                + m2 as i32 * (bsums[4 * g + 2] as i32 + bsums[4 * g + 3] as i32);
-        }
-        acc = d.mul_add(isum as f32, acc);
-        acc = (-dmin).mul_add(imin as f32, acc);
-    }
-    acc
+    dot_k4(w, 144, x, |blk, e| {
+        let q = blk[16 + 32 * (e / 64) + e % 32];
+        (if e % 64 < 32 { q & 0x0f } else { q >> 4 }) as i32
+    })
 }
 
 /// Q5_K x Q8_K over a row, in [`dot_q4k`]'s shape with 5-bit levels (the fifth bit from `qh`):
 /// per block the exact `isum` and `imin`, then two FMAs.
 #[inline(always)]
 pub(crate) fn dot_q5k(w: &[u8], x: ActRow<'_>) -> f32 {
+    dot_k4(w, 176, x, |blk, e| {
+        let (g, l) = (e / 64, e % 32);
+        let q = blk[48 + 32 * g + l];
+        let hi = e % 64 >= 32;
+        let nib = if hi { q >> 4 } else { q & 0x0f };
+        let bit = (blk[16 + l] >> (2 * g + hi as usize)) & 1;
+        (nib + 16 * bit) as i32
+    })
+}
+
+/// The shape [`dot_q4k`] describes, for Q4_K and Q5_K rows of `ts`-byte blocks (`d`, `dmin`
+/// and the 12 scale bytes first) whose element `e` of a block has level `level(blk, e)`.
+#[inline(always)]
+fn dot_k4(w: &[u8], ts: usize, x: ActRow<'_>, level: impl Fn(&[u8], usize) -> i32) -> f32 {
     let mut acc = 0f32;
-    for (b, blk) in w.chunks_exact(176).enumerate() {
+    for (b, blk) in w.chunks_exact(ts).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &x.bsums[b * 16..b * 16 + 16];
         let d = x.d[b] * f16_at(blk, 0);
         let dmin = x.d[b] * f16_at(blk, 2);
-        let scales = &blk[4..16];
-        let qh = &blk[16..48];
-        let qs = &blk[48..176];
         let (mut isum, mut imin) = (0i32, 0i32);
-        for g in 0..4 {
-            let (sc1, m1) = scale_min_k4(2 * g, scales);
-            let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-            imin += m1 as i32 * (bsums[4 * g] as i32 + bsums[4 * g + 1] as i32)
-                + m2 as i32 * (bsums[4 * g + 2] as i32 + bsums[4 * g + 3] as i32);
-            let (mut d1, mut d2) = (0i32, 0i32);
-            for l in 0..32 {
-                let q = qs[32 * g + l];
-                let lo = (q & 0x0f) as i32 + (((qh[l] >> (2 * g)) & 1) as i32) * 16;
-                let hi = (q >> 4) as i32 + (((qh[l] >> (2 * g + 1)) & 1) as i32) * 16;
-                d1 += lo * xq[64 * g + l] as i32;
-                d2 += hi * xq[64 * g + 32 + l] as i32;
-            }
-            isum += sc1 as i32 * d1 + sc2 as i32 * d2;
+        for s in 0..8 {
+            let (sc, m) = scale_min_k4(s, &blk[4..16]);
+            let dot: i32 = (32 * s..32 * s + 32)
+                .map(|e| level(blk, e) * xq[e] as i32)
+                .sum();
+            isum += sc as i32 * dot;
+            imin += m as i32 * (bsums[2 * s] as i32 + bsums[2 * s + 1] as i32);
         }
         acc = d.mul_add(isum as f32, acc);
         acc = (-dmin).mul_add(imin as f32, acc);
