@@ -1,7 +1,11 @@
 // Shared device helpers for TPS Lab's CUDA kernels: weight type ids (the order of the Rust
 // `WType`), ggml block layouts, warp and block reductions.
 #pragma once
+#ifdef TPSLAB_SIM
+#include "sim/sim.h"
+#else
 #include <cuda_fp16.h>
+#endif
 #include <stdint.h>
 
 // Weight type ids, as `tpslab_kernels::cuda::wtype_id` numbers them.

@@ -1,6 +1,8 @@
 //! Shared test helpers: ggml-layout weights built with candle's reference quantizers, random
 //! data, and the f64 reference matmul.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod sim;
 
 use candle_core::quantized::k_quants::{
     BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
