@@ -18,6 +18,13 @@
 #define WT_Q4K 6
 #define WT_Q6K 7
 #define WT_Q5K 8
+#define WT_Q5_0 9
+#define WT_Q5_1 10
+#define WT_Q2K 11
+#define WT_Q3K 12
+#define WT_IQ4NL 13
+#define WT_IQ4XS 14
+#define WT_MXFP4 15
 
 __device__ __forceinline__ float h2f(uint16_t bits) {
     return __half2float(__ushort_as_half(bits));
@@ -67,60 +74,7 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int* sc, i
     }
 }
 
-__host__ __device__ constexpr int wt_block(int t) {
-    return t <= WT_BF16 ? 1 : (t <= WT_Q8_0 ? 32 : 256);
-}
-
+// Bytes of one block of the 32-element types matvec.cu reads directly.
 __host__ __device__ constexpr int wt_bytes(int t) {
-    return t == WT_F32 ? 4 : t == WT_F16 ? 2 : t == WT_BF16 ? 2 : t == WT_Q4_0 ? 18
-         : t == WT_Q4_1 ? 20 : t == WT_Q8_0 ? 34 : t == WT_Q4K ? 144 : t == WT_Q5K ? 176 : 210;
-}
-
-// Element e of a row of type t (the plain, slow path: embedding lookup and dequantization).
-__device__ __forceinline__ float dequant_elem(int t, const uint8_t* row, int e) {
-    switch (t) {
-    case WT_F32: return ((const float*)row)[e];
-    case WT_F16: return h2f(((const uint16_t*)row)[e]);
-    case WT_BF16: return bf2f(((const uint16_t*)row)[e]);
-    case WT_Q4_0: {
-        const uint8_t* b = row + (e >> 5) * 18;
-        const int j = e & 31;
-        const uint8_t q = b[2 + (j & 15)];
-        const int nib = j < 16 ? (q & 15) : (q >> 4);
-        return h2f(ld16(b)) * (float)(nib - 8);
-    }
-    case WT_Q4_1: {
-        const uint8_t* b = row + (e >> 5) * 20;
-        const int j = e & 31;
-        const uint8_t q = b[4 + (j & 15)];
-        const int nib = j < 16 ? (q & 15) : (q >> 4);
-        return h2f(ld16(b)) * (float)nib + h2f(ld16(b + 2));
-    }
-    case WT_Q8_0: {
-        const uint8_t* b = row + (e >> 5) * 34;
-        return h2f(ld16(b)) * (float)(int8_t)b[2 + (e & 31)];
-    }
-    case WT_Q4K: {
-        const uint8_t* b = row + (e >> 8) * 144;
-        const int r = e & 255, g = r >> 6, w = r & 63, l = w & 31;
-        const int sub = 2 * g + (w >= 32);
-        int sc, m;
-        scale_min_k4(sub, b + 4, &sc, &m);
-        const uint8_t q = b[16 + 32 * g + l];
-        const int nib = w < 32 ? (q & 15) : (q >> 4);
-        return h2f(ld16(b)) * (float)sc * (float)nib - h2f(ld16(b + 2)) * (float)m;
-    }
-    default: { // WT_Q6K
-        const uint8_t* b = row + (e >> 8) * 210;
-        const int r = e & 255, h = r >> 7, rr = r & 127, quarter = rr >> 5, l = rr & 31;
-        const uint8_t* ql = b + 64 * h;
-        const uint8_t qh = b[128 + 32 * h + l];
-        const int lo = quarter == 0 ? (ql[l] & 15) : quarter == 1 ? (ql[32 + l] & 15)
-                     : quarter == 2 ? (ql[l] >> 4) : (ql[32 + l] >> 4);
-        const int hi = (qh >> (2 * quarter)) & 3;
-        const int q = (lo | (hi << 4)) - 32;
-        const int is = 8 * h + 2 * quarter + l / 16;
-        return h2f(ld16(b + 208)) * (float)(int8_t)b[192 + is] * (float)q;
-    }
-    }
+    return t == WT_Q4_0 ? 18 : t == WT_Q4_1 ? 20 : 34;
 }

@@ -1,6 +1,6 @@
 // Per-token kernels of the forward pass: embedding lookup, RMSNorm (fused with the residual add),
 // RoPE fused with the KV-cache write, SwiGLU, bias, greedy argmax, dequantization to f16.
-#include "common.cuh"
+#include "blocks.cuh"
 
 // out[i][:] = row tokens[i] of the embedding table (any weight type), as f32.
 extern "C" __global__ void embed_rows(const uint8_t* table, int wtype, int k, long long row_bytes,
@@ -132,7 +132,7 @@ extern "C" __global__ void f32_to_f16(const float* x, __half* y, long long n) {
 }
 
 // out[n][k] = the whole matrix as f16 (quantized weights for the tensor-core path). One thread
-// per 32-element group: decode the group's scales once, write 64 bytes with four 16-byte stores.
+// per 32-element group (blocks.cuh's decode), written with four 16-byte stores.
 extern "C" __global__ void dequant_f16(const uint8_t* w, int wtype, int k, long long row_bytes,
                                        long long groups, __half* out) {
     const int gpr = k / 32;
@@ -141,48 +141,7 @@ extern "C" __global__ void dequant_f16(const uint8_t* w, int wtype, int k, long 
         const int g = (int)(gi % gpr);
         const uint8_t* row = w + r * row_bytes;
         float v[32];
-        if (wtype == WT_Q4_0 || wtype == WT_Q4_1) {
-            const int bytes = wtype == WT_Q4_0 ? 18 : 20, qo = wtype == WT_Q4_0 ? 2 : 4;
-            const uint8_t* b = row + (long long)g * bytes;
-            const float d = h2f(ld16(b));
-            const float m = wtype == WT_Q4_0 ? -8.0f * d : h2f(ld16(b + 2));
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const uint8_t q = b[qo + j];
-                v[j] = d * (float)(q & 15) + m;
-                v[j + 16] = d * (float)(q >> 4) + m;
-            }
-        } else if (wtype == WT_Q8_0) {
-            const uint8_t* b = row + (long long)g * 34;
-            const float d = h2f(ld16(b));
-#pragma unroll
-            for (int j = 0; j < 32; j++) v[j] = d * (float)(int8_t)b[2 + j];
-        } else if (wtype == WT_Q4K) {
-            const int sub = g & 7, j = sub >> 1;
-            const uint8_t* b = row + (long long)(g >> 3) * 144;
-            int sc, mn;
-            scale_min_k4(sub, b + 4, &sc, &mn);
-            const float d = h2f(ld16(b)) * (float)sc, m = h2f(ld16(b + 2)) * (float)mn;
-            const uint8_t* q = b + 16 + 32 * j;
-#pragma unroll
-            for (int l = 0; l < 32; l++) v[l] = d * (float)((sub & 1) ? (q[l] >> 4) : (q[l] & 15)) - m;
-        } else if (wtype == WT_Q6K) {
-            const int gg = g & 7, h = gg >> 2, quarter = gg & 3;
-            const uint8_t* b = row + (long long)(g >> 3) * 210;
-            const float d = h2f(ld16(b + 208));
-            const uint8_t* ql = b + 64 * h + (quarter & 1) * 32;
-            const uint8_t* qh = b + 128 + 32 * h;
-#pragma unroll
-            for (int l = 0; l < 32; l++) {
-                const int lo = quarter < 2 ? (ql[l] & 15) : (ql[l] >> 4);
-                const int hi = (qh[l] >> (2 * quarter)) & 3;
-                const int is = 8 * h + 2 * quarter + l / 16;
-                v[l] = d * (float)(int8_t)b[192 + is] * (float)((lo | (hi << 4)) - 32);
-            }
-        } else {
-#pragma unroll
-            for (int l = 0; l < 32; l++) v[l] = dequant_elem(wtype, row, 32 * g + l);
-        }
+        dequant_group(wtype, row, g, v);
         uint4* dst = (uint4*)(out + r * k + 32LL * g);
 #pragma unroll
         for (int i = 0; i < 4; i++) {

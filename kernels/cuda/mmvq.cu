@@ -8,11 +8,12 @@
 // Layout of the quantized activations: q[r * k + e] (int8) and d[r * (k / 32) + e / 32] (f32).
 // One warp per weight row, M activation rows (M <= 8) per launch, f32 accumulation.
 //
-// Written in a session without a GPU: off unless TPSLAB_CUDA_MMVQ=1 until tests/gpu/gpu-check.sh
-// has run them (kernels/tests/cuda.rs `kquant_kernels_over_8bit_activations`). Q5_K on CUDA also
-// needs its case in `dequant_elem` (common.cuh: embedding rows) and in `dequant_f16`
-// (elementwise.cu: batches past 8 rows), after which `has_kernel` in cuda.rs can take it.
-#include "common.cuh"
+// Q4_K, Q5_K and Q6_K have kernels of their own below; every other quantized type runs
+// `mmvq_g` over its blocks.cuh decode. None has run on a GPU yet: kernels/tests/cuda_sim.rs
+// checks them on the CPU simulator, tests/gpu/gpu-check.sh on a GPU. For the types that also
+// have f32-activation kernels (matvec.cu) they stay off unless TPSLAB_CUDA_MMVQ=1 until a GPU
+// run proves them.
+#include "blocks.cuh"
 
 // One warp per 32 values. k (and so the whole buffer) is a multiple of 32 for every K-quant.
 extern "C" __global__ void quantize_q8(const float* x, int8_t* q, float* d, long long nblocks) {
@@ -150,3 +151,58 @@ __device__ __forceinline__ void mmvq_q5k(const uint8_t* w, long long rb, const i
 MMVQ_ALL(q4_k, mmvq_q4k)
 MMVQ_ALL(q5_k, mmvq_q5k)
 MMVQ_ALL(q6_k, mmvq_q6k)
+
+// Any type with a blocks.cuh decode: each group of 32 weights is taken by 4 lanes (8 weights
+// each, `decode`), so a warp covers 8 groups (256 weights) a step and k need only be a multiple
+// of 32. Partial sums are exact integers per lane and group (dp4a), scaled once.
+template <int T, int M>
+__device__ __forceinline__ void mmvq_g(const uint8_t* w, long long row_bytes, const int8_t* xq,
+                                       const float* xd, float* y, int n, int k, int m, int ldy) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n) return;
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const uint8_t* wr = w + (long long)row * row_bytes;
+    const int groups = k / 32;
+    const int2 at = lane_elems<T>(t);
+    float acc[M];
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int g = lane >> 2; g < groups; g += 8) {
+        const Levels L = decode<T>(wr, g, t);
+#pragma unroll
+        for (int r = 0; r < M; r++) {
+            if (r >= m) break;
+            const int8_t* xr = xq + r * (long long)k + 32LL * g;
+            const int xa = *(const int*)(xr + at.x), xb = *(const int*)(xr + at.y);
+            float s = L.d * (float)__dp4a(L.b, xb, __dp4a(L.a, xa, 0));
+            if (BlockKind<T>::has_min) s += L.m * (float)__dp4a(0x01010101, xb, __dp4a(0x01010101, xa, 0));
+            acc[r] += xd[r * (long long)groups + g] * s;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < M; r++) {
+        const float s = warp_sum(acc[r]);
+        if (r < m && lane == 0) y[(long long)r * ldy + row] = s;
+    }
+}
+
+#define MMVQ_G(name, T)                                                                          \
+    template <int M>                                                                             \
+    __device__ __forceinline__ void mmvq_g_##name(const uint8_t* w, long long rb, const int8_t* xq, \
+                                                  const float* xd, float* y, int n, int k, int m, \
+                                                  int ldy) {                                     \
+        mmvq_g<T, M>(w, rb, xq, xd, y, n, k, m, ldy);                                            \
+    }                                                                                            \
+    MMVQ_ALL(name, mmvq_g_##name)
+
+MMVQ_G(q4_0, WT_Q4_0)
+MMVQ_G(q4_1, WT_Q4_1)
+MMVQ_G(q8_0, WT_Q8_0)
+MMVQ_G(q5_0, WT_Q5_0)
+MMVQ_G(q5_1, WT_Q5_1)
+MMVQ_G(q2_k, WT_Q2K)
+MMVQ_G(q3_k, WT_Q3K)
+MMVQ_G(iq4_nl, WT_IQ4NL)
+MMVQ_G(iq4_xs, WT_IQ4XS)
+MMVQ_G(mxfp4, WT_MXFP4)

@@ -5,12 +5,15 @@
 //! on every machine; speed, and anything the hardware does differently, wait for
 //! `tests/gpu/gpu-check.sh`. Launch shapes are those of `tpslab_kernels::cuda`.
 
+#![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::sim::{A, Job};
 use common::{dequantized, random_vec, random_weights, rng};
+use half::f16;
+use tpslab_kernels::cuda::wtype_id;
 use tpslab_kernels::{QMatrix, WType};
 
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
@@ -109,16 +112,30 @@ fn matvec_kernels_every_type_and_row_count() {
     }
 }
 
-/// Every type mmvq.cu has a kernel for.
-const MMVQ_TYPES: [WType; 3] = [WType::Q4K, WType::Q5K, WType::Q6K];
+/// Every quantized type: mmvq.cu has a kernel for each.
+fn quant_types() -> impl Iterator<Item = WType> {
+    WType::ALL
+        .into_iter()
+        .filter(|t| !matches!(t, WType::F32 | WType::F16 | WType::BF16))
+}
+
+/// A row length for `ty`: 512, and for the 32-element block types also one that is not a
+/// multiple of 256 (SmolLM2's 576 is one).
+fn lengths(ty: WType) -> Vec<usize> {
+    if ty.block_size() == 32 {
+        vec![512, 96]
+    } else {
+        vec![512]
+    }
+}
 
 /// mmvq.cu: `quantize_q8` of the activations, then the integer-dot kernels, against a reference
 /// fed the same 8-bit activations.
 #[test]
 fn mmvq_kernels_every_type_over_8bit_activations() {
     let mut r = rng(0x5eed_0008);
-    let (n, k) = (37, 512);
-    for ty in MMVQ_TYPES {
+    let n = 37;
+    for (ty, k) in quant_types().flat_map(|t| lengths(t).into_iter().map(move |k| (t, k))) {
         let w = random_weights(&mut r, ty, n, k);
         let wf = dequantized(&QMatrix { ty, n, k, data: &w });
         for m in [1, 2, 5, 8] {
@@ -154,6 +171,68 @@ fn mmvq_kernels_every_type_over_8bit_activations() {
             let xq = q8_round(&x);
             let err = rel_err(&got, &reference(&|i| xq[i], &wf, m, n, k));
             assert!(err < 1e-5, "{ty:?} m={m}: rel err {err:e}");
+        }
+    }
+}
+
+/// elementwise.cu's `embed_rows` (any type, element by element) and `dequant_f16` (a 32-element
+/// group a thread, for cuBLAS) against `dequantize_row`.
+#[test]
+fn embedding_rows_and_f16_dequantization_of_every_type() {
+    let mut r = rng(0x5eed_00e6);
+    for ty in WType::ALL {
+        let (n, k) = (9, lengths(ty)[lengths(ty).len() - 1]);
+        let w = random_weights(&mut r, ty, n, k);
+        let wf = dequantized(&QMatrix { ty, n, k, data: &w });
+        let tokens = [3, 0, 8, 3];
+        let groups = n * k / 32;
+        let mut job = Job::new();
+        let (wb, tb) = (job.buf(&w), job.ints(&tokens));
+        let (eb, hb) = (job.out(tokens.len() * k * 4), job.out(n * k * 2));
+        let rb = ty.row_bytes(k) as i64;
+        let id = wtype_id(ty);
+        job.launch(
+            "embed_rows",
+            (tokens.len() as u32, 1),
+            256,
+            &[
+                A::P(wb, 0),
+                A::I(id),
+                A::I(k as i32),
+                A::L(rb),
+                A::P(tb, 0),
+                A::P(eb, 0),
+            ],
+        );
+        if ty.block_size() > 1 {
+            job.launch(
+                "dequant_f16",
+                (groups.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    A::P(wb, 0),
+                    A::I(id),
+                    A::I(k as i32),
+                    A::L(rb),
+                    A::L(groups as i64),
+                    A::P(hb, 0),
+                ],
+            );
+        }
+        let out = job.run();
+        let rows: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| wf[t as usize * k..(t as usize + 1) * k].to_vec())
+            .collect();
+        assert_eq!(out.floats(eb), rows, "{ty:?}: embedding rows");
+        if ty.block_size() > 1 {
+            let got: Vec<f32> = out
+                .bytes(hb)
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect();
+            let want: Vec<f32> = wf.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+            assert_eq!(got, want, "{ty:?}: f16 dequantization");
         }
     }
 }

@@ -18,7 +18,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <functional>
+#include <pthread.h>
 #include <vector>
 
 #define __global__
@@ -63,34 +64,67 @@ inline thread_local Warp* warp;
 inline thread_local int lane;
 inline dim3 block_dim, grid_dim;
 
-// Runs `body` (the kernel call) once per thread of every block of `grid`.
+// A CUDA thread: an OS thread with a small stack (kernels keep little on it), which makes a
+// block's start cheap next to std::thread's 8 MiB stacks.
+struct Thread {
+    std::function<void()> run;
+    pthread_t id{};
+    void start() {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 1 << 18);
+        if (pthread_create(&id, &attr, &Thread::entry, this) != 0) std::abort();
+        pthread_attr_destroy(&attr);
+    }
+    void join() { pthread_join(id, nullptr); }
+    static void* entry(void* self) {
+        static_cast<Thread*>(self)->run();
+        return nullptr;
+    }
+};
+
+// Runs `body` (the kernel call) once per thread of every block of `grid`, blocks one after
+// another on one set of threads: between blocks every thread meets at `round`, whose completion
+// sets up the next block's barriers.
 template <class F>
 void launch(dim3 grid, dim3 blk, F body) {
     grid_dim = grid;
     block_dim = blk;
     const int nt = (int)(blk.x * blk.y * blk.z);
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                Block b(nt);
-                for (int w = 0; w < (nt + 31) / 32; w++)
-                    b.warps.push_back(std::make_unique<Warp>(std::min(32, nt - 32 * w)));
-                std::vector<std::thread> ts;
-                ts.reserve(nt);
-                for (int t = 0; t < nt; t++)
-                    ts.emplace_back([&, t] {
-                        thread_idx = {t % blk.x, t / blk.x % blk.y, t / (blk.x * blk.y)};
-                        block_idx = {bx, by, bz};
-                        block = &b;
-                        warp = b.warps[t / 32].get();
-                        lane = t % 32;
-                        body();
-                        // An exited thread no longer holds up its block's or warp's barriers.
-                        warp->bar.arrive_and_drop();
-                        block->bar.arrive_and_drop();
-                    });
-                for (auto& t : ts) t.join();
+    const long long nblocks = (long long)grid.x * grid.y * grid.z;
+    long long next = 0;
+    dim3 at{};
+    std::unique_ptr<Block> cur;
+    auto setup = [&]() noexcept {
+        cur.reset();
+        if (next == nblocks) return;
+        at = {(unsigned)(next % grid.x), (unsigned)(next / grid.x % grid.y), (unsigned)(next / ((long long)grid.x * grid.y))};
+        cur = std::make_unique<Block>(nt);
+        for (int w = 0; w < (nt + 31) / 32; w++)
+            cur->warps.push_back(std::make_unique<Warp>(std::min(32, nt - 32 * w)));
+        next++;
+    };
+    std::barrier round(nt, setup);
+    std::vector<Thread> ts(nt);
+    for (int t = 0; t < nt; t++) {
+        ts[t].run = [&, t] {
+            thread_idx = {t % blk.x, t / blk.x % blk.y, t / (blk.x * blk.y)};
+            lane = t % 32;
+            for (;;) {
+                round.arrive_and_wait();
+                if (!cur) return;
+                block_idx = at;
+                block = cur.get();
+                warp = cur->warps[t / 32].get();
+                body();
+                // An exited thread no longer holds up its block's or warp's barriers.
+                warp->bar.arrive_and_drop();
+                block->bar.arrive_and_drop();
             }
+        };
+        ts[t].start();
+    }
+    for (auto& t : ts) t.join();
 }
 
 // Lane `src` of the calling warp's value `v` (every live lane of the warp must call it).
