@@ -100,10 +100,8 @@ pub fn wtype_id(ty: WType) -> i32 {
         WType::Q8_0 => 5,
         WType::Q4K => 6,
         WType::Q6K => 7,
-        // Refused until its kernels have run on a GPU ([`has_kernel`]).
+        // Refused by the backend until their kernels have run on a GPU ([`has_kernel`]).
         WType::Q5K => 8,
-        // No CUDA kernels yet ([`has_kernel`]): never sent to a kernel; the ids are their
-        // places in `WType::ALL`, so the kernel tables (indexed by id) answer "none".
         WType::Q5_0 => 9,
         WType::Q5_1 => 10,
         WType::Q2K => 11,
@@ -114,10 +112,10 @@ pub fn wtype_id(ty: WType) -> i32 {
     }
 }
 
-/// Whether the CUDA backend takes weights of type `ty`. Q5_K's kernels (mmvq.cu, the Q5_K
-/// cases of common.cuh and elementwise.cu) are written but have not run on a GPU yet: until
-/// tests/gpu/gpu-check.sh passes with them, Q5_K models stay on the CPU. Q5_0, Q5_1, Q2_K,
-/// Q3_K, IQ4_NL, IQ4_XS and MXFP4 have no CUDA kernels: their models run on the CPU.
+/// Whether the CUDA backend takes weights of type `ty`. The other quantized types (Q5_K, Q5_0,
+/// Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4) have kernels written (blocks.cuh's decode, mmvq.cu's
+/// `mmvq_g`) and checked on the CPU simulator (kernels/tests/cuda_sim.rs), but have not run on a
+/// GPU yet: until tests/gpu/gpu-check.sh passes with them, their models stay on the CPU.
 pub fn has_kernel(ty: WType) -> bool {
     matches!(
         ty,
@@ -141,14 +139,24 @@ pub fn check_type(ty: WType) -> Result<()> {
     }
 }
 
-/// Whether matvec.cu has f32-activation kernels for `ty` (the types with kernels).
+/// Whether matvec.cu has f32-activation kernels for `ty`.
 fn has_f32_mmv(ty: WType) -> bool {
-    has_kernel(ty)
+    matches!(
+        ty,
+        WType::F32
+            | WType::F16
+            | WType::BF16
+            | WType::Q4_0
+            | WType::Q4_1
+            | WType::Q8_0
+            | WType::Q4K
+            | WType::Q6K
+    )
 }
 
-/// Whether mmvq.cu has 8-bit-activation kernels for `ty` (the K-quants).
+/// Whether mmvq.cu has 8-bit-activation kernels for `ty` (every quantized type).
 fn has_mmvq(ty: WType) -> bool {
-    matches!(ty, WType::Q4K | WType::Q5K | WType::Q6K)
+    ty.block_size() > 1
 }
 
 /// The kernels' type suffix: ggml's name in lower case ("q4_k"), as the .cu files spell it.

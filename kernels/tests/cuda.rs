@@ -67,7 +67,7 @@ fn random_matrix(r: &mut StdRng, ty: WType, n: usize, k: usize) -> Vec<u8> {
                 c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
             }
         }
-        _ => {
+        WType::Q4_0 | WType::Q8_0 | WType::Q4_1 | WType::Q4K | WType::Q5K | WType::Q6K => {
             r.fill(&mut d[..]);
             let ts = ty.type_size();
             for blk in d.chunks_exact_mut(ts) {
@@ -82,6 +82,8 @@ fn random_matrix(r: &mut StdRng, ty: WType, n: usize, k: usize) -> Vec<u8> {
                 }
             }
         }
+        // The other types through the project's quantizer (valid blocks of every layout).
+        _ => d = tpslab_kernels::quantize::quantize(ty, &floats(r, n * k)),
     }
     d
 }
@@ -195,16 +197,17 @@ fn matmul_every_type_and_batch_size() {
     }
 }
 
-/// The K-quant kernels over 8-bit activations (mmvq.cu, off unless `TPSLAB_CUDA_MMVQ=1`), Q5_K's
+/// The kernels over 8-bit activations (mmvq.cu, for the types with f32-activation kernels off
+/// unless `TPSLAB_CUDA_MMVQ=1`) of every quantized type, those the backend does not take yet
 /// included: against a reference fed the same 8-bit activations, and against the f32 ones.
 #[test]
 #[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
-fn kquant_kernels_over_8bit_activations() {
+fn mmvq_kernels_of_every_quantized_type_over_8bit_activations() {
     let mut g = gpu();
     g.set_mmvq(true);
     let mut r = rng();
     let mut scratch = GemmScratch::default();
-    for ty in [WType::Q4K, WType::Q5K, WType::Q6K] {
+    for ty in WType::ALL.into_iter().filter(|t| t.block_size() > 1) {
         let (n, k) = (200 + r.random_range(0..60), 256 * r.random_range(1..5));
         let w = random_matrix(&mut r, ty, n, k);
         let wf = dequant(ty, &w, n, k);
