@@ -78,3 +78,19 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int* sc, i
 __host__ __device__ constexpr int wt_bytes(int t) {
     return t == WT_Q4_0 ? 18 : t == WT_Q4_1 ? 20 : 34;
 }
+
+// d += A . B on the tensor cores, one warp: A 16x16 f16 (row major), B 16x8 f16 (column major),
+// D 16x8 f32 (PTX mma.sync m16n8k16, sm_80 on; PTX ISA 9.7.14.5.8, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"). With g = lane / 4, t = lane % 4, the lane holds
+// a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..];
+// b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g]; d[0..1] = D[g][2t..2t+1], d[2..3] = D[g+8][2t..].
+// The simulator emulates it lane by lane from these layouts (sim.h `mma_f16_16816`).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef TPSLAB_SIM
+    sim::mma_f16_16816(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}

@@ -25,6 +25,7 @@ const PTX_ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
 const PTX_MATVEC: &str = include_str!("../ptx/matvec.ptx");
 const PTX_ATTENTION: &str = include_str!("../ptx/attention.ptx");
 const PTX_MMVQ: &str = include_str!("../ptx/mmvq.ptx");
+const PTX_MMQ: &str = include_str!("../ptx/mmq.ptx");
 
 /// Largest activation batch the matrix-vector kernels take in one launch.
 const MMV_MAX_ROWS: usize = 8;
@@ -32,6 +33,9 @@ const MMV_MAX_ROWS: usize = 8;
 /// are dequantized to f16 for cuBLAS (measured on an H200: launches of 8 rows re-read the
 /// activations per output row and fall far behind dequantize + GEMM at 16 rows and more).
 const MMV_QUANT_ROWS: usize = 8;
+/// Up to this many rows, quantized weights go through the fused tensor-core kernels (mmq.cu)
+/// when they are on ([`Gpu::set_mmq`]); past it, dequantize + cuBLAS.
+const MMQ_MAX_ROWS: usize = 256;
 /// From this many tokens in a step, attention uses the wide kernel (measured on an H200: the
 /// lanes-over-keys kernel won at 1-64 decodes, the wide one at 256 decodes and in prefill).
 pub const WIDE_ATTN_TOKENS: usize = 128;
@@ -281,6 +285,8 @@ struct Kernels {
     /// The same for the K-quants over 8-bit activations (mmvq.cu), and that quantizer.
     mmvq: Vec<Option<[CudaFunction; 4]>>,
     quantize_q8: CudaFunction,
+    /// `[type id]`: the fused tensor-core kernels (mmq.cu) for tiles of 32 and 64 activation rows.
+    mmq: Vec<Option<[CudaFunction; 2]>>,
     /// By head_dim / 32 (index 1..=8; 7 missing): lanes over keys, and the wide variant.
     attn: Vec<Option<CudaFunction>>,
     attn_wide: Vec<Option<CudaFunction>>,
@@ -299,6 +305,10 @@ pub struct Gpu {
     /// `TPSLAB_CUDA_MMVQ=1` until the kernels have passed tests/gpu/gpu-check.sh on a GPU
     /// (written in a session without one).
     use_mmvq: bool,
+    /// Quantized weights times 9 to 256 rows by the fused kernels of mmq.cu (weights decoded to
+    /// f16 in shared memory, tensor-core mma) instead of dequantize + cuBLAS. Off unless
+    /// `TPSLAB_CUDA_MMQ=1` until tests/gpu/gpu-check.sh has measured it against cuBLAS.
+    use_mmq: bool,
 }
 
 fn load(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
@@ -327,7 +337,8 @@ impl Gpu {
         let mv = ctx.load_module(Ptx::from_src(PTX_MATVEC))?;
         let at = ctx.load_module(Ptx::from_src(PTX_ATTENTION))?;
         let q8 = ctx.load_module(Ptx::from_src(PTX_MMVQ))?;
-        let (mut mmv, mut mmvq) = (Vec::new(), Vec::new());
+        let mq = ctx.load_module(Ptx::from_src(PTX_MMQ))?;
+        let (mut mmv, mut mmvq, mut mmq) = (Vec::new(), Vec::new(), Vec::new());
         let four = |m: &Arc<CudaModule>, prefix: &str, ty: WType| -> Result<[CudaFunction; 4]> {
             let f = |r: usize| load(m, &format!("{prefix}_{}_{r}", mmv_name(ty)));
             Ok([f(1)?, f(2)?, f(4)?, f(8)?])
@@ -335,6 +346,11 @@ impl Gpu {
         for ty in WType::ALL {
             mmv.push(has_f32_mmv(ty).then(|| four(&mv, "mmv", ty)).transpose()?);
             mmvq.push(has_mmvq(ty).then(|| four(&q8, "mmvq", ty)).transpose()?);
+            let two = || -> Result<[CudaFunction; 2]> {
+                let f = |bm: usize| load(&mq, &format!("mmq_{}_{bm}", mmv_name(ty)));
+                Ok([f(32)?, f(64)?])
+            };
+            mmq.push(has_mmvq(ty).then(two).transpose()?);
         }
         let (mut attn, mut attn_wide) = (vec![None], vec![None]);
         for hdl in 1..=8 {
@@ -363,6 +379,7 @@ impl Gpu {
             mmv,
             mmvq,
             quantize_q8: load(&q8, "quantize_q8")?,
+            mmq,
             attn,
             attn_wide,
         };
@@ -376,7 +393,13 @@ impl Gpu {
             name,
             ordinal,
             use_mmvq: std::env::var("TPSLAB_CUDA_MMVQ").is_ok_and(|v| v == "1"),
+            use_mmq: std::env::var("TPSLAB_CUDA_MMQ").is_ok_and(|v| v == "1"),
         })
+    }
+
+    /// Turns the fused tensor-core kernels for 9 to 256 rows on or off (see `use_mmq`).
+    pub fn set_mmq(&mut self, on: bool) {
+        self.use_mmq = on;
     }
 
     /// Turns the 8-bit-activation K-quant kernels on or off (see `use_mmvq`).

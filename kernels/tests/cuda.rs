@@ -250,6 +250,55 @@ fn mmvq_kernels_of_every_quantized_type_over_8bit_activations() {
     }
 }
 
+/// The fused tensor-core kernels (mmq.cu, off unless `TPSLAB_CUDA_MMQ=1`) of every quantized
+/// type, at row counts from 9 to 256: against f16-rounded weights and activations summed in f64
+/// (what the kernel computes, up to the order of its f32 sums), and against the f32 ones.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn mmq_kernels_of_every_quantized_type() {
+    let g = gpu();
+    let mut r = rng();
+    let h = |v: f32| f16::from_f32(v).to_f32() as f64;
+    for ty in WType::ALL.into_iter().filter(|t| t.block_size() > 1) {
+        let (n, k) = (200 + r.random_range(0..60), 256 * r.random_range(1..5));
+        let w = random_matrix(&mut r, ty, n, k);
+        let wf = dequant(ty, &w, n, k);
+        let wd = g.upload(&w).unwrap();
+        let mat = DevMatrix {
+            ty,
+            n,
+            k,
+            ptr: wd.ptr(),
+        };
+        for m in [9, 16, 33, 64, 100, 256] {
+            let x = floats(&mut r, m * k);
+            let xd = g.upload(&x).unwrap();
+            let yd = g.alloc(m * n * 4).unwrap();
+            g.memset(yd.ptr(), 0xff, m * n * 4).unwrap();
+            g.mmq(&mat, xd.ptr(), m, yd.ptr()).unwrap();
+            let got = download(&g, yd.ptr(), m * n);
+            let dot = |xs: &dyn Fn(usize) -> f64, ws: &dyn Fn(usize) -> f64| -> Vec<f64> {
+                (0..m * n)
+                    .map(|i| {
+                        let (row, col) = (i / n, i % n);
+                        (0..k).map(|e| xs(row * k + e) * ws(col * k + e)).sum()
+                    })
+                    .collect()
+            };
+            let err_h = rel_err(&got, &dot(&|i| h(x[i]), &|i| h(wf[i])));
+            assert!(
+                err_h < 1e-4,
+                "{ty:?} n={n} k={k} m={m}: rel err {err_h:e} against f16 operands"
+            );
+            let err = rel_err(&got, &dot(&|i| x[i] as f64, &|i| wf[i] as f64));
+            assert!(
+                err < 5e-3,
+                "{ty:?} n={n} k={k} m={m}: rel err {err:e} against f32 operands"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn embedding_rows_of_every_type() {

@@ -236,3 +236,48 @@ fn embedding_rows_and_f16_dequantization_of_every_type() {
         }
     }
 }
+
+/// mmq.cu: weights decoded to f16 tiles in shared memory times f16 activations on the
+/// (emulated) tensor cores, against f16-rounded weights and activations summed in f64, for
+/// both tile heights, row counts that leave partial tiles, and a weight row count that is not a
+/// multiple of 64.
+#[test]
+fn mmq_tensor_core_kernels_every_type() {
+    let mut r = rng(0x5eed_0a11);
+    let n = 70;
+    let h = |v: f32| half::f16::from_f32(v).to_f32() as f64;
+    for ty in quant_types() {
+        let k = lengths(ty)[lengths(ty).len() - 1].min(256);
+        let k = if ty.block_size() == 256 { 256 } else { k };
+        let w = random_weights(&mut r, ty, n, k);
+        let wf: Vec<f32> = dequantized(&QMatrix { ty, n, k, data: &w })
+            .iter()
+            .map(|&v| h(v) as f32)
+            .collect();
+        for (m, bm) in [(9, 32), (40, 32), (71, 64)] {
+            let x = random_vec(&mut r, m * k, 0.5);
+            let mut job = Job::new();
+            let (wb, xb, yb) = (job.buf(&w), job.floats(&x), job.out(m * n * 4));
+            let args = [
+                A::P(wb, 0),
+                A::L(ty.row_bytes(k) as i64),
+                A::P(xb, 0),
+                A::P(yb, 0),
+                A::I(n as i32),
+                A::I(k as i32),
+                A::I(m as i32),
+                A::I(n as i32),
+            ];
+            let name = format!("mmq_{}_{bm}", ty.name().to_ascii_lowercase());
+            job.launch(
+                &name,
+                (n.div_ceil(64) as u32, m.div_ceil(bm) as u32),
+                128,
+                &args,
+            );
+            let got = job.run().floats(yb);
+            let err = rel_err(&got, &reference(&|i| h(x[i]), &wf, m, n, k));
+            assert!(err < 1e-5, "{ty:?} m={m} tile {bm}: rel err {err:e}");
+        }
+    }
+}

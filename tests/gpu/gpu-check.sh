@@ -90,11 +90,14 @@ EOF
   done
   # Do CUDA graphs pay? The same decode without them.
   TPSLAB_CUDA_GRAPHS=0 bench smollm2-135m-f16-nographs 1,16 --synthetic smollm2-135m --precision f16
-  TPSLAB_CUDA_GRAPHS=0 bench llama-3-8b-q4_k-nographs 1,16 --synthetic llama-3-8b --precision q4_k
-  # What the 8-bit-activation K-quant kernels (mmvq.cu, opt-in until measured) buy.
-  TPSLAB_CUDA_MMVQ=1 bench llama-3-8b-q4_k-mmvq 1,16 --synthetic llama-3-8b --precision q4_k
-  bench llama-3-8b-q6_k 1,16 --synthetic llama-3-8b --precision q6_k
-  TPSLAB_CUDA_MMVQ=1 bench llama-3-8b-q6_k-mmvq 1,16 --synthetic llama-3-8b --precision q6_k
+  # The kernels that are opt-in until measured here: 8-bit-activation matrix-vector kernels
+  # (mmvq.cu) up to 8 rows and the fused tensor-core kernels (mmq.cu) for 9 to 256 rows, against
+  # the default (f32-activation kernels, dequantize + cuBLAS) in the runs above.
+  export TPSLAB_CUDA_MMVQ=1 TPSLAB_CUDA_MMQ=1
+  bench llama-3-8b-q4_k-mmq 1,16,64,256 --synthetic llama-3-8b --precision q4_k
+  bench smollm2-135m-q4_k-mmq 1,16,64,256 --synthetic smollm2-135m --precision q4_k
+  bench llama-3-8b-q6_k-mmq 1,16 --synthetic llama-3-8b --precision q6_k
+  unset TPSLAB_CUDA_MMVQ TPSLAB_CUDA_MMQ
   echo "== table"
   # The table, and the same rows as JSON (tests/gpu/results/DATE.json, brought back under $OUT
   # too: commit it with the BENCHMARKS.md table).

@@ -20,10 +20,9 @@ import sys
 # The runs gpu-check.sh makes, in its order: (tag, model, precision).
 RUNS = [(f"{a}-{p}", a, p) for a in ("smollm2-135m", "llama-3-8b") for p in ("f16", "q4_k")] + [
     ("smollm2-135m-f16-nographs", "smollm2-135m", "f16"),
-    ("llama-3-8b-q4_k-nographs", "llama-3-8b", "q4_k"),
-    ("llama-3-8b-q4_k-mmvq", "llama-3-8b", "q4_k"),
-    ("llama-3-8b-q6_k", "llama-3-8b", "q6_k"),
-    ("llama-3-8b-q6_k-mmvq", "llama-3-8b", "q6_k"),
+    ("llama-3-8b-q4_k-mmq", "llama-3-8b", "q4_k"),
+    ("smollm2-135m-q4_k-mmq", "smollm2-135m", "q4_k"),
+    ("llama-3-8b-q6_k-mmq", "llama-3-8b", "q6_k"),
 ]
 
 

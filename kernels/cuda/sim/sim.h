@@ -237,3 +237,37 @@ inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a),
 inline __half2 __halves2half2(__half a, __half b) { return {a, b}; }
 inline float __low2float(__half2 h) { return __half2float(h.x); }
 inline float __high2float(__half2 h) { return __half2float(h.y); }
+
+namespace sim {
+// PTX mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for the calling warp, from the fragment
+// layouts the PTX ISA gives (common.cuh `mma_16816` repeats them): every lane passes its
+// registers, the warp's A (16x16) and B (16x8) are assembled, each lane gets its four of D.
+inline float half_bits(uint32_t w, int hi) { return __half2float(__ushort_as_half((unsigned short)(w >> (16 * hi)))); }
+inline void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    // Two exchanges of 16 bytes: the A words, then the B words.
+    uint4 wa{a[0], a[1], a[2], a[3]}, all_a[32];
+    uint2 wb{b[0], b[1]}, all_b[32];
+    gather(wa, all_a);
+    gather(wb, all_b);
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = l % 4;
+        const uint32_t w[4] = {all_a[l].x, all_a[l].y, all_a[l].z, all_a[l].w};
+        for (int h = 0; h < 2; h++) {
+            A[g][2 * t + h] = half_bits(w[0], h);
+            A[g + 8][2 * t + h] = half_bits(w[1], h);
+            A[g][2 * t + 8 + h] = half_bits(w[2], h);
+            A[g + 8][2 * t + 8 + h] = half_bits(w[3], h);
+            B[2 * t + h][g] = half_bits(all_b[l].x, h);
+            B[2 * t + 8 + h][g] = half_bits(all_b[l].y, h);
+        }
+    }
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float s = 0.0f;
+        for (int kk = 0; kk < 16; kk++) s += A[row][kk] * B[kk][col];
+        d[i] += s;
+    }
+}
+} // namespace sim

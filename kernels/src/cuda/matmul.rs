@@ -1,13 +1,14 @@
-//! Matrix products on the GPU: the matrix-vector kernels (f32 activations, or 8-bit ones for
-//! the K-quants) for up to 8 activation rows a launch, and past that cuBLAS in f16 with f32
-//! accumulation, quantized weights dequantized to f16 first.
+//! Matrix products on the GPU: the matrix-vector kernels (f32 activations, or 8-bit ones) for up
+//! to 8 activation rows a launch; past that, quantized weights either through the fused
+//! tensor-core kernels (mmq.cu, up to 256 rows, when on) or dequantized to f16 for cuBLAS (f16
+//! operands, f32 accumulation).
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::CudaFunction;
 
 use super::{
-    Arg, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, MMV_MAX_ROWS, MMV_QUANT_ROWS, Result,
-    check_type, wtype_id,
+    Arg, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, MMQ_MAX_ROWS, MMV_MAX_ROWS, MMV_QUANT_ROWS,
+    Result, check_type, wtype_id,
 };
 use crate::WType;
 
@@ -24,10 +25,36 @@ impl Gpu {
         check_type(w.ty)?;
         let dense = matches!(w.ty, WType::F16 | WType::BF16);
         let small = m <= MMV_MAX_ROWS || (!dense && m <= MMV_QUANT_ROWS) || w.ty == WType::F32;
-        if small || self.blas.is_none() {
+        if small {
+            return self.matvec(w, x, m, y, scratch);
+        }
+        if self.use_mmq && m <= MMQ_MAX_ROWS && self.k.mmq[wtype_id(w.ty) as usize].is_some() {
+            return self.mmq(w, x, m, y);
+        }
+        if self.blas.is_none() {
             return self.matvec(w, x, m, y, scratch);
         }
         self.gemm_f16(w, x, m, y, scratch)
+    }
+
+    /// The fused tensor-core kernels (mmq.cu) over all `m` rows in one launch: tiles of 64
+    /// weight rows by 32 or 64 activation rows.
+    pub fn mmq(&self, w: &DevMatrix, x: u64, m: usize, y: u64) -> Result<()> {
+        let fs = self.k.mmq[wtype_id(w.ty) as usize]
+            .as_ref()
+            .ok_or(CudaError::NoMatvec(w.ty))?;
+        let (f, bm) = if m <= 32 { (&fs[0], 32) } else { (&fs[1], 64) };
+        let a = [
+            Arg::P(w.ptr),
+            Arg::L(w.row_bytes() as i64),
+            Arg::P(x),
+            Arg::P(y),
+            Arg::I(w.n as i32),
+            Arg::I(w.k as i32),
+            Arg::I(m as i32),
+            Arg::I(w.n as i32),
+        ];
+        self.run(f, (w.n.div_ceil(64) as u32, m.div_ceil(bm) as u32), 128, &a)
     }
 
     /// The matrix-vector kernels over `m` rows, 8 rows per launch. K-quants first quantize the
