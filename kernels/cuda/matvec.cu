@@ -210,3 +210,49 @@ MMV_ALL(q4_1, WT_Q4_1)
 MMV_ALL(q8_0, WT_Q8_0)
 MMV_ALL(q4_k, WT_Q4K)
 MMV_ALL(q6_k, WT_Q6K)
+
+// F16 and BF16 weights times one activation row, for batch-1 decode near the memory bandwidth:
+// each lane keeps four 16-byte weight loads in flight (a warp 2 KiB, where `mmv` keeps 1 KiB)
+// and reads them with the streaming hint (ld.global.cs: read once, so they do not push the
+// activations, which every warp rereads, out of L1). Two sums per lane break the FMA chain.
+template <int T>
+__device__ __forceinline__ void mmv_dense_wide(const uint8_t* w, long long row_bytes, const float* x,
+                                               float* y, int n, int k) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n) return;
+    const int lane = threadIdx.x & 31;
+    const uint4* wr = (const uint4*)(w + (long long)row * row_bytes);
+    const int nv = k / 8;
+    float acc[2] = {0.0f, 0.0f};
+    auto step = [&](uint4 raw, int u, float& a) {
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        const float4 x0 = *(const float4*)(x + 8LL * u), x1 = *(const float4*)(x + 8LL * u + 4);
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint16_t lo = words[j] & 0xffff, hi = words[j] >> 16;
+            a += xs[2 * j] * (T == WT_F16 ? h2f(lo) : bf2f(lo)) + xs[2 * j + 1] * (T == WT_F16 ? h2f(hi) : bf2f(hi));
+        }
+    };
+    int u = lane;
+    for (; u + 96 < nv; u += 128) {
+        uint4 r[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) r[i] = __ldcs(wr + u + 32 * i);
+#pragma unroll
+        for (int i = 0; i < 4; i++) step(r[i], u + 32 * i, acc[i & 1]);
+    }
+    for (; u < nv; u += 32) step(__ldcs(wr + u), u, acc[0]);
+    const float s = warp_sum(acc[0] + acc[1]);
+    if (lane == 0) y[row] = s;
+}
+
+extern "C" __global__ void mmv_f16_wide(const uint8_t* w, long long row_bytes, const float* x, float* y,
+                                        int n, int k) {
+    mmv_dense_wide<WT_F16>(w, row_bytes, x, y, n, k);
+}
+
+extern "C" __global__ void mmv_bf16_wide(const uint8_t* w, long long row_bytes, const float* x, float* y,
+                                         int n, int k) {
+    mmv_dense_wide<WT_BF16>(w, row_bytes, x, y, n, k);
+}

@@ -282,6 +282,8 @@ struct Kernels {
     dequant_f16: CudaFunction,
     /// `[type id][0..4]` for 1, 2, 4, 8 rows: f32 activations (matvec.cu).
     mmv: Vec<Option<[CudaFunction; 4]>>,
+    /// F16 and BF16 times one row with four loads in flight a lane (matvec.cu `mmv_*_wide`).
+    mmv_wide: [CudaFunction; 2],
     /// The same for the K-quants over 8-bit activations (mmvq.cu), and that quantizer.
     mmvq: Vec<Option<[CudaFunction; 4]>>,
     quantize_q8: CudaFunction,
@@ -309,6 +311,10 @@ pub struct Gpu {
     /// f16 in shared memory, tensor-core mma) instead of dequantize + cuBLAS. Off unless
     /// `TPSLAB_CUDA_MMQ=1` until tests/gpu/gpu-check.sh has measured it against cuBLAS.
     use_mmq: bool,
+    /// F16/BF16 batch-1 products by `mmv_*_wide` (four 16-byte streaming loads in flight a
+    /// lane) instead of `mmv_*_1`. Off unless `TPSLAB_CUDA_WIDE=1` until the GPU check has
+    /// measured it.
+    use_wide: bool,
 }
 
 fn load(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
@@ -377,6 +383,7 @@ impl Gpu {
             f32_to_f16: load(&ew, "f32_to_f16")?,
             dequant_f16: load(&ew, "dequant_f16")?,
             mmv,
+            mmv_wide: [load(&mv, "mmv_f16_wide")?, load(&mv, "mmv_bf16_wide")?],
             mmvq,
             quantize_q8: load(&q8, "quantize_q8")?,
             mmq,
@@ -394,7 +401,13 @@ impl Gpu {
             ordinal,
             use_mmvq: std::env::var("TPSLAB_CUDA_MMVQ").is_ok_and(|v| v == "1"),
             use_mmq: std::env::var("TPSLAB_CUDA_MMQ").is_ok_and(|v| v == "1"),
+            use_wide: std::env::var("TPSLAB_CUDA_WIDE").is_ok_and(|v| v == "1"),
         })
+    }
+
+    /// Turns the wide-load F16/BF16 batch-1 kernels on or off (see `use_wide`).
+    pub fn set_wide(&mut self, on: bool) {
+        self.use_wide = on;
     }
 
     /// Turns the fused tensor-core kernels for 9 to 256 rows on or off (see `use_mmq`).

@@ -250,6 +250,40 @@ fn mmvq_kernels_of_every_quantized_type_over_8bit_activations() {
     }
 }
 
+/// The wide-load F16/BF16 batch-1 kernels (matvec.cu `mmv_*_wide`, off unless
+/// `TPSLAB_CUDA_WIDE=1`) against the f64 reference.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn wide_load_dense_kernels_for_one_row() {
+    let mut g = gpu();
+    g.set_wide(true);
+    let mut r = rng();
+    let mut scratch = GemmScratch::default();
+    for ty in [WType::F16, WType::BF16] {
+        let (n, k) = (300 + r.random_range(0..60), 8 * r.random_range(100..700));
+        let w = random_matrix(&mut r, ty, n, k);
+        let wf = dequant(ty, &w, n, k);
+        let wd = g.upload(&w).unwrap();
+        let mat = DevMatrix {
+            ty,
+            n,
+            k,
+            ptr: wd.ptr(),
+        };
+        let x = floats(&mut r, k);
+        let xd = g.upload(&x).unwrap();
+        let yd = g.alloc(n * 4).unwrap();
+        g.memset(yd.ptr(), 0xff, n * 4).unwrap();
+        g.matvec(&mat, xd.ptr(), 1, yd.ptr(), &mut scratch).unwrap();
+        let got = download(&g, yd.ptr(), n);
+        let want: Vec<f64> = (0..n)
+            .map(|c| (0..k).map(|e| x[e] as f64 * wf[c * k + e] as f64).sum())
+            .collect();
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-5, "{ty:?} n={n} k={k}: rel err {err:e}");
+    }
+}
+
 /// The fused tensor-core kernels (mmq.cu, off unless `TPSLAB_CUDA_MMQ=1`) of every quantized
 /// type, at row counts from 9 to 256: against f16-rounded weights and activations summed in f64
 /// (what the kernel computes, up to the order of its f32 sums), and against the f32 ones.

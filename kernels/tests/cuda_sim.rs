@@ -112,6 +112,34 @@ fn matvec_kernels_every_type_and_row_count() {
     }
 }
 
+/// matvec.cu's wide-load F16/BF16 kernels for one activation row, at a length that takes both
+/// their four-load loop and its remainder.
+#[test]
+fn wide_load_dense_kernels_for_one_row() {
+    let mut r = rng(0x5eed_0f16);
+    let (n, k) = (21, 1544);
+    for ty in [WType::F16, WType::BF16] {
+        let w = random_weights(&mut r, ty, n, k);
+        let wf = dequantized(&QMatrix { ty, n, k, data: &w });
+        let x = random_vec(&mut r, k, 0.5);
+        let mut job = Job::new();
+        let (wb, xb, yb) = (job.buf(&w), job.floats(&x), job.out(n * 4));
+        let name = format!("mmv_{}_wide", ty.name().to_ascii_lowercase());
+        let args = [
+            A::P(wb, 0),
+            A::L(ty.row_bytes(k) as i64),
+            A::P(xb, 0),
+            A::P(yb, 0),
+            A::I(n as i32),
+            A::I(k as i32),
+        ];
+        job.launch(&name, (n.div_ceil(4) as u32, 1), 128, &args);
+        let got = job.run().floats(yb);
+        let err = rel_err(&got, &reference(&|i| x[i] as f64, &wf, 1, n, k));
+        assert!(err < 1e-5, "{ty:?}: rel err {err:e}");
+    }
+}
+
 /// Every quantized type: mmvq.cu has a kernel for each.
 fn quant_types() -> impl Iterator<Item = WType> {
     WType::ALL

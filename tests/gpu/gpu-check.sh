@@ -98,6 +98,8 @@ EOF
   bench smollm2-135m-q4_k-mmq 1,16,64,256 --synthetic smollm2-135m --precision q4_k
   bench llama-3-8b-q6_k-mmq 1,16 --synthetic llama-3-8b --precision q6_k
   unset TPSLAB_CUDA_MMVQ TPSLAB_CUDA_MMQ
+  # F16 batch-1 decode with four 16-byte streaming loads in flight a lane (matvec.cu mmv_*_wide).
+  TPSLAB_CUDA_WIDE=1 bench llama-3-8b-f16-wide 1 --synthetic llama-3-8b --precision f16
   echo "== table"
   # The table, and the same rows as JSON (tests/gpu/results/DATE.json, brought back under $OUT
   # too: commit it with the BENCHMARKS.md table).

@@ -23,6 +23,7 @@ RUNS = [(f"{a}-{p}", a, p) for a in ("smollm2-135m", "llama-3-8b") for p in ("f1
     ("llama-3-8b-q4_k-mmq", "llama-3-8b", "q4_k"),
     ("smollm2-135m-q4_k-mmq", "smollm2-135m", "q4_k"),
     ("llama-3-8b-q6_k-mmq", "llama-3-8b", "q6_k"),
+    ("llama-3-8b-f16-wide", "llama-3-8b", "f16"),
 ]
 
 

@@ -199,6 +199,12 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return r;
 }
 
+// Loads with cache hints: plain loads here.
+template <class T>
+T __ldcs(const T* p) { return *p; }
+template <class T>
+T __ldg(const T* p) { return *p; }
+
 // Float intrinsics, bit casts and conversions.
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }

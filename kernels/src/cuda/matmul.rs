@@ -73,6 +73,18 @@ impl Gpu {
         {
             return self.matvec_q8(fs, w, x, m, y, scratch);
         }
+        if self.use_wide && m == 1 && matches!(w.ty, WType::F16 | WType::BF16) {
+            let f = &self.k.mmv_wide[usize::from(w.ty == WType::BF16)];
+            let a = [
+                Arg::P(w.ptr),
+                Arg::L(w.row_bytes() as i64),
+                Arg::P(x),
+                Arg::P(y),
+                Arg::I(w.n as i32),
+                Arg::I(w.k as i32),
+            ];
+            return self.run(f, (w.n.div_ceil(4) as u32, 1), 128, &a);
+        }
         let fs = self.k.mmv[id].as_ref().ok_or(CudaError::NoMatvec(w.ty))?;
         let mut done = 0;
         while done < m {
