@@ -1,7 +1,9 @@
 // Paged attention for a mixed batch (prefill chunks and decodes together): each token attends
 // to positions 0..=pos of its own sequence, reading K/V (f16) through the sequence's block table.
-// One block per (token, KV head, group of up to 8 query heads sharing it); each of the 4 warps
-// takes every 4th run of 32 keys with an online softmax, then the warps' partial results merge.
+// One block per (token, KV head, group of up to 8 query heads sharing it): token
+// `which[blockIdx.x]` when `which` is given (the tokens flash.cu does not take), else token
+// blockIdx.x. Each of the 4 warps takes every 4th run of 32 keys with an online softmax, then
+// the warps' partial results merge.
 #include "common.cuh"
 
 #define NWARPS 4
@@ -15,9 +17,9 @@ template <int HDL>
 __device__ __forceinline__ void paged_attn(const float* qkv, int qkv_stride, const __half* kc,
                                            const __half* vc, const int* pos, const int* bt_off,
                                            const int* bt, float* out, int n_heads, int n_kv_heads,
-                                           int block_size, float scale) {
+                                           int block_size, float scale, const int* which) {
     constexpr int HD = HDL * 32;
-    const int i = blockIdx.x;
+    const int i = which ? which[blockIdx.x] : blockIdx.x;
     const int group = n_heads / n_kv_heads;
     const int chunks = (group + GMAX - 1) / GMAX;
     const int kvh = blockIdx.y / chunks;
@@ -137,9 +139,9 @@ template <int HDL>
 __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride, const __half* kc,
                                            const __half* vc, const int* pos, const int* bt_off,
                                            const int* bt, float* out, int n_heads, int n_kv_heads,
-                                           int block_size, float scale) {
+                                           int block_size, float scale, const int* which) {
     constexpr int HD = HDL * 32;
-    const int i = blockIdx.x;
+    const int i = which ? which[blockIdx.x] : blockIdx.x;
     const int group = n_heads / n_kv_heads;
     const int kvh = blockIdx.y / ((group + GMAX - 1) / GMAX);
     const int g0 = (blockIdx.y % ((group + GMAX - 1) / GMAX)) * GMAX;
@@ -214,16 +216,16 @@ __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride
     extern "C" __global__ void paged_attention_##HDL(                                             \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale) {                                                           \
+        int block_size, float scale, const int* which) {                                         \
         paged_attn<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads, n_kv_heads,      \
-                        block_size, scale);                                                      \
+                        block_size, scale, which);                                               \
     }                                                                                             \
     extern "C" __global__ void paged_attention_wide_##HDL(                                        \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale) {                                                           \
+        int block_size, float scale, const int* which) {                                         \
         paged_attn_wide<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads,             \
-                             n_kv_heads, block_size, scale);                                     \
+                             n_kv_heads, block_size, scale, which);                              \
     }
 
 ATTN(1)

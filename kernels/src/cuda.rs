@@ -19,13 +19,17 @@ use cudarc::nvrtc::Ptx;
 
 use crate::WType;
 
+mod attention;
 mod matmul;
+
+pub use attention::{AttnGeom, AttnIo, AttnSplit, FLASH_MAX_TILE, flash_split};
 
 const PTX_ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
 const PTX_MATVEC: &str = include_str!("../ptx/matvec.ptx");
 const PTX_ATTENTION: &str = include_str!("../ptx/attention.ptx");
 const PTX_MMVQ: &str = include_str!("../ptx/mmvq.ptx");
 const PTX_MMQ: &str = include_str!("../ptx/mmq.ptx");
+const PTX_FLASH: &str = include_str!("../ptx/flash.ptx");
 
 /// Largest activation batch the matrix-vector kernels take in one launch.
 const MMV_MAX_ROWS: usize = 8;
@@ -215,31 +219,6 @@ impl DevMatrix {
     }
 }
 
-/// Shape of attention for the RoPE and attention kernels.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnGeom {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-}
-
-/// Device addresses and sizes of one attention launch: `n` tokens whose Q/K/V rows are `stride`
-/// floats apart in `qkv`, one layer's K and V caches, the tokens' positions, block-table offsets
-/// and the block tables (i32), and the output (`n` rows of `n_heads * head_dim` floats).
-#[derive(Debug, Clone, Copy)]
-pub struct AttnIo {
-    pub qkv: u64,
-    pub stride: usize,
-    pub kc: u64,
-    pub vc: u64,
-    pub pos: u64,
-    pub bt_off: u64,
-    pub bt: u64,
-    pub out: u64,
-    pub n: usize,
-}
-
 /// Reusable f16 buffers of the tensor-core path, grown on demand.
 #[derive(Default)]
 pub struct GemmScratch {
@@ -292,6 +271,8 @@ struct Kernels {
     /// By head_dim / 32 (index 1..=8; 7 missing): lanes over keys, and the wide variant.
     attn: Vec<Option<CudaFunction>>,
     attn_wide: Vec<Option<CudaFunction>>,
+    /// By head_dim / 32 (as `attn`): flash.cu's prefill tiles.
+    flash: Vec<Option<CudaFunction>>,
 }
 
 /// One GPU: its context, stream, cuBLAS handle and loaded kernels.
@@ -358,17 +339,19 @@ impl Gpu {
             };
             mmq.push(has_mmvq(ty).then(two).transpose()?);
         }
-        let (mut attn, mut attn_wide) = (vec![None], vec![None]);
+        let fl = ctx.load_module(Ptx::from_src(PTX_FLASH))?;
+        let (mut attn, mut attn_wide, mut flash) = (vec![None], vec![None], vec![None]);
         for hdl in 1..=8 {
-            let f = |name: &str| -> Result<Option<CudaFunction>> {
+            let f = |m: &Arc<CudaModule>, name: &str| -> Result<Option<CudaFunction>> {
                 Ok(if hdl == 7 {
                     None
                 } else {
-                    Some(load(&at, &format!("{name}_{hdl}"))?)
+                    Some(load(m, &format!("{name}_{hdl}"))?)
                 })
             };
-            attn.push(f("paged_attention")?);
-            attn_wide.push(f("paged_attention_wide")?);
+            attn.push(f(&at, "paged_attention")?);
+            attn_wide.push(f(&at, "paged_attention_wide")?);
+            flash.push(f(&fl, "flash_prefill")?);
         }
         let k = Kernels {
             embed_rows: load(&ew, "embed_rows")?,
@@ -389,6 +372,7 @@ impl Gpu {
             mmq,
             attn,
             attn_wide,
+            flash,
         };
         let name = ctx.name()?;
         Ok(Self {
@@ -701,49 +685,6 @@ impl Gpu {
             Arg::I(i32::from(neox)),
         ];
         self.run(&self.k.rope_store, (n as u32, 1), 256, &a)
-    }
-
-    /// Whether the attention kernel takes this head size.
-    pub fn supports_head_dim(head_dim: usize) -> bool {
-        head_dim.is_multiple_of(32) && matches!(head_dim / 32, 1..=6 | 8)
-    }
-
-    /// Paged attention of `io.n` tokens: token `i` (position `pos[i]`) attends to positions
-    /// `0..=pos[i]` of its sequence, whose block table starts at `bt[bt_off[i]]`. From
-    /// [`WIDE_ATTN_TOKENS`] tokens on, the wide kernel (one key per warp step) runs.
-    pub fn paged_attention(&self, io: &AttnIo, g: &AttnGeom) -> Result<()> {
-        self.paged_attention_with(io.n >= WIDE_ATTN_TOKENS, io, g)
-    }
-
-    /// [`Gpu::paged_attention`] with the kernel variant chosen by the caller.
-    pub fn paged_attention_with(&self, wide: bool, io: &AttnIo, g: &AttnGeom) -> Result<()> {
-        let table = if wide {
-            &self.k.attn_wide
-        } else {
-            &self.k.attn
-        };
-        let f = table
-            .get(g.head_dim / 32)
-            .and_then(Option::as_ref)
-            .filter(|_| Self::supports_head_dim(g.head_dim))
-            .ok_or(CudaError::HeadDim(g.head_dim))?;
-        let group = g.n_heads / g.n_kv_heads.max(1);
-        let y = g.n_kv_heads * group.div_ceil(8);
-        let a = [
-            Arg::P(io.qkv),
-            Arg::I(io.stride as i32),
-            Arg::P(io.kc),
-            Arg::P(io.vc),
-            Arg::P(io.pos),
-            Arg::P(io.bt_off),
-            Arg::P(io.bt),
-            Arg::P(io.out),
-            Arg::I(g.n_heads as i32),
-            Arg::I(g.n_kv_heads as i32),
-            Arg::I(g.block_size as i32),
-            Arg::F(1.0 / (g.head_dim as f32).sqrt()),
-        ];
-        self.run(f, (io.n as u32, y as u32), 128, &a)
     }
 
     /// `out[r]` (u32) = index of the largest of `vocab` logits in row `r`, for `rows` rows.

@@ -514,6 +514,92 @@ fn topk_matches_a_sort() {
     }
 }
 
+/// flash.cu's prefill tiles (with the per-token kernels over the rest, as `attention_split` runs
+/// them) against the per-token kernels alone over every token, on a batch of decodes and
+/// prefill chunks over a shared paged cache, for every head size the kernels take.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn flash_prefill_matches_the_per_token_kernels() {
+    let g = gpu();
+    let mut r = rng();
+    let (n_heads, n_kv, bs, nblocks) = (8usize, 2usize, 16usize, 64usize);
+    for hdl in [1usize, 2, 3, 4, 5, 6, 8] {
+        let hd = 32 * hdl;
+        let (kv_dim, stride) = (n_kv * hd, (n_heads + 2 * n_kv) * hd);
+        // A decode at 300, a chunk of 130 from 50, a decode at 5, a chunk of 17 from 0.
+        let chunks: [(usize, usize); 4] = [(300, 1), (50, 130), (5, 1), (0, 17)];
+        let (mut seq_of, mut pos, mut bt_off, mut bt) = (vec![], vec![], vec![], vec![]);
+        for (s, &(p0, len)) in chunks.iter().enumerate() {
+            let off = bt.len() as i32;
+            let blocks = (p0 + len).div_ceil(bs);
+            bt.extend((0..blocks).map(|_| r.random_range(0..nblocks as i32)));
+            for t in 0..len {
+                seq_of.push(s);
+                pos.push(p0 + t);
+                bt_off.push(off);
+            }
+        }
+        let n = pos.len();
+        let (tiles, rest) = tpslab_kernels::cuda::flash_split(&seq_of, &pos, 16);
+        let cache: Vec<f16> = floats(&mut r, nblocks * bs * kv_dim)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let kc = g.upload(&cache).unwrap();
+        let vc = g
+            .upload(&cache.iter().rev().copied().collect::<Vec<_>>())
+            .unwrap();
+        let qkv = g.upload(&floats(&mut r, n * stride)).unwrap();
+        let pos32: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let (pd, od, bd) = (
+            g.upload(&pos32).unwrap(),
+            g.upload(&bt_off).unwrap(),
+            g.upload(&bt).unwrap(),
+        );
+        let (td, rd) = (g.upload(&tiles).unwrap(), g.upload(&rest).unwrap());
+        let outs = [
+            g.alloc(n * n_heads * hd * 4).unwrap(),
+            g.alloc(n * n_heads * hd * 4).unwrap(),
+        ];
+        let geom = AttnGeom {
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            block_size: bs,
+        };
+        let io = |out: u64| AttnIo {
+            qkv: qkv.ptr(),
+            stride,
+            kc: kc.ptr(),
+            vc: vc.ptr(),
+            pos: pd.ptr(),
+            bt_off: od.ptr(),
+            bt: bd.ptr(),
+            out,
+            n,
+        };
+        for o in &outs {
+            g.memset(o.ptr(), 0xff, n * n_heads * hd * 4).unwrap();
+        }
+        g.paged_attention(&io(outs[0].ptr()), &geom).unwrap();
+        let split = tpslab_kernels::cuda::AttnSplit {
+            tiles: td.ptr(),
+            n_tiles: tiles.len() / 2,
+            rest: rd.ptr(),
+            n_rest: rest.len(),
+        };
+        g.attention_split(&io(outs[1].ptr()), &geom, &split)
+            .unwrap();
+        let want: Vec<f64> = download(&g, outs[0].ptr(), n * n_heads * hd)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let got = download(&g, outs[1].ptr(), n * n_heads * hd);
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-3, "head dim {hd}: rel err {err:e}");
+    }
+}
+
 /// Reference RoPE (as the engine's CPU ops do it) and attention in f64.
 #[test]
 #[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]

@@ -309,3 +309,171 @@ fn mmq_tensor_core_kernels_every_type() {
         }
     }
 }
+
+/// Attention shape and strides of the attention tests.
+#[derive(Clone, Copy)]
+struct Geom {
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    bs: usize,
+    kv_dim: usize,
+    stride: usize,
+}
+
+/// Causal softmax attention in f64 of every token over the paged f16 cache.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
+    g: &Geom,
+    qkv: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    pos: &[i32],
+    bt_off: &[i32],
+    bt: &[i32],
+    scale: f32,
+) -> Vec<f64> {
+    let Geom {
+        n_heads,
+        n_kv,
+        hd,
+        bs,
+        kv_dim,
+        stride,
+    } = *g;
+    let n = pos.len();
+    let mut want = vec![0f64; n * n_heads * hd];
+    for i in 0..n {
+        let table = &bt[bt_off[i] as usize..];
+        for h in 0..n_heads {
+            let kvh = h / (n_heads / n_kv);
+            let q = &qkv[i * stride + h * hd..i * stride + (h + 1) * hd];
+            let slot = |j: usize| table[j / bs] as usize * bs + j % bs;
+            let at = |c: &[f16], j: usize, e: usize| c[slot(j) * kv_dim + kvh * hd + e].to_f64();
+            let scores: Vec<f64> = (0..=pos[i] as usize)
+                .map(|j| (0..hd).map(|e| q[e] as f64 * at(kc, j, e)).sum::<f64>() * scale as f64)
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let l: f64 = p.iter().sum();
+            for e in 0..hd {
+                want[(i * n_heads + h) * hd + e] = p
+                    .iter()
+                    .enumerate()
+                    .map(|(j, pj)| pj * at(vc, j, e))
+                    .sum::<f64>()
+                    / l;
+            }
+        }
+    }
+    want
+}
+
+/// flash.cu: prefill tiles over a paged KV cache (two sequences, one chunk starting mid-way
+/// through its sequence, block tables out of order, a tile of 64 and partial tiles), against
+/// causal softmax attention in f64 over the same f16 keys and values; and attention.cu's
+/// per-token kernels (both variants) on the same inputs over a list of tokens (`which`).
+#[test]
+fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
+    let mut r = rng(0x5eed_0fa2);
+    let (n_heads, n_kv, bs, nblocks) = (4usize, 2usize, 16usize, 12usize);
+    // (first position, tokens, block table) of each sequence's chunk.
+    let seqs: [(usize, usize, Vec<i32>); 2] =
+        [(20, 37, vec![3, 7, 1, 9]), (0, 70, vec![0, 2, 4, 5, 6])];
+    for hdl in [2usize, 4] {
+        let hd = 32 * hdl;
+        let (kv_dim, stride) = (n_kv * hd, (n_heads + 2 * n_kv) * hd);
+        let (mut pos, mut bt_off, mut bt, mut tiles) = (vec![], vec![], vec![], vec![]);
+        for (p0, len, table) in &seqs {
+            let first = pos.len() as i32;
+            let off = bt.len() as i32;
+            bt.extend(table);
+            for t in 0..*len {
+                pos.push((p0 + t) as i32);
+                bt_off.push(off);
+            }
+            for c in (0..*len).step_by(64) {
+                tiles.extend([first + c as i32, (*len - c).min(64) as i32]);
+            }
+        }
+        let n = pos.len();
+        let qkv = random_vec(&mut r, n * stride, 0.5);
+        let cache = |r: &mut _| -> Vec<f16> {
+            random_vec(r, nblocks * bs * kv_dim, 0.5)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect()
+        };
+        let (kc, vc) = (cache(&mut r), cache(&mut r));
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut job = Job::new();
+        let h16 = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let (qb, kb, vb) = (job.floats(&qkv), job.buf(&h16(&kc)), job.buf(&h16(&vc)));
+        let (pb, ob, tb) = (job.ints(&pos), job.ints(&bt_off), job.ints(&bt));
+        let (tl, out) = (job.ints(&tiles), job.out(n * n_heads * hd * 4));
+        let args = [
+            A::P(qb, 0),
+            A::I(stride as i32),
+            A::P(kb, 0),
+            A::P(vb, 0),
+            A::P(pb, 0),
+            A::P(ob, 0),
+            A::P(tb, 0),
+            A::P(out, 0),
+            A::I(n_heads as i32),
+            A::I(n_kv as i32),
+            A::I(bs as i32),
+            A::F(scale),
+            A::P(tl, 0),
+        ];
+        let grid = ((tiles.len() / 2) as u32, n_heads as u32);
+        job.launch(&format!("flash_prefill_{hdl}"), grid, 128, &args);
+        let which: Vec<i32> = (0..n as i32).rev().step_by(3).collect();
+        let wb = job.ints(&which);
+        let per_token: Vec<_> = ["paged_attention", "paged_attention_wide"]
+            .iter()
+            .map(|name| {
+                let o = job.out(n * n_heads * hd * 4);
+                let mut a = args.to_vec();
+                a[7] = A::P(o, 0);
+                a[12] = A::P(wb, 0);
+                let y = (n_kv * (n_heads / n_kv).div_ceil(8)) as u32;
+                job.launch(&format!("{name}_{hdl}"), (which.len() as u32, y), 128, &a);
+                (name, o)
+            })
+            .collect();
+        let done = job.run();
+        let got = done.floats(out);
+        let geom = Geom {
+            n_heads,
+            n_kv,
+            hd,
+            bs,
+            kv_dim,
+            stride,
+        };
+        let want = attention_reference(&geom, &qkv, &kc, &vc, &pos, &bt_off, &bt, scale);
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-3, "head dim {hd}: rel err {err:e}");
+        println!("head dim {hd}: rel err {err:e}");
+        let row = n_heads * hd;
+        for (name, o) in per_token {
+            let all = done.floats(o);
+            let (mut g, mut w) = (Vec::new(), Vec::new());
+            for &i in &which {
+                let i = i as usize;
+                g.extend_from_slice(&all[i * row..(i + 1) * row]);
+                w.extend_from_slice(&want[i * row..(i + 1) * row]);
+            }
+            let err = rel_err(&g, &w);
+            assert!(err < 1e-5, "{name}, head dim {hd}: rel err {err:e}");
+            // The tokens not listed are left alone.
+            let skipped = (0..n).find(|&i| !which.contains(&(i as i32))).unwrap();
+            assert!(
+                all[skipped * row..(skipped + 1) * row]
+                    .iter()
+                    .all(|v| v.is_nan())
+            );
+        }
+    }
+}
