@@ -3,12 +3,16 @@
 //! GPU, with the same batch and KV contract as the CPU. Per step: one upload of the batch's
 //! integers, the recipe's kernels in order on one stream (replayed as a CUDA graph for decode
 //! steps), one download of the greedy tokens (and of logits rows only where a sampler needs
-//! them).
+//! them). Modules: `ops` (the recipe's ops as kernel launches).
+
+mod ops;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tpslab_kernels::cuda::{AttnGeom, AttnIo, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
+use tpslab_kernels::cuda::{CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
+
+use self::ops::CudaOps;
 
 use crate::device::{
     Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
@@ -16,10 +20,10 @@ use crate::device::{
 use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::arch;
-use crate::model::config::{ModelConfig, RopeStyle};
-use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Param, ParamShape, Rope};
+use crate::model::config::ModelConfig;
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Param, ParamShape, Rope};
 use crate::model::record::{Op, Recording};
-use crate::model::weights::{Linear, MoeWeights, Weights};
+use crate::model::weights::{Linear, Weights};
 
 /// A CUDA error with what the engine was doing.
 fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {
@@ -508,226 +512,6 @@ impl CudaBackend {
         };
         step(self).map_err(cuda("running a recorded step"))?;
         Ok(ops)
-    }
-}
-
-/// One step of one batch on the GPU: device addresses of the step's integers (uploaded once),
-/// its activation sub-buffers and the KV pool.
-struct CudaOps<'a> {
-    g: &'a Gpu,
-    sc: &'a mut GemmScratch,
-    /// Tokens and logits rows of the step.
-    n: usize,
-    r: usize,
-    /// Addresses of the activation sub-buffers (see [`ACTS`]) and floats per row of each.
-    bufs: [u64; ACTS],
-    widths: [usize; ACTS],
-    logits: u64,
-    tokens: u64,
-    pos: u64,
-    slots: u64,
-    bt_off: u64,
-    rows: u64,
-    bt: u64,
-    kv: u64,
-    /// Bytes of one layer's K (or V) slots; a layer's K then V follow the previous layer's.
-    layer_bytes: u64,
-    block_size: usize,
-}
-
-impl CudaOps<'_> {
-    fn buf(&self, b: Buf) -> u64 {
-        match b {
-            Buf::Logits => self.logits,
-            _ => self.bufs[b.index()],
-        }
-    }
-
-    fn geom(&self, heads: Heads) -> AttnGeom {
-        AttnGeom {
-            n_heads: heads.n_heads,
-            n_kv_heads: heads.n_kv_heads,
-            head_dim: heads.head_dim,
-            block_size: self.block_size,
-        }
-    }
-
-    /// K and V slots of `layer`.
-    fn kv_of(&self, layer: usize) -> (u64, u64) {
-        let k = self.kv + 2 * layer as u64 * self.layer_bytes;
-        (k, k + self.layer_bytes)
-    }
-}
-
-impl Ops for CudaOps<'_> {
-    type Matrix = DevLinear;
-    type Vector = DevVector;
-    type Error = CudaError;
-
-    fn embed(&mut self, table: &DevLinear, out: Buf) -> Result<(), CudaError> {
-        self.g.embed(&table.m, self.tokens, self.n, self.buf(out))
-    }
-
-    fn rms_norm(&mut self, x: Buf, w: &DevVector, eps: f32, out: Buf) -> Result<(), CudaError> {
-        if x == out {
-            return Err(CudaError::NoOp("an in-place RMS norm"));
-        }
-        let (x, out) = (self.buf(x), self.buf(out));
-        self.g
-            .rms_norm(x, None, self.n, w.buf.ptr(), out, w.len, eps)
-    }
-
-    fn add_rms_norm(
-        &mut self,
-        x: Buf,
-        y: Buf,
-        w: &DevVector,
-        eps: f32,
-        out: Buf,
-    ) -> Result<(), CudaError> {
-        let (x, y, out) = (self.buf(x), self.buf(y), self.buf(out));
-        self.g
-            .add_rms_norm(x, y, w.buf.ptr(), out, self.n, w.len, eps)
-    }
-
-    fn linear(&mut self, w: &DevLinear, x: Buf, y: Buf) -> Result<(), CudaError> {
-        let (x, y) = (self.buf(x), self.buf(y));
-        w.forward(self.g, x, self.n, y, self.sc)
-    }
-
-    fn scale(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("the embedding scale"))
-    }
-
-    fn softcap(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("logit soft-capping"))
-    }
-
-    fn qk_norm(
-        &mut self,
-        _: Buf,
-        _: Heads,
-        _: &DevVector,
-        _: &DevVector,
-        _: f32,
-    ) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("QK-norm"))
-    }
-
-    fn rope_store(
-        &mut self,
-        layer: usize,
-        qkv: Buf,
-        heads: Heads,
-        rope: Option<Rope>,
-        factors: Option<&DevVector>,
-    ) -> Result<(), CudaError> {
-        if let Some(what) = rope_gap(rope.as_ref(), factors.is_some()) {
-            return Err(CudaError::NoOp(what));
-        }
-        let Some(rope) = rope else {
-            return Err(CudaError::NoOp("a layer without RoPE"));
-        };
-        let (kc, vc) = self.kv_of(layer);
-        self.g.rope_store(
-            self.buf(qkv),
-            heads.qkv_dim(),
-            self.pos,
-            self.slots,
-            kc,
-            vc,
-            self.n,
-            &self.geom(heads),
-            rope.dim,
-            rope.theta,
-            rope.style == RopeStyle::Neox,
-        )
-    }
-
-    fn attention(
-        &mut self,
-        layer: usize,
-        qkv: Buf,
-        heads: Heads,
-        opts: AttnOpts,
-        sinks: Option<&DevVector>,
-        out: Buf,
-    ) -> Result<(), CudaError> {
-        if let Some(what) = attn_gap(heads, &opts, sinks.is_some()) {
-            return Err(CudaError::NoOp(what));
-        }
-        let (kc, vc) = self.kv_of(layer);
-        let io = AttnIo {
-            qkv: self.buf(qkv),
-            stride: heads.qkv_dim(),
-            kc,
-            vc,
-            pos: self.pos,
-            bt_off: self.bt_off,
-            bt: self.bt,
-            out: self.buf(out),
-            n: self.n,
-        };
-        self.g.paged_attention(&io, &self.geom(heads))
-    }
-
-    fn gated_ffn(
-        &mut self,
-        gate_up: &DevLinear,
-        down: &DevLinear,
-        act: Activation,
-        x: Buf,
-        out: Buf,
-    ) -> Result<(), CudaError> {
-        let (x, out, gu, a) = (self.buf(x), self.buf(out), self.bufs[GU], self.bufs[ACT]);
-        gate_up.forward(self.g, x, self.n, gu, self.sc)?;
-        match act {
-            Activation::Silu => self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?,
-            Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
-            Activation::SwigluOai => return Err(CudaError::NoOp("OpenAI's clamped SwiGLU")),
-        }
-        down.forward(self.g, a, self.n, out, self.sc)
-    }
-
-    fn moe_ffn(
-        &mut self,
-        _: &MoeWeights<DevLinear>,
-        _: Activation,
-        _: Buf,
-        _: Buf,
-    ) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("mixture-of-experts layers"))
-    }
-
-    fn add(&mut self, x: Buf, y: Buf) -> Result<(), CudaError> {
-        let count = self.n * self.widths[x.index()];
-        self.g.add(self.buf(x), self.buf(y), count)
-    }
-
-    fn gather_rms_norm(
-        &mut self,
-        x: Buf,
-        w: &DevVector,
-        eps: f32,
-        out: Buf,
-    ) -> Result<(), CudaError> {
-        if self.r == 0 {
-            return Ok(());
-        }
-        let (x, out) = (self.buf(x), self.buf(out));
-        self.g
-            .rms_norm(x, Some(self.rows), self.r, w.buf.ptr(), out, w.len, eps)
-    }
-
-    /// The logits rows, and their greedy tokens (one launch more, so a greedy step copies back
-    /// one integer a row instead of a vocabulary of floats).
-    fn logits(&mut self, head: &DevLinear, x: Buf, out: Buf) -> Result<(), CudaError> {
-        if self.r == 0 {
-            return Ok(());
-        }
-        let (x, out) = (self.buf(x), self.buf(out));
-        head.forward(self.g, x, self.r, out, self.sc)?;
-        self.g.argmax(out, self.r, head.m.n, self.bufs[ARGMAX])
     }
 }
 

@@ -1,0 +1,229 @@
+//! The backend-ops seam on the GPU: [`CudaOps`], one step's device addresses, runs each op of a
+//! recipe as the PTX kernels of `tpslab_kernels::cuda`.
+
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, CudaError, GemmScratch, Gpu};
+
+use super::{ACT, ACTS, ARGMAX, DevLinear, DevVector, GU, attn_gap, rope_gap};
+use crate::model::config::RopeStyle;
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
+use crate::model::weights::MoeWeights;
+
+/// One step of one batch on the GPU: device addresses of the step's integers (uploaded once),
+/// its activation sub-buffers and the KV pool.
+pub(super) struct CudaOps<'a> {
+    pub(super) g: &'a Gpu,
+    pub(super) sc: &'a mut GemmScratch,
+    /// Tokens and logits rows of the step.
+    pub(super) n: usize,
+    pub(super) r: usize,
+    /// Addresses of the activation sub-buffers (see [`ACTS`]) and floats per row of each.
+    pub(super) bufs: [u64; ACTS],
+    pub(super) widths: [usize; ACTS],
+    pub(super) logits: u64,
+    pub(super) tokens: u64,
+    pub(super) pos: u64,
+    pub(super) slots: u64,
+    pub(super) bt_off: u64,
+    pub(super) rows: u64,
+    pub(super) bt: u64,
+    pub(super) kv: u64,
+    /// Bytes of one layer's K (or V) slots; a layer's K then V follow the previous layer's.
+    pub(super) layer_bytes: u64,
+    pub(super) block_size: usize,
+}
+
+impl CudaOps<'_> {
+    fn buf(&self, b: Buf) -> u64 {
+        match b {
+            Buf::Logits => self.logits,
+            _ => self.bufs[b.index()],
+        }
+    }
+
+    fn geom(&self, heads: Heads) -> AttnGeom {
+        AttnGeom {
+            n_heads: heads.n_heads,
+            n_kv_heads: heads.n_kv_heads,
+            head_dim: heads.head_dim,
+            block_size: self.block_size,
+        }
+    }
+
+    /// K and V slots of `layer`.
+    fn kv_of(&self, layer: usize) -> (u64, u64) {
+        let k = self.kv + 2 * layer as u64 * self.layer_bytes;
+        (k, k + self.layer_bytes)
+    }
+}
+
+impl Ops for CudaOps<'_> {
+    type Matrix = DevLinear;
+    type Vector = DevVector;
+    type Error = CudaError;
+
+    fn embed(&mut self, table: &DevLinear, out: Buf) -> Result<(), CudaError> {
+        self.g.embed(&table.m, self.tokens, self.n, self.buf(out))
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: &DevVector, eps: f32, out: Buf) -> Result<(), CudaError> {
+        if x == out {
+            return Err(CudaError::NoOp("an in-place RMS norm"));
+        }
+        let (x, out) = (self.buf(x), self.buf(out));
+        self.g
+            .rms_norm(x, None, self.n, w.buf.ptr(), out, w.len, eps)
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: Buf,
+        y: Buf,
+        w: &DevVector,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        let (x, y, out) = (self.buf(x), self.buf(y), self.buf(out));
+        self.g
+            .add_rms_norm(x, y, w.buf.ptr(), out, self.n, w.len, eps)
+    }
+
+    fn linear(&mut self, w: &DevLinear, x: Buf, y: Buf) -> Result<(), CudaError> {
+        let (x, y) = (self.buf(x), self.buf(y));
+        w.forward(self.g, x, self.n, y, self.sc)
+    }
+
+    fn scale(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("the embedding scale"))
+    }
+
+    fn softcap(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("logit soft-capping"))
+    }
+
+    fn qk_norm(
+        &mut self,
+        _: Buf,
+        _: Heads,
+        _: &DevVector,
+        _: &DevVector,
+        _: f32,
+    ) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("QK-norm"))
+    }
+
+    fn rope_store(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        rope: Option<Rope>,
+        factors: Option<&DevVector>,
+    ) -> Result<(), CudaError> {
+        if let Some(what) = rope_gap(rope.as_ref(), factors.is_some()) {
+            return Err(CudaError::NoOp(what));
+        }
+        let Some(rope) = rope else {
+            return Err(CudaError::NoOp("a layer without RoPE"));
+        };
+        let (kc, vc) = self.kv_of(layer);
+        self.g.rope_store(
+            self.buf(qkv),
+            heads.qkv_dim(),
+            self.pos,
+            self.slots,
+            kc,
+            vc,
+            self.n,
+            &self.geom(heads),
+            rope.dim,
+            rope.theta,
+            rope.style == RopeStyle::Neox,
+        )
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        qkv: Buf,
+        heads: Heads,
+        opts: AttnOpts,
+        sinks: Option<&DevVector>,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        if let Some(what) = attn_gap(heads, &opts, sinks.is_some()) {
+            return Err(CudaError::NoOp(what));
+        }
+        let (kc, vc) = self.kv_of(layer);
+        let io = AttnIo {
+            qkv: self.buf(qkv),
+            stride: heads.qkv_dim(),
+            kc,
+            vc,
+            pos: self.pos,
+            bt_off: self.bt_off,
+            bt: self.bt,
+            out: self.buf(out),
+            n: self.n,
+        };
+        self.g.paged_attention(&io, &self.geom(heads))
+    }
+
+    fn gated_ffn(
+        &mut self,
+        gate_up: &DevLinear,
+        down: &DevLinear,
+        act: Activation,
+        x: Buf,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        let (x, out, gu, a) = (self.buf(x), self.buf(out), self.bufs[GU], self.bufs[ACT]);
+        gate_up.forward(self.g, x, self.n, gu, self.sc)?;
+        match act {
+            Activation::Silu => self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?,
+            Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
+            Activation::SwigluOai => return Err(CudaError::NoOp("OpenAI's clamped SwiGLU")),
+        }
+        down.forward(self.g, a, self.n, out, self.sc)
+    }
+
+    fn moe_ffn(
+        &mut self,
+        _: &MoeWeights<DevLinear>,
+        _: Activation,
+        _: Buf,
+        _: Buf,
+    ) -> Result<(), CudaError> {
+        Err(CudaError::NoOp("mixture-of-experts layers"))
+    }
+
+    fn add(&mut self, x: Buf, y: Buf) -> Result<(), CudaError> {
+        let count = self.n * self.widths[x.index()];
+        self.g.add(self.buf(x), self.buf(y), count)
+    }
+
+    fn gather_rms_norm(
+        &mut self,
+        x: Buf,
+        w: &DevVector,
+        eps: f32,
+        out: Buf,
+    ) -> Result<(), CudaError> {
+        if self.r == 0 {
+            return Ok(());
+        }
+        let (x, out) = (self.buf(x), self.buf(out));
+        self.g
+            .rms_norm(x, Some(self.rows), self.r, w.buf.ptr(), out, w.len, eps)
+    }
+
+    /// The logits rows, and their greedy tokens (one launch more, so a greedy step copies back
+    /// one integer a row instead of a vocabulary of floats).
+    fn logits(&mut self, head: &DevLinear, x: Buf, out: Buf) -> Result<(), CudaError> {
+        if self.r == 0 {
+            return Ok(());
+        }
+        let (x, out) = (self.buf(x), self.buf(out));
+        head.forward(self.g, x, self.r, out, self.sc)?;
+        self.g.argmax(out, self.r, head.m.n, self.bufs[ARGMAX])
+    }
+}
