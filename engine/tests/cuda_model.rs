@@ -43,9 +43,9 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-/// Prefill of `prompt` then `steps` decodes of fixed tokens, on both backends; returns the
-/// worst logits error over the steps.
-fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize) -> f64 {
+/// Prefill of `prompt` then `steps` decodes of fixed tokens, on both backends (the GPU with its
+/// opt-in kernels when `trial`); returns the worst logits error over the steps.
+fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize, trial: bool) -> f64 {
     let bs = 16;
     let blocks = 64;
     let mut cpu = CpuBackend::new(Arc::clone(lm), 0, bs, blocks).unwrap();
@@ -57,6 +57,7 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize) -> f64 {
         0.0,
     )
     .unwrap();
+    gpu.set_trial_kernels(trial);
     assert_eq!(gpu.num_blocks(), blocks);
     // Shuffled block table.
     let table: Vec<u32> = (0..blocks as u32).rev().step_by(3).collect();
@@ -99,9 +100,27 @@ fn synthetic_model_logits_match_cpu_in_every_precision() {
     ] {
         let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", prec, 7, 0).unwrap());
         let prompt: Vec<u32> = (0..37).map(|i| (i * 131 + 5) % 49_152).collect();
-        let err = compare(&lm, &prompt, 4);
+        let err = compare(&lm, &prompt, 4, false);
         println!("{prec:?}: worst logits rel err {err:.2e}");
         assert!(err < 3e-2, "{prec:?}: logits rel err {err:e}");
+    }
+}
+
+/// The same with the kernels that are opt-in until measured (mmvq, the fused GEMM, wide F16
+/// loads, flash prefill): prompts of 37 and 150 tokens (one flash tile, then three; the fused
+/// GEMM at 37 and 150 rows), then decodes.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn synthetic_model_logits_match_cpu_with_the_trial_kernels() {
+    require_gpu();
+    for prec in [WType::F16, WType::Q8_0, WType::Q4_1, WType::Q4K, WType::Q6K] {
+        let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", prec, 7, 0).unwrap());
+        for len in [37, 150] {
+            let prompt: Vec<u32> = (0..len).map(|i| (i * 131 + 5) % 49_152).collect();
+            let err = compare(&lm, &prompt, 3, true);
+            println!("{prec:?}, prompt {len}: worst logits rel err {err:.2e}");
+            assert!(err < 3e-2, "{prec:?}, prompt {len}: logits rel err {err:e}");
+        }
     }
 }
 
@@ -168,7 +187,7 @@ fn real_default_model_logits_match_cpu() {
     );
     let lm = Arc::new(LoadedModel::load(&path).unwrap());
     let prompt = lm.raw_prompt("The capital of France is").unwrap();
-    let err = compare(&lm, &prompt, 8);
+    let err = compare(&lm, &prompt, 8, false);
     assert!(err < 3e-2, "logits rel err {err:e}");
 }
 

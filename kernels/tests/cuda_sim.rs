@@ -380,7 +380,7 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
     // (first position, tokens, block table) of each sequence's chunk.
     let seqs: [(usize, usize, Vec<i32>); 2] =
         [(20, 37, vec![3, 7, 1, 9]), (0, 70, vec![0, 2, 4, 5, 6])];
-    for hdl in [2usize, 4] {
+    for hdl in [2usize, 4, 8] {
         let hd = 32 * hdl;
         let (kv_dim, stride) = (n_kv * hd, (n_heads + 2 * n_kv) * hd);
         let (mut pos, mut bt_off, mut bt, mut tiles) = (vec![], vec![], vec![], vec![]);

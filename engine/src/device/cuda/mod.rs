@@ -10,7 +10,9 @@ mod ops;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tpslab_kernels::cuda::{CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph};
+use tpslab_kernels::cuda::{
+    AttnSplit, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph, flash_split,
+};
 
 use self::ops::CudaOps;
 
@@ -176,7 +178,16 @@ pub struct CudaBackend {
     /// Batch sizes run once (buffers sized): the next step of that size is captured.
     graph_seen: HashSet<usize>,
     use_graphs: bool,
+    /// Prefill runs of at least [`FLASH_MIN_RUN`] tokens through flash.cu's tiles (the rest per
+    /// token). Off unless `TPSLAB_CUDA_FLASH=1` until the GPU check has measured it.
+    use_flash: bool,
+    /// Where this step's flash split sits in its uploaded integers: (tiles at, tiles, rest at,
+    /// rest), in i32s; `None` when the step has no prefill run to tile.
+    split_at: Option<(usize, usize, usize, usize)>,
 }
+
+/// Shortest prefill run that flash.cu takes (a tile has 64 rows; shorter runs waste most of it).
+pub const FLASH_MIN_RUN: usize = 16;
 
 /// Largest decode batch replayed as a CUDA graph (as vLLM's default capture sizes end at 512).
 pub const GRAPH_MAX_BATCH: usize = 512;
@@ -293,10 +304,25 @@ impl CudaBackend {
             graph_seen: HashSet::new(),
             // TPSLAB_CUDA_GRAPHS=0 turns graphs off (to measure what they pay).
             use_graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            use_flash: std::env::var("TPSLAB_CUDA_FLASH").is_ok_and(|v| v == "1"),
+            split_at: None,
         };
         me.rebuild_kv(block_size, blocks)?;
         me.warm_up()?;
         Ok(me)
+    }
+
+    /// Turns every kernel that is opt-in until the GPU check has measured it on or off at once:
+    /// 8-bit-activation matrix-vector kernels, the fused tensor-core GEMM for 9 to 256 rows,
+    /// wide-load F16/BF16 batch-1 kernels, and flash prefill (`TPSLAB_CUDA_MMVQ`, `_MMQ`,
+    /// `_WIDE`, `_FLASH`). Graphs captured before are dropped.
+    pub fn set_trial_kernels(&mut self, on: bool) {
+        self.gpu.set_mmvq(on);
+        self.gpu.set_mmq(on);
+        self.gpu.set_wide(on);
+        self.use_flash = on;
+        self.graphs.clear();
+        self.graph_seen.clear();
     }
 
     /// A profile run as vLLM does at start: one prefill long enough for the GEMM path and one
@@ -367,7 +393,8 @@ impl CudaBackend {
     }
 
     /// Uploads the batch's integers: tokens, positions, slots, block-table offsets, logits rows,
-    /// block tables (in that order, one copy).
+    /// block tables, and with flash on the step's tiles and other tokens (in that order, one
+    /// copy).
     fn upload_ints(&mut self, batch: &Batch) -> Result<u64, CudaError> {
         let n = batch.len();
         let st = &mut self.staging;
@@ -385,6 +412,16 @@ impl CudaBackend {
         st.extend(batch.logit_rows.iter().map(|&x| x as i32));
         for t in &batch.block_tables {
             st.extend(t.iter().map(|&b| b as i32));
+        }
+        self.split_at = None;
+        if self.use_flash {
+            let (tiles, rest) = flash_split(&batch.seq_of, &batch.positions, FLASH_MIN_RUN);
+            if !tiles.is_empty() {
+                let at = self.staging.len();
+                self.split_at = Some((at, tiles.len() / 2, at + tiles.len(), rest.len()));
+                self.staging.extend(tiles);
+                self.staging.extend(rest);
+            }
         }
         let total = self.staging.len();
         let ints = self.ints(total)?;
@@ -487,6 +524,12 @@ impl CudaBackend {
             kv: self.kv.ptr(),
             layer_bytes: (self.num_blocks * self.block_size * self.cfg.kv_dim() * 2) as u64,
             block_size: self.block_size,
+            split: self.split_at.map(|(t, nt, r, nr)| AttnSplit {
+                tiles: at(t),
+                n_tiles: nt,
+                rest: at(r),
+                n_rest: nr,
+            }),
         };
         match record {
             None => arch::forward(&self.cfg, &self.w, &mut ops),

@@ -1,7 +1,7 @@
 //! The backend-ops seam on the GPU: [`CudaOps`], one step's device addresses, runs each op of a
 //! recipe as the PTX kernels of `tpslab_kernels::cuda`.
 
-use tpslab_kernels::cuda::{AttnGeom, AttnIo, CudaError, GemmScratch, Gpu};
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, AttnSplit, CudaError, GemmScratch, Gpu};
 
 use super::{ACT, ACTS, ARGMAX, DevLinear, DevVector, GU, attn_gap, rope_gap};
 use crate::model::config::RopeStyle;
@@ -30,6 +30,8 @@ pub(super) struct CudaOps<'a> {
     /// Bytes of one layer's K (or V) slots; a layer's K then V follow the previous layer's.
     pub(super) layer_bytes: u64,
     pub(super) block_size: usize,
+    /// Prefill runs as flash.cu tiles and the other tokens (see `CudaBackend::use_flash`).
+    pub(super) split: Option<AttnSplit>,
 }
 
 impl CudaOps<'_> {
@@ -165,7 +167,10 @@ impl Ops for CudaOps<'_> {
             out: self.buf(out),
             n: self.n,
         };
-        self.g.paged_attention(&io, &self.geom(heads))
+        match &self.split {
+            Some(split) => self.g.attention_split(&io, &self.geom(heads), split),
+            None => self.g.paged_attention(&io, &self.geom(heads)),
+        }
     }
 
     fn gated_ffn(
