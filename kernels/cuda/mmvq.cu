@@ -1,4 +1,4 @@
-// Integer-dot matrix-vector kernels for the K-quants (llama.cpp's mmvq idea): the activations
+// Integer-dot matrix-vector kernels for every quantized type (llama.cpp's mmvq idea): the activations
 // are first quantized to 8 bits in blocks of 32 (`quantize_q8`: d = amax / 127, q = round(x / d)),
 // then each weight sub-block meets its activation block through __dp4a. Reading 1 byte of
 // activation per weight instead of 4 is what lets a 4.5-bit weight stream run near the memory
@@ -6,10 +6,11 @@
 // weight bytes and bounded Q4_K at 18% of the bandwidth floor on an H200.
 //
 // Layout of the quantized activations: q[r * k + e] (int8) and d[r * (k / 32) + e / 32] (f32).
-// One warp per weight row, M activation rows (M <= 8) per launch, f32 accumulation.
+// One warp per weight row, M activation rows (M <= 8) per launch, f32 accumulation; `mmvq_swiglu`
+// also fuses a SwiGLU FFN's gating into its gate-up product (a warp per gate/up row pair).
 //
-// Q4_K, Q5_K and Q6_K have kernels of their own below; every other quantized type runs
-// `mmvq_g` over its blocks.cuh decode. None has run on a GPU yet: kernels/tests/cuda_sim.rs
+// Q4_K, Q5_K and Q6_K have row kernels of their own below; every other quantized type runs
+// `row_g` over its blocks.cuh decode. None has run on a GPU yet: kernels/tests/cuda_sim.rs
 // checks them on the CPU simulator, tests/gpu/gpu-check.sh on a GPU. For the types that also
 // have f32-activation kernels (matvec.cu) they stay off unless TPSLAB_CUDA_MMVQ=1 until a GPU
 // run proves them.
@@ -39,18 +40,12 @@ __device__ __forceinline__ int sum8(int2 x) {
 // sub-block 2j (elements 64j + off + 0..7, low nibbles) and the 8 of sub-block 2j + 1 at
 // +32 (high nibbles), j = h / 4, off = 8 * (h % 4). Q5_K adds the fifth bit from qh.
 template <int T, int M>
-__device__ __forceinline__ void mmvq_k4(const uint8_t* w, long long row_bytes, const int8_t* xq,
-                                        const float* xd, float* y, int n, int k, int m, int ldy) {
+__device__ __forceinline__ void row_k4(const uint8_t* wr, const int8_t* xq, const float* xd, int k,
+                                       int m, float (&acc)[M]) {
     constexpr int bytes = T == WT_Q4K ? 144 : 176;
     constexpr int qs_at = T == WT_Q4K ? 16 : 48;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= n) return;
     const int lane = threadIdx.x & 31, hl = lane & 15, j = hl >> 2, off = 8 * (hl & 3);
-    const uint8_t* wr = w + (long long)row * row_bytes;
     const long long kb = k / 32;
-    float acc[M];
-#pragma unroll
-    for (int r = 0; r < M; r++) acc[r] = 0.0f;
 #pragma unroll 2
     for (int u = lane >> 4; u < k / 256; u += 2) {
         const uint8_t* b = wr + (long long)u * bytes;
@@ -79,29 +74,18 @@ __device__ __forceinline__ void mmvq_k4(const uint8_t* w, long long row_bytes, c
                     - dmin * (dl * (float)(m1 * sum8(xl)) + dh * (float)(m2 * sum8(xh)));
         }
     }
-#pragma unroll
-    for (int r = 0; r < M; r++) {
-        const float s = warp_sum(acc[r]);
-        if (r < m && lane == 0) y[(long long)r * ldy + row] = s;
-    }
 }
 
 // Q6_K: the warp takes one super-block; lane (h, q, t) = (lane / 16, lane / 4 % 4, lane % 4)
 // takes elements 128h + 32q + 8t + 0..7, which share one scale. Blocks are 210 bytes, so the
 // weight bytes are read 16 bits at a time.
 template <int M>
-__device__ __forceinline__ void mmvq_q6k(const uint8_t* w, long long row_bytes, const int8_t* xq,
-                                         const float* xd, float* y, int n, int k, int m, int ldy) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= n) return;
+__device__ __forceinline__ void row_q6k(const uint8_t* wr, const int8_t* xq, const float* xd, int k,
+                                        int m, float (&acc)[M]) {
     const int lane = threadIdx.x & 31, h = lane >> 4, q = (lane >> 2) & 3, t = lane & 3;
-    const uint8_t* wr = w + (long long)row * row_bytes;
     const long long kb = k / 32;
     const int ql_at = 64 * h + 32 * (q & 1) + 8 * t, qh_at = 128 + 32 * h + 8 * t;
     const int lo_shift = 4 * (q >> 1), hi_shift = 2 * q;
-    float acc[M];
-#pragma unroll
-    for (int r = 0; r < M; r++) acc[r] = 0.0f;
     for (int u = 0; u < k / 256; u++) {
         const uint8_t* b = wr + (long long)u * 210;
         int v[2];
@@ -121,52 +105,18 @@ __device__ __forceinline__ void mmvq_q6k(const uint8_t* w, long long row_bytes, 
             acc[r] += ds * xd[r * kb + blk] * (float)dot8(v[0], v[1], x);
         }
     }
-#pragma unroll
-    for (int r = 0; r < M; r++) {
-        const float s = warp_sum(acc[r]);
-        if (r < m && lane == 0) y[(long long)r * ldy + row] = s;
-    }
 }
 
-#define MMVQ(name, call, M)                                                                      \
-    extern "C" __global__ void mmvq_##name##_##M(const uint8_t* w, long long row_bytes,          \
-                                                 const int8_t* xq, const float* xd, float* y,    \
-                                                 int n, int k, int m, int ldy) {                 \
-        call<M>(w, row_bytes, xq, xd, y, n, k, m, ldy);                                          \
-    }
-#define MMVQ_ALL(name, call) MMVQ(name, call, 1) MMVQ(name, call, 2) MMVQ(name, call, 4) MMVQ(name, call, 8)
-
-template <int M>
-__device__ __forceinline__ void mmvq_q4k(const uint8_t* w, long long rb, const int8_t* xq,
-                                         const float* xd, float* y, int n, int k, int m, int ldy) {
-    mmvq_k4<WT_Q4K, M>(w, rb, xq, xd, y, n, k, m, ldy);
-}
-
-template <int M>
-__device__ __forceinline__ void mmvq_q5k(const uint8_t* w, long long rb, const int8_t* xq,
-                                         const float* xd, float* y, int n, int k, int m, int ldy) {
-    mmvq_k4<WT_Q5K, M>(w, rb, xq, xd, y, n, k, m, ldy);
-}
-
-MMVQ_ALL(q4_k, mmvq_q4k)
-MMVQ_ALL(q5_k, mmvq_q5k)
-MMVQ_ALL(q6_k, mmvq_q6k)
 
 // Any type with a blocks.cuh decode: each group of 32 weights is taken by 4 lanes (8 weights
 // each, `decode`), so a warp covers 8 groups (256 weights) a step and k need only be a multiple
 // of 32. Partial sums are exact integers per lane and group (dp4a), scaled once.
 template <int T, int M>
-__device__ __forceinline__ void mmvq_g(const uint8_t* w, long long row_bytes, const int8_t* xq,
-                                       const float* xd, float* y, int n, int k, int m, int ldy) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= n) return;
+__device__ __forceinline__ void row_g(const uint8_t* wr, const int8_t* xq, const float* xd, int k,
+                                      int m, float (&acc)[M]) {
     const int lane = threadIdx.x & 31, t = lane & 3;
-    const uint8_t* wr = w + (long long)row * row_bytes;
     const int groups = k / 32;
     const int2 at = lane_elems<T>(t);
-    float acc[M];
-#pragma unroll
-    for (int r = 0; r < M; r++) acc[r] = 0.0f;
 #pragma unroll 2
     for (int g = lane >> 2; g < groups; g += 8) {
         const Levels L = decode<T>(wr, g, t);
@@ -180,29 +130,75 @@ __device__ __forceinline__ void mmvq_g(const uint8_t* w, long long row_bytes, co
             acc[r] += xd[r * (long long)groups + g] * s;
         }
     }
+}
+
+// This lane's share of x[r] . W-row for r < m: the kernels of each type above.
+template <int T, int M>
+__device__ __forceinline__ void row_dot(const uint8_t* wr, const int8_t* xq, const float* xd, int k,
+                                        int m, float (&acc)[M]) {
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[r] = 0.0f;
+    if (T == WT_Q4K || T == WT_Q5K) row_k4<T == WT_Q5K ? WT_Q5K : WT_Q4K, M>(wr, xq, xd, k, m, acc);
+    else if (T == WT_Q6K) row_q6k<M>(wr, xq, xd, k, m, acc);
+    else row_g<T, M>(wr, xq, xd, k, m, acc);
+}
+
+// y[r * ldy + row] = x[r] . W[row] for r < m (m <= M), rows < n: a warp per row, 4 a block.
+template <int T, int M>
+__device__ __forceinline__ void mmvq(const uint8_t* w, long long row_bytes, const int8_t* xq,
+                                     const float* xd, float* y, int n, int k, int m, int ldy) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n) return;
+    float acc[M];
+    row_dot<T, M>(w + (long long)row * row_bytes, xq, xd, k, m, acc);
 #pragma unroll
     for (int r = 0; r < M; r++) {
         const float s = warp_sum(acc[r]);
-        if (r < m && lane == 0) y[(long long)r * ldy + row] = s;
+        if (r < m && (threadIdx.x & 31) == 0) y[(long long)r * ldy + row] = s;
     }
 }
 
-#define MMVQ_G(name, T)                                                                          \
-    template <int M>                                                                             \
-    __device__ __forceinline__ void mmvq_g_##name(const uint8_t* w, long long rb, const int8_t* xq, \
-                                                  const float* xd, float* y, int n, int k, int m, \
-                                                  int ldy) {                                     \
-        mmvq_g<T, M>(w, rb, xq, xd, y, n, k, m, ldy);                                            \
-    }                                                                                            \
-    MMVQ_ALL(name, mmvq_g_##name)
+// The gate-up product of a SwiGLU FFN with its gating fused: W is [gate | up] (2 ffn rows);
+// y[r * ffn + c] = silu(x[r] . W[c]) * (x[r] . W[ffn + c]) for c < ffn, as elementwise.cu's
+// `swiglu` computes it from the product. A warp per c, both rows' dots.
+template <int T, int M>
+__device__ __forceinline__ void mmvq_swiglu(const uint8_t* w, long long row_bytes, const int8_t* xq,
+                                            const float* xd, float* y, int ffn, int k, int m) {
+    const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (c >= ffn) return;
+    float gate[M], up[M];
+    row_dot<T, M>(w + (long long)c * row_bytes, xq, xd, k, m, gate);
+    row_dot<T, M>(w + (long long)(ffn + c) * row_bytes, xq, xd, k, m, up);
+#pragma unroll
+    for (int r = 0; r < M; r++) {
+        const float g = warp_sum(gate[r]), u = warp_sum(up[r]);
+        if (r < m && (threadIdx.x & 31) == 0) y[(long long)r * ffn + c] = g / (1.0f + expf(-g)) * u;
+    }
+}
 
-MMVQ_G(q4_0, WT_Q4_0)
-MMVQ_G(q4_1, WT_Q4_1)
-MMVQ_G(q8_0, WT_Q8_0)
-MMVQ_G(q5_0, WT_Q5_0)
-MMVQ_G(q5_1, WT_Q5_1)
-MMVQ_G(q2_k, WT_Q2K)
-MMVQ_G(q3_k, WT_Q3K)
-MMVQ_G(iq4_nl, WT_IQ4NL)
-MMVQ_G(iq4_xs, WT_IQ4XS)
-MMVQ_G(mxfp4, WT_MXFP4)
+#define MMVQ(name, T, M)                                                                         \
+    extern "C" __global__ void mmvq_##name##_##M(const uint8_t* w, long long row_bytes,          \
+                                                 const int8_t* xq, const float* xd, float* y,    \
+                                                 int n, int k, int m, int ldy) {                 \
+        mmvq<T, M>(w, row_bytes, xq, xd, y, n, k, m, ldy);                                       \
+    }                                                                                            \
+    extern "C" __global__ void mmvq_swiglu_##name##_##M(const uint8_t* w, long long row_bytes,   \
+                                                        const int8_t* xq, const float* xd,       \
+                                                        float* y, int ffn, int k, int m) {       \
+        mmvq_swiglu<T, M>(w, row_bytes, xq, xd, y, ffn, k, m);                                   \
+    }
+#define MMVQ_ALL(name, T) MMVQ(name, T, 1) MMVQ(name, T, 2) MMVQ(name, T, 4) MMVQ(name, T, 8)
+
+MMVQ_ALL(q4_0, WT_Q4_0)
+MMVQ_ALL(q4_1, WT_Q4_1)
+MMVQ_ALL(q8_0, WT_Q8_0)
+MMVQ_ALL(q4_k, WT_Q4K)
+MMVQ_ALL(q6_k, WT_Q6K)
+MMVQ_ALL(q5_k, WT_Q5K)
+MMVQ_ALL(q5_0, WT_Q5_0)
+MMVQ_ALL(q5_1, WT_Q5_1)
+MMVQ_ALL(q2_k, WT_Q2K)
+MMVQ_ALL(q3_k, WT_Q3K)
+MMVQ_ALL(iq4_nl, WT_IQ4NL)
+MMVQ_ALL(iq4_xs, WT_IQ4XS)
+MMVQ_ALL(mxfp4, WT_MXFP4)

@@ -265,6 +265,8 @@ struct Kernels {
     mmv_wide: [CudaFunction; 2],
     /// The same for the K-quants over 8-bit activations (mmvq.cu), and that quantizer.
     mmvq: Vec<Option<[CudaFunction; 4]>>,
+    /// The same with a SwiGLU FFN's gating fused into the gate-up product.
+    mmvq_swiglu: Vec<Option<[CudaFunction; 4]>>,
     quantize_q8: CudaFunction,
     /// `[type id]`: the fused tensor-core kernels (mmq.cu) for tiles of 32 and 64 activation rows.
     mmq: Vec<Option<[CudaFunction; 2]>>,
@@ -326,6 +328,7 @@ impl Gpu {
         let q8 = ctx.load_module(Ptx::from_src(PTX_MMVQ))?;
         let mq = ctx.load_module(Ptx::from_src(PTX_MMQ))?;
         let (mut mmv, mut mmvq, mut mmq) = (Vec::new(), Vec::new(), Vec::new());
+        let mut mmvq_swiglu = Vec::new();
         let four = |m: &Arc<CudaModule>, prefix: &str, ty: WType| -> Result<[CudaFunction; 4]> {
             let f = |r: usize| load(m, &format!("{prefix}_{}_{r}", mmv_name(ty)));
             Ok([f(1)?, f(2)?, f(4)?, f(8)?])
@@ -333,6 +336,11 @@ impl Gpu {
         for ty in WType::ALL {
             mmv.push(has_f32_mmv(ty).then(|| four(&mv, "mmv", ty)).transpose()?);
             mmvq.push(has_mmvq(ty).then(|| four(&q8, "mmvq", ty)).transpose()?);
+            mmvq_swiglu.push(
+                has_mmvq(ty)
+                    .then(|| four(&q8, "mmvq_swiglu", ty))
+                    .transpose()?,
+            );
             let two = || -> Result<[CudaFunction; 2]> {
                 let f = |bm: usize| load(&mq, &format!("mmq_{}_{bm}", mmv_name(ty)));
                 Ok([f(32)?, f(64)?])
@@ -368,6 +376,7 @@ impl Gpu {
             mmv,
             mmv_wide: [load(&mv, "mmv_f16_wide")?, load(&mv, "mmv_bf16_wide")?],
             mmvq,
+            mmvq_swiglu,
             quantize_q8: load(&q8, "quantize_q8")?,
             mmq,
             attn,

@@ -284,6 +284,57 @@ fn wide_load_dense_kernels_for_one_row() {
     }
 }
 
+/// The gate-up product with SwiGLU gating (`gate_up_swiglu`: fused into the 8-bit-activation
+/// kernels up to 8 rows, product then `swiglu` past them) against the f64 reference.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn gate_up_swiglu_fused_and_not() {
+    let mut g = gpu();
+    g.set_mmvq(true);
+    let mut r = rng();
+    let mut scratch = GemmScratch::default();
+    for ty in types().into_iter().filter(|t| t.block_size() > 1) {
+        let (ffn, k) = (300 + r.random_range(0..60), 256 * r.random_range(1..4));
+        let w = random_matrix(&mut r, ty, 2 * ffn, k);
+        let wf = dequant(ty, &w, 2 * ffn, k);
+        let wd = g.upload(&w).unwrap();
+        let mat = DevMatrix {
+            ty,
+            n: 2 * ffn,
+            k,
+            ptr: wd.ptr(),
+        };
+        for m in [1, 3, 8, 13] {
+            let x = floats(&mut r, m * k);
+            let xd = g.upload(&x).unwrap();
+            let gu = g.alloc(m * 2 * ffn * 4).unwrap();
+            let yd = g.alloc(m * ffn * 4).unwrap();
+            g.memset(yd.ptr(), 0xff, m * ffn * 4).unwrap();
+            g.gate_up_swiglu(&mat, xd.ptr(), m, gu.ptr(), yd.ptr(), &mut scratch)
+                .unwrap();
+            let got = download(&g, yd.ptr(), m * ffn);
+            let xq = q8_round(&x);
+            let want: Vec<f64> = (0..m * ffn)
+                .map(|i| {
+                    let (row, c) = (i / ffn, i % ffn);
+                    let dot = |w_row: usize| -> f64 {
+                        (0..k)
+                            .map(|e| xq[row * k + e] * wf[w_row * k + e] as f64)
+                            .sum()
+                    };
+                    let (gv, uv) = (dot(c), dot(ffn + c));
+                    gv / (1.0 + (-gv).exp()) * uv
+                })
+                .collect();
+            let err = rel_err(&got, &want);
+            // Past 8 rows the product runs on f32 (or f16) activations: against the 8-bit ones
+            // the difference is the activations' quantization.
+            let tol = if m <= 8 { 1e-4 } else { 2e-2 };
+            assert!(err < tol, "{ty:?} m={m}: rel err {err:e}");
+        }
+    }
+}
+
 /// The fused tensor-core kernels (mmq.cu, off unless `TPSLAB_CUDA_MMQ=1`) of every quantized
 /// type, at row counts from 9 to 256: against f16-rounded weights and activations summed in f64
 /// (what the kernel computes, up to the order of its f32 sums), and against the f32 ones.

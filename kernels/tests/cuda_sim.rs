@@ -203,6 +203,64 @@ fn mmvq_kernels_every_type_over_8bit_activations() {
     }
 }
 
+/// mmvq.cu's fused SwiGLU gate-up kernels: silu(gate) * up from one [gate | up] matrix, against
+/// the reference fed the same 8-bit activations.
+#[test]
+fn mmvq_swiglu_kernels_every_type() {
+    let mut r = rng(0x5eed_0511);
+    let (ffn, k) = (19, 256);
+    for ty in quant_types() {
+        let w = random_weights(&mut r, ty, 2 * ffn, k);
+        let wf = dequantized(&QMatrix {
+            ty,
+            n: 2 * ffn,
+            k,
+            data: &w,
+        });
+        for m in [1, 5] {
+            let x = random_vec(&mut r, m * k, 0.5);
+            let blocks = m * k / 32;
+            let mut job = Job::new();
+            let (wb, xb, yb) = (job.buf(&w), job.floats(&x), job.out(m * ffn * 4));
+            let (qb, db) = (job.out(m * k), job.out(blocks * 4));
+            job.launch(
+                "quantize_q8",
+                (blocks.div_ceil(8) as u32, 1),
+                256,
+                &[A::P(xb, 0), A::P(qb, 0), A::P(db, 0), A::L(blocks as i64)],
+            );
+            let args = [
+                A::P(wb, 0),
+                A::L(ty.row_bytes(k) as i64),
+                A::P(qb, 0),
+                A::P(db, 0),
+                A::P(yb, 0),
+                A::I(ffn as i32),
+                A::I(k as i32),
+                A::I(m as i32),
+            ];
+            job.launch(
+                &by_rows("mmvq_swiglu", ty, m),
+                (ffn.div_ceil(4) as u32, 1),
+                128,
+                &args,
+            );
+            let got = job.run().floats(yb);
+            let xq = q8_round(&x);
+            let gu = reference(&|i| xq[i], &wf, m, 2 * ffn, k);
+            let want: Vec<f64> = (0..m * ffn)
+                .map(|i| {
+                    let (row, c) = (i / ffn, i % ffn);
+                    let (g, u) = (gu[row * 2 * ffn + c], gu[row * 2 * ffn + ffn + c]);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            let err = rel_err(&got, &want);
+            assert!(err < 1e-5, "{ty:?} m={m}: rel err {err:e}");
+        }
+    }
+}
+
 /// elementwise.cu's `embed_rows` (any type, element by element) and `dequant_f16` (a 32-element
 /// group a thread, for cuBLAS) against `dequantize_row`.
 #[test]

@@ -120,18 +120,15 @@ impl Gpu {
         }
     }
 
-    /// `quantize_q8` of the `m x k` activations into `scratch` (int8 values, then one f32
-    /// scale per 32), then the integer-dot kernels, 8 rows per launch.
-    fn matvec_q8(
+    /// `quantize_q8` of the `m x k` activations into `scratch`: the device addresses of the
+    /// int8 values and of their f32 scales, one per 32.
+    fn quantize_q8(
         &self,
-        fs: &[CudaFunction; 4],
-        w: &DevMatrix,
         x: u64,
         m: usize,
-        y: u64,
+        k: usize,
         scratch: &mut GemmScratch,
-    ) -> Result<()> {
-        let (n, k) = (w.n, w.k);
+    ) -> Result<(u64, u64)> {
         let blocks = m * k / 32;
         let d_at = (m * k).next_multiple_of(256);
         let q = self.ensure(&mut scratch.x, d_at + blocks * 4)?;
@@ -143,6 +140,21 @@ impl Gpu {
             256,
             &[Arg::P(x), Arg::P(q), Arg::P(d), Arg::L(blocks as i64)],
         )?;
+        Ok((q, d))
+    }
+
+    /// `quantize_q8` of the activations, then the integer-dot kernels, 8 rows per launch.
+    fn matvec_q8(
+        &self,
+        fs: &[CudaFunction; 4],
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        y: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let (n, k) = (w.n, w.k);
+        let (q, d) = self.quantize_q8(x, m, k, scratch)?;
         let mut done = 0;
         while done < m {
             let rows = (m - done).min(MMV_MAX_ROWS);
@@ -158,6 +170,54 @@ impl Gpu {
                 Arg::I(n as i32),
             ];
             self.run(Self::by_rows(fs, rows), (n.div_ceil(4) as u32, 1), 128, &a)?;
+            done += rows;
+        }
+        Ok(())
+    }
+
+    /// A SwiGLU FFN's gate-up product and gating: `out[r][c] = silu(x[r] . W[c]) *
+    /// (x[r] . W[ffn + c])` for `W = [gate | up]` (`2 ffn` rows). Where [`Gpu::matvec`] would
+    /// take the 8-bit-activation kernels, one fused kernel per 8 rows (`mmvq_swiglu`); else the
+    /// product into `gu` (`m x 2 ffn` floats), then `swiglu`.
+    pub fn gate_up_swiglu(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        m: usize,
+        gu: u64,
+        out: u64,
+        scratch: &mut GemmScratch,
+    ) -> Result<()> {
+        let (id, ffn, k) = (wtype_id(w.ty) as usize, w.n / 2, w.k);
+        let fused = m <= MMV_QUANT_ROWS
+            && w.n.is_multiple_of(2)
+            && (self.use_mmvq || self.k.mmv[id].is_none())
+            && self.k.mmvq_swiglu[id].is_some();
+        let Some(fs) = self.k.mmvq_swiglu[id].as_ref().filter(|_| fused) else {
+            self.matmul(w, x, m, gu, scratch)?;
+            return self.swiglu(gu, out, ffn, m);
+        };
+        check_type(w.ty)?;
+        let (q, d) = self.quantize_q8(x, m, k, scratch)?;
+        let mut done = 0;
+        while done < m {
+            let rows = (m - done).min(MMV_MAX_ROWS);
+            let a = [
+                Arg::P(w.ptr),
+                Arg::L(w.row_bytes() as i64),
+                Arg::P(q + (done * k) as u64),
+                Arg::P(d + (done * (k / 32) * 4) as u64),
+                Arg::P(out + (done * ffn * 4) as u64),
+                Arg::I(ffn as i32),
+                Arg::I(k as i32),
+                Arg::I(rows as i32),
+            ];
+            self.run(
+                Self::by_rows(fs, rows),
+                (ffn.div_ceil(4) as u32, 1),
+                128,
+                &a,
+            )?;
             done += rows;
         }
         Ok(())

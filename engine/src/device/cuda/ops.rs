@@ -182,9 +182,16 @@ impl Ops for CudaOps<'_> {
         out: Buf,
     ) -> Result<(), CudaError> {
         let (x, out, gu, a) = (self.buf(x), self.buf(out), self.bufs[GU], self.bufs[ACT]);
-        gate_up.forward(self.g, x, self.n, gu, self.sc)?;
         match act {
-            Activation::Silu => self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?,
+            // Gating fused into the product where the kernels allow (no bias to add between).
+            Activation::Silu if gate_up.bias.is_none() => {
+                self.g
+                    .gate_up_swiglu(&gate_up.m, x, self.n, gu, a, self.sc)?;
+            }
+            Activation::Silu => {
+                gate_up.forward(self.g, x, self.n, gu, self.sc)?;
+                self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?;
+            }
             Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
             Activation::SwigluOai => return Err(CudaError::NoOp("OpenAI's clamped SwiGLU")),
         }
