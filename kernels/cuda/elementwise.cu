@@ -59,7 +59,8 @@ extern "C" __global__ void swiglu(const float* gu, float* out, int ffn, long lon
 }
 
 // Rotates Q and K of token blockIdx.x in place (rows of qkv: [q | k | v]) and stores K and V
-// as f16 in KV slot slots[i]. theta_i = pos * theta_scale^i, multiplied up as ggml does.
+// as f16 in KV slot slots[i] (none when it is negative: a padding token of a captured step).
+// theta_i = pos * theta_scale^i, multiplied up as ggml does.
 extern "C" __global__ void rope_store(float* qkv, int stride, const int* pos, const int* slots,
                                       __half* kc, __half* vc, int n_heads, int n_kv_heads,
                                       int head_dim, int rope_dim, float theta_scale, int neox) {
@@ -83,6 +84,7 @@ extern "C" __global__ void rope_store(float* qkv, int stride, const int* pos, co
     __syncthreads();
     const int kv_dim = n_kv_heads * head_dim;
     const long long slot = slots[i];
+    if (slot < 0) return;
     const float* k = row + n_heads * head_dim;
     const float* v = k + kv_dim;
     for (int e = threadIdx.x; e < kv_dim; e += blockDim.x) {

@@ -535,3 +535,83 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
         }
     }
 }
+
+/// elementwise.cu's `rope_store`: RoPE (both pair layouts) on Q and K in place and K, V stored
+/// as f16 in their slots; a token whose slot is -1 (a padding token of a captured step) stores
+/// nothing.
+#[test]
+fn rope_store_rotates_and_stores_and_skips_padding() {
+    let mut r = rng(0x5eed_0e0e);
+    let (n_heads, n_kv, hd) = (2usize, 1usize, 64usize);
+    let (stride, kv_dim, slots_n) = ((n_heads + 2 * n_kv) * hd, n_kv * hd, 8usize);
+    let pos = [5i32, 0, 131];
+    let slots = [6i32, -1, 2];
+    let theta_scale = 10_000f32.powf(-2.0 / hd as f32);
+    for neox in [0, 1] {
+        let qkv = random_vec(&mut r, pos.len() * stride, 0.5);
+        let mut job = Job::new();
+        let (qb, pb, sb) = (job.floats(&qkv), job.ints(&pos), job.ints(&slots));
+        let (kb, vb) = (job.out(slots_n * kv_dim * 2), job.out(slots_n * kv_dim * 2));
+        let args = [
+            A::P(qb, 0),
+            A::I(stride as i32),
+            A::P(pb, 0),
+            A::P(sb, 0),
+            A::P(kb, 0),
+            A::P(vb, 0),
+            A::I(n_heads as i32),
+            A::I(n_kv as i32),
+            A::I(hd as i32),
+            A::I(hd as i32),
+            A::F(theta_scale),
+            A::I(neox),
+        ];
+        job.launch("rope_store", (pos.len() as u32, 1), 256, &args);
+        let out = job.run();
+        let (got, kc, vc) = (
+            out.floats(qb),
+            out.bytes(kb).to_vec(),
+            out.bytes(vb).to_vec(),
+        );
+        let mut want: Vec<f64> = qkv.iter().map(|&v| v as f64).collect();
+        for (i, &p) in pos.iter().enumerate() {
+            for head in 0..n_heads + n_kv {
+                for j in 0..hd / 2 {
+                    let mut theta = p as f32;
+                    for _ in 0..j {
+                        theta *= theta_scale;
+                    }
+                    let (a, b) = if neox == 1 {
+                        (j, j + hd / 2)
+                    } else {
+                        (2 * j, 2 * j + 1)
+                    };
+                    let base = i * stride + head * hd;
+                    let (x0, x1) = (qkv[base + a] as f64, qkv[base + b] as f64);
+                    let (sn, cs) = (theta as f64).sin_cos();
+                    want[base + a] = x0 * cs - x1 * sn;
+                    want[base + b] = x0 * sn + x1 * cs;
+                }
+            }
+        }
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-5, "neox {neox}: rel err {err:e}");
+        let f16_at = |c: &[u8], e: usize| f16::from_le_bytes([c[2 * e], c[2 * e + 1]]);
+        for (i, &s) in slots.iter().enumerate() {
+            if s < 0 {
+                continue;
+            }
+            for e in 0..kv_dim {
+                let k = got[i * stride + n_heads * hd + e];
+                let v = got[i * stride + n_heads * hd + kv_dim + e];
+                assert_eq!(f16_at(&kc, s as usize * kv_dim + e), f16::from_f32(k));
+                assert_eq!(f16_at(&vc, s as usize * kv_dim + e), f16::from_f32(v));
+            }
+        }
+        // Only the two real tokens' slots were written.
+        let written = (0..slots_n)
+            .filter(|&s| (0..kv_dim).any(|e| f16_at(&kc, s * kv_dim + e).to_bits() != 0xffff))
+            .count();
+        assert_eq!(written, 2, "neox {neox}");
+    }
+}
