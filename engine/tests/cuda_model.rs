@@ -124,6 +124,40 @@ fn synthetic_model_logits_match_cpu_with_the_trial_kernels() {
     }
 }
 
+/// Mixed steps replayed as padded graphs (with the trial kernels): the same step shape three
+/// times (run, captured, replayed) with other tokens and block tables each time, logits against
+/// the CPU's.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn padded_mixed_step_graphs_match_cpu() {
+    require_gpu();
+    let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::Q4K, 7, 0).unwrap());
+    let (bs, blocks) = (16, 64);
+    let mut cpu = CpuBackend::new(Arc::clone(&lm), 0, bs, blocks).unwrap();
+    let bytes = blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs);
+    let mut gpu = CudaBackend::new(&lm, 0, bs, bytes, 0.0).unwrap();
+    gpu.set_trial_kernels(true);
+    for round in 0..3u32 {
+        // Three fresh sequences of 20, 3 and 5 prompt tokens: 28 tokens, 3 sampled rows.
+        let mut b = Batch::default();
+        for (s, len) in [20u32, 3, 5].into_iter().enumerate() {
+            let table: Vec<u32> = (0..2)
+                .map(|j| (round * 6 + s as u32 * 2 + j) % 64)
+                .collect();
+            let toks: Vec<u32> = (0..len)
+                .map(|i| (i * 977 + round * 31 + s as u32) % 49_152)
+                .collect();
+            b.push_seq(table, 0, &toks, true);
+        }
+        let needs = [RowNeed::Full, RowNeed::Full, RowNeed::Full];
+        let want = cpu.forward(&b, &needs).unwrap().logits.to_vec();
+        let got = gpu.forward(&b, &needs).unwrap().logits.to_vec();
+        let err = rel_err(&got, &want);
+        println!("round {round}: logits rel err {err:.2e}");
+        assert!(err < 3e-2, "round {round}: logits rel err {err:e}");
+    }
+}
+
 /// A model with weights the CUDA kernels do not read (Q5_K, while it has no kernel) is refused
 /// with an error naming the type, before any GPU is touched (so this runs without one too).
 /// The CUDA device receives the recording device's op sequence for each synthetic

@@ -92,13 +92,13 @@ EOF
   TPSLAB_CUDA_GRAPHS=0 bench smollm2-135m-f16-nographs 1,16 --synthetic smollm2-135m --precision f16
   # The kernels that are opt-in until measured here: 8-bit-activation matrix-vector kernels
   # (mmvq.cu) up to 8 rows, the fused tensor-core kernels (mmq.cu) for 9 to 256 rows and flash
-  # prefill (flash.cu; TTFT), against the default (f32-activation kernels, dequantize + cuBLAS,
-  # per-token attention) in the runs above.
-  export TPSLAB_CUDA_MMVQ=1 TPSLAB_CUDA_MMQ=1 TPSLAB_CUDA_FLASH=1
+  # prefill (flash.cu; TTFT) and graphs of padded mixed steps, against the default (f32-activation
+  # kernels, dequantize + cuBLAS, per-token attention, decode-only graphs) in the runs above.
+  export TPSLAB_CUDA_MMVQ=1 TPSLAB_CUDA_MMQ=1 TPSLAB_CUDA_FLASH=1 TPSLAB_CUDA_MIXED_GRAPHS=1
   bench llama-3-8b-q4_k-mmq 1,16,64,256 --synthetic llama-3-8b --precision q4_k
   bench smollm2-135m-q4_k-mmq 1,16,64,256 --synthetic smollm2-135m --precision q4_k
   bench llama-3-8b-q6_k-mmq 1,16 --synthetic llama-3-8b --precision q6_k
-  unset TPSLAB_CUDA_MMVQ TPSLAB_CUDA_MMQ TPSLAB_CUDA_FLASH
+  unset TPSLAB_CUDA_MMVQ TPSLAB_CUDA_MMQ TPSLAB_CUDA_FLASH TPSLAB_CUDA_MIXED_GRAPHS
   # F16 batch-1 decode with four 16-byte streaming loads in flight a lane (matvec.cu mmv_*_wide).
   TPSLAB_CUDA_WIDE=1 bench llama-3-8b-f16-wide 1 --synthetic llama-3-8b --precision f16
   echo "== table"

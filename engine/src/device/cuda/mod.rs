@@ -173,17 +173,50 @@ pub struct CudaBackend {
     topk_buf: Option<DBuf>,
     topk_ids: Vec<u32>,
     topk_vals: Vec<f32>,
-    /// Decode-step graphs by batch size, with the buffer addresses they captured.
-    graphs: HashMap<usize, ([u64; 6], Graph)>,
-    /// Batch sizes run once (buffers sized): the next step of that size is captured.
-    graph_seen: HashSet<usize>,
+    /// Step graphs by (tokens, logits rows) as launched (padded for mixed steps), with the
+    /// buffer addresses they captured.
+    graphs: HashMap<(usize, usize), ([u64; 6], Graph)>,
+    /// Shapes run once (buffers sized): the next step of that shape is captured.
+    graph_seen: HashSet<(usize, usize)>,
     use_graphs: bool,
     /// Prefill runs of at least [`FLASH_MIN_RUN`] tokens through flash.cu's tiles (the rest per
     /// token). Off unless `TPSLAB_CUDA_FLASH=1` until the GPU check has measured it.
     use_flash: bool,
+    /// Mixed steps (prefill chunks beside decodes) of up to [`MIXED_GRAPH_MAX_TOKENS`] tokens
+    /// padded to [`mixed_bucket`] sizes and replayed as graphs too. Off unless
+    /// `TPSLAB_CUDA_MIXED_GRAPHS=1` until the GPU check has measured it.
+    use_mixed_graphs: bool,
     /// Where this step's flash split sits in its uploaded integers: (tiles at, tiles, rest at,
     /// rest), in i32s; `None` when the step has no prefill run to tile.
     split_at: Option<(usize, usize, usize, usize)>,
+}
+
+/// Largest mixed step replayed as a graph (padded to [`mixed_bucket`] tokens).
+pub const MIXED_GRAPH_MAX_TOKENS: usize = 512;
+
+/// The token count a mixed step of `n` tokens is padded to for its graph: a multiple of 16 up
+/// to 128, then of 64. Padding tokens are token 0 at position 0 of the first sequence's block
+/// table, store no K/V (slot -1), and their rows are never read.
+pub fn mixed_bucket(n: usize) -> usize {
+    if n <= 128 {
+        n.max(1).next_multiple_of(16)
+    } else {
+        n.next_multiple_of(64)
+    }
+}
+
+/// The (tokens, logits rows) a step is launched with and keyed by as a graph: decode steps as
+/// they are, mixed steps padded; `None` for a step that runs without a graph.
+fn graph_shape(batch: &Batch, mixed: bool) -> Option<(usize, usize)> {
+    let (n, r) = (batch.len(), batch.logit_rows.len());
+    if n == r && n == batch.block_tables.len() && n <= GRAPH_MAX_BATCH {
+        Some((n, r))
+    } else if mixed && n <= MIXED_GRAPH_MAX_TOKENS && !batch.block_tables.is_empty() {
+        let np = mixed_bucket(n);
+        Some((np, r.max(1).next_power_of_two().min(np)))
+    } else {
+        None
+    }
 }
 
 /// Shortest prefill run that flash.cu takes (a tile has 64 rows; shorter runs waste most of it).
@@ -305,6 +338,7 @@ impl CudaBackend {
             // TPSLAB_CUDA_GRAPHS=0 turns graphs off (to measure what they pay).
             use_graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             use_flash: std::env::var("TPSLAB_CUDA_FLASH").is_ok_and(|v| v == "1"),
+            use_mixed_graphs: std::env::var("TPSLAB_CUDA_MIXED_GRAPHS").is_ok_and(|v| v == "1"),
             split_at: None,
         };
         me.rebuild_kv(block_size, blocks)?;
@@ -314,13 +348,15 @@ impl CudaBackend {
 
     /// Turns every kernel that is opt-in until the GPU check has measured it on or off at once:
     /// 8-bit-activation matrix-vector kernels, the fused tensor-core GEMM for 9 to 256 rows,
-    /// wide-load F16/BF16 batch-1 kernels, and flash prefill (`TPSLAB_CUDA_MMVQ`, `_MMQ`,
-    /// `_WIDE`, `_FLASH`). Graphs captured before are dropped.
+    /// wide-load F16/BF16 batch-1 kernels, flash prefill and graphs of padded mixed steps
+    /// (`TPSLAB_CUDA_MMVQ`, `_MMQ`, `_WIDE`, `_FLASH`, `_MIXED_GRAPHS`). Graphs captured before
+    /// are dropped.
     pub fn set_trial_kernels(&mut self, on: bool) {
         self.gpu.set_mmvq(on);
         self.gpu.set_mmq(on);
         self.gpu.set_wide(on);
         self.use_flash = on;
+        self.use_mixed_graphs = on;
         self.graphs.clear();
         self.graph_seen.clear();
     }
@@ -378,12 +414,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// A step's setup: the context bound, the buffers sized for it, its integers uploaded
-    /// (their device address returned).
-    fn prepare(&mut self, batch: &Batch) -> Result<u64, CudaError> {
+    /// A step's setup: the context bound, the buffers sized for it (for `pad`'s (tokens, rows)
+    /// when given), its integers uploaded (their device address returned).
+    fn prepare(&mut self, batch: &Batch, pad: Option<(usize, usize)>) -> Result<u64, CudaError> {
         self.gpu.bind()?;
-        self.ensure_workspace(batch.len(), batch.logit_rows.len())?;
-        self.upload_ints(batch)
+        let (n, r) = pad.unwrap_or((batch.len(), batch.logit_rows.len()));
+        self.ensure_workspace(n, r)?;
+        self.upload_ints(batch, pad)
     }
 
     fn ints(&mut self, len: usize) -> Result<u64, CudaError> {
@@ -394,14 +431,25 @@ impl CudaBackend {
 
     /// Uploads the batch's integers: tokens, positions, slots, block-table offsets, logits rows,
     /// block tables, and with flash on the step's tiles and other tokens (in that order, one
-    /// copy).
-    fn upload_ints(&mut self, batch: &Batch) -> Result<u64, CudaError> {
+    /// copy). With `pad` (a graph's shape), each per-token section is padded to its tokens with
+    /// padding tokens ([`mixed_bucket`]) and the logits rows to its rows with row 0; such a step
+    /// takes no flash tiles (their count varies from step to step).
+    fn upload_ints(
+        &mut self,
+        batch: &Batch,
+        pad: Option<(usize, usize)>,
+    ) -> Result<u64, CudaError> {
         let n = batch.len();
+        let (np, rp) = pad.unwrap_or((n, batch.logit_rows.len()));
+        let extra = np - n;
         let st = &mut self.staging;
         st.clear();
         st.extend(batch.tokens.iter().map(|&t| t as i32));
+        st.extend(std::iter::repeat_n(0, extra));
         st.extend(batch.positions.iter().map(|&p| p as i32));
+        st.extend(std::iter::repeat_n(0, extra));
         st.extend((0..n).map(|i| batch.slot(i, self.block_size) as i32));
+        st.extend(std::iter::repeat_n(-1, extra));
         let mut starts = Vec::with_capacity(batch.block_tables.len());
         let mut acc = 0;
         for t in &batch.block_tables {
@@ -409,12 +457,14 @@ impl CudaBackend {
             acc += t.len();
         }
         st.extend(batch.seq_of.iter().map(|&s| starts[s]));
+        st.extend(std::iter::repeat_n(0, extra));
         st.extend(batch.logit_rows.iter().map(|&x| x as i32));
+        st.extend(std::iter::repeat_n(0, rp - batch.logit_rows.len()));
         for t in &batch.block_tables {
             st.extend(t.iter().map(|&b| b as i32));
         }
         self.split_at = None;
-        if self.use_flash {
+        if self.use_flash && pad.is_none() {
             let (tiles, rest) = flash_split(&batch.seq_of, &batch.positions, FLASH_MIN_RUN);
             if !tiles.is_empty() {
                 let at = self.staging.len();
@@ -443,52 +493,58 @@ impl CudaBackend {
     }
 
     /// Runs the step; returns the device address of its logits. Pure decode steps (one token
-    /// per sequence, every one sampled) of up to [`GRAPH_MAX_BATCH`] sequences replay a CUDA
-    /// graph captured the second time that batch size is seen (the first run sizes every buffer,
-    /// so the capture allocates nothing).
+    /// per sequence, every one sampled) of up to [`GRAPH_MAX_BATCH`] sequences, and with
+    /// `use_mixed_graphs` mixed steps padded to a bucket, replay a CUDA graph captured the second
+    /// time that shape is seen (the first run sizes every buffer, so the capture allocates
+    /// nothing).
     fn run(&mut self, batch: &Batch) -> Result<u64, CudaError> {
-        let n = batch.len();
-        let r = batch.logit_rows.len();
-        let ints = self.prepare(batch)?;
-        let decode =
-            self.use_graphs && n == r && n == batch.block_tables.len() && n <= GRAPH_MAX_BATCH;
-        if decode {
-            let sig = self.signature(ints);
-            if self.graphs.values().any(|(s, _)| *s != sig) {
-                // A buffer moved (it grew): every graph holds old addresses.
-                self.graphs.clear();
-                self.graph_seen.clear();
-            }
-            if let Some((_, g)) = self.graphs.get(&n) {
-                self.gpu.launch_graph(g)?;
-            } else if self.graph_seen.contains(&n) {
-                self.gpu.begin_capture()?;
-                let launched = self.launch(n, r, ints, None);
-                match (launched, self.gpu.end_capture()) {
-                    (Ok(()), Ok(graph)) => {
-                        self.gpu.launch_graph(&graph)?;
-                        self.graphs.insert(n, (sig, graph));
-                    }
-                    // A driver or library that cannot capture: run without graphs from now on
-                    // (the capture queued nothing, so this step runs as usual).
-                    _ => {
-                        self.use_graphs = false;
-                        self.graphs.clear();
-                        self.launch(n, r, ints, None)?;
-                    }
-                }
-            } else {
-                self.launch(n, r, ints, None)?;
-                self.graph_seen.insert(n);
-            }
-        } else {
-            self.launch(n, r, ints, None)?;
+        let (n, r) = (batch.len(), batch.logit_rows.len());
+        let shape = graph_shape(batch, self.use_mixed_graphs).filter(|_| self.use_graphs);
+        let ints = self.prepare(batch, shape)?;
+        match shape {
+            None => self.launch(n, r, ints, None)?,
+            Some(key) => self.replay(key, ints)?,
         }
         let logits = self.ws.logits.as_ref().map_or(0, DBuf::ptr);
         self.argmax.resize(r, 0);
         let greedy = self.ws.buf.as_ref().map_or(0, DBuf::ptr) + self.ws.offs[ARGMAX] as u64;
         self.gpu.dtoh(greedy, &mut self.argmax)?;
         Ok(logits)
+    }
+
+    /// Runs a step of `key` = (tokens, rows) as launched through its graph: replayed when
+    /// captured, captured when that shape has run once, else run and remembered.
+    fn replay(&mut self, key: (usize, usize), ints: u64) -> Result<(), CudaError> {
+        let (n, r) = key;
+        let sig = self.signature(ints);
+        if self.graphs.values().any(|(s, _)| *s != sig) {
+            // A buffer moved (it grew): every graph holds old addresses.
+            self.graphs.clear();
+            self.graph_seen.clear();
+        }
+        if let Some((_, g)) = self.graphs.get(&key) {
+            self.gpu.launch_graph(g)?;
+        } else if self.graph_seen.contains(&key) {
+            self.gpu.begin_capture()?;
+            let launched = self.launch(n, r, ints, None);
+            match (launched, self.gpu.end_capture()) {
+                (Ok(()), Ok(graph)) => {
+                    self.gpu.launch_graph(&graph)?;
+                    self.graphs.insert(key, (sig, graph));
+                }
+                // A driver or library that cannot capture: run without graphs from now on
+                // (the capture queued nothing, so this step runs as usual).
+                _ => {
+                    self.use_graphs = false;
+                    self.graphs.clear();
+                    self.launch(n, r, ints, None)?;
+                }
+            }
+        } else {
+            self.launch(n, r, ints, None)?;
+            self.graph_seen.insert(key);
+        }
+        Ok(())
     }
 
     /// Queues every kernel of one step (no host copies, no synchronization, no allocation
@@ -549,7 +605,7 @@ impl CudaBackend {
         let (n, r) = (batch.len(), batch.logit_rows.len());
         let mut ops = Vec::new();
         let mut step = |me: &mut Self| -> Result<(), CudaError> {
-            let ints = me.prepare(batch)?;
+            let ints = me.prepare(batch, None)?;
             me.launch(n, r, ints, Some(&mut ops))?;
             me.gpu.sync()
         };
@@ -692,5 +748,36 @@ impl Backend for CudaBackend {
         self.graphs.clear();
         self.graph_seen.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixed_steps_pad_to_buckets_and_decodes_keep_their_shape() {
+        assert_eq!(
+            [1, 16, 17, 128, 129, 300, 512].map(mixed_bucket),
+            [16, 16, 32, 128, 192, 320, 512]
+        );
+        // Three decodes: as they are.
+        let mut b = Batch::default();
+        for s in 0..3u32 {
+            b.push_seq(vec![s], 5, &[7], true);
+        }
+        assert_eq!(graph_shape(&b, false), Some((3, 3)));
+        // A prefill chunk of 37 (its last token sampled) beside two decodes: 39 tokens, 3 rows,
+        // padded to (48, 4) only with mixed graphs on.
+        let mut b = Batch::default();
+        b.push_seq(vec![0, 1, 2], 0, &[9; 37], true);
+        b.push_seq(vec![3], 4, &[7], true);
+        b.push_seq(vec![4], 4, &[7], true);
+        assert_eq!(graph_shape(&b, false), None);
+        assert_eq!(graph_shape(&b, true), Some((48, 4)));
+        // Past the largest mixed graph: no graph.
+        let mut b = Batch::default();
+        b.push_seq((0..40).collect(), 0, &[9; 600], true);
+        assert_eq!(graph_shape(&b, true), None);
     }
 }
