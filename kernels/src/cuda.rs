@@ -5,7 +5,18 @@
 //!
 //! Buffers are [`DBuf`]s (device bytes); the operations take device addresses ([`DBuf::ptr`] plus
 //! byte offsets), so callers can address layers and rows inside one allocation. Everything runs
-//! on one stream in order; [`Gpu::sync`] waits for it. Matrix products are in `cuda/matmul.rs`.
+//! on one stream in order; [`Gpu::sync`] waits for it. Modules: `matmul` (matrix products:
+//! matrix-vector kernels, the fused tensor-core GEMM, cuBLAS, the fused SwiGLU gate-up) and
+//! `attention` (per-token paged attention, flash prefill tiles and the split between them).
+//!
+//! The sources, `kernels/cuda/`: `common.cuh` (type ids, reductions, the mma wrapper),
+//! `blocks.cuh` (every quantized block layout, decoded once for all kernels), `matvec.cu`
+//! (f32-activation matrix-vector kernels), `mmvq.cu` (8-bit-activation ones), `mmq.cu` (fused
+//! tensor-core GEMM), `attention.cu` and `flash.cu` (attention), `elementwise.cu` (norms, RoPE,
+//! embedding, gating, argmax and top-k, dequantization); `sim/` runs them on the CPU for
+//! `kernels/tests/cuda_sim.rs`; `build-ptx.sh` regenerates the PTX. Kernels written without a
+//! GPU stay opt-in until `tests/gpu/gpu-check.sh` has run them: `TPSLAB_CUDA_MMVQ`, `_MMQ`,
+//! `_WIDE` here, `_FLASH` and `_MIXED_GRAPHS` in the engine's CUDA device.
 
 use std::sync::Arc;
 
