@@ -15,13 +15,18 @@ use std::sync::mpsc;
 
 use tpslab_engine::device::cuda::CudaBackend;
 use tpslab_engine::device::{Backend, CpuBackend, DeviceChoice, RowNeed};
+use tpslab_engine::formats::gguf::Value;
 use tpslab_engine::kv::Batch;
-use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::arch;
+use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::record::Recording;
+use tpslab_engine::model::synthetic::synthetic_tokenizer;
+use tpslab_engine::model::tiny::{VARIANTS, write_tiny};
+use tpslab_engine::model::{LoadedModel, Model};
 use tpslab_engine::sched::stop::StopCriteria;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
+use tpslab_engine::text::chat::ChatTemplate;
 use tpslab_kernels::WType;
 
 /// These tests are ignored by default, with the reason (a machine without a GPU lists them as
@@ -156,6 +161,53 @@ fn padded_mixed_step_graphs_match_cpu() {
         println!("round {round}: logits rel err {err:.2e}");
         assert!(err < 3e-2, "round {round}: logits rel err {err:e}");
     }
+}
+
+/// Every dense family the CUDA path takes (tiny random models laid out as each family's GGUF
+/// files are, `tpslab_engine::model::tiny`: Llama 3's rope_freqs, Qwen2's YaRN, Qwen3's
+/// QK-norm, Gemma's scales, soft-caps, GELU and sliding windows, Phi-3's LongRoPE, SmolLM3's
+/// layers without RoPE), logits against the CPU's over a prompt longer than the window, with
+/// and without the trial kernels.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn every_dense_family_matches_cpu() {
+    require_gpu();
+    let dir = std::env::temp_dir().join(format!("tpslab-cuda-families-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = (0..300).map(|i| Value::String(format!("t{i}"))).collect();
+    let tokenizer = [
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        ("tokenizer.ggml.tokens".to_string(), Value::Array(tokens)),
+    ];
+    for variant in VARIANTS
+        .iter()
+        .filter(|v| !matches!(**v, "qwen3moe" | "mixtral" | "gpt-oss"))
+    {
+        let path = dir.join(format!("{variant}.gguf"));
+        write_tiny(variant, &tokenizer, &path).unwrap();
+        let (model, _) = Model::load(&path).unwrap();
+        let lm = Arc::new(LoadedModel {
+            path: path.clone(),
+            precision: Precision::built(&model.cfg, WType::F32),
+            tokenizer: synthetic_tokenizer(model.cfg.vocab).unwrap(),
+            template: ChatTemplate::chatml(),
+            model,
+        });
+        let vocab = lm.model.cfg.vocab as u32;
+        let prompt: Vec<u32> = (0..37).map(|i| (i * 131 + 5) % vocab).collect();
+        for trial in [false, true] {
+            let err = compare(&lm, &prompt, 4, trial);
+            println!("{variant} (trial kernels {trial}): worst logits rel err {err:.2e}");
+            assert!(
+                err < 3e-2,
+                "{variant} (trial {trial}): logits rel err {err:e}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A model with weights the CUDA kernels do not read (Q5_K, while it has no kernel) is refused

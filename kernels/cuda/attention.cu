@@ -1,5 +1,7 @@
 // Paged attention for a mixed batch (prefill chunks and decodes together): each token attends
-// to positions 0..=pos of its own sequence, reading K/V (f16) through the sequence's block table.
+// to positions 0..=pos of its own sequence (the last `window` of them when window > 0), reading
+// K/V (f16) through the sequence's block table; scores are q.k * scale, soft-capped as
+// cap * tanh(s / cap) when softcap > 0 (Gemma 2).
 // One block per (token, KV head, group of up to 8 query heads sharing it): token
 // `which[blockIdx.x]` when `which` is given (the tokens flash.cu does not take), else token
 // blockIdx.x. Each of the 4 warps takes every 4th run of 32 keys with an online softmax, then
@@ -17,7 +19,7 @@ template <int HDL>
 __device__ __forceinline__ void paged_attn(const float* qkv, int qkv_stride, const __half* kc,
                                            const __half* vc, const int* pos, const int* bt_off,
                                            const int* bt, float* out, int n_heads, int n_kv_heads,
-                                           int block_size, float scale, const int* which) {
+                                           int block_size, float scale, const int* which, int window, float softcap) {
     constexpr int HD = HDL * 32;
     const int i = which ? which[blockIdx.x] : blockIdx.x;
     const int group = n_heads / n_kv_heads;
@@ -45,9 +47,11 @@ __device__ __forceinline__ void paged_attn(const float* qkv, int qkv_stride, con
 #pragma unroll
         for (int e = 0; e < HDL; e++) acc[g][e] = 0.0f;
     }
-    for (int j0 = warp * 32; j0 < npos; j0 += NWARPS * 32) {
+    // Sliding window: the first key this token sees (0 without one).
+    const int first = window > 0 ? max(0, npos - window) : 0;
+    for (int j0 = (first & ~31) + warp * 32; j0 < npos; j0 += NWARPS * 32) {
         const int j = j0 + lane;
-        const bool valid = j < npos;
+        const bool valid = j >= first && j < npos;
         const long long slot = valid ? (long long)table[j / block_size] * block_size + j % block_size : 0;
         float s[GMAX];
 #pragma unroll
@@ -75,6 +79,10 @@ __device__ __forceinline__ void paged_attn(const float* qkv, int qkv_stride, con
                     }
                 }
             }
+        }
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int g = 0; g < GMAX; g++) s[g] = tanhf(s[g] / softcap) * softcap;
         }
         float p[GMAX];
 #pragma unroll
@@ -139,7 +147,7 @@ template <int HDL>
 __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride, const __half* kc,
                                            const __half* vc, const int* pos, const int* bt_off,
                                            const int* bt, float* out, int n_heads, int n_kv_heads,
-                                           int block_size, float scale, const int* which) {
+                                           int block_size, float scale, const int* which, int window, float softcap) {
     constexpr int HD = HDL * 32;
     const int i = which ? which[blockIdx.x] : blockIdx.x;
     const int group = n_heads / n_kv_heads;
@@ -162,7 +170,8 @@ __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride
             q[g][e] = g < ng ? qkv[(long long)i * qkv_stride + (kvh * group + g0 + g) * HD + lane * HDL + e] * scale : 0.0f;
         }
     }
-    for (int j = warp; j < npos; j += NWARPS) {
+    const int first = window > 0 ? max(0, npos - window) : 0;
+    for (int j = first + warp; j < npos; j += NWARPS) {
         const long long slot = (long long)table[j / block_size] * block_size + j % block_size;
         const __half* kp = kc + slot * kv_dim + kvh * HD + lane * HDL;
         const __half* vp = vc + slot * kv_dim + kvh * HD + lane * HDL;
@@ -179,6 +188,7 @@ __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride
 #pragma unroll
                 for (int e = 0; e < HDL; e++) s += q[g][e] * kf[e];
                 s = warp_sum(s);
+                if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
                 const float m_new = fmaxf(mx[g], s);
                 const float corr = expf(mx[g] - m_new);
                 const float p = expf(s - m_new);
@@ -216,16 +226,16 @@ __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride
     extern "C" __global__ void paged_attention_##HDL(                                             \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale, const int* which) {                                         \
+        int block_size, float scale, const int* which, int window, float softcap) {              \
         paged_attn<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads, n_kv_heads,      \
-                        block_size, scale, which);                                               \
+                        block_size, scale, which, window, softcap);                              \
     }                                                                                             \
     extern "C" __global__ void paged_attention_wide_##HDL(                                        \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale, const int* which) {                                         \
+        int block_size, float scale, const int* which, int window, float softcap) {              \
         paged_attn_wide<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads,             \
-                             n_kv_heads, block_size, scale, which);                              \
+                             n_kv_heads, block_size, scale, which, window, softcap);             \
     }
 
 ATTN(1)

@@ -58,12 +58,43 @@ extern "C" __global__ void swiglu(const float* gu, float* out, int ffn, long lon
     }
 }
 
+// out = act(gate) * up for the other gated activations, rows of gu = [gate | up]: act 1 is
+// GELU (tanh form) as ggml computes it (through f16, exact past +-10: the engine's
+// `rowops::geglu`); act 2 is gpt-oss's clamped SwiGLU (`rowops::swiglu_oai`).
+extern "C" __global__ void gated_act(const float* gu, float* out, int ffn, long long total, int act) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / ffn, c = i % ffn;
+        const float g = gu[r * 2 * ffn + c], u = gu[r * 2 * ffn + ffn + c];
+        float o;
+        if (act == 1) {
+            float a;
+            if (g <= -10.0f) a = 0.0f;
+            else if (g >= 10.0f) a = g;
+            else {
+                const float x = __half2float(__float2half_rn(g));
+                a = __half2float(__float2half_rn(0.5f * x * (1.0f + tanhf(0.7978846f * x * (1.0f + 0.044715f * x * x)))));
+            }
+            o = a * u;
+        } else {
+            const float x = fminf(g, 7.0f), y = fminf(fmaxf(u, -7.0f), 7.0f);
+            o = x / (1.0f + expf(1.702f * -x)) * (y + 1.0f);
+        }
+        out[i] = o;
+    }
+}
+
 // Rotates Q and K of token blockIdx.x in place (rows of qkv: [q | k | v]) and stores K and V
 // as f16 in KV slot slots[i] (none when it is negative: a padding token of a captured step).
-// theta_i = pos * theta_scale^i, multiplied up as ggml does.
+// Pair j turns by theta_j = pos * theta_scale^j (multiplied up step by step as ggml does),
+// divided by factors[j] when given (Llama 3's rope_freqs, LongRoPE), times freq_scale (linear
+// or YaRN scaling), ramped back toward the unscaled angle between YaRN's correction dimensions
+// [yarn_low, yarn_high] when yarn is set, cos and sin times mscale: the engine's
+// `rowops::rope_cache`, as llama.cpp's rope_yarn. rope_dim 0 (a layer without RoPE) only stores.
 extern "C" __global__ void rope_store(float* qkv, int stride, const int* pos, const int* slots,
                                       __half* kc, __half* vc, int n_heads, int n_kv_heads,
-                                      int head_dim, int rope_dim, float theta_scale, int neox) {
+                                      int head_dim, int rope_dim, float theta_scale, int neox,
+                                      float freq_scale, int yarn, float yarn_low, float yarn_high,
+                                      float mscale, const float* factors) {
     const int i = blockIdx.x;
     float* row = qkv + (long long)i * stride;
     const int half = rope_dim / 2;
@@ -73,8 +104,14 @@ extern "C" __global__ void rope_store(float* qkv, int stride, const int* pos, co
         const int head = t / half, j = t % half;
         float theta = p;
         for (int s = 0; s < j; s++) theta *= theta_scale;
-        float sn, cs;
-        sincosf(theta, &sn, &cs);
+        const float extrap = factors ? theta / factors[j] : theta;
+        float angle = freq_scale * extrap;
+        if (yarn) {
+            const float y = ((float)j - yarn_low) / fmaxf(yarn_high - yarn_low, 0.001f);
+            const float ramp = 1.0f - fminf(fmaxf(y, 0.0f), 1.0f);
+            angle = angle * (1.0f - ramp) + extrap * ramp;
+        }
+        const float cs = cosf(angle) * mscale, sn = sinf(angle) * mscale;
         float* h = row + head * head_dim;
         const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
         const float x0 = h[a], x1 = h[b];
@@ -91,6 +128,33 @@ extern "C" __global__ void rope_store(float* qkv, int stride, const int* pos, co
         kc[slot * kv_dim + e] = __float2half_rn(k[e]);
         vc[slot * kv_dim + e] = __float2half_rn(v[e]);
     }
+}
+
+// QK-norm (Qwen3, Gemma 3): each Q head (blockIdx.y < n_heads) and K head of token blockIdx.x
+// RMS-normed in place over head_dim with the weights qw or kw. One warp per head.
+extern "C" __global__ void qk_norm(float* qkv, int stride, int n_heads, int head_dim, const float* qw,
+                                   const float* kw, float eps) {
+    const int lane = threadIdx.x;
+    const int head = blockIdx.y;
+    float* h = qkv + (long long)blockIdx.x * stride + (long long)head * head_dim;
+    const float* w = head < n_heads ? qw : kw;
+    float ss = 0.0f;
+    for (int e = lane; e < head_dim; e += 32) ss += h[e] * h[e];
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)head_dim + eps);
+    for (int e = lane; e < head_dim; e += 32) h[e] = h[e] * scale * w[e];
+}
+
+// x *= s over n floats (Gemma's embedding scale).
+extern "C" __global__ void scale_inplace(float* x, float s, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+// x = cap * tanh(x / cap) over n floats (Gemma 2's final logit soft-capping).
+extern "C" __global__ void softcap_inplace(float* x, float cap, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
 }
 
 // out[r] = the lowest index of the largest logit of row r (NaN counts as -inf).

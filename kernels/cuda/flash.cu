@@ -10,6 +10,7 @@
 //   tokens are consecutive in the batch, of one sequence (one block table), at consecutive
 //   positions pos[first] + r. grid (tiles, n_heads), 128 threads.
 //
+// Sliding windows and score soft-capping as attention.cu has them.
 // Numbers: Q (times the softmax scale), K, V and P in f16, sums and the softmax in f32.
 // Written without a GPU: checked on the CPU simulator (kernels/tests/cuda_sim.rs); taken for
 // prefill runs only under TPSLAB_CUDA_FLASH=1 until tests/gpu/gpu-check.sh has measured it.
@@ -28,7 +29,8 @@ template <int HDL>
 __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, const __half* kc,
                                               const __half* vc, const int* pos, const int* bt_off,
                                               const int* bt, float* out, int n_heads, int n_kv_heads,
-                                              int block_size, float scale, const int* tiles) {
+                                              int block_size, float scale, const int* tiles,
+                                              int window, float softcap) {
     constexpr int HD = 32 * HDL, BC = HD <= 128 ? 64 : 32, KS = HD / 16, DT = HD / 8, NT = BC / 8;
     constexpr int LD = HD + 8; // halves per shared row: 16-byte aligned rows, staggered banks
     __shared__ __align__(16) __half ks[BC][LD];
@@ -58,7 +60,9 @@ __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, 
 #pragma unroll
         for (int i = 0; i < 4; i++) o[d][i] = 0.0f;
 
-    for (int j0 = 0; j0 < npos; j0 += BC) {
+    // With a sliding window, keys before the first row's window are skipped a tile at a time.
+    const int first = window > 0 ? max(0, p0 + 1 - window) : 0;
+    for (int j0 = first / BC * BC; j0 < npos; j0 += BC) {
         __syncthreads(); // the previous tile's keys and values are no longer read
         for (int idx = tid; idx < BC * (HD / 8); idx += blockDim.x) {
             const int key = idx / (HD / 8), c = idx % (HD / 8), j = j0 + key;
@@ -92,7 +96,8 @@ __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, 
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int j = j0 + 8 * nt + 2 * tq + (i & 1);
-                if (j > rpos[i >> 1]) s[nt][i] = -INFINITY;
+                if (softcap > 0.0f) s[nt][i] = tanhf(s[nt][i] / softcap) * softcap;
+                if (j > rpos[i >> 1] || (window > 0 && j <= rpos[i >> 1] - window)) s[nt][i] = -INFINITY;
                 cur[i >> 1] = fmaxf(cur[i >> 1], s[nt][i]);
             }
         float corr[2], sum[2] = {0.0f, 0.0f};
@@ -153,9 +158,9 @@ __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, 
     extern "C" __global__ void flash_prefill_##HDL(                                               \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale, const int* tiles) {                                         \
+        int block_size, float scale, const int* tiles, int window, float softcap) {              \
         flash_prefill<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads, n_kv_heads,   \
-                           block_size, scale, tiles);                                            \
+                           block_size, scale, tiles, window, softcap);                           \
     }
 
 FLASH(1)

@@ -7,7 +7,8 @@
 //! byte offsets), so callers can address layers and rows inside one allocation. Everything runs
 //! on one stream in order; [`Gpu::sync`] waits for it. Modules: `matmul` (matrix products:
 //! matrix-vector kernels, the fused tensor-core GEMM, cuBLAS, the fused SwiGLU gate-up) and
-//! `attention` (per-token paged attention, flash prefill tiles and the split between them).
+//! `attention` (per-token paged attention, flash prefill tiles and the split between them),
+//! `rowops` (RoPE with its scalings and the KV store, QK-norm, scales, soft-capping, gating).
 //!
 //! The sources, `kernels/cuda/`: `common.cuh` (type ids, reductions, the mma wrapper),
 //! `blocks.cuh` (every quantized block layout, decoded once for all kernels), `matvec.cu`
@@ -32,8 +33,10 @@ use crate::WType;
 
 mod attention;
 mod matmul;
+mod rowops;
 
 pub use attention::{AttnGeom, AttnIo, AttnSplit, FLASH_MAX_TILE, flash_split};
+pub use rowops::RopeSpec;
 
 const PTX_ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
 const PTX_MATVEC: &str = include_str!("../ptx/matvec.ptx");
@@ -266,6 +269,10 @@ struct Kernels {
     add_bias: CudaFunction,
     swiglu: CudaFunction,
     rope_store: CudaFunction,
+    qk_norm: CudaFunction,
+    scale_inplace: CudaFunction,
+    softcap_inplace: CudaFunction,
+    gated_act: CudaFunction,
     argmax_rows: CudaFunction,
     topk_rows: CudaFunction,
     f32_to_f16: CudaFunction,
@@ -380,6 +387,10 @@ impl Gpu {
             add_bias: load(&ew, "add_bias")?,
             swiglu: load(&ew, "swiglu")?,
             rope_store: load(&ew, "rope_store")?,
+            qk_norm: load(&ew, "qk_norm")?,
+            scale_inplace: load(&ew, "scale_inplace")?,
+            softcap_inplace: load(&ew, "softcap_inplace")?,
+            gated_act: load(&ew, "gated_act")?,
             argmax_rows: load(&ew, "argmax_rows")?,
             topk_rows: load(&ew, "topk_rows")?,
             f32_to_f16: load(&ew, "f32_to_f16")?,
@@ -671,40 +682,6 @@ impl Gpu {
             Arg::L((ffn * rows) as i64),
         ];
         self.run(&self.k.swiglu, (Self::grid_for(ffn * rows), 1), 256, &a)
-    }
-
-    /// RoPE on Q and K of `n` tokens in place (rows of `qkv`, `stride` floats apart) and their K
-    /// and V stored as f16 in KV slots `slots` of one layer's caches `kc`, `vc`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope_store(
-        &self,
-        qkv: u64,
-        stride: usize,
-        pos: u64,
-        slots: u64,
-        kc: u64,
-        vc: u64,
-        n: usize,
-        g: &AttnGeom,
-        rope_dim: usize,
-        theta_base: f32,
-        neox: bool,
-    ) -> Result<()> {
-        let a = [
-            Arg::P(qkv),
-            Arg::I(stride as i32),
-            Arg::P(pos),
-            Arg::P(slots),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::I(g.n_heads as i32),
-            Arg::I(g.n_kv_heads as i32),
-            Arg::I(g.head_dim as i32),
-            Arg::I(rope_dim as i32),
-            Arg::F(theta_base.powf(-2.0 / rope_dim as f32)),
-            Arg::I(i32::from(neox)),
-        ];
-        self.run(&self.k.rope_store, (n as u32, 1), 256, &a)
     }
 
     /// `out[r]` (u32) = index of the largest of `vocab` logits in row `r`, for `rows` rows.

@@ -612,12 +612,7 @@ fn flash_prefill_matches_the_per_token_kernels() {
             g.alloc(n * n_heads * hd * 4).unwrap(),
             g.alloc(n * n_heads * hd * 4).unwrap(),
         ];
-        let geom = AttnGeom {
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            block_size: bs,
-        };
+        let geom = AttnGeom::plain(n_heads, n_kv, hd, bs);
         let io = |out: u64| AttnIo {
             qkv: qkv.ptr(),
             stride,
@@ -665,12 +660,7 @@ fn rope_store_and_paged_attention() {
         (14, 2, 64, true),
         (12, 12, 256, false),
     ] {
-        let geom = AttnGeom {
-            n_heads,
-            n_kv_heads,
-            head_dim: hd,
-            block_size: 16,
-        };
+        let geom = AttnGeom::plain(n_heads, n_kv_heads, hd, 16);
         let (hidden, kv_dim) = (n_heads * hd, n_kv_heads * hd);
         let stride = hidden + 2 * kv_dim;
         // Three sequences: a 37-token prefill, a decode at position 80 and one at 5, over
@@ -723,9 +713,7 @@ fn rope_store_and_paged_attention() {
             vd.ptr(),
             n,
             &geom,
-            hd,
-            theta,
-            neox,
+            &tpslab_kernels::cuda::RopeSpec::plain(hd, theta, neox),
         )
         .unwrap();
         let out = g.alloc(n * hidden * 4).unwrap();

@@ -368,7 +368,8 @@ fn mmq_tensor_core_kernels_every_type() {
     }
 }
 
-/// Attention shape and strides of the attention tests.
+/// Attention shape and strides of the attention tests, and the scores' window (0: none) and
+/// soft-cap (0: none).
 #[derive(Clone, Copy)]
 struct Geom {
     n_heads: usize,
@@ -377,6 +378,8 @@ struct Geom {
     bs: usize,
     kv_dim: usize,
     stride: usize,
+    window: usize,
+    softcap: f32,
 }
 
 /// Causal softmax attention in f64 of every token over the paged f16 cache.
@@ -398,6 +401,8 @@ fn attention_reference(
         bs,
         kv_dim,
         stride,
+        window,
+        softcap,
     } = *g;
     let n = pos.len();
     let mut want = vec![0f64; n * n_heads * hd];
@@ -408,8 +413,25 @@ fn attention_reference(
             let q = &qkv[i * stride + h * hd..i * stride + (h + 1) * hd];
             let slot = |j: usize| table[j / bs] as usize * bs + j % bs;
             let at = |c: &[f16], j: usize, e: usize| c[slot(j) * kv_dim + kvh * hd + e].to_f64();
-            let scores: Vec<f64> = (0..=pos[i] as usize)
-                .map(|j| (0..hd).map(|e| q[e] as f64 * at(kc, j, e)).sum::<f64>() * scale as f64)
+            let p = pos[i] as usize;
+            let first = if window > 0 {
+                (p + 1).saturating_sub(window)
+            } else {
+                0
+            };
+            let cap = |x: f64| {
+                if softcap > 0.0 {
+                    (x / softcap as f64).tanh() * softcap as f64
+                } else {
+                    x
+                }
+            };
+            // Keys before the window weigh nothing (-inf).
+            let scores: Vec<f64> = (0..=p)
+                .map(|j| {
+                    let s = (0..hd).map(|e| q[e] as f64 * at(kc, j, e)).sum::<f64>() * scale as f64;
+                    if j < first { f64::NEG_INFINITY } else { cap(s) }
+                })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
@@ -438,7 +460,15 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
     // (first position, tokens, block table) of each sequence's chunk.
     let seqs: [(usize, usize, Vec<i32>); 2] =
         [(20, 37, vec![3, 7, 1, 9]), (0, 70, vec![0, 2, 4, 5, 6])];
-    for hdl in [2usize, 4, 8] {
+    // (head dim / 32, window, soft-cap): the plain kernels at three head sizes (64- and 32-key
+    // flash tiles), then sliding windows (keys skipped a tile at a time) and soft-capping.
+    for (hdl, window, softcap) in [
+        (2usize, 0usize, 0f32),
+        (4, 0, 0.0),
+        (8, 0, 0.0),
+        (2, 24, 30.0),
+        (8, 24, 0.0),
+    ] {
         let hd = 32 * hdl;
         let (kv_dim, stride) = (n_kv * hd, (n_heads + 2 * n_kv) * hd);
         let (mut pos, mut bt_off, mut bt, mut tiles) = (vec![], vec![], vec![], vec![]);
@@ -456,13 +486,10 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
         }
         let n = pos.len();
         let qkv = random_vec(&mut r, n * stride, 0.5);
-        let cache = |r: &mut _| -> Vec<f16> {
-            random_vec(r, nblocks * bs * kv_dim, 0.5)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect()
-        };
-        let (kc, vc) = (cache(&mut r), cache(&mut r));
+        let (kc, vc) = (
+            random_f16(&mut r, nblocks * bs * kv_dim),
+            random_f16(&mut r, nblocks * bs * kv_dim),
+        );
         let scale = 1.0 / (hd as f32).sqrt();
         let mut job = Job::new();
         let h16 = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
@@ -483,6 +510,8 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
             A::I(bs as i32),
             A::F(scale),
             A::P(tl, 0),
+            A::I(window as i32),
+            A::F(softcap),
         ];
         let grid = ((tiles.len() / 2) as u32, n_heads as u32);
         job.launch(&format!("flash_prefill_{hdl}"), grid, 128, &args);
@@ -509,36 +538,63 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
             bs,
             kv_dim,
             stride,
+            window,
+            softcap,
         };
         let want = attention_reference(&geom, &qkv, &kc, &vc, &pos, &bt_off, &bt, scale);
         let err = rel_err(&got, &want);
-        assert!(err < 1e-3, "head dim {hd}: rel err {err:e}");
-        println!("head dim {hd}: rel err {err:e}");
+        let case = format!("head dim {hd}, window {window}, soft-cap {softcap}");
+        assert!(err < 1e-3, "{case}: rel err {err:e}");
+        println!("{case}: rel err {err:e}");
         let row = n_heads * hd;
         for (name, o) in per_token {
-            let all = done.floats(o);
-            let (mut g, mut w) = (Vec::new(), Vec::new());
-            for &i in &which {
-                let i = i as usize;
-                g.extend_from_slice(&all[i * row..(i + 1) * row]);
-                w.extend_from_slice(&want[i * row..(i + 1) * row]);
-            }
-            let err = rel_err(&g, &w);
-            assert!(err < 1e-5, "{name}, head dim {hd}: rel err {err:e}");
-            // The tokens not listed are left alone.
-            let skipped = (0..n).find(|&i| !which.contains(&(i as i32))).unwrap();
-            assert!(
-                all[skipped * row..(skipped + 1) * row]
-                    .iter()
-                    .all(|v| v.is_nan())
+            listed_rows_match(
+                &done.floats(o),
+                &want,
+                &which,
+                row,
+                &format!("{name}, {case}"),
             );
         }
     }
 }
 
-/// elementwise.cu's `rope_store`: RoPE (both pair layouts) on Q and K in place and K, V stored
-/// as f16 in their slots; a token whose slot is -1 (a padding token of a captured step) stores
-/// nothing.
+/// `n` random f16 values (a KV cache's).
+fn random_f16(r: &mut rand::rngs::StdRng, n: usize) -> Vec<f16> {
+    random_vec(r, n, 0.5)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect()
+}
+
+/// The rows of `which` in `all` match `want`'s, and a row not listed was left alone (NaN).
+fn listed_rows_match(all: &[f32], want: &[f64], which: &[i32], row: usize, what: &str) {
+    let (mut g, mut w) = (Vec::new(), Vec::new());
+    for &i in which {
+        let i = i as usize;
+        g.extend_from_slice(&all[i * row..(i + 1) * row]);
+        w.extend_from_slice(&want[i * row..(i + 1) * row]);
+    }
+    let err = rel_err(&g, &w);
+    assert!(err < 1e-5, "{what}: rel err {err:e}");
+    let skipped = (0..all.len() / row)
+        .find(|&i| !which.contains(&(i as i32)))
+        .unwrap();
+    assert!(
+        all[skipped * row..(skipped + 1) * row]
+            .iter()
+            .all(|v| v.is_nan())
+    );
+}
+
+/// One layer's RoPE settings for the `rope_store` test: (neox, freq_scale, yarn, mscale, with
+/// per-pair factors).
+type RopeCase = (i32, f32, Option<[f32; 2]>, f32, bool);
+
+/// elementwise.cu's `rope_store`: RoPE (both pair layouts, plain and with frequency factors,
+/// linear scaling, YaRN's ramp and magnitude) on Q and K in place, as the engine's
+/// `rowops::rope_cache` computes the angles, and K, V stored as f16 in their slots; a token whose
+/// slot is -1 (a padding token of a captured step) stores nothing.
 #[test]
 fn rope_store_rotates_and_stores_and_skips_padding() {
     let mut r = rng(0x5eed_0e0e);
@@ -547,11 +603,19 @@ fn rope_store_rotates_and_stores_and_skips_padding() {
     let pos = [5i32, 0, 131];
     let slots = [6i32, -1, 2];
     let theta_scale = 10_000f32.powf(-2.0 / hd as f32);
-    for neox in [0, 1] {
+    let factors: Vec<f32> = (0..hd / 2).map(|j| 1.0 + j as f32 * 0.25).collect();
+    let cases: [RopeCase; 3] = [
+        (0, 1.0, None, 1.0, false),
+        (1, 1.0, None, 1.0, false),
+        (1, 0.25, Some([3.0, 20.0]), 1.1, true),
+    ];
+    for (neox, freq_scale, yarn, mscale, with_factors) in cases {
         let qkv = random_vec(&mut r, pos.len() * stride, 0.5);
         let mut job = Job::new();
         let (qb, pb, sb) = (job.floats(&qkv), job.ints(&pos), job.ints(&slots));
         let (kb, vb) = (job.out(slots_n * kv_dim * 2), job.out(slots_n * kv_dim * 2));
+        let fb = job.floats(&factors);
+        let [low, high] = yarn.unwrap_or([0.0, 0.0]);
         let args = [
             A::P(qb, 0),
             A::I(stride as i32),
@@ -565,6 +629,12 @@ fn rope_store_rotates_and_stores_and_skips_padding() {
             A::I(hd as i32),
             A::F(theta_scale),
             A::I(neox),
+            A::F(freq_scale),
+            A::I(i32::from(yarn.is_some())),
+            A::F(low),
+            A::F(high),
+            A::F(mscale),
+            if with_factors { A::P(fb, 0) } else { A::Null },
         ];
         job.launch("rope_store", (pos.len() as u32, 1), 256, &args);
         let out = job.run();
@@ -575,12 +645,22 @@ fn rope_store_rotates_and_stores_and_skips_padding() {
         );
         let mut want: Vec<f64> = qkv.iter().map(|&v| v as f64).collect();
         for (i, &p) in pos.iter().enumerate() {
+            // rowops::rope_cache, in f32 as there.
+            let mut theta = p as f32;
+            let mut cs = vec![(0f64, 0f64); hd / 2];
+            for (j, c) in cs.iter_mut().enumerate() {
+                let extrap = theta / if with_factors { factors[j] } else { 1.0 };
+                let mut t = freq_scale * extrap;
+                if let Some([lo, hi]) = yarn {
+                    let y = (j as f32 - lo) / (hi - lo).max(0.001);
+                    let ramp = 1.0 - y.clamp(0.0, 1.0);
+                    t = t * (1.0 - ramp) + extrap * ramp;
+                }
+                *c = ((t.cos() * mscale) as f64, (t.sin() * mscale) as f64);
+                theta *= theta_scale;
+            }
             for head in 0..n_heads + n_kv {
-                for j in 0..hd / 2 {
-                    let mut theta = p as f32;
-                    for _ in 0..j {
-                        theta *= theta_scale;
-                    }
+                for (j, &(cos, sin)) in cs.iter().enumerate() {
                     let (a, b) = if neox == 1 {
                         (j, j + hd / 2)
                     } else {
@@ -588,14 +668,16 @@ fn rope_store_rotates_and_stores_and_skips_padding() {
                     };
                     let base = i * stride + head * hd;
                     let (x0, x1) = (qkv[base + a] as f64, qkv[base + b] as f64);
-                    let (sn, cs) = (theta as f64).sin_cos();
-                    want[base + a] = x0 * cs - x1 * sn;
-                    want[base + b] = x0 * sn + x1 * cs;
+                    want[base + a] = x0 * cos - x1 * sin;
+                    want[base + b] = x0 * sin + x1 * cos;
                 }
             }
         }
         let err = rel_err(&got, &want);
-        assert!(err < 1e-5, "neox {neox}: rel err {err:e}");
+        assert!(
+            err < 1e-5,
+            "case neox {neox} scale {freq_scale}: rel err {err:e}"
+        );
         let f16_at = |c: &[u8], e: usize| f16::from_le_bytes([c[2 * e], c[2 * e + 1]]);
         for (i, &s) in slots.iter().enumerate() {
             if s < 0 {
@@ -614,4 +696,97 @@ fn rope_store_rotates_and_stores_and_skips_padding() {
             .count();
         assert_eq!(written, 2, "neox {neox}");
     }
+}
+
+/// elementwise.cu's small row kernels against the engine's CPU formulas (`rowops`): QK-norm on
+/// the Q and K heads only (a head size that is not a multiple of 32), the embedding scale,
+/// soft-capping, GELU gating through f16 (exact past +-10) and gpt-oss's clamped SwiGLU.
+#[test]
+fn qk_norm_scale_softcap_and_gated_activations() {
+    let mut r = rng(0x5eed_0a0a);
+    let (n, n_heads, n_kv, hd) = (3usize, 2usize, 1usize, 48usize);
+    let stride = (n_heads + 2 * n_kv) * hd;
+    let qkv = random_vec(&mut r, n * stride, 1.0);
+    let (qw, kw) = (random_vec(&mut r, hd, 1.0), random_vec(&mut r, hd, 1.0));
+    let x = random_vec(&mut r, 1000, 20.0);
+    let (ffn, rows) = (37usize, 3usize);
+    let mut gu = random_vec(&mut r, rows * 2 * ffn, 6.0);
+    gu[0] = -11.0;
+    gu[1] = 12.5;
+    let mut job = Job::new();
+    let (qb, qwb, kwb) = (job.floats(&qkv), job.floats(&qw), job.floats(&kw));
+    let (sb, cb, gb) = (job.floats(&x), job.floats(&x), job.floats(&gu));
+    let (gelu, oai) = (job.out(rows * ffn * 4), job.out(rows * ffn * 4));
+    let eps = 1e-6f32;
+    let qk = [
+        A::P(qb, 0),
+        A::I(stride as i32),
+        A::I(n_heads as i32),
+        A::I(hd as i32),
+    ];
+    let qk = [&qk[..], &[A::P(qwb, 0), A::P(kwb, 0), A::F(eps)]].concat();
+    job.launch("qk_norm", (n as u32, (n_heads + n_kv) as u32), 32, &qk);
+    let count = A::L(x.len() as i64);
+    job.launch(
+        "scale_inplace",
+        (4, 1),
+        256,
+        &[A::P(sb, 0), A::F(0.125), count],
+    );
+    job.launch(
+        "softcap_inplace",
+        (4, 1),
+        256,
+        &[A::P(cb, 0), A::F(30.0), count],
+    );
+    for (act, o) in [(1, gelu), (2, oai)] {
+        let total = A::L((rows * ffn) as i64);
+        let args = [A::P(gb, 0), A::P(o, 0), A::I(ffn as i32), total, A::I(act)];
+        job.launch("gated_act", (1, 1), 256, &args);
+    }
+    let out = job.run();
+    // QK-norm: Q and K heads normed, V untouched.
+    let mut want: Vec<f64> = qkv.iter().map(|&v| v as f64).collect();
+    for t in 0..n {
+        for h in 0..n_heads + n_kv {
+            let w = if h < n_heads { &qw } else { &kw };
+            let head = &qkv[t * stride + h * hd..][..hd];
+            let ms = head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / hd as f64;
+            let scale = 1.0 / (ms + eps as f64).sqrt();
+            for e in 0..hd {
+                want[t * stride + h * hd + e] = head[e] as f64 * scale * w[e] as f64;
+            }
+        }
+    }
+    assert!(rel_err(&out.floats(qb), &want) < 1e-5, "QK-norm");
+    let scaled: Vec<f64> = x.iter().map(|&v| v as f64 * 0.125).collect();
+    assert!(rel_err(&out.floats(sb), &scaled) < 1e-7, "scale");
+    let capped: Vec<f64> = x.iter().map(|&v| (v as f64 / 30.0).tanh() * 30.0).collect();
+    assert!(rel_err(&out.floats(cb), &capped) < 1e-6, "soft-cap");
+    let gated = |f: &dyn Fn(f32, f32) -> f32| -> Vec<f64> {
+        (0..rows * ffn)
+            .map(|i| {
+                let (row, c) = (i / ffn, i % ffn);
+                f(gu[row * 2 * ffn + c], gu[row * 2 * ffn + ffn + c]) as f64
+            })
+            .collect()
+    };
+    let gelu_ref = gated(&|g, u| {
+        let a = if g <= -10.0 {
+            0.0
+        } else if g >= 10.0 {
+            g
+        } else {
+            let x = f16::from_f32(g).to_f32();
+            let y = 0.5 * x * (1.0 + (0.797_884_6 * x * (1.0 + 0.044_715 * x * x)).tanh());
+            f16::from_f32(y).to_f32()
+        };
+        a * u
+    });
+    assert!(rel_err(&out.floats(gelu), &gelu_ref) < 1e-5, "GELU gating");
+    let oai_ref = gated(&|g, u| {
+        let (x, y) = (g.min(7.0), u.clamp(-7.0, 7.0));
+        x / (1.0 + (1.702 * -x).exp()) * (y + 1.0)
+    });
+    assert!(rel_err(&out.floats(oai), &oai_ref) < 1e-5, "clamped SwiGLU");
 }

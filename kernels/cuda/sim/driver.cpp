@@ -5,8 +5,8 @@
 //   buf ID BYTES PATH        load PATH (or zeros when PATH is -) into buffer ID, 256-byte aligned
 //   fill ID BYTE             set every byte of buffer ID (0xff poisons an output with NaNs)
 //   launch NAME GX GY BX ARG...
-//                            ARG: pID+OFFSET (a pointer into buffer ID), iN (int), lN (long long),
-//                            fHEX (a float's bits)
+//                            ARG: pID+OFFSET (a pointer into buffer ID), n (a null pointer),
+//                            iN (int), lN (long long), fHEX (a float's bits)
 //   dump ID PATH             write buffer ID to PATH
 //
 // Each buffer is its own allocation of exactly BYTES, so AddressSanitizer reports a kernel that
@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
                     const size_t off = std::stoull(a.substr(plus + 1));
                     if (off > b.second) fail("pointer past its buffer: " + a);
                     arg.p = b.first + off;
+                } else if (a[0] == 'n') {
+                    arg.kind = 'p';
+                    arg.p = nullptr;
                 } else if (a[0] == 'i' || a[0] == 'l') {
                     arg.v = std::stoll(a.substr(1));
                 } else if (a[0] == 'f') {

@@ -7,13 +7,32 @@ use super::{Arg, CudaError, Gpu, Result, WIDE_ATTN_TOKENS};
 /// Most query tokens in one flash.cu tile (4 warps of 16 rows).
 pub const FLASH_MAX_TILE: usize = 64;
 
-/// Shape of attention for the RoPE and attention kernels.
+/// Shape of attention for the RoPE and attention kernels, and how scores are made: `scale` on
+/// q.k, a sliding `window` of positions (0: none), soft-capping at `softcap` (0: none).
 #[derive(Debug, Clone, Copy)]
 pub struct AttnGeom {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    pub scale: f32,
+    pub window: usize,
+    pub softcap: f32,
+}
+
+impl AttnGeom {
+    /// Plain causal attention with the usual `1 / sqrt(head_dim)`.
+    pub fn plain(n_heads: usize, n_kv_heads: usize, head_dim: usize, block_size: usize) -> Self {
+        Self {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: 0,
+            softcap: 0.0,
+        }
+    }
 }
 
 /// Device addresses and sizes of one attention launch: `n` tokens whose Q/K/V rows are `stride`
@@ -121,8 +140,10 @@ impl Gpu {
             Arg::I(g.n_heads as i32),
             Arg::I(g.n_kv_heads as i32),
             Arg::I(g.block_size as i32),
-            Arg::F(1.0 / (g.head_dim as f32).sqrt()),
+            Arg::F(g.scale),
             Arg::P(which),
+            Arg::I(g.window as i32),
+            Arg::F(g.softcap),
         ];
         self.run(f, (count as u32, y as u32), 128, &a)
     }
@@ -150,8 +171,10 @@ impl Gpu {
                 Arg::I(g.n_heads as i32),
                 Arg::I(g.n_kv_heads as i32),
                 Arg::I(g.block_size as i32),
-                Arg::F(1.0 / (g.head_dim as f32).sqrt()),
+                Arg::F(g.scale),
                 Arg::P(split.tiles),
+                Arg::I(g.window as i32),
+                Arg::F(g.softcap),
             ];
             self.run(f, (split.n_tiles as u32, g.n_heads as u32), 128, &a)?;
         }

@@ -144,6 +144,8 @@ pub struct Buf(usize);
 pub enum A {
     /// A pointer `offset` bytes into a buffer.
     P(Buf, usize),
+    /// A null pointer (an optional input left out).
+    Null,
     I(i32),
     L(i64),
     F(f32),
@@ -214,6 +216,7 @@ impl Job {
             l.push(' ');
             l.push_str(&match a {
                 A::P(b, off) => format!("p{}+{off}", b.0),
+                A::Null => "n".to_string(),
                 A::I(v) => format!("i{v}"),
                 A::L(v) => format!("l{v}"),
                 A::F(v) => format!("f{:08x}", v.to_bits()),

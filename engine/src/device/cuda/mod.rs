@@ -23,7 +23,7 @@ use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::ModelConfig;
-use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Param, ParamShape, Rope};
+use crate::model::ops::{Buf, Heads, Param, ParamShape};
 use crate::model::record::{Op, Recording};
 use crate::model::weights::{Linear, Weights};
 
@@ -235,50 +235,14 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights) -> Option<&'static str> {
     }
     let (_, ops) = rec.into_parts();
     ops.iter().find_map(|op| match op {
-        Op::Scale { .. } => Some("the embedding scale"),
-        Op::Softcap { .. } => Some("logit soft-capping"),
-        Op::QkNorm { .. } => Some("QK-norm"),
-        Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),
-        Op::RopeStore { rope, factors, .. } => rope_gap(rope.as_ref(), factors.is_some()),
-        Op::Attention {
-            heads, opts, sinks, ..
-        } => attn_gap(*heads, opts, sinks.is_some()),
-        Op::GatedFfn {
-            act: Activation::GeluTanh,
-            ..
-        } => Some("GELU gating"),
-        Op::GatedFfn {
-            act: Activation::SwigluOai,
-            ..
-        } => Some("OpenAI's clamped SwiGLU"),
+        Op::Attention { sinks, .. } => attn_gap(sinks.is_some()),
         Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
         _ => None,
     })
 }
 
-fn rope_gap(rope: Option<&Rope>, factors: bool) -> Option<&'static str> {
-    match rope {
-        None => Some("a layer without RoPE"),
-        Some(_) if factors => Some("RoPE frequency factors"),
-        Some(r) if r.freq_scale != 1.0 || r.yarn.is_some() || r.mscale != 1.0 => {
-            Some("RoPE scaling")
-        }
-        Some(_) => None,
-    }
-}
-
-fn attn_gap(heads: Heads, opts: &AttnOpts, sinks: bool) -> Option<&'static str> {
-    if sinks {
-        Some("attention sinks")
-    } else if opts.window.is_some() {
-        Some("sliding-window attention")
-    } else if opts.softcap.is_some() {
-        Some("attention soft-capping")
-    } else if *opts != AttnOpts::plain(heads.head_dim) {
-        Some("a query scale other than 1/sqrt(head size)")
-    } else {
-        None
-    }
+fn attn_gap(sinks: bool) -> Option<&'static str> {
+    sinks.then_some("attention sinks")
 }
 
 impl CudaBackend {
@@ -571,6 +535,7 @@ impl CudaBackend {
             bufs,
             widths: self.ws.sizes,
             logits: self.ws.logits.as_ref().map_or(0, DBuf::ptr),
+            vocab: self.cfg.vocab,
             tokens: at(0),
             pos: at(n),
             slots: at(2 * n),

@@ -1,9 +1,9 @@
 //! The backend-ops seam on the GPU: [`CudaOps`], one step's device addresses, runs each op of a
 //! recipe as the PTX kernels of `tpslab_kernels::cuda`.
 
-use tpslab_kernels::cuda::{AttnGeom, AttnIo, AttnSplit, CudaError, GemmScratch, Gpu};
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, AttnSplit, CudaError, GemmScratch, Gpu, RopeSpec};
 
-use super::{ACT, ACTS, ARGMAX, DevLinear, DevVector, GU, attn_gap, rope_gap};
+use super::{ACT, ACTS, ARGMAX, DevLinear, DevVector, GU};
 use crate::model::config::RopeStyle;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::MoeWeights;
@@ -20,6 +20,8 @@ pub(super) struct CudaOps<'a> {
     pub(super) bufs: [u64; ACTS],
     pub(super) widths: [usize; ACTS],
     pub(super) logits: u64,
+    /// Floats per logits row.
+    pub(super) vocab: usize,
     pub(super) tokens: u64,
     pub(super) pos: u64,
     pub(super) slots: u64,
@@ -42,13 +44,23 @@ impl CudaOps<'_> {
         }
     }
 
-    fn geom(&self, heads: Heads) -> AttnGeom {
-        AttnGeom {
-            n_heads: heads.n_heads,
-            n_kv_heads: heads.n_kv_heads,
-            head_dim: heads.head_dim,
-            block_size: self.block_size,
+    /// Floats in buffer `b` this step: a row per token, or per logits row for `Last` and
+    /// `Logits` (whose rows are the vocabulary).
+    fn count(&self, b: Buf) -> usize {
+        match b {
+            Buf::Logits => self.r * self.vocab,
+            Buf::Last => self.r * self.widths[b.index()],
+            _ => self.n * self.widths[b.index()],
         }
+    }
+
+    fn geom(&self, heads: Heads) -> AttnGeom {
+        AttnGeom::plain(
+            heads.n_heads,
+            heads.n_kv_heads,
+            heads.head_dim,
+            self.block_size,
+        )
     }
 
     /// K and V slots of `layer`.
@@ -68,9 +80,7 @@ impl Ops for CudaOps<'_> {
     }
 
     fn rms_norm(&mut self, x: Buf, w: &DevVector, eps: f32, out: Buf) -> Result<(), CudaError> {
-        if x == out {
-            return Err(CudaError::NoOp("an in-place RMS norm"));
-        }
+        // In place too: each thread writes only the elements it read, after the block's sum.
         let (x, out) = (self.buf(x), self.buf(out));
         self.g
             .rms_norm(x, None, self.n, w.buf.ptr(), out, w.len, eps)
@@ -94,23 +104,35 @@ impl Ops for CudaOps<'_> {
         w.forward(self.g, x, self.n, y, self.sc)
     }
 
-    fn scale(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("the embedding scale"))
+    fn scale(&mut self, x: Buf, s: f32) -> Result<(), CudaError> {
+        let count = self.count(x);
+        self.g.scale(self.buf(x), s, count)
     }
 
-    fn softcap(&mut self, _: Buf, _: f32) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("logit soft-capping"))
+    fn softcap(&mut self, x: Buf, cap: f32) -> Result<(), CudaError> {
+        let count = self.count(x);
+        self.g.softcap(self.buf(x), cap, count)
     }
 
     fn qk_norm(
         &mut self,
-        _: Buf,
-        _: Heads,
-        _: &DevVector,
-        _: &DevVector,
-        _: f32,
+        qkv: Buf,
+        heads: Heads,
+        q: &DevVector,
+        k: &DevVector,
+        eps: f32,
     ) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("QK-norm"))
+        let geom = self.geom(heads);
+        let qkv = self.buf(qkv);
+        self.g.qk_norm(
+            qkv,
+            heads.qkv_dim(),
+            self.n,
+            &geom,
+            q.buf.ptr(),
+            k.buf.ptr(),
+            eps,
+        )
     }
 
     fn rope_store(
@@ -121,13 +143,17 @@ impl Ops for CudaOps<'_> {
         rope: Option<Rope>,
         factors: Option<&DevVector>,
     ) -> Result<(), CudaError> {
-        if let Some(what) = rope_gap(rope.as_ref(), factors.is_some()) {
-            return Err(CudaError::NoOp(what));
-        }
-        let Some(rope) = rope else {
-            return Err(CudaError::NoOp("a layer without RoPE"));
-        };
         let (kc, vc) = self.kv_of(layer);
+        // A layer without RoPE (SmolLM3's NoPE layers) only stores K and V.
+        let spec = rope.map_or(RopeSpec::plain(0, 1.0, false), |r| RopeSpec {
+            dim: r.dim,
+            theta_base: r.theta,
+            neox: r.style == RopeStyle::Neox,
+            freq_scale: r.freq_scale,
+            yarn: r.yarn,
+            mscale: r.mscale,
+            factors: factors.map_or(0, |f| f.buf.ptr()),
+        });
         self.g.rope_store(
             self.buf(qkv),
             heads.qkv_dim(),
@@ -137,9 +163,7 @@ impl Ops for CudaOps<'_> {
             vc,
             self.n,
             &self.geom(heads),
-            rope.dim,
-            rope.theta,
-            rope.style == RopeStyle::Neox,
+            &spec,
         )
     }
 
@@ -152,9 +176,15 @@ impl Ops for CudaOps<'_> {
         sinks: Option<&DevVector>,
         out: Buf,
     ) -> Result<(), CudaError> {
-        if let Some(what) = attn_gap(heads, &opts, sinks.is_some()) {
-            return Err(CudaError::NoOp(what));
+        if sinks.is_some() {
+            return Err(CudaError::NoOp("attention sinks"));
         }
+        let geom = AttnGeom {
+            scale: opts.scale,
+            window: opts.window.unwrap_or(0),
+            softcap: opts.softcap.unwrap_or(0.0),
+            ..self.geom(heads)
+        };
         let (kc, vc) = self.kv_of(layer);
         let io = AttnIo {
             qkv: self.buf(qkv),
@@ -168,8 +198,8 @@ impl Ops for CudaOps<'_> {
             n: self.n,
         };
         match &self.split {
-            Some(split) => self.g.attention_split(&io, &self.geom(heads), split),
-            None => self.g.paged_attention(&io, &self.geom(heads)),
+            Some(split) => self.g.attention_split(&io, &geom, split),
+            None => self.g.paged_attention(&io, &geom),
         }
     }
 
@@ -192,8 +222,11 @@ impl Ops for CudaOps<'_> {
                 gate_up.forward(self.g, x, self.n, gu, self.sc)?;
                 self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?;
             }
-            Activation::GeluTanh => return Err(CudaError::NoOp("GELU gating")),
-            Activation::SwigluOai => return Err(CudaError::NoOp("OpenAI's clamped SwiGLU")),
+            Activation::GeluTanh | Activation::SwigluOai => {
+                gate_up.forward(self.g, x, self.n, gu, self.sc)?;
+                let gelu = act == Activation::GeluTanh;
+                self.g.gated_act(gu, a, gate_up.m.n / 2, self.n, gelu)?;
+            }
         }
         down.forward(self.g, a, self.n, out, self.sc)
     }
