@@ -54,12 +54,13 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize, trial: bool) -> 
     let bs = 16;
     let blocks = 64;
     let mut cpu = CpuBackend::new(Arc::clone(lm), 0, bs, blocks).unwrap();
-    let mut gpu = CudaBackend::new(
+    let mut gpu = CudaBackend::new_with(
         lm,
         0,
         bs,
         blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs),
         0.0,
+        true,
     )
     .unwrap();
     gpu.set_trial_kernels(trial);

@@ -23,7 +23,7 @@ use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::ModelConfig;
-use crate::model::ops::{Buf, Heads, Param, ParamShape};
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Param, ParamShape, Rope};
 use crate::model::record::{Op, Recording};
 use crate::model::weights::{Linear, Weights};
 
@@ -225,24 +225,82 @@ pub const FLASH_MIN_RUN: usize = 16;
 /// Largest decode batch replayed as a CUDA graph (as vLLM's default capture sizes end at 512).
 pub const GRAPH_MAX_BATCH: usize = 512;
 
-/// The first operation of `cfg`'s recipe that the CUDA path cannot run yet (found by running
-/// the recipe on the recording device), so a model is refused before anything is uploaded.
-pub fn cuda_gap(cfg: &ModelConfig, w: &Weights) -> Option<&'static str> {
+/// Why the CUDA path does not take a model: an operation with no kernel, or one whose kernel
+/// has not run on a GPU yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaGap {
+    Missing(&'static str),
+    Untried(&'static str),
+}
+
+impl From<CudaGap> for BackendError {
+    fn from(g: CudaGap) -> Self {
+        match g {
+            CudaGap::Missing(what) => BackendError::NoCudaOp(what.into()),
+            CudaGap::Untried(what) => BackendError::UntriedCudaOp(what.into()),
+        }
+    }
+}
+
+/// The first operation of `cfg`'s recipe that the CUDA path cannot run (found by running the
+/// recipe on the recording device), so a model is refused before anything is uploaded. With
+/// `untried`, operations whose kernels have only been checked on the CPU simulator
+/// (kernels/tests/cuda_sim.rs) are taken too; without it they are refused until
+/// tests/gpu/gpu-check.sh has run them (`every_dense_family_matches_cpu`).
+pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap> {
     let mut rec = Recording::new();
     match arch::forward(cfg, &w.shapes(), &mut rec) {
         Ok(()) => {}
         Err(never) => match never {},
     }
     let (_, ops) = rec.into_parts();
-    ops.iter().find_map(|op| match op {
-        Op::Attention { sinks, .. } => attn_gap(sinks.is_some()),
-        Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
-        _ => None,
+    ops.iter().find_map(|op| {
+        let untried_op = match op {
+            Op::Attention { sinks: Some(_), .. } => {
+                return Some(CudaGap::Missing("attention sinks"));
+            }
+            Op::MoeFfn { .. } => return Some(CudaGap::Missing("mixture-of-experts layers")),
+            Op::Scale { .. } => Some("the embedding scale"),
+            Op::Softcap { .. } => Some("logit soft-capping"),
+            Op::QkNorm { .. } => Some("QK-norm"),
+            Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),
+            Op::RopeStore { rope, factors, .. } => rope_untried(rope.as_ref(), factors.is_some()),
+            Op::Attention { heads, opts, .. } => attn_untried(*heads, opts),
+            Op::GatedFfn {
+                act: Activation::GeluTanh,
+                ..
+            } => Some("GELU gating"),
+            Op::GatedFfn {
+                act: Activation::SwigluOai,
+                ..
+            } => Some("OpenAI's clamped SwiGLU"),
+            _ => None,
+        };
+        untried_op.filter(|_| !untried).map(CudaGap::Untried)
     })
 }
 
-fn attn_gap(sinks: bool) -> Option<&'static str> {
-    sinks.then_some("attention sinks")
+fn rope_untried(rope: Option<&Rope>, factors: bool) -> Option<&'static str> {
+    match rope {
+        None => Some("a layer without RoPE"),
+        Some(_) if factors => Some("RoPE frequency factors"),
+        Some(r) if r.freq_scale != 1.0 || r.yarn.is_some() || r.mscale != 1.0 => {
+            Some("RoPE scaling")
+        }
+        Some(_) => None,
+    }
+}
+
+fn attn_untried(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
+    if opts.window.is_some() {
+        Some("sliding-window attention")
+    } else if opts.softcap.is_some() {
+        Some("attention soft-capping")
+    } else if *opts != AttnOpts::plain(heads.head_dim) {
+        Some("a query scale other than 1/sqrt(head size)")
+    } else {
+        None
+    }
 }
 
 impl CudaBackend {
@@ -255,13 +313,32 @@ impl CudaBackend {
         kv_budget: usize,
         fraction: f32,
     ) -> Result<Self, BackendError> {
+        let trial = std::env::var("TPSLAB_CUDA_TRIAL").is_ok_and(|v| v == "1");
+        let mut me = Self::new_with(lm, ordinal, block_size, kv_budget, fraction, trial)?;
+        if trial {
+            me.set_trial_kernels(true);
+        }
+        Ok(me)
+    }
+
+    /// [`CudaBackend::new`], taking operations whose kernels have not run on a GPU yet when
+    /// `untried` (see [`cuda_gap`]). `TPSLAB_CUDA_TRIAL=1` makes `new` take them and turn on
+    /// every opt-in kernel ([`CudaBackend::set_trial_kernels`]).
+    pub fn new_with(
+        lm: &Arc<LoadedModel>,
+        ordinal: usize,
+        block_size: usize,
+        kv_budget: usize,
+        fraction: f32,
+        untried: bool,
+    ) -> Result<Self, BackendError> {
         let cfg = lm.model.cfg.clone();
         if !Gpu::supports_head_dim(cfg.head_dim) {
             return Err(BackendError::HeadDim(cfg.head_dim));
         }
         check_weight_types(&lm.model.weights)?;
-        if let Some(what) = cuda_gap(&cfg, &lm.model.weights) {
-            return Err(BackendError::NoCudaOp(what.into()));
+        if let Some(gap) = cuda_gap(&cfg, &lm.model.weights, untried) {
+            return Err(gap.into());
         }
         let gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
         let w = upload_weights(&gpu, &lm.model.weights)
