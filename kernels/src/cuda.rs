@@ -134,22 +134,13 @@ pub fn wtype_id(ty: WType) -> i32 {
     }
 }
 
-/// Whether the CUDA backend takes weights of type `ty`. The other quantized types (Q5_K, Q5_0,
-/// Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4) have kernels written (blocks.cuh's decode, mmvq.cu's
-/// `mmvq_g`) and checked on the CPU simulator (kernels/tests/cuda_sim.rs), but have not run on a
-/// GPU yet: until tests/gpu/gpu-check.sh passes with them, their models stay on the CPU.
+/// Whether the CUDA backend takes weights of type `ty`: the types whose kernels have run on a
+/// GPU, which are matvec.cu's. The other quantized types (Q5_K, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
+/// IQ4_XS, MXFP4) have kernels written (blocks.cuh's decode, mmvq.cu's `row_g`) and checked on
+/// the CPU simulator (kernels/tests/cuda_sim.rs), but have not run on a GPU yet: until
+/// tests/gpu/gpu-check.sh passes with them, their models stay on the CPU.
 pub fn has_kernel(ty: WType) -> bool {
-    matches!(
-        ty,
-        WType::F32
-            | WType::F16
-            | WType::BF16
-            | WType::Q4_0
-            | WType::Q4_1
-            | WType::Q8_0
-            | WType::Q4K
-            | WType::Q6K
-    )
+    has_f32_mmv(ty)
 }
 
 /// `Ok` when the CUDA kernels read `ty`, else the error to show.

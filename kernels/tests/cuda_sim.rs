@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::sim::{A, Job};
+use common::sim::{A, Buf, Job};
 use common::{dequantized, random_vec, random_weights, rng};
 use half::f16;
 use tpslab_kernels::cuda::wtype_id;
@@ -53,6 +53,17 @@ fn q8_round(x: &[f32]) -> Vec<f64> {
                 .map(move |v| (v * inv).round_ties_even() as f64 * d as f64)
         })
         .collect()
+}
+
+/// `quantize_q8` (mmvq.cu) of the activations `x` in `job`: the int8 values' buffer and the
+/// scales' (one f32 per 32).
+fn quantize_q8(job: &mut Job, x: &[f32]) -> (Buf, Buf) {
+    let blocks = x.len() / 32;
+    let xb = job.floats(x);
+    let (qb, db) = (job.out(x.len()), job.out(blocks * 4));
+    let args = [A::P(xb, 0), A::P(qb, 0), A::P(db, 0), A::L(blocks as i64)];
+    job.launch("quantize_q8", (blocks.div_ceil(8) as u32, 1), 256, &args);
+    (qb, db)
 }
 
 /// The kernel of a family for `rows` activation rows (1, 2, 4, 8), as `Gpu::by_rows` picks it.
@@ -168,16 +179,9 @@ fn mmvq_kernels_every_type_over_8bit_activations() {
         let wf = dequantized(&QMatrix { ty, n, k, data: &w });
         for m in [1, 2, 5, 8] {
             let x = random_vec(&mut r, m * k, 0.5);
-            let blocks = m * k / 32;
             let mut job = Job::new();
-            let (wb, xb, yb) = (job.buf(&w), job.floats(&x), job.out(m * n * 4));
-            let (qb, db) = (job.out(m * k), job.out(blocks * 4));
-            job.launch(
-                "quantize_q8",
-                (blocks.div_ceil(8) as u32, 1),
-                256,
-                &[A::P(xb, 0), A::P(qb, 0), A::P(db, 0), A::L(blocks as i64)],
-            );
+            let (wb, yb) = (job.buf(&w), job.out(m * n * 4));
+            let (qb, db) = quantize_q8(&mut job, &x);
             let args = [
                 A::P(wb, 0),
                 A::L(ty.row_bytes(k) as i64),
@@ -219,16 +223,9 @@ fn mmvq_swiglu_kernels_every_type() {
         });
         for m in [1, 5] {
             let x = random_vec(&mut r, m * k, 0.5);
-            let blocks = m * k / 32;
             let mut job = Job::new();
-            let (wb, xb, yb) = (job.buf(&w), job.floats(&x), job.out(m * ffn * 4));
-            let (qb, db) = (job.out(m * k), job.out(blocks * 4));
-            job.launch(
-                "quantize_q8",
-                (blocks.div_ceil(8) as u32, 1),
-                256,
-                &[A::P(xb, 0), A::P(qb, 0), A::P(db, 0), A::L(blocks as i64)],
-            );
+            let (wb, yb) = (job.buf(&w), job.out(m * ffn * 4));
+            let (qb, db) = quantize_q8(&mut job, &x);
             let args = [
                 A::P(wb, 0),
                 A::L(ty.row_bytes(k) as i64),

@@ -88,6 +88,28 @@ pub fn flash_split(seq_of: &[usize], positions: &[usize], min_run: usize) -> (Ve
     (tiles, rest)
 }
 
+/// The arguments every attention kernel takes, in their order: `list` is the per-token kernels'
+/// token list or flash's tiles.
+fn attn_args(io: &AttnIo, g: &AttnGeom, list: u64) -> [Arg; 15] {
+    [
+        Arg::P(io.qkv),
+        Arg::I(io.stride as i32),
+        Arg::P(io.kc),
+        Arg::P(io.vc),
+        Arg::P(io.pos),
+        Arg::P(io.bt_off),
+        Arg::P(io.bt),
+        Arg::P(io.out),
+        Arg::I(g.n_heads as i32),
+        Arg::I(g.n_kv_heads as i32),
+        Arg::I(g.block_size as i32),
+        Arg::F(g.scale),
+        Arg::P(list),
+        Arg::I(g.window as i32),
+        Arg::F(g.softcap),
+    ]
+}
+
 impl Gpu {
     /// Whether the attention kernel takes this head size.
     pub fn supports_head_dim(head_dim: usize) -> bool {
@@ -128,24 +150,7 @@ impl Gpu {
             .ok_or(CudaError::HeadDim(g.head_dim))?;
         let group = g.n_heads / g.n_kv_heads.max(1);
         let y = g.n_kv_heads * group.div_ceil(8);
-        let a = [
-            Arg::P(io.qkv),
-            Arg::I(io.stride as i32),
-            Arg::P(io.kc),
-            Arg::P(io.vc),
-            Arg::P(io.pos),
-            Arg::P(io.bt_off),
-            Arg::P(io.bt),
-            Arg::P(io.out),
-            Arg::I(g.n_heads as i32),
-            Arg::I(g.n_kv_heads as i32),
-            Arg::I(g.block_size as i32),
-            Arg::F(g.scale),
-            Arg::P(which),
-            Arg::I(g.window as i32),
-            Arg::F(g.softcap),
-        ];
-        self.run(f, (count as u32, y as u32), 128, &a)
+        self.run(f, (count as u32, y as u32), 128, &attn_args(io, g, which))
     }
 
     /// Attention of `io.n` tokens split as [`flash_split`] split them: flash.cu's prefill
@@ -159,23 +164,7 @@ impl Gpu {
                 .and_then(Option::as_ref)
                 .filter(|_| Self::supports_head_dim(g.head_dim))
                 .ok_or(CudaError::HeadDim(g.head_dim))?;
-            let a = [
-                Arg::P(io.qkv),
-                Arg::I(io.stride as i32),
-                Arg::P(io.kc),
-                Arg::P(io.vc),
-                Arg::P(io.pos),
-                Arg::P(io.bt_off),
-                Arg::P(io.bt),
-                Arg::P(io.out),
-                Arg::I(g.n_heads as i32),
-                Arg::I(g.n_kv_heads as i32),
-                Arg::I(g.block_size as i32),
-                Arg::F(g.scale),
-                Arg::P(split.tiles),
-                Arg::I(g.window as i32),
-                Arg::F(g.softcap),
-            ];
+            let a = attn_args(io, g, split.tiles);
             self.run(f, (split.n_tiles as u32, g.n_heads as u32), 128, &a)?;
         }
         if split.n_rest > 0 {

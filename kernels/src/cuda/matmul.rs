@@ -12,6 +12,14 @@ use super::{
 };
 use crate::WType;
 
+/// The matrix-vector kernels' launches over `m` activation rows: (first row, rows) of up to
+/// [`MMV_MAX_ROWS`] each.
+fn row_chunks(m: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..m)
+        .step_by(MMV_MAX_ROWS)
+        .map(move |done| (done, (m - done).min(MMV_MAX_ROWS)))
+}
+
 impl Gpu {
     /// `y[m][n] = x[m][k] . W[n][k]^T` (f32 in and out).
     pub fn matmul(
@@ -86,9 +94,7 @@ impl Gpu {
             return self.run(f, (w.n.div_ceil(4) as u32, 1), 128, &a);
         }
         let fs = self.k.mmv[id].as_ref().ok_or(CudaError::NoMatvec(w.ty))?;
-        let mut done = 0;
-        while done < m {
-            let rows = (m - done).min(MMV_MAX_ROWS);
+        for (done, rows) in row_chunks(m) {
             let a = [
                 Arg::P(w.ptr),
                 Arg::L(w.row_bytes() as i64),
@@ -105,7 +111,6 @@ impl Gpu {
                 128,
                 &a,
             )?;
-            done += rows;
         }
         Ok(())
     }
@@ -155,9 +160,7 @@ impl Gpu {
     ) -> Result<()> {
         let (n, k) = (w.n, w.k);
         let (q, d) = self.quantize_q8(x, m, k, scratch)?;
-        let mut done = 0;
-        while done < m {
-            let rows = (m - done).min(MMV_MAX_ROWS);
+        for (done, rows) in row_chunks(m) {
             let a = [
                 Arg::P(w.ptr),
                 Arg::L(w.row_bytes() as i64),
@@ -170,7 +173,6 @@ impl Gpu {
                 Arg::I(n as i32),
             ];
             self.run(Self::by_rows(fs, rows), (n.div_ceil(4) as u32, 1), 128, &a)?;
-            done += rows;
         }
         Ok(())
     }
@@ -199,9 +201,7 @@ impl Gpu {
         };
         check_type(w.ty)?;
         let (q, d) = self.quantize_q8(x, m, k, scratch)?;
-        let mut done = 0;
-        while done < m {
-            let rows = (m - done).min(MMV_MAX_ROWS);
+        for (done, rows) in row_chunks(m) {
             let a = [
                 Arg::P(w.ptr),
                 Arg::L(w.row_bytes() as i64),
@@ -218,7 +218,6 @@ impl Gpu {
                 128,
                 &a,
             )?;
-            done += rows;
         }
         Ok(())
     }
