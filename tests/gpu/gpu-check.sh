@@ -2,7 +2,8 @@
 # The GPU check, in two halves.
 #
 #   tests/gpu/gpu-check.sh build   # here (no GPU needed): release binary + GPU test binaries,
-#                                  # stripped, into .gpu/ (git-ignored), which the device call carries
+#                                  # stripped, as one xz archive in .gpu/ (git-ignored), which the
+#                                  # device call carries
 #   tests/gpu/gpu-check.sh run     # on the GPU machine, in one call: GPU tests (CUDA vs CPU on
 #                                  # fresh random inputs), device bandwidth, then the benchmark:
 #                                  # synthetic smollm2-135m and llama-3-8b, F16 and Q4_K, at
@@ -39,6 +40,10 @@ for l in sys.stdin:
   done
   strip "$carry"/*
   ls -la "$carry"
+  # The device call carries at most 64 MiB: the binaries (each embedding the PTX) travel as one
+  # xz archive, which run() unpacks with Python's tarfile.
+  tar -C "$carry" -cJf "$carry.tar.xz" .
+  rm -rf "$carry" && mkdir -p "$carry" && mv "$carry.tar.xz" "$carry/bundle.tar.xz"
   du -sh "$carry"
 }
 
@@ -47,6 +52,12 @@ run() {
   # tool brings back at most 8 files).
   local out=/tmp/gpu-out
   rm -rf "$out" && mkdir -p "$out"
+  # The binaries, unpacked from build()'s archive.
+  local bin=/tmp/gpu-bin
+  rm -rf "$bin" && mkdir -p "$bin"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$carry/bundle.tar.xz" "$bin" || { echo "cannot unpack $carry/bundle.tar.xz" >&2; exit 3; }
+  carry="$bin"
   trap "tar czf '${OUT:-/tmp}/gpu-check.tgz' -C '$out' ." EXIT
   # cuBLAS from the image's pip CUDA libraries.
   local nv
