@@ -4,13 +4,16 @@
 # toolkit. Needs nvcc 13.0 (the H200's 580 driver accepts PTX ISA up to 9.0): either on PATH or
 # fetched from PyPI wheels into $CUDA_PREFIX (default /tmp/cuda-prefix) with --fetch.
 #
-#   kernels/cuda/build-ptx.sh [--fetch] [--check]
+#   kernels/cuda/build-ptx.sh [--fetch] [--check] [--ptxas]
 #   --check: compile into a temporary folder and fail if the committed PTX differs.
+#   --ptxas: also assemble the committed PTX for sm_90 (the H200) and print each kernel's
+#            registers, spills and shared memory: what the driver's JIT will face, without a GPU.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$here/../ptx"
 prefix="${CUDA_PREFIX:-/tmp/cuda-prefix}"
 check=0
+ptxas=0
 for a in "$@"; do
   case "$a" in
     --fetch)
@@ -20,6 +23,7 @@ for a in "$@"; do
       python3 -m pip install -q --no-deps --no-index --target "$prefix" "$wheels"/*.whl
       ;;
     --check) check=1 ;;
+    --ptxas) ptxas=1 ;;
     *) echo "unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -38,4 +42,11 @@ for f in "$here"/*.cu; do
 done
 if [ $check = 1 ]; then
   diff -q "$out" "$here/../ptx" && echo "committed PTX matches the sources"
+fi
+if [ $ptxas = 1 ]; then
+  for f in "$here"/../ptx/*.ptx; do
+    ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1 |
+      sed -nE "s/.*Compiling entry function '([A-Za-z_0-9]+)'.*/\1/p; s/.*[^0-9]([0-9]+ bytes stack frame.*)/  \1/p; s/.*Used (.*)/  used \1/p" |
+      paste - - -
+  done
 fi
