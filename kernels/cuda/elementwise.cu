@@ -274,3 +274,21 @@ extern "C" __global__ void topk_rows(const float* logits, int vocab, int k, unsi
         }
     }
 }
+
+// out[i] = x[idx[i]] for count rows of k floats (the tokens routed to one expert, gathered).
+extern "C" __global__ void gather_rows(const float* x, const int* idx, float* out, int k, int count) {
+    for (int i = blockIdx.x; i < count; i += gridDim.x) {
+        const float* src = x + (long long)idx[i] * k;
+        for (int e = threadIdx.x; e < k; e += blockDim.x) out[(long long)i * k + e] = src[e];
+    }
+}
+
+// out[idx[i]] += w[i] * y[i] for count rows of width floats (one expert's outputs, weighted,
+// back to their tokens; a token appears at most once per launch).
+extern "C" __global__ void scatter_add_rows(float* out, const int* idx, const float* w, const float* y,
+                                            int width, int count) {
+    for (int i = blockIdx.x; i < count; i += gridDim.x) {
+        float* dst = out + (long long)idx[i] * width;
+        for (int e = threadIdx.x; e < width; e += blockDim.x) dst[e] += w[i] * y[(long long)i * width + e];
+    }
+}

@@ -787,3 +787,46 @@ fn qk_norm_scale_softcap_and_gated_activations() {
     });
     assert!(rel_err(&out.floats(oai), &oai_ref) < 1e-5, "clamped SwiGLU");
 }
+
+/// elementwise.cu's `gather_rows` and `scatter_add_rows`: one expert's tokens gathered, and its
+/// outputs added back to their tokens with their weights (other tokens untouched).
+#[test]
+fn gather_and_weighted_scatter_of_expert_rows() {
+    let mut r = rng(0x5eed_0e1e);
+    let (n, k, width) = (6usize, 40usize, 24usize);
+    let x = random_vec(&mut r, n * k, 1.0);
+    let base = random_vec(&mut r, n * width, 1.0);
+    let idx = [4i32, 0, 5];
+    let w = [0.5f32, -1.25, 2.0];
+    let y = random_vec(&mut r, idx.len() * width, 1.0);
+    let mut job = Job::new();
+    let (xb, ib, wb, yb) = (
+        job.floats(&x),
+        job.ints(&idx),
+        job.floats(&w),
+        job.floats(&y),
+    );
+    let (gb, ob) = (job.out(idx.len() * k * 4), job.floats(&base));
+    let (kk, wd, c) = (A::I(k as i32), A::I(width as i32), A::I(idx.len() as i32));
+    job.launch(
+        "gather_rows",
+        (2, 1),
+        256,
+        &[A::P(xb, 0), A::P(ib, 0), A::P(gb, 0), kk, c],
+    );
+    let args = [A::P(ob, 0), A::P(ib, 0), A::P(wb, 0), A::P(yb, 0), wd, c];
+    job.launch("scatter_add_rows", (2, 1), 256, &args);
+    let out = job.run();
+    let want_g: Vec<f32> = idx
+        .iter()
+        .flat_map(|&t| x[t as usize * k..(t as usize + 1) * k].to_vec())
+        .collect();
+    assert_eq!(out.floats(gb), want_g);
+    let mut want = base.clone();
+    for (i, &t) in idx.iter().enumerate() {
+        for e in 0..width {
+            want[t as usize * width + e] += w[i] * y[i * width + e];
+        }
+    }
+    assert_eq!(out.floats(ob), want);
+}

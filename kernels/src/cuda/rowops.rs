@@ -1,6 +1,7 @@
 //! Per-token operations of the forward pass on the GPU (elementwise.cu): RoPE with every scaling
 //! the engine knows and the KV store, QK-norm, the embedding scale, soft-capping, and the gated
-//! activations other than SwiGLU.
+//! activations other than SwiGLU, and the gathering and weighted scattering of a mixture of
+//! experts' rows.
 
 use super::{Arg, AttnGeom, Gpu, Result};
 
@@ -130,5 +131,45 @@ impl Gpu {
             Arg::I(if gelu { 1 } else { 2 }),
         ];
         self.run(&self.k.gated_act, (Self::grid_for(ffn * rows), 1), 256, &a)
+    }
+
+    /// `out[i] = x[idx[i]]` for `count` rows of `k` floats (`idx`: device i32).
+    pub fn gather_rows(&self, x: u64, idx: u64, out: u64, k: usize, count: usize) -> Result<()> {
+        let a = [
+            Arg::P(x),
+            Arg::P(idx),
+            Arg::P(out),
+            Arg::I(k as i32),
+            Arg::I(count as i32),
+        ];
+        self.run(&self.k.gather_rows, (count.min(65_535) as u32, 1), 256, &a)
+    }
+
+    /// `out[idx[i]] += w[i] * y[i]` for `count` rows of `width` floats (`idx` i32, `w` f32, both
+    /// on the device; no index twice).
+    #[allow(clippy::too_many_arguments)]
+    pub fn scatter_add_rows(
+        &self,
+        out: u64,
+        idx: u64,
+        w: u64,
+        y: u64,
+        width: usize,
+        count: usize,
+    ) -> Result<()> {
+        let a = [
+            Arg::P(out),
+            Arg::P(idx),
+            Arg::P(w),
+            Arg::P(y),
+            Arg::I(width as i32),
+            Arg::I(count as i32),
+        ];
+        self.run(
+            &self.k.scatter_add_rows,
+            (count.min(65_535) as u32, 1),
+            256,
+            &a,
+        )
     }
 }

@@ -14,7 +14,7 @@ use tpslab_kernels::cuda::{
     AttnSplit, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph, flash_split,
 };
 
-use self::ops::CudaOps;
+use self::ops::{CudaOps, MoeScratch};
 
 use crate::device::{
     Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
@@ -166,6 +166,8 @@ pub struct CudaBackend {
     num_blocks: usize,
     ws: DevWorkspace,
     scratch: GemmScratch,
+    /// The mixture-of-experts path's buffers (see `ops::MoeScratch`).
+    moe: MoeScratch,
     staging: Vec<i32>,
     logits: Vec<f32>,
     argmax: Vec<u32>,
@@ -246,7 +248,7 @@ impl From<CudaGap> for BackendError {
 /// recipe on the recording device), so a model is refused before anything is uploaded. With
 /// `untried`, operations whose kernels have only been checked on the CPU simulator
 /// (kernels/tests/cuda_sim.rs) are taken too; without it they are refused until
-/// tests/gpu/gpu-check.sh has run them (`every_dense_family_matches_cpu`).
+/// tests/gpu/gpu-check.sh has run them (`every_family_but_gpt_oss_matches_cpu`).
 pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap> {
     let mut rec = Recording::new();
     match arch::forward(cfg, &w.shapes(), &mut rec) {
@@ -259,7 +261,7 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap
             Op::Attention { sinks: Some(_), .. } => {
                 return Some(CudaGap::Missing("attention sinks"));
             }
-            Op::MoeFfn { .. } => return Some(CudaGap::Missing("mixture-of-experts layers")),
+            Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
             Op::Scale { .. } => Some("the embedding scale"),
             Op::Softcap { .. } => Some("logit soft-capping"),
             Op::QkNorm { .. } => Some("QK-norm"),
@@ -368,6 +370,7 @@ impl CudaBackend {
                 logits: None,
             },
             scratch: GemmScratch::default(),
+            moe: MoeScratch::default(),
             staging: Vec::new(),
             logits: Vec::new(),
             argmax: Vec::new(),
@@ -377,7 +380,9 @@ impl CudaBackend {
             graphs: HashMap::new(),
             graph_seen: HashSet::new(),
             // TPSLAB_CUDA_GRAPHS=0 turns graphs off (to measure what they pay).
-            use_graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            // A mixture of experts is routed on the host (a sync a layer): never captured.
+            use_graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0")
+                && lm.model.cfg.extras.moe.is_none(),
             use_flash: std::env::var("TPSLAB_CUDA_FLASH").is_ok_and(|v| v == "1"),
             use_mixed_graphs: std::env::var("TPSLAB_CUDA_MIXED_GRAPHS").is_ok_and(|v| v == "1"),
             split_at: None,
@@ -607,6 +612,7 @@ impl CudaBackend {
         let mut ops = CudaOps {
             g: &self.gpu,
             sc: &mut self.scratch,
+            moe: &mut self.moe,
             n,
             r,
             bufs,

@@ -1,7 +1,10 @@
 //! The backend-ops seam on the GPU: [`CudaOps`], one step's device addresses, runs each op of a
 //! recipe as the PTX kernels of `tpslab_kernels::cuda`.
 
-use tpslab_kernels::cuda::{AttnGeom, AttnIo, AttnSplit, CudaError, GemmScratch, Gpu, RopeSpec};
+use tpslab_kernels::cuda::{
+    AttnGeom, AttnIo, AttnSplit, CudaError, DBuf, GemmScratch, Gpu, RopeSpec,
+};
+use tpslab_kernels::moe::{Route, route};
 
 use super::{ACT, ACTS, ARGMAX, DevLinear, DevVector, GU};
 use crate::model::config::RopeStyle;
@@ -13,6 +16,7 @@ use crate::model::weights::MoeWeights;
 pub(super) struct CudaOps<'a> {
     pub(super) g: &'a Gpu,
     pub(super) sc: &'a mut GemmScratch,
+    pub(super) moe: &'a mut MoeScratch,
     /// Tokens and logits rows of the step.
     pub(super) n: usize,
     pub(super) r: usize,
@@ -212,33 +216,90 @@ impl Ops for CudaOps<'_> {
         out: Buf,
     ) -> Result<(), CudaError> {
         let (x, out, gu, a) = (self.buf(x), self.buf(out), self.bufs[GU], self.bufs[ACT]);
-        match act {
-            // Gating fused into the product where the kernels allow (no bias to add between).
-            Activation::Silu if gate_up.bias.is_none() => {
-                self.g
-                    .gate_up_swiglu(&gate_up.m, x, self.n, gu, a, self.sc)?;
-            }
-            Activation::Silu => {
-                gate_up.forward(self.g, x, self.n, gu, self.sc)?;
-                self.g.swiglu(gu, a, gate_up.m.n / 2, self.n)?;
-            }
-            Activation::GeluTanh | Activation::SwigluOai => {
-                gate_up.forward(self.g, x, self.n, gu, self.sc)?;
-                let gelu = act == Activation::GeluTanh;
-                self.g.gated_act(gu, a, gate_up.m.n / 2, self.n, gelu)?;
-            }
-        }
+        gate(self.g, self.sc, gate_up, act, x, self.n, gu, a)?;
         down.forward(self.g, a, self.n, out, self.sc)
     }
 
+    /// A mixture of experts, routed on the host: the router's logits come back (one sync a
+    /// layer, so such steps are never captured), `tpslab_kernels::moe::route` (the CPU's rule)
+    /// picks and weighs each token's experts, and each expert with tokens runs on its gathered
+    /// rows, its outputs added back to their tokens with their weights.
     fn moe_ffn(
         &mut self,
-        _: &MoeWeights<DevLinear>,
-        _: Activation,
-        _: Buf,
-        _: Buf,
+        moe: &MoeWeights<DevLinear>,
+        act: Activation,
+        x: Buf,
+        out: Buf,
     ) -> Result<(), CudaError> {
-        Err(CudaError::NoOp("mixture-of-experts layers"))
+        let Some(first) = moe.experts.first() else {
+            return Ok(());
+        };
+        let (n, ne, used) = (self.n, moe.experts.len(), moe.rule.n_used);
+        let (k, ffn, width) = (first.gate_up.m.k, first.gate_up.m.n / 2, first.down.m.n);
+        let (x, out) = (self.buf(x), self.buf(out));
+        let ms = &mut *self.moe;
+        let logits = self.g.grow(&mut ms.logits, n * ne * 4, |_| n * ne * 4)?;
+        moe.router.forward(self.g, x, n, logits, self.sc)?;
+        ms.host.resize(n * ne, 0.0);
+        self.g.dtoh(logits, &mut ms.host)?;
+        ms.routes.resize(n * used, Route::default());
+        for (row, r) in ms
+            .host
+            .chunks_exact(ne)
+            .zip(ms.routes.chunks_exact_mut(used))
+        {
+            route(row, &moe.rule, &mut ms.probs, r);
+        }
+        // Per expert: its tokens, then their weights (as bits), one upload.
+        let mut spans = Vec::with_capacity(ne);
+        ms.lists.clear();
+        for e in 0..ne as u32 {
+            let at = ms.lists.len();
+            for (i, r) in ms.routes.iter().enumerate() {
+                if r.expert == e {
+                    ms.lists.push((i / used) as u32);
+                }
+            }
+            let count = ms.lists.len() - at;
+            for r in ms.routes.iter().filter(|r| r.expert == e) {
+                ms.lists.push(r.weight.to_bits());
+            }
+            spans.push((at, count));
+        }
+        let lists = self
+            .g
+            .grow(&mut ms.list_buf, ms.lists.len() * 4, |_| ms.lists.len() * 8)?;
+        self.g.htod(lists, &ms.lists)?;
+        let most = spans.iter().map(|s| s.1).max().unwrap_or(0);
+        let (xg_at, gu_at, a_at, y_at) = (0, most * k, most * (k + 2 * ffn), most * (k + 3 * ffn));
+        let rows = self.g.grow(&mut ms.rows, (y_at + most * width) * 4, |_| {
+            (y_at + most * width) * 4
+        })?;
+        let at = |off: usize| rows + 4 * off as u64;
+        self.g.memset(out, 0, n * width * 4)?;
+        for (expert, &(start, count)) in moe.experts.iter().zip(&spans) {
+            if count == 0 {
+                continue;
+            }
+            let (idx, w) = (lists + 4 * start as u64, lists + 4 * (start + count) as u64);
+            self.g.gather_rows(x, idx, at(xg_at), k, count)?;
+            gate(
+                self.g,
+                self.sc,
+                &expert.gate_up,
+                act,
+                at(xg_at),
+                count,
+                at(gu_at),
+                at(a_at),
+            )?;
+            expert
+                .down
+                .forward(self.g, at(a_at), count, at(y_at), self.sc)?;
+            self.g
+                .scatter_add_rows(out, idx, w, at(y_at), width, count)?;
+        }
+        Ok(())
     }
 
     fn add(&mut self, x: Buf, y: Buf) -> Result<(), CudaError> {
@@ -271,4 +332,46 @@ impl Ops for CudaOps<'_> {
         head.forward(self.g, x, self.r, out, self.sc)?;
         self.g.argmax(out, self.r, head.m.n, self.bufs[ARGMAX])
     }
+}
+
+/// `a = act(gate) * up` of `rows` rows of `x` through `gate_up` (`gu`: the product's room, used
+/// where the gating is not fused into it).
+#[allow(clippy::too_many_arguments)]
+fn gate(
+    g: &Gpu,
+    sc: &mut GemmScratch,
+    gate_up: &DevLinear,
+    act: Activation,
+    x: u64,
+    rows: usize,
+    gu: u64,
+    a: u64,
+) -> Result<(), CudaError> {
+    match act {
+        // Gating fused into the product where the kernels allow (no bias to add between).
+        Activation::Silu if gate_up.bias.is_none() => {
+            g.gate_up_swiglu(&gate_up.m, x, rows, gu, a, sc)
+        }
+        Activation::Silu => {
+            gate_up.forward(g, x, rows, gu, sc)?;
+            g.swiglu(gu, a, gate_up.m.n / 2, rows)
+        }
+        Activation::GeluTanh | Activation::SwigluOai => {
+            gate_up.forward(g, x, rows, gu, sc)?;
+            g.gated_act(gu, a, gate_up.m.n / 2, rows, act == Activation::GeluTanh)
+        }
+    }
+}
+
+/// The mixture-of-experts path's buffers: router logits and their host copy, the routes, the
+/// experts' token and weight lists (host and device), and the gathered rows with their products.
+#[derive(Default)]
+pub(super) struct MoeScratch {
+    logits: Option<DBuf>,
+    host: Vec<f32>,
+    probs: Vec<f32>,
+    routes: Vec<Route>,
+    lists: Vec<u32>,
+    list_buf: Option<DBuf>,
+    rows: Option<DBuf>,
 }
