@@ -384,7 +384,7 @@ fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_refuses_what_it_cannot_run_by_name() {
-    use CudaGap::{Missing, Untried};
+    use CudaGap::Untried;
     use tpslab_engine::device::cuda::{CudaGap, cuda_gap};
     let models: Vec<_> = VARIANTS.iter().map(|a| (*a, load(a))).collect();
     let gaps = |untried: bool| -> Vec<(&str, Option<CudaGap>)> {
@@ -412,7 +412,7 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("gpt-oss", Some(Untried("RoPE scaling"))),
         ]
     );
-    // With them, every family but gpt-oss (its attention sinks have no kernel) runs.
+    // With them, every family runs (gpt-oss's MXFP4 experts still wait on `has_kernel`).
     assert_eq!(
         gaps(true),
         [
@@ -427,7 +427,7 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("smollm3", None),
             ("qwen3moe", None),
             ("mixtral", None),
-            ("gpt-oss", Some(Missing("attention sinks"))),
+            ("gpt-oss", None),
         ]
     );
 }

@@ -1,7 +1,8 @@
 // Paged attention for a mixed batch (prefill chunks and decodes together): each token attends
 // to positions 0..=pos of its own sequence (the last `window` of them when window > 0), reading
 // K/V (f16) through the sequence's block table; scores are q.k * scale, soft-capped as
-// cap * tanh(s / cap) when softcap > 0 (Gemma 2).
+// cap * tanh(s / cap) when softcap > 0 (Gemma 2); a head's sink logit, when `sinks` is given,
+// joins the softmax's sum (gpt-oss: w_p = exp(s_p) / (sum exp(s) + exp(sink))).
 // One block per (token, KV head, group of up to 8 query heads sharing it): token
 // `which[blockIdx.x]` when `which` is given (the tokens flash.cu does not take), else token
 // blockIdx.x. Each of the 4 warps takes every 4th run of 32 keys with an online softmax, then
@@ -19,7 +20,8 @@ template <int HDL>
 __device__ __forceinline__ void paged_attn(const float* qkv, int qkv_stride, const __half* kc,
                                            const __half* vc, const int* pos, const int* bt_off,
                                            const int* bt, float* out, int n_heads, int n_kv_heads,
-                                           int block_size, float scale, const int* which, int window, float softcap) {
+                                           int block_size, float scale, const int* which, int window, float softcap,
+                                           const float* sinks) {
     constexpr int HD = HDL * 32;
     const int i = which ? which[blockIdx.x] : blockIdx.x;
     const int group = n_heads / n_kv_heads;
@@ -136,6 +138,7 @@ __device__ __forceinline__ void paged_attn(const float* qkv, int qkv_stride, con
             L += s_l[w][g] * c;
             o += s_acc[w][g][e] * c;
         }
+        if (sinks) add_sink(sinks[kvh * group + g0 + g], m, L, o);
         out[(long long)i * n_heads * HD + (kvh * group + g0 + g) * HD + e] = o / L;
     }
 }
@@ -147,7 +150,8 @@ template <int HDL>
 __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride, const __half* kc,
                                            const __half* vc, const int* pos, const int* bt_off,
                                            const int* bt, float* out, int n_heads, int n_kv_heads,
-                                           int block_size, float scale, const int* which, int window, float softcap) {
+                                           int block_size, float scale, const int* which, int window, float softcap,
+                                           const float* sinks) {
     constexpr int HD = HDL * 32;
     const int i = which ? which[blockIdx.x] : blockIdx.x;
     const int group = n_heads / n_kv_heads;
@@ -218,6 +222,7 @@ __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride
             L += s_l[w][g] * c;
             o += s_acc[w][g][e] * c;
         }
+        if (sinks) add_sink(sinks[kvh * group + g0 + g], m, L, o);
         out[(long long)i * n_heads * HD + (kvh * group + g0 + g) * HD + e] = o / L;
     }
 }
@@ -226,16 +231,18 @@ __device__ __forceinline__ void paged_attn_wide(const float* qkv, int qkv_stride
     extern "C" __global__ void paged_attention_##HDL(                                             \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale, const int* which, int window, float softcap) {              \
+        int block_size, float scale, const int* which, int window, float softcap,                \
+        const float* sinks) {                                                                    \
         paged_attn<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads, n_kv_heads,      \
-                        block_size, scale, which, window, softcap);                              \
+                        block_size, scale, which, window, softcap, sinks);                       \
     }                                                                                             \
     extern "C" __global__ void paged_attention_wide_##HDL(                                        \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale, const int* which, int window, float softcap) {              \
+        int block_size, float scale, const int* which, int window, float softcap,                \
+        const float* sinks) {                                                                    \
         paged_attn_wide<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads,             \
-                             n_kv_heads, block_size, scale, which, window, softcap);             \
+                             n_kv_heads, block_size, scale, which, window, softcap, sinks);      \
     }
 
 ATTN(1)

@@ -63,6 +63,15 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
+// A head's attention sink joining a softmax's sum of max `m`, sum `L` and weighted output `o`
+// (gpt-oss; ggml's soft_max with sinks): the max becomes the larger of the two, what was summed
+// is rescaled to it, and exp(sink - max) is added to the sum.
+__device__ __forceinline__ void add_sink(float sink, float m, float& L, float& o) {
+    const float m2 = fmaxf(m, sink), r = expf(m - m2);
+    L = L * r + expf(sink - m2);
+    o *= r;
+}
+
 // ggml get_scale_min_k4: scale and min of sub-block j (0..8) from the 12 packed bytes.
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
     if (j < 4) {

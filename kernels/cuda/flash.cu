@@ -10,7 +10,7 @@
 //   tokens are consecutive in the batch, of one sequence (one block table), at consecutive
 //   positions pos[first] + r. grid (tiles, n_heads), 128 threads.
 //
-// Sliding windows and score soft-capping as attention.cu has them.
+// Sliding windows, score soft-capping and attention sinks as attention.cu has them.
 // Numbers: Q (times the softmax scale), K, V and P in f16, sums and the softmax in f32.
 // Written without a GPU: checked on the CPU simulator (kernels/tests/cuda_sim.rs); taken for
 // prefill runs only under TPSLAB_CUDA_FLASH=1 until tests/gpu/gpu-check.sh has measured it.
@@ -30,7 +30,7 @@ __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, 
                                               const __half* vc, const int* pos, const int* bt_off,
                                               const int* bt, float* out, int n_heads, int n_kv_heads,
                                               int block_size, float scale, const int* tiles,
-                                              int window, float softcap) {
+                                              int window, float softcap, const float* sinks) {
     constexpr int HD = 32 * HDL, BC = HD <= 128 ? 64 : 32, KS = HD / 16, DT = HD / 8, NT = BC / 8;
     constexpr int LD = HD + 8; // halves per shared row: 16-byte aligned rows, staggered banks
     __shared__ __align__(16) __half ks[BC][LD];
@@ -144,6 +144,19 @@ __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, 
             }
         }
     }
+    if (sinks) {
+        const float sink = sinks[h];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float scale_o = 1.0f;
+            add_sink(sink, mx[u], l[u], scale_o);
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][2 * u] *= scale_o;
+                o[d][2 * u + 1] *= scale_o;
+            }
+        }
+    }
 #pragma unroll
     for (int d = 0; d < DT; d++)
 #pragma unroll
@@ -158,9 +171,10 @@ __device__ __forceinline__ void flash_prefill(const float* qkv, int qkv_stride, 
     extern "C" __global__ void flash_prefill_##HDL(                                               \
         const float* qkv, int qkv_stride, const __half* kc, const __half* vc, const int* pos,    \
         const int* bt_off, const int* bt, float* out, int n_heads, int n_kv_heads,               \
-        int block_size, float scale, const int* tiles, int window, float softcap) {              \
+        int block_size, float scale, const int* tiles, int window, float softcap,                \
+        const float* sinks) {                                                                    \
         flash_prefill<HDL>(qkv, qkv_stride, kc, vc, pos, bt_off, bt, out, n_heads, n_kv_heads,   \
-                           block_size, scale, tiles, window, softcap);                           \
+                           block_size, scale, tiles, window, softcap, sinks);                    \
     }
 
 FLASH(1)

@@ -390,6 +390,7 @@ fn attention_reference(
     bt_off: &[i32],
     bt: &[i32],
     scale: f32,
+    sinks: Option<&[f32]>,
 ) -> Vec<f64> {
     let Geom {
         n_heads,
@@ -432,7 +433,9 @@ fn attention_reference(
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let l: f64 = p.iter().sum();
+            // A head's sink joins the sum (gpt-oss).
+            let sink = sinks.map_or(0.0, |sk| (sk[h] as f64 - m).exp());
+            let l: f64 = p.iter().sum::<f64>() + sink;
             for e in 0..hd {
                 want[(i * n_heads + h) * hd + e] = p
                     .iter()
@@ -457,30 +460,21 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
     // (first position, tokens, block table) of each sequence's chunk.
     let seqs: [(usize, usize, Vec<i32>); 2] =
         [(20, 37, vec![3, 7, 1, 9]), (0, 70, vec![0, 2, 4, 5, 6])];
-    // (head dim / 32, window, soft-cap): the plain kernels at three head sizes (64- and 32-key
-    // flash tiles), then sliding windows (keys skipped a tile at a time) and soft-capping.
-    for (hdl, window, softcap) in [
-        (2usize, 0usize, 0f32),
-        (4, 0, 0.0),
-        (8, 0, 0.0),
-        (2, 24, 30.0),
-        (8, 24, 0.0),
+    // (head dim / 32, window, soft-cap, sinks): the plain kernels at three head sizes (64- and
+    // 32-key flash tiles), then sliding windows (keys skipped a tile at a time), soft-capping and
+    // attention sinks.
+    let sinks: Vec<f32> = vec![0.3, -1.0, 2.5, 0.0];
+    for (hdl, window, softcap, with_sinks) in [
+        (2usize, 0usize, 0f32, false),
+        (4, 0, 0.0, false),
+        (8, 0, 0.0, false),
+        (2, 24, 30.0, false),
+        (8, 24, 0.0, false),
+        (4, 0, 0.0, true),
     ] {
         let hd = 32 * hdl;
         let (kv_dim, stride) = (n_kv * hd, (n_heads + 2 * n_kv) * hd);
-        let (mut pos, mut bt_off, mut bt, mut tiles) = (vec![], vec![], vec![], vec![]);
-        for (p0, len, table) in &seqs {
-            let first = pos.len() as i32;
-            let off = bt.len() as i32;
-            bt.extend(table);
-            for t in 0..*len {
-                pos.push((p0 + t) as i32);
-                bt_off.push(off);
-            }
-            for c in (0..*len).step_by(64) {
-                tiles.extend([first + c as i32, (*len - c).min(64) as i32]);
-            }
-        }
+        let (pos, bt_off, bt, tiles) = chunk_layout(&seqs);
         let n = pos.len();
         let qkv = random_vec(&mut r, n * stride, 0.5);
         let (kc, vc) = (
@@ -493,6 +487,7 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
         let (qb, kb, vb) = (job.floats(&qkv), job.buf(&h16(&kc)), job.buf(&h16(&vc)));
         let (pb, ob, tb) = (job.ints(&pos), job.ints(&bt_off), job.ints(&bt));
         let (tl, out) = (job.ints(&tiles), job.out(n * n_heads * hd * 4));
+        let sb = job.floats(&sinks);
         let args = [
             A::P(qb, 0),
             A::I(stride as i32),
@@ -509,6 +504,7 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
             A::P(tl, 0),
             A::I(window as i32),
             A::F(softcap),
+            if with_sinks { A::P(sb, 0) } else { A::Null },
         ];
         let grid = ((tiles.len() / 2) as u32, n_heads as u32);
         job.launch(&format!("flash_prefill_{hdl}"), grid, 128, &args);
@@ -538,9 +534,11 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
             window,
             softcap,
         };
-        let want = attention_reference(&geom, &qkv, &kc, &vc, &pos, &bt_off, &bt, scale);
+        let sink = with_sinks.then_some(sinks.as_slice());
+        let want = attention_reference(&geom, &qkv, &kc, &vc, &pos, &bt_off, &bt, scale, sink);
         let err = rel_err(&got, &want);
-        let case = format!("head dim {hd}, window {window}, soft-cap {softcap}");
+        let case =
+            format!("head dim {hd}, window {window}, soft-cap {softcap}, sinks {with_sinks}");
         assert!(err < 1e-3, "{case}: rel err {err:e}");
         println!("{case}: rel err {err:e}");
         let row = n_heads * hd;
@@ -554,6 +552,26 @@ fn flash_prefill_tiles_and_per_token_kernels_over_the_paged_cache() {
             );
         }
     }
+}
+
+/// Chunks of sequences (first position, tokens, block table) as one batch: each token's
+/// position and block-table offset, the block tables, and flash's tiles of up to 64 tokens.
+#[allow(clippy::type_complexity)]
+fn chunk_layout(seqs: &[(usize, usize, Vec<i32>)]) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>) {
+    let (mut pos, mut bt_off, mut bt, mut tiles) = (vec![], vec![], vec![], vec![]);
+    for (p0, len, table) in seqs {
+        let first = pos.len() as i32;
+        let off = bt.len() as i32;
+        bt.extend(table);
+        for t in 0..*len {
+            pos.push((p0 + t) as i32);
+            bt_off.push(off);
+        }
+        for c in (0..*len).step_by(64) {
+            tiles.extend([first + c as i32, (*len - c).min(64) as i32]);
+        }
+    }
+    (pos, bt_off, bt, tiles)
 }
 
 /// `n` random f16 values (a KV cache's).

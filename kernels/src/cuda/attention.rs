@@ -8,7 +8,8 @@ use super::{Arg, CudaError, Gpu, Result, WIDE_ATTN_TOKENS};
 pub const FLASH_MAX_TILE: usize = 64;
 
 /// Shape of attention for the RoPE and attention kernels, and how scores are made: `scale` on
-/// q.k, a sliding `window` of positions (0: none), soft-capping at `softcap` (0: none).
+/// q.k, a sliding `window` of positions (0: none), soft-capping at `softcap` (0: none), and the
+/// device address of one sink logit per query head (0: none; gpt-oss).
 #[derive(Debug, Clone, Copy)]
 pub struct AttnGeom {
     pub n_heads: usize,
@@ -18,6 +19,7 @@ pub struct AttnGeom {
     pub scale: f32,
     pub window: usize,
     pub softcap: f32,
+    pub sinks: u64,
 }
 
 impl AttnGeom {
@@ -31,6 +33,7 @@ impl AttnGeom {
             scale: 1.0 / (head_dim as f32).sqrt(),
             window: 0,
             softcap: 0.0,
+            sinks: 0,
         }
     }
 }
@@ -90,7 +93,7 @@ pub fn flash_split(seq_of: &[usize], positions: &[usize], min_run: usize) -> (Ve
 
 /// The arguments every attention kernel takes, in their order: `list` is the per-token kernels'
 /// token list or flash's tiles.
-fn attn_args(io: &AttnIo, g: &AttnGeom, list: u64) -> [Arg; 15] {
+fn attn_args(io: &AttnIo, g: &AttnGeom, list: u64) -> [Arg; 16] {
     [
         Arg::P(io.qkv),
         Arg::I(io.stride as i32),
@@ -107,6 +110,7 @@ fn attn_args(io: &AttnIo, g: &AttnGeom, list: u64) -> [Arg; 15] {
         Arg::P(list),
         Arg::I(g.window as i32),
         Arg::F(g.softcap),
+        Arg::P(g.sinks),
     ]
 }
 

@@ -258,9 +258,7 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap
     let (_, ops) = rec.into_parts();
     ops.iter().find_map(|op| {
         let untried_op = match op {
-            Op::Attention { sinks: Some(_), .. } => {
-                return Some(CudaGap::Missing("attention sinks"));
-            }
+            Op::Attention { sinks: Some(_), .. } => Some("attention sinks"),
             Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
             Op::Scale { .. } => Some("the embedding scale"),
             Op::Softcap { .. } => Some("logit soft-capping"),

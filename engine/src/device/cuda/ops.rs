@@ -180,13 +180,11 @@ impl Ops for CudaOps<'_> {
         sinks: Option<&DevVector>,
         out: Buf,
     ) -> Result<(), CudaError> {
-        if sinks.is_some() {
-            return Err(CudaError::NoOp("attention sinks"));
-        }
         let geom = AttnGeom {
             scale: opts.scale,
             window: opts.window.unwrap_or(0),
             softcap: opts.softcap.unwrap_or(0.0),
+            sinks: sinks.map_or(0, |v| v.buf.ptr()),
             ..self.geom(heads)
         };
         let (kc, vc) = self.kv_of(layer);
