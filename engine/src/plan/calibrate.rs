@@ -82,8 +82,10 @@ pub fn measure_level(
     })
 }
 
-/// Rounds of the alternating fit; each one closes most of the remaining gap.
-const ROUNDS: usize = 60;
+/// Rounds of the alternating fit; each one closes most of the remaining gap, except where one
+/// request's decode is compute-bound and the two figures move together (a slow prefill for
+/// its decode), where it closes in slowly: 60 rounds left 2% there, 400 leave 1%.
+const ROUNDS: usize = 400;
 /// The fit stops once both fitted figures are within this relative error.
 const TOLERANCE: f64 = 1e-4;
 
@@ -227,5 +229,34 @@ mod tests {
         let rows = vec![row(&table, cpu, 4, true), row(&table, cpu, 1, false)];
         let e = calibrate_device(&table, cpu, rows, "test").unwrap_err();
         assert!(e.to_string().contains("concurrency 1"), "{e}");
+    }
+
+    /// A run whose prefill is slow for its decode (measured under load during a full test run:
+    /// 70.5 tok/s a request, TTFT 506 ms). Past the point where one request's decode is
+    /// compute-bound, the roofline ties its decode and prefill to the same FLOP/s, and no
+    /// bandwidth and FLOP/s reproduce both exactly: the fit closes in on them (within 2%), and
+    /// the error it leaves is reported with the held-out rows'.
+    #[test]
+    fn a_slow_prefill_for_its_decode_is_fitted_closely() {
+        let table = DeviceTable::bundled().unwrap();
+        let cpu = table.device("this-cpu").unwrap();
+        let mut fit = row(&table, cpu, 1, true);
+        fit.per_request_tps = 70.530_060_427_678_88;
+        fit.ttft_ms = 506.246_002;
+        let d = calibrate_device(&table, cpu, vec![fit.clone()], "test").unwrap();
+        let shape = ModelShape::synthetic("smollm2-135m").unwrap();
+        let w = Workload {
+            concurrency: 1,
+            prompt_len: 128,
+            output_len: 128,
+            token_budget: 2048,
+        };
+        let p = predict(&table, &d, &shape, WType::Q4_1, &w).unwrap();
+        let (tps, ttft) = (p.per_request_tps.unwrap(), p.ttft_ms.unwrap());
+        assert!(
+            (tps / fit.per_request_tps - 1.0).abs() < 2e-2,
+            "{tps} tok/s"
+        );
+        assert!((ttft / fit.ttft_ms - 1.0).abs() < 2e-2, "{ttft} ms");
     }
 }
