@@ -77,7 +77,7 @@ impl Gpu {
     ) -> Result<()> {
         let id = wtype_id(w.ty) as usize;
         if let Some(fs) = self.k.mmvq[id].as_ref()
-            && (self.use_mmvq || self.k.mmv[id].is_none())
+            && self.takes_q8(id)
         {
             return self.matvec_q8(fs, w, x, m, y, scratch);
         }
@@ -113,6 +113,12 @@ impl Gpu {
             )?;
         }
         Ok(())
+    }
+
+    /// Whether weights of type id `id` go through the 8-bit-activation kernels: when they are
+    /// on, or when matvec.cu has no f32-activation kernel for the type.
+    fn takes_q8(&self, id: usize) -> bool {
+        self.use_mmvq || self.k.mmv[id].is_none()
     }
 
     /// The kernel of `fs` (for 1, 2, 4, 8 rows) that takes `rows` rows.
@@ -193,7 +199,7 @@ impl Gpu {
         let (id, ffn, k) = (wtype_id(w.ty) as usize, w.n / 2, w.k);
         let fused = m <= MMV_QUANT_ROWS
             && w.n.is_multiple_of(2)
-            && (self.use_mmvq || self.k.mmv[id].is_none())
+            && self.takes_q8(id)
             && self.k.mmvq_swiglu[id].is_some();
         let Some(fs) = self.k.mmvq_swiglu[id].as_ref().filter(|_| fused) else {
             self.matmul(w, x, m, gu, scratch)?;

@@ -248,21 +248,25 @@ impl Ops for CudaOps<'_> {
         {
             route(row, &moe.rule, &mut ms.probs, r);
         }
-        // Per expert: its tokens, then their weights (as bits), one upload.
-        let mut spans = Vec::with_capacity(ne);
+        // Per expert: its tokens, then their weights (as bits), one upload; one pass over the
+        // routes counts each expert's tokens, a second places them.
+        let mut spans = vec![(0usize, 0usize); ne];
+        for r in &ms.routes {
+            spans[r.expert as usize].1 += 1;
+        }
+        let mut at = 0;
+        for s in &mut spans {
+            s.0 = at;
+            at += 2 * s.1;
+        }
         ms.lists.clear();
-        for e in 0..ne as u32 {
-            let at = ms.lists.len();
-            for (i, r) in ms.routes.iter().enumerate() {
-                if r.expert == e {
-                    ms.lists.push((i / used) as u32);
-                }
-            }
-            let count = ms.lists.len() - at;
-            for r in ms.routes.iter().filter(|r| r.expert == e) {
-                ms.lists.push(r.weight.to_bits());
-            }
-            spans.push((at, count));
+        ms.lists.resize(at, 0);
+        let mut fill: Vec<usize> = spans.iter().map(|s| s.0).collect();
+        for (i, r) in ms.routes.iter().enumerate() {
+            let e = r.expert as usize;
+            ms.lists[fill[e]] = (i / used) as u32;
+            ms.lists[fill[e] + spans[e].1] = r.weight.to_bits();
+            fill[e] += 1;
         }
         let lists = self
             .g
