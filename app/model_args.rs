@@ -37,6 +37,15 @@ pub struct ModelArgs {
     /// Compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// On a GPU: keep the experts of the first N blocks of a mixture of experts in host memory
+    /// and run them on the CPU, attention and routing staying on the GPU (llama.cpp's option of
+    /// this name), for a model larger than the GPU's memory. No effect on the CPU or on a dense
+    /// model.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub n_cpu_moe: usize,
+    /// On a GPU: every block's experts in host memory (as `--n-cpu-moe` past the last block).
+    #[arg(long, conflicts_with = "n_cpu_moe")]
+    pub cpu_moe: bool,
 }
 
 /// Parses a `--device` value (`cpu`, `cuda`, `cuda:N`, `auto`).
@@ -64,6 +73,15 @@ impl ModelArgs {
         let lm = LoadedModel::load(&path)
             .with_context(|| format!("cannot load model {}", path.display()))?;
         Ok(Arc::new(lm))
+    }
+
+    /// The blocks whose experts a GPU leaves in host memory (`--n-cpu-moe`, `--cpu-moe`).
+    pub fn cpu_moe_layers(&self) -> usize {
+        if self.cpu_moe {
+            usize::MAX
+        } else {
+            self.n_cpu_moe
+        }
     }
 
     /// The thread count actually used (0 resolved to the number of cores).

@@ -326,6 +326,19 @@ fn bad_flags_and_prompts_are_refused() {
         ],
         "max-tokens",
     );
+    fails_with(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--n-cpu-moe",
+            "2",
+            "--cpu-moe",
+        ],
+        "cannot be used with",
+    );
     fails_with(&["generate", "--model", m, "--prompt", ""], "empty");
     fails_with(&["generate", "--model", m], "--prompt");
     // 9000 words is past the 8192-token context.

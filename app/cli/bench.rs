@@ -74,6 +74,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         threads,
         spec,
         draft,
+        cpu_moe_layers: a.model.cpu_moe_layers(),
     };
     // One untimed warm-up so page faults and thread start-up don't land in the first figure.
     generate_with(

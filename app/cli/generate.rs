@@ -156,6 +156,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         threads: a.model.threads,
         spec,
         draft,
+        cpu_moe_layers: a.model.cpu_moe_layers(),
     };
     let out = generate_request(&lm, &setup, req, &mut on_text)?;
     if json {

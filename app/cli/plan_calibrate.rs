@@ -25,6 +25,8 @@ pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec>
         synthetic_seed: 0,
         device: DeviceChoice::Cpu,
         threads,
+        n_cpu_moe: 0,
+        cpu_moe: false,
     };
     let lm = args.load()?;
     if lm.precision != Precision::built(&lm.model.cfg, calibrate::PRECISION) {

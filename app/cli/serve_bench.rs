@@ -448,6 +448,7 @@ fn start_engine(
             knobs: k,
             device: a.model.device,
             gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
+            cpu_moe_layers: a.model.cpu_moe_layers(),
             draft,
         },
         None,

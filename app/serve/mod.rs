@@ -247,6 +247,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         knobs,
         device: a.model.device,
         gpu_kv_fraction: 0.0,
+        cpu_moe_layers: a.model.cpu_moe_layers(),
         draft,
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;

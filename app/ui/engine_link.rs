@@ -296,6 +296,7 @@ fn start_engine(
             device,
             // The dashboard's KV budget knob sizes the pool on every device.
             gpu_kv_fraction: 0.0,
+            cpu_moe_layers: 0,
             draft: None,
         },
         Some(Box::new(move || repaint_ctx.request_repaint())),

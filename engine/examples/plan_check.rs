@@ -49,8 +49,7 @@ fn main() -> Result<()> {
                 threads,
                 knobs,
                 device: DeviceChoice::Cpu,
-                gpu_kv_fraction: 0.0,
-                draft: None,
+                ..EngineConfig::default()
             },
             None,
         )?;

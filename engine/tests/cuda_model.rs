@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use tpslab_engine::device::cuda::CudaBackend;
+use tpslab_engine::device::cuda::{CudaBackend, CudaOpts};
 use tpslab_engine::device::{Backend, CpuBackend, DeviceChoice, RowNeed};
 use tpslab_engine::formats::gguf::Value;
 use tpslab_engine::kv::Batch;
@@ -51,6 +51,22 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// Prefill of `prompt` then `steps` decodes of fixed tokens, on both backends (the GPU with its
 /// opt-in kernels when `trial`); returns the worst logits error over the steps.
 fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize, trial: bool) -> f64 {
+    let opts = CudaOpts {
+        untried: true,
+        trial_kernels: trial,
+        ..CudaOpts::default()
+    };
+    compare_with(lm, prompt, steps, opts, &mut |_, _| {})
+}
+
+/// [`compare`] with the GPU opened with `opts`; `check` sees both backends after each step.
+fn compare_with(
+    lm: &Arc<LoadedModel>,
+    prompt: &[u32],
+    steps: usize,
+    opts: CudaOpts,
+    check: &mut dyn FnMut(&CudaBackend, &CpuBackend),
+) -> f64 {
     let bs = 16;
     let blocks = 64;
     let mut cpu = CpuBackend::new(Arc::clone(lm), 0, bs, blocks).unwrap();
@@ -60,10 +76,9 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize, trial: bool) -> 
         bs,
         blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs),
         0.0,
-        true,
+        opts,
     )
     .unwrap();
-    gpu.set_trial_kernels(trial);
     assert_eq!(gpu.num_blocks(), blocks);
     // Shuffled block table.
     let table: Vec<u32> = (0..blocks as u32).rev().step_by(3).collect();
@@ -85,6 +100,7 @@ fn compare(lm: &Arc<LoadedModel>, prompt: &[u32], steps: usize, trial: bool) -> 
             "step {step}: {} tokens, logits rel err {err:.2e}",
             toks.len()
         );
+        check(&gpu, &cpu);
         worst = worst.max(err);
         pos += toks.len();
         toks = vec![(step as u32 * 7919 + 13) % lm.model.cfg.vocab as u32];
@@ -175,25 +191,8 @@ fn every_family_but_gpt_oss_matches_cpu() {
     require_gpu();
     let dir = std::env::temp_dir().join(format!("tpslab-cuda-families-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let tokens = (0..300).map(|i| Value::String(format!("t{i}"))).collect();
-    let tokenizer = [
-        (
-            "tokenizer.ggml.model".to_string(),
-            Value::String("gpt2".into()),
-        ),
-        ("tokenizer.ggml.tokens".to_string(), Value::Array(tokens)),
-    ];
     for variant in VARIANTS.iter().filter(|v| **v != "gpt-oss") {
-        let path = dir.join(format!("{variant}.gguf"));
-        write_tiny(variant, &tokenizer, &path).unwrap();
-        let (model, _) = Model::load(&path).unwrap();
-        let lm = Arc::new(LoadedModel {
-            path: path.clone(),
-            precision: Precision::built(&model.cfg, WType::F32),
-            tokenizer: synthetic_tokenizer(model.cfg.vocab).unwrap(),
-            template: ChatTemplate::chatml(),
-            model,
-        });
+        let lm = tiny(variant, &dir);
         let vocab = lm.model.cfg.vocab as u32;
         let prompt: Vec<u32> = (0..37).map(|i| (i * 131 + 5) % vocab).collect();
         for trial in [false, true] {
@@ -204,6 +203,113 @@ fn every_family_but_gpt_oss_matches_cpu() {
                 "{variant} (trial {trial}): logits rel err {err:e}"
             );
         }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A tiny model of `variant`'s layout (F32, gpt-oss's experts MXFP4) with a byte-level vocabulary
+/// of 300 tokens, written under `dir`.
+fn tiny(variant: &str, dir: &std::path::Path) -> Arc<LoadedModel> {
+    let tokens = (0..300).map(|i| Value::String(format!("t{i}"))).collect();
+    let tokenizer = [
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        ("tokenizer.ggml.tokens".to_string(), Value::Array(tokens)),
+    ];
+    let path = dir.join(format!("{variant}.gguf"));
+    write_tiny(variant, &tokenizer, &path).unwrap();
+    let (model, _) = Model::load(&path).unwrap();
+    Arc::new(LoadedModel {
+        path: path.clone(),
+        precision: Precision::built(&model.cfg, WType::F32),
+        tokenizer: synthetic_tokenizer(model.cfg.vocab).unwrap(),
+        template: ChatTemplate::chatml(),
+        model,
+    })
+}
+
+/// `--n-cpu-moe`: with the experts of the first block, then of every block, kept in host memory
+/// and run by the CPU, each mixture-of-experts family's logits match the CPU's; the memory
+/// figures move those experts from the device's weights to the host's, and the expert load is
+/// counted on both sides. gpt-oss runs here too, its MXFP4 experts being the CPU's.
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn experts_kept_in_host_memory_match_cpu() {
+    require_gpu();
+    let dir = std::env::temp_dir().join(format!("tpslab-cuda-cpu-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for variant in ["qwen3moe", "mixtral", "gpt-oss"] {
+        let lm = tiny(variant, &dir);
+        let all = lm.model.weights.bytes();
+        let experts: usize = (lm.model.weights)
+            .leading_experts(usize::MAX)
+            .map(|l| l.bytes())
+            .sum();
+        let vocab = lm.model.cfg.vocab as u32;
+        let prompt: Vec<u32> = (0..37).map(|i| (i * 131 + 5) % vocab).collect();
+        for layers in [1, usize::MAX] {
+            let opts = CudaOpts {
+                untried: true,
+                cpu_moe_layers: layers,
+                threads: 2,
+                ..CudaOpts::default()
+            };
+            let kept: usize = (lm.model.weights)
+                .leading_experts(layers)
+                .map(|l| l.bytes())
+                .sum();
+            assert!(kept > 0 && kept <= experts);
+            let mut checked = 0;
+            let err = compare_with(&lm, &prompt, 4, opts, &mut |gpu, cpu| {
+                let mem = gpu.memory();
+                assert_eq!((mem.weights, mem.host_weights), (all - kept, kept));
+                let (g, c) = (gpu.expert_load().unwrap(), cpu.expert_load().unwrap());
+                assert_eq!(g.layers, c.layers);
+                assert_eq!(g.bytes_total, c.bytes_total);
+                let chose = |l: &tpslab_engine::device::ExpertLoad| -> u32 {
+                    l.tokens_per_expert.iter().sum()
+                };
+                assert_eq!(chose(g), chose(c));
+                checked += 1;
+            });
+            println!("{variant}, experts of {layers} blocks on the CPU: worst rel err {err:.2e}");
+            assert!(err < 3e-2, "{variant} ({layers}): logits rel err {err:e}");
+            assert_eq!(checked, 5);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Experts kept in host memory are the CPU's to run, so their type needs no CUDA kernel:
+/// gpt-oss's MXFP4 experts are refused by name on the device and pass the check when kept on
+/// the host (without a GPU the backend then fails at opening one, which this machine may lack).
+#[test]
+fn experts_kept_in_host_memory_need_no_cuda_kernel() {
+    let dir = std::env::temp_dir().join(format!("tpslab-cpu-moe-types-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lm = tiny("gpt-oss", &dir);
+    let open = |layers: usize| {
+        let opts = CudaOpts {
+            untried: true,
+            cpu_moe_layers: layers,
+            ..CudaOpts::default()
+        };
+        CudaBackend::new_with(&lm, 0, 16, 64 << 20, 0.0, opts)
+            .err()
+            .map(|e| e.to_string())
+    };
+    let refused = open(0).expect("MXFP4 experts on the device are refused");
+    assert!(
+        refused.contains("MXFP4 has no CUDA kernel yet"),
+        "{refused}"
+    );
+    // One block's experts kept: the other blocks' are still on the device and refused.
+    let one = open(1).expect("refused");
+    assert!(one.contains("MXFP4 has no CUDA kernel yet"), "{one}");
+    if let Some(e) = open(usize::MAX) {
+        assert!(!e.contains("MXFP4"), "{e}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -112,6 +112,11 @@ EOF
   unset TPSLAB_CUDA_MMVQ TPSLAB_CUDA_MMQ TPSLAB_CUDA_FLASH TPSLAB_CUDA_MIXED_GRAPHS
   # F16 batch-1 decode with four 16-byte streaming loads in flight a lane (matvec.cu mmv_*_wide).
   TPSLAB_CUDA_WIDE=1 bench llama-3-8b-f16-wide 1 --synthetic llama-3-8b --precision f16
+  # A mixture of experts (its layers are untried on a GPU until this check: TPSLAB_CUDA_TRIAL),
+  # all on the GPU, then with every block's experts in host memory on the CPU (--cpu-moe).
+  TPSLAB_CUDA_TRIAL=1 bench qwen3-30b-a3b-q4_k 1,16,64 --synthetic qwen3-30b-a3b --precision q4_k
+  TPSLAB_CUDA_TRIAL=1 bench qwen3-30b-a3b-q4_k-cpu-moe 1 --synthetic qwen3-30b-a3b \
+    --precision q4_k --cpu-moe
   echo "== table"
   # The table, and the same rows as JSON (tests/gpu/results/DATE.json, brought back under $OUT
   # too: commit it with the BENCHMARKS.md table).

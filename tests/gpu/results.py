@@ -24,6 +24,8 @@ RUNS = [(f"{a}-{p}", a, p) for a in ("smollm2-135m", "llama-3-8b") for p in ("f1
     ("smollm2-135m-q4_k-mmq", "smollm2-135m", "q4_k"),
     ("llama-3-8b-q6_k-mmq", "llama-3-8b", "q6_k"),
     ("llama-3-8b-f16-wide", "llama-3-8b", "f16"),
+    ("qwen3-30b-a3b-q4_k", "qwen3-30b-a3b", "q4_k"),
+    ("qwen3-30b-a3b-q4_k-cpu-moe", "qwen3-30b-a3b", "q4_k"),
 ]
 
 
@@ -64,6 +66,8 @@ def main() -> None:
                 "weight_bytes": wb,
                 "bandwidth_gbps": bw,
                 "floor_tps": None if math.isnan(floor) else floor,
+                # A mixture of experts: the share of expert bytes its steps read.
+                "expert_share": r.get("expert_share"),
             })
         print(f"{tag:<26}{wb / 1e9:>10.2f}{floor:>12.0f} | " + " | ".join(cells))
     with open(dest, "w") as f:

@@ -46,8 +46,8 @@ pub fn engine_with_kv(
         threads: 2,
         knobs,
         device: DeviceChoice::Cpu,
-        gpu_kv_fraction: 0.0,
         draft: None,
+        ..EngineConfig::default()
     };
     EngineHandle::start(model(), config, None).expect("engine")
 }
@@ -69,8 +69,8 @@ pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
         threads: 2,
         knobs,
         device: DeviceChoice::Cpu,
-        gpu_kv_fraction: 0.0,
         draft: None,
+        ..EngineConfig::default()
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None).expect("engine");
     let mut state = ServerState::new(engine, lm, None);

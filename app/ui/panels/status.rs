@@ -105,11 +105,15 @@ fn mib(bytes: u64) -> String {
 }
 
 /// "Memory: VRAM 1200 MiB / 143771 MiB used (...)" on a GPU, "Memory: RSS 300 MiB ..." on the CPU, then
-/// weights, KV pool and activations apart.
+/// weights (and a GPU's experts kept in host memory), KV pool and activations apart.
 pub fn memory_line(s: &EngineSnapshot, rss: Option<u64>) -> String {
     let m = &s.memory;
+    let host = match m.host_weights {
+        0 => String::new(),
+        b => format!(" + {} experts in host memory", mib(b as u64)),
+    };
     let parts = format!(
-        "weights {}, KV {}, activations {}",
+        "weights {}{host}, KV {}, activations {}",
         mib(m.weights as u64),
         mib(m.kv as u64),
         mib(m.activations as u64)
@@ -138,6 +142,7 @@ mod tests {
     fn memory_line_names_vram_on_a_gpu_and_rss_on_the_cpu() {
         let parts = MemoryUse {
             weights: 100 << 20,
+            host_weights: 0,
             kv: 64 << 20,
             activations: 3 << 20,
             device_used: None,
@@ -155,6 +160,15 @@ mod tests {
         assert_eq!(
             memory_line(&snapshot(gpu), Some(300 << 20)),
             "Memory: VRAM 1200 MiB / 143771 MiB used (weights 100 MiB, KV 64 MiB, activations 3 MiB)"
+        );
+        let offloaded = MemoryUse {
+            host_weights: 900 << 20,
+            ..gpu
+        };
+        assert_eq!(
+            memory_line(&snapshot(offloaded), None),
+            "Memory: VRAM 1200 MiB / 143771 MiB used (weights 100 MiB + 900 MiB experts in host \
+             memory, KV 64 MiB, activations 3 MiB)"
         );
     }
 }

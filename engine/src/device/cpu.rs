@@ -6,9 +6,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use tpslab_kernels::ThreadPool;
-use tpslab_kernels::moe::{MoeScratch, Route, moe_ffn, route};
+use tpslab_kernels::moe::Route;
 
 use crate::device::attention::{AttnShape, paged_attention};
+use crate::device::moe::{HostExperts, route_rows, sized};
 use crate::device::rowops;
 use crate::device::{
     Backend, BackendError, BatchError, ExpertLoad, MemoryUse, RowNeed, StepOutput, check_batch,
@@ -36,7 +37,7 @@ pub struct Workspace {
     router: Vec<f32>,
     probs: Vec<f32>,
     routes: Vec<Route>,
-    moe: MoeScratch,
+    host: HostExperts,
     /// What the last step read of the experts.
     pub experts: ExpertLoad,
 }
@@ -51,7 +52,7 @@ impl Workspace {
             .map(|v| v.capacity() * 4)
             .sum::<usize>()
             + self.routes.capacity() * std::mem::size_of::<Route>()
-            + self.moe.bytes()
+            + self.host.bytes()
     }
 
     /// The floats of buffer `b` as the last step left them.
@@ -61,14 +62,7 @@ impl Workspace {
 }
 
 /// Most tokens whose FFN intermediates are held at once (see [`CpuOps::gated_ffn`]).
-const FFN_ROWS: usize = 128;
-
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    &mut v[..n]
-}
+pub(crate) const FFN_ROWS: usize = 128;
 
 /// One step of one batch on the CPU.
 pub struct CpuOps<'a> {
@@ -295,7 +289,7 @@ impl Ops for CpuOps<'_> {
     }
 
     /// The router's logits and each token's routes, then the experts grouped by
-    /// `tpslab_kernels::moe::moe_ffn`, [`FFN_ROWS`] tokens at a time as the dense FFN.
+    /// [`HostExperts::run`].
     fn moe_ffn(
         &mut self,
         moe: &MoeWeights<Linear>,
@@ -313,50 +307,22 @@ impl Ops for CpuOps<'_> {
         let h = &ws.bufs[x.index()][..n * k];
         let logits = sized(&mut ws.router, n * ne);
         moe.router.forward(pool, h, n, logits);
-        ws.routes.resize(n * used, Route::default());
-        for (row, r) in logits
-            .chunks_exact(ne)
-            .zip(ws.routes.chunks_exact_mut(used))
-        {
-            route(row, &moe.rule, &mut ws.probs, r);
-        }
+        route_rows(logits, ne, &moe.rule, &mut ws.probs, &mut ws.routes);
+        ws.experts.count_routes(&ws.routes, ne);
+        let experts: Vec<_> = moe.experts.iter().map(|e| (&e.gate_up, &e.down)).collect();
         let o_rows = sized(&mut o, n * width);
-        let load = &mut ws.experts;
-        load.tokens_per_expert.resize(ne, 0);
-        load.layers += 1;
-        ws.routes
-            .iter()
-            .for_each(|r| load.tokens_per_expert[r.expert as usize] += 1);
-        let bytes = |e: &crate::model::weights::Expert| e.gate_up.bytes() + e.down.bytes();
-        let all: usize = moe.experts.iter().map(bytes).sum();
-        let (gu, a) = (&mut ws.gu, &mut ws.act);
-        for r0 in (0..n).step_by(FFN_ROWS) {
-            let m = (n - r0).min(FFN_ROWS);
-            let ran = moe_ffn(
-                &h[r0 * k..(r0 + m) * k],
-                k,
-                &ws.routes[r0 * used..(r0 + m) * used],
-                used,
-                ne,
-                width,
-                &mut o_rows[r0 * width..(r0 + m) * width],
-                &mut ws.moe,
-                |e, xs, rows, ys| {
-                    let ex = &moe.experts[e];
-                    let ffn = ex.gate_up.n / 2;
-                    let g = sized(gu, rows * 2 * ffn);
-                    ex.gate_up.forward(pool, xs, rows, g);
-                    let a = sized(a, rows * ffn);
-                    rowops::gated(act, g, ffn, a);
-                    ex.down.forward(pool, a, rows, ys);
-                },
-            );
-            load.bytes_total += all;
-            load.bytes_read += ran
-                .iter()
-                .map(|&e| bytes(&moe.experts[e as usize]))
-                .sum::<usize>();
-        }
+        ws.host.run(
+            pool,
+            &experts,
+            act,
+            h,
+            k,
+            &ws.routes,
+            used,
+            width,
+            o_rows,
+            &mut ws.experts,
+        );
         ws.bufs[out.index()] = o;
         ws.lens[out.index()] = n * width;
         Ok(())
@@ -522,6 +488,7 @@ impl Backend for CpuBackend {
     fn memory(&self) -> MemoryUse {
         MemoryUse {
             weights: self.lm.model.weights.bytes(),
+            host_weights: 0,
             kv: self.kv.bytes(),
             activations: self.ws.bytes(),
             device_used: None,

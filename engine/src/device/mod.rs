@@ -7,6 +7,8 @@
 //! - [`cpu`]: the CPU device over `tpslab_kernels` and [`cpu::CpuBackend`].
 //! - [`rowops`]: the CPU's per-row ops (RMSNorm, RoPE, SwiGLU, residual add).
 //! - [`attention`]: paged attention on the CPU and its plain reference.
+//! - [`moe`]: mixture-of-experts routing, load counting and experts run on the host, shared by
+//!   the devices.
 //! - `cuda` (feature `cuda`): the CUDA device over the PTX kernels and its backend.
 
 use std::str::FromStr;
@@ -20,6 +22,7 @@ pub mod attention;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod moe;
 pub mod rowops;
 
 pub use cpu::{CpuBackend, Workspace};
@@ -207,7 +210,11 @@ pub struct StepOutput<'a> {
 /// Memory a backend holds, in bytes, parts apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryUse {
+    /// Weights on the device (on the CPU: all of them).
     pub weights: usize,
+    /// Weights a GPU leaves in host memory for the CPU to run (`--n-cpu-moe`'s experts); 0 on
+    /// the CPU.
+    pub host_weights: usize,
     pub kv: usize,
     pub activations: usize,
     /// Device memory (used, total) from the driver; `None` on the CPU.
@@ -285,7 +292,9 @@ pub struct Opened {
 
 /// Sizes the KV pool and opens the backend for `device`. `kv_budget` is in bytes; with
 /// `gpu_kv_fraction > 0` on a GPU the budget is that fraction of the memory free after the
-/// weights are loaded instead.
+/// weights are loaded instead. On a GPU the experts of the first `cpu_moe_layers` blocks stay
+/// in host memory and run on `threads` CPU threads (`--n-cpu-moe`); on the CPU every weight is
+/// in host memory already.
 pub fn open(
     lm: Arc<LoadedModel>,
     device: DeviceChoice,
@@ -293,6 +302,7 @@ pub fn open(
     block_size: usize,
     kv_budget: usize,
     gpu_kv_fraction: f32,
+    cpu_moe_layers: usize,
 ) -> Result<Opened, BackendError> {
     let cfg = lm.model.cfg.clone();
     let blocks =
@@ -315,7 +325,15 @@ pub fn open(
         DeviceChoice::Cuda(n) => n,
         DeviceChoice::Auto => 0,
     };
-    match open_cuda(&lm, ordinal, block_size, kv_budget, gpu_kv_fraction) {
+    let gpu = GpuOpen {
+        ordinal,
+        block_size,
+        kv_budget,
+        fraction: gpu_kv_fraction,
+        cpu_moe_layers,
+        threads,
+    };
+    match open_cuda(&lm, gpu) {
         Ok(b) => Ok(Opened {
             backend: b,
             note: None,
@@ -328,18 +346,28 @@ pub fn open(
     }
 }
 
-#[cfg(feature = "cuda")]
-fn open_cuda(
-    lm: &Arc<LoadedModel>,
+/// What [`open`] passes on to a GPU.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct GpuOpen {
     ordinal: usize,
     block_size: usize,
     kv_budget: usize,
     fraction: f32,
-) -> Result<Box<dyn Backend>, BackendError> {
+    cpu_moe_layers: usize,
+    threads: usize,
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(lm: &Arc<LoadedModel>, o: GpuOpen) -> Result<Box<dyn Backend>, BackendError> {
+    let opts = cuda::CudaOpts {
+        cpu_moe_layers: o.cpu_moe_layers,
+        threads: o.threads,
+        ..cuda::CudaOpts::from_env()
+    };
     // cudarc resolves driver symbols lazily and panics on one an old driver lacks: turn that
     // into an error (and a CPU fallback under `auto`) instead of taking the app down.
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        cuda::CudaBackend::new(lm, ordinal, block_size, kv_budget, fraction)
+        cuda::CudaBackend::new_with(lm, o.ordinal, o.block_size, o.kv_budget, o.fraction, opts)
     }));
     match made {
         Ok(b) => Ok(Box::new(b?)),
@@ -355,12 +383,6 @@ fn open_cuda(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(
-    _: &Arc<LoadedModel>,
-    _: usize,
-    _: usize,
-    _: usize,
-    _: f32,
-) -> Result<Box<dyn Backend>, BackendError> {
+fn open_cuda(_: &Arc<LoadedModel>, _: GpuOpen) -> Result<Box<dyn Backend>, BackendError> {
     Err(BackendError::NoCudaBuild)
 }

@@ -341,6 +341,18 @@ impl<L, V> Weights<L, V> {
             .chain(&self.lm_head)
     }
 
+    /// The expert matrices of the first `layers` blocks: what a GPU keeps in host memory for
+    /// the CPU to run under `--n-cpu-moe` (llama.cpp's option of that name).
+    pub fn leading_experts(&self, layers: usize) -> impl Iterator<Item = &L> {
+        self.layers.iter().take(layers).flat_map(|l| {
+            let experts: &[Expert<L>] = match &l.ffn {
+                Ffn::Moe(m) => &m.experts,
+                Ffn::Dense { .. } => &[],
+            };
+            experts.iter().flat_map(|e| [&e.gate_up, &e.down])
+        })
+    }
+
     /// Every matrix, each once, to change.
     pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut L> {
         let layers = self.layers.iter_mut().flat_map(|l| {

@@ -97,6 +97,9 @@ pub struct EngineConfig {
     /// On a GPU, when above 0: the KV budget is this fraction of the memory left free after the
     /// weights (vLLM's `gpu_memory_utilization` in spirit), instead of `knobs.kv.budget_bytes`.
     pub gpu_kv_fraction: f32,
+    /// On a GPU: the experts of the first this many blocks stay in host memory and run on the
+    /// CPU (llama.cpp's `--n-cpu-moe`), for a mixture of experts larger than the GPU's memory.
+    pub cpu_moe_layers: usize,
     /// The draft model `knobs.spec`'s [`SpecMethod::Draft`](crate::spec::SpecMethod::Draft)
     /// proposes with; it must share the model's tokenizer.
     pub draft: Option<Arc<LoadedModel>>,
@@ -361,6 +364,7 @@ impl EngineThread {
             config.knobs.kv.block_size,
             config.knobs.kv.budget_bytes,
             config.gpu_kv_fraction,
+            config.cpu_moe_layers,
         )
         .map_err(EngineError::Device)?;
         let backend = opened.backend;

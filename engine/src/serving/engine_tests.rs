@@ -59,14 +59,13 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
             },
             ..Knobs::default()
         },
-        gpu_kv_fraction: 0.0,
-        draft: None,
+        ..EngineConfig::default()
     };
     let lm = Arc::new(lm);
     let (tx, rx) = mpsc::channel();
     let mut t = EngineThread::new(Arc::clone(&lm), &config, rx, tx, Arc::default(), None)
         .expect("engine thread");
-    let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, 0.0)
+    let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, 0.0, 0)
         .expect("backend")
         .backend;
     assert_eq!(inner.num_blocks(), t.backend.num_blocks());

@@ -83,6 +83,8 @@ pub struct GenerateSetup {
     pub spec: SpecConfig,
     /// The draft model of [`crate::spec::SpecMethod::Draft`].
     pub draft: Option<Arc<LoadedModel>>,
+    /// See [`EngineConfig::cpu_moe_layers`].
+    pub cpu_moe_layers: usize,
 }
 
 /// Generates for one prompt on the CPU, calling `on_text` with each piece of text as it becomes
@@ -171,6 +173,7 @@ pub fn generate_request(
         knobs,
         device: setup.device,
         gpu_kv_fraction: 0.0,
+        cpu_moe_layers: setup.cpu_moe_layers,
         draft: setup.draft.clone(),
     };
     let engine = EngineHandle::start(Arc::clone(lm), config, None)?;

@@ -3,121 +3,36 @@
 //! GPU, with the same batch and KV contract as the CPU. Per step: one upload of the batch's
 //! integers, the recipe's kernels in order on one stream (replayed as a CUDA graph for decode
 //! steps), one download of the greedy tokens (and of logits rows only where a sampler needs
-//! them). Modules: `ops` (the recipe's ops as kernel launches).
+//! them). Modules: `ops` (the recipe's ops as kernel launches), `weights` (the weights on the
+//! device, and the experts `--n-cpu-moe` leaves in host memory).
 
 mod ops;
+mod weights;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tpslab_kernels::cuda::{
-    AttnSplit, CudaError, DBuf, DevMatrix, GemmScratch, Gpu, Graph, flash_split,
-};
+use tpslab_kernels::cuda::{AttnSplit, CudaError, DBuf, GemmScratch, Gpu, Graph, flash_split};
 
-use self::ops::{CudaOps, MoeScratch};
+use self::ops::{CudaOps, HostSide, MoeScratch};
+pub use self::weights::{DevLinear, DevVector};
+use self::weights::{DevWeights, Placement};
 
 use crate::device::{
-    Backend, BackendError, BatchError, MemoryUse, RowNeed, StepOutput, check_batch,
+    Backend, BackendError, BatchError, ExpertLoad, MemoryUse, RowNeed, StepOutput, check_batch,
 };
 use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::ModelConfig;
-use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Param, ParamShape, Rope};
+use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Rope};
 use crate::model::record::{Op, Recording};
-use crate::model::weights::{Linear, Weights};
+use crate::model::weights::Weights;
 
 /// A CUDA error with what the engine was doing.
 fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {
     let what = what.into();
     move |source| BackendError::Cuda { what, source }
-}
-
-/// Refuses, before touching a GPU, weights of a type the CUDA kernels do not read (Q5_K).
-fn check_weight_types(w: &Weights) -> Result<(), BackendError> {
-    for l in w.matrices() {
-        if l.parts.len() > 1 {
-            return Err(BackendError::MixedTypes(l.types()));
-        }
-        tpslab_kernels::cuda::check_type(l.ty).map_err(cuda("checking the weight types"))?;
-    }
-    Ok(())
-}
-
-pub struct DevLinear {
-    m: DevMatrix,
-    bias: Option<DBuf>,
-    _data: DBuf,
-}
-
-impl DevLinear {
-    fn upload(gpu: &Gpu, l: &Linear) -> Result<Self, CudaError> {
-        let data = gpu.upload(&l.data)?;
-        let bias = l.bias.as_ref().map(|b| gpu.upload(b)).transpose()?;
-        Ok(Self {
-            m: DevMatrix {
-                ty: l.ty,
-                n: l.n,
-                k: l.k,
-                ptr: data.ptr(),
-            },
-            bias,
-            _data: data,
-        })
-    }
-
-    fn forward(
-        &self,
-        gpu: &Gpu,
-        x: u64,
-        m: usize,
-        y: u64,
-        scratch: &mut GemmScratch,
-    ) -> Result<(), CudaError> {
-        gpu.matmul(&self.m, x, m, y, scratch)?;
-        if let Some(b) = &self.bias {
-            gpu.add_bias(y, b.ptr(), self.m.n, m)?;
-        }
-        Ok(())
-    }
-}
-
-impl Param for DevLinear {
-    fn shape(&self) -> ParamShape {
-        ParamShape::Matrix {
-            ty: self.m.ty,
-            n: self.m.n,
-            k: self.m.k,
-            bias: self.bias.is_some(),
-        }
-    }
-}
-
-/// A norm weight on the device, with its length.
-pub struct DevVector {
-    buf: DBuf,
-    len: usize,
-}
-
-impl Param for DevVector {
-    fn shape(&self) -> ParamShape {
-        ParamShape::Vector(self.len)
-    }
-}
-
-/// The weights on the device: the host [`Weights`] structure of device buffers.
-type DevWeights = Weights<DevLinear, DevVector>;
-
-fn upload_weights(gpu: &Gpu, w: &Weights) -> Result<DevWeights, CudaError> {
-    w.try_map(
-        |l| DevLinear::upload(gpu, l),
-        |v| {
-            Ok(DevVector {
-                buf: gpu.upload(v)?,
-                len: v.len(),
-            })
-        },
-    )
 }
 
 /// Activation buffers for up to `cap` tokens and `cap` logits rows, one allocation.
@@ -160,7 +75,12 @@ pub struct CudaBackend {
     gpu: Gpu,
     cfg: ModelConfig,
     w: DevWeights,
+    /// Bytes of the weights on the device, and of the experts left in host memory.
     weights_bytes: usize,
+    host_bytes: usize,
+    /// The blocks whose experts stay in host memory (`--n-cpu-moe`), and the CPU that runs them.
+    cpu_moe_layers: usize,
+    host: Option<HostSide>,
     kv: DBuf,
     block_size: usize,
     num_blocks: usize,
@@ -303,9 +223,37 @@ fn attn_untried(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
     }
 }
 
+/// How a model is placed and run on a GPU, beyond its KV budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaOpts {
+    /// Take operations whose kernels have only run on the CPU simulator (see [`cuda_gap`]).
+    pub untried: bool,
+    /// Turn on every kernel that is opt-in until measured ([`CudaBackend::set_trial_kernels`]).
+    pub trial_kernels: bool,
+    /// Keep the experts of the first this many blocks in host memory and run them on the CPU
+    /// (llama.cpp's `--n-cpu-moe`): attention and the router stay on the GPU. 0 uploads every
+    /// weight; a dense model has no experts to keep.
+    pub cpu_moe_layers: usize,
+    /// CPU threads for the experts kept in host memory (0: one per core).
+    pub threads: usize,
+}
+
+impl CudaOpts {
+    /// `TPSLAB_CUDA_TRIAL=1` takes the untried operations and turns on the trial kernels.
+    pub fn from_env() -> Self {
+        let trial = std::env::var("TPSLAB_CUDA_TRIAL").is_ok_and(|v| v == "1");
+        Self {
+            untried: trial,
+            trial_kernels: trial,
+            ..Self::default()
+        }
+    }
+}
+
 impl CudaBackend {
     /// Uploads the model to GPU `ordinal` and sizes the KV pool: `kv_budget` bytes, or with
-    /// `fraction > 0` that fraction of the memory left free after the weights.
+    /// `fraction > 0` that fraction of the memory left free after the weights. Options from the
+    /// environment ([`CudaOpts::from_env`]).
     pub fn new(
         lm: &Arc<LoadedModel>,
         ordinal: usize,
@@ -313,35 +261,31 @@ impl CudaBackend {
         kv_budget: usize,
         fraction: f32,
     ) -> Result<Self, BackendError> {
-        let trial = std::env::var("TPSLAB_CUDA_TRIAL").is_ok_and(|v| v == "1");
-        let mut me = Self::new_with(lm, ordinal, block_size, kv_budget, fraction, trial)?;
-        if trial {
-            me.set_trial_kernels(true);
-        }
-        Ok(me)
+        let opts = CudaOpts::from_env();
+        Self::new_with(lm, ordinal, block_size, kv_budget, fraction, opts)
     }
 
-    /// [`CudaBackend::new`], taking operations whose kernels have not run on a GPU yet when
-    /// `untried` (see [`cuda_gap`]). `TPSLAB_CUDA_TRIAL=1` makes `new` take them and turn on
-    /// every opt-in kernel ([`CudaBackend::set_trial_kernels`]).
+    /// [`CudaBackend::new`] with `opts`.
     pub fn new_with(
         lm: &Arc<LoadedModel>,
         ordinal: usize,
         block_size: usize,
         kv_budget: usize,
         fraction: f32,
-        untried: bool,
+        opts: CudaOpts,
     ) -> Result<Self, BackendError> {
         let cfg = lm.model.cfg.clone();
         if !Gpu::supports_head_dim(cfg.head_dim) {
             return Err(BackendError::HeadDim(cfg.head_dim));
         }
-        check_weight_types(&lm.model.weights)?;
-        if let Some(gap) = cuda_gap(&cfg, &lm.model.weights, untried) {
+        let place = Placement::new(&lm.model.weights, opts.cpu_moe_layers);
+        place.check_types(&lm.model.weights)?;
+        if let Some(gap) = cuda_gap(&cfg, &lm.model.weights, opts.untried) {
             return Err(gap.into());
         }
         let gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
-        let w = upload_weights(&gpu, &lm.model.weights)
+        let w = place
+            .upload(&gpu, &lm.model.weights)
             .map_err(cuda(format!("uploading the weights to {}", gpu.name())))?;
         let budget = if fraction > 0.0 {
             let (free, _) = gpu.mem_info().map_err(cuda("asking the free memory"))?;
@@ -356,7 +300,10 @@ impl CudaBackend {
             gpu,
             cfg,
             w,
-            weights_bytes: lm.model.weights.bytes(),
+            weights_bytes: lm.model.weights.bytes() - place.host_bytes,
+            host_bytes: place.host_bytes,
+            cpu_moe_layers: opts.cpu_moe_layers,
+            host: (place.host_bytes > 0).then(|| HostSide::new(opts.threads)),
             block_size,
             num_blocks: 0,
             ws: DevWorkspace {
@@ -386,6 +333,9 @@ impl CudaBackend {
             split_at: None,
         };
         me.rebuild_kv(block_size, blocks)?;
+        if opts.trial_kernels {
+            me.set_trial_kernels(true);
+        }
         me.warm_up()?;
         Ok(me)
     }
@@ -545,6 +495,7 @@ impl CudaBackend {
         let (n, r) = (batch.len(), batch.logit_rows.len());
         let shape = graph_shape(batch, self.use_mixed_graphs).filter(|_| self.use_graphs);
         let ints = self.prepare(batch, shape)?;
+        self.moe.load.clear();
         match shape {
             None => self.launch(n, r, ints, None)?,
             Some(key) => self.replay(key, ints)?,
@@ -611,6 +562,7 @@ impl CudaBackend {
             g: &self.gpu,
             sc: &mut self.scratch,
             moe: &mut self.moe,
+            host: self.host.as_mut(),
             n,
             r,
             bufs,
@@ -662,7 +614,15 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn describe(&self) -> String {
-        format!("CUDA cuda:{} {}", self.gpu.ordinal(), self.gpu.name())
+        let gpu = format!("CUDA cuda:{} {}", self.gpu.ordinal(), self.gpu.name());
+        match &self.host {
+            Some(h) => format!(
+                "{gpu}, experts of {} blocks on the CPU ({} threads)",
+                self.cpu_moe_layers.min(self.cfg.n_layers),
+                h.threads()
+            ),
+            None => gpu,
+        }
     }
 
     fn forward(
@@ -764,32 +724,43 @@ impl Backend for CudaBackend {
         };
         MemoryUse {
             weights: self.weights_bytes,
+            host_weights: self.host_bytes,
             kv: self.kv.len(),
             activations: self.ws.buf.as_ref().map_or(0, DBuf::len)
                 + self.ws.ints.as_ref().map_or(0, DBuf::len)
                 + self.ws.logits.as_ref().map_or(0, DBuf::len)
-                + self.scratch.bytes(),
+                + self.scratch.bytes()
+                + self.host.as_ref().map_or(0, HostSide::bytes),
             device_used: used,
             device_total: total,
         }
     }
 
+    /// The CPU threads that run the experts kept in host memory, or 0.
     fn threads(&self) -> usize {
-        0
+        self.host.as_ref().map_or(0, HostSide::threads)
+    }
+
+    fn expert_load(&self) -> Option<&ExpertLoad> {
+        self.moe.load.share().map(|_| &self.moe.load)
     }
 
     fn set_model(&mut self, lm: &Arc<LoadedModel>) -> Result<(), BackendError> {
         if lm.model.cfg != self.cfg {
             return Err(BackendError::ShapeChanged);
         }
-        check_weight_types(&lm.model.weights)?;
+        let place = Placement::new(&lm.model.weights, self.cpu_moe_layers);
+        place.check_types(&lm.model.weights)?;
         // Both sets are on the device for a moment; without room for that the old one stays.
-        let w = upload_weights(&self.gpu, &lm.model.weights).map_err(cuda(format!(
-            "uploading the new weights to {}",
-            self.gpu.name()
-        )))?;
+        let w = place
+            .upload(&self.gpu, &lm.model.weights)
+            .map_err(cuda(format!(
+                "uploading the new weights to {}",
+                self.gpu.name()
+            )))?;
         self.w = w;
-        self.weights_bytes = lm.model.weights.bytes();
+        self.weights_bytes = lm.model.weights.bytes() - place.host_bytes;
+        self.host_bytes = place.host_bytes;
         // The captured graphs point at the old weights.
         self.graphs.clear();
         self.graph_seen.clear();

@@ -1,12 +1,15 @@
 //! The backend-ops seam on the GPU: [`CudaOps`], one step's device addresses, runs each op of a
 //! recipe as the PTX kernels of `tpslab_kernels::cuda`.
 
+use tpslab_kernels::ThreadPool;
 use tpslab_kernels::cuda::{
     AttnGeom, AttnIo, AttnSplit, CudaError, DBuf, GemmScratch, Gpu, RopeSpec,
 };
-use tpslab_kernels::moe::{Route, route};
+use tpslab_kernels::moe::Route;
 
 use super::{ACT, ACTS, ARGMAX, DevLinear, DevVector, GU};
+use crate::device::ExpertLoad;
+use crate::device::moe::{HostExpert, HostExperts, route_rows};
 use crate::model::config::RopeStyle;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::MoeWeights;
@@ -17,6 +20,8 @@ pub(super) struct CudaOps<'a> {
     pub(super) g: &'a Gpu,
     pub(super) sc: &'a mut GemmScratch,
     pub(super) moe: &'a mut MoeScratch,
+    /// The CPU side for experts kept in host memory (`--n-cpu-moe`).
+    pub(super) host: Option<&'a mut HostSide>,
     /// Tokens and logits rows of the step.
     pub(super) n: usize,
     pub(super) r: usize,
@@ -219,9 +224,10 @@ impl Ops for CudaOps<'_> {
     }
 
     /// A mixture of experts, routed on the host: the router's logits come back (one sync a
-    /// layer, so such steps are never captured), `tpslab_kernels::moe::route` (the CPU's rule)
-    /// picks and weighs each token's experts, and each expert with tokens runs on its gathered
-    /// rows, its outputs added back to their tokens with their weights.
+    /// layer, so such steps are never captured), [`route_rows`] (the CPU's rule) picks and
+    /// weighs each token's experts. Experts on the device each run on their gathered rows, their
+    /// outputs added back to their tokens with their weights; experts kept in host memory
+    /// (`--n-cpu-moe`) run on the CPU over the layer's input copied back, their sum copied up.
     fn moe_ffn(
         &mut self,
         moe: &MoeWeights<DevLinear>,
@@ -232,76 +238,20 @@ impl Ops for CudaOps<'_> {
         let Some(first) = moe.experts.first() else {
             return Ok(());
         };
-        let (n, ne, used) = (self.n, moe.experts.len(), moe.rule.n_used);
-        let (k, ffn, width) = (first.gate_up.m.k, first.gate_up.m.n / 2, first.down.m.n);
+        let (n, ne) = (self.n, moe.experts.len());
         let (x, out) = (self.buf(x), self.buf(out));
         let ms = &mut *self.moe;
         let logits = self.g.grow(&mut ms.logits, n * ne * 4, |_| n * ne * 4)?;
         moe.router.forward(self.g, x, n, logits, self.sc)?;
         ms.host.resize(n * ne, 0.0);
         self.g.dtoh(logits, &mut ms.host)?;
-        ms.routes.resize(n * used, Route::default());
-        for (row, r) in ms
-            .host
-            .chunks_exact(ne)
-            .zip(ms.routes.chunks_exact_mut(used))
-        {
-            route(row, &moe.rule, &mut ms.probs, r);
+        route_rows(&ms.host, ne, &moe.rule, &mut ms.probs, &mut ms.routes);
+        ms.load.count_routes(&ms.routes, ne);
+        if first.gate_up.host().is_some() {
+            self.host_experts(moe, act, x, out)
+        } else {
+            self.device_experts(moe, act, x, out)
         }
-        // Per expert: its tokens, then their weights (as bits), one upload; one pass over the
-        // routes counts each expert's tokens, a second places them.
-        let mut spans = vec![(0usize, 0usize); ne];
-        for r in &ms.routes {
-            spans[r.expert as usize].1 += 1;
-        }
-        let mut at = 0;
-        for s in &mut spans {
-            s.0 = at;
-            at += 2 * s.1;
-        }
-        ms.lists.clear();
-        ms.lists.resize(at, 0);
-        let mut fill: Vec<usize> = spans.iter().map(|s| s.0).collect();
-        for (i, r) in ms.routes.iter().enumerate() {
-            let e = r.expert as usize;
-            ms.lists[fill[e]] = (i / used) as u32;
-            ms.lists[fill[e] + spans[e].1] = r.weight.to_bits();
-            fill[e] += 1;
-        }
-        let lists = self
-            .g
-            .grow(&mut ms.list_buf, ms.lists.len() * 4, |_| ms.lists.len() * 8)?;
-        self.g.htod(lists, &ms.lists)?;
-        let most = spans.iter().map(|s| s.1).max().unwrap_or(0);
-        let (xg_at, gu_at, a_at, y_at) = (0, most * k, most * (k + 2 * ffn), most * (k + 3 * ffn));
-        let rows = self.g.grow(&mut ms.rows, (y_at + most * width) * 4, |_| {
-            (y_at + most * width) * 4
-        })?;
-        let at = |off: usize| rows + 4 * off as u64;
-        self.g.memset(out, 0, n * width * 4)?;
-        for (expert, &(start, count)) in moe.experts.iter().zip(&spans) {
-            if count == 0 {
-                continue;
-            }
-            let (idx, w) = (lists + 4 * start as u64, lists + 4 * (start + count) as u64);
-            self.g.gather_rows(x, idx, at(xg_at), k, count)?;
-            gate(
-                self.g,
-                self.sc,
-                &expert.gate_up,
-                act,
-                at(xg_at),
-                count,
-                at(gu_at),
-                at(a_at),
-            )?;
-            expert
-                .down
-                .forward(self.g, at(a_at), count, at(y_at), self.sc)?;
-            self.g
-                .scatter_add_rows(out, idx, w, at(y_at), width, count)?;
-        }
-        Ok(())
     }
 
     fn add(&mut self, x: Buf, y: Buf) -> Result<(), CudaError> {
@@ -333,6 +283,128 @@ impl Ops for CudaOps<'_> {
         let (x, out) = (self.buf(x), self.buf(out));
         head.forward(self.g, x, self.r, out, self.sc)?;
         self.g.argmax(out, self.r, head.m.n, self.bufs[ARGMAX])
+    }
+}
+
+impl CudaOps<'_> {
+    /// The layer's experts on the device, over the routes [`Ops::moe_ffn`] left in the scratch:
+    /// per expert, its tokens and their weights (one upload for all), each expert with tokens
+    /// on its gathered rows, added back to them weighted.
+    fn device_experts(
+        &mut self,
+        moe: &MoeWeights<DevLinear>,
+        act: Activation,
+        x: u64,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let (n, ne, used) = (self.n, moe.experts.len(), moe.rule.n_used);
+        let first = &moe.experts[0];
+        let (k, ffn, width) = (first.gate_up.m.k, first.gate_up.m.n / 2, first.down.m.n);
+        let ms = &mut *self.moe;
+        // One pass over the routes counts each expert's tokens, a second places them.
+        let mut spans = vec![(0usize, 0usize); ne];
+        for r in &ms.routes {
+            spans[r.expert as usize].1 += 1;
+        }
+        let mut at = 0;
+        for s in &mut spans {
+            s.0 = at;
+            at += 2 * s.1;
+        }
+        ms.lists.clear();
+        ms.lists.resize(at, 0);
+        let mut fill: Vec<usize> = spans.iter().map(|s| s.0).collect();
+        for (i, r) in ms.routes.iter().enumerate() {
+            let e = r.expert as usize;
+            ms.lists[fill[e]] = (i / used) as u32;
+            ms.lists[fill[e] + spans[e].1] = r.weight.to_bits();
+            fill[e] += 1;
+        }
+        let lists = self
+            .g
+            .grow(&mut ms.list_buf, ms.lists.len() * 4, |_| ms.lists.len() * 8)?;
+        self.g.htod(lists, &ms.lists)?;
+        let most = spans.iter().map(|s| s.1).max().unwrap_or(0);
+        let (xg_at, gu_at, a_at, y_at) = (0, most * k, most * (k + 2 * ffn), most * (k + 3 * ffn));
+        let rows = self.g.grow(&mut ms.rows, (y_at + most * width) * 4, |_| {
+            (y_at + most * width) * 4
+        })?;
+        let at = |off: usize| rows + 4 * off as u64;
+        self.g.memset(out, 0, n * width * 4)?;
+        ms.bytes.clear();
+        let bytes = |l: &DevLinear| l.m.row_bytes() * l.m.n;
+        (ms.bytes).extend(
+            moe.experts
+                .iter()
+                .map(|e| bytes(&e.gate_up) + bytes(&e.down)),
+        );
+        let ran = spans.iter().enumerate().filter(|(_, s)| s.1 > 0);
+        ms.load.count_bytes(&ms.bytes, ran.map(|(e, _)| e));
+        for (expert, &(start, count)) in moe.experts.iter().zip(&spans) {
+            if count == 0 {
+                continue;
+            }
+            let (idx, w) = (lists + 4 * start as u64, lists + 4 * (start + count) as u64);
+            self.g.gather_rows(x, idx, at(xg_at), k, count)?;
+            gate(
+                self.g,
+                self.sc,
+                &expert.gate_up,
+                act,
+                at(xg_at),
+                count,
+                at(gu_at),
+                at(a_at),
+            )?;
+            expert
+                .down
+                .forward(self.g, at(a_at), count, at(y_at), self.sc)?;
+            self.g
+                .scatter_add_rows(out, idx, w, at(y_at), width, count)?;
+        }
+        Ok(())
+    }
+
+    /// The layer's experts kept in host memory: its input comes back, the CPU runs each
+    /// token's experts over the routes [`Ops::moe_ffn`] left in the scratch ([`HostExperts`],
+    /// the CPU backend's own path), and their weighted sum goes up to `out`.
+    fn host_experts(
+        &mut self,
+        moe: &MoeWeights<DevLinear>,
+        act: Activation,
+        x: u64,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        const NOT_HOST: CudaError = CudaError::NoOp("a layer with experts on both sides");
+        let experts: Vec<HostExpert<'_>> = moe
+            .experts
+            .iter()
+            .filter_map(|e| Some((e.gate_up.host()?, e.down.host()?)))
+            .collect();
+        let (Some(hs), Some(&(gate_up, down))) = (self.host.as_deref_mut(), experts.first()) else {
+            return Err(NOT_HOST);
+        };
+        if experts.len() != moe.experts.len() {
+            return Err(NOT_HOST);
+        }
+        let (n, k, width) = (self.n, gate_up.k, down.n);
+        hs.x.resize(n * k, 0.0);
+        self.g.dtoh(x, &mut hs.x)?;
+        hs.y.resize(n * width, 0.0);
+        let ms = &mut *self.moe;
+        hs.experts.run(
+            &hs.pool,
+            &experts,
+            act,
+            &hs.x,
+            k,
+            &ms.routes,
+            moe.rule.n_used,
+            width,
+            &mut hs.y,
+            &mut ms.load,
+        );
+        self.g.htod(out, &hs.y)
     }
 }
 
@@ -376,4 +448,37 @@ pub(super) struct MoeScratch {
     lists: Vec<u32>,
     list_buf: Option<DBuf>,
     rows: Option<DBuf>,
+    /// Each expert's bytes (of the layer being run).
+    bytes: Vec<usize>,
+    /// What the step read of the experts.
+    pub(super) load: ExpertLoad,
+}
+
+/// The CPU that runs the experts kept in host memory: its threads, buffers, and a layer's
+/// input and output on the host.
+pub(super) struct HostSide {
+    pool: ThreadPool,
+    experts: HostExperts,
+    x: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl HostSide {
+    pub(super) fn new(threads: usize) -> Self {
+        Self {
+            pool: ThreadPool::new(threads),
+            experts: HostExperts::default(),
+            x: Vec::new(),
+            y: Vec::new(),
+        }
+    }
+
+    pub(super) fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Bytes held on the host.
+    pub(super) fn bytes(&self) -> usize {
+        self.experts.bytes() + (self.x.capacity() + self.y.capacity()) * 4
+    }
 }
