@@ -71,7 +71,7 @@ use panels::chat::{self, ChatState, ChatView, Generation, Message, Role};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
 use panels::models::{ModelsPanel, ModelsSettings};
 use panels::wizard::{Wizard, WizardSettings};
-use panels::{api_server, planner, status, tuner};
+use panels::{api_server, planner, spec_knobs, status, tuner};
 use plots::History;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -382,6 +382,11 @@ impl TpsApp {
             let old = self.rt.snapshot.as_ref().and_then(|o| o.precision);
             if old.is_some_and(|o| Some(o) != s.precision) {
                 self.rt.history.mark(dashboard::precision_change_text(s));
+            }
+            // The speculation policy's switches, where the plots show what they did.
+            let old = self.rt.snapshot.as_ref();
+            if let Some(m) = old.and_then(|o| spec_knobs::switch_mark(o, s)) {
+                self.rt.history.mark(m);
             }
         }
         self.rt.snapshot = snap;

@@ -403,6 +403,86 @@ fn run_requests(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<Vec<u32>> {
     out
 }
 
+/// Speculative decoding with the model on the GPU and the drafter on the CPU (n-gram lookup, and
+/// self-drafting from the model's first layers on a CPU backend beside it): each request's
+/// greedy tokens are those without speculation, and proposals were made and verified. Steps stay
+/// within the GPU's batch-invariant shapes (up to 8 tokens: a request and its 4 proposals).
+#[test]
+#[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
+fn speculation_with_the_model_on_the_gpu_keeps_greedy_tokens() {
+    use tpslab_engine::spec::{SpecConfig, SpecMethod};
+    require_gpu();
+    let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::Q8_0, 3, 0).unwrap());
+    let start = |method: SpecMethod| {
+        let mut knobs = Knobs::default();
+        knobs.scheduler.max_num_batched_tokens = 8;
+        knobs.spec = SpecConfig {
+            method,
+            num_tokens: 4,
+            ..SpecConfig::default()
+        };
+        EngineHandle::start(
+            Arc::clone(&lm),
+            EngineConfig {
+                device: DeviceChoice::Cuda(0),
+                threads: 2,
+                knobs,
+                ..EngineConfig::default()
+            },
+            None,
+        )
+        .unwrap()
+    };
+    // A repeated pattern, so that lookup finds n-grams to propose.
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|r| (0..40).map(|i| (i % 7) * 1009 + r * 31).collect())
+        .collect();
+    let run = |engine: &EngineHandle, prompt: &[u32]| -> (Vec<u32>, usize) {
+        let (tx, rx) = mpsc::channel();
+        engine.submit(
+            Request {
+                prompt: prompt.to_vec(),
+                sampling: SamplingParams::greedy(),
+                stop: StopCriteria {
+                    max_tokens: Some(32),
+                    ignore_eos: true,
+                    ..StopCriteria::default()
+                },
+                ..Request::default()
+            },
+            tx,
+        );
+        let mut tokens = Vec::new();
+        loop {
+            match rx.recv().expect("event") {
+                Event::Token { token, .. } => tokens.push(token),
+                Event::Finished { usage, .. } => return (tokens, usage.spec.draft_tokens),
+                Event::Refused { reason, .. } => panic!("refused: {reason}"),
+                _ => {}
+            }
+        }
+    };
+    let off = start(SpecMethod::Off);
+    assert!(
+        off.stats().device.starts_with("CUDA"),
+        "{}",
+        off.stats().device
+    );
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| run(&off, p).0).collect();
+    drop(off);
+    for method in [SpecMethod::Ngram, SpecMethod::SelfDraft] {
+        let engine = start(method);
+        let mut drafted = 0;
+        for (p, want) in prompts.iter().zip(&want) {
+            let (got, d) = run(&engine, p);
+            assert_eq!(&got, want, "{method}");
+            drafted += d;
+        }
+        println!("{method}: {drafted} tokens proposed");
+        assert!(drafted > 0, "{method}: nothing proposed");
+    }
+}
+
 /// Top-k sampling with the candidates chosen on the device: seeded requests repeat exactly, stay
 /// in the vocabulary, and a request that needs whole rows (a penalty) runs beside them.
 #[test]

@@ -177,3 +177,55 @@ pub fn status(sn: &EngineSnapshot) -> String {
     }
     s
 }
+
+/// The plots' mark when the policy turned speculation off or on since the `old` snapshot:
+/// "speculation paused: 9 running > 8" or "speculation resumed" (with the count when the policy
+/// switched more than once between the two).
+pub fn switch_mark(old: &EngineSnapshot, new: &EngineSnapshot) -> Option<String> {
+    let n = new.spec_switches.checked_sub(old.spec_switches)?;
+    if n == 0 || new.knobs.spec.method == SpecMethod::Off {
+        return None;
+    }
+    let now = match &new.spec_pause {
+        Some(p) => format!("speculation {p}"),
+        None => "speculation resumed".to_string(),
+    };
+    Some(match n {
+        1 => now,
+        n => format!("{now} ({n} switches)"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tpslab_engine::spec::SpecPause;
+
+    #[test]
+    fn a_policy_switch_marks_the_plots_with_what_it_did() {
+        let mut old = EngineSnapshot::default();
+        old.knobs.spec.method = SpecMethod::Ngram;
+        let mut new = old.clone();
+        assert_eq!(switch_mark(&old, &new), None);
+        new.spec_switches = 1;
+        new.spec_pause = Some(SpecPause::BatchFull {
+            running: 9,
+            max_batch: 8,
+        });
+        assert_eq!(
+            switch_mark(&old, &new).as_deref(),
+            Some("speculation paused: 9 running > 8")
+        );
+        let (old, mut back) = (new.clone(), new);
+        back.spec_switches = 4;
+        back.spec_pause = None;
+        assert_eq!(
+            switch_mark(&old, &back).as_deref(),
+            Some("speculation resumed (3 switches)")
+        );
+        // A new engine (its count starts again) or speculation turned off by hand: no mark.
+        assert_eq!(switch_mark(&back, &old), None);
+        back.knobs.spec.method = SpecMethod::Off;
+        assert_eq!(switch_mark(&old, &back), None);
+    }
+}
