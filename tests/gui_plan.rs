@@ -1,5 +1,5 @@
-//! The dashboard's trade-off view and the capacity planner, driven by their labels (AccessKit)
-//! with egui_kittest: no GPU, no display. The trade-off view is fed a plot history as the engine
+//! The dashboard's trade-off view, its speculation plots and the capacity planner, driven by
+//! their labels (AccessKit) with egui_kittest: no GPU, no display. The trade-off view is fed a plot history as the engine
 //! would fill it; the planner runs on the bundled device table, on a saved one, and on one it
 //! opened through the dialog seam and calibrated on the window's engine with the real default
 //! model (waits are bounded loops of frames, never timing checks).
@@ -42,6 +42,7 @@ fn sample(t: f64, batch: usize, per_req: f64, aggregate: f64) -> Sample {
         rss_mib: Some(150.0),
         vram_mib: None,
         expert_pct: None,
+        spec: None,
     }
 }
 
@@ -109,6 +110,70 @@ fn the_trade_off_view_draws_one_point_per_batch_size_and_the_operating_point_mov
             .is_some()
     );
     assert_eq!(count(&h, "batch cap 64 · budget 2048"), 1);
+}
+
+/// Speculation's plots appear once the engine's snapshot says it is on, fed from the snapshot as
+/// the window samples it; the policy's pause is the latest mark. A history without speculation
+/// has none of them.
+#[test]
+fn speculation_gets_its_plots_once_it_is_on() {
+    use tpslab::ui::panels::spec_knobs::switch_mark;
+    use tpslab_engine::serving::engine::EngineSnapshot;
+    use tpslab_engine::serving::spec_metrics::SpecWindow;
+    use tpslab_engine::spec::{SpecMethod, SpecPause};
+    const TITLES: [&str; 3] = [
+        "Speculation: acceptance rate (%)",
+        "Speculation: tokens per verified step",
+        "Speculation: time per step (ms)",
+    ];
+    let build = |history: History| {
+        Harness::builder()
+            .with_size([1400.0, 1400.0])
+            .build_ui_state(
+                |ui, hist: &mut History| plots_ui(ui, hist, LABEL, &[]),
+                history,
+            )
+    };
+    let mut off = History::default();
+    off.samples.push_back(sample(0.0, 1, 150.0, 150.0));
+    let mut h = build(off);
+    h.run();
+    for title in TITLES {
+        assert!(h.query_by_label(title).is_none(), "{title}");
+    }
+
+    let mut snap = EngineSnapshot::default();
+    snap.knobs.spec.method = SpecMethod::Ngram;
+    snap.live.spec = SpecWindow {
+        acceptance_rate: Some(0.62),
+        mean_acceptance_length: Some(2.9),
+        propose_ms: Some(0.4),
+        verify_ms: Some(9.8),
+        active_share: Some(1.0),
+    };
+    let mut history = History::default();
+    history.sample(&snap);
+    let s = history.samples.back().unwrap().spec.unwrap();
+    assert_eq!(
+        (s.acceptance_pct, s.tokens_per_step, s.verify_ms),
+        (Some(62.0), Some(2.9), Some(9.8))
+    );
+    let mut paused = snap.clone();
+    paused.spec_switches = 1;
+    paused.spec_pause = Some(SpecPause::BatchFull {
+        running: 9,
+        max_batch: 8,
+    });
+    history.mark(switch_mark(&snap, &paused).unwrap());
+    let mut h = build(history);
+    h.run();
+    for title in TITLES {
+        assert!(h.query_by_label(title).is_some(), "{title}");
+    }
+    assert!(
+        h.query_by_label("Last change: speculation paused: 9 running > 8")
+            .is_some()
+    );
 }
 
 #[test]

@@ -396,6 +396,63 @@ fn metrics_count_the_requests_made() {
     }
 }
 
+/// A server whose engine speculates (n-gram lookup) counts it under vLLM's spec-decode names,
+/// with the time spent proposing and verifying, and the per-position acceptances summing to the
+/// accepted tokens.
+#[test]
+fn metrics_count_speculation_and_its_time() {
+    use tpslab_engine::serving::engine::{EngineConfig, Knobs};
+    use tpslab_engine::spec::{SpecConfig, SpecMethod};
+    let mut knobs = Knobs::default();
+    knobs.kv.budget_bytes = 64 << 20;
+    knobs.spec = SpecConfig {
+        method: SpecMethod::Ngram,
+        ..SpecConfig::default()
+    };
+    let config = EngineConfig {
+        threads: 2,
+        knobs,
+        ..EngineConfig::default()
+    };
+    let server = start(
+        EngineHandle::start(model(), config, None).expect("engine"),
+        None,
+    );
+    // Copy-heavy: the passage, then its start again, so lookup finds what comes next.
+    let passage = "The quick brown fox jumps over the lazy dog near the quiet river bank. ";
+    let body = json!({
+        "prompt": format!("{}Repeat: {}", passage.repeat(3), &passage[..30]),
+        "max_tokens": 24,
+        "ignore_eos": true,
+        "temperature": 0,
+    });
+    post(server.addr, "/v1/completions", &body).json();
+    // The counters come from the engine's snapshot, published just after the last event.
+    let t0 = Instant::now();
+    let text = loop {
+        let r = request(server.addr, "GET", "/metrics", &[], b"");
+        let text = String::from_utf8(r.body).expect("utf8");
+        if metric(&text, "tpslab:num_requests_running") == 0.0 || t0.elapsed().as_secs() > 5 {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let drafts = metric(&text, "tpslab:spec_decode_num_drafts_total");
+    let proposed = metric(&text, "tpslab:spec_decode_num_draft_tokens_total");
+    let accepted = metric(&text, "tpslab:spec_decode_num_accepted_tokens_total");
+    assert!(drafts > 0.0 && proposed >= drafts, "{text}");
+    assert!(accepted > 0.0 && accepted <= proposed, "{text}");
+    assert!(metric(&text, "tpslab:spec_decode_propose_seconds_total") > 0.0);
+    assert!(metric(&text, "tpslab:spec_decode_verify_seconds_total") > 0.0);
+    assert_eq!(
+        metric(
+            &text,
+            "tpslab:spec_decode_num_accepted_tokens_per_pos_total"
+        ),
+        accepted
+    );
+}
+
 /// `tpslab bench --endpoint URL --prompt-len 24 --output-len 6 EXTRA...`, run to the end.
 fn bench_endpoint(url: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec![

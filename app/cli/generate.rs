@@ -175,12 +175,14 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         );
         if let Some(rate) = out.spec.acceptance_rate() {
             eprintln!(
-                "[speculation {}: {} of {} proposed tokens accepted ({:.0}%), {:.2} tokens per step]",
+                "[speculation {}: {} of {} proposed tokens accepted ({:.0}%), {:.2} tokens per step, propose {:.2} ms and verify {:.2} ms a verified step]",
                 setup.spec.method,
                 out.spec.accepted_tokens,
                 out.spec.draft_tokens,
                 rate * 100.0,
-                out.spec.mean_acceptance_length().unwrap_or(1.0)
+                out.spec.mean_acceptance_length().unwrap_or(1.0),
+                out.spec.propose_ms_per_draft().unwrap_or(0.0),
+                out.spec.verify_ms_per_draft().unwrap_or(0.0),
             );
         }
     }

@@ -61,6 +61,15 @@ struct SpecFigures {
     num_accepted_tokens: usize,
     acceptance_rate: Option<f64>,
     mean_acceptance_length: Option<f64>,
+    /// Mean proposal time, and mean time of a step that verified proposals, per verified step
+    /// of a request (ms; a step's time counts for each request it verified).
+    propose_ms_per_draft: Option<f64>,
+    verify_ms_per_draft: Option<f64>,
+}
+
+/// "2.35", or "-" without a figure.
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.2}"))
 }
 
 fn spec_figures(timings: &[RequestTiming]) -> Option<SpecFigures> {
@@ -74,6 +83,8 @@ fn spec_figures(timings: &[RequestTiming]) -> Option<SpecFigures> {
         num_accepted_tokens: u.accepted_tokens,
         acceptance_rate: u.acceptance_rate(),
         mean_acceptance_length: u.mean_acceptance_length(),
+        propose_ms_per_draft: u.propose_ms_per_draft(),
+        verify_ms_per_draft: u.verify_ms_per_draft(),
     })
 }
 
@@ -197,7 +208,7 @@ fn print_table(runs: &[LevelResult]) {
         }
         if let Some(sp) = &r.spec {
             println!(
-                "concurrency {}: speculation accepted {} of {} proposed tokens ({}), {} tokens per verified step",
+                "concurrency {}: speculation accepted {} of {} proposed tokens ({}), {} tokens per verified step, propose {} ms and verify {} ms a verified step",
                 r.max_concurrency,
                 sp.num_accepted_tokens,
                 sp.num_draft_tokens,
@@ -205,6 +216,8 @@ fn print_table(runs: &[LevelResult]) {
                     .map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0)),
                 sp.mean_acceptance_length
                     .map_or("-".to_string(), |v| format!("{v:.2}")),
+                ms(sp.propose_ms_per_draft),
+                ms(sp.verify_ms_per_draft),
             );
         }
     }

@@ -296,6 +296,26 @@ impl ServerMetrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        // Speculation's time, in seconds as Prometheus counts time.
+        let secs = [
+            (
+                "spec_decode_propose_seconds",
+                "Time spent proposing tokens (n-gram lookup or drafter forwards).",
+                sc.propose_us,
+            ),
+            (
+                "spec_decode_verify_seconds",
+                "Time of the steps that verified proposed tokens (forward and verification).",
+                sc.verify_us,
+            ),
+        ];
+        for (name, help, us) in secs {
+            let _ = writeln!(
+                out,
+                "# HELP tpslab:{name}_total {help}\n# TYPE tpslab:{name}_total counter\ntpslab:{name}_total{{{l}}} {}",
+                us as f64 / 1e6
+            );
+        }
         render_accepted_per_pos(&mut out, &l, &sc.num_accepted_tokens_per_pos);
         self.render_histograms(&mut out, &l);
         out

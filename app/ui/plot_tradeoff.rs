@@ -192,6 +192,7 @@ mod tests {
             rss_mib: None,
             vram_mib: None,
             expert_pct: None,
+            spec: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The dashboard's live plots: the UI's bounded history of engine snapshots and the time plots
 //! drawn from it (aggregate and per-request TPS on their own axes, TTFT, inter-token latency,
-//! batch and queue, KV and memory), knob-change marks, and the sweep's trade-off plot. The
+//! batch and queue, KV and memory, speculation), knob-change marks, and the sweep's trade-off
+//! plot. The
 //! dashboard lays them out (`panels::dashboard_plots`); the live trade-off view is
 //! `plot_tradeoff`.
 //!
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use egui_plot::{Corner, GridInput, GridMark, Legend, Line, Plot, PlotPoints, Points, Text, VLine};
 use tpslab_engine::device::ExpertLoad;
 use tpslab_engine::serving::engine::EngineSnapshot;
+use tpslab_engine::spec::SpecMethod;
 
 use super::load::SweepPoint;
 
@@ -42,6 +44,20 @@ pub struct Sample {
     /// The share of a mixture of experts' weights the latest step read (%; `None` for a dense
     /// model).
     pub expert_pct: Option<f64>,
+    /// Speculative decoding over the engine's recent steps (`None` while it is off).
+    pub spec: Option<SpecSample>,
+}
+
+/// Speculation's figures of one sample, over the engine's recent steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SpecSample {
+    /// Accepted / proposed tokens (%).
+    pub acceptance_pct: Option<f64>,
+    /// Tokens a request gains per verified step (the bonus token included).
+    pub tokens_per_step: Option<f64>,
+    /// Mean proposal time, and mean time of a step that verified proposals (ms).
+    pub propose_ms: Option<f64>,
+    pub verify_ms: Option<f64>,
 }
 
 /// A knob change, drawn as a vertical line.
@@ -59,6 +75,8 @@ pub struct History {
     pub marks: VecDeque<Mark>,
     /// The latest mixture-of-experts step's load (tokens per expert), for the expert view.
     pub experts: Option<ExpertLoad>,
+    /// Whether any sample had speculation on (its plots stay once shown).
+    pub spec_seen: bool,
 }
 
 /// 10 samples a second for 10 minutes.
@@ -74,6 +92,7 @@ impl Default for History {
             samples: VecDeque::new(),
             marks: VecDeque::new(),
             experts: None,
+            spec_seen: false,
         }
     }
 }
@@ -111,7 +130,14 @@ impl History {
             rss_mib: rss.map(|b| b as f64 / (1 << 20) as f64),
             vram_mib: snap.memory.device_used.map(|b| b as f64 / (1 << 20) as f64),
             expert_pct: step.and_then(|s| s.expert_share).map(|v| v * 100.0),
+            spec: (snap.knobs.spec.method != SpecMethod::Off).then(|| SpecSample {
+                acceptance_pct: live.spec.acceptance_rate.map(|r| r * 100.0),
+                tokens_per_step: live.spec.mean_acceptance_length,
+                propose_ms: live.spec.propose_ms,
+                verify_ms: live.spec.verify_ms,
+            }),
         });
+        self.spec_seen |= self.samples.back().is_some_and(|s| s.spec.is_some());
         // Reuses the per-expert counts' allocation from sample to sample.
         self.experts.clone_from(&live.experts);
         while self.samples.len() > MAX_SAMPLES {
@@ -150,6 +176,16 @@ impl History {
             }
             s.vram_mib = s.vram_mib.map(&mut jitter);
             s.expert_pct = s.expert_pct.map(&mut jitter);
+            if let Some(sp) = &mut s.spec {
+                for v in [
+                    &mut sp.acceptance_pct,
+                    &mut sp.tokens_per_step,
+                    &mut sp.propose_ms,
+                    &mut sp.verify_ms,
+                ] {
+                    *v = v.map(&mut jitter);
+                }
+            }
             s.batch = jitter(s.batch.max(1) as f64) as usize;
             s.queue = jitter(s.queue.max(1) as f64) as usize;
             s.kv_used = jitter(s.kv_used.max(1) as f64) as usize;

@@ -160,6 +160,8 @@ fn greedy_tokens_are_identical_with_every_proposer_alone_and_in_batches() {
                     texts[i]
                 );
                 assert_eq!(u.completion_tokens, MAX_TOKENS);
+                // A request whose proposals were verified spent time in those steps.
+                assert_eq!(u.spec.verify_us > 0, u.spec.drafts > 0, "{method}, {name}");
                 drafted += u.spec.draft_tokens;
                 accepted += u.spec.accepted_tokens;
             }
@@ -170,6 +172,11 @@ fn greedy_tokens_are_identical_with_every_proposer_alone_and_in_batches() {
             }
             let c = &st.live.counters.spec;
             assert_eq!(c.num_draft_tokens as usize > 0, drafted > 0);
+            assert_eq!(c.verify_us > 0, c.num_drafts > 0, "{method}, {name}");
+            assert!(
+                c.propose_us > 0,
+                "{method}, {name}: no proposal time counted"
+            );
         }
         eprintln!("{method}: {accepted} of {drafted} proposed tokens accepted");
         assert!(drafted > 0, "{method}: nothing was proposed");

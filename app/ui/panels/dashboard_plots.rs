@@ -1,15 +1,17 @@
 //! The dashboard's live view, laid out: the settings once, the operating point, aggregate and
 //! per-request TPS side by side on their own axes, the trade-off view beside TTFT and
 //! inter-token latency, batch and queue beside KV and memory, for a mixture of experts the
-//! share of expert weights each step read beside the tokens each expert got, and the sweep's
-//! plot.
+//! share of expert weights each step read beside the tokens each expert got, speculation's
+//! acceptance and cost once it has been on, and the sweep's plot.
 
 use crate::ui::load::SweepPoint;
 use crate::ui::plot_tradeoff;
 use egui_plot::{Bar, BarChart, Plot};
 use tpslab_engine::device::ExpertLoad;
 
-use crate::ui::plots::{History, Sample, Y_AXIS_WIDTH, outline, styled, sweep_plot_ui, time_plot};
+use crate::ui::plots::{
+    History, Sample, SpecSample, Y_AXIS_WIDTH, outline, styled, sweep_plot_ui, time_plot,
+};
 
 /// The live view of `h`: the settings it was taken under (`label`, said once for the whole
 /// view), the operating point now, each face of TPS on its own axis, the trade-off between them
@@ -82,9 +84,41 @@ pub fn plots_ui(ui: &mut egui::Ui, h: &History, label: &str, sweep_points: &[Swe
             expert_load_plot(&mut cols[1], load);
         });
     }
+    if h.spec_seen {
+        spec_plots(ui, h);
+    }
     if !sweep_points.is_empty() {
         sweep_plot_ui(ui, sweep_points, 260.0);
     }
+}
+
+/// Speculative decoding over time: its acceptance rate and the tokens a request gains per
+/// verified step beside what proposing and verifying cost a step. The policy's pauses are the
+/// marks on every plot.
+fn spec_plots(ui: &mut egui::Ui, h: &History) {
+    let pick = |f: fn(&SpecSample) -> Option<f64>| move |s: &Sample| s.spec.as_ref().and_then(f);
+    ui.columns(2, |cols| {
+        let series = series_for(&cols[0], h);
+        cols[0].strong("Speculation: acceptance rate (%)");
+        let lines = vec![(
+            "accepted / proposed (%)",
+            series(&pick(|s| s.acceptance_pct)),
+        )];
+        time_plot(&mut cols[0], "plot_spec_accept", h, Some("%"), lines, 70.0);
+        cols[0].strong("Speculation: tokens per verified step");
+        let lines = vec![("mean accepted length", series(&pick(|s| s.tokens_per_step)))];
+        time_plot(&mut cols[0], "plot_spec_len", h, None, lines, 70.0);
+        let series = series_for(&cols[1], h);
+        cols[1].strong("Speculation: time per step (ms)");
+        let lines = vec![
+            ("propose", series(&pick(|s| s.propose_ms))),
+            (
+                "verify (forward + sampling)",
+                series(&pick(|s| s.verify_ms)),
+            ),
+        ];
+        time_plot(&mut cols[1], "plot_spec_time", h, Some("ms"), lines, 160.0);
+    });
 }
 
 /// Which figure of a sample a series plots.

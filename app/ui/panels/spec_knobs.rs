@@ -153,14 +153,14 @@ fn label(m: SpecMethod) -> &'static str {
     }
 }
 
-/// "acceptance 62% · 2.9 tok/step · propose 0.4 ms" or why it is paused.
+/// "acceptance 62% · 2.9 tok/step · propose 0.4 ms · verify 9.8 ms" or why it is paused.
 pub fn status(sn: &EngineSnapshot) -> String {
     if sn.knobs.spec.method == SpecMethod::Off {
         return "speculation off".into();
     }
     let w = &sn.live.spec;
     let mut s = format!(
-        "{} k={}: acceptance {} · {} tok/step · propose {}",
+        "{} k={}: acceptance {} · {} tok/step · propose {} · verify {}",
         sn.knobs.spec.method,
         sn.knobs.spec.num_tokens,
         w.acceptance_rate
@@ -168,6 +168,7 @@ pub fn status(sn: &EngineSnapshot) -> String {
         w.mean_acceptance_length
             .map_or("-".into(), |r| format!("{r:.2}")),
         w.propose_ms.map_or("-".into(), |r| format!("{r:.1} ms")),
+        w.verify_ms.map_or("-".into(), |r| format!("{r:.1} ms")),
     );
     if let Some(p) = &sn.spec_pause {
         s.push_str(&format!(" · {p}"));

@@ -15,7 +15,7 @@ use crate::sched::{RequestId, Scheduler, SchedulerOutput};
 use crate::serving::logprobs::token_logprob;
 use crate::serving::metrics::StepStats;
 use crate::serving::request::{Event, Refusal};
-use crate::serving::spec_metrics::SpecStep;
+use crate::serving::spec_metrics::{SpecStep, micros};
 
 impl EngineThread {
     /// A forward pass failed. With several sequences in it, each runs alone to find the ones at
@@ -96,6 +96,7 @@ impl EngineThread {
                     .chain(std::iter::repeat_n(need, s.num_logits() - s.prompt_rows()))
             })
             .collect();
+        let t_forward = Instant::now();
         let step = match self.backend.forward(&batch, &needs) {
             Ok(l) => l,
             Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
@@ -112,6 +113,16 @@ impl EngineThread {
         self.spec
             .gate
             .record(spec.draft_tokens, spec.accepted_tokens);
+        if spec.drafts > 0 {
+            spec.verify_ms = t_forward.elapsed().as_secs_f64() * 1e3;
+            let (propose, verify) = (micros(spec.propose_ms), micros(spec.verify_ms));
+            for s in out.scheduled.iter().filter(|s| !s.draft.is_empty()) {
+                if let Some(l) = self.live.get_mut(&s.id) {
+                    l.spec.propose_us += propose;
+                    l.spec.verify_us += verify;
+                }
+            }
+        }
         for (id, error) in failed {
             self.fail(id, Refusal::Grammar(error));
         }

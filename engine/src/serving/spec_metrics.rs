@@ -14,6 +14,12 @@ pub struct SpecUsage {
     /// Proposed tokens verified, and of those accepted.
     pub draft_tokens: usize,
     pub accepted_tokens: usize,
+    /// Time of the proposals made for it, and of the steps that verified them (each step's
+    /// whole proposal or verification time, which its batch mates shared), in microseconds.
+    #[serde(default)]
+    pub propose_us: u64,
+    #[serde(default)]
+    pub verify_us: u64,
 }
 
 impl SpecUsage {
@@ -21,6 +27,18 @@ impl SpecUsage {
         self.drafts += o.drafts;
         self.draft_tokens += o.draft_tokens;
         self.accepted_tokens += o.accepted_tokens;
+        self.propose_us += o.propose_us;
+        self.verify_us += o.verify_us;
+    }
+
+    /// Mean proposal time of a verified step (ms).
+    pub fn propose_ms_per_draft(&self) -> Option<f64> {
+        rate(self.propose_us, self.drafts as u64).map(|us| us / 1e3)
+    }
+
+    /// Mean time of a step that verified proposals (ms): its forward and the verification.
+    pub fn verify_ms_per_draft(&self) -> Option<f64> {
+        rate(self.verify_us, self.drafts as u64).map(|us| us / 1e3)
     }
 
     /// Accepted / proposed tokens.
@@ -47,6 +65,9 @@ pub struct SpecStep {
     pub accepted_per_pos: Vec<u64>,
     /// Time spent proposing before the step (n-gram lookup or drafter forwards).
     pub propose_ms: f64,
+    /// Time of the step's forward and sampling when it verified proposals (0 without).
+    #[serde(default)]
+    pub verify_ms: f64,
     /// Whether the policy let proposals run this step.
     pub active: bool,
 }
@@ -58,10 +79,17 @@ pub struct SpecCounters {
     pub num_draft_tokens: u64,
     pub num_accepted_tokens: u64,
     pub num_accepted_tokens_per_pos: Vec<u64>,
+    /// Time spent proposing, and in steps that verified proposals (microseconds).
+    #[serde(default)]
+    pub propose_us: u64,
+    #[serde(default)]
+    pub verify_us: u64,
 }
 
 impl SpecCounters {
     pub fn add(&mut self, s: &SpecStep) {
+        self.propose_us += micros(s.propose_ms);
+        self.verify_us += micros(s.verify_ms);
         self.num_drafts += s.drafts;
         self.num_draft_tokens += s.draft_tokens;
         self.num_accepted_tokens += s.accepted_tokens;
@@ -85,6 +113,11 @@ impl SpecCounters {
     }
 }
 
+/// Milliseconds as whole microseconds.
+pub fn micros(ms: f64) -> u64 {
+    (ms * 1e3).round().max(0.0) as u64
+}
+
 fn rate(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
 }
@@ -96,6 +129,9 @@ pub struct SpecWindow {
     pub mean_acceptance_length: Option<f64>,
     /// Mean proposal time per step with proposals (ms).
     pub propose_ms: Option<f64>,
+    /// Mean time of a step that verified proposals (ms).
+    #[serde(default)]
+    pub verify_ms: Option<f64>,
     /// Share of the window's steps in which proposals ran.
     pub active_share: Option<f64>,
 }
@@ -104,11 +140,16 @@ impl SpecWindow {
     pub fn of<'a>(steps: impl Iterator<Item = &'a SpecStep>) -> Self {
         let mut c = SpecCounters::default();
         let (mut n, mut active, mut ms) = (0u64, 0u64, 0.0);
+        let (mut verified, mut verify_ms) = (0u64, 0.0);
         for s in steps {
             n += 1;
             if s.active {
                 active += 1;
                 ms += s.propose_ms;
+            }
+            if s.drafts > 0 {
+                verified += 1;
+                verify_ms += s.verify_ms;
             }
             c.add(s);
         }
@@ -116,6 +157,7 @@ impl SpecWindow {
             acceptance_rate: c.acceptance_rate(),
             mean_acceptance_length: c.mean_acceptance_length(),
             propose_ms: (active > 0).then(|| ms / active as f64),
+            verify_ms: (verified > 0).then(|| verify_ms / verified as f64),
             active_share: rate(active, n),
         }
     }
