@@ -101,7 +101,7 @@ pub fn route(logits: &[f32], r: &Router, probs: &mut Vec<f32>, out: &mut [Route]
 /// Reusable buffers of [`moe_ffn`].
 #[derive(Default)]
 pub struct MoeScratch {
-    /// (token, rank) slots of the current expert.
+    /// Every (token, rank) slot, grouped by expert (each expert's in token order).
     slots: Vec<usize>,
     xs: Vec<f32>,
     ys: Vec<f32>,
@@ -147,30 +147,37 @@ pub fn moe_ffn(
     let m = x.len() / k.max(1);
     assert!(x.len() == m * k && routes.len() == m * n_used && out.len() == m * width);
     assert!(routes.iter().all(|r| (r.expert as usize) < n_expert));
-    // Slots by expert: one counting pass, then the slots of each expert in token order.
-    let mut counts = vec![0u32; n_expert];
-    routes.iter().for_each(|r| counts[r.expert as usize] += 1);
+    // Slots by expert: one pass counts each expert's slots, a second places them (in token
+    // order within an expert), so grouping costs one pass over the routes, not one per expert.
+    let mut starts = vec![0usize; n_expert + 1];
+    routes
+        .iter()
+        .for_each(|r| starts[r.expert as usize + 1] += 1);
+    for e in 0..n_expert {
+        starts[e + 1] += starts[e];
+    }
+    let mut fill = starts.clone();
+    s.slots.clear();
+    s.slots.resize(routes.len(), 0);
+    for (i, r) in routes.iter().enumerate() {
+        let e = r.expert as usize;
+        s.slots[fill[e]] = i;
+        fill[e] += 1;
+    }
     let outs = sized(&mut s.outs, routes.len() * width);
     let mut used = Vec::new();
-    for (e, _) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+    for e in (0..n_expert).filter(|&e| starts[e + 1] > starts[e]) {
         used.push(e as u32);
-        s.slots.clear();
-        s.slots.extend(
-            routes
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.expert as usize == e)
-                .map(|(i, _)| i),
-        );
-        let rows = s.slots.len();
+        let slots = &s.slots[starts[e]..starts[e + 1]];
+        let rows = slots.len();
         let xs = sized(&mut s.xs, rows * k);
-        for (j, &slot) in s.slots.iter().enumerate() {
+        for (j, &slot) in slots.iter().enumerate() {
             let t = slot / n_used;
             xs[j * k..(j + 1) * k].copy_from_slice(&x[t * k..(t + 1) * k]);
         }
         let ys = sized(&mut s.ys, rows * width);
         expert(e, xs, rows, ys);
-        for (j, &slot) in s.slots.iter().enumerate() {
+        for (j, &slot) in slots.iter().enumerate() {
             outs[slot * width..(slot + 1) * width].copy_from_slice(&ys[j * width..(j + 1) * width]);
         }
     }

@@ -10,13 +10,16 @@
 #     assets/bench/records.schema.json, with the ratios.
 # Usage: TPS=path/to/release/tpslab tests/bench/spec-structured.sh OUT_DIR
 # (build TPS from a clean clone: tests/bench/cpu-vs-llamacpp.sh does it with KEEP=1).
-# Knobs: THREADS (2), LLAMA_BIN (/tmp/llama-cpp-ref/llama.cpp/build/bin).
+# Knobs: THREADS (2), LLAMA_BIN (/tmp/llama-cpp-ref/llama.cpp/build/bin), PARTS (the parts to
+# run, of "spec llama structured"; all by default).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 TPS=${TPS:?set TPS to a release tpslab binary}
 OUT=${1:?output folder}
 THREADS=${THREADS:-2}
 LLAMA_BIN=${LLAMA_BIN:-/tmp/llama-cpp-ref/llama.cpp/build/bin}
+PARTS=${PARTS:-spec llama structured}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 "$TPS" generate --model default --prompt x --max-tokens 1 --json >/dev/null
 MODEL="${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,6 +28,7 @@ echo "# CPU flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(
 echo "# load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench() { "$TPS" bench --model "$MODEL" --threads "$THREADS" --prompt-len 128 --output-len 128 "$@"; }
 
+if part spec; then
 echo "## speculation at concurrency 1 (4 requests, one at a time)"
 for w in copy free; do
   for s in off ngram self; do
@@ -37,8 +41,9 @@ echo "## aggregate at 16 and 64 (free writing)"
 bench --concurrency 16,64 --spec off --json "$OUT/agg-off.json"
 bench --concurrency 16,64 --spec ngram --json "$OUT/agg-ngram.json"
 bench --concurrency 16,64 --spec ngram --spec-max-batch 8 --json "$OUT/agg-ngram-policy.json"
+fi
 
-if [ -x "$LLAMA_BIN/llama-lookup" ] && [ -x "$LLAMA_BIN/llama-completion" ]; then
+if part llama && [ -x "$LLAMA_BIN/llama-lookup" ] && [ -x "$LLAMA_BIN/llama-completion" ]; then
   echo "## llama.cpp: plain and prompt lookup, 128 tokens, greedy"
   TEXT="$HERE/assets/perplexity/pride-and-prejudice-ch1.txt"
   head -c 600 "$TEXT" >"$OUT/free.txt"
@@ -53,7 +58,9 @@ if [ -x "$LLAMA_BIN/llama-lookup" ] && [ -x "$LLAMA_BIN/llama-completion" ]; the
   done
 fi
 
+if part structured; then
 echo "## structured output: plain and constrained, 1 / 16 / 64"
 SCHEMA="$HERE/assets/bench/records.schema.json"
 bench --concurrency 1 --num-requests 8 --json-schema "$SCHEMA" --json "$OUT/structured-1.json"
 bench --concurrency 16,64 --json-schema "$SCHEMA" --json "$OUT/structured-16-64.json"
+fi

@@ -9,8 +9,8 @@ use tpslab_kernels::ThreadPool;
 use tpslab_kernels::moe::Route;
 
 use crate::device::attention::{AttnShape, paged_attention};
-use crate::device::moe::{HostExperts, route_rows, sized};
-use crate::device::rowops;
+use crate::device::moe::{HostExperts, route_rows};
+use crate::device::rowops::{self, FFN_ROWS, sized};
 use crate::device::{
     Backend, BackendError, BatchError, ExpertLoad, MemoryUse, RowNeed, StepOutput, check_batch,
 };
@@ -60,9 +60,6 @@ impl Workspace {
         &self.bufs[b.index()][..self.lens[b.index()]]
     }
 }
-
-/// Most tokens whose FFN intermediates are held at once (see [`CpuOps::gated_ffn`]).
-pub(crate) const FFN_ROWS: usize = 128;
 
 /// One step of one batch on the CPU.
 pub struct CpuOps<'a> {

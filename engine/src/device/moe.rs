@@ -7,8 +7,7 @@ use tpslab_kernels::ThreadPool;
 use tpslab_kernels::moe::{MoeScratch, Route, Router, moe_ffn, route};
 
 use crate::device::ExpertLoad;
-use crate::device::cpu::FFN_ROWS;
-use crate::device::rowops;
+use crate::device::rowops::{self, FFN_ROWS, sized};
 use crate::model::ops::Activation;
 use crate::model::weights::Linear;
 
@@ -120,14 +119,6 @@ impl HostExperts {
             load.count_bytes(&self.bytes, ran.iter().map(|&e| e as usize));
         }
     }
-}
-
-/// `v`'s first `n` floats, grown to hold them.
-pub(crate) fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    &mut v[..n]
 }
 
 #[cfg(test)]

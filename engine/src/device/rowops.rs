@@ -1,6 +1,6 @@
 //! Small per-row operations of the forward pass: RMSNorm, rotary embeddings (with ggml's
 //! scaling: linear, YaRN, frequency factors), SwiGLU, GeGLU and OpenAI's clamped SwiGLU,
-//! soft-capping, residual add.
+//! soft-capping, residual add; and the host's FFN buffers' rule ([`FFN_ROWS`], [`sized`]).
 //! Each row is computed on its own, so results never depend on what else is in the batch.
 
 use half::f16;
@@ -9,6 +9,18 @@ use crate::model::config::RopeStyle;
 use crate::model::ops::{Activation, Rope};
 
 /// `out = x / rms(x) * w` for each row of `x`, as ggml computes it (sum of squares in f64).
+/// Most tokens whose FFN intermediates (a dense FFN's, or a group of experts') the host holds at
+/// once.
+pub const FFN_ROWS: usize = 128;
+
+/// `v`'s first `n` floats, grown to hold them.
+pub fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
