@@ -381,6 +381,20 @@ fn real_default_model_logits_match_cpu() {
     assert!(err < 3e-2, "logits rel err {err:e}");
 }
 
+/// A greedy request for exactly `max_tokens` tokens (the end of sequence ignored).
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: Some(max_tokens),
+            ignore_eos: true,
+            ..StopCriteria::default()
+        },
+        ..Request::default()
+    }
+}
+
 /// Submits the requests together and returns each one's tokens.
 fn run_requests(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<Vec<u32>> {
     let (tx, rx) = mpsc::channel();
@@ -439,19 +453,7 @@ fn speculation_with_the_model_on_the_gpu_keeps_greedy_tokens() {
         .collect();
     let run = |engine: &EngineHandle, prompt: &[u32]| -> (Vec<u32>, usize) {
         let (tx, rx) = mpsc::channel();
-        engine.submit(
-            Request {
-                prompt: prompt.to_vec(),
-                sampling: SamplingParams::greedy(),
-                stop: StopCriteria {
-                    max_tokens: Some(32),
-                    ignore_eos: true,
-                    ..StopCriteria::default()
-                },
-                ..Request::default()
-            },
-            tx,
-        );
+        engine.submit(greedy(prompt.to_vec(), 32), tx);
         let mut tokens = Vec::new();
         loop {
             match rx.recv().expect("event") {
@@ -557,16 +559,7 @@ fn engine_on_cuda_is_batch_invariant() {
                 .collect()
         })
         .collect();
-    let req = |i: usize| Request {
-        prompt: prompts[i].clone(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCriteria {
-            max_tokens: Some(24),
-            ignore_eos: true,
-            ..StopCriteria::default()
-        },
-        ..Request::default()
-    };
+    let req = |i: usize| greedy(prompts[i].clone(), 24);
     let run = |engine: &EngineHandle, which: &[usize]| -> Vec<Vec<u32>> {
         run_requests(engine, which.iter().map(|&i| req(i)).collect())
     };
@@ -616,16 +609,7 @@ fn precision_switch_on_cuda_matches_a_fresh_engine() {
         )
         .unwrap()
     };
-    let req = |r: u32| Request {
-        prompt: (0..30).map(|i| (i * 31 + r * 7) % 49_152).collect(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCriteria {
-            max_tokens: Some(16),
-            ignore_eos: true,
-            ..StopCriteria::default()
-        },
-        ..Request::default()
-    };
+    let req = |r: u32| greedy((0..30).map(|i| (i * 31 + r * 7) % 49_152).collect(), 16);
     let engine = start(&lm);
     // Decode steps of this batch size run twice, so a graph is captured on the F16 weights.
     for _ in 0..2 {
