@@ -332,7 +332,8 @@ impl CudaOps<'_> {
         let at = |off: usize| rows + 4 * off as u64;
         self.g.memset(out, 0, n * width * 4)?;
         ms.bytes.clear();
-        let bytes = |l: &DevLinear| l.m.row_bytes() * l.m.n;
+        // As the host counts a matrix (Linear::bytes): its blocks and its bias.
+        let bytes = |l: &DevLinear| l.m.row_bytes() * l.m.n + l.bias.as_ref().map_or(0, DBuf::len);
         (ms.bytes).extend(
             moe.experts
                 .iter()
