@@ -302,6 +302,25 @@ fn the_dashboard_shows_what_a_mixture_of_experts_reads() {
     assert_eq!(shown.tokens_per_expert.len(), load.tokens_per_expert.len());
     let title = format!("mean of {} layers;", shown.layers);
     assert!(has(&h, &title), "no {title:?} on screen");
+
+    // The top bar's "Experts on CPU" (--n-cpu-moe): on the CPU it says it applies on a GPU;
+    // applied, the engine restarts with it, the plots mark it and the choice is saved.
+    assert!(has(&h, "(applies on a GPU)"));
+    h.get_by_role_and_label(Role::SpinButton, "Experts on CPU")
+        .set_value_accesskit(1.0);
+    h.run();
+    h.get_by_label("Apply").click();
+    wait_until(&mut h, "the engine to restart", 60, |h| {
+        h.state().engine().is_some()
+            && (h.state().history().marks.iter())
+                .any(|m| m.text == "experts of 0 -> 1 blocks on the CPU")
+    });
+    assert_eq!(h.state().state.cpu_moe_layers, 1);
+    assert_eq!(h.state().state.placement().cpu_moe_layers, 1);
+    assert!(
+        h.query_by_label("Apply").is_none(),
+        "applied: nothing left to apply"
+    );
     drop(h);
 }
 

@@ -36,6 +36,8 @@ pub enum Command {
     SaveSweep,
     DismissError(usize),
     SetDevice(DevicePref),
+    /// Restart the engine with the experts of this many blocks in host memory (on a GPU).
+    SetCpuMoe(usize),
     /// Restart the engine on this model file.
     LoadModel(PathBuf),
     /// Load this library model as the draft model, then apply the draft method.

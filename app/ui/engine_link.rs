@@ -1,6 +1,7 @@
 //! The window's link to the engine: the model it loaded and the engine running over it
 //! ([`EngineLink`]), the slot that loads or restarts them on a worker thread ([`ModelSlot`]), and
-//! the device choice saved with the window ([`DevicePref`]). Not the engine's own compute
+//! the device choice saved with the window ([`DevicePref`], and with where a mixture of experts'
+//! experts run, [`Placement`]). Not the engine's own compute
 //! `Backend`: this is what the panels hold to submit work.
 
 use std::path::PathBuf;
@@ -49,6 +50,23 @@ impl From<DevicePref> for DeviceChoice {
 impl std::fmt::Display for DevicePref {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         DeviceChoice::from(*self).fmt(f)
+    }
+}
+
+/// Where the window's engine runs: the device, and on a GPU the blocks whose experts stay in
+/// host memory for the CPU to run (`--n-cpu-moe`; 0 uploads them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub device: DeviceChoice,
+    pub cpu_moe_layers: usize,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cpu_moe_layers {
+            0 => self.device.fmt(f),
+            n => write!(f, "{} (experts of {n} blocks on the CPU)", self.device),
+        }
     }
 }
 
@@ -118,7 +136,7 @@ impl ModelSlot {
     pub fn start_loading(
         spec: String,
         threads: usize,
-        device: DeviceChoice,
+        device: Placement,
         knobs: Knobs,
         ctx: egui::Context,
     ) -> ModelSlot {
@@ -132,7 +150,7 @@ impl ModelSlot {
         previous: Option<Box<EngineLink>>,
         spec: String,
         threads: usize,
-        device: DeviceChoice,
+        device: Placement,
         knobs: Knobs,
         ctx: egui::Context,
     ) -> ModelSlot {
@@ -169,7 +187,7 @@ impl ModelSlot {
     /// stays and [`poll`](Self::poll) reports why.
     pub fn restart(
         previous: Box<EngineLink>,
-        device: DeviceChoice,
+        device: Placement,
         knobs: Knobs,
         ctx: egui::Context,
     ) -> ModelSlot {
@@ -279,7 +297,7 @@ fn spawn_worker(
 fn start_engine(
     lm: &Arc<LoadedModel>,
     threads: usize,
-    device: DeviceChoice,
+    device: Placement,
     mut knobs: Knobs,
     ctx: &egui::Context,
 ) -> Result<EngineHandle, String> {
@@ -293,10 +311,10 @@ fn start_engine(
         EngineConfig {
             threads,
             knobs,
-            device,
+            device: device.device,
             // The dashboard's KV budget knob sizes the pool on every device.
             gpu_kv_fraction: 0.0,
-            cpu_moe_layers: 0,
+            cpu_moe_layers: device.cpu_moe_layers,
             draft: None,
         },
         Some(Box::new(move || repaint_ctx.request_repaint())),

@@ -83,7 +83,7 @@ impl TpsApp {
             previous,
             spec,
             self.options.threads,
-            self.state.device.into(),
+            self.state.placement(),
             knobs,
             ctx.clone(),
         ));

@@ -64,7 +64,7 @@ use tpslab_engine::spec::SpecMethod;
 use catalog::Library;
 use command::Command;
 use draft_pick::DraftLoad;
-use engine_link::{DevicePref, EngineLink, ModelSlot, SlotNews};
+use engine_link::{DevicePref, EngineLink, ModelSlot, Placement, SlotNews};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
 use panels::chat::{self, ChatState, ChatView, Generation, Message, Role};
@@ -93,12 +93,25 @@ pub struct AppState {
     pub dash: DashSettings,
     /// The device the engine runs on, as last chosen (command line or the top bar).
     pub device: DevicePref,
+    /// On a GPU: the blocks of a mixture of experts whose experts stay in host memory and run on
+    /// the CPU (the top bar's "Experts on CPU", as `--n-cpu-moe`).
+    pub cpu_moe_layers: usize,
     /// The Models panel (open or not, its fields).
     pub models: ModelsSettings,
     /// The quantization wizard (open or not, its choices, the measured table).
     pub wizard: WizardSettings,
     pub planner: planner::PlannerSettings,
     pub tuner: tuner::TunerSettings,
+}
+
+impl AppState {
+    /// Where the engine runs, as chosen.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            device: self.device.into(),
+            cpu_moe_layers: self.cpu_moe_layers,
+        }
+    }
 }
 
 /// Where the model comes from and what runs it (not saved: command line).
@@ -139,7 +152,9 @@ struct Runtime {
     snapshot: Option<EngineSnapshot>,
     /// While the engine (re)starts on a newly chosen device: the device chosen before, for the
     /// plot marker, and to go back to if the running engine stays because the new one failed.
-    device_before: Option<DevicePref>,
+    device_before: Option<(DevicePref, usize)>,
+    /// The top bar's "Experts on CPU" as edited, before it is applied.
+    cpu_moe_draft: Option<usize>,
     /// While another model loads: the model spec before, to go back to if it fails.
     model_before: Option<String>,
     library: Option<Library>,
@@ -298,7 +313,7 @@ impl TpsApp {
             ModelSlot::start_loading(
                 self.options.model.clone(),
                 self.options.threads,
-                self.state.device.into(),
+                self.state.placement(),
                 self.state.dash.knobs.clone(),
                 ctx.clone(),
             )
@@ -316,9 +331,16 @@ impl TpsApp {
                     let name = name.unwrap_or_default();
                     self.rt.history.mark(format!("model {name}"));
                 }
-                if let Some(before) = self.rt.device_before.take() {
+                if let Some((before, moe)) = self.rt.device_before.take() {
                     let now = self.state.device;
-                    self.rt.history.mark(format!("device {before} -> {now}"));
+                    if before != now {
+                        self.rt.history.mark(format!("device {before} -> {now}"));
+                    }
+                    let now = self.state.cpu_moe_layers;
+                    if moe != now {
+                        let m = format!("experts of {moe} -> {now} blocks on the CPU");
+                        self.rt.history.mark(m);
+                    }
                 }
             }
             // Shown in the status bar; the choice stays, to retry or change.
@@ -333,11 +355,12 @@ impl TpsApp {
                     .push(format!("{e}; the engine runs on with the model it had"));
             }
             SlotNews::RestartFailed(e) => {
-                let back = self.rt.device_before.take().unwrap_or_default();
+                let (back, moe) = self.rt.device_before.take().unwrap_or_default();
                 self.rt
                     .errors
                     .push(format!("{e}; the engine runs on as before ({back})"));
                 self.state.device = back;
+                self.state.cpu_moe_layers = moe;
             }
         }
         self.drain_generations();
@@ -411,7 +434,16 @@ impl TpsApp {
             ui.selectable_value(&mut pref, egui::ThemePreference::System, "System");
             ui.ctx().set_theme(pref);
             ui.separator();
-            status::device_ui(ui, &self.status_view(), cmds);
+            let blocks = (self.link())
+                .filter(|b| b.lm.model.cfg.extras.moe.is_some())
+                .map(|b| b.lm.model.cfg.n_layers);
+            let mut draft = self.rt.cpu_moe_draft.unwrap_or(self.state.cpu_moe_layers);
+            let view = self.status_view();
+            status::device_ui(ui, &view, cmds);
+            if let Some(blocks) = blocks {
+                status::cpu_moe_ui(ui, &view, blocks, &mut draft, cmds);
+                self.rt.cpu_moe_draft = Some(draft);
+            }
         });
     }
 
@@ -421,6 +453,7 @@ impl TpsApp {
             snapshot: self.rt.snapshot.as_ref(),
             device: self.state.device,
             device_locked: self.device_locked(),
+            cpu_moe_layers: self.state.cpu_moe_layers,
         }
     }
 
@@ -594,6 +627,7 @@ impl TpsApp {
                 Ok(())
             }
             Command::SetDevice(pref) => self.set_device(pref, ctx),
+            Command::SetCpuMoe(n) => self.restart_on(self.state.device, n, ctx),
             Command::LoadModel(path) => self.load_model(path, ctx),
             Command::SetDraftModel(path) => {
                 let engine = self.engine().ok_or("the model is not loaded yet")?.clone();
@@ -679,21 +713,34 @@ impl TpsApp {
     /// Restarts the engine on `pref` on a worker: the running engine (if any) keeps its model
     /// and runs until the new one is up; from a failed start, the model loads afresh.
     fn set_device(&mut self, pref: DevicePref, ctx: &egui::Context) -> Result<(), String> {
+        self.restart_on(pref, self.state.cpu_moe_layers, ctx)
+    }
+
+    /// [`Self::set_device`] with `cpu_moe_layers` blocks' experts in host memory on a GPU.
+    fn restart_on(
+        &mut self,
+        pref: DevicePref,
+        cpu_moe_layers: usize,
+        ctx: &egui::Context,
+    ) -> Result<(), String> {
         if let Some(why) = self.device_locked() {
             return Err(format!("cannot switch the device now: {why}"));
         }
-        self.rt.device_before = Some(self.state.device);
+        self.rt.device_before = Some((self.state.device, self.state.cpu_moe_layers));
         self.state.device = pref;
+        self.state.cpu_moe_layers = cpu_moe_layers;
+        self.rt.cpu_moe_draft = None;
+        let place = self.state.placement();
         let slot = match self.rt.model.take() {
             Some(ModelSlot::Ready(b)) => {
                 // The engine's knobs as applied (an unapplied KV draft stays a draft).
                 let knobs = b.engine.stats().knobs;
-                ModelSlot::restart(b, pref.into(), knobs, ctx.clone())
+                ModelSlot::restart(b, place, knobs, ctx.clone())
             }
             _ => ModelSlot::start_loading(
                 self.options.model.clone(),
                 self.options.threads,
-                pref.into(),
+                place,
                 self.state.dash.knobs.clone(),
                 ctx.clone(),
             ),

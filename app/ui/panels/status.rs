@@ -14,6 +14,8 @@ pub struct StatusView<'a> {
     pub device: DevicePref,
     /// Why the device cannot be switched right now, if it cannot.
     pub device_locked: Option<&'static str>,
+    /// The blocks whose experts stay in host memory on a GPU (saved).
+    pub cpu_moe_layers: usize,
 }
 
 pub fn ui(ui: &mut egui::Ui, view: &StatusView<'_>) {
@@ -97,6 +99,55 @@ pub fn device_ui(ui: &mut egui::Ui, view: &StatusView<'_>, cmds: &mut Vec<Comman
     });
     if let Some(why) = view.device_locked {
         r.response.on_disabled_hover_text(why);
+    }
+}
+
+/// "Experts on CPU: N blocks" for a mixture of experts: on a GPU the experts of the first N
+/// blocks stay in host memory and the CPU runs them (llama.cpp's `--n-cpu-moe`), for a model
+/// larger than the GPU's memory. Edited in `draft`; "Apply" restarts the engine with it. On the
+/// CPU every weight is in host memory already: the choice is kept for a GPU, and says so.
+pub fn cpu_moe_ui(
+    ui: &mut egui::Ui,
+    view: &StatusView<'_>,
+    blocks: usize,
+    draft: &mut usize,
+    cmds: &mut Vec<Command>,
+) {
+    let on_cpu = view.device == DevicePref::Cpu
+        || view.snapshot.is_some_and(|s| s.device.starts_with("CPU"));
+    let why = view.device_locked;
+    ui.separator();
+    let l = ui.label("Experts on CPU");
+    let r = ui.add_enabled_ui(why.is_none(), |ui| {
+        *draft = (*draft).min(blocks);
+        ui.add(
+            egui::DragValue::new(draft)
+                .range(0..=blocks)
+                .suffix(format!(" of {blocks} blocks")),
+        )
+        .labelled_by(l.id)
+        .on_hover_text(
+            "The experts of the first N blocks stay in host memory and run on the CPU while \
+             attention stays on the GPU (llama.cpp's --n-cpu-moe).",
+        );
+        let current = view.cpu_moe_layers.min(blocks);
+        if *draft != current
+            && ui
+                .button("Apply")
+                .on_hover_text("Restarts the engine")
+                .clicked()
+        {
+            cmds.push(Command::SetCpuMoe(*draft));
+        }
+    });
+    if let Some(why) = why {
+        r.response.on_disabled_hover_text(why);
+    }
+    if on_cpu {
+        ui.weak("(applies on a GPU)").on_hover_text(
+            "On the CPU every weight is in host memory already; the choice is kept for when the \
+             engine runs on a GPU.",
+        );
     }
 }
 
