@@ -352,24 +352,42 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
     let fitted: Vec<bool> = measured.iter().map(|r| r["fitted"] == true).collect();
     assert_eq!(fitted, [true, false, false]);
 
-    // The fitted run is reproduced; the held-out error is reported.
+    // The fitted run is reproduced, or the calibration says how far it is not: a run measured
+    // under load (this file's other tests run beside it) can have a slow prefill for its decode,
+    // where the roofline ties one request's decode and prefill to the same FLOP/s and no fit
+    // reproduces both exactly (engine plan::calibrate `a_slow_prefill_for_its_decode_is_fitted_
+    // closely`). The held-out error is reported.
     let source = &v["sources"][0];
     let errs = source["error"]["rows"].as_array().expect("error rows");
     let first = &errs[0];
-    // Within 5%: a run measured under load (this file's other tests run beside it) can have a
-    // slow prefill for its decode, where the roofline ties one request's decode and prefill to
-    // the same FLOP/s and no fit reproduces both exactly (engine plan::calibrate
-    // `a_slow_prefill_for_its_decode_is_fitted_closely`); up to 3.8% was left here.
-    assert!(num(first, "per_request_err").abs() < 5e-2, "{first}");
-    assert!(num(first, "ttft_err").abs() < 5e-2, "{first}");
+    let (de, te) = (num(first, "per_request_err"), num(first, "ttft_err"));
+    let said = format!(
+        "the fitted run reproduced within {:+.2}% per-request TPS and {:+.2}% TTFT",
+        de * 100.0,
+        te * 100.0
+    );
+    assert!(stdout.contains(&said), "{said:?} not in {stdout}");
+    let inexact = de.abs() > 1e-2 || te.abs() > 1e-2;
+    assert_eq!(
+        stdout.contains("no bandwidth and FLOP/s reproduce both"),
+        inexact,
+        "{first}"
+    );
+    assert_eq!(
+        src.contains("no bandwidth and FLOP/s reproduce both"),
+        inexact,
+        "{src}"
+    );
+    // However loaded the machine, the fit lands near the run (a wrong fit is off by far more).
+    assert!(de.abs() < 0.25 && te.abs() < 0.25, "{first}");
     assert!(
         source["error"]["held_out_mean_abs_pct"].is_number(),
         "{source}"
     );
+    // The plan's first row is the fitted run's prediction: the error the check reported.
     let row1 = &v["rows"][0];
-    assert!(
-        (num(row1, "per_request_tps") / num(&measured[0], "per_request_tps") - 1.0).abs() < 5e-2
-    );
+    let row_err = num(row1, "per_request_tps") / num(&measured[0], "per_request_tps") - 1.0;
+    assert!((row_err - de).abs() < 1e-9, "{row_err} vs {de}");
 
     // The saved table, passed back, predicts the same rows without measuring again.
     let mut again = CPU_LEVELS.to_vec();

@@ -13,7 +13,10 @@ use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::library;
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::precision::Precision;
-use tpslab_engine::plan::{DeviceTable, ModelShape, Prediction, Source, Workload, predict, source};
+use tpslab_engine::plan::calibrate::INEXACT;
+use tpslab_engine::plan::{
+    DeviceTable, ModelShape, Prediction, Source, Workload, check, predict, source,
+};
 use tpslab_kernels::WType;
 
 #[derive(Args, Debug)]
@@ -108,6 +111,21 @@ fn calibrate(table: &mut DeviceTable, a: &PlanArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    // How closely the fitted run is reproduced (not exactly where its decode was compute-bound;
+    // the source says so then).
+    let fitted = check(table, new)?.and_then(|e| e.rows.into_iter().find(|r| r.row.fitted));
+    if let Some(r) = fitted {
+        println!(
+            "the fitted run reproduced within {:+.2}% per-request TPS and {:+.2}% TTFT{}",
+            r.per_request_err * 100.0,
+            r.ttft_err * 100.0,
+            if r.per_request_err.abs() > INEXACT || r.ttft_err.abs() > INEXACT {
+                ": its decode was compute-bound, and no bandwidth and FLOP/s reproduce both"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(path) = &a.save_devices {
         let text = serde_json::to_string_pretty(&*table)?;
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
