@@ -13,7 +13,7 @@ use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::library;
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::precision::Precision;
-use tpslab_engine::plan::calibrate::INEXACT;
+use tpslab_engine::plan::calibrate::{INEXACT, INEXACT_WHY};
 use tpslab_engine::plan::{
     DeviceTable, ModelShape, Prediction, Source, Workload, check, predict, source,
 };
@@ -120,9 +120,9 @@ fn calibrate(table: &mut DeviceTable, a: &PlanArgs) -> Result<()> {
             r.per_request_err * 100.0,
             r.ttft_err * 100.0,
             if r.per_request_err.abs() > INEXACT || r.ttft_err.abs() > INEXACT {
-                ": its decode was compute-bound, and no bandwidth and FLOP/s reproduce both"
+                format!(": {INEXACT_WHY}")
             } else {
-                ""
+                String::new()
             }
         );
     }

@@ -121,7 +121,9 @@ pub fn calibrate_device(
     };
     let mut d = scaled(device, 1.0, 1.0);
     let (mut speed, mut compute) = (1.0_f64, 1.0_f64);
-    for _ in 0..ROUNDS {
+    // What the fit leaves, as `check` reports it: predicted over measured, less one.
+    let mut left = (0.0, 0.0);
+    for round in 0..=ROUNDS {
         let p = predict(table, &d, &shape, ty, &w)?;
         let (Some(tps), Some(ttft)) = (p.per_request_tps, p.ttft_ms) else {
             return Err(PlanError::Table(format!(
@@ -130,7 +132,9 @@ pub fn calibrate_device(
             )));
         };
         let (dec, pre) = (fit.per_request_tps / tps, ttft / fit.ttft_ms);
-        if (dec - 1.0).abs() < TOLERANCE && (pre - 1.0).abs() < TOLERANCE {
+        left = (tps / fit.per_request_tps - 1.0, pre - 1.0);
+        let fitted = (dec - 1.0).abs() < TOLERANCE && (pre - 1.0).abs() < TOLERANCE;
+        if fitted || round == ROUNDS {
             break;
         }
         speed *= dec;
@@ -141,13 +145,6 @@ pub fn calibrate_device(
         "calibrated here ({source}): the {} run at concurrency 1 ({:.1} tok/s per request, TTFT \
          {:.0} ms) through the {} calibration",
         fit.model, fit.per_request_tps, fit.ttft_ms, device.backend
-    );
-    // What the fit left, as `check` reports it: predicted over measured, less one.
-    let p = predict(table, &d, &shape, ty, &w)?;
-    let rel = |pred: Option<f64>, meas: f64| pred.map_or(f64::INFINITY, |v| v / meas - 1.0);
-    let left = (
-        rel(p.per_request_tps, fit.per_request_tps),
-        rel(p.ttft_ms, fit.ttft_ms),
     );
     if left.0.abs() > INEXACT || left.1.abs() > INEXACT {
         why.push_str(&inexact_note(left.0, left.1));
@@ -171,12 +168,15 @@ pub fn calibrate_device(
 /// What a calibration says when it could not reproduce its run: the errors it left.
 pub fn inexact_note(decode_err: f64, ttft_err: f64) -> String {
     format!(
-        " (reproduced within {:+.1}% per-request TPS and {:+.1}% TTFT: this run's decode was \
-         compute-bound, and no bandwidth and FLOP/s reproduce both)",
+        " (reproduced within {:+.1}% per-request TPS and {:+.1}% TTFT: {INEXACT_WHY})",
         decode_err * 100.0,
         ttft_err * 100.0
     )
 }
+
+/// Why a calibration can be left more than [`INEXACT`] off.
+pub const INEXACT_WHY: &str =
+    "this run's decode was compute-bound, and no bandwidth and FLOP/s reproduce both";
 
 /// `base` with its bandwidth times `bw` and every FLOP/s figure times `flops`.
 fn scaled(base: &DeviceSpec, bw: f64, flops: f64) -> DeviceSpec {

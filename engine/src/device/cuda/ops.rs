@@ -332,12 +332,10 @@ impl CudaOps<'_> {
         let at = |off: usize| rows + 4 * off as u64;
         self.g.memset(out, 0, n * width * 4)?;
         ms.bytes.clear();
-        // As the host counts a matrix (Linear::bytes): its blocks and its bias.
-        let bytes = |l: &DevLinear| l.m.row_bytes() * l.m.n + l.bias.as_ref().map_or(0, DBuf::len);
         (ms.bytes).extend(
             moe.experts
                 .iter()
-                .map(|e| bytes(&e.gate_up) + bytes(&e.down)),
+                .map(|e| e.gate_up.bytes() + e.down.bytes()),
         );
         let ran = spans.iter().enumerate().filter(|(_, s)| s.1 > 0);
         ms.load.count_bytes(&ms.bytes, ran.map(|(e, _)| e));

@@ -54,6 +54,16 @@ impl DevLinear {
         }
     }
 
+    /// Bytes of the matrix and its bias, as the host counts a matrix ([`Linear::bytes`]).
+    pub(super) fn bytes(&self) -> usize {
+        match &self.store {
+            Store::Host(l) => l.bytes(),
+            Store::Device(_) => {
+                self.m.row_bytes() * self.m.n + self.bias.as_ref().map_or(0, DBuf::len)
+            }
+        }
+    }
+
     /// The host's matrix when this one stayed in host memory.
     pub(super) fn host(&self) -> Option<&Linear> {
         match &self.store {
