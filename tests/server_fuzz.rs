@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 use tpslab::remote::StreamReader;
 use tpslab::serve::limits::Limits;
 use tpslab::serve::openai::{self, Kind, ModelShape};
+use tpslab_engine::sched::ClientId;
 
 #[path = "support/http_client.rs"]
 mod http_client;
@@ -187,7 +188,7 @@ proptest! {
         if let Ok(p) = openai::parse(kind, &v, &l, shape()) {
             check_parsed(&p, &l);
             // Tokenizing what parsed is bounded by the caps: it must not panic either.
-            if let Ok((req, _reasoning)) = openai::to_request(&p, &model(), &l) {
+            if let Ok((req, _reasoning)) = openai::to_request(&p, &model(), &l, ClientId::LOCAL) {
                 prop_assert!(!req.prompt.is_empty());
                 prop_assert!(req.prompt.len() < shape().context_len);
                 prop_assert!(req.stop.stop_strings.len() <= l.max_stop);

@@ -1,6 +1,6 @@
 //! The server's limits over real HTTP on loopback with the real default model: a client that
 //! dribbles its headers or stalls its body is cut off while others are served, idle keep-alive
-//! connections close, connections past the cap wait, every request cap is a 400 naming the
+//! connections close, connections past the cap wait while the others are busy, every request cap is a 400 naming the
 //! parameter and its limit, `/metrics` sits behind the key, token ids the model lacks are
 //! refused alone, `max_tokens` omitted means "as much as fits", and a 4 MiB prompt does not
 //! hold up a short request.
@@ -160,8 +160,16 @@ fn connections_past_the_cap_wait_for_a_free_slot() {
         ..test_limits()
     };
     let server = start_with(engine(2, None), None, limits, false);
-    let holders: Vec<_> = (0..2).map(|_| connect(server.addr)).collect();
-    // Accepted (the kernel's backlog) but not served while both slots are held.
+    // Two connections busy sending a request head: not idle, so nobody may evict them.
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let mut s = connect(server.addr);
+            s.write_all(b"GET /v1/models HTTP/1.1\r\n").expect("head");
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // Accepted but not served while both slots are held.
     let mut third = connect(server.addr);
     send(&mut third, "GET", "/v1/models", &[], b"");
     third

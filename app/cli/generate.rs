@@ -4,6 +4,7 @@ use std::io::Write;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use tpslab_engine::sched::ClientId;
 use tpslab_engine::serving::constraint::{Grammar, compiler_for};
 use tpslab_engine::serving::engine::{Refusal, Request};
 use tpslab_engine::serving::generate::{GenerateSetup, generate_request};
@@ -146,6 +147,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         sampling,
         stop,
         priority: 0,
+        client: ClientId::LOCAL,
         constraint,
         logprobs: None,
         prompt_logprobs: None,

@@ -329,6 +329,11 @@ pub async fn gather(
             }
         })
         .collect();
+    if spec.prompt_logprobs.is_some() || spec.echo.is_some() {
+        // The scored prompt's events were the largest thing this request held: give their
+        // pages back now rather than keep them resident.
+        tpslab_engine::model::loaded::release_free_memory();
+    }
     Ok((outs, usage.unwrap_or_default()))
 }
 

@@ -92,7 +92,7 @@ impl Choices {
     /// a real error status and not an error inside a 200 stream. With `n > 1` the others are
     /// submitted once the first has produced its first token: its prompt's KV blocks are in
     /// the prefix cache by then, and the others reuse them instead of computing the prompt
-    /// again.
+    /// again; its prompt log-probabilities, when asked for, are given to every choice.
     pub async fn start(
         engine: &EngineHandle,
         metrics: &Arc<ServerMetrics>,
@@ -125,9 +125,21 @@ impl Choices {
                 1,
             )
             .await?;
+            // The prompt's log-probabilities are the same for every choice: scored once, by
+            // choice 0 (they came before its first token), and handed to the others.
+            let scored = c
+                .buffered
+                .iter()
+                .find(|(i, e)| *i == 0 && matches!(e, Event::PromptLogprobs { .. }))
+                .map(|(_, e)| e.clone());
             for i in 1..n {
-                let g = submit_to(engine, seeded(i), Arc::clone(metrics), i, tx.clone());
+                let mut r = seeded(i);
+                r.prompt_logprobs = None;
+                let g = submit_to(engine, r, Arc::clone(metrics), i, tx.clone());
                 c.guards.push(g);
+                if let Some(ev) = &scored {
+                    c.buffered.push_back((i, ev.clone()));
+                }
             }
             c.wait(|ev| matches!(ev, Event::Started { .. }), n).await?;
         }

@@ -167,16 +167,15 @@ pub struct ChatPrompt {
     pub reasoning: ReasoningParser,
 }
 
-/// Renders the conversation with the model's template and tokenizes it (the template writes
-/// BOS itself where the model wants one, as in `LoadedModel::chat_prompt`). Blocking: the
-/// render may take up to its time limit.
+/// Renders the conversation with the model's template and tokenizes it
+/// ([`LoadedModel::chat_tokens`]: users' and tools' text stays text). Blocking: the render may
+/// take up to its time limit.
 pub fn chat_prompt(
     lm: &LoadedModel,
     messages: &[ChatMessage],
     options: &RenderOptions,
 ) -> Result<ChatPrompt, LoadError> {
-    let text = lm.template.render_with(messages, options)?;
-    let tokens = lm.tokenizer.encode(&text, true)?;
+    let (text, tokens) = lm.chat_tokens(messages, options)?;
     let tags = ReasoningTags::for_template(lm.template.source());
     Ok(ChatPrompt {
         tokens,

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -15,17 +16,29 @@ use super::answer::{AnswerSpec, SseStream, collect};
 use super::bridge::Choices;
 use super::errors::{self, ApiError};
 use super::openai::{self, Kind, Meta};
-use super::state::{ServerState, unix_now};
+use super::state::{Peer, ServerState, client_of, unix_now};
 use super::tools::ToolParse;
 
-pub async fn chat(st: State<Arc<ServerState>>, headers: HeaderMap, body: Body) -> Response {
-    complete(st, Kind::Chat, headers, body)
+pub async fn chat(
+    st: State<Arc<ServerState>>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let from = peer.map(|Extension(p)| p);
+    complete(st, Kind::Chat, from, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-pub async fn completions(st: State<Arc<ServerState>>, headers: HeaderMap, body: Body) -> Response {
-    complete(st, Kind::Completion, headers, body)
+pub async fn completions(
+    st: State<Arc<ServerState>>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let from = peer.map(|Extension(p)| p);
+    complete(st, Kind::Completion, from, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -84,11 +97,13 @@ pub struct Started {
 pub async fn prepare(
     st: &Arc<ServerState>,
     kind: Kind,
+    peer: Option<Peer>,
     headers: &HeaderMap,
     body: Body,
     translate: fn(Value) -> Result<Value, ApiError>,
 ) -> Result<Started, ApiError> {
     let limits = &st.limits;
+    let client = client_of(headers, peer);
     let bytes = read_body(headers, body, limits.max_body_bytes, limits.body_timeout).await?;
     let slot = Arc::clone(&st.prepare)
         .acquire_owned()
@@ -101,7 +116,7 @@ pub async fn prepare(
         drop(bytes);
         let parsed = openai::parse(kind, &body, &state.limits, state.shape())?;
         state.check_model(parsed.common.model.as_deref())?;
-        let req = openai::to_request(&parsed, &state.lm, &state.limits)?;
+        let req = openai::to_request(&parsed, &state.lm, &state.limits, client)?;
         Ok::<_, ApiError>((parsed, req))
     })
     .await
@@ -149,6 +164,7 @@ pub fn sse(stream: Body) -> Response {
 async fn complete(
     State(st): State<Arc<ServerState>>,
     kind: Kind,
+    peer: Option<Peer>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -156,7 +172,7 @@ async fn complete(
         parsed,
         mut choices,
         spec,
-    } = prepare(&st, kind, &headers, body, Ok).await?;
+    } = prepare(&st, kind, peer, &headers, body, Ok).await?;
     if parsed.stream() {
         let stream = SseStream::new(choices, spec);
         return Ok(sse(Body::from_stream(stream)));

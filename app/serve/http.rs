@@ -1,19 +1,30 @@
 //! The HTTP/1.1 connection layer under the axum router (hyper's connection builder, which
-//! `axum::serve` hides): a cap on connections served at once, and per connection a header
-//! timeout, an idle keep-alive timeout, and a cut-off for a client that stops reading.
+//! `axum::serve` hides): who gets a connection slot, and per connection a first-byte deadline,
+//! a header timeout, an idle keep-alive timeout, and a cut-off for a client that stops reading.
+//!
+//! Slots. At most `max_connections` are served at once and at most `max_connections_per_address`
+//! from one IP address. A connection that arrives when every slot is taken evicts the
+//! connection that has sat idle longest (no request in flight, no request head begun) of the
+//! address holding the most; a connection past its own address's cap evicts that address's
+//! idlest one, or gets a 503 at once when all of them are busy. Otherwise it waits for a slot
+//! (up to the header timeout, then a 503). So idle or silent connections, however many, never
+//! keep another client out, and one address can hold at most its share of busy ones.
 //!
 //! hyper's own `header_read_timeout` starts when hyper waits for a request head, which on a
 //! kept-alive connection is also the idle time between requests: it would close every idle
 //! connection after the header timeout. So one watchdog per connection tells the states apart
-//! from what its socket and its requests do: bytes arriving with no request in flight start
-//! the header clock; a request's head reaching the router stops it; the last response ending
-//! starts the idle clock. The body timeout is the handlers' (they read the body themselves).
+//! from what its socket and its requests do: a new connection must send its first byte within
+//! the first-byte timeout; bytes arriving with no request in flight start the header clock; a
+//! request's head reaching the router stops it; the last response ending starts the idle
+//! clock. The body timeout is the handlers' (they read the body themselves).
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -25,15 +36,18 @@ use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::limits::Limits;
+use super::state::Peer;
 
 /// What the watchdog reads: when each clock started, in ms since `origin` plus one (0 = stopped).
 struct ConnClock {
     origin: Instant,
+    /// Any byte received yet.
+    heard: AtomicBool,
     in_flight: AtomicUsize,
     /// First byte of a request head that has not reached the router yet.
     head_since: AtomicU64,
@@ -47,6 +61,7 @@ impl ConnClock {
     fn new() -> Arc<Self> {
         let c = Self {
             origin: Instant::now(),
+            heard: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             head_since: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
@@ -61,6 +76,7 @@ impl ConnClock {
     }
 
     fn bytes_in(&self) {
+        self.heard.store(true, Ordering::Release);
         if self.in_flight.load(Ordering::Acquire) == 0 {
             let _ = self.head_since.compare_exchange(
                 0,
@@ -87,13 +103,30 @@ impl ConnClock {
     fn verdict(&self, l: &Limits) -> Verdict {
         let over =
             |clock: &AtomicU64, limit: Duration| self.elapsed(clock).is_some_and(|e| e > limit);
-        if over(&self.head_since, l.header_timeout) || over(&self.blocked_since, l.idle_timeout) {
+        let silent =
+            !self.heard.load(Ordering::Acquire) && self.origin.elapsed() > l.first_byte_timeout;
+        if silent
+            || over(&self.head_since, l.header_timeout)
+            || over(&self.blocked_since, l.idle_timeout)
+        {
             return Verdict::Cut;
         }
         let idle = self.in_flight.load(Ordering::Acquire) == 0
             && self.elapsed(&self.head_since).is_none()
             && over(&self.idle_since, l.idle_timeout);
         if idle { Verdict::Idle } else { Verdict::Fine }
+    }
+
+    /// Idle since when (ms on this clock), if it could be closed now without cutting a request
+    /// or a request head short.
+    fn evictable_since(&self) -> Option<u64> {
+        if self.in_flight.load(Ordering::Acquire) != 0 || self.elapsed(&self.head_since).is_some() {
+            return None;
+        }
+        match self.idle_since.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(t),
+        }
     }
 }
 
@@ -214,17 +247,103 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// Serves `app` on `listener` until the future is dropped: at most `max_connections` at once
-/// (the accept waits for a free slot, so others queue in the kernel's backlog).
+/// One live connection, as the slot keeper sees it.
+struct Entry {
+    id: u64,
+    ip: IpAddr,
+    clock: Arc<ConnClock>,
+    kick: Arc<Notify>,
+}
+
+/// The live connections (a few hundred at most: scanned on each arrival).
+#[derive(Default)]
+struct Table {
+    next_id: AtomicU64,
+    live: Mutex<Vec<Entry>>,
+}
+
+/// Whom a new connection may push out.
+enum Room {
+    /// A slot is (or will soon be) free.
+    Wait,
+    /// Its address is at its cap and every one of its connections is busy.
+    Refuse,
+}
+
+impl Table {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes room for a connection from `ip`: evicts an idle connection where the caps say
+    /// so (the idlest of its own address when that is at its cap, else the idlest of the
+    /// address holding the most when every slot is taken).
+    fn make_room(&self, ip: IpAddr, l: &Limits) -> Room {
+        let live = self.lock();
+        let count = |ip: IpAddr| live.iter().filter(|e| e.ip == ip).count();
+        let idlest = |only: Option<IpAddr>| {
+            live.iter()
+                .filter(|e| only.is_none_or(|ip| e.ip == ip))
+                .filter_map(|e| e.clock.evictable_since().map(|t| (count(e.ip), t, e)))
+                // Most connections first, then the longest idle (the smallest start).
+                .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+                .map(|(_, _, e)| e)
+        };
+        if count(ip) >= l.max_connections_per_address {
+            return match idlest(Some(ip)) {
+                Some(e) => {
+                    e.kick.notify_one();
+                    Room::Wait
+                }
+                None => Room::Refuse,
+            };
+        }
+        if live.len() >= l.max_connections
+            && let Some(e) = idlest(None)
+        {
+            e.kick.notify_one();
+        }
+        Room::Wait
+    }
+
+    fn join(self: &Arc<Self>, ip: IpAddr, clock: Arc<ConnClock>) -> (Arc<Notify>, Member) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let kick = Arc::new(Notify::new());
+        self.lock().push(Entry {
+            id,
+            ip,
+            clock,
+            kick: Arc::clone(&kick),
+        });
+        (kick, Member(Arc::clone(self), id))
+    }
+}
+
+/// A connection's place in the table, left when it ends.
+struct Member(Arc<Table>, u64);
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.0.lock().retain(|e| e.id != self.1);
+    }
+}
+
+/// Serves `app` on `listener` until the future is dropped, under the slot rules above.
+/// Connections waiting for a slot are bounded too (as many as the slots): past that the accept
+/// waits, and newer ones queue in the kernel's backlog.
 pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let waiting = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let table = Arc::new(Table::default());
     let limits = Arc::new(limits);
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+        let Ok(pending) = Arc::clone(&waiting).acquire_owned().await else {
             return;
         };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
             // Out of file descriptors and the like: breathe, then go on serving.
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -232,31 +351,96 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
             }
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(connection(stream, app.clone(), Arc::clone(&limits), slot));
+        let admit = Admit {
+            slots: Arc::clone(&slots),
+            table: Arc::clone(&table),
+            limits: Arc::clone(&limits),
+        };
+        tokio::spawn(admit.run(stream, peer.ip(), app.clone(), pending));
     }
+}
+
+struct Admit {
+    slots: Arc<Semaphore>,
+    table: Arc<Table>,
+    limits: Arc<Limits>,
+}
+
+impl Admit {
+    async fn run(self, stream: TcpStream, ip: IpAddr, app: Router, pending: OwnedSemaphorePermit) {
+        let l = &self.limits;
+        let slot = match self.table.make_room(ip, l) {
+            Room::Refuse => None,
+            Room::Wait => {
+                tokio::time::timeout(l.header_timeout, Arc::clone(&self.slots).acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+        };
+        drop(pending);
+        match slot {
+            Some(slot) => connection(stream, ip, app, self, slot).await,
+            None => busy(stream).await,
+        }
+    }
+}
+
+/// A 503 written straight to a connection that gets no slot, then a short drain so the close
+/// does not reset the answer away.
+async fn busy(mut stream: TcpStream) {
+    let body = r#"{"error":{"message":"the server has no free connection slot for this address; retry shortly","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut left = 64usize << 10;
+        while left > 0 {
+            let n = stream.read(&mut sink).await?;
+            if n == 0 {
+                break;
+            }
+            left = left.saturating_sub(n);
+        }
+        io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
 }
 
 /// How often a connection's watchdog looks: a fraction of the shortest timeout.
 fn tick(l: &Limits) -> Duration {
-    (l.header_timeout.min(l.idle_timeout) / 8)
-        .clamp(Duration::from_millis(20), Duration::from_secs(1))
+    (l.header_timeout
+        .min(l.idle_timeout)
+        .min(l.first_byte_timeout)
+        / 8)
+    .clamp(Duration::from_millis(20), Duration::from_secs(1))
 }
 
 async fn connection(
     stream: TcpStream,
+    ip: IpAddr,
     app: Router,
-    limits: Arc<Limits>,
+    admit: Admit,
     _slot: OwnedSemaphorePermit,
 ) {
+    let limits = admit.limits;
     let clock = ConnClock::new();
+    let (kick, _member) = admit.table.join(ip, Arc::clone(&clock));
     let io = TokioIo::new(Watched {
         inner: stream,
         clock: Arc::clone(&clock),
     });
     let router = TowerToHyperService::new(app);
     let svc_clock = Arc::clone(&clock);
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let in_flight = svc_clock.request_started();
+        req.extensions_mut().insert(Peer(ip));
         let answer = router.call(req);
         async move {
             let resp = answer.await?;
@@ -275,6 +459,17 @@ async fn connection(
     loop {
         tokio::select! {
             _ = conn.as_mut() => return,
+            () = kick.notified() => {
+                // Evicted for a newcomer: only ever while idle; if a request raced in since,
+                // it is let finish.
+                if clock.evictable_since().is_some() {
+                    return;
+                }
+                if !closing {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
             _ = ticks.tick() => match clock.verdict(&limits) {
                 Verdict::Fine => {}
                 Verdict::Idle if !closing => {

@@ -1,6 +1,7 @@
 //! The server's limits, as `tpslab serve` flags: what one request may ask for (stop strings,
 //! prompt bytes, `logit_bias`, priority range, body size) and what one connection may take
-//! (header, body and idle timeouts) and how many connections are served at once.
+//! (first-byte, header, body and idle timeouts) and how many connections are served at once, in
+//! all and from one address.
 
 use std::time::Duration;
 
@@ -9,6 +10,10 @@ use clap::Args;
 /// The priority the window submits its own chats at (lower runs first under the Priority
 /// policy). API clients are held at or below it by default, so none outranks the chat.
 pub const WINDOW_CHAT_PRIORITY: i32 = 0;
+
+/// What one scored token with its alternatives takes in an answer's JSON, about (a token's
+/// text, its id or bytes, its log-probability and rank, with the keys around them).
+pub const LOGPROB_JSON_BYTES: usize = 64;
 
 /// Every limit the server enforces. `Default` is what `tpslab serve` and the window use.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,9 +29,15 @@ pub struct Limits {
     pub max_logit_bias: usize,
     /// Choices per request (`n`): each is one more sequence in the batch.
     pub max_n: usize,
+    /// The prompt log-probabilities one answer may carry (`prompt_logprobs`, `echo` with
+    /// `logprobs`), in bytes of JSON as estimated before the request runs: choices × prompt
+    /// tokens × (alternatives + 1) × [`LOGPROB_JSON_BYTES`].
+    pub max_prompt_logprob_bytes: usize,
     /// The `priority` values an API client may ask for (inclusive); others get a 400.
     pub min_priority: i32,
     pub max_priority: i32,
+    /// From a connection's opening to its first byte (a silent connection is closed).
+    pub first_byte_timeout: Duration,
     /// From a request's first byte to the end of its headers.
     pub header_timeout: Duration,
     /// From the end of the headers to the end of the body.
@@ -34,8 +45,10 @@ pub struct Limits {
     /// A kept-alive connection with no request in flight is closed after this; so is one whose
     /// client stopped reading a response for this long.
     pub idle_timeout: Duration,
-    /// Connections served at once; more wait in the listen backlog until one closes.
+    /// Connections served at once; a newcomer past it evicts an idle one, or waits.
     pub max_connections: usize,
+    /// Connections served at once from one IP address.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for Limits {
@@ -47,12 +60,15 @@ impl Default for Limits {
             max_stop_bytes: 256,
             max_logit_bias: 300,
             max_n: 16,
+            max_prompt_logprob_bytes: 16 << 20,
             min_priority: WINDOW_CHAT_PRIORITY,
             max_priority: i32::MAX,
+            first_byte_timeout: Duration::from_secs(5),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_connections: 256,
+            max_connections_per_address: 128,
         }
     }
 }
@@ -103,6 +119,10 @@ pub struct LimitArgs {
     /// KV blocks through the prefix cache.
     #[arg(long, default_value_t = Limits::default().max_n, value_parser = at_least_one)]
     pub max_n: usize,
+    /// Most bytes of prompt log-probabilities (`prompt_logprobs`, `echo` with `logprobs`) one
+    /// answer may carry, estimated before it runs (400 past it).
+    #[arg(long, default_value_t = Limits::default().max_prompt_logprob_bytes, value_parser = at_least_one)]
+    pub max_prompt_logprob_bytes: usize,
     /// Lowest (most urgent) `priority` an API client may ask for; the window's chat runs at 0,
     /// so the default lets no client outrank it. Requests outside the range get a 400.
     #[arg(long, default_value_t = Limits::default().min_priority, allow_hyphen_values = true)]
@@ -110,6 +130,9 @@ pub struct LimitArgs {
     /// Highest `priority` an API client may ask for.
     #[arg(long, default_value_t = Limits::default().max_priority, allow_hyphen_values = true)]
     pub max_priority: i32,
+    /// Seconds a new connection may stay silent before it is closed.
+    #[arg(long, default_value = "5", value_parser = seconds, value_name = "S")]
+    pub first_byte_timeout: Duration,
     /// Seconds from a request's first byte to the end of its headers.
     #[arg(long, default_value = "10", value_parser = seconds, value_name = "S")]
     pub header_timeout: Duration,
@@ -120,9 +143,13 @@ pub struct LimitArgs {
     /// is closed.
     #[arg(long, default_value = "60", value_parser = seconds, value_name = "S")]
     pub idle_timeout: Duration,
-    /// Connections served at once; more wait until one closes.
+    /// Connections served at once; a newcomer past it closes the longest idle one, or waits.
     #[arg(long, default_value_t = Limits::default().max_connections, value_parser = at_least_one)]
     pub max_connections: usize,
+    /// Connections served at once from one IP address (past it: its idlest one is closed, or
+    /// the newcomer gets a 503).
+    #[arg(long, default_value_t = Limits::default().max_connections_per_address, value_parser = at_least_one)]
+    pub max_connections_per_address: usize,
 }
 
 impl LimitArgs {
@@ -140,12 +167,15 @@ impl LimitArgs {
             max_stop_bytes: self.max_stop_bytes,
             max_logit_bias: self.max_logit_bias,
             max_n: self.max_n,
+            max_prompt_logprob_bytes: self.max_prompt_logprob_bytes,
             min_priority: self.min_priority,
             max_priority: self.max_priority,
+            first_byte_timeout: self.first_byte_timeout,
             header_timeout: self.header_timeout,
             body_timeout: self.body_timeout,
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections,
+            max_connections_per_address: self.max_connections_per_address,
         })
     }
 }

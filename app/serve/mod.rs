@@ -25,15 +25,18 @@
 //!   replays.
 //! - [`limits`]: every limit the server enforces, and its `tpslab serve` flags.
 //! - [`http`]: connections: the cap, the header and idle timeouts.
+//! - [`browser`]: the `Host` (DNS rebinding) and `Origin` guards, and CORS for named origins.
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`,
 //! `GET /v1/models`,
 //! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is
-//! set (`--metrics-open` leaves `/metrics` open). Binds to loopback unless told otherwise.
+//! set (`--metrics-open` leaves `/metrics` open), and every one behind the browser guards.
+//! Binds to loopback unless told otherwise, and warns when told otherwise with no API key.
 
 pub mod answer;
 pub mod bridge;
+pub mod browser;
 pub mod chat_input;
 pub mod errors;
 pub mod handlers;
@@ -97,6 +100,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
+    pub browser: browser::BrowserArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
     /// Append one JSON line per finished request (arrival time, prompt and completion tokens)
     /// to FILE: a trace `tpslab tune --trace FILE` replays.
@@ -123,6 +128,10 @@ pub fn router(state: Arc<ServerState>) -> Router {
             .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     }
     v1.fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            browser::guard,
+        ))
         .with_state(state)
 }
 
@@ -259,6 +268,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         eprintln!("recording each finished request to {}", path.display());
     }
     state.limits = limits.clone();
+    state.browser = a.browser.policy();
     state.aliases.push(a.model.model.clone());
     if let Some(s) = &a.model.synthetic {
         state.aliases.push(s.clone());
@@ -266,6 +276,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
         .with_context(|| format!("bad --host/--port: {}:{}", a.host, a.port))?;
+    if !addr.ip().is_loopback() && state.api_key.is_none() {
+        eprintln!(
+            "WARNING: serving on {addr} without an API key: anyone who can reach this address \
+             can use the model. Pass --api-key KEY (or bind 127.0.0.1)."
+        );
+    }
     let rt = runtime()?;
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))

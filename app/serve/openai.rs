@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::sched::ClientId;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::admission::Admission;
 use tpslab_engine::serving::engine::{Request, Usage};
@@ -17,7 +18,7 @@ use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 
 use super::chat_input::{self, ChatBody};
 use super::errors::{ApiError, typed};
-use super::limits::Limits;
+use super::limits::{LOGPROB_JSON_BYTES, Limits};
 use super::structured::{self, Asked};
 use super::tools::{self, ToolPlan};
 
@@ -506,6 +507,7 @@ pub fn to_request(
     p: &Parsed,
     lm: &LoadedModel,
     limits: &Limits,
+    client: ClientId,
 ) -> Result<(Request, Option<ReasoningParser>), ApiError> {
     let (tokens, reasoning) = match (&p.prompt_tokens, &p.prompt_text) {
         (Some(t), _) => (t.clone(), None),
@@ -522,6 +524,7 @@ pub fn to_request(
             (prompt.tokens, Some(prompt.reasoning))
         }
     };
+    check_prompt_logprobs(p, tokens.len(), limits)?;
     let max = p.max_tokens().map(|m| m as usize);
     // Omitted: the engine gives as many as fit the context and the KV pool.
     let mut stop = lm.default_stop(max);
@@ -535,6 +538,7 @@ pub fn to_request(
             .common
             .priority
             .unwrap_or_else(|| limits.default_priority()),
+        client,
         constraint: p
             .constraint
             .as_ref()
@@ -547,6 +551,39 @@ pub fn to_request(
         .check(&req)
         .map_err(|e| ApiError::refused(&e))?;
     Ok((req, reasoning))
+}
+
+/// Prices prompt log-probabilities as the answer they make: every choice carries them (scored
+/// once, shared), so a long prompt with many alternatives and many choices is refused before
+/// it runs instead of building tens of megabytes.
+fn check_prompt_logprobs(p: &Parsed, prompt: usize, limits: &Limits) -> Result<(), ApiError> {
+    let Some(k) = p.scored_prompt() else {
+        return Ok(());
+    };
+    let bytes = (p.n.max(1))
+        .saturating_mul(prompt)
+        .saturating_mul(k + 1)
+        .saturating_mul(LOGPROB_JSON_BYTES);
+    if bytes <= limits.max_prompt_logprob_bytes {
+        return Ok(());
+    }
+    let field = if p.prompt_logprobs.is_some() {
+        "prompt_logprobs"
+    } else {
+        "echo"
+    };
+    Err(ApiError::over_cap(
+        field,
+        format!(
+            "{field} would answer about {} MB ({} choices x {prompt} prompt tokens x {} \
+             alternatives), past this server's {} MB: ask for fewer alternatives or choices, or \
+             a shorter prompt",
+            bytes >> 20,
+            p.n.max(1),
+            k + 1,
+            limits.max_prompt_logprob_bytes >> 20
+        ),
+    ))
 }
 
 pub fn usage_json(u: &Usage) -> Value {

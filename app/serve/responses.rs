@@ -29,7 +29,7 @@ use super::errors::{self, ApiError};
 use super::handlers::{prepare, sse};
 use super::openai::Kind;
 use super::responses_stream::ResponsesStream;
-use super::state::{ServerState, unix_now};
+use super::state::{Peer, ServerState, unix_now};
 use super::tools::{call_id, random_hex};
 
 /// A fresh id: `prefix` and 24 random hex digits.
@@ -429,8 +429,13 @@ pub fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &
     })
 }
 
-pub async fn responses(st: State<Arc<ServerState>>, headers: HeaderMap, body: Body) -> Response {
-    respond(st, headers, body)
+pub async fn responses(
+    st: State<Arc<ServerState>>,
+    peer: Option<axum::Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    respond(st, peer.map(|axum::Extension(p)| p), headers, body)
         .await
         .unwrap_or_else(|e| renamed(e).into_response())
 }
@@ -438,10 +443,11 @@ pub async fn responses(st: State<Arc<ServerState>>, headers: HeaderMap, body: Bo
 /// The chat path's preparation, then the answer as a `response` object or its events.
 async fn respond(
     State(st): State<Arc<ServerState>>,
+    peer: Option<Peer>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let mut started = prepare(&st, Kind::Chat, &headers, body, to_chat_body).await?;
+    let mut started = prepare(&st, Kind::Chat, peer, &headers, body, to_chat_body).await?;
     let meta = RespMeta {
         id: new_id("resp"),
         created_at: unix_now(),

@@ -1,12 +1,18 @@
-//! What every handler shares: the engine, the model, the key, the limits and the metrics.
+//! What every handler shares: the engine, the model, the key, the limits and the metrics; and
+//! whom a request counts against ([`client_of`]).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::http::{HeaderMap, header};
+use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::sched::ClientId;
 use tpslab_engine::serving::engine::EngineHandle;
 
+use super::browser::BrowserPolicy;
 use super::errors::ApiError;
 use super::limits::Limits;
 use super::metrics::ServerMetrics;
@@ -23,6 +29,8 @@ pub struct ServerState {
     /// `/metrics` without the key even when one is set.
     pub metrics_open: bool,
     pub limits: Limits,
+    /// Which web pages may call the server (the `Host` and `Origin` guards, CORS).
+    pub browser: BrowserPolicy,
     pub metrics: Arc<ServerMetrics>,
     pub created: u64,
     /// Requests parsing, rendering or tokenizing at once (each holds its prompt several times
@@ -46,6 +54,7 @@ impl ServerState {
             api_key,
             metrics_open: false,
             limits: Limits::default(),
+            browser: BrowserPolicy::default(),
             created: unix_now(),
             prepare: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
@@ -74,4 +83,34 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// The address a request came from, put on it by the connection layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub IpAddr);
+
+/// Whom a request counts against for its fair share of the batch: the bearer token it sent
+/// (checked or not: minting tokens only splits a client's own share), else its address; never
+/// [`ClientId::LOCAL`], the window's own user.
+pub fn client_of(headers: &HeaderMap, peer: Option<Peer>) -> ClientId {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let mut h = Sha256::new();
+    match (token, peer) {
+        (Some(t), _) => {
+            h.update(b"key:");
+            h.update(t.as_bytes());
+        }
+        (None, Some(Peer(ip))) => {
+            h.update(b"ip:");
+            h.update(ip.to_string().as_bytes());
+        }
+        (None, None) => h.update(b"anonymous"),
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    ClientId(u64::from_le_bytes(b).max(1))
 }

@@ -4,7 +4,9 @@
 //! the engine reports them; nothing here reads a clock or asserts one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tpslab_engine::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput};
+use tpslab_engine::sched::{
+    ClientId, RequestId, SchedRequest, Scheduler, SchedulerConfig, SchedulerOutput,
+};
 
 const DECODES: usize = 8;
 const LONG: RequestId = 100;
@@ -15,6 +17,7 @@ fn req(id: RequestId, len: usize, max_tokens: usize) -> SchedRequest {
         prompt: (0..len as u32).map(|t| t % 50 + id as u32).collect(),
         max_tokens,
         priority: 0,
+        client: ClientId::LOCAL,
         prompt_rows: false,
     }
 }

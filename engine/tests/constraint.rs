@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
-use tpslab_engine::serving::constraint::{Grammar, compiler_for, mask_stats};
+use tpslab_engine::serving::constraint::{
+    Grammar, MAX_GRAMMAR_STRUCTURE, compiler_for, mask_stats, structure,
+};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
@@ -236,6 +238,97 @@ fn bad_and_hostile_grammars_fail_cleanly_and_in_bounded_time() {
             }
             assert!(t.elapsed() < Duration::from_secs(120));
         }
+    }
+}
+
+/// Chains of references, the shapes llguidance compiles by recursion, `n` links long.
+fn chain(shape: &str, n: usize) -> Grammar {
+    let lines = |f: &dyn Fn(usize) -> String, head: &str, tail: &str| {
+        let mut t = String::from(head);
+        (0..n).for_each(|i| t.push_str(&f(i)));
+        t.push_str(tail);
+        t
+    };
+    let defs = |f: &dyn Fn(usize) -> Value| {
+        let mut d = serde_json::Map::new();
+        (0..n).for_each(|i| {
+            d.insert(format!("a{i}"), f(i));
+        });
+        d.insert(format!("a{n}"), json!({"type": "integer"}));
+        Grammar::json_schema(json!({"$defs": d, "$ref": "#/$defs/a0"}))
+    };
+    match shape {
+        "$ref" => defs(&|i| json!({"$ref": format!("#/$defs/a{}", i + 1)})),
+        "anyOf" => defs(&|i| json!({"anyOf": [{"$ref": format!("#/$defs/a{}", i + 1)}]})),
+        "items" => {
+            defs(&|i| json!({"type": "array", "items": {"$ref": format!("#/$defs/a{}", i + 1)}}))
+        }
+        "rules" => Grammar::Lark(lines(
+            &|i| format!("a{i}:a{}\n", i + 1),
+            "start:a0\n",
+            &format!("a{n}:\"x\"\n"),
+        )),
+        "terminals" => Grammar::Lark(lines(
+            &|i| format!("A{i}:A{}\n", i + 1),
+            "start:A0\n",
+            &format!("A{n}:\"x\"\n"),
+        )),
+        "groups" => Grammar::Lark(lines(
+            &|i| format!("a{i}:(a{})\n", i + 1),
+            "start:a0\n",
+            &format!("a{n}:\"x\"\n"),
+        )),
+        "gbnf" => Grammar::Gbnf(lines(
+            &|i| format!("a{i}::=a{}\n", i + 1),
+            "root::=a0\n",
+            &format!("a{n}::=\"x\"\n"),
+        )),
+        _ => unreachable!("{shape}"),
+    }
+}
+
+/// A long chain of references used to overflow the compiling thread's stack and abort the
+/// process. Each shape, as long as the structure bound lets it be, compiles (or is refused by
+/// llguidance) without taking the process down; one link more is refused before compiling.
+#[test]
+fn reference_chains_compile_up_to_the_bound_and_are_refused_past_it() {
+    let lm = model();
+    let c = compiler_for(&lm.tokenizer).expect("compiler");
+    for shape in [
+        "$ref",
+        "anyOf",
+        "items",
+        "rules",
+        "terminals",
+        "groups",
+        "gbnf",
+    ] {
+        // The longest chain within the bound.
+        let (mut lo, mut hi) = (1, MAX_GRAMMAR_STRUCTURE);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if structure(&chain(shape, mid)) <= MAX_GRAMMAR_STRUCTURE {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        assert!(lo > 1000, "{shape}: only {lo} links fit the bound");
+        let t = Instant::now();
+        let r = c.compile(&chain(shape, lo));
+        eprintln!(
+            "{shape} x{lo}: {} in {:?}",
+            r.as_ref()
+                .map_or_else(|e| format!("refused ({e:.100})"), |_| "compiled".into()),
+            t.elapsed()
+        );
+        if let Err(e) = &r {
+            assert!(!e.to_string().contains("too large"), "{shape}: {e}");
+        }
+        let past = c
+            .compile(&chain(shape, lo + 1))
+            .expect_err("past the bound");
+        assert!(past.to_string().contains("too large"), "{shape}: {past}");
     }
 }
 

@@ -10,8 +10,8 @@ use std::collections::{HashMap, HashSet};
 use proptest::prelude::*;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::sched::{
-    Policy, RequestId, RequestStatus, SchedError, SchedRequest, Scheduler, SchedulerConfig,
-    SchedulerOutput,
+    ClientId, Policy, RequestId, RequestStatus, SchedError, SchedRequest, Scheduler,
+    SchedulerConfig, SchedulerOutput,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -140,6 +140,8 @@ impl Sim {
             prompt: prompt.clone(),
             max_tokens,
             priority,
+            // Three clients, so fair shares preempt too.
+            client: ClientId(self.next_id % 3),
             prompt_rows: false,
         });
         match res {
@@ -676,6 +678,7 @@ fn req(id: RequestId, prompt: &[u32], max_tokens: usize, priority: i32) -> Sched
         prompt: prompt.to_vec(),
         max_tokens,
         priority,
+        client: ClientId::LOCAL,
         prompt_rows: false,
     }
 }
@@ -1027,4 +1030,82 @@ fn update_with_asks_the_caller_once_per_appended_token() {
     let done = s.update_with(&out, &[(1, 9)], |_| None);
     assert!(done.is_empty());
     assert_eq!(s.generated(1), Some(&[9, 9][..]));
+}
+
+fn from(client: u64, r: SchedRequest) -> SchedRequest {
+    SchedRequest {
+        client: ClientId(client),
+        ..r
+    }
+}
+
+/// One client filling the batch (four `n = 16` requests, as the attacker) cannot keep
+/// another's short request waiting for a slot: a slot is made for it at the next step, and
+/// shares settle without thrashing.
+#[test]
+fn a_client_filling_the_batch_makes_room_for_another() {
+    for policy in [Policy::Fcfs, Policy::Priority] {
+        let config = SchedulerConfig {
+            max_num_seqs: 64,
+            policy,
+            ..cfg()
+        };
+        let mut s = Scheduler::new(config, 4096, 16).expect("valid");
+        for i in 0..64 {
+            s.add_request(from(1, req(i, &[1, 2, 3], 1000, 0)))
+                .expect("ok");
+        }
+        step(&mut s);
+        assert_eq!(s.num_running(), 64);
+        // The attacker's queue is long; the other client's chat arrives behind it.
+        for i in 64..128 {
+            s.add_request(from(1, req(i, &[1, 2, 3], 1000, 0)))
+                .expect("ok");
+        }
+        s.add_request(from(2, req(500, &[9, 9], 8, 0))).expect("ok");
+        let (out, _) = step(&mut s);
+        assert_eq!(out.preempted, vec![63], "{policy:?}: the hog's newest goes");
+        assert!(ids(&out).contains(&500), "{policy:?}: the chat starts now");
+        // The chat runs to its end without losing its slot, and nothing thrashes.
+        let mut finished = false;
+        for _ in 0..10 {
+            let (out, done) = step(&mut s);
+            assert!(out.preempted.is_empty(), "{policy:?}: no thrash");
+            finished |= done.iter().any(|&(id, _)| id == 500);
+        }
+        assert!(finished, "{policy:?}: the chat ended");
+    }
+}
+
+#[test]
+fn waiting_requests_start_by_the_fewest_running_per_client() {
+    let config = SchedulerConfig {
+        max_num_seqs: 4,
+        ..cfg()
+    };
+    let mut s = Scheduler::new(config, 4096, 16).expect("valid");
+    // Client 1 queued first and more; clients 2 and 3 get a slot each before its third.
+    for i in 0..4 {
+        s.add_request(from(1, req(i, &[1, 2], 50, 0))).expect("ok");
+    }
+    s.add_request(from(2, req(10, &[3, 4], 50, 0))).expect("ok");
+    s.add_request(from(3, req(20, &[5, 6], 50, 0))).expect("ok");
+    let (out, _) = step(&mut s);
+    let mut got = ids(&out);
+    got.sort_unstable();
+    assert_eq!(got, vec![0, 1, 10, 20]);
+    // Priorities still come first: a better priority from the busiest client goes ahead.
+    let config = SchedulerConfig {
+        max_num_seqs: 1,
+        policy: Policy::Priority,
+        ..cfg()
+    };
+    let mut s = Scheduler::new(config, 4096, 16).expect("valid");
+    s.add_request(from(1, req(1, &[1], 50, 0))).expect("ok");
+    step(&mut s);
+    s.add_request(from(2, req(2, &[2], 50, 5))).expect("ok");
+    s.add_request(from(1, req(3, &[3], 50, 1))).expect("ok");
+    s.finish(&[1], FinishReason::Stop);
+    let (out, _) = step(&mut s);
+    assert_eq!(ids(&out), vec![3]);
 }

@@ -15,7 +15,7 @@ use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::tiny::{WINDOW, tokenizer_of, write_tiny};
 use tpslab_engine::sched::stop::StopCriteria;
-use tpslab_engine::sched::{SchedRequest, Scheduler, SchedulerConfig};
+use tpslab_engine::sched::{ClientId, SchedRequest, Scheduler, SchedulerConfig};
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Request};
 use tpslab_kernels::ThreadPool;
 
@@ -45,6 +45,7 @@ fn blocks_that_leave_the_window_are_freed() {
         prompt: (0..100).collect(),
         max_tokens: 500,
         priority: 0,
+        client: ClientId::LOCAL,
         prompt_rows: false,
     })
     .unwrap();

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use egui::{Key, Modifiers};
 use serde::{Deserialize, Serialize};
-use tpslab_engine::sched::RequestId;
+use tpslab_engine::sched::{ClientId, RequestId};
 use tpslab_engine::serving::constraint::compiler_for;
 use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
@@ -221,6 +221,7 @@ impl Generation {
                         sampling,
                         stop: lm.default_stop(Some(max_tokens)),
                         priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
+                        client: ClientId::LOCAL,
                         constraint,
                         logprobs: None,
                         prompt_logprobs: None,

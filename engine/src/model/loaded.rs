@@ -77,11 +77,59 @@ impl LoadedModel {
     /// conversation nobody configured ([`RenderOptions::conversation`], as the server and the
     /// window render).
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, LoadError> {
-        let text = self
-            .template
-            .render_with(messages, &RenderOptions::conversation())?;
-        // The template writes BOS itself where the model wants one.
-        Ok(self.tokenizer.encode(&text, true)?)
+        Ok(self
+            .chat_tokens(messages, &RenderOptions::conversation())?
+            .1)
+    }
+
+    /// A conversation rendered by the model's template and tokenized: the text (for the
+    /// answer's reasoning splitter) and its tokens. Control tokens count only where the
+    /// template wrote them: the messages of users and tools, and the documents, are text even
+    /// where they spell one ([`Tokenizer::escape_control`]). The template writes BOS itself
+    /// where the model wants one. Blocking: the render may take up to its time limit.
+    pub fn chat_tokens(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+    ) -> Result<(String, Vec<u32>), LoadError> {
+        let tok = &self.tokenizer;
+        let messages: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| match &m.content {
+                Some(c) if !speaks_for_the_template(&m.role) => ChatMessage {
+                    content: Some(tok.escape_control(c).into_owned()),
+                    ..m.clone()
+                },
+                _ => m.clone(),
+            })
+            .collect();
+        let mut opts = opts.clone();
+        if let Some(docs) = &mut opts.documents {
+            docs.iter_mut().for_each(|d| escape_strings(tok, d));
+        }
+        let text = self.template.render_with(&messages, &opts)?;
+        let tokens = tok.encode_chat(&text)?;
+        Ok((text, tokens))
+    }
+}
+
+/// Roles whose text is the application's or the model's own (system prompts, earlier answers
+/// as they were generated), kept as written; every other role's text is escaped.
+fn speaks_for_the_template(role: &str) -> bool {
+    matches!(role, "system" | "developer" | "assistant")
+}
+
+/// Escapes every string inside a JSON value (a document), in place.
+fn escape_strings(tok: &Tokenizer, v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => {
+            if let std::borrow::Cow::Owned(e) = tok.escape_control(s) {
+                *s = e;
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|x| escape_strings(tok, x)),
+        serde_json::Value::Object(o) => o.values_mut().for_each(|x| escape_strings(tok, x)),
+        _ => {}
     }
 }
 

@@ -11,6 +11,13 @@
 //! request of a strictly better priority than its worst running one (as vLLM v0's priority
 //! scheduling): the window's chats go ahead of its load generator's requests this way.
 //!
+//! Fair shares: each request belongs to a client ([`ClientId`]: the server's API key or
+//! address). Among waiting requests of equal priority the one whose client runs the fewest
+//! sequences starts first, and a full batch makes room, one request per step, for a client
+//! running at least two fewer sequences than the client running the most (never for a better
+//! priority's request): four requests of `n = 16` from one client cannot keep another's short
+//! chat waiting for a slot. With one client this is the order above, unchanged.
+//!
 //! Protocol, once per step: `out = schedule()`, run the model on `out`, sample a token for each
 //! [`ScheduledSeq`] with `sample` set, then `update(&out, &sampled)`. Alone, the scheduler ends
 //! a request at its `max_tokens`; the engine instead passes its stop checker to
@@ -36,12 +43,15 @@
 //! Modules:
 //! - [`stop`]: stop tokens, stop strings and token limits; finish reasons (the one owner of when
 //!   a sequence ends).
+//! - `order`: which waiting request starts next and whom a full batch preempts for it (the
+//!   policy, priorities, and each client's fair share of the batch).
 //! - `update`: applying a step's results (appending tokens, prefix caching, rolling back
 //!   rejected proposals) and taking proposals.
 //! - [`adaptive`]: the adaptive token budget (a step-time model fitted online that sizes each
 //!   step's prefill chunk so running decodes keep their inter-token latency under a target).
 
 pub mod adaptive;
+mod order;
 pub mod stop;
 mod update;
 
@@ -50,6 +60,7 @@ use std::collections::{HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use self::order::ClientId;
 pub use crate::kv::block_pool::RequestId;
 use crate::kv::block_pool::{BlockId, KvManager};
 use crate::kv::{KvNeverFits, KvPool};
@@ -105,6 +116,12 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// The most prompt positions whose logits rows one step computes for a request that scores its
+/// prompt ([`SchedRequest::prompt_rows`]): each row is a whole vocabulary of floats (192 KiB
+/// for a 49k vocabulary), so a 2,048-token chunk would take 400 MB; its prompt goes in chunks
+/// of this many instead, other requests running beside it.
+pub const PROMPT_ROWS_PER_STEP: usize = 128;
+
 /// A request as the scheduler sees it: token ids only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedRequest {
@@ -117,6 +134,8 @@ pub struct SchedRequest {
     pub max_tokens: usize,
     /// Lower runs first under [`Policy::Priority`]; ignored under FCFS.
     pub priority: i32,
+    /// Whose request it is, for fair shares of the batch.
+    pub client: ClientId,
     /// Logits rows for every prompt position too (prompt log-probabilities): its prompt is
     /// computed whole, never taken from the prefix cache (as vLLM does for `prompt_logprobs`).
     pub prompt_rows: bool,
@@ -262,6 +281,7 @@ struct Request {
     num_prompt_tokens: usize,
     max_tokens: usize,
     priority: i32,
+    client: ClientId,
     arrival: u64,
     num_computed_tokens: usize,
     status: RequestStatus,
@@ -280,6 +300,16 @@ impl Request {
     /// preempted after that has had them).
     fn wants_prompt_rows(&self) -> bool {
         self.prompt_rows && self.num_generated() == 0
+    }
+
+    /// The most tokens one step may compute for it: [`PROMPT_ROWS_PER_STEP`] while its prompt
+    /// rows are scored (each is a whole logits row), else no limit of its own.
+    fn step_cap(&self) -> usize {
+        if self.wants_prompt_rows() {
+            PROMPT_ROWS_PER_STEP
+        } else {
+            usize::MAX
+        }
     }
 }
 
@@ -484,6 +514,7 @@ impl Scheduler {
                 all_tokens: req.prompt,
                 max_tokens: req.max_tokens,
                 priority: req.priority,
+                client: req.client,
                 arrival,
                 num_computed_tokens: 0,
                 status: RequestStatus::Waiting,
@@ -591,33 +622,17 @@ impl Scheduler {
         let cap = self.step_budget();
         let mut budget = cap;
         self.sort_running();
-        self.preempt_for_priority(&mut out);
+        self.preempt_for_waiting(&mut out);
         let for_priority = out.preempted.len();
         self.schedule_running(&mut out, &mut budget);
         // As vLLM: a step that had to preempt for KV blocks admits nobody, or it would thrash.
-        // A slot freed for a better priority is taken in the same step.
+        // A slot freed for a better priority or a client's share is taken in the same step.
         if out.preempted.len() == for_priority {
             self.schedule_waiting(&mut out, &mut budget, cap);
         }
         out.num_batched_tokens = out.scheduled.iter().map(|s| s.tokens.len()).sum();
         self.last_step = (out.scheduled.len(), out.num_batched_tokens);
         out
-    }
-
-    /// Under [`Policy::Priority`], with every batch slot taken: preempts the worst running
-    /// request when the best waiting one has a strictly lower priority value, so that one can
-    /// start in this step. Equal priorities never preempt each other, so this cannot thrash.
-    fn preempt_for_priority(&mut self, out: &mut SchedulerOutput) {
-        if self.config.policy != Policy::Priority || self.running.len() < self.config.max_num_seqs {
-            return;
-        }
-        let (Some(idx), Some(&worst)) = (self.next_waiting(), self.running.last()) else {
-            return;
-        };
-        if self.order_key(self.waiting[idx]).0 < self.order_key(worst).0 {
-            self.running.pop();
-            self.preempt(worst, out);
-        }
     }
 
     fn schedule_running(&mut self, out: &mut SchedulerOutput, budget: &mut usize) {
@@ -632,7 +647,7 @@ impl Scheduler {
                 continue;
             };
             let start = r.num_computed_tokens;
-            let n = (r.all_tokens.len() - start).min(*budget);
+            let n = (r.all_tokens.len() - start).min(*budget).min(r.step_cap());
             if n == 0 {
                 i += 1;
                 continue;
@@ -665,17 +680,6 @@ impl Scheduler {
         }
     }
 
-    /// Index in `waiting` of the next request to start under the policy.
-    fn next_waiting(&self) -> Option<usize> {
-        match self.config.policy {
-            Policy::Fcfs => (!self.waiting.is_empty()).then_some(0),
-            Policy::Priority => (0..self.waiting.len()).min_by_key(|&i| {
-                let id = self.waiting[i];
-                (self.order_key(id), i)
-            }),
-        }
-    }
-
     fn schedule_waiting(&mut self, out: &mut SchedulerOutput, budget: &mut usize, cap: usize) {
         while *budget > 0
             && self.running.len() < self.config.max_num_seqs
@@ -704,7 +708,7 @@ impl Scheduler {
                     break;
                 }
             }
-            let n = left.min(*budget);
+            let n = left.min(*budget).min(r.step_cap());
             if self
                 .kv
                 .allocate_slots(id, hit_tokens + n, &hit_blocks)

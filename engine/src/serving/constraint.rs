@@ -14,6 +14,15 @@
 //! states) and every mask (step fuel, Earley items), so a hostile schema fails with a message
 //! instead of stalling the engine; panics inside the library are caught by it and come back as
 //! errors.
+//!
+//! Stack: llguidance compiles a chain of references (`$ref` to `$ref`, rule to rule) by
+//! recursion, about 3.4 KiB of stack a link, so a few hundred links in a 20 KB body overflowed
+//! a 2 MiB thread and aborted the whole process. A grammar's structure (its brackets and
+//! definitions, [`structure`]) bounds how deep that recursion can go: past
+//! [`MAX_GRAMMAR_STRUCTURE`] the grammar is refused before compiling, and every compile runs on
+//! a thread of its own whose stack ([`COMPILE_STACK`]) holds that bound with room to spare
+//! (measured, and held by `engine/tests/constraint.rs` at the bound). Masks are computed by
+//! llguidance's Earley parser without recursion: they run on the usual worker threads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -128,6 +137,50 @@ pub enum ConstraintError {
     Grammar(String),
 }
 
+/// The most structure ([`structure`]) a grammar may have: far beyond real schemas and grammars
+/// (the largest of `tests/data/schemas` has 36), far below what overflows [`COMPILE_STACK`].
+pub const MAX_GRAMMAR_STRUCTURE: usize = 16_384;
+
+/// The compile thread's stack. Measured worst case: 3.3 KiB per unit of structure (a Lark rule
+/// chain `a0: a1`, one unit a link), so 54 MiB at the bound; only the pages a compile touches
+/// are ever resident, and the thread ends with its compile.
+pub const COMPILE_STACK: usize = 128 << 20;
+
+/// The units of structure a compile may recurse through, counted without recursion: each
+/// bracket, and each `:` (a rule or terminal definition, a JSON key) in a grammar's text; each
+/// object, array and key of a JSON schema. Every level of llguidance's recursion stands on at
+/// least one of them (a rule or definition is on the recursion's path at most once), so this
+/// bounds its depth.
+pub fn structure(grammar: &Grammar) -> usize {
+    let text = |t: &str| t.bytes().filter(|b| b"{[(:".contains(b)).count();
+    match grammar {
+        Grammar::JsonObject => 1,
+        Grammar::JsonSchema { schema, .. } => {
+            let mut n = 0usize;
+            let mut todo = vec![schema];
+            while let Some(v) = todo.pop() {
+                match v {
+                    Value::Object(o) => {
+                        n = n.saturating_add(1 + o.len());
+                        for (k, x) in o {
+                            n = n.saturating_add(text(k));
+                            todo.push(x);
+                        }
+                    }
+                    Value::Array(a) => {
+                        n = n.saturating_add(1);
+                        todo.extend(a);
+                    }
+                    Value::String(s) => n = n.saturating_add(text(s)),
+                    _ => {}
+                }
+            }
+            n
+        }
+        Grammar::Regex(t) | Grammar::Lark(t) | Grammar::Gbnf(t) => text(t),
+    }
+}
+
 /// The compile and per-mask budgets. llguidance's defaults, with a lower compile fuel and
 /// grammar size: a request body is capped at a few MiB anyway, and a compile runs on the
 /// server's preparation pool, where a second of work per request is already a lot.
@@ -230,8 +283,36 @@ impl Compiler {
     }
 
     /// Compiles `grammar` into a constraint ready to run (a bad grammar, an unsupported schema
-    /// keyword or a budget run past is the error, with llguidance's message).
+    /// keyword or a budget run past is the error, with llguidance's message). Refuses a grammar
+    /// past [`MAX_GRAMMAR_STRUCTURE`]; compiles on a thread with a [`COMPILE_STACK`] stack.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, ConstraintError> {
+        let units = structure(grammar);
+        if units > MAX_GRAMMAR_STRUCTURE {
+            return Err(ConstraintError::Grammar(format!(
+                "{} too large: {units} nested parts (brackets, definitions, keys) past the \
+                 limit of {MAX_GRAMMAR_STRUCTURE}",
+                grammar.kind()
+            )));
+        }
+        std::thread::scope(|s| {
+            let compile = std::thread::Builder::new()
+                .name("tpslab-grammar".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(s, || self.compile_here(grammar))
+                .map_err(|e| {
+                    ConstraintError::Grammar(format!("cannot start the grammar compiler: {e}"))
+                })?;
+            compile.join().unwrap_or_else(|_| {
+                Err(ConstraintError::Grammar(format!(
+                    "{}: the grammar compiler failed",
+                    grammar.kind()
+                )))
+            })
+        })
+    }
+
+    /// The compile itself, on the caller's stack.
+    fn compile_here(&self, grammar: &Grammar) -> Result<Constraint, ConstraintError> {
         let tlg = grammar.to_llguidance()?;
         let parser = self
             .factory

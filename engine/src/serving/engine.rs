@@ -556,6 +556,7 @@ impl EngineThread {
             sampling,
             mut stop,
             priority,
+            client,
             constraint,
             logprobs,
             prompt_logprobs,
@@ -573,6 +574,7 @@ impl EngineThread {
             prompt,
             max_tokens: admitted.max_tokens,
             priority,
+            client,
             prompt_rows,
         };
         if let Err(e) = self.sched.add_admitted(sr) {

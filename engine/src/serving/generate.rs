@@ -10,6 +10,7 @@ use crate::device::DeviceChoice;
 use crate::kv::KvCache;
 use crate::model::ModelError;
 use crate::model::loaded::{LoadError, LoadedModel};
+use crate::sched::ClientId;
 use crate::sched::stop::{FinishReason, StopCriteria};
 use crate::serving::admission::Admission;
 use crate::serving::engine::{
@@ -140,6 +141,7 @@ pub fn generate_with(
         sampling: sampling.clone(),
         stop,
         priority: 0,
+        client: ClientId::LOCAL,
         constraint: None,
         logprobs: None,
         prompt_logprobs: None,

@@ -11,8 +11,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
+use crate::sched::{ClientId, RequestId};
 use crate::serving::constraint::Constraint;
 use crate::serving::engine::{EngineHandle, Event, Request, Usage};
 use crate::serving::metrics::{FinishKind, LiveCounters, LiveMetrics, RequestTiming};
@@ -300,6 +300,7 @@ fn next_request(
             ..StopCriteria::default()
         },
         priority: spec.priority,
+        client: ClientId::LOCAL,
         constraint: None,
         logprobs: None,
         prompt_logprobs: None,

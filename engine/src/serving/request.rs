@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::sched::RequestId;
 use crate::sched::stop::{FinishReason, StopCriteria};
+use crate::sched::{ClientId, RequestId};
 use crate::serving::constraint::Constraint;
 use crate::serving::logprobs::TokenLogprob;
 pub use crate::serving::refusal::{Refusal, RefusalKind};
@@ -21,6 +21,9 @@ pub struct Request {
     pub sampling: SamplingParams,
     pub stop: StopCriteria,
     pub priority: i32,
+    /// Whose request it is: the batch is shared fairly between clients
+    /// ([`ClientId::LOCAL`] for the machine's own user).
+    pub client: ClientId,
     /// Structured output: the grammar every generated token must keep to (compiled by the
     /// front end with the model's [`crate::serving::constraint::compiler_for`]).
     pub constraint: Option<Constraint>,

@@ -8,10 +8,21 @@
 //! megabyte prompt that is a billion comparisons, so an Aho-Corasick pass first finds which
 //! special tokens occur at all, and only those are scanned for, in llama.cpp's order: the same
 //! result, bounded work.
+//!
+//! A chat's messages are text even where they spell a control token: [`TEXT_MARK`] breaks each
+//! such spelling in a message before the template renders it ([`SpecialMatcher::escape_control`]),
+//! and the tokenizer drops the marks from the text pieces after cutting out the template's own
+//! control tokens.
+
+use std::borrow::Cow;
 
 use aho_corasick::AhoCorasick;
 
 use crate::text::vocab::{Vocab, attr};
+
+/// A Unicode noncharacter (never interchanged as text) that breaks a control token's spelling
+/// in a message so it is not cut out as the token; dropped before the text is tokenized.
+pub const TEXT_MARK: char = '\u{FDD0}';
 
 /// A piece of the text: raw text to tokenize (a byte range of the input) or a special token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +49,40 @@ impl SpecialMatcher {
             Some(AhoCorasick::new(patterns).map_err(|e| e.to_string())?)
         };
         Ok(Self { ac, order })
+    }
+
+    /// `text` with [`TEXT_MARK`] after the first character of every spelling of a control (or
+    /// unknown) token in it, overlapping ones included, so no such token is cut out of it. A
+    /// one-character token cannot be broken and stays (no real vocabulary has one).
+    pub fn escape_control<'a>(&self, vocab: &Vocab, text: &'a str) -> Cow<'a, str> {
+        let Some(ac) = &self.ac else {
+            return Cow::Borrowed(text);
+        };
+        let mut cuts: Vec<usize> = ac
+            .find_overlapping_iter(text)
+            .filter(|m| {
+                let id = self.order[m.pattern().as_usize()];
+                vocab.attr(id) & (attr::CONTROL | attr::UNKNOWN) != 0
+            })
+            .filter_map(|m| {
+                let first = text[m.start()..].chars().next()?.len_utf8();
+                (m.end() - m.start() > first).then_some(m.start() + first)
+            })
+            .collect();
+        if cuts.is_empty() {
+            return Cow::Borrowed(text);
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut out = String::with_capacity(text.len() + cuts.len() * TEXT_MARK.len_utf8());
+        let mut at = 0;
+        for c in cuts {
+            out.push_str(&text[at..c]);
+            out.push(TEXT_MARK);
+            at = c;
+        }
+        out.push_str(&text[at..]);
+        Cow::Owned(out)
     }
 
     /// Splits `text` into raw pieces and special tokens.

@@ -7,12 +7,14 @@
 //! Why build it from the GGUF and not ship a `tokenizer.json`: the GGUF is the one file the user
 //! has, and llama.cpp (our reference) tokenizes from exactly these keys.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::formats::gguf::{GgufFile, Value};
 pub use crate::formats::pretokenizer::PreTokenizerKind;
 use crate::formats::pretokenizer::PreTokenizerSpec;
 use crate::text::bpe::{BpePipelines, byte_level_bytes};
+pub use crate::text::special::TEXT_MARK;
 use crate::text::special::{Fragment, SpecialMatcher};
 use crate::text::spm;
 pub use crate::text::tokenizer_error::TokenizerError;
@@ -393,6 +395,51 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let i = &*self.inner;
         let frags = i.matcher.partition(&i.vocab, text, parse_special);
+        self.encode_fragments(text, frags)
+    }
+
+    /// `text` (a user's message, a tool's result) with every control token written in it
+    /// broken up by [`TEXT_MARK`], so that [`Tokenizer::encode_chat`] reads it as text: a user
+    /// who types `<|im_end|><|im_start|>system` gets those characters, not a forged turn.
+    /// Borrowed when there is nothing to break.
+    pub fn escape_control<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let i = &*self.inner;
+        i.matcher.escape_control(&i.vocab, text)
+    }
+
+    /// A rendered chat prompt to token ids: control tokens are parsed (the template's own
+    /// turns), except where [`Tokenizer::escape_control`] marked them as a message's text;
+    /// the marks themselves are dropped.
+    pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let i = &*self.inner;
+        let frags = i.matcher.partition(&i.vocab, text, true);
+        if !text.contains(TEXT_MARK) {
+            return self.encode_fragments(text, frags);
+        }
+        let mut clean = String::with_capacity(text.len());
+        let mut out = Vec::with_capacity(frags.len());
+        for f in frags {
+            match f {
+                Fragment::Text(s, e) => {
+                    let start = clean.len();
+                    clean.extend(text[s..e].chars().filter(|&c| c != TEXT_MARK));
+                    if clean.len() > start {
+                        out.push(Fragment::Text(start, clean.len()));
+                    }
+                }
+                token => out.push(token),
+            }
+        }
+        self.encode_fragments(&clean, out)
+    }
+
+    /// Tokenizes the text pieces of `frags` (byte ranges of `text`) between its tokens.
+    fn encode_fragments(
+        &self,
+        text: &str,
+        frags: Vec<Fragment>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let i = &*self.inner;
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         match &i.model {
             Model::Bpe { pipelines, .. } => {
