@@ -519,3 +519,74 @@ fn prompt_logprobs_are_priced_scored_once_and_do_not_hold_memory() {
     );
     plain_chat(addr);
 }
+
+/// A whole request sent from `local`; the response.
+fn post_from(local: [u8; 4], addr: SocketAddr, path: &str, body: &Value) -> Resp {
+    let mut s = connect_from(local, addr).expect("connect");
+    send(&mut s, "POST", path, &[], body.to_string().as_bytes());
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    parse(&out)
+}
+
+#[test]
+fn one_client_filling_every_sequence_slot_leaves_room_for_another() {
+    // `tpslab serve`'s batch (64 sequences) on a small KV pool, so the attack also runs it out
+    // of blocks.
+    let mut state = ServerState::new(engine(64, None), model(), None);
+    state.limits = Limits::default();
+    let srv = serve::spawn(Arc::new(state), "127.0.0.1:0".parse().expect("addr")).expect("server");
+    let addr = srv.addr;
+    // From 127.0.0.2: four requests of n = 16 with no max_tokens (as many as fit), streamed
+    // so they hold their sequences until their client hangs up.
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..4)
+        .map(|i| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut s = connect_from([127, 0, 0, 2], addr).expect("connect");
+                let body = json!({"prompt": format!("Count to a thousand, attempt {i}:"), "n": 16,
+                    "stream": true, "ignore_eos": true});
+                send(
+                    &mut s,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    body.to_string().as_bytes(),
+                );
+                let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                let mut buf = [0u8; 4096];
+                let mut got = 0usize;
+                while !stop.load(Ordering::Acquire) {
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(k) => got += k,
+                        Err(_) => {}
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    // Until the attack holds the batch.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        let m = request(addr, "GET", "/metrics", &[], b"");
+        let text = String::from_utf8_lossy(&m.body).into_owned();
+        let running = text
+            .lines()
+            .find(|l| !l.starts_with('#') && l.contains("num_requests_running"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if running >= 60.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    plain_chat(addr);
+    plain_chat(addr);
+    stop.store(true, Ordering::Release);
+    for a in attackers {
+        assert!(a.join().expect("attacker") > 0, "the attack was answered");
+    }
+}

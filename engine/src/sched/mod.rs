@@ -5,7 +5,8 @@
 //! `num_computed_tokens`; a step gives a request the next tokens it has not computed yet (a
 //! whole prompt, a chunk of one, or the single newest token of a decode). Running requests are
 //! served first, then waiting ones in policy order. When KV blocks run out, the newest running
-//! request (lowest priority under [`Policy::Priority`]) is preempted: its blocks are freed, its
+//! request (lowest priority under [`Policy::Priority`]; of those, the busiest client's) is
+//! preempted: its blocks are freed, its
 //! generated tokens kept, and it goes back to the front of the queue to be recomputed later.
 //! Under [`Policy::Priority`] a full batch also makes room, one request per step, for a waiting
 //! request of a strictly better priority than its worst running one (as vLLM v0's priority
@@ -653,8 +654,9 @@ impl Scheduler {
                 continue;
             }
             let draft = self.draft_for(id, start + n, *budget - n);
-            // Free blocks by preempting from the back until this request fits, or it is
-            // the back itself.
+            // Free blocks by preempting requests not scheduled yet in this step (the least
+            // urgent, the busiest client's newest: `kv_victim`) until this request fits, or by
+            // preempting it when none is left.
             let scheduled = loop {
                 if self
                     .kv
@@ -663,9 +665,7 @@ impl Scheduler {
                 {
                     break true;
                 }
-                let Some(victim) = self.running.pop() else {
-                    break false;
-                };
+                let victim = self.running.remove(self.kv_victim(i).unwrap_or(i));
                 self.preempt(victim, out);
                 if victim == id {
                     break false;

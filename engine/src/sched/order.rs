@@ -98,4 +98,19 @@ impl Scheduler {
             self.preempt(id, out);
         }
     }
+
+    /// Whom to preempt for KV blocks while scheduling `running[at]`: among the requests after
+    /// it (not scheduled yet in this step), those of the least urgent class, of those the
+    /// newest of the client running the most sequences. `None` when it is the last.
+    pub(super) fn kv_victim(&self, at: usize) -> Option<usize> {
+        let after = at + 1..self.running.len();
+        let worst = after.clone().map(|i| self.class(self.running[i])).max()?;
+        let running = self.running_per_client();
+        after
+            .filter(|&i| self.class(self.running[i]) == worst)
+            .max_by_key(|&i| {
+                let n = running.get(&self.client(self.running[i])).copied();
+                (n.unwrap_or(0), i)
+            })
+    }
 }
