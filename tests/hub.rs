@@ -11,6 +11,9 @@ mod hub_fixtures;
 mod hub_server;
 #[path = "../engine/tests/support/split.rs"]
 mod split;
+#[allow(dead_code)]
+#[path = "../engine/tests/support/tiny_model.rs"]
+mod tiny_model;
 
 use std::path::Path;
 use std::process::Command;
@@ -643,13 +646,10 @@ fn cli_pull_then_models_lists_it() {
     let out = tpslab(h, &["models", "--json"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 
-    // Import by path: the same set from a local folder; a broken copy is refused.
+    // Import by path: a (tiny, real) model folder; a broken copy is refused.
     let src = TempDir::new("cli-src");
     let folder = src.0.join("local-st");
-    std::fs::create_dir_all(&folder).expect("mkdir");
-    for f in st_files() {
-        std::fs::write(folder.join(&f.name), f.bytes.as_slice()).expect("write");
-    }
+    tiny_model::tiny_folder(&folder);
     let out = tpslab(h, &["models", "import", folder.to_str().expect("utf8")]);
     assert!(
         out.status.success(),

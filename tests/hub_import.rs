@@ -1,7 +1,8 @@
 //! The library admits only models the engine can load, whether imported by path or pulled from
 //! a Hub on 127.0.0.1: a GGUF without tensors or of an unknown architecture, a file that is not
 //! a GGUF, a safetensors set without config.json, of an unknown model type or without tensors
-//! are each refused before they enter the library, with a message saying why.
+//! are each refused before they enter the library, with a message saying why; an import also
+//! reads the headers as the engine loads them (a Llama config over tensors that are not one).
 
 #[allow(dead_code)]
 #[path = "support/hub_fixtures.rs"]
@@ -9,6 +10,9 @@ mod hub_fixtures;
 #[allow(dead_code)]
 #[path = "support/hub_server.rs"]
 mod hub_server;
+#[allow(dead_code)]
+#[path = "../engine/tests/support/tiny_model.rs"]
+mod tiny_model;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -129,13 +133,22 @@ fn import_refuses_what_the_engine_cannot_load() {
         );
         assert!(!lib.root().join(name).exists());
     }
+    // A Llama config and tokenizer over a tensor that is not a Llama's: its headers say so.
+    let fake = home.0.join("src/fake");
+    tiny_model::tiny_folder(&fake);
+    std::fs::write(fake.join("model.safetensors"), tiny_safetensors()).expect("write");
+    let e = lib
+        .import(&fake, &AtomicBool::new(false), &mut |_, _| {})
+        .expect_err("not a model")
+        .to_string();
+    assert!(
+        e.contains("its tensors are not a LlamaForCausalLM model"),
+        "{e}"
+    );
     assert!(lib.list().expect("list").0.is_empty());
     // What the engine loads still goes in.
     let ok = home.0.join("src/ok");
-    std::fs::create_dir_all(&ok).expect("mkdir");
-    for (f, bytes) in st_set(LLAMA, tiny_safetensors()) {
-        std::fs::write(ok.join(f), bytes).expect("write");
-    }
+    tiny_model::tiny_folder(&ok);
     lib.import(&ok, &AtomicBool::new(false), &mut |_, _| {})
         .expect("a loadable set imports");
 }

@@ -1,7 +1,8 @@
 //! Fuzz tests (proptest, fixed seeds so CI runs the same cases every time): the OpenAI request
 //! parser on arbitrary JSON values, arbitrary bytes through the real HTTP routes of a real
 //! server (chat with tools and `/v1/responses` among them), and the remote client's SSE stream reader on arbitrary and arbitrarily split input.
-//! `TPSLAB_FUZZ_CASES=N` runs N cases per target instead of the default few hundred.
+//! `TPSLAB_FUZZ_CASES=N` runs N cases per target instead of the default few hundred, and
+//! `TPSLAB_FUZZ_SEED=S` other cases.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -23,9 +24,14 @@ fn config(default_cases: u32, seed: u64) -> Config {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default_cases);
+    // `TPSLAB_FUZZ_SEED` moves every target to other cases (tests/fuzz/run-long.sh).
+    let offset = std::env::var("TPSLAB_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
     Config {
         cases,
-        rng_seed: RngSeed::Fixed(seed),
+        rng_seed: RngSeed::Fixed(seed.wrapping_add(offset)),
         failure_persistence: None,
         ..Config::default()
     }

@@ -10,6 +10,7 @@
 //! - Web pages: a cross-origin "simple" POST and a rebound DNS name are refused; named origins
 //!   get CORS.
 //! - Control tokens typed in a user's message stay text: no forged system turn.
+//! - A prompt whose bytes alone are past the context: refused before it is tokenized.
 //! - `prompt_logprobs` with many choices on a long prompt: priced before it runs, scored once
 //!   for every choice, and its memory given back.
 
@@ -520,15 +521,6 @@ fn prompt_logprobs_are_priced_scored_once_and_do_not_hold_memory() {
     plain_chat(addr);
 }
 
-/// A whole request sent from `local`; the response.
-fn post_from(local: [u8; 4], addr: SocketAddr, path: &str, body: &Value) -> Resp {
-    let mut s = connect_from(local, addr).expect("connect");
-    send(&mut s, "POST", path, &[], body.to_string().as_bytes());
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    parse(&out)
-}
-
 #[test]
 fn one_client_filling_every_sequence_slot_leaves_room_for_another() {
     // `tpslab serve`'s batch (64 sequences) on a small KV pool, so the attack also runs it out
@@ -589,4 +581,39 @@ fn one_client_filling_every_sequence_slot_leaves_room_for_another() {
     for a in attackers {
         assert!(a.join().expect("attacker") > 0, "the attack was answered");
     }
+}
+
+#[test]
+fn a_prompt_past_the_context_by_its_bytes_is_refused_before_tokenizing() {
+    let srv = server(BrowserPolicy::default());
+    let addr = srv.addr;
+    let lm = model();
+    let longest = lm.tokenizer.max_token_bytes();
+    let context = lm.model.cfg.context_len;
+    // One byte past what `context` of the longest tokens could cover: no tokenization could
+    // fit it, so none is run.
+    let text = "y".repeat(longest * context + longest);
+    assert!(
+        text.len() < Limits::default().max_prompt_bytes,
+        "within the byte cap"
+    );
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": text, "max_tokens": 1})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": text}], "max_tokens": 1}),
+        ),
+    ] {
+        let r = request(addr, "POST", path, &[], body.to_string().as_bytes());
+        assert_eq!(r.status, 400, "{path}");
+        let e = r.error();
+        assert_eq!(e["code"], "context_length_exceeded", "{path}: {e}");
+        assert!(
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("bytes of text")),
+            "{e}"
+        );
+    }
+    plain_chat(addr);
 }

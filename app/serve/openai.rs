@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::model::loaded::LoadError;
 use tpslab_engine::sched::ClientId;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::admission::Admission;
@@ -513,14 +514,14 @@ pub fn to_request(
         (Some(t), _) => (t.clone(), None),
         (None, Some(text)) => (
             lm.raw_prompt(text)
-                .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?,
+                .map_err(|e| prompt_error("prompt", &e))?,
             None,
         ),
         // Any template error (a budget it ran past included) is the request's: 400 with the
         // engine's message.
         (None, None) => {
             let prompt = chat_input::chat_prompt(lm, &p.messages, &p.options)
-                .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+                .map_err(|e| prompt_error("messages", &e))?;
             (prompt.tokens, Some(prompt.reasoning))
         }
     };
@@ -551,6 +552,18 @@ pub fn to_request(
         .check(&req)
         .map_err(|e| ApiError::refused(&e))?;
     Ok((req, reasoning))
+}
+
+/// A prompt that could not be built: past the context is `context_length_exceeded`, as the
+/// engine's own check says it; anything else a 400 on `field`.
+fn prompt_error(field: &str, e: &LoadError) -> ApiError {
+    match e {
+        LoadError::PastContext { .. } => ApiError {
+            param: Some(field.into()),
+            ..ApiError::context_exceeded(e.to_string())
+        },
+        _ => ApiError::bad_param(field, e.to_string()),
+    }
 }
 
 /// Prices prompt log-probabilities as the answer they make: every choice carries them (scored

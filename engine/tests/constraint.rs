@@ -196,8 +196,22 @@ fn bad_and_hostile_grammars_fail_cleanly_and_in_bounded_time() {
         Grammar::Lark("start: missing_rule".into()),
         Grammar::Gbnf("root ::= \"open".into()),
         Grammar::Gbnf("notroot ::= \"a\"".into()),
+        // A bound past 2^53 would be saturated to i64::MAX and admit what it excludes.
+        Grammar::json_schema(json!({"type": "integer", "minimum": 1e30})),
+        Grammar::json_schema(json!({"type": "object", "properties":
+            {"n": {"type": "number", "exclusiveMaximum": -1e300}}})),
     ] {
         assert!(c.compile(&bad).is_err(), "{bad:?} compiled");
+    }
+    // Within 2^53, and such numbers as data, compile.
+    for fine in [
+        json!({"type": "integer", "minimum": 9_007_199_254_740_992_i64}),
+        json!({"const": {"minimum": 1e30}}),
+    ] {
+        assert!(
+            c.compile(&Grammar::json_schema(fine.clone())).is_ok(),
+            "{fine}"
+        );
     }
     let mut deep = json!({"type": "integer"});
     for _ in 0..300 {

@@ -1,12 +1,14 @@
 //! Fuzzing the doors a model file comes in by: the GGUF reader and model load, split sets, the
-//! safetensors header, `config.json`, `tokenizer.json` and chat-template rendering. Each target
+//! safetensors header, `config.json`, `tokenizer.json`, chat-template rendering and the JSON
+//! schemas of structured output. Each target
 //! mutates a valid input (byte flips, overwritten counts, truncation, JSON values swapped for
 //! hostile ones) and asks only that the engine answers: Ok, or an error, never a panic, an abort,
 //! a hang or an allocation sized by the file.
 //!
 //! The pass in the test suite is short and seeded (the same cases every run);
-//! `TPSLAB_FUZZ_CASES=N` runs N cases per target and `TPSLAB_FUZZ_SEED=S` another seed
-//! (`tests/fuzz/run-long.sh` does both). A case that fails is printed with its seed and index,
+//! `TPSLAB_FUZZ_CASES=N` runs N cases per target, `TPSLAB_FUZZ_SEED=S` another seed, and
+//! `TPSLAB_FUZZ_SECS=T` batches of cases on successive seeds for T seconds per target
+//! (`tests/fuzz/run-long.sh` sets them). A case that fails is printed with its seed and index,
 //! and becomes a test in `regressions` below.
 
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
 use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::serving::constraint::{Grammar, compiler_for};
 use tpslab_engine::text::chat::{ChatMessage, ChatTemplate, RenderBudget};
 use tpslab_kernels::ThreadPool;
 
@@ -36,10 +39,8 @@ fn env_u64(key: &str) -> Option<u64> {
     std::env::var(key).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// A seeded runner: `default_cases` unless `TPSLAB_FUZZ_CASES` says otherwise.
-fn runner(default_cases: u32) -> TestRunner {
-    let cases = env_u64("TPSLAB_FUZZ_CASES").map_or(default_cases, |n| n as u32);
-    let seed = env_u64("TPSLAB_FUZZ_SEED").unwrap_or(0x7e55_1ab5);
+/// A runner of `cases` cases on `seed`.
+fn runner_at(cases: u32, seed: u64) -> TestRunner {
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let config = Config {
@@ -50,6 +51,39 @@ fn runner(default_cases: u32) -> TestRunner {
         ..Config::default()
     };
     TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+}
+
+/// Runs `test` over `strategy`: `default_cases` cases (or `TPSLAB_FUZZ_CASES`) on the seed
+/// (`TPSLAB_FUZZ_SEED`); with `TPSLAB_FUZZ_SECS` set, batches of that many cases on seeds
+/// counted up from it until the seconds have passed (`tests/fuzz/run-long.sh`). Prints the
+/// cases run, the time and the seeds, as `fuzz NAME: ...` (the figures BENCHMARKS.md quotes).
+fn fuzz<S: Strategy>(
+    name: &str,
+    default_cases: u32,
+    strategy: &S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) {
+    let cases = env_u64("TPSLAB_FUZZ_CASES").map_or(default_cases, |n| n as u32);
+    let seed = env_u64("TPSLAB_FUZZ_SEED").unwrap_or(0x7e55_1ab5);
+    let budget = env_u64("TPSLAB_FUZZ_SECS").map(std::time::Duration::from_secs);
+    let t0 = std::time::Instant::now();
+    let mut batches = 0u64;
+    loop {
+        let at = seed.wrapping_add(batches);
+        if let Err(e) = runner_at(cases, at).run(strategy, &test) {
+            panic!("fuzz {name}: seed {at}, batch of {cases} cases: {e}");
+        }
+        batches += 1;
+        if budget.is_none_or(|b| t0.elapsed() >= b) {
+            break;
+        }
+    }
+    eprintln!(
+        "fuzz {name}: {} cases in {:.1} s, seeds {seed}..{}",
+        batches * u64::from(cases),
+        t0.elapsed().as_secs_f64(),
+        seed.wrapping_add(batches)
+    );
 }
 
 /// One change to a byte string.
@@ -171,14 +205,17 @@ fn gguf_files_and_model_load() {
     let focus = seed.len().min(8 << 10);
     let path = d.0.join("case.gguf");
     let loaded = std::cell::Cell::new(0);
-    runner(400)
-        .run(&proptest::collection::vec(mutation(), 1..6), |muts| {
+    fuzz(
+        "gguf",
+        400,
+        &proptest::collection::vec(mutation(), 1..6),
+        |muts| {
             let bytes = mutate(&seed, &muts, focus);
             std::fs::write(&path, &bytes).expect("write case");
             loaded.set(loaded.get() + usize::from(exercise_model(&path)));
             Ok(())
-        })
-        .expect("every mutated GGUF opens or is refused");
+        },
+    );
     eprintln!("gguf: {} mutated files loaded and ran", loaded.get());
     assert!(loaded.get() > 0, "no case got past the parser");
 }
@@ -202,16 +239,16 @@ fn split_sets() {
     let d = TempDir::new("split");
     let small = || prop_oneof![0u64..4, hostile_u64()];
     let signed = || prop_oneof![-2i64..40, any::<i64>()];
-    runner(64)
-        .run(
-            &([small(), small()], [small(), small()], [signed(), signed()]),
-            |(no, count, tensors)| {
-                let first = split_case(&d.0, no, count, tensors);
-                let _ = exercise_model(&first);
-                Ok(())
-            },
-        )
-        .expect("every split set opens or is refused");
+    fuzz(
+        "split",
+        64,
+        &([small(), small()], [small(), small()], [signed(), signed()]),
+        |(no, count, tensors)| {
+            let first = split_case(&d.0, no, count, tensors);
+            let _ = exercise_model(&first);
+            Ok(())
+        },
+    );
 }
 
 /// A safetensors file: 8-byte header length, the JSON header, the data.
@@ -281,27 +318,27 @@ fn safetensors_headers() {
     });
     let data = vec![0u8; 144];
     let path = d.0.join("case.safetensors");
-    runner(512)
-        .run(
-            &(
-                proptest::collection::vec(json_mutation(), 0..4),
-                proptest::collection::vec(mutation(), 0..3),
-            ),
-            |(jm, bm)| {
-                let mut h = header.clone();
-                for (i, v) in jm {
-                    replace_nth(&mut h, i, v);
-                }
-                let bytes = safetensors_bytes(&h.to_string(), &data);
-                std::fs::write(&path, mutate(&bytes, &bm, 256)).expect("write");
-                if let Ok(f) = tpslab_engine::formats::safetensors::SafetensorsFile::open(&path) {
-                    // What the folder loader does next: look tensors up by name.
-                    let _ = (f.tensor("a.weight"), f.tensor("b.weight"));
-                }
-                Ok(())
-            },
-        )
-        .expect("every mutated safetensors header opens or is refused");
+    fuzz(
+        "safetensors",
+        512,
+        &(
+            proptest::collection::vec(json_mutation(), 0..4),
+            proptest::collection::vec(mutation(), 0..3),
+        ),
+        |(jm, bm)| {
+            let mut h = header.clone();
+            for (i, v) in jm {
+                replace_nth(&mut h, i, v);
+            }
+            let bytes = safetensors_bytes(&h.to_string(), &data);
+            std::fs::write(&path, mutate(&bytes, &bm, 256)).expect("write");
+            if let Ok(f) = tpslab_engine::formats::safetensors::SafetensorsFile::open(&path) {
+                // What the folder loader does next: look tensors up by name.
+                let _ = (f.tensor("a.weight"), f.tensor("b.weight"));
+            }
+            Ok(())
+        },
+    );
 }
 
 #[test]
@@ -315,32 +352,32 @@ fn hugging_face_folders_config_and_tokenizer_json() {
         std::fs::copy(&p, dir.join(p.file_name().expect("name"))).expect("copy");
     }
     let loaded = std::cell::Cell::new(0);
-    runner(128)
-        .run(
-            &(
-                proptest::collection::vec(json_mutation(), 0..3),
-                proptest::collection::vec(json_mutation(), 0..3),
-                prop_oneof![
-                    3 => Just(Vec::new()),
-                    1 => proptest::collection::vec(mutation(), 1..3),
-                ],
-            ),
-            |(cm, tm, bytes)| {
-                let (mut c, mut t) = (config.clone(), tokenizer.clone());
-                for (i, v) in cm {
-                    replace_nth(&mut c, i, v);
-                }
-                for (i, v) in tm {
-                    replace_nth(&mut t, i, v);
-                }
-                let t = mutate(t.to_string().as_bytes(), &bytes, 1 << 12);
-                std::fs::write(dir.join("config.json"), c.to_string()).expect("write");
-                std::fs::write(dir.join("tokenizer.json"), t).expect("write");
-                loaded.set(loaded.get() + usize::from(exercise_model(&dir)));
-                Ok(())
-            },
-        )
-        .expect("every mutated folder opens or is refused");
+    fuzz(
+        "hf_folder",
+        128,
+        &(
+            proptest::collection::vec(json_mutation(), 0..3),
+            proptest::collection::vec(json_mutation(), 0..3),
+            prop_oneof![
+                3 => Just(Vec::new()),
+                1 => proptest::collection::vec(mutation(), 1..3),
+            ],
+        ),
+        |(cm, tm, bytes)| {
+            let (mut c, mut t) = (config.clone(), tokenizer.clone());
+            for (i, v) in cm {
+                replace_nth(&mut c, i, v);
+            }
+            for (i, v) in tm {
+                replace_nth(&mut t, i, v);
+            }
+            let t = mutate(t.to_string().as_bytes(), &bytes, 1 << 12);
+            std::fs::write(dir.join("config.json"), c.to_string()).expect("write");
+            std::fs::write(dir.join("tokenizer.json"), t).expect("write");
+            loaded.set(loaded.get() + usize::from(exercise_model(&dir)));
+            Ok(())
+        },
+    );
     eprintln!("folders: {} mutated folders loaded and ran", loaded.get());
     assert!(loaded.get() > 0, "no case got past the parsers");
 }
@@ -391,14 +428,131 @@ fn chat_template_rendering() {
         ChatMessage::assistant("hello"),
         ChatMessage::user("why?"),
     ]);
-    runner(300)
-        .run(&template_source(), |source| {
-            if let Ok(t) = ChatTemplate::new(&source, "<s>", "</s>") {
-                let _ = t.with_budget(budget).render(&conv, true);
+    fuzz("template", 300, &template_source(), |source| {
+        if let Ok(t) = ChatTemplate::new(&source, "<s>", "</s>") {
+            let _ = t.with_budget(budget).render(&conv, true);
+        }
+        Ok(())
+    });
+}
+
+/// A schema keyword set on the `i`-th object of a schema, with a value a client could send.
+fn keyword_mutation() -> impl Strategy<Value = (usize, String, Json)> {
+    let key = prop_oneof![
+        Just("$ref"),
+        Just("minimum"),
+        Just("maximum"),
+        Just("exclusiveMinimum"),
+        Just("pattern"),
+        Just("format"),
+        Just("anyOf"),
+        Just("allOf"),
+        Just("oneOf"),
+        Just("items"),
+        Just("prefixItems"),
+        Just("additionalProperties"),
+        Just("minItems"),
+        Just("maxItems"),
+        Just("minLength"),
+        Just("maxLength"),
+        Just("multipleOf"),
+        Just("enum"),
+        Just("const"),
+        Just("required"),
+        Just("$defs"),
+        Just("type"),
+    ];
+    let value = prop_oneof![
+        "#(/[a-z$]{0,6}){0,4}".prop_map(Json::from),
+        "[a-z(|)*+?.\\\\{},0-9\\[\\]^$-]{0,24}".prop_map(Json::from),
+        Just(Json::from(1e30)),
+        Just(Json::from(-1e300)),
+        Just(Json::from(u64::MAX)),
+        Just(Json::from(0.1)),
+        Just(serde_json::json!([{"$ref": "#"}, {"type": "string"}])),
+        Just(serde_json::json!({"$ref": "#"})),
+        Just(serde_json::json!(["integer", "null"])),
+        Just(serde_json::json!({"a": {"$ref": "#/$defs/a"}})),
+    ];
+    (any::<usize>(), key.prop_map(String::from), value)
+}
+
+/// Sets `key` to `value` on the `i % n`-th of `v`'s `n` objects (depth first).
+fn set_on_nth_object(v: &mut Json, i: usize, key: String, value: Json) {
+    fn objects(v: &Json) -> usize {
+        match v {
+            Json::Object(o) => 1 + o.values().map(objects).sum::<usize>(),
+            Json::Array(a) => a.iter().map(objects).sum(),
+            _ => 0,
+        }
+    }
+    fn walk(v: &mut Json, target: &mut usize, with: &mut Option<(String, Json)>) {
+        match v {
+            Json::Object(o) => {
+                if *target == 0 {
+                    if let Some((k, x)) = with.take() {
+                        o.insert(k, x);
+                    }
+                    return;
+                }
+                *target -= 1;
+                o.values_mut().for_each(|x| walk(x, target, with));
             }
+            Json::Array(a) => a.iter_mut().for_each(|x| walk(x, target, with)),
+            _ => {}
+        }
+    }
+    let n = objects(v);
+    if n > 0 {
+        walk(v, &mut (i % n), &mut Some((key, value)));
+    }
+}
+
+/// JSON schemas as clients send them (the 20 of `tests/data/schemas`, values swapped for
+/// hostile ones and schema keywords set to what a client could write): each compiles or is
+/// refused, without a panic, an abort or a hang.
+#[test]
+fn json_schemas() {
+    let d = TempDir::new("schema");
+    let p = d.0.join("tiny.gguf");
+    std::fs::write(&p, tiny_llama(&[])).expect("write");
+    let lm = LoadedModel::load(&p).expect("the tiny model loads");
+    let c = compiler_for(&lm.tokenizer).expect("compiler");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/schemas");
+    let mut corpus: Vec<Json> = std::fs::read_dir(&dir)
+        .expect("schemas")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).expect("read")).expect("JSON"))
+        .collect();
+    corpus.sort_by_key(Json::to_string);
+    let compiled = std::cell::Cell::new(0usize);
+    fuzz(
+        "json_schema",
+        200,
+        &(
+            0..corpus.len(),
+            proptest::collection::vec(json_mutation(), 0..3),
+            proptest::collection::vec(keyword_mutation(), 0..4),
+        ),
+        |(i, values, keywords)| {
+            let mut schema = corpus[i].clone();
+            for (at, v) in values {
+                replace_nth(&mut schema, at, v);
+            }
+            for (at, k, v) in keywords {
+                set_on_nth_object(&mut schema, at, k, v);
+            }
+            let t = std::time::Instant::now();
+            if c.compile(&Grammar::json_schema(schema)).is_ok() {
+                compiled.set(compiled.get() + 1);
+            }
+            prop_assert!(t.elapsed() < std::time::Duration::from_secs(30));
             Ok(())
-        })
-        .expect("every template renders or fails within its budget");
+        },
+    );
+    eprintln!("json_schema: {} mutated schemas compiled", compiled.get());
+    assert!(compiled.get() > 0, "no case got past the checks");
 }
 
 /// Cases the fuzzer found, kept so they stay fixed.

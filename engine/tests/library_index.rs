@@ -1,5 +1,5 @@
 //! The library index on real folders: importing the default GGUF and a safetensors folder,
-//! refusing broken files with nothing left behind, and a full disk or an unwritable folder
+//! refusing broken files (and a folder whose tensors are not its model) with nothing left behind, and a full disk or an unwritable folder
 //! giving a clear error with the library as it was (a small tmpfs where this machine lets us
 //! mount one, as root; an injected failing writer always).
 
@@ -10,6 +10,9 @@ use std::sync::atomic::AtomicBool;
 
 use tpslab_engine::library::index::{IndexError, Library, ModelFormat, ModelSource};
 use tpslab_engine::library::{self, default_manifest, sha256_file};
+
+#[path = "support/tiny_model.rs"]
+mod tiny_model;
 
 fn default_model() -> PathBuf {
     library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
@@ -65,21 +68,24 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A real (tiny, random) Llama folder as the engine loads it, plus a file that is not the
+/// model's.
 fn tiny_st_folder(dir: &Path) -> PathBuf {
     let f = dir.join("tiny-st");
-    std::fs::create_dir_all(&f).expect("mkdir");
-    std::fs::write(
-        f.join("config.json"),
-        r#"{"architectures":["LlamaForCausalLM"],"max_position_embeddings":64,"torch_dtype":"bfloat16"}"#,
-    )
-    .expect("write");
-    std::fs::write(f.join("tokenizer.json"), "{}").expect("write");
-    let header = br#"{"a":{"dtype":"BF16","shape":[4,4],"data_offsets":[0,32]},"b":{"dtype":"F32","shape":[2],"data_offsets":[32,40]},"__metadata__":{"format":"pt"}}"#;
+    tiny_model::tiny_folder(&f);
+    std::fs::write(f.join("notes.bin"), [1u8; 16]).expect("write");
+    f
+}
+
+/// A folder whose `config.json` and `tokenizer.json` are a model's but whose tensors are not:
+/// one embedding of the wrong shape and nothing else.
+fn not_a_model_folder(dir: &Path) -> PathBuf {
+    let f = tiny_st_folder(dir);
+    let header = br#"{"model.embed_tokens.weight":{"dtype":"F32","shape":[2,4],"data_offsets":[0,32]},"__metadata__":{"format":"pt"}}"#;
     let mut st = (header.len() as u64).to_le_bytes().to_vec();
     st.extend_from_slice(header);
-    st.extend([0u8; 40]);
+    st.extend([0u8; 32]);
     std::fs::write(f.join("model.safetensors"), st).expect("write");
-    std::fs::write(f.join("notes.bin"), [1u8; 16]).expect("write");
     f
 }
 
@@ -199,10 +205,11 @@ fn imports_a_safetensors_folder_with_its_model_files_only() {
     let m = lib.import(&src, &never(), &mut |_, _| {}).expect("import");
     assert_eq!(m.format, ModelFormat::Safetensors);
     assert_eq!(
-        (m.arch.as_str(), m.params, m.precision.to_string().as_str()),
-        ("LlamaForCausalLM", 18, "BF16")
+        (m.arch.as_str(), m.precision.to_string().as_str()),
+        ("LlamaForCausalLM", "F32")
     );
-    assert_eq!(m.context_len, Some(64));
+    assert!(m.params > 0);
+    assert_eq!(m.context_len, Some(256));
     let names: Vec<&str> = m.files.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(
         names,
@@ -252,6 +259,16 @@ fn broken_files_are_refused_and_nothing_is_left() {
             .contains("not a safetensors file or truncated"),
         "{e}"
     );
+    // A model's config and tokenizer over tensors that are not the model's.
+    let junk = not_a_model_folder(&src_dir.0.join("junk"));
+    let e = lib
+        .import(&junk, &never(), &mut |_, _| {})
+        .expect_err("not a model");
+    assert!(
+        e.to_string().contains("are not a LlamaForCausalLM model"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("has no tensor named"), "{e}");
     // A folder with no tokenizer.
     std::fs::remove_file(st.join("tokenizer.json")).expect("rm");
     let e = lib

@@ -13,6 +13,8 @@ use crate::library;
 use crate::library::entry::{
     IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource, StoredType,
 };
+use crate::model::config::ModelConfig;
+use crate::text::tokenizer::Tokenizer;
 
 /// A manifest or config.json past this size is not ours: refuse before reading it.
 const MAX_JSON: u64 = 64 << 20;
@@ -348,6 +350,27 @@ pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
         return Err(invalid("it holds no tensors".into()));
     }
     Ok(())
+}
+
+/// What `models import` asks besides [`check_loadable`]: the model's headers and names as the
+/// engine loads them: its configuration, its tokenizer, and every tensor its architecture
+/// needs, with its shape and a type the kernels run ([`crate::model::arch::probe`]; no
+/// tensor data is read). A folder whose `config.json` says Llama over tensors that are not
+/// one is refused here, not when it is first loaded.
+pub fn check_headers(entry: &ModelEntry) -> Result<(), IndexError> {
+    let invalid = |reason: String| IndexError::Invalid {
+        path: entry.path.clone(),
+        reason,
+    };
+    let file = GgufFile::open(&entry.path).map_err(|e| invalid(e.to_string()))?;
+    let cfg = ModelConfig::from_gguf(&file).map_err(|e| invalid(e.to_string()))?;
+    Tokenizer::from_gguf(&file).map_err(|e| invalid(format!("its tokenizer: {e}")))?;
+    crate::model::arch::probe(&file, &cfg).map_err(|e| {
+        invalid(format!(
+            "its tensors are not a {} model as the engine loads one: {e}",
+            entry.arch
+        ))
+    })
 }
 
 /// What a model's headers say about it.

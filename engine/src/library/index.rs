@@ -38,7 +38,9 @@ use sha2::{Digest, Sha256};
 
 use crate::library;
 pub use crate::library::describe::describe;
-use crate::library::describe::{check_loadable, combined_sha, file_at, hex, load_path};
+use crate::library::describe::{
+    check_headers, check_loadable, combined_sha, file_at, hex, load_path,
+};
 pub use crate::library::entry::{
     IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource, write_error,
 };
@@ -453,7 +455,8 @@ impl Library {
     }
 
     /// Copies a GGUF file or a safetensors folder into the library (as its file or folder
-    /// name), checking its header before copying and again on the copy, hashing while copying.
+    /// name), checking its header before copying (every tensor the engine loads named, shaped
+    /// and typed as it needs: [`check_headers`]) and again on the copy, hashing while copying.
     /// `progress(done, total)` in bytes; `cancel` stops between 1 MiB blocks.
     pub fn import(
         &self,
@@ -487,6 +490,7 @@ impl Library {
         // Refuse a broken source before anything is created.
         let checked = describe(src, &name, ModelSource::Local, false)?;
         check_loadable(&checked)?;
+        check_headers(&checked)?;
         if checked.format == ModelFormat::Gguf && src.is_dir() {
             // A folder holding one GGUF: that file is the model.
             return self.import_with(&checked.path, cancel, progress, create);

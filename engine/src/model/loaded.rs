@@ -8,7 +8,7 @@ use crate::model::config::ModelConfig;
 use crate::model::precision::Precision;
 use crate::model::{Model, ModelError};
 use crate::text::chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
-use crate::text::tokenizer::{Tokenizer, TokenizerError};
+use crate::text::tokenizer::{TEXT_MARK, Tokenizer, TokenizerError};
 
 /// Why a model bundle could not be loaded, or a prompt not built from it.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +19,17 @@ pub enum LoadError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Chat(#[from] ChatError),
+    /// A prompt whose text alone is more tokens than the context holds: refused before it is
+    /// tokenized (tokenizing costs ~140 bytes of memory a byte of text).
+    #[error(
+        "the prompt is {bytes} bytes of text, at least {tokens} tokens, past the model's \
+         context of {context} tokens"
+    )]
+    PastContext {
+        bytes: usize,
+        tokens: usize,
+        context: usize,
+    },
 }
 
 /// Everything needed to turn text into tokens and tokens into logits.
@@ -70,6 +81,7 @@ impl LoadedModel {
 
     /// Prompt tokens for raw text: no template, BOS only if the model's metadata asks for it.
     pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, LoadError> {
+        self.check_fits(text.len())?;
         Ok(self.tokenizer.encode_prompt(text, false)?)
     }
 
@@ -108,8 +120,25 @@ impl LoadedModel {
             docs.iter_mut().for_each(|d| escape_strings(tok, d));
         }
         let text = self.template.render_with(&messages, &opts)?;
+        let marks = text.matches(TEXT_MARK).count() * TEXT_MARK.len_utf8();
+        self.check_fits(text.len() - marks)?;
         let tokens = tok.encode_chat(&text)?;
         Ok((text, tokens))
+    }
+
+    /// The budget of a text about to be tokenized: one that could only be more tokens than the
+    /// context holds (its bytes over the longest token's) is refused unread.
+    pub fn check_fits(&self, bytes: usize) -> Result<(), LoadError> {
+        let tokens = bytes / self.tokenizer.max_token_bytes();
+        let context = self.model.cfg.context_len;
+        if tokens > context {
+            return Err(LoadError::PastContext {
+                bytes,
+                tokens,
+                context,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -448,6 +448,32 @@ impl Param for Linear {
     }
 }
 
+std::thread_local! {
+    /// Set while a [`Probing`] lives on this thread.
+    static PROBING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn probing() -> bool {
+    PROBING.with(std::cell::Cell::get)
+}
+
+/// While alive, the loaders on this thread check every name, shape and type but read no tensor
+/// data (matrices come out empty, vectors zero): [`crate::model::arch::probe`].
+pub(crate) struct Probing;
+
+impl Probing {
+    pub(crate) fn start() -> Self {
+        PROBING.with(|p| p.set(true));
+        Self
+    }
+}
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        PROBING.with(|p| p.set(false));
+    }
+}
+
 pub(crate) fn info<'a>(
     f: &'a GgufFile,
     name: &str,
@@ -482,7 +508,11 @@ pub(crate) fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear,
         name: name.into(),
         ty: t.ty,
     })?;
-    let data = f.read_tensor(t)?;
+    let data = if probing() {
+        Vec::new()
+    } else {
+        f.read_tensor(t)?
+    };
     Ok(Linear::new(ty, n as usize, k as usize, data))
 }
 
@@ -503,8 +533,16 @@ pub(crate) fn experts(
         name: wname.clone(),
         ty: t.ty,
     })?;
-    let data = f.read_tensor(t)?;
     let each = n as usize * ty.row_bytes(k as usize);
+    let bname = format!("{name}.bias");
+    if probing() {
+        if f.tensor(&bname).is_some() {
+            info(f, &bname, &[n, n_expert])?;
+        }
+        let empty = || Linear::new(ty, n as usize, k as usize, Vec::new());
+        return Ok((0..n_expert).map(|_| empty()).collect());
+    }
+    let data = f.read_tensor(t)?;
     if data.len() != each * n_expert as usize {
         return Err(WeightError::Shape {
             name: wname,
@@ -512,7 +550,6 @@ pub(crate) fn experts(
             expected: vec![k, n, n_expert],
         });
     }
-    let bname = format!("{name}.bias");
     let biases = match f.tensor(&bname) {
         Some(_) => Some(floats(f, &bname, &[n, n_expert])?),
         None => None,
@@ -537,8 +574,11 @@ fn floats(f: &GgufFile, name: &str, dims: &[u64]) -> Result<Vec<f32>, WeightErro
         name: name.into(),
         ty: t.ty,
     })?;
-    let data = f.read_tensor(t)?;
     let len: u64 = dims.iter().product();
+    if probing() {
+        return Ok(vec![0f32; len as usize]);
+    }
+    let data = f.read_tensor(t)?;
     let mut out = vec![0f32; len as usize];
     if data.len() != ty.row_bytes(out.len()) || !out.len().is_multiple_of(ty.block_size()) {
         return Err(WeightError::Shape {

@@ -97,6 +97,7 @@ impl Grammar {
                         "a JSON schema must be an object or a boolean".into(),
                     ));
                 }
+                check_bounds(schema)?;
                 TopLevelGrammar::from_json_schema(compact(schema.clone(), *strict))
             }
             Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
@@ -106,6 +107,41 @@ impl Grammar {
             ),
         })
     }
+}
+
+/// The largest bound a schema may set on a number: llguidance writes a range's regex through
+/// `i64` (`1e30 as i64` saturates), so `minimum: 1e30` would admit 9223372036854775807, which
+/// breaks the schema. Past 2^53 a JSON number is not an exact integer anyway.
+pub const MAX_NUMBER_BOUND: f64 = 9_007_199_254_740_992.0;
+
+/// Refuses numeric bounds past [`MAX_NUMBER_BOUND`] (the keywords' values, not data under
+/// `const`, `enum`, `default` or `examples`), walked without recursion.
+fn check_bounds(schema: &Value) -> Result<(), ConstraintError> {
+    const BOUNDS: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+    const DATA: [&str; 4] = ["const", "enum", "default", "examples"];
+    let mut todo = vec![schema];
+    while let Some(v) = todo.pop() {
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o {
+                    if let (true, Some(n)) = (BOUNDS.contains(&k.as_str()), x.as_f64())
+                        && n.abs() > MAX_NUMBER_BOUND
+                    {
+                        return Err(ConstraintError::Grammar(format!(
+                            "json_schema: {k} = {x} is past 2^53, the numbers this server \
+                             can constrain exactly"
+                        )));
+                    }
+                    if !DATA.contains(&k.as_str()) {
+                        todo.push(x);
+                    }
+                }
+            }
+            Value::Array(a) => todo.extend(a),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// JSON without free whitespace unless the schema asks for it (`x-guidance`): with flexible

@@ -38,6 +38,9 @@ pub enum GenerateError {
     /// The request's refusal, as the window and the server show it too.
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// A prompt refused before it was tokenized (past the context by its bytes alone).
+    #[error(transparent)]
+    Prompt(LoadError),
 }
 
 impl From<LoadError> for GenerateError {
@@ -46,6 +49,7 @@ impl From<LoadError> for GenerateError {
             LoadError::Model(e) => Self::Model(e),
             LoadError::Tokenizer(e) => Self::Tokenizer(e),
             LoadError::Chat(e) => Self::Chat(e),
+            e @ LoadError::PastContext { .. } => Self::Prompt(e),
         }
     }
 }

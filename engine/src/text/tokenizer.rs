@@ -407,6 +407,17 @@ impl Tokenizer {
         i.matcher.escape_control(&i.vocab, text)
     }
 
+    /// The most input bytes one token stands for (its decoded bytes; a special token's text):
+    /// a text of `n` bytes is at least `n / max_token_bytes()` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        let o = &self.inner.offsets;
+        o.windows(2)
+            .map(|w| w[1].saturating_sub(w[0]) as usize)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
     /// A rendered chat prompt to token ids: control tokens are parsed (the template's own
     /// turns), except where [`Tokenizer::escape_control`] marked them as a message's text;
     /// the marks themselves are dropped.

@@ -25,14 +25,27 @@ pub mod gemma;
 pub mod gptoss;
 pub mod llama;
 
+/// Runs the model's recipe over `file`'s headers alone: every tensor it needs found, with its
+/// shape and a type the kernels run, and no data read. What `models import` asks of a model
+/// before it enters the library; a file that passes can fail to load only by its data
+/// (truncated, unreadable).
+pub fn probe(file: &GgufFile, cfg: &ModelConfig) -> Result<(), WeightError> {
+    let _probing = crate::model::weights::Probing::start();
+    recipe(file, cfg).map(drop)
+}
+
 /// The weights of `cfg`'s architecture from `file`, in one arena ([`Weights::into_arena`]).
 pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-    let w = match cfg.family {
+    Ok(recipe(file, cfg)?.into_arena())
+}
+
+/// The family's loader: each weight as its own buffer.
+fn recipe(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+    match cfg.family {
         Family::Llama => llama::load(file, cfg),
         Family::Gemma => gemma::load(file, cfg),
         Family::GptOss => gptoss::load(file, cfg),
-    }?;
-    Ok(w.into_arena())
+    }
 }
 
 /// One forward step of `cfg`'s architecture on device `o`: every token of the step through
