@@ -2,13 +2,15 @@
 //! `axum::serve` hides): who gets a connection slot, and per connection a first-byte deadline,
 //! a header timeout, an idle keep-alive timeout, and a cut-off for a client that stops reading.
 //!
-//! Slots. At most `max_connections` are served at once and at most `max_connections_per_address`
-//! from one IP address. A connection that arrives when every slot is taken evicts the
-//! connection that has sat idle longest (no request in flight, no request head begun) of the
-//! address holding the most; a connection past its own address's cap evicts that address's
-//! idlest one, or gets a 503 at once when all of them are busy. Otherwise it waits for a slot
-//! (up to the header timeout, then a 503). So idle or silent connections, however many, never
-//! keep another client out, and one address can hold at most its share of busy ones.
+//! Slots. At most `max_connections` are served at once. While a slot is free anyone takes it;
+//! once every slot is taken, a newcomer evicts the connection that has sat idle longest (no
+//! request in flight, no request head begun) of the address holding the most, or, none idle,
+//! cuts the oldest unfinished request head of an address holding more than
+//! `max_connections_per_address`; a newcomer whose own address holds that many evicts that
+//! address's idlest connection, or gets a 503 at once when all of them are busy. Otherwise it
+//! waits for a slot (up to the header timeout, then a 503). So idle or silent connections,
+//! however many, never keep another client out, and one address dribbling its headers can keep
+//! others out of at most its excess over its share; a request in flight is never cut.
 //!
 //! hyper's own `header_read_timeout` starts when hyper waits for a request head, which on a
 //! kept-alive connection is also the idle time between requests: it would close every idle
@@ -43,6 +45,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use super::limits::Limits;
 use super::state::Peer;
 
+/// How long a new connection that has sent nothing yet is safe from eviction: a real client
+/// sends its request at once.
+const FRESH: Duration = Duration::from_millis(500);
+
 /// What the watchdog reads: when each clock started, in ms since `origin` plus one (0 = stopped).
 struct ConnClock {
     origin: Instant,
@@ -55,6 +61,10 @@ struct ConnClock {
     idle_since: AtomicU64,
     /// A write has been waiting on the client since.
     blocked_since: AtomicU64,
+    /// Chosen to make room for a newcomer (so no other newcomer counts on it too).
+    kicked: AtomicBool,
+    /// Cut for a newcomer while its request head is unfinished (see `Table::make_room`).
+    cut: AtomicBool,
 }
 
 impl ConnClock {
@@ -66,6 +76,8 @@ impl ConnClock {
             head_since: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
+            kicked: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
         };
         c.idle_since.store(c.now(), Ordering::Relaxed);
         Arc::new(c)
@@ -117,10 +129,25 @@ impl ConnClock {
         if idle { Verdict::Idle } else { Verdict::Fine }
     }
 
+    /// When its unfinished request head began (ms on this clock), if one is.
+    fn head_started(&self) -> Option<u64> {
+        if self.in_flight.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        match self.head_since.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
     /// Idle since when (ms on this clock), if it could be closed now without cutting a request
     /// or a request head short.
     fn evictable_since(&self) -> Option<u64> {
         if self.in_flight.load(Ordering::Acquire) != 0 || self.elapsed(&self.head_since).is_some() {
+            return None;
+        }
+        // A client that has just connected is about to send its request.
+        if !self.heard.load(Ordering::Acquire) && self.origin.elapsed() < FRESH {
             return None;
         }
         match self.idle_since.load(Ordering::Acquire) {
@@ -255,6 +282,15 @@ struct Entry {
     kick: Arc<Notify>,
 }
 
+impl Entry {
+    /// Tells the connection to make room (closing now if it is still idle, or, when `cut`,
+    /// still short of a whole request head).
+    fn kick(&self) {
+        self.clock.kicked.store(true, Ordering::Release);
+        self.kick.notify_one();
+    }
+}
+
 /// The live connections (a few hundred at most: scanned on each arrival).
 #[derive(Default)]
 struct Table {
@@ -277,33 +313,49 @@ impl Table {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Makes room for a connection from `ip`: evicts an idle connection where the caps say
-    /// so (the idlest of its own address when that is at its cap, else the idlest of the
-    /// address holding the most when every slot is taken).
+    /// Makes room for a connection from `ip` when every slot is taken (with a slot free,
+    /// nobody is pushed out, whatever the address holds). Past its own address's cap: that
+    /// address's idlest connection is closed, or, all of them busy, the newcomer is refused.
+    /// Otherwise: the idlest connection of the address holding the most is closed; with none
+    /// idle, the oldest unfinished request head of an address past its cap is cut (a request
+    /// already in flight never is); with none of those either, the newcomer waits.
     fn make_room(&self, ip: IpAddr, l: &Limits) -> Room {
         let live = self.lock();
+        if live.len() < l.max_connections {
+            return Room::Wait;
+        }
         let count = |ip: IpAddr| live.iter().filter(|e| e.ip == ip).count();
+        let over = |ip: IpAddr| count(ip) >= l.max_connections_per_address;
         let idlest = |only: Option<IpAddr>| {
             live.iter()
                 .filter(|e| only.is_none_or(|ip| e.ip == ip))
+                .filter(|e| !e.clock.kicked.load(Ordering::Acquire))
                 .filter_map(|e| e.clock.evictable_since().map(|t| (count(e.ip), t, e)))
                 // Most connections first, then the longest idle (the smallest start).
                 .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
                 .map(|(_, _, e)| e)
         };
-        if count(ip) >= l.max_connections_per_address {
+        if over(ip) {
             return match idlest(Some(ip)) {
                 Some(e) => {
-                    e.kick.notify_one();
+                    e.kick();
                     Room::Wait
                 }
                 None => Room::Refuse,
             };
         }
-        if live.len() >= l.max_connections
-            && let Some(e) = idlest(None)
-        {
-            e.kick.notify_one();
+        if let Some(e) = idlest(None) {
+            e.kick();
+            return Room::Wait;
+        }
+        let slowest = live
+            .iter()
+            .filter(|e| over(e.ip) && !e.clock.kicked.load(Ordering::Acquire))
+            .filter_map(|e| e.clock.head_started().map(|t| (t, e)))
+            .min_by_key(|(t, _)| *t);
+        if let Some((_, e)) = slowest {
+            e.clock.cut.store(true, Ordering::Release);
+            e.kick();
         }
         Room::Wait
     }
@@ -460,9 +512,11 @@ async fn connection(
         tokio::select! {
             _ = conn.as_mut() => return,
             () = kick.notified() => {
-                // Evicted for a newcomer: only ever while idle; if a request raced in since,
-                // it is let finish.
-                if clock.evictable_since().is_some() {
+                // Evicted for a newcomer: only ever while idle, or (`cut`) while a request head
+                // is unfinished; a request that raced in since is let finish.
+                let head_only = clock.cut.load(Ordering::Acquire)
+                    && clock.in_flight.load(Ordering::Acquire) == 0;
+                if head_only || clock.evictable_since().is_some() {
                     return;
                 }
                 if !closing {
