@@ -645,3 +645,72 @@ fn one_address_may_use_every_free_slot() {
         );
     }
 }
+
+/// Opens a streamed completion of `n` choices without `max_tokens` as the client with bearer
+/// `key`; returns the connection (holding the request) once its answer has begun.
+fn open_stream(addr: SocketAddr, key: &str, n: u32) -> (TcpStream, u16) {
+    let mut s = connect(addr);
+    let body = json!({"prompt": "Count to a thousand:", "n": n, "stream": true,
+        "ignore_eos": true});
+    let auth = format!("Bearer {key}");
+    send(
+        &mut s,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", auth.as_str())],
+        body.to_string().as_bytes(),
+    );
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).expect("an answer");
+    let status = String::from_utf8_lossy(&head[9..12])
+        .parse()
+        .expect("status");
+    (s, status)
+}
+
+#[test]
+fn a_client_past_its_share_of_work_in_flight_is_refused_alone() {
+    let lm = model();
+    let context = lm.model.cfg.context_len;
+    // A share of two and a half contexts: each request without max_tokens reserves one.
+    let mut state = ServerState::new(engine(8, None), Arc::clone(&lm), None);
+    state.limits = Limits {
+        client_max_tokens: Some(context * 5 / 2),
+        ..Limits::default()
+    };
+    let srv = serve::spawn(Arc::new(state), "127.0.0.1:0".parse().expect("addr")).expect("server");
+    let addr = srv.addr;
+    let (a1, s1) = open_stream(addr, "client-a", 1);
+    let (a2, s2) = open_stream(addr, "client-a", 1);
+    assert_eq!((s1, s2), (200, 200));
+    let body = json!({"prompt": "Count to a thousand:", "max_tokens": context / 2});
+    let as_a = |body: &Value| {
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("Authorization", "Bearer client-a")],
+            body.to_string().as_bytes(),
+        )
+    };
+    let r = as_a(&body);
+    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    let e = r.error();
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tokens in flight")),
+        "{e}"
+    );
+    // Another client is served meanwhile; this one again once its streams end.
+    plain_chat(addr);
+    drop((a1, a2));
+    std::thread::sleep(Duration::from_millis(500));
+    let r = as_a(&json!({"prompt": "Count to a thousand:", "max_tokens": 2}));
+    assert_eq!(
+        r.status,
+        200,
+        "its share came back: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+}

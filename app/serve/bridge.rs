@@ -15,6 +15,7 @@ use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
 
 use super::errors::ApiError;
 use super::metrics::ServerMetrics;
+use super::share::Held;
 
 /// Cancels its request in the engine on drop unless the request already ended.
 pub struct CancelGuard {
@@ -84,6 +85,8 @@ pub struct Choices {
     guards: Vec<CancelGuard>,
     /// Events read while the choices were being started, handed out first.
     buffered: VecDeque<Indexed>,
+    /// The client's share this request holds, given back with the choices.
+    held: Option<Held>,
 }
 
 impl Choices {
@@ -104,6 +107,7 @@ impl Choices {
             events,
             guards: Vec::with_capacity(n),
             buffered: VecDeque::new(),
+            held: None,
         };
         let seeded = |i: usize| {
             let mut r = req.clone();
@@ -174,6 +178,11 @@ impl Choices {
         if let Some(g) = self.guards.get_mut(i) {
             g.done();
         }
+    }
+
+    /// Keeps `held` (the client's share this request takes) until the choices are dropped.
+    pub fn hold(&mut self, held: Held) {
+        self.held = Some(held);
     }
 
     /// How many choices there are.

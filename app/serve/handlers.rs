@@ -93,7 +93,8 @@ pub struct Started {
 /// template and the tokenizer run on tokio's blocking pool, at most `ServerState::prepare` of
 /// them at once (a 4 MiB prompt takes seconds and holds its bytes several times over). Returns
 /// once the engine has accepted every choice, so a refusal (queue full) is a real 429 and not
-/// an error inside a 200 stream.
+/// an error inside a 200 stream. The request's sequences and tokens count against its
+/// client's share ([`super::share`]) until its choices are dropped.
 pub async fn prepare(
     st: &Arc<ServerState>,
     kind: Kind,
@@ -121,7 +122,15 @@ pub async fn prepare(
     })
     .await
     .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))??;
-    let choices = Choices::start(&st.engine, &st.metrics, req, parsed.n).await?;
+    let n = parsed.n.max(1);
+    let budget = req
+        .stop
+        .max_tokens
+        .unwrap_or_else(|| (st.lm.model.cfg.context_len).saturating_sub(req.prompt.len()));
+    let tokens = n.saturating_mul(req.prompt.len().saturating_add(budget));
+    let held = st.shares.reserve(client, n, tokens, st.share())?;
+    let mut choices = Choices::start(&st.engine, &st.metrics, req, parsed.n).await?;
+    choices.hold(held);
     let echo = parsed.echo.then(|| echo_text(&parsed, st));
     let spec = AnswerSpec {
         meta: Meta {

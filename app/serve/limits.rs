@@ -49,6 +49,11 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections served at once from one IP address.
     pub max_connections_per_address: usize,
+    /// Sequences (choices) one client may have in flight, waiting or running.
+    pub client_max_seqs: usize,
+    /// Tokens one client may have in flight (choices x (prompt + max_tokens)); `None`: 32
+    /// contexts of the model.
+    pub client_max_tokens: Option<usize>,
 }
 
 impl Default for Limits {
@@ -69,6 +74,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             max_connections: 256,
             max_connections_per_address: 128,
+            client_max_seqs: 128,
+            client_max_tokens: None,
         }
     }
 }
@@ -150,6 +157,14 @@ pub struct LimitArgs {
     /// the newcomer gets a 503).
     #[arg(long, default_value_t = Limits::default().max_connections_per_address, value_parser = at_least_one)]
     pub max_connections_per_address: usize,
+    /// Sequences (choices) one client (its bearer token, else its address) may have in flight;
+    /// past it that client gets a 429.
+    #[arg(long, default_value_t = Limits::default().client_max_seqs, value_parser = at_least_one)]
+    pub client_max_seqs: usize,
+    /// Tokens one client may have in flight, choices x (prompt + max_tokens), an omitted
+    /// max_tokens counting as the rest of the context (default: 32 contexts of the model).
+    #[arg(long, value_parser = at_least_one, value_name = "N")]
+    pub client_max_tokens: Option<usize>,
 }
 
 impl LimitArgs {
@@ -176,6 +191,8 @@ impl LimitArgs {
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections,
             max_connections_per_address: self.max_connections_per_address,
+            client_max_seqs: self.client_max_seqs,
+            client_max_tokens: self.client_max_tokens,
         })
     }
 }

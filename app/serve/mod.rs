@@ -26,6 +26,7 @@
 //! - [`limits`]: every limit the server enforces, and its `tpslab serve` flags.
 //! - [`http`]: connections: the cap, the header and idle timeouts.
 //! - [`browser`]: the `Host` (DNS rebinding) and `Origin` guards, and CORS for named origins.
+//! - [`share`]: each client's share of the sequences and tokens in flight (429 past it).
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`,
@@ -47,6 +48,7 @@ pub mod metrics;
 pub mod openai;
 pub mod responses;
 pub mod responses_stream;
+pub mod share;
 pub mod state;
 pub mod structured;
 pub mod tokenize;

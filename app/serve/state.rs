@@ -17,6 +17,7 @@ use super::errors::ApiError;
 use super::limits::Limits;
 use super::metrics::ServerMetrics;
 use super::openai::ModelShape;
+use super::share::{Share, Shares};
 
 /// Everything a handler needs; shared by all connections.
 pub struct ServerState {
@@ -33,6 +34,8 @@ pub struct ServerState {
     pub browser: BrowserPolicy,
     pub metrics: Arc<ServerMetrics>,
     pub created: u64,
+    /// What each client holds in flight (its share, [`super::share`]).
+    pub shares: Arc<Shares>,
     /// Requests parsing, rendering or tokenizing at once (each holds its prompt several times
     /// over, and a big one takes seconds): the rest wait for a slot without holding a thread.
     pub prepare: Arc<Semaphore>,
@@ -56,9 +59,21 @@ impl ServerState {
             limits: Limits::default(),
             browser: BrowserPolicy::default(),
             created: unix_now(),
+            shares: Arc::new(Shares::default()),
             prepare: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             )),
+        }
+    }
+
+    /// A client's share of what is in flight, under the limits.
+    pub fn share(&self) -> Share {
+        Share {
+            seqs: self.limits.client_max_seqs,
+            tokens: self
+                .limits
+                .client_max_tokens
+                .unwrap_or_else(|| self.lm.model.cfg.context_len.saturating_mul(32)),
         }
     }
 
