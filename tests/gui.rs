@@ -485,6 +485,35 @@ fn saved_state_loads_from_older_or_partial_json() {
     assert_eq!(round, s);
 }
 
+/// The saved state is written whole or not at all: a crash mid-save (a temporary file left
+/// half written beside it) leaves the last whole save, which loads; a torn file does not load
+/// as some other state.
+#[test]
+fn the_state_file_is_replaced_whole() {
+    use tpslab::ui::state_file;
+    let dir = std::env::temp_dir().join(format!("tpslab-state-{}", std::process::id()));
+    let path = dir.join("window-state.json");
+    let mut s = AppState::default();
+    s.device = DevicePref::Cuda(1);
+    state_file::save(&path, &s).expect("save");
+    assert_eq!(state_file::load::<AppState>(&path), Some(s.clone()));
+    // What a save killed half-way leaves: its temporary file, never the state file itself.
+    let whole = std::fs::read(&path).expect("read");
+    std::fs::write(
+        dir.join(".window-state.json.1-2-3.tmp"),
+        &whole[..whole.len() / 2],
+    )
+    .expect("write");
+    assert_eq!(state_file::load::<AppState>(&path), Some(s.clone()));
+    s.device = DevicePref::Auto;
+    state_file::save(&path, &s).expect("save again");
+    assert_eq!(state_file::load::<AppState>(&path), Some(s));
+    // A torn file (as eframe's in-place rewrite could leave) is no state at all.
+    std::fs::write(&path, &whole[..whole.len() / 2]).expect("tear");
+    assert_eq!(state_file::load::<AppState>(&path), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Runs frames until the engine is up or its start failed (shown in the status bar).
 fn wait_for_engine_or_failure(h: &mut Harness<'static, TpsApp>) {
     // The first run may fetch the default model with pip.

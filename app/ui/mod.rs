@@ -22,6 +22,7 @@
 //! - [`plots`]: the live plots and their history (decimated per pixel column), the sweep plot.
 //! - [`plot_tradeoff`]: the live trade-off view (per-request vs aggregate TPS per batch size).
 //! - [`renderer`]: `--renderer`: wgpu on a GPU, OpenGL where wgpu would rasterize on the CPU.
+//! - [`state_file`]: the saved state written whole or not at all (a crash loses no chat).
 //! - [`sweep_file`]: a sweep saved as JSON, CSV and its plot as PNG.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`tune_run`]: a tuning run on its own thread over the window's engine.
@@ -46,6 +47,7 @@ pub mod plot_png;
 pub mod plot_tradeoff;
 pub mod plots;
 pub mod renderer;
+pub mod state_file;
 pub mod sweep_file;
 pub mod task;
 pub mod tune_run;
@@ -219,11 +221,15 @@ impl TpsApp {
         self.dialogs = dialogs;
     }
 
-    /// The app restored from eframe's storage (or fresh if there is none or it doesn't parse).
+    /// The app restored from its state file ([`state_file`]), else from eframe's storage, else
+    /// fresh.
     pub fn from_creation_context(cc: &eframe::CreationContext<'_>, options: AppOptions) -> Self {
-        let state = cc
-            .storage
-            .and_then(|s| eframe::get_value::<AppState>(s, STATE_KEY))
+        let state = state_file::default_path()
+            .and_then(|p| state_file::load::<AppState>(&p))
+            .or_else(|| {
+                cc.storage
+                    .and_then(|s| eframe::get_value::<AppState>(s, STATE_KEY))
+            })
             .unwrap_or_default();
         Self::new(state, options)
     }

@@ -3,7 +3,7 @@
 //! `TPSLAB_FRAME_BENCH` asks.
 
 use super::frame_bench::FrameBench;
-use super::{AppOptions, STATE_KEY, TpsApp, renderer};
+use super::{AppOptions, STATE_KEY, TpsApp, renderer, state_file};
 
 /// The app in the native window, with the frame benchmark when one runs.
 struct Window {
@@ -25,6 +25,11 @@ impl eframe::App for Window {
     }
 
     fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        if let Some(path) = state_file::default_path()
+            && let Err(e) = state_file::save(&path, &self.app.state)
+        {
+            eprintln!("cannot save the window's state to {}: {e}", path.display());
+        }
         eframe::set_value(storage, STATE_KEY, &self.app.state);
     }
 

@@ -371,7 +371,8 @@ impl Library {
         describe(&path, name, source, true)
     }
 
-    /// Writes `entry`'s manifest: to a temporary name in `.index`, then renamed over the old one.
+    /// Writes `entry`'s manifest whole ([`library::write_whole`]: a synced temporary file in
+    /// `.index` renamed over the old one).
     fn write_manifest(&self, entry: &ModelEntry) -> Result<(), IndexError> {
         let dir = self.subdir(&[INDEX_DIR])?;
         let json = serde_json::to_vec_pretty(&Manifest {
@@ -382,17 +383,9 @@ impl Library {
             path: dir.clone(),
             reason: e.to_string(),
         })?;
-        let tmp = dir.join(format!(".{}.{}.tmp", entry.name, unique()));
         let dest = self.manifest_path(&entry.name);
-        // create_new: a link at the temporary name is not followed.
-        let result = std::fs::File::create_new(&tmp)
-            .and_then(|mut f| f.write_all(&json))
-            .and_then(|()| std::fs::rename(&tmp, &dest));
-        if let Err(e) = result {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(write_error(&self.root, "the index", &dest, e));
-        }
-        Ok(())
+        library::write_whole(&dest, &json)
+            .map_err(|e| write_error(&self.root, "the index", &dest, e))
     }
 
     /// Installs a model staged under `staging` (a GGUF file or a folder at `staged`) as `name`:

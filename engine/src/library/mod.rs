@@ -195,6 +195,30 @@ fn unique() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
+/// Writes `bytes` to `dest` whole or not at all: into a new file beside it (`create_new`, so a
+/// link planted at that name is not followed), synced, then renamed over `dest`. A crash at any
+/// point leaves the old file or the new one, never part of one; a failure removes the new file.
+pub fn write_whole(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = dest
+        .file_name()
+        .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dest.with_file_name(format!(
+        ".{name}.{}-{}-{n}.tmp",
+        std::process::id(),
+        unique()
+    ));
+    let result = std::fs::File::create_new(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, dest));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// A child process's result as a fetch error naming `what` and its last line of stderr.
 fn checked(out: std::io::Result<std::process::Output>, what: &str) -> Result<(), LibraryError> {
     let out = out.map_err(|e| LibraryError::Fetch(format!("{what}: {e}")))?;
