@@ -493,8 +493,10 @@ fn the_state_file_is_replaced_whole() {
     use tpslab::ui::state_file;
     let dir = std::env::temp_dir().join(format!("tpslab-state-{}", std::process::id()));
     let path = dir.join("window-state.json");
-    let mut s = AppState::default();
-    s.device = DevicePref::Cuda(1);
+    let mut s = AppState {
+        device: DevicePref::Cuda(1),
+        ..AppState::default()
+    };
     state_file::save(&path, &s).expect("save");
     assert_eq!(state_file::load::<AppState>(&path), Some(s.clone()));
     // What a save killed half-way leaves: its temporary file, never the state file itself.
