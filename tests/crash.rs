@@ -14,12 +14,11 @@ mod hub_server;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hub_fixtures::{TempDir, default_model, gguf_file};
-use hub_server::{File, HubServer, RepoData};
+use hub_server::HubServer;
 use tpslab_engine::library::index::Library;
 use tpslab_engine::model::LoadedModel;
 
@@ -163,19 +162,10 @@ fn quantize_killed_anywhere_leaves_no_half_model() {
     assert!(library_is_whole(&home.0).contains("smol-q8_0.gguf"));
 }
 
-/// A Hub serving the default model's GGUF at about 100 MB/s, so kill points land mid-download.
+/// The test Hub, serving the default model's GGUF at about 100 MB/s so kill points land
+/// mid-download.
 fn slow_hub() -> HubServer {
-    let s = HubServer::start();
-    s.add(
-        "tpslab/smollm2-gguf",
-        RepoData {
-            files: vec![
-                gguf_file(),
-                File::new("README.md", Arc::new(b"# model".to_vec()), false),
-            ],
-            ..RepoData::default()
-        },
-    );
+    let s = hub_fixtures::server();
     s.faults.slow_us.store(600, Ordering::Relaxed);
     s
 }

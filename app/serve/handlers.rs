@@ -25,10 +25,7 @@ pub async fn chat(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let from = peer.map(|Extension(p)| p);
-    complete(st, Kind::Chat, from, headers, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    complete(st, Kind::Chat, peer, headers, body).await
 }
 
 pub async fn completions(
@@ -37,10 +34,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let from = peer.map(|Extension(p)| p);
-    complete(st, Kind::Completion, from, headers, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    complete(st, Kind::Completion, peer, headers, body).await
 }
 
 /// The whole body, at most `limit` bytes, within `timeout` of the headers: a client that stalls
@@ -171,6 +165,18 @@ pub fn sse(stream: Body) -> Response {
 
 /// Both endpoints: the request prepared, then the answer whole or streamed.
 async fn complete(
+    st: State<Arc<ServerState>>,
+    kind: Kind,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(st, kind, peer.map(|Extension(p)| p), headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn answer(
     State(st): State<Arc<ServerState>>,
     kind: Kind,
     peer: Option<Peer>,
