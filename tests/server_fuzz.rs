@@ -178,7 +178,10 @@ fn check_parsed(p: &openai::Parsed, l: &Limits) {
         p.max_tokens()
             .is_none_or(|m| m >= 1 && (m as usize) < shape().context_len)
     );
-    assert!(p.common.n.is_none_or(|n| n == 1));
+    // `n` choices within the cap (the long run at seed 1587080354 found this check still
+    // asserting the n == 1 of before choices were served).
+    assert!((1..=l.max_n).contains(&p.n));
+    assert!(p.common.n.is_none_or(|n| n as usize == p.n));
 }
 
 proptest! {
@@ -319,4 +322,14 @@ proptest! {
         let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
         let _ = read_all(&refs);
     }
+}
+
+/// The long run's find (seed 1587080354): a chat with `n: 2` parses, within the caps.
+#[test]
+fn a_chat_of_two_choices_parses_within_the_caps() {
+    let v = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 2});
+    let l = Limits::default();
+    let p = openai::parse(Kind::Chat, &v, &l, shape()).expect("parses");
+    check_parsed(&p, &l);
+    assert_eq!(p.n, 2);
 }
