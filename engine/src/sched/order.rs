@@ -47,7 +47,11 @@ impl Scheduler {
         if self.waiting.is_empty() {
             return None;
         }
-        let running = self.running_per_client();
+        self.next_waiting_of(&self.running_per_client())
+    }
+
+    /// [`Self::next_waiting`] with the running sequences per client already counted.
+    fn next_waiting_of(&self, running: &HashMap<ClientId, usize>) -> Option<usize> {
         (0..self.waiting.len()).min_by_key(|&i| {
             let id = self.waiting[i];
             let (class, arrival) = self.order_key(id);
@@ -70,7 +74,9 @@ impl Scheduler {
         if self.running.len() < self.config.max_num_seqs {
             return;
         }
-        let (Some(idx), Some(&worst)) = (self.next_waiting(), self.running.last()) else {
+        let running = self.running_per_client();
+        let (Some(idx), Some(&worst)) = (self.next_waiting_of(&running), self.running.last())
+        else {
             return;
         };
         let next = self.waiting[idx];
@@ -80,7 +86,6 @@ impl Scheduler {
             self.preempt(worst, out);
             return;
         }
-        let running = self.running_per_client();
         let mine = running.get(&self.client(next)).copied().unwrap_or(0);
         let Some((&hog, &most)) = running.iter().max_by_key(|&(c, n)| (*n, *c)) else {
             return;

@@ -48,6 +48,8 @@ struct Inner {
     /// Every token's decoded bytes, flattened; token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
     offsets: Vec<u32>,
+    /// The longest token's decoded bytes (at least 1), from `offsets`.
+    max_token_bytes: usize,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
@@ -373,6 +375,12 @@ impl Tokenizer {
             },
             None => Model::Spm,
         };
+        let max_token_bytes = offsets
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]) as usize)
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(Self {
             inner: Arc::new(Inner {
                 vocab,
@@ -380,6 +388,7 @@ impl Tokenizer {
                 model,
                 bytes,
                 offsets,
+                max_token_bytes,
                 add_bos: p.add_bos,
                 add_eos: p.add_eos,
                 add_space_prefix: p.add_space_prefix,
@@ -410,12 +419,7 @@ impl Tokenizer {
     /// The most input bytes one token stands for (its decoded bytes; a special token's text):
     /// a text of `n` bytes is at least `n / max_token_bytes()` tokens.
     pub fn max_token_bytes(&self) -> usize {
-        let o = &self.inner.offsets;
-        o.windows(2)
-            .map(|w| w[1].saturating_sub(w[0]) as usize)
-            .max()
-            .unwrap_or(1)
-            .max(1)
+        self.inner.max_token_bytes
     }
 
     /// A rendered chat prompt to token ids: control tokens are parsed (the template's own
