@@ -331,3 +331,85 @@ proptest! {
         prop_assert_eq!(streamed, tok.decode(&ids, skip).expect("decode"));
     }
 }
+
+/// Every claimed vocabulary, loaded once.
+fn claimed() -> &'static [(String, Tokenizer)] {
+    static ALL: OnceLock<Vec<(String, Tokenizer)>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        CLAIMED
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    load(n).unwrap_or_else(|e| panic!("{n}: {e}")),
+                )
+            })
+            .collect()
+    })
+}
+
+/// Ids of `text` cut into pieces of `piece` bytes, and whole, for one vocabulary.
+fn pieces_and_whole(tok: &Tokenizer, text: &str, piece: usize) -> (Vec<u32>, Vec<u32>) {
+    let cut = tok.encode_in_pieces(text, false, piece).expect("encode");
+    let whole = tok
+        .encode_in_pieces(text, false, usize::MAX)
+        .expect("encode");
+    (cut, whole)
+}
+
+#[test]
+fn long_text_cut_into_pieces_tokenizes_as_it_does_whole() {
+    // Every llama.cpp case joined into one long text, between prose, CJK with its punctuation,
+    // digits and runs of spaces: cut as often as it can be (pieces of one byte take every cut),
+    // each vocabulary's ids must be those of the whole text.
+    let mut failures = Vec::new();
+    for (name, tok) in claimed() {
+        let mut text = String::new();
+        let cases = if has_cases(name) {
+            llamacpp::vocab_cases(name)
+        } else {
+            Vec::new()
+        };
+        for (i, (case, _)) in cases.iter().enumerate() {
+            text.push_str(case);
+            text.push_str(
+                [
+                    "the quick fox ",
+                    "我们运行模型。速度，",
+                    "  12 ab cd\n\n x y",
+                    " ",
+                ][i % 4],
+            );
+        }
+        text.push_str(&"Hello world, it's 2026 and we're here. ".repeat(40));
+        for piece in [1, 5, 64, 1000] {
+            let (cut, whole) = pieces_and_whole(tok, &text, piece);
+            if cut != whole {
+                let at = cut.iter().zip(&whole).take_while(|(a, b)| a == b).count();
+                failures.push(format!(
+                    "{name}, pieces of {piece}: ids differ from token {at} (of {})",
+                    whole.len()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random text over the characters around each cut (ASCII letters, spaces, CJK ideographs
+    /// and punctuation, digits, apostrophes, newlines, `▁`): every vocabulary gives the same
+    /// ids cut into pieces as whole.
+    #[test]
+    fn random_text_cut_into_pieces_tokenizes_as_it_does_whole(
+        text in "([a-zA-Z]{1,6}|[ ]{1,3}|[我们运行模型]{1,4}|[。，、！？；：]|[0-9]{1,4}|'s|'ll|\n|\u{2581}|[.,!?-]|é){1,60}",
+        piece in 1usize..24,
+    ) {
+        for (name, tok) in claimed() {
+            let (cut, whole) = pieces_and_whole(tok, &text, piece);
+            prop_assert_eq!(cut, whole, "{} pieces of {}: {:?}", name, piece, text);
+        }
+    }
+}

@@ -4,7 +4,8 @@
 //! - [`tokenizer`]: the model's tokenizer built from GGUF metadata as llama.cpp builds it
 //!   (byte-level BPE or SentencePiece), over [`vocab`] (tokens, attributes, special ids),
 //!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`]; its error type in
-//!   `tokenizer_error`.
+//!   `tokenizer_error`; long text is encoded in pieces cut where the ids cannot change
+//!   (`pieces`), so its memory follows the piece, not the prompt.
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them,
 //!   with what a render takes in `chat_message` (messages, tools, options), its `tojson` in
@@ -24,6 +25,7 @@ mod chat_json;
 mod chat_message;
 mod chat_time;
 pub mod detok;
+mod pieces;
 pub mod reasoning;
 pub(crate) mod special;
 pub(crate) mod spm;

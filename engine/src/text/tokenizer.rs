@@ -14,6 +14,7 @@ use crate::formats::gguf::{GgufFile, Value};
 pub use crate::formats::pretokenizer::PreTokenizerKind;
 use crate::formats::pretokenizer::PreTokenizerSpec;
 use crate::text::bpe::{BpePipelines, byte_level_bytes};
+use crate::text::pieces::{self, Cuts, PIECE_BYTES, one_at_a_time};
 pub use crate::text::special::TEXT_MARK;
 use crate::text::special::{Fragment, SpecialMatcher};
 use crate::text::spm;
@@ -37,7 +38,10 @@ enum Model {
         pipelines: Box<BpePipelines>,
         pre: PreTokenizerKind,
     },
-    Spm,
+    Spm {
+        /// Where its escaped text may be cut ([`pieces::spm_cuts`]).
+        cuts: Cuts,
+    },
 }
 
 /// Everything a tokenizer holds, shared read-only between its clones.
@@ -373,7 +377,9 @@ impl Tokenizer {
                 )?),
                 pre: spec.kind,
             },
-            None => Model::Spm,
+            None => Model::Spm {
+                cuts: pieces::spm_cuts(vocab.texts.iter().map(String::as_str)),
+            },
         };
         let max_token_bytes = offsets
             .windows(2)
@@ -402,9 +408,21 @@ impl Tokenizer {
     /// ids; without it they are tokenized as ordinary text. User-defined tokens are matched
     /// either way, as llama.cpp does.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_in_pieces(text, parse_special, PIECE_BYTES)
+    }
+
+    /// [`Tokenizer::encode`] with its text cut into pieces of `piece_bytes` where a cut is
+    /// exact ([`crate::text::pieces`]); `usize::MAX` encodes each text fragment whole. The
+    /// ids are the same for every piece size: tests hold small pieces against whole ones.
+    pub fn encode_in_pieces(
+        &self,
+        text: &str,
+        parse_special: bool,
+        piece_bytes: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let i = &*self.inner;
         let frags = i.matcher.partition(&i.vocab, text, parse_special);
-        self.encode_fragments(text, frags)
+        self.encode_fragments(text, frags, piece_bytes)
     }
 
     /// `text` (a user's message, a tool's result) with every control token written in it
@@ -429,7 +447,7 @@ impl Tokenizer {
         let i = &*self.inner;
         let frags = i.matcher.partition(&i.vocab, text, true);
         if !text.contains(TEXT_MARK) {
-            return self.encode_fragments(text, frags);
+            return self.encode_fragments(text, frags, PIECE_BYTES);
         }
         let mut clean = String::with_capacity(text.len());
         let mut out = Vec::with_capacity(frags.len());
@@ -445,14 +463,16 @@ impl Tokenizer {
                 token => out.push(token),
             }
         }
-        self.encode_fragments(&clean, out)
+        self.encode_fragments(&clean, out, PIECE_BYTES)
     }
 
-    /// Tokenizes the text pieces of `frags` (byte ranges of `text`) between its tokens.
+    /// Tokenizes the text pieces of `frags` (byte ranges of `text`) between its tokens, each
+    /// cut into pieces of about `piece_bytes` where a cut is exact.
     fn encode_fragments(
         &self,
         text: &str,
         frags: Vec<Fragment>,
+        piece_bytes: usize,
     ) -> Result<Vec<u32>, TokenizerError> {
         let i = &*self.inner;
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
@@ -460,12 +480,16 @@ impl Tokenizer {
             Model::Bpe { pipelines, .. } => {
                 for f in frags {
                     match f {
-                        Fragment::Text(s, e) => pipelines.encode_fragment(&text[s..e], &mut out)?,
+                        Fragment::Text(s, e) => {
+                            for p in pieces::pieces(&text[s..e], piece_bytes, Cuts::ByteLevel) {
+                                one_at_a_time(p, |p| pipelines.encode_fragment(p, &mut out))?;
+                            }
+                        }
                         Fragment::Token(id) => out.push(id),
                     }
                 }
             }
-            Model::Spm => {
+            Model::Spm { cuts } => {
                 // The first piece of text, and every piece after a special token, gets the
                 // leading space SentencePiece models are trained with.
                 let mut after_special = true;
@@ -480,7 +504,11 @@ impl Tokenizer {
                             for c in text[s..e].chars() {
                                 escaped.push(if c == ' ' { '\u{2581}' } else { c });
                             }
-                            spm::tokenize(&i.vocab, &escaped, i.vocab.special.unk, &mut out);
+                            for p in pieces::pieces(&escaped, piece_bytes, *cuts) {
+                                one_at_a_time(p, |p| {
+                                    spm::tokenize(&i.vocab, p, i.vocab.special.unk, &mut out)
+                                });
+                            }
                             after_special = false;
                         }
                         Fragment::Token(id) => {
@@ -568,7 +596,7 @@ impl Tokenizer {
     pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         match &self.inner.model {
             Model::Bpe { pipelines, .. } => pipelines.decode_hf(ids, skip_special),
-            Model::Spm => Err(TokenizerError::Build(
+            Model::Spm { .. } => Err(TokenizerError::Build(
                 "a SentencePiece vocabulary has no Hugging Face pipeline here".into(),
             )),
         }
@@ -656,7 +684,7 @@ impl Tokenizer {
     pub fn pre_tokenizer(&self) -> Option<PreTokenizerKind> {
         match self.inner.model {
             Model::Bpe { pre, .. } => Some(pre),
-            Model::Spm => None,
+            Model::Spm { .. } => None,
         }
     }
 
@@ -670,7 +698,7 @@ impl Tokenizer {
     pub fn hf_json(&self) -> Result<String, TokenizerError> {
         match &self.inner.model {
             Model::Bpe { pipelines, .. } => pipelines.to_json(),
-            Model::Spm => Err(TokenizerError::Build(
+            Model::Spm { .. } => Err(TokenizerError::Build(
                 "writing a tokenizer.json for a SentencePiece vocabulary is not supported".into(),
             )),
         }
