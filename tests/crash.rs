@@ -2,7 +2,8 @@
 //! each killed with SIGKILL at 20 points spread over their run (the real binary, the real
 //! default model, a Hub on 127.0.0.1), and after every kill the library holds only models that
 //! load, its index lists exactly those, and no half-written file loads; the operation then runs
-//! to its end (a pull resumes from what it had).
+//! to its end (a pull resumes from what it had). The window's conversation store is saved by a
+//! child process killed at 20 points of a run of saves, and always loads as one whole save.
 
 #[allow(dead_code)]
 #[path = "support/hub_fixtures.rs"]
@@ -205,4 +206,77 @@ fn pull_killed_anywhere_leaves_the_library_whole_and_resumes() {
         .filter(|s| s.range.is_some_and(|(start, _)| start > 1))
         .count();
     assert!(resumed > 0, "no pull resumed a partial download");
+}
+
+/// Set (to the state file's path) in the child of
+/// [`window_state_killed_mid_save_loads_as_one_whole_save`] that saves until it is killed.
+const STATE_WRITER: &str = "TPSLAB_CRASH_STATE_WRITER";
+
+/// The window's state with one conversation of `n` messages of 256 KiB each (so a save takes
+/// long enough to be killed in the middle).
+fn state_with(n: usize) -> tpslab::ui::AppState {
+    use tpslab::ui::panels::chat::{Message, Role};
+    let mut s = tpslab::ui::AppState::default();
+    s.chat.conversations[0].messages = (0..n)
+        .map(|i| Message {
+            role: if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            },
+            text: format!("message {i} of {n}: {}", "x".repeat(256 << 10)),
+            ..Message::default()
+        })
+        .collect();
+    s
+}
+
+#[test]
+fn window_state_killed_mid_save_loads_as_one_whole_save() {
+    use tpslab::ui::state_file;
+    if let Some(path) = std::env::var_os(STATE_WRITER) {
+        // The child: the window's save, over and over, of conversations of 1..=32 messages.
+        for n in (1..=32).cycle() {
+            state_file::save(Path::new(&path), &state_with(n)).expect("save");
+        }
+    }
+    let home = TempDir::new("crash-state");
+    let path = home.0.join("window-state.json");
+    state_file::save(&path, &state_with(1)).expect("first save");
+    let mut seen = BTreeSet::new();
+    for k in 0..KILLS {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "window_state_killed_mid_save_loads_as_one_whole_save",
+                "--nocapture",
+            ])
+            .env(STATE_WRITER, &path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the writer");
+        std::thread::sleep(Duration::from_millis(100 + 50 * u64::from(k)));
+        let _ = child.kill();
+        let _ = child.wait();
+        let state: tpslab::ui::AppState =
+            state_file::load(&path).expect("a killed save leaves a state that loads");
+        let n = state.chat.conversations[0].messages.len();
+        assert!((1..=32).contains(&n), "{n} messages");
+        assert!(
+            state == state_with(n),
+            "kill {k}: not the whole save of {n} messages"
+        );
+        seen.insert(n);
+    }
+    // The writer was saving when it was killed (it wrote other states), and load swept away
+    // the temporary files the killed saves left.
+    assert!(seen.len() > 1, "only {seen:?} seen: the writer never saved");
+    let temps: Vec<_> = std::fs::read_dir(&home.0)
+        .expect("home")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(temps.is_empty(), "left behind: {temps:?}");
 }

@@ -25,8 +25,10 @@ pub fn save<T: Serialize>(path: &Path, state: &T) -> std::io::Result<()> {
     tpslab_engine::library::write_whole(path, &json)
 }
 
-/// The state saved at `path`, if there is one and it parses.
+/// The state saved at `path`, if there is one and it parses. What saves killed mid-way left
+/// beside it is removed ([`tpslab_engine::library::remove_stale_temps`]).
 pub fn load<T: DeserializeOwned>(path: &Path) -> Option<T> {
+    tpslab_engine::library::remove_stale_temps(path);
     let bytes = std::fs::read(path).ok()?;
     serde_json::from_slice(&bytes).ok()
 }

@@ -219,6 +219,36 @@ pub fn write_whole(dest: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// Removes the temporary files [`write_whole`] left beside `dest` when a process writing it
+/// was killed: those named for `dest` whose process is gone (on Linux, no `/proc/PID`).
+/// Another live writer's file is left alone.
+pub fn remove_stale_temps(dest: &Path) {
+    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(rest) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|f| f.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let gone = cfg!(target_os = "linux") && !Path::new(&format!("/proc/{pid}")).exists();
+        if gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// A child process's result as a fetch error naming `what` and its last line of stderr.
 fn checked(out: std::io::Result<std::process::Output>, what: &str) -> Result<(), LibraryError> {
     let out = out.map_err(|e| LibraryError::Fetch(format!("{what}: {e}")))?;
