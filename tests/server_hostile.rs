@@ -506,6 +506,10 @@ fn prompt_logprobs_are_priced_scored_once_and_do_not_hold_memory() {
     plain_chat(addr);
     let r = job.join().expect("request");
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // The scores were written as the body went out (chunked), not built whole first (a
+    // length known up front).
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(r.header("content-length"), None);
     let v = r.json();
     let choices = v["choices"].as_array().expect("choices");
     assert_eq!(choices.len(), 4);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Bytes;
+use axum::response::Response;
 use serde_json::Value;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
@@ -20,7 +21,8 @@ use tpslab_engine::text::tool_calls::{ToolCall, ToolDelta};
 
 use super::bridge::Choices;
 use super::errors::ApiError;
-use super::logprobs_json::{self, Names, Scored};
+use super::json_body::{self, JsonBody, Pieces};
+use super::logprobs_json::{self, CompletionPieces, Names, PromptPieces, Scored};
 use super::openai::{ChoiceOut, Kind, Meta, chunk, full_response, usage_chunk};
 use super::tools::{ToolParse, calls_json, deltas_json};
 
@@ -191,43 +193,68 @@ impl ChoiceState {
 
     /// The log-probabilities gathered so far, in the endpoint's shape, and forgotten.
     fn take_logprobs(&mut self, spec: &AnswerSpec) -> Option<Value> {
-        let k = spec.logprobs?;
-        let items = std::mem::take(&mut self.scored);
-        let names = Names {
-            tok: &spec.lm.tokenizer,
-            as_ids: spec.token_ids,
-        };
-        Some(match spec.meta.kind {
-            Kind::Chat => logprobs_json::chat(names, &items),
-            Kind::Completion => {
-                let generated = items.iter().map(|(id, lp)| (*id, Some(lp)));
-                match self.prompt.take() {
-                    // The echoed prompt's tokens lead, their offsets from the text's start.
-                    Some((ids, mut lps)) => {
-                        self.offset = 0;
-                        // The engine scored the prompt for `prompt_logprobs` too: its
-                        // alternatives may be more than `logprobs` asked for.
-                        for lp in &mut lps {
-                            lp.top.truncate(k);
-                        }
-                        let first = ids.first().map(|&id| (id, None));
-                        let rest = ids.iter().skip(1).zip(&lps).map(|(&id, lp)| (id, Some(lp)));
-                        let all = first.into_iter().chain(rest).chain(generated);
-                        logprobs_json::completion(names, all, &mut self.offset)
-                    }
-                    None => logprobs_json::completion(names, generated, &mut self.offset),
-                }
+        match spec.meta.kind {
+            Kind::Chat => {
+                spec.logprobs?;
+                let items = std::mem::take(&mut self.scored);
+                Some(logprobs_json::chat(names(spec), &items))
             }
-        })
+            Kind::Completion => {
+                let mut pieces = self.take_completion(spec)?;
+                let v = serde_json::from_str(&json_body::write_all(&mut pieces))
+                    .expect("the writer writes JSON");
+                self.offset = pieces.offset();
+                Some(v)
+            }
+        }
+    }
+
+    /// Completions' log-probabilities gathered so far, the echoed prompt's first, as their
+    /// writer; forgotten here. The writer moves the text offset: [`ChoiceState::take_logprobs`]
+    /// reads it back after writing.
+    fn take_completion(&mut self, spec: &AnswerSpec) -> Option<CompletionPieces> {
+        let k = spec.logprobs?;
+        let generated = std::mem::take(&mut self.scored)
+            .into_iter()
+            .map(|(id, lp)| (id, Some(lp)));
+        let items = match self.prompt.take() {
+            // The echoed prompt's tokens lead, their offsets from the text's start.
+            Some((ids, mut lps)) => {
+                self.offset = 0;
+                // The engine scored the prompt for `prompt_logprobs` too: its alternatives may
+                // be more than `logprobs` asked for.
+                for lp in &mut lps {
+                    lp.top.truncate(k);
+                }
+                let first = ids.first().map(|&id| (id, None));
+                let rest = ids.iter().skip(1).copied().zip(lps.into_iter().map(Some));
+                first.into_iter().chain(rest).chain(generated).collect()
+            }
+            None => generated.collect(),
+        };
+        Some(CompletionPieces::new(names(spec), items, self.offset))
+    }
+}
+
+/// How the request names tokens in its log-probabilities.
+fn names(spec: &AnswerSpec) -> Names<'_> {
+    Names {
+        tok: &spec.lm.tokenizer,
+        as_ids: spec.token_ids,
     }
 }
 
 impl ChoiceState {
     /// vLLM's `prompt_logprobs` of the choice's prompt, when the request asked for them.
-    fn prompt_logprobs(&self, spec: &AnswerSpec) -> Option<Value> {
+    fn prompt_logprobs(&self, spec: &AnswerSpec) -> Option<PromptPieces> {
         let k = spec.prompt_logprobs?;
         let (ids, lps) = self.prompt.as_ref()?;
-        Some(logprobs_json::prompt(&spec.lm.tokenizer, ids, lps, k))
+        Some(PromptPieces::new(
+            &spec.lm.tokenizer,
+            ids.clone(),
+            lps.clone(),
+            k,
+        ))
     }
 }
 
@@ -239,33 +266,72 @@ fn add_usage(total: &mut Option<Usage>, u: Usage) {
     }
 }
 
+/// A part of a whole answer: a value, or one written as the body goes out ([`json_body`]).
+pub enum Part {
+    Value(Value),
+    Pieces(Box<dyn Pieces>),
+}
+
+impl Part {
+    /// The part's value, when it is one.
+    pub fn value(&self) -> Option<&Value> {
+        match self {
+            Part::Value(v) => Some(v),
+            Part::Pieces(_) => None,
+        }
+    }
+
+    /// The part's value, or the placeholder `body` streams it in place of.
+    fn place(self, body: &mut JsonBody) -> Value {
+        match self {
+            Part::Value(v) => v,
+            Part::Pieces(p) => body.defer(p),
+        }
+    }
+}
+
 /// One choice's whole answer.
 pub struct Whole {
     pub text: Split,
     pub calls: Vec<ToolCall>,
-    pub logprobs: Option<Value>,
-    /// vLLM's `prompt_logprobs`, when asked for.
-    pub prompt_logprobs: Option<Value>,
+    /// Chat's log-probabilities as a value; completions' (the echoed prompt's with them) to
+    /// be written as the body goes out.
+    pub logprobs: Option<Part>,
+    /// vLLM's `prompt_logprobs`, when asked for (written as the body goes out).
+    pub prompt_logprobs: Option<Part>,
     pub finish: Option<FinishReason>,
 }
 
-/// The whole answer of a non-streamed request as the chat or completions response.
-pub async fn collect(choices: &mut Choices, spec: &AnswerSpec) -> Result<Value, ApiError> {
-    let (outs, usage) = gather(choices, spec).await?;
+/// The whole answer of a non-streamed request as the chat or completions response, its
+/// prompt's log-probabilities written as the body goes out.
+pub async fn collect(choices: &mut Choices, spec: &AnswerSpec) -> Result<Response, ApiError> {
+    let (mut outs, usage) = gather(choices, spec).await?;
+    let mut body = JsonBody::new();
+    let parts: Vec<(Option<Value>, Option<Value>)> = outs
+        .iter_mut()
+        .map(|w| {
+            let logprobs = w.logprobs.take().map(|p| p.place(&mut body));
+            (
+                logprobs,
+                w.prompt_logprobs.take().map(|p| p.place(&mut body)),
+            )
+        })
+        .collect();
     let choices = outs
         .iter()
+        .zip(parts)
         .enumerate()
-        .map(|(index, w)| ChoiceOut {
+        .map(|(index, (w, (logprobs, prompt_logprobs)))| ChoiceOut {
             index,
             text: &w.text,
             finish: w.finish,
-            logprobs: w.logprobs.clone(),
+            logprobs,
             tool_calls: (!w.calls.is_empty()).then(|| calls_json(&w.calls)),
             called: !w.calls.is_empty(),
-            prompt_logprobs: w.prompt_logprobs.clone(),
+            prompt_logprobs,
         })
         .collect();
-    Ok(full_response(&spec.meta, choices, &usage))
+    Ok(body.into_response(&full_response(&spec.meta, choices, &usage)))
 }
 
 /// Every choice's whole answer and the request's usage: waits for every choice's end. A
@@ -319,12 +385,16 @@ pub async fn gather(
             let (text, calls) = c.pipe.clone().whole(std::mem::take(&mut c.text));
             // Offsets count from the start of the text, echo included.
             c.offset = spec.echo.as_ref().map_or(0, String::len);
-            let prompt_logprobs = c.prompt_logprobs(spec);
+            let prompt_logprobs = c.prompt_logprobs(spec).map(|p| Part::Pieces(Box::new(p)));
+            let logprobs = match spec.meta.kind {
+                Kind::Chat => c.take_logprobs(spec).map(Part::Value),
+                Kind::Completion => c.take_completion(spec).map(|p| Part::Pieces(Box::new(p))),
+            };
             Whole {
                 text,
                 calls,
                 prompt_logprobs,
-                logprobs: c.take_logprobs(spec),
+                logprobs,
                 finish: c.finish,
             }
         })

@@ -193,8 +193,7 @@ async fn answer(
         return Ok(sse(Body::from_stream(stream)));
     }
     // Dropping this future (the client hung up) drops `choices`, whose guards cancel them.
-    let body = collect(&mut choices, &spec).await?;
-    Ok(errors::json_response(StatusCode::OK, &body))
+    collect(&mut choices, &spec).await
 }
 
 /// The prompt's text for `echo`: as sent, or the token ids decoded.

@@ -18,6 +18,8 @@
 //!   engine events merged for async handlers; cancel on client disconnect.
 //! - [`answer`]: the choices' events as the whole response or as the SSE body.
 //! - [`logprobs_json`]: token log-probabilities in chat's and completions' shapes.
+//! - [`json_body`]: a whole answer's JSON body with its largest parts (a prompt's
+//!   log-probabilities) written as it goes out.
 //! - [`tokenize`]: `/tokenize` and `/detokenize` (vLLM's shapes).
 //! - [`errors`]: OpenAI's error JSON with its HTTP status.
 //! - [`metrics`]: `GET /metrics` in Prometheus text (`tpslab:*`, vLLM's shapes).
@@ -42,6 +44,7 @@ pub mod chat_input;
 pub mod errors;
 pub mod handlers;
 pub mod http;
+pub mod json_body;
 pub mod limits;
 pub mod logprobs_json;
 pub mod metrics;

@@ -24,7 +24,7 @@ use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::FinishReason;
 use tpslab_engine::serving::engine::Usage;
 
-use super::answer::gather;
+use super::answer::{Part, gather};
 use super::errors::{self, ApiError};
 use super::handlers::{prepare, sse};
 use super::openai::Kind;
@@ -478,7 +478,11 @@ async fn respond(
         ));
     }
     if !w.text.content.trim().is_empty() || w.calls.is_empty() {
-        let lp = w.logprobs.as_ref().map(|l| &l["content"]);
+        let lp = w
+            .logprobs
+            .as_ref()
+            .and_then(Part::value)
+            .map(|l| &l["content"]);
         let part = text_part(&w.text.content, lp);
         output.push(message_item(&new_id("msg"), part, status));
     }

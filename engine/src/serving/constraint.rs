@@ -23,6 +23,15 @@
 //! a thread of its own whose stack ([`COMPILE_STACK`]) holds that bound with room to spare
 //! (measured, and held by `engine/tests/constraint.rs` at the bound). Masks are computed by
 //! llguidance's Earley parser without recursion: they run on the usual worker threads.
+//!
+//! Upstream report for llguidance 1.9.1 (written here because this project's machines cannot
+//! reach GitHub; file it from one that can): (1) the Lark compiler recurses per rule link
+//! (`lark/compiler.rs`: `do_rule` -> `do_expansions` -> `do_atom` -> `do_rule`), and the JSON
+//! schema compiler per `$ref` link: `start: r0`, then `r{i}: r{i+1}` for i < 3000 and
+//! `r3000: "a"`, overflows an 8 MiB stack and aborts the process; (2) integer and number bounds
+//! go through a saturating `as i64` (`normalize_integer_bounds`, `rx_float_range`):
+//! `{"type": "integer", "minimum": 1e30}` admits integers the schema excludes. This engine
+//! refuses both before they reach the library ([`structure`], `check_bounds`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
