@@ -1,5 +1,5 @@
-//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the Q4_0/Q4_1/Q8_0 integer
-//! matmul: up to [`DIRECT_ROWS`] activation rows, 4 weight rows x `Dots::COLS` activation rows
+//! AVX2/FMA kernels: activation quantization (Q8_0/Q8_1) and the integer matmul of the
+//! 32-element block types (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL; one unpack, [`levels`]): up to [`DIRECT_ROWS`] activation rows, 4 weight rows x `Dots::COLS` activation rows
 //! read from the ggml blocks in place (decode: the weights stream from memory once); past it,
 //! the repacked panels of `avx2_panel`. Bit-identical to the portable formulas in `quant`; the
 //! integer dots and the entry points ([`run_groups`], [`dot_row`]) exist once per x86 path
@@ -7,7 +7,7 @@
 //!
 //! Batch invariance: every output element goes through the same float operations whatever tile
 //! or path it lands in (per block the exact integer dot, `acc = fma(d_w * d_x, dot, acc)`, then
-//! `+ summs` for Q4_1: `quant::dot_q32`); tiles only share loads, never arithmetic.
+//! `+ summs` for Q4_1 and Q5_1: `quant::dot_q32`); tiles only share loads, never arithmetic.
 
 use std::arch::x86_64::*;
 
@@ -142,16 +142,13 @@ unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut 
                     let cc = (job.m - c0).div_ceil(tiles);
                     tiles -= 1;
                     let fetch = c0 == 0;
-                    match (cc, job.ty) {
-                        (1, WType::Q4_1) => tile_direct::<D, 1, Q4_1>(job, g * R, c0, fetch),
-                        (1, WType::Q4_0) => tile_direct::<D, 1, Q4_0>(job, g * R, c0, fetch),
-                        (1, _) => tile_direct::<D, 1, Q8_0>(job, g * R, c0, fetch),
-                        (2, WType::Q4_1) => tile_direct::<D, 2, Q4_1>(job, g * R, c0, fetch),
-                        (2, WType::Q4_0) => tile_direct::<D, 2, Q4_0>(job, g * R, c0, fetch),
-                        (2, _) => tile_direct::<D, 2, Q8_0>(job, g * R, c0, fetch),
-                        (_, WType::Q4_1) => tile_direct::<D, C, Q4_1>(job, g * R, c0, fetch),
-                        (_, WType::Q4_0) => tile_direct::<D, C, Q4_0>(job, g * R, c0, fetch),
-                        (_, _) => tile_direct::<D, C, Q8_0>(job, g * R, c0, fetch),
+                    match block32(job.ty) {
+                        Some(Q4_0) => direct::<D, Q4_0>(job, g * R, c0, cc, fetch),
+                        Some(Q4_1) => direct::<D, Q4_1>(job, g * R, c0, cc, fetch),
+                        Some(Q5_0) => direct::<D, Q5_0>(job, g * R, c0, cc, fetch),
+                        Some(Q5_1) => direct::<D, Q5_1>(job, g * R, c0, cc, fetch),
+                        Some(IQ4NL) => direct::<D, IQ4NL>(job, g * R, c0, cc, fetch),
+                        _ => direct::<D, Q8_0>(job, g * R, c0, cc, fetch),
                     }
                     c0 += cc;
                 }
@@ -162,9 +159,28 @@ unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut 
     }
 }
 
+/// [`tile_direct`] of type `T` for a run-time tile width `cc` (1, 2, or [`C`]).
+#[inline(always)]
+unsafe fn direct<D: Dots, const T: u8>(
+    job: &GroupJob<'_>,
+    j0: usize,
+    c0: usize,
+    cc: usize,
+    fetch: bool,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match cc {
+            1 => tile_direct::<D, 1, T>(job, j0, c0, fetch),
+            2 => tile_direct::<D, 2, T>(job, j0, c0, fetch),
+            _ => tile_direct::<D, C, T>(job, j0, c0, fetch),
+        }
+    }
+}
+
 /// Dot of one weight row with one activation row: the kernels of `avx2_kquant` and
-/// `avx2_lowbit`, the portable formula compiled for the path's features for Q4_0, Q4_1 and Q8_0
-/// (whose matmuls mostly take the tiled kernels here).
+/// `avx2_lowbit`, the portable formula compiled for the path's features for the 32-element
+/// types (whose matmuls take the tiled kernels here).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -175,10 +191,8 @@ unsafe fn row_dot<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
             WType::Q4K => crate::avx2_kquant::dot_q4k::<D>(w, x),
             WType::Q5K => crate::avx2_kquant::dot_q5k::<D>(w, x),
             WType::Q6K => crate::avx2_kquant::dot_q6k::<D>(w, x),
-            WType::Q5_0 | WType::Q5_1 => crate::avx2_lowbit::dot_q5::<D>(ty, w, x),
             WType::Q2K => crate::avx2_lowbit::dot_q2k::<D>(w, x),
             WType::Q3K => crate::avx2_lowbit::dot_q3k::<D>(w, x),
-            WType::IQ4NL => crate::avx2_lowbit::dot_grid4::<D>(&crate::dots::IQ4NL_GRID, w, x),
             WType::MXFP4 => crate::avx2_lowbit::dot_grid4::<D>(&crate::dots::MXFP4_GRID, w, x),
             WType::IQ4XS => crate::avx2_lowbit::dot_iq4xs::<D>(w, x),
             _ => quant::dot_q32(ty, w, x),
@@ -188,7 +202,7 @@ unsafe fn row_dot<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
 
 /// Dots of one weight row with 4 activation rows, each bit-identical to [`row_dot`]'s: each
 /// weight block is unpacked once for the 4 (the `*_rows` kernels of `avx2_kquant` and
-/// `avx2_lowbit`); `None` for Q4_0, Q4_1 and Q8_0, whose batches take the tiles and panels.
+/// `avx2_lowbit`); `None` for the 32-element types, whose batches take the tiles and panels.
 #[inline(always)]
 unsafe fn rows_dot4<D: Dots>(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option<[f32; 4]> {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
@@ -197,14 +211,8 @@ unsafe fn rows_dot4<D: Dots>(ty: WType, w: &[u8], xs: [ActRow<'_>; 4]) -> Option
             WType::Q4K => Some(crate::avx2_kquant::dot_q4k_rows::<D, 4>(w, xs)),
             WType::Q5K => Some(crate::avx2_kquant::dot_q5k_rows::<D, 4>(w, xs)),
             WType::Q6K => Some(crate::avx2_kquant::dot_q6k_rows::<D, 4>(w, xs)),
-            WType::Q5_0 | WType::Q5_1 => Some(crate::avx2_lowbit::dot_q5_rows::<D, 4>(ty, w, xs)),
             WType::Q2K => Some(crate::avx2_lowbit::dot_q2k_rows::<D, 4>(w, xs)),
             WType::Q3K => Some(crate::avx2_lowbit::dot_q3k_rows::<D, 4>(w, xs)),
-            WType::IQ4NL => Some(crate::avx2_lowbit::dot_grid4_rows::<D, 4>(
-                &crate::dots::IQ4NL_GRID,
-                w,
-                xs,
-            )),
             WType::MXFP4 => Some(crate::avx2_lowbit::dot_grid4_rows::<D, 4>(
                 &crate::dots::MXFP4_GRID,
                 w,
@@ -328,9 +336,114 @@ const PREFETCH_GROUPS: usize = 1;
 /// (BENCHMARKS.md): in place is faster up to 9 rows, the two are even at 10-12.
 const DIRECT_ROWS: usize = crate::IN_PLACE_MAX_ROWS;
 
+// The 32-element block types with one f16 scale (Q4_1 and Q5_1 also an f16 min), as the
+// tiles' and panels' const parameter.
 pub(crate) const Q4_0: u8 = 0;
 pub(crate) const Q4_1: u8 = 1;
 pub(crate) const Q8_0: u8 = 2;
+pub(crate) const Q5_0: u8 = 3;
+pub(crate) const Q5_1: u8 = 4;
+pub(crate) const IQ4NL: u8 = 5;
+
+/// The tiles' code of a 32-element block type (`quant::dot_q32`'s types), if it is one.
+pub(crate) fn block32(ty: WType) -> Option<u8> {
+    Some(match ty {
+        WType::Q4_0 => Q4_0,
+        WType::Q4_1 => Q4_1,
+        WType::Q8_0 => Q8_0,
+        WType::Q5_0 => Q5_0,
+        WType::Q5_1 => Q5_1,
+        WType::IQ4NL => IQ4NL,
+        _ => return None,
+    })
+}
+
+/// Bytes per block of type `t`.
+pub(crate) const fn block_bytes(t: u8) -> usize {
+    match t {
+        Q4_0 | IQ4NL => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        _ => 34,
+    }
+}
+
+/// Whether type `t` has a min (Q4_1, Q5_1): its [`levels`] are unsigned and `sum m_w * s_x`
+/// is added at the end.
+pub(crate) const fn has_min(t: u8) -> bool {
+    t == Q4_1 || t == Q5_1
+}
+
+/// Whether [`levels`] of type `t` are the signed weight values (Q8_0, IQ4_NL); the others'
+/// are unsigned levels, [`level_offset`] above the values (or with a min).
+pub(crate) const fn signed_levels(t: u8) -> bool {
+    t == Q8_0 || t == IQ4NL
+}
+
+/// How far the unsigned levels of a type without a min sit above its values (Q4_0: 8, Q5_0:
+/// 16; 0 for the others).
+pub(crate) const fn level_offset(t: u8) -> i32 {
+    match t {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 0,
+    }
+}
+
+/// 16 bytes of nibbles at `p` as 32 bytes, the low nibbles first (ggml's
+/// `bytes_from_nibbles_32`).
+///
+/// # Safety
+/// 16 bytes at `p` are readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: as the caller promises.
+    unsafe {
+        let v = _mm_loadu_si128(p.cast());
+        _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16::<4>(v), v),
+            _mm256_set1_epi8(0x0f),
+        )
+    }
+}
+
+/// The little-endian u32 at `p`.
+///
+/// # Safety
+/// 4 bytes at `p` are readable.
+#[inline(always)]
+unsafe fn read_u32(p: *const u8) -> u32 {
+    // SAFETY: as the caller promises.
+    u32::from_le(unsafe { std::ptr::read_unaligned(p.cast::<u32>()) })
+}
+
+/// The 32 bytes a block of type `t` at `p` dots with, in element order: Q8_0's and IQ4_NL's
+/// signed values, the others' unsigned levels (Q4_0 and Q5_0 [`level_offset`] above their
+/// values; Q4_1 and Q5_1 with their min apart). One unpack for the in-place tiles and the
+/// panels' repack; with `t` a constant, the match folds away.
+///
+/// # Safety
+/// The block's bytes at `p` are readable, on an AVX2 CPU.
+#[inline(always)]
+pub(crate) unsafe fn levels<D: Dots>(t: u8, p: *const u8) -> __m256i {
+    // SAFETY: as the caller promises; every offset below is inside the block.
+    unsafe {
+        match t {
+            Q4_0 => nibbles(p.add(2)),
+            Q4_1 => nibbles(p.add(4)),
+            // The fifth bits, 0x10 in place. (No closure: it would not be inlined into the
+            // path's feature-enabled copy.)
+            Q5_0 => _mm256_or_si256(nibbles(p.add(6)), D::bit_bytes(read_u32(p.add(2)), 0x10)),
+            Q5_1 => _mm256_or_si256(nibbles(p.add(8)), D::bit_bytes(read_u32(p.add(4)), 0x10)),
+            IQ4NL => {
+                let grid = _mm_loadu_si128(crate::dequant::KVALUES_IQ4NL.as_ptr().cast());
+                _mm256_shuffle_epi8(_mm256_set_m128i(grid, grid), nibbles(p.add(2)))
+            }
+            _ => _mm256_loadu_si256(p.add(2).cast()),
+        }
+    }
+}
 
 /// The two f16 at byte `at` of each of the `R` rows (a block's `d` and, for Q4_1, `m`), as 4
 /// floats each: one 32-bit load per row, one shuffle to put the `d`s before the `m`s, one
@@ -352,8 +465,8 @@ unsafe fn f16x4x2(rows: &[*const u8; R], at: usize) -> (__m128, __m128) {
     }
 }
 
-/// The 4 x CC tile reading weight blocks in place (`T` is `Q4_0`, `Q4_1` or `Q8_0`), for
-/// activation rows `c0..c0 + CC`. Same per-element float operations as `quant::dot_q32`. With
+/// The 4 x CC tile reading weight blocks in place (`T` a 32-element block type: [`block32`]),
+/// for activation rows `c0..c0 + CC`. Same per-element float operations as `quant::dot_q32`. With
 /// `fetch`, asks for the weight bytes [`PREFETCH_GROUPS`] groups ahead (the first tile of a
 /// group; the others find its bytes in L1).
 #[inline(always)]
@@ -369,16 +482,12 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
     unsafe {
         let (k, n) = (job.k, job.n);
         let nb = k / QK8;
-        let ts = match T {
-            Q4_0 => 18,
-            Q4_1 => 20,
-            _ => 34,
-        };
+        let ts = block_bytes(T);
         let rb = nb * ts;
         let acts = job.acts;
         let end = c0 + CC;
         assert!(job.data.len() >= n * rb && acts.qs.len() >= end * k && acts.d.len() >= end * nb);
-        assert!(T != Q4_1 || acts.s.len() >= end * nb);
+        assert!(!has_min(T) || acts.s.len() >= end * nb);
         assert!(c0 + CC <= job.m);
         // A thread's groups are contiguous: the bytes PREFETCH_GROUPS groups on.
         let ahead = PREFETCH_GROUPS * R * rb;
@@ -388,8 +497,7 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
             // SAFETY: j < n, so the row is inside `data` (checked above).
             unsafe { job.data.as_ptr().add(j * rb) }
         });
-        let m4 = _mm256_set1_epi8(0x0f);
-        let eight = _mm256_set1_epi8(8);
+        let offset = _mm256_set1_epi8(level_offset(T) as i8);
         // Per activation row, the 4 weight rows' sums as the lanes of one vector.
         let mut acc = [_mm_setzero_ps(); CC];
         let mut summs = [_mm_setzero_ps(); CC];
@@ -410,20 +518,14 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
                         // Weights stream from DRAM: ask for the next groups' bytes now.
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead).cast());
                     }
-                    let w = match T {
-                        Q8_0 => _mm256_loadu_si256(p.add(2).cast()),
-                        _ => {
-                            let v = _mm_loadu_si128(p.add(if T == Q4_1 { 4 } else { 2 }).cast());
-                            let u =
-                                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(v), v), m4);
-                            if T == Q4_0 {
-                                _mm256_sub_epi8(u, eight)
-                            } else {
-                                u
-                            }
-                        }
+                    let w = levels::<D>(T, p);
+                    // The signed values (levels less their offset), or a min type's levels.
+                    let w = if level_offset(T) != 0 {
+                        _mm256_sub_epi8(w, offset)
+                    } else {
+                        w
                     };
-                    let signed = T != Q4_1;
+                    let signed = !has_min(T);
                     let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
                     for (c, d) in dot_r.iter_mut().enumerate() {
                         let x = _mm256_loadu_si256(xp.add(c * k + b * QK8).cast());
@@ -441,14 +543,14 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
                         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
                     let dd = _mm_mul_ps(dw, _mm_set1_ps(*xd.add(c * nb + b)));
                     acc[c] = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(isum), acc[c]);
-                    if T == Q4_1 {
+                    if has_min(T) {
                         summs[c] = _mm_fmadd_ps(mw, _mm_set1_ps(*xs.add(c * nb + b)), summs[c]);
                     }
                 }
             }
         }
         for c in 0..CC {
-            let v = if T == Q4_1 {
+            let v = if has_min(T) {
                 _mm_add_ps(acc[c], summs[c])
             } else {
                 acc[c]

@@ -1,45 +1,15 @@
-//! AVX2 dots of the types in `dots` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4): ggml's
+//! AVX2 dots of the types in `dots` (Q2_K, Q3_K, IQ4_XS, MXFP4): ggml's
 //! `ggml_vec_dot_*` AVX2 code, bit-identical to the portable formulas there (same exact
 //! integer lanes, same per-block FMAs and final reductions). Each takes `R` activation rows (1 at
 //! decode, 4 in batches) and unpacks a weight block once for all of them.
 
 use std::arch::x86_64::*;
 
-use crate::WType;
 use crate::avx2_kquant::{check_row, f16_at, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
-use crate::dots::{Grid4, GridScale, grid4_lanes};
+use crate::dots::{Grid4, grid4_lanes};
 use crate::isa::Dots;
 use crate::quant::{ActRow, QK_K, QK8};
-
-/// ggml's `bytes_from_bits_32`: bit j of the 4 bytes at `p` as byte j = 0xFF or 0x00.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn bytes_from_bits_32(p: &[u8]) -> __m256i {
-    let x = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
-    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
-}
-
-/// 16 bytes of nibbles as 32 bytes (low nibbles first), ggml's `bytes_from_nibbles_32`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn bytes_from_nibbles_32(p: &[u8]) -> __m256i {
-    assert!(p.len() >= 16);
-    // SAFETY: 16 bytes, checked above.
-    let t = unsafe { _mm_loadu_si128(p.as_ptr().cast()) };
-    _mm256_and_si256(
-        _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
-        _mm256_set1_epi8(0x0f),
-    )
-}
 
 /// Signed bytes `x` times signed bytes `y`, summed per 4 into 8 i32 (ggml's sign trick; exact
 /// for |x| <= 127 or |y| <= 127).
@@ -64,65 +34,6 @@ fn load_acts(qs: &[i8], at: usize) -> __m256i {
     assert!(qs.len() >= at + 32);
     // SAFETY: 32 bytes from `at`, checked above.
     unsafe { _mm256_loadu_si256(qs.as_ptr().add(at).cast()) }
-}
-
-/// Q5_0 x Q8_0 and Q5_1 x Q8_1 over a row ([`crate::dots::dot_q5`]).
-#[inline(always)]
-pub(crate) unsafe fn dot_q5<D: Dots>(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
-    // SAFETY: as the caller's.
-    unsafe { dot_q5_rows::<D, 1>(ty, w, [x])[0] }
-}
-
-/// [`dot_q5`] of one weight row with `R` activation rows: each block unpacked once for all of
-/// them, each row's operations those of `R` = 1 (so the same bits).
-#[inline(always)]
-// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
-#[allow(unused_unsafe)]
-pub(crate) unsafe fn dot_q5_rows<D: Dots, const R: usize>(
-    ty: WType,
-    w: &[u8],
-    xs: [ActRow<'_>; R],
-) -> [f32; R] {
-    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
-    unsafe {
-        let ts = ty.type_size();
-        let nb = w.len() / ts;
-        for x in &xs {
-            assert!(x.qs.len() >= nb * QK8 && x.d.len() >= nb);
-            assert!(ty == WType::Q5_0 || x.s.len() >= nb);
-        }
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut summs = [0f32; R];
-        for (b, blk) in w.chunks_exact(ts).enumerate() {
-            let dw = f16_at(blk, 0);
-            if ty == WType::Q5_0 {
-                let hi = _mm256_andnot_si256(bytes_from_bits_32(&blk[2..6]), _mm256_set1_epi8(-16));
-                let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[6..22]), hi);
-                for r in 0..R {
-                    let qy = load_acts(xs[r].qs, b * QK8);
-                    let q = _mm256_cvtepi32_ps(dot_i8_lanes::<D>(qx, qy));
-                    let d = _mm256_set1_ps(dw * xs[r].d[b]);
-                    acc[r] = _mm256_fmadd_ps(d, q, acc[r]);
-                }
-            } else {
-                let mw = f16_at(blk, 2);
-                let hi = _mm256_and_si256(bytes_from_bits_32(&blk[4..8]), _mm256_set1_epi8(0x10));
-                let qx = _mm256_or_si256(bytes_from_nibbles_32(&blk[8..24]), hi);
-                for r in 0..R {
-                    summs[r] = mw.mul_add(xs[r].s[b], summs[r]);
-                    let qy = load_acts(xs[r].qs, b * QK8);
-                    let p = D::dpbusd(_mm256_setzero_si256(), qx, qy);
-                    let d = _mm256_set1_ps(dw * xs[r].d[b]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[r]);
-                }
-            }
-        }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum8(acc[r]) + summs[r];
-        }
-        out
-    }
 }
 
 /// The i16 scales of sub-blocks `2s` (low 128 bits) and `2s + 1` (high) of `scales` (8 i16
@@ -153,7 +64,7 @@ pub(crate) unsafe fn dot_q2k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
     unsafe { dot_q2k_rows::<D, 1>(w, [x])[0] }
 }
 
-/// [`dot_q2k`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+/// [`dot_q2k`] of one weight row with `R` activation rows (as [`dot_grid4_rows`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -223,7 +134,7 @@ pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
     unsafe { dot_q3k_rows::<D, 1>(w, [x])[0] }
 }
 
-/// [`dot_q3k`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+/// [`dot_q3k`] of one weight row with `R` activation rows (as [`dot_grid4_rows`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -304,24 +215,15 @@ fn grid4_values(grid: &[i8; 16], p: &[u8]) -> __m256i {
     }
 }
 
-/// A [`Grid4`] block's scale, f16 converted with F16C (the same exact value).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn grid_scale(g: &Grid4, blk: &[u8]) -> f32 {
-    match g.scale {
-        GridScale::F16 => f16_at(blk, 0),
-        GridScale::E8m0Half => g.scale(blk),
-    }
-}
-
-/// IQ4_NL or MXFP4 x Q8_0 over a row ([`crate::dots::dot_grid4`]).
+/// MXFP4 x Q8_0 over a row ([`crate::dots::dot_grid4`]).
 #[inline(always)]
 pub(crate) unsafe fn dot_grid4<D: Dots>(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
     // SAFETY: as the caller's.
     unsafe { dot_grid4_rows::<D, 1>(g, w, [x])[0] }
 }
 
-/// [`dot_grid4`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+/// [`dot_grid4`] of one weight row with `R` activation rows: each block unpacked once for all
+/// of them, each row's operations those of `R` = 1 (so the same bits).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -340,7 +242,7 @@ pub(crate) unsafe fn dot_grid4_rows<D: Dots, const R: usize>(
         let pairs = nb / 2 * 2;
         for (b, blk) in w.chunks_exact(g.ts).take(pairs).enumerate() {
             let q4 = grid4_values(g.values, &blk[g.qs..g.qs + 16]);
-            let scale = grid_scale(g, blk);
+            let scale = g.scale(blk);
             for r in 0..R {
                 let p = dot_i8_lanes::<D>(q4, load_acts(xs[r].qs, b * QK8));
                 let d = _mm256_set1_ps(xs[r].d[b] * scale);
@@ -359,7 +261,7 @@ pub(crate) unsafe fn dot_grid4_rows<D: Dots, const R: usize>(
                 let sumi: i32 = grid4_lanes(g.values, &blk[g.qs..g.qs + 16], xq)
                     .iter()
                     .sum();
-                sumf = (x.d[b] * grid_scale(g, blk)).mul_add(sumi as f32, sumf);
+                sumf = (x.d[b] * g.scale(blk)).mul_add(sumi as f32, sumf);
             }
             out[r] = sumf;
         }
@@ -374,7 +276,7 @@ pub(crate) unsafe fn dot_iq4xs<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
     unsafe { dot_iq4xs_rows::<D, 1>(w, [x])[0] }
 }
 
-/// [`dot_iq4xs`] of one weight row with `R` activation rows (as [`dot_q5_rows`]).
+/// [`dot_iq4xs`] of one weight row with `R` activation rows (as [`dot_grid4_rows`]).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]

@@ -1,5 +1,6 @@
-//! `avx2_panel`: the Q4_0 / Q4_1 / Q8_0 matmul for batches past the in-place tiles (prefill,
-//! and decode of many sequences), where every weight row meets many activation rows.
+//! `avx2_panel`: the matmul of the 32-element block types (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1,
+//! IQ4_NL) for batches past the in-place tiles (prefill, and decode of many sequences), where
+//! every weight row meets many activation rows.
 //!
 //! Each group of [`ROWS`] weight rows is repacked once ([`repack`]) into panels of 8 rows: for
 //! each block and each 4-element step `j` of it, one 32-byte vector holds bytes `4j..4j+4` of
@@ -10,17 +11,18 @@
 //! integer instructions. The register tile is `Dots::PANELS` panels by `Dots::PANEL_COLS`
 //! activation rows.
 //!
-//! Weight bytes as the dot takes them: Q4_1 nibbles as they are; Q4_0 nibbles as they are, the
-//! block's `-8 * sum(x)` subtracted after (exact integers); Q8_0 with `vpdpbusd` offset by 128
-//! (`w ^ 0x80`), `-128 * sum(x)` after; Q8_0 on AVX2 signed, with ggml's sign trick (its
-//! `vpmaddubsw` would saturate an offset byte). Every way gives the block's exact integer dot,
+//! Weight bytes as the dot takes them (`avx2::levels`, the in-place tiles' unpack): Q4_1's and
+//! Q5_1's levels as they are (their min apart); Q4_0's and Q5_0's levels as they are, the
+//! block's `-8 * sum(x)` (`-16 * sum(x)`) subtracted after (exact integers); Q8_0's and IQ4_NL's
+//! signed values with `vpdpbusd` offset by 128 (`w ^ 0x80`), `-128 * sum(x)` after, or on AVX2
+//! signed, with ggml's sign trick (its `vpmaddubsw` would saturate an offset byte). Every way gives the block's exact integer dot,
 //! and the float operations are those of `quant::dot_q32`, so results are the same bits as the
 //! portable formula and the in-place tiles.
 
 use std::arch::x86_64::*;
 
 use crate::WType;
-use crate::avx2::GroupJob;
+use crate::avx2::{GroupJob, block32, has_min, level_offset, levels, signed_levels};
 use crate::isa::Dots;
 use crate::quant::QK8;
 
@@ -59,12 +61,13 @@ unsafe fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize,
     pn.w.resize(nb * PANELS * PANEL_BYTES, 0);
     pn.dw.resize(nb * ROWS, 0.0);
     pn.mw.resize(nb * ROWS, 0.0);
-    let q8 = ty == WType::Q8_0;
+    let t = block32(ty).expect("a 32-element block type");
+    // Signed values go through `vpdpbusd` offset by 128 (`w ^ 0x80`); AVX2 keeps them signed.
+    let flip = signed_levels(t) && D::VNNI;
     // SAFETY: the CPU has AVX2 and F16C (the caller's promise). Reads stay inside rows j < n of
     // `data` (checked above); writes inside `pn`'s buffers as sized above.
     unsafe {
-        let m4 = _mm_set1_epi8(0x0f);
-        let flip = _mm256_set1_epi8(if q8 && D::VNNI { -128 } else { 0 });
+        let flip = _mm256_set1_epi8(if flip { -128 } else { 0 });
         for b in 0..nb {
             for p in 0..PANELS {
                 // No closures here: they would be compiled without the path's features and
@@ -83,20 +86,12 @@ unsafe fn repack<D: Dots>(ty: WType, data: &[u8], n: usize, k: usize, j0: usize,
                         blk.cast::<i32>(),
                     )));
                     pn.dw[b * ROWS + r] = _mm_cvtss_f32(dm);
-                    pn.mw[b * ROWS + r] = if ty == WType::Q4_1 {
+                    pn.mw[b * ROWS + r] = if has_min(t) {
                         _mm_cvtss_f32(_mm_movehdup_ps(dm))
                     } else {
                         0.0
                     };
-                    *row = if q8 {
-                        _mm256_xor_si256(_mm256_loadu_si256(blk.add(2).cast()), flip)
-                    } else {
-                        let off = if ty == WType::Q4_1 { 4 } else { 2 };
-                        let v = _mm_loadu_si128(blk.add(off).cast());
-                        let lo = _mm_and_si128(v, m4);
-                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
-                        _mm256_set_m128i(hi, lo)
-                    };
+                    *row = _mm256_xor_si256(levels::<D>(t, blk), flip);
                 }
                 let dst = pn.w.as_mut_ptr().add((b * PANELS + p) * PANEL_BYTES);
                 for (s, v) in transpose8x8_words(rows).into_iter().enumerate() {
@@ -156,16 +151,20 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
         let (k, n) = (job.k, job.n);
         let nb = k / QK8;
         let acts = job.acts;
-        let sign = T == crate::avx2::Q8_0 && !D::VNNI;
-        let corr = T == crate::avx2::Q4_0 || (T == crate::avx2::Q8_0 && D::VNNI);
-        let mins = T == crate::avx2::Q4_1;
+        let sign = signed_levels(T) && !D::VNNI;
+        let corr = level_offset(T) != 0 || (signed_levels(T) && D::VNNI);
+        let mins = has_min(T);
         assert!(p0 + PP <= PANELS && c0 + CC <= job.m);
         assert!(pn.w.len() >= nb * PANELS * PANEL_BYTES && pn.dw.len() >= nb * ROWS);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
         assert!(!corr || acts.sums.len() >= (c0 + CC) * nb);
-        // How far the dotted bytes sit above the weights' values: Q4_0's nibbles 8, Q8_0's
-        // flipped bytes 128.
-        let lift = if T == crate::avx2::Q4_0 { 8 } else { 128 };
+        // How far the dotted bytes sit above the weights' values: Q4_0's nibbles 8, Q5_0's
+        // levels 16, flipped signed bytes 128.
+        let lift = if signed_levels(T) {
+            128
+        } else {
+            level_offset(T)
+        };
         assert!(!mins || (acts.s.len() >= (c0 + CC) * nb && pn.mw.len() >= nb * ROWS));
         let xq = acts.qs.as_ptr().add(c0 * k);
         let mut acc = [[_mm256_setzero_ps(); CC]; PP];
@@ -317,25 +316,29 @@ unsafe fn dispatch<D: Dots>(
     c0: usize,
     cc: usize,
 ) {
-    use crate::avx2::{Q4_0, Q4_1, Q8_0};
-    macro_rules! go {
-        ($pp:literal) => {
+    use crate::avx2::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    macro_rules! by_cc {
+        ($pp:literal, $t:ident) => {
             // SAFETY: as the caller promises.
             unsafe {
-                match (cc, job.ty) {
-                    (6, WType::Q4_1) => tile::<D, $pp, 6, Q4_1>(job, pn, j0, p0, c0),
-                    (6, WType::Q4_0) => tile::<D, $pp, 6, Q4_0>(job, pn, j0, p0, c0),
-                    (6, _) => tile::<D, $pp, 6, Q8_0>(job, pn, j0, p0, c0),
-                    (4, WType::Q4_1) => tile::<D, $pp, 4, Q4_1>(job, pn, j0, p0, c0),
-                    (4, WType::Q4_0) => tile::<D, $pp, 4, Q4_0>(job, pn, j0, p0, c0),
-                    (4, _) => tile::<D, $pp, 4, Q8_0>(job, pn, j0, p0, c0),
-                    (2, WType::Q4_1) => tile::<D, $pp, 2, Q4_1>(job, pn, j0, p0, c0),
-                    (2, WType::Q4_0) => tile::<D, $pp, 2, Q4_0>(job, pn, j0, p0, c0),
-                    (2, _) => tile::<D, $pp, 2, Q8_0>(job, pn, j0, p0, c0),
-                    (_, WType::Q4_1) => tile::<D, $pp, 1, Q4_1>(job, pn, j0, p0, c0),
-                    (_, WType::Q4_0) => tile::<D, $pp, 1, Q4_0>(job, pn, j0, p0, c0),
-                    (_, _) => tile::<D, $pp, 1, Q8_0>(job, pn, j0, p0, c0),
+                match cc {
+                    6 => tile::<D, $pp, 6, $t>(job, pn, j0, p0, c0),
+                    4 => tile::<D, $pp, 4, $t>(job, pn, j0, p0, c0),
+                    2 => tile::<D, $pp, 2, $t>(job, pn, j0, p0, c0),
+                    _ => tile::<D, $pp, 1, $t>(job, pn, j0, p0, c0),
                 }
+            }
+        };
+    }
+    macro_rules! go {
+        ($pp:literal) => {
+            match block32(job.ty) {
+                Some(Q4_0) => by_cc!($pp, Q4_0),
+                Some(Q4_1) => by_cc!($pp, Q4_1),
+                Some(Q5_0) => by_cc!($pp, Q5_0),
+                Some(Q5_1) => by_cc!($pp, Q5_1),
+                Some(IQ4NL) => by_cc!($pp, IQ4NL),
+                _ => by_cc!($pp, Q8_0),
             }
         };
     }

@@ -1,6 +1,6 @@
 //! The portable dot of any quantized weight row with its activations ([`dot_row`], over the
-//! formulas of `quant` and those here), and the formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
-//! IQ4_XS and MXFP4 weight rows with quantized activations, doing exactly the float operations of ggml's AVX2 code
+//! formulas of `quant` and those here), and the formulas of Q2_K, Q3_K, IQ4_XS and MXFP4 weight
+//! rows with quantized activations, doing exactly the float operations of ggml's AVX2 code
 //! (`ggml_vec_dot_*` in ggml-cpu/arch/x86/quants.c), in the shape `quant` describes: exact
 //! integer lanes (lane `l` holds elements `4l..4l+4` of every 32), one f32 FMA per lane and
 //! block, ggml's `hsum_float_8` at the end.
@@ -8,7 +8,6 @@
 use crate::WType;
 use crate::dequant::{
     KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_half, f16_at, iq4xs_scale, k_low2, q3k_level, q3k_scales,
-    q5_level, u32_at,
 };
 use crate::quant::{self, ActRow, QK_K, QK8, hsum8};
 
@@ -16,45 +15,18 @@ use crate::quant::{self, ActRow, QK_K, QK8, hsum8};
 /// produce bit-identical results.
 pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     match ty {
-        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 => quant::dot_q32(ty, w, x),
+        WType::Q4_0 | WType::Q4_1 | WType::Q8_0 | WType::Q5_0 | WType::Q5_1 | WType::IQ4NL => {
+            quant::dot_q32(ty, w, x)
+        }
         WType::Q4K => quant::dot_q4k(w, x),
         WType::Q5K => quant::dot_q5k(w, x),
         WType::Q6K => quant::dot_q6k(w, x),
-        WType::Q5_0 | WType::Q5_1 => dot_q5(ty, w, x),
         WType::Q2K => dot_q2k(w, x),
         WType::Q3K => dot_q3k(w, x),
-        WType::IQ4NL => dot_grid4(&IQ4NL_GRID, w, x),
         WType::MXFP4 => dot_grid4(&MXFP4_GRID, w, x),
         WType::IQ4XS => dot_iq4xs(w, x),
         WType::F32 | WType::F16 | WType::BF16 => unreachable!("float weights take the f32 path"),
     }
-}
-
-/// Q5_0 x Q8_0 and Q5_1 x Q8_1 over a row (ggml `ggml_vec_dot_q5_0_q8_0` /
-/// `ggml_vec_dot_q5_1_q8_1`, AVX2): as Q4_0 / Q4_1 with 5-bit levels; Q5_1's min term is a
-/// scalar FMA per block (`summs += m * s`, contracted).
-#[inline(always)]
-pub(crate) fn dot_q5(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
-    let ts = ty.type_size();
-    let (signed, at) = if ty == WType::Q5_0 { (16, 2) } else { (0, 4) };
-    let mut acc = [0f32; 8];
-    let mut summs = 0f32;
-    for (b, blk) in w.chunks_exact(ts).enumerate() {
-        let xq = &x.qs[b * QK8..(b + 1) * QK8];
-        let (qh, qs) = (u32_at(blk, at), &blk[at + 4..at + 20]);
-        let mut lanes = [0i32; 8];
-        for (j, &xe) in xq.iter().enumerate() {
-            lanes[j / 4] += (q5_level(qh, qs, j) as i32 - signed) * xe as i32;
-        }
-        if ty == WType::Q5_1 {
-            summs = f16_at(blk, 2).mul_add(x.s[b], summs);
-        }
-        let dd = f16_at(blk, 0) * x.d[b];
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = dd.mul_add(l as f32, *a);
-        }
-    }
-    hsum8(acc) + summs
 }
 
 /// Q2_K x Q8_K over a row (ggml `ggml_vec_dot_q2_K_q8_K`, AVX2): per block, first the min
@@ -107,52 +79,29 @@ pub(crate) fn dot_q3k(w: &[u8], x: ActRow<'_>) -> f32 {
 }
 
 /// A 32-element block type of one scale and 16 bytes of 4-bit indices into a 16-value grid:
-/// IQ4_NL (f16 scale, `kvalues_iq4nl`) and MXFP4 (e8m0 scale, `kvalues_mxfp4`). Their dots with
-/// Q8_0 activations are the same code in ggml (`ggml_vec_dot_iq4_nl_q8_0`,
-/// `ggml_vec_dot_mxfp4_q8_0`), as here.
+/// MXFP4 (an e8m0 scale, `kvalues_mxfp4`), whose dot with Q8_0 activations is ggml's
+/// `ggml_vec_dot_mxfp4_q8_0` (IQ4_NL, of the same shape with an f16 scale, takes `quant`'s
+/// one-FMA-per-block formula instead, as the other f16-scaled 32-element types do).
 pub(crate) struct Grid4 {
     /// Bytes per block.
     pub ts: usize,
     /// Where the 16 bytes of indices start.
     pub qs: usize,
     pub values: &'static [i8; 16],
-    /// Where and how the block's scale is stored.
-    pub scale: GridScale,
-}
-
-/// How a [`Grid4`] block stores its scale: an enum, not a function pointer, so that the SIMD
-/// kernels inline it (and convert f16 with F16C).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GridScale {
-    /// An f16 in bytes 0..2 (IQ4_NL).
-    F16,
-    /// An e8m0 exponent in byte 0, halved (MXFP4).
-    E8m0Half,
 }
 
 impl Grid4 {
-    /// The scale of block `blk`.
+    /// The scale of block `blk`: its e8m0 exponent in byte 0, halved.
     #[inline(always)]
     pub fn scale(&self, blk: &[u8]) -> f32 {
-        match self.scale {
-            GridScale::F16 => f16_at(blk, 0),
-            GridScale::E8m0Half => e8m0_half(blk[0]),
-        }
+        e8m0_half(blk[0])
     }
 }
-
-pub(crate) const IQ4NL_GRID: Grid4 = Grid4 {
-    ts: 18,
-    qs: 2,
-    values: &KVALUES_IQ4NL,
-    scale: GridScale::F16,
-};
 
 pub(crate) const MXFP4_GRID: Grid4 = Grid4 {
     ts: 17,
     qs: 1,
     values: &KVALUES_MXFP4,
-    scale: GridScale::E8m0Half,
 };
 
 /// The exact integer lanes of 32 grid values (indices in 16 bytes, low nibbles first) times
@@ -167,8 +116,7 @@ pub(crate) fn grid4_lanes(grid: &[i8; 16], qs: &[u8], xq: &[i8]) -> [i32; 8] {
     lanes
 }
 
-/// IQ4_NL or MXFP4 x Q8_0 over a row (ggml `ggml_vec_dot_iq4_nl_q8_0` /
-/// `ggml_vec_dot_mxfp4_q8_0`, AVX2): blocks in pairs, even blocks into one accumulator and odd
+/// MXFP4 x Q8_0 over a row (ggml `ggml_vec_dot_mxfp4_q8_0`, AVX2): blocks in pairs, even blocks into one accumulator and odd
 /// into another, `hsum8(acc1 + acc2)`; an odd last block is added as a scalar
 /// `sumf += d * sumi` (contracted to an FMA). The scale is `d_x * d_w`.
 #[inline(always)]

@@ -67,6 +67,30 @@ pub(crate) trait Dots {
     /// # Safety
     /// The CPU has the implementor's features.
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// 32 bytes, byte `j` equal to `byte` where bit `j` of `bits` is set and 0 elsewhere (a Q5
+    /// block's fifth bits in place). AVX2: ggml's `bytes_from_bits_32` (a broadcast, a
+    /// shuffle, an or and a compare), then an and; AVX-512: one masked move.
+    ///
+    /// # Safety
+    /// The CPU has the implementor's features.
+    #[inline(always)]
+    unsafe fn bit_bytes(bits: u32, byte: i8) -> __m256i {
+        // SAFETY: every path has AVX2.
+        unsafe {
+            let shuf = _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            );
+            let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+            let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+            _mm256_and_si256(
+                _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)),
+                _mm256_set1_epi8(byte),
+            )
+        }
+    }
 }
 
 /// AVX2: `vpmaddubsw` to i16 pairs, `vpmaddwd` by ones (or by the scales), `vpaddd`.
@@ -128,6 +152,11 @@ impl Dots for Avx512Vnni {
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: the caller runs on an AVX-512 VNNI + VL CPU.
         unsafe { _mm256_dpwssd_epi32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn bit_bytes(bits: u32, byte: i8) -> __m256i {
+        // SAFETY: the caller runs on an AVX-512 BW + VL CPU.
+        unsafe { _mm256_maskz_set1_epi8(bits, byte) }
     }
 }
 

@@ -237,7 +237,7 @@ fn quantized_matmul(
     match path {
         #[cfg(target_arch = "x86_64")]
         Some(path)
-            if matches!(w.ty, WType::Q4_0 | WType::Q4_1 | WType::Q8_0)
+            if crate::avx2::block32(w.ty).is_some()
                 || (crate::avx2_panel_k::has_panels(w.ty) && m > crate::IN_PLACE_MAX_ROWS) =>
         {
             let job = crate::avx2::GroupJob {

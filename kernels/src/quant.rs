@@ -12,7 +12,7 @@
 //! any evaluation order gives the same values; the float part is fixed here and in `avx2*`.
 
 use crate::WType;
-use crate::dequant::{f16_at, q6k_at, scale_min_k4};
+use crate::dequant::{KVALUES_IQ4NL, f16_at, q5_level, q6k_at, scale_min_k4, u32_at};
 
 /// Elements per Q8_0/Q8_1 block.
 pub const QK8: usize = 32;
@@ -272,11 +272,12 @@ impl QActs {
     }
 }
 
-/// Q4_0 x Q8_0, Q4_1 x Q8_1 and Q8_0 x Q8_0 over a row: per block the exact integer dot, then
-/// `acc = fma(d_w * d_x, dot, acc)` in block order, and Q4_1's `summs` chain added at the end.
-/// Not ggml's 8-lane sum (the other types keep that): one float multiply-add per block is what
-/// lets the batched tiles (`avx2_panel`) reach the integer-dot rate, and every tile of every
-/// path does these same operations.
+/// The types of 32-element blocks with one f16 scale (and Q4_1's and Q5_1's f16 min) against
+/// Q8_0 / Q8_1 activations, over a row: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and IQ4_NL. Per block the
+/// exact integer dot, then `acc = fma(d_w * d_x, dot, acc)` in block order, and the mins'
+/// `summs` chain added at the end. Not ggml's 8-lane sum (the other types keep that): one float
+/// multiply-add per block is what lets the batched tiles (`avx2_panel`) reach the integer-dot
+/// rate, and every tile of every path does these same operations.
 #[inline(always)]
 pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     let ts = ty.type_size();
@@ -299,6 +300,25 @@ pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
                 }
                 summs = f16_at(blk, 2).mul_add(x.s[b], summs);
             }
+            WType::Q5_0 => {
+                let (qh, qs) = (u32_at(blk, 2), &blk[6..22]);
+                for (j, &xe) in xq.iter().enumerate() {
+                    dot += (q5_level(qh, qs, j) as i32 - 16) * xe as i32;
+                }
+            }
+            WType::Q5_1 => {
+                let (qh, qs) = (u32_at(blk, 4), &blk[8..24]);
+                for (j, &xe) in xq.iter().enumerate() {
+                    dot += q5_level(qh, qs, j) as i32 * xe as i32;
+                }
+                summs = f16_at(blk, 2).mul_add(x.s[b], summs);
+            }
+            WType::IQ4NL => {
+                for j in 0..16 {
+                    dot += KVALUES_IQ4NL[(blk[2 + j] & 0x0f) as usize] as i32 * xq[j] as i32;
+                    dot += KVALUES_IQ4NL[(blk[2 + j] >> 4) as usize] as i32 * xq[16 + j] as i32;
+                }
+            }
             _ => {
                 for j in 0..32 {
                     dot += (blk[2 + j] as i8) as i32 * xq[j] as i32;
@@ -308,7 +328,11 @@ pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
         let dd = f16_at(blk, 0) * x.d[b];
         acc = dd.mul_add(dot as f32, acc);
     }
-    if ty == WType::Q4_1 { acc + summs } else { acc }
+    if matches!(ty, WType::Q4_1 | WType::Q5_1) {
+        acc + summs
+    } else {
+        acc
+    }
 }
 
 /// Q4_K x Q8_K over a row. Not ggml's lane-split float sum: per block two exact integers,

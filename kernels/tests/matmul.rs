@@ -154,6 +154,15 @@ fn backends_agree_bit_for_bit() {
         (WType::MXFP4, 9, 544, 7),
         (WType::MXFP4, 5, 576, 1),
         (WType::Q3K, 6, 512, 8),
+        // The other 32-element types on the in-place tiles (up to 12 rows) and on the panels
+        // (past them), partial panels included.
+        (WType::Q5_0, 40, 576, 29),
+        (WType::Q5_0, 24, 1024, 13),
+        (WType::Q5_0, 13, 576, 12),
+        (WType::Q5_1, 50, 576, 37),
+        (WType::Q5_1, 17, 1024, 16),
+        (WType::IQ4NL, 33, 544, 16),
+        (WType::IQ4NL, 9, 576, 40),
     ] {
         let data = random_weights(&mut r, ty, n, k);
         let w = QMatrix {
