@@ -2,7 +2,7 @@
 //! TGI, llama.cpp's server, `tpslab serve`).
 //!
 //! Each request is one streaming `POST {url}/v1/completions` with the prompt as token ids,
-//! `max_tokens`, `ignore_eos`, temperature 0 and `stream_options.include_usage` (or, in the
+//! `max_tokens`, `ignore_eos`, the run's temperature (0 unless `--temperature`) and `stream_options.include_usage` (or, in the
 //! [`RemoteShape::Chat`] shape, `/v1/chat/completions` with the prompt decoded as the user's
 //! message; either with extra fields such as `response_format` or `tools`), timed on the
 //! client side as vLLM's `benchmark_serving` does: every chunk that carries a choice is one

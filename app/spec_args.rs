@@ -30,6 +30,11 @@ pub struct SpecArgs {
     /// Policy: pause proposals while the recent acceptance rate is below this (0..1).
     #[arg(long, value_name = "RATE")]
     pub spec_min_acceptance: Option<f64>,
+    /// Verify every proposal. By default a request's proposal is verified only when the
+    /// tokens it can expect to keep pay for the longer step (measured step times, its own
+    /// recent acceptance), so speculation does not slow a stream down.
+    #[arg(long)]
+    pub spec_always: bool,
 }
 
 impl SpecArgs {
@@ -64,6 +69,7 @@ impl SpecArgs {
             self_layers: self.spec_layers,
             max_batch: self.spec_max_batch,
             min_acceptance: self.spec_min_acceptance,
+            payoff: !self.spec_always,
             ..SpecConfig::default()
         };
         cfg.validate().map_err(anyhow::Error::msg)?;

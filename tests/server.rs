@@ -407,6 +407,8 @@ fn metrics_count_speculation_and_its_time() {
     knobs.kv.budget_bytes = 64 << 20;
     knobs.spec = SpecConfig {
         method: SpecMethod::Ngram,
+        // Every proposal verified: this test counts them.
+        payoff: false,
         ..SpecConfig::default()
     };
     let config = EngineConfig {

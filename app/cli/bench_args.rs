@@ -18,6 +18,10 @@ pub struct BenchArgs {
     /// and then its start again, so the continuation repeats it: editing and quoting work).
     #[arg(long, default_value = "free", value_parser = ["free", "copy"])]
     pub workload: String,
+    /// Sampling temperature of the requests (0: greedy). Sampled text repeats itself less
+    /// than greedy text, so speculation's proposals are kept less often.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     /// Concurrency levels to measure (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub concurrency: Vec<usize>,

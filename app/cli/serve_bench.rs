@@ -246,6 +246,7 @@ fn run_levels<T: loadgen::LoadTarget>(
             priority: 0,
             submit_for_s: None,
             cut_after_s: None,
+            temperature: a.temperature,
         };
         let bar = ProgressBar::new(n as u64);
         bar.set_style(
@@ -306,11 +307,12 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let device = format!("remote {} ({})", target.url(), target.model());
     println!(
-        "endpoint: {}, model {}, prompt {} tokens (ids), output {} tokens, temperature 0, ignore-eos",
+        "endpoint: {}, model {}, prompt {} tokens (ids), output {} tokens, temperature {}, ignore-eos",
         target.url(),
         target.model(),
         a.prompt_len,
-        a.output_len
+        a.output_len,
+        a.temperature
     );
     let mut runs = run_levels(a, &prompts, |_| Ok(&target), false)?;
     print_table(&runs);
@@ -395,13 +397,23 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut device = String::new();
     let threads = a.model.n_threads();
     println!(
-        "model: {} ({}), {threads} threads, prompt {} tokens ({}), output {} tokens, greedy, ignore-eos, speculation {}",
+        "model: {} ({}), {threads} threads, prompt {} tokens ({}), output {} tokens, {}, ignore-eos, speculation {}{}",
         lm.path.display(),
         lm.precision,
         a.prompt_len,
         a.workload,
         a.output_len,
-        knobs.spec.method
+        if a.temperature > 0.0 {
+            format!("temperature {}", a.temperature)
+        } else {
+            "greedy".into()
+        },
+        knobs.spec.method,
+        match (knobs.spec.method, knobs.spec.payoff) {
+            (tpslab_engine::spec::SpecMethod::Off, _) => "",
+            (_, true) => " (verified when it pays)",
+            (_, false) => " (every proposal verified)",
+        }
     );
     let mut runs = run_levels(
         a,

@@ -172,6 +172,7 @@ impl LoadSettings {
             priority: LOAD_PRIORITY,
             submit_for_s: None,
             cut_after_s: None,
+            temperature: 0.0,
         }
     }
 }

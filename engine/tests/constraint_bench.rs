@@ -51,6 +51,7 @@ fn level(target: &dyn LoadTarget, prompts: &PromptSet, c: usize, out: usize) -> 
         priority: 0,
         submit_for_s: None,
         cut_after_s: None,
+        temperature: 0.0,
     };
     let stop = AtomicBool::new(false);
     let r = loadgen::run(target, prompts, &spec, &stop, &mut |_, _| {});

@@ -87,10 +87,13 @@ fn engine(knobs: Knobs) -> EngineHandle {
     .expect("engine")
 }
 
+/// Speculation by `method`, every proposal verified (the pay-off policy off), so the paths
+/// these tests hold to the same tokens run at every step.
 fn spec(method: SpecMethod) -> SpecConfig {
     SpecConfig {
         method,
         num_tokens: 4,
+        payoff: false,
         ..SpecConfig::default()
     }
 }
@@ -339,4 +342,69 @@ fn a_draft_model_set_while_running_is_checked_then_used() {
     }
     let drafted: usize = with.iter().map(|(_, u)| u.spec.draft_tokens).sum();
     assert!(drafted > 0, "the draft model proposed nothing");
+}
+
+/// A draft model whose proposals are never kept (a tiny model of random weights that shares the
+/// tokenizer): with the pay-off policy on, its proposals stop being verified after a few
+/// rejections, and are only probed now and then; the tokens stay those of the run without
+/// speculation. With every proposal verified, it proposes at every step.
+#[test]
+fn proposals_never_kept_stop_being_verified() {
+    let lm = model();
+    let dir = std::env::temp_dir().join(format!("tpslab-spec-payoff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("random-draft.gguf");
+    let tok = tpslab_engine::model::tiny::tokenizer_of(&lm.path).expect("tokenizer");
+    tpslab_engine::model::tiny::write_tiny("llama", &tok, &path).expect("tiny model");
+    let draft = std::sync::Arc::new(LoadedModel::load(&path).expect("load the tiny model"));
+    let tokens = 160;
+    let text = PROMPTS[3];
+    let run = |payoff: bool| {
+        let e = EngineHandle::start(
+            model(),
+            EngineConfig {
+                threads: 2,
+                knobs: Knobs {
+                    spec: SpecConfig {
+                        payoff,
+                        ..spec(SpecMethod::Draft)
+                    },
+                    ..Knobs::default()
+                },
+                draft: Some(std::sync::Arc::clone(&draft)),
+                ..EngineConfig::default()
+            },
+            None,
+        )
+        .expect("engine");
+        let req = request(&lm, text, SamplingParams::greedy(), tokens);
+        run_all(&e, vec![req]).remove(0)
+    };
+    let off = engine(Knobs::default());
+    let (plain, _) = run_all(
+        &off,
+        vec![request(&lm, text, SamplingParams::greedy(), tokens)],
+    )
+    .remove(0);
+    drop(off);
+    let (every, every_usage) = run(false);
+    let (paid, paid_usage) = run(true);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(every, plain);
+    assert_eq!(paid, plain);
+    let (e, p) = (every_usage.spec, paid_usage.spec);
+    eprintln!(
+        "verified always: {} proposals, {} tokens, {} kept; when it pays: {} proposals, {} tokens, {} kept",
+        e.drafts, e.draft_tokens, e.accepted_tokens, p.drafts, p.draft_tokens, p.accepted_tokens
+    );
+    assert!(
+        e.accepted_tokens * 10 < e.draft_tokens,
+        "the random draft's proposals were kept: {e:?}"
+    );
+    assert!(e.drafts > 100, "every step verified: {e:?}");
+    // A handful of rejections, then one probe every PROBE_STEPS steps.
+    assert!(
+        p.drafts * 4 < e.drafts,
+        "the policy kept verifying proposals that were never kept: {p:?} against {e:?}"
+    );
 }

@@ -109,6 +109,17 @@ fn spec_grid(
             ui.label("");
         }
         ui.end_row();
+        commit |= ui
+            .checkbox(&mut c.payoff, "Only when it pays")
+            .on_hover_text(
+                "Each request's proposals are checked only when the tokens it can expect to \
+                 keep pay for the longer step, judged from the measured step times and its \
+                 own recent acceptance; the others are compared with what it goes on to write, \
+                 so proposals resume when the text starts to repeat.",
+            )
+            .changed();
+        ui.label("");
+        ui.end_row();
     });
     commit
 }

@@ -32,6 +32,7 @@ use crate::serving::metrics::{
 use crate::serving::requant::RequantReport;
 use crate::serving::sampler::Sampler;
 use crate::serving::spec_metrics::SpecUsage;
+use crate::spec::payoff::Acceptance;
 use crate::spec::{SpecConfig, SpecPause};
 use crate::text::detok::Detokenizer;
 use crate::text::reasoning::ReasoningTags;
@@ -301,6 +302,8 @@ struct Live {
     speculate: bool,
     /// Its proposals verified so far.
     spec: SpecUsage,
+    /// How its proposals fare, for the pay-off policy.
+    accept: Acceptance,
     /// `Some(n)`: each token's log-probability and `n` alternatives go with its event.
     logprobs: Option<usize>,
     /// The log-probabilities of the tokens this step emitted, in order, until their events go.
@@ -608,6 +611,7 @@ impl EngineThread {
                 queue_time: None,
                 speculate,
                 spec: SpecUsage::default(),
+                accept: Acceptance::seeded(&self.spec.overall),
                 logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
                 pending_logprobs: VecDeque::new(),
                 prompt_logprobs: prompt_logprobs

@@ -113,6 +113,7 @@ impl EngineThread {
         self.spec
             .gate
             .record(spec.draft_tokens, spec.accepted_tokens);
+        (self.spec.overall).count(spec.accepted_tokens as usize, spec.rejections as usize);
         if spec.drafts > 0 {
             spec.verify_ms = t_forward.elapsed().as_secs_f64() * 1e3;
             let (propose, verify) = (micros(spec.propose_ms), micros(spec.verify_ms));
@@ -128,6 +129,7 @@ impl EngineThread {
         }
         let now = self.now();
         let (live, metrics, tokenizer) = (&mut self.live, &mut self.metrics, &self.lm.tokenizer);
+        let overall = &mut self.spec.overall;
         // The scheduler appends each token and asks the request's stop checker whether it ends
         // there: one decision per token, made in one place.
         let ended = self.sched.update_tokens(&out, &sampled, |a| {
@@ -141,6 +143,9 @@ impl EngineThread {
                 .finish
                 .or_else(|| l.constraint.as_mut().and_then(|c| c.advance(a.token)));
             metrics.on_token(a.id, now);
+            if let Some(kept) = l.accept.emitted(a.token) {
+                overall.count(usize::from(kept), usize::from(!kept));
+            }
             let logprob = l.pending_logprobs.pop_front().map(Box::new);
             let _ = l.events.send(Event::Token {
                 id: a.id,
@@ -185,6 +190,10 @@ impl EngineThread {
             .filter(|s| !s.sample || s.real_tokens().len() > 1)
             .map(|s| s.real_tokens().len())
             .sum();
+        if prefill == 0 {
+            // The pay-off policy's step times: decode steps only, proposing left out.
+            self.spec.cost.observe(batch_len, step_ms - spec.propose_ms);
+        }
         self.metrics.on_step(StepStats {
             t: now,
             batch_size: out.scheduled.len(),
@@ -286,6 +295,7 @@ fn sample_rows(
             l.spec.drafts += 1;
             l.spec.draft_tokens += s.draft.len();
             l.spec.accepted_tokens += kept;
+            spec.rejections += l.accept.verified(s.draft.len(), kept) as u64;
         }
         if !toks.is_empty() {
             sampled.push((s.id, toks));

@@ -108,6 +108,10 @@ pub struct LoadSpec {
     /// cannot hold the session past its budget). `None`: every request runs to its end.
     #[serde(default)]
     pub cut_after_s: Option<f64>,
+    /// Sampling temperature of every request: 0 is greedy; above it each request samples with
+    /// its own seed (the run's seed plus its number), so runs repeat.
+    #[serde(default)]
+    pub temperature: f32,
 }
 
 impl LoadSpec {
@@ -124,6 +128,7 @@ impl LoadSpec {
             priority: 0,
             submit_for_s: None,
             cut_after_s: None,
+            temperature: 0.0,
         }
     }
 }
@@ -279,7 +284,8 @@ fn record_finish(
     result.timings.push(timing);
 }
 
-/// Request number `i` of a run: lengths drawn from the spec, greedy, end-of-sequence ignored.
+/// Request number `i` of a run: lengths drawn from the spec, greedy (or sampled at the spec's
+/// temperature), end-of-sequence ignored.
 /// Returns it with its prompt and output lengths.
 fn next_request(
     prompts: &PromptSet,
@@ -293,7 +299,15 @@ fn next_request(
         // Runs of another seed (the levels of a sweep) get other prompts, so a server that
         // keeps its prefix cache across runs finds nothing from the last one.
         prompt: prompts.prompt(i + spec.seed as usize * spec.num_requests, plen),
-        sampling: SamplingParams::greedy(),
+        sampling: if spec.temperature > 0.0 {
+            SamplingParams {
+                temperature: spec.temperature,
+                seed: Some(spec.seed.wrapping_mul(1_000_003).wrapping_add(i as u64)),
+                ..SamplingParams::default()
+            }
+        } else {
+            SamplingParams::greedy()
+        },
         stop: StopCriteria {
             max_tokens: Some(olen),
             ignore_eos: true,
@@ -497,6 +511,7 @@ mod tests {
             priority: 0,
             submit_for_s: None,
             cut_after_s: None,
+            temperature: 0.0,
         };
         let target = Recorder(Mutex::new(Vec::new()));
         for seed in [0, 1, 0] {
@@ -552,6 +567,7 @@ mod tests {
             priority: 0,
             submit_for_s: Some(0.05),
             cut_after_s: Some(0.2),
+            temperature: 0.0,
         };
         let target = Stuck::default();
         let r = run(

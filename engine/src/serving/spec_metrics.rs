@@ -70,6 +70,9 @@ pub struct SpecStep {
     pub verify_ms: f64,
     /// Whether the policy let proposals run this step.
     pub active: bool,
+    /// Verified proposals cut short by a rejected token (the pay-off policy's record).
+    #[serde(skip)]
+    pub rejections: u64,
 }
 
 /// Totals since the metrics were created or reset.

@@ -12,6 +12,7 @@ use crate::sched::RequestId;
 use crate::serving::logprobs::token_logprob;
 use crate::serving::spec_metrics::SpecStep;
 use crate::spec::draft::{Ask, Drafter};
+use crate::spec::payoff::{Acceptance, DecodeCost, PROBE_STEPS};
 use crate::spec::{Gate, Proposer, SpecConfig, SpecMethod};
 
 /// What the engine keeps for speculation.
@@ -19,6 +20,10 @@ use crate::spec::{Gate, Proposer, SpecConfig, SpecMethod};
 pub(super) struct SpecState {
     pub proposer: Option<Proposer>,
     pub gate: Gate,
+    /// Decode steps' times by their rows, for the pay-off policy.
+    pub cost: DecodeCost,
+    /// Every request's recent acceptance, a new request's starting point.
+    pub overall: Acceptance,
     /// The draft model given at start (`--spec draft:MODEL`) or set since, if any.
     pub draft_lm: Option<Arc<LoadedModel>>,
 }
@@ -116,7 +121,10 @@ impl EngineThread {
     }
 
     /// Proposals for the running requests that are decoding, set on the scheduler for the next
-    /// step, unless the policy holds them back. Returns what the step records of it.
+    /// step, unless the policy holds them back: the knobs' gate for every request, and the
+    /// pay-off policy for each ([`crate::spec::payoff`]): a proposal that would not pay is
+    /// held back and checked against what the request emits (a lookup's), or not made (a
+    /// drafter's, probed every [`PROBE_STEPS`] steps). Returns what the step records of it.
     pub(super) fn propose(&mut self) -> SpecStep {
         let mut st = SpecStep::default();
         let running = self.sched.num_running();
@@ -129,24 +137,66 @@ impl EngineThread {
         }
         let t = Instant::now();
         let k = self.knobs.spec.num_tokens;
-        let ready = self.sched.decode_ready();
-        let asks: Vec<Ask<'_>> = ready
-            .iter()
-            .filter(|(id, _)| self.live.get(id).is_some_and(|l| l.speculate))
-            .filter_map(|&(id, room)| {
-                Some(Ask {
-                    id,
-                    tokens: self.sched.tokens(id)?,
-                    k: room.min(k),
-                })
-            })
-            .collect();
+        let payoff = self.knobs.spec.payoff;
+        let (cost, live, sched) = (&self.spec.cost, &mut self.live, &self.sched);
+        let model = proposer.is_model();
+        let ready = sched.decode_ready();
+        // Per request: how many tokens to verify (None: hold back), and how many to ask for.
+        let mut verify: Vec<(RequestId, Option<usize>)> = Vec::new();
+        let mut asks: Vec<Ask<'_>> = Vec::new();
+        for &(id, room) in &ready {
+            let Some(l) = live.get_mut(&id).filter(|l| l.speculate) else {
+                continue;
+            };
+            let most = room.min(k);
+            let len = if payoff {
+                Some(cost.best_len(running, &l.accept, most).0).filter(|&d| d > 0)
+            } else {
+                Some(most)
+            };
+            let ask = match (len, model) {
+                (Some(d), _) => d,
+                // A lookup costs nothing: made to be checked against what comes.
+                (None, false) if !l.accept.checking() => most,
+                (None, false) => 0,
+                (None, true) => {
+                    l.accept.idle_steps = l.accept.idle_steps.saturating_add(1);
+                    if l.accept.idle_steps < PROBE_STEPS {
+                        0
+                    } else {
+                        l.accept.idle_steps = 0;
+                        verify.push((id, Some(most)));
+                        most
+                    }
+                }
+            };
+            if ask == 0 {
+                continue;
+            }
+            if len.is_some() {
+                verify.push((id, len));
+            } else if !model {
+                verify.push((id, None));
+            }
+            let Some(tokens) = sched.tokens(id) else {
+                continue;
+            };
+            asks.push(Ask { id, tokens, k: ask });
+        }
+        let asked = !asks.is_empty();
         let drafts = proposer.propose(&asks);
         drop(asks);
         match drafts {
             Ok(drafts) => {
                 for (id, d) in drafts {
-                    self.sched.set_draft(id, d);
+                    match verify.iter().find(|(v, _)| *v == id).and_then(|(_, n)| *n) {
+                        Some(n) => self.sched.set_draft(id, d.into_iter().take(n).collect()),
+                        None => {
+                            if let Some(l) = self.live.get_mut(&id) {
+                                l.accept.hold(d);
+                            }
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -157,6 +207,9 @@ impl EngineThread {
         }
         st.active = true;
         st.propose_ms = t.elapsed().as_secs_f64() * 1e3;
+        if asked {
+            self.spec.cost.observe_propose(st.propose_ms);
+        }
         st
     }
 

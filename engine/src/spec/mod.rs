@@ -8,9 +8,12 @@
 //! - [`ngram`]: prompt-lookup proposals from the request's own tokens (no weights).
 //! - [`draft`]: proposals from a model forward: a draft model sharing the tokenizer, or the
 //!   target's first layers with its output head (self-speculative early exit).
+//! - [`payoff`]: whether a request's proposal pays for the longer step that verifies it (the
+//!   measured step times, the request's own acceptance), so speculation never costs.
 
 pub mod draft;
 pub mod ngram;
+pub mod payoff;
 
 use std::fmt;
 use std::str::FromStr;
@@ -86,6 +89,9 @@ pub struct SpecConfig {
     /// Policy: proposals pause when the recent acceptance rate falls below this, and are tried
     /// again after [`PAUSE_STEPS`] steps. `None` = never pause.
     pub min_acceptance: Option<f64>,
+    /// Policy: a request's proposal is verified only when its expected kept tokens pay for
+    /// the longer step ([`payoff`]); off, every proposal is verified.
+    pub payoff: bool,
 }
 
 impl Default for SpecConfig {
@@ -98,6 +104,7 @@ impl Default for SpecConfig {
             self_layers: 0,
             max_batch: None,
             min_acceptance: None,
+            payoff: true,
         }
     }
 }
@@ -154,6 +161,11 @@ pub enum Proposer {
 }
 
 impl Proposer {
+    /// Whether proposals cost a forward pass (a drafter), not a lookup.
+    pub fn is_model(&self) -> bool {
+        matches!(self, Self::Model(_))
+    }
+
     /// Proposals for the requests asked (each at most its `k`); requests not in the answer get
     /// none this step.
     pub fn propose(

@@ -98,6 +98,7 @@ impl Workload {
             priority: 0,
             submit_for_s: Some(seconds),
             cut_after_s: Some(seconds + drain_s),
+            temperature: 0.0,
         }
     }
 
