@@ -18,6 +18,7 @@
 # concurrent figure, which takes minutes on a larger model).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
+. "$HERE/tests/bench/machine.sh"
 SRC=${SRC:-$HERE}
 REV=${REV:-$(git -C "$SRC" rev-parse HEAD)}
 ROUNDS=${ROUNDS:-5}
@@ -42,8 +43,7 @@ MODEL=${MODEL:-"${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-In
 [ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
 CONCURRENT=${CONCURRENT:-64}
 
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "# CPU flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni)$' | xargs)"
+machine_lines
 echo "# model $MODEL"
 echo "# tpslab kernels: ${TPSLAB_CPU_KERNELS:-detected}; threads $THREADS; rounds $ROUNDS; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 

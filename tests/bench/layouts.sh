@@ -11,6 +11,7 @@
 #   ROUNDS=7 REPS=3 TARGET_DIR=/tmp/layout-target tests/bench/layouts.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
+. "$HERE/tests/bench/machine.sh"
 SRC=${SRC:-$HERE}
 REV=${REV:-$(git -C "$SRC" rev-parse HEAD)}
 ROUNDS=${ROUNDS:-5}
@@ -55,8 +56,7 @@ build dummy "$WORK/dummy"
 
 "$WORK/bin/default" generate --model default --prompt x --max-tokens 1 --json >/dev/null
 MODEL="${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "# CPU flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni)$' | xargs)"
+machine_lines
 echo "# commit $REV; pp128, --reps $REPS, $THREADS threads, $ROUNDS rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 RES="$WORK/layouts.txt"

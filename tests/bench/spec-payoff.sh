@@ -12,15 +12,14 @@
 # Knobs: THREADS (2), ROUNDS (3), SUMMARY_ONLY=1 (only the table, from OUT_DIR's runs).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
+. "$HERE/tests/bench/machine.sh"
 TPS=${TPS:?set TPS to a release tpslab binary}
 OUT=${1:?output folder}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
-"$TPS" generate --model default --prompt x --max-tokens 1 --json >/dev/null
-MODEL="${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "# CPU flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx_vnni|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16)$' | xargs)"
+MODEL=$(default_model "$TPS")
+machine_lines
 echo "# load at start: $(cut -d' ' -f1-3 /proc/loadavg); $ROUNDS rounds, $THREADS threads"
 
 workload_args() {
