@@ -393,6 +393,54 @@ fn synthetic_bench_runs_without_a_model_file() {
     );
 }
 
+/// `bench --pp/--tg` (llama-bench's shape): each decode figure comes with the weight bytes it
+/// streamed a second and their share of the read bandwidth measured in the same run, in the
+/// table and the JSON; prompt figures have neither.
+#[test]
+fn single_stream_bench_states_decode_against_the_read_bandwidth() {
+    let m = model();
+    let json = std::env::temp_dir().join(format!("tpslab-tg-{}.json", std::process::id()));
+    let out = tpslab(&[
+        "bench",
+        "--model",
+        m.to_str().expect("utf8 path"),
+        "--device",
+        "cpu",
+        "--pp",
+        "8",
+        "--tg",
+        "8",
+        "--reps",
+        "1",
+        "--json",
+        json.to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("share of read bandwidth"), "{stdout}");
+    assert!(stdout.contains("read bandwidth: "), "{stdout}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json");
+    let _ = std::fs::remove_file(&json);
+    let bw = report["read_bandwidth_gbps"].as_f64().expect("bandwidth");
+    assert!(bw > 0.0, "{report}");
+    let rows = report["rows"].as_array().expect("rows");
+    let pp = rows.iter().find(|r| r["test"] == "pp8").expect("pp8");
+    assert!(pp["weights_gbps"].is_null() && pp["bandwidth_share"].is_null());
+    let tg = rows.iter().find(|r| r["test"] == "tg8").expect("tg8");
+    let gbps = tg["weights_gbps"].as_f64().expect("decode GB/s");
+    let tps = tg["tokens_per_s"].as_f64().expect("tokens/s");
+    // Every weight once a token: the default model's 92 MiB of weights at its decode rate.
+    let weights = 96_576_768.0;
+    assert!((gbps - tps * weights / 1e9).abs() < 1e-6 * gbps.max(1.0), "{tg}");
+    let share = tg["bandwidth_share"].as_f64().expect("share");
+    assert!((share - gbps / bw).abs() < 1e-9, "{tg}");
+}
+
 /// `--spec` on `generate`: every method gives llama.cpp's reference tokens (as far as they are
 /// compared without it), reports its proposals in the JSON, and bad settings fail clearly.
 #[test]

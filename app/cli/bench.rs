@@ -1,9 +1,12 @@
 //! `tpslab bench`: the dispatch to its two modes, and the single-stream mode in llama-bench's
 //! shape (prompt processing of N tokens, pp N, and decoding of N tokens after a one-token prompt,
-//! tg N; median of several repetitions). The serving mode is in `serve_bench`.
+//! tg N; median of several repetitions), each decode figure beside the weight bytes it streams a
+//! second and their share of the read bandwidth measured in the same run. The serving mode is
+//! in `serve_bench`.
 
 use anyhow::{Result, bail};
 use serde::Serialize;
+use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
@@ -21,6 +24,10 @@ struct Row {
     n_tokens: usize,
     tokens_per_s: f64,
     all_tokens_per_s: Vec<f64>,
+    /// Decode (tg) on the CPU: the weight bytes it streamed a second (every weight once a
+    /// token), in GB/s, and that as a share of the read bandwidth measured in the same run.
+    weights_gbps: Option<f64>,
+    bandwidth_share: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -30,7 +37,29 @@ struct Report {
     precision: Precision,
     threads: usize,
     rows: Vec<Row>,
+    /// The CPU's read bandwidth measured after the runs (GB/s, `tpslab_kernels::membw`), when
+    /// decode ran on the CPU.
+    read_bandwidth_gbps: Option<f64>,
     peak_rss_bytes: Option<u64>,
+}
+
+/// Whether the runs used the CPU: asked for, or `auto` on a machine without a GPU.
+fn ran_on_cpu(device: DeviceChoice) -> bool {
+    match device {
+        DeviceChoice::Cpu => true,
+        DeviceChoice::Cuda(_) => false,
+        DeviceChoice::Auto => !gpu_present(),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_present() -> bool {
+    tpslab_kernels::cuda::probe().is_ok()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_present() -> bool {
+    false
 }
 
 /// `n` prompt tokens cut from the bundled text (repeated if it is too short); seeded random ids
@@ -97,6 +126,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             n_tokens: n,
             tokens_per_s: median(&mut all.clone()),
             all_tokens_per_s: all,
+            weights_gbps: None,
+            bandwidth_share: None,
         });
     }
     for &n in a.tg.iter().flatten().filter(|&&n| n > 0) {
@@ -111,7 +142,26 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             n_tokens: n,
             tokens_per_s: median(&mut all.clone()),
             all_tokens_per_s: all,
+            weights_gbps: None,
+            bandwidth_share: None,
         });
+    }
+    // The runs' peak, before the bandwidth probe's buffer counts in it.
+    let peak_rss_bytes = crate::mem::rss_bytes().map(|(_, peak)| peak);
+    // Decode streams every weight once a token: its rate against the read bandwidth measured
+    // now, on the same threads, says how far it is from the memory limit.
+    let decodes = rows.iter().any(|r| r.test.starts_with("tg"));
+    let read_bandwidth_gbps = (decodes && ran_on_cpu(a.model.device)).then(|| {
+        let pool = tpslab_kernels::pool::ThreadPool::new(a.model.n_threads());
+        tpslab_kernels::membw::read_bandwidth(&pool, tpslab_kernels::membw::DEFAULT_BYTES, 5)
+    });
+    if let Some(bw) = read_bandwidth_gbps {
+        let weights = lm.model.weights.bytes() as f64;
+        for r in rows.iter_mut().filter(|r| r.test.starts_with("tg")) {
+            let gbps = r.tokens_per_s * weights / 1e9;
+            r.weights_gbps = Some(gbps);
+            r.bandwidth_share = Some(gbps / bw);
+        }
     }
     let report = Report {
         date: utc_now(),
@@ -119,25 +169,41 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         precision: lm.precision,
         threads: a.model.n_threads(),
         rows,
-        peak_rss_bytes: crate::mem::rss_bytes().map(|(_, peak)| peak),
+        read_bandwidth_gbps,
+        peak_rss_bytes,
     };
     println!(
         "model: {} ({}), {} threads, batch 1, greedy",
         report.model, report.precision, report.threads
     );
-    println!("| test | tokens/s (median of {}) | runs |", a.reps);
-    println!("|---|---|---|");
+    println!(
+        "| test | tokens/s (median of {}) | runs | weights GB/s | share of read bandwidth |",
+        a.reps
+    );
+    println!("|---|---|---|---|---|");
     for r in &report.rows {
         let runs: Vec<String> = r
             .all_tokens_per_s
             .iter()
             .map(|v| format!("{v:.1}"))
             .collect();
+        let (gbps, share) = match (r.weights_gbps, r.bandwidth_share) {
+            (Some(g), Some(s)) => (format!("{g:.1}"), format!("{:.0}%", s * 100.0)),
+            _ => ("-".into(), "-".into()),
+        };
         println!(
-            "| {} | {:.1} | {} |",
+            "| {} | {:.1} | {} | {gbps} | {share} |",
             r.test,
             r.tokens_per_s,
             runs.join(", ")
+        );
+    }
+    if let Some(bw) = report.read_bandwidth_gbps {
+        println!(
+            "read bandwidth: {bw:.1} GB/s ({} threads, best of 5 passes over {} MiB); decode streams {:.1} MiB of weights a token",
+            report.threads,
+            tpslab_kernels::membw::DEFAULT_BYTES >> 20,
+            lm.model.weights.bytes() as f64 / (1 << 20) as f64
         );
     }
     if let Some(p) = report.peak_rss_bytes {

@@ -11,25 +11,25 @@
 //! - `quantize_lowbit`: the Q3_K, IQ4_NL and IQ4_XS quantizers (ggml's scale searches), and
 //!   MXFP4's.
 //! - `quant`: activation quantization (Q8_0, Q8_1, Q8_K) and the per-element dot formulas,
-//!   portable: ggml's AVX2 float operations for the K-quants, one FMA per block for Q4_0, Q4_1
-//!   and Q8_0.
-//! - `dots`: the portable dot formulas of Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4.
+//!   portable: ggml's AVX2 float operations for the K-quants, one FMA per block for the
+//!   32-element types (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL).
+//! - `dots`: the portable dot formulas of Q2_K, Q3_K, IQ4_XS and MXFP4.
 //! - `isa`: the x86 integer-dot paths (AVX2, AVX-VNNI, AVX-512 VNNI): the kernels below are
 //!   generic over them and compiled once per path, chosen at run time ([`Backend::detect`]).
 //! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
-//! - `avx2_panel`: the Q4_0/Q4_1/Q8_0 matmul for batches (prefill, many sequences): weight rows
-//!   repacked into 8-row panels once per group, so `vpdpbusd` with a broadcast activation word
+//! - `avx2_panel`: the matmul of the 32-element types for batches (prefill, many sequences):
+//!   weight rows repacked into 8-row panels once per group, so `vpdpbusd` with a broadcast activation word
 //!   leaves each row's block dot in its own lane.
 //! - `avx2_panel_k`: the same for Q4_K, Q5_K and Q6_K (levels, scales and mins repacked per 8
 //!   rows).
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations,
 //!   one or four activation rows per unpacked weight row.
-//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS,
-//!   MXFP4).
+//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q2_K, Q3_K, IQ4_XS, MXFP4).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `moe`: mixture-of-experts routing and the expert FFN grouped by expert (each expert's
 //!   weights read once per step).
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
+//! - `membw`: the machine's memory read bandwidth, measured (what decode is stated against).
 //! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback), with
 //!   sliding windows, soft-capping and per-head sinks.
 //! - `cuda` (feature `cuda`, on by default): the GPU kernels (`kernels/cuda/*.cu`, embedded as the
@@ -53,6 +53,7 @@ mod dots;
 #[cfg(target_arch = "x86_64")]
 mod isa;
 mod matmul;
+pub mod membw;
 pub mod moe;
 pub mod pool;
 pub mod quant;
