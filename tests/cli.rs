@@ -346,13 +346,31 @@ fn bad_flags_and_prompts_are_refused() {
     fails_with(&["generate", "--model", m, "--prompt", &long], "context");
 }
 
+/// `tpslab bench ARGS --json FILE`, which must succeed: its standard output and the report.
+fn bench_json(args: &[&str]) -> (String, Value) {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let json = std::env::temp_dir().join(format!("tpslab-bench-{}-{n}.json", std::process::id()));
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", json.to_str().expect("utf8")]);
+    let out = tpslab(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json");
+    let _ = std::fs::remove_file(&json);
+    (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+}
+
 /// `--synthetic` needs no model file: the serving bench runs on random weights and writes its
 /// report; bad names and a clashing `--model` are one clear error.
 #[test]
 fn synthetic_bench_runs_without_a_model_file() {
-    let json = std::env::temp_dir().join(format!("tpslab-synth-{}.json", std::process::id()));
-    let out = tpslab(&[
-        "bench",
+    let (_, report) = bench_json(&[
         "--synthetic",
         "smollm2-135m",
         "--precision",
@@ -363,17 +381,7 @@ fn synthetic_bench_runs_without_a_model_file() {
         "8",
         "--output-len",
         "4",
-        "--json",
-        json.to_str().expect("utf8"),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json");
-    let _ = std::fs::remove_file(&json);
     assert_eq!(report["model"], "synthetic:smollm2-135m");
     assert_eq!(report["precision"], "Q4_0");
     // Every request produced exactly its 4 tokens (no end-of-sequence on random weights).
@@ -399,9 +407,7 @@ fn synthetic_bench_runs_without_a_model_file() {
 #[test]
 fn single_stream_bench_states_decode_against_the_read_bandwidth() {
     let m = model();
-    let json = std::env::temp_dir().join(format!("tpslab-tg-{}.json", std::process::id()));
-    let out = tpslab(&[
-        "bench",
+    let (stdout, report) = bench_json(&[
         "--model",
         m.to_str().expect("utf8 path"),
         "--device",
@@ -412,20 +418,9 @@ fn single_stream_bench_states_decode_against_the_read_bandwidth() {
         "8",
         "--reps",
         "1",
-        "--json",
-        json.to_str().expect("utf8"),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("share of read bandwidth"), "{stdout}");
     assert!(stdout.contains("read bandwidth: "), "{stdout}");
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("json");
-    let _ = std::fs::remove_file(&json);
     let bw = report["read_bandwidth_gbps"].as_f64().expect("bandwidth");
     assert!(bw > 0.0, "{report}");
     let rows = report["rows"].as_array().expect("rows");
@@ -436,7 +431,10 @@ fn single_stream_bench_states_decode_against_the_read_bandwidth() {
     let tps = tg["tokens_per_s"].as_f64().expect("tokens/s");
     // Every weight once a token: the default model's 92 MiB of weights at its decode rate.
     let weights = 96_576_768.0;
-    assert!((gbps - tps * weights / 1e9).abs() < 1e-6 * gbps.max(1.0), "{tg}");
+    assert!(
+        (gbps - tps * weights / 1e9).abs() < 1e-6 * gbps.max(1.0),
+        "{tg}"
+    );
     let share = tg["bandwidth_share"].as_f64().expect("share");
     assert!((share - gbps / bw).abs() < 1e-9, "{tg}");
 }

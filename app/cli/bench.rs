@@ -148,21 +148,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     // The runs' peak, before the bandwidth probe's buffer counts in it.
     let peak_rss_bytes = crate::mem::rss_bytes().map(|(_, peak)| peak);
-    // Decode streams every weight once a token: its rate against the read bandwidth measured
-    // now, on the same threads, says how far it is from the memory limit.
-    let decodes = rows.iter().any(|r| r.test.starts_with("tg"));
-    let read_bandwidth_gbps = (decodes && ran_on_cpu(a.model.device)).then(|| {
-        let pool = tpslab_kernels::pool::ThreadPool::new(a.model.n_threads());
-        tpslab_kernels::membw::read_bandwidth(&pool, tpslab_kernels::membw::DEFAULT_BYTES, 5)
-    });
-    if let Some(bw) = read_bandwidth_gbps {
-        let weights = lm.model.weights.bytes() as f64;
-        for r in rows.iter_mut().filter(|r| r.test.starts_with("tg")) {
-            let gbps = r.tokens_per_s * weights / 1e9;
-            r.weights_gbps = Some(gbps);
-            r.bandwidth_share = Some(gbps / bw);
-        }
-    }
+    let read_bandwidth_gbps = against_bandwidth(&mut rows, a, lm.model.weights.bytes());
     let report = Report {
         date: utc_now(),
         model: lm.path.display().to_string(),
@@ -172,13 +158,40 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         read_bandwidth_gbps,
         peak_rss_bytes,
     };
+    print_report(&report, a.reps, lm.model.weights.bytes());
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+/// Decode streams every weight once a token: on the CPU, the read bandwidth measured now (on
+/// the runs' threads) and each decode row's weight GB/s and its share of it, which say how far
+/// decode is from the memory limit. Returns the bandwidth, if measured.
+fn against_bandwidth(rows: &mut [Row], a: &BenchArgs, weights_bytes: usize) -> Option<f64> {
+    let decodes = rows.iter().any(|r| r.test.starts_with("tg"));
+    if !decodes || !ran_on_cpu(a.model.device) {
+        return None;
+    }
+    let pool = tpslab_kernels::pool::ThreadPool::new(a.model.n_threads());
+    let bw = tpslab_kernels::membw::read_bandwidth(&pool, tpslab_kernels::membw::DEFAULT_BYTES, 5);
+    for r in rows.iter_mut().filter(|r| r.test.starts_with("tg")) {
+        let gbps = r.tokens_per_s * weights_bytes as f64 / 1e9;
+        r.weights_gbps = Some(gbps);
+        r.bandwidth_share = Some(gbps / bw);
+    }
+    Some(bw)
+}
+
+/// The report as llama-bench's markdown table, with the bandwidth line and the peak RSS.
+fn print_report(report: &Report, reps: u32, weights_bytes: usize) {
     println!(
         "model: {} ({}), {} threads, batch 1, greedy",
         report.model, report.precision, report.threads
     );
     println!(
         "| test | tokens/s (median of {}) | runs | weights GB/s | share of read bandwidth |",
-        a.reps
+        reps
     );
     println!("|---|---|---|---|---|");
     for r in &report.rows {
@@ -203,16 +216,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             "read bandwidth: {bw:.1} GB/s ({} threads, best of 5 passes over {} MiB); decode streams {:.1} MiB of weights a token",
             report.threads,
             tpslab_kernels::membw::DEFAULT_BYTES >> 20,
-            lm.model.weights.bytes() as f64 / (1 << 20) as f64
+            weights_bytes as f64 / (1 << 20) as f64
         );
     }
     if let Some(p) = report.peak_rss_bytes {
         println!("peak RSS: {:.1} MiB", p as f64 / (1 << 20) as f64);
     }
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
-    }
-    Ok(())
 }
 
 /// Exactly `n` generated tokens: end-of-sequence ignored, as benchmarks need fixed lengths.

@@ -21,7 +21,10 @@ fn sum(words: &[u64]) -> u64 {
             *a = a.wrapping_add(w);
         }
     }
-    let tail = chunks.remainder().iter().fold(0u64, |a, &w| a.wrapping_add(w));
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, &w| a.wrapping_add(w));
     acc.iter().fold(tail, |a, &w| a.wrapping_add(w))
 }
 
