@@ -245,16 +245,18 @@ fn names(spec: &AnswerSpec) -> Names<'_> {
 }
 
 impl ChoiceState {
-    /// vLLM's `prompt_logprobs` of the choice's prompt, when the request asked for them.
-    fn prompt_logprobs(&self, spec: &AnswerSpec) -> Option<PromptPieces> {
+    /// vLLM's `prompt_logprobs` of the choice's prompt, when the request asked for them. The
+    /// prompt is taken, or copied where completions' `logprobs` (an echoed prompt's) read it
+    /// too.
+    fn prompt_logprobs(&mut self, spec: &AnswerSpec) -> Option<PromptPieces> {
         let k = spec.prompt_logprobs?;
-        let (ids, lps) = self.prompt.as_ref()?;
-        Some(PromptPieces::new(
-            &spec.lm.tokenizer,
-            ids.clone(),
-            lps.clone(),
-            k,
-        ))
+        let echoed = spec.meta.kind == Kind::Completion && spec.logprobs.is_some();
+        let (ids, lps) = if echoed {
+            self.prompt.clone()?
+        } else {
+            self.prompt.take()?
+        };
+        Some(PromptPieces::new(&spec.lm.tokenizer, ids, lps, k))
     }
 }
 

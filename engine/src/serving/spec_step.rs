@@ -138,7 +138,9 @@ impl EngineThread {
         let t = Instant::now();
         let k = self.knobs.spec.num_tokens;
         let payoff = self.knobs.spec.payoff;
-        let (cost, live, sched) = (&self.spec.cost, &mut self.live, &self.sched);
+        let (live, sched) = (&mut self.live, &self.sched);
+        // The step's expected times, looked up once for every request.
+        let times = self.spec.cost.for_step(running, k);
         let model = proposer.is_model();
         let ready = sched.decode_ready();
         // Per request: how many tokens to verify (None: hold back), and how many to ask for.
@@ -150,7 +152,7 @@ impl EngineThread {
             };
             let most = room.min(k);
             let len = if payoff {
-                Some(cost.best_len(running, &l.accept, most).0).filter(|&d| d > 0)
+                Some(times.best_len(&l.accept, most).0).filter(|&d| d > 0)
             } else {
                 Some(most)
             };

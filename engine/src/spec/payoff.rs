@@ -102,28 +102,58 @@ impl DecodeCost {
     }
 
     /// The proposal length (at most `max`) that gains most for a request expecting `acc`, in a
-    /// step of `rows` plain rows, with its expected gain; `(0, 1.0)` when none gains
+    /// step of `rows` plain rows, with its expected gain ([`StepTimes::best_len`]).
+    pub fn best_len(&self, rows: usize, acc: &Acceptance, max: usize) -> (usize, f64) {
+        self.for_step(rows, max).best_len(acc, max)
+    }
+
+    /// The expected times of a step of `rows` plain rows and of it with 1..=`max` proposed
+    /// tokens more: looked up once per step, then weighed for each request.
+    pub fn for_step(&self, rows: usize, max: usize) -> StepTimes {
+        let rows = rows.max(1);
+        StepTimes {
+            rows: rows as f64,
+            base: self.at(rows),
+            with: (1..=max).map(|d| self.at(rows + d)).collect(),
+            propose_ms: self.propose_ms,
+        }
+    }
+}
+
+/// A step's expected times, plain and with `d` proposed tokens more ([`DecodeCost::for_step`]).
+#[derive(Debug, Clone)]
+pub struct StepTimes {
+    rows: f64,
+    base: Option<f64>,
+    /// Entry `d - 1`: the step with `d` proposed tokens.
+    with: Vec<Option<f64>>,
+    propose_ms: f64,
+}
+
+impl StepTimes {
+    /// The proposal length (at most `max`, at most the lengths looked up) that gains most for
+    /// a request expecting `acc`, with its expected gain; `(0, 1.0)` when none gains
     /// [`MIN_GAIN`]. While a plain step's time is unknown nothing is proposed (the plain step
     /// measures it); while the longest proposal's cannot be estimated, it is tried (gain
     /// unknown: infinite), which measures it.
-    pub fn best_len(&self, rows: usize, acc: &Acceptance, max: usize) -> (usize, f64) {
-        let rows = rows.max(1);
-        let Some(base) = self.at(rows) else {
+    pub fn best_len(&self, acc: &Acceptance, max: usize) -> (usize, f64) {
+        let max = max.min(self.with.len());
+        let Some(base) = self.base else {
             return (0, 1.0);
         };
-        if max > 0 && self.at(rows + max).is_none() {
+        if max > 0 && self.with[max - 1].is_none() {
             return (max, f64::INFINITY);
         }
         let mut best = (0, 1.0);
-        for d in 1..=max {
-            let Some(t) = self.at(rows + d) else {
+        for (d, t) in (1..=max).zip(&self.with) {
+            let Some(t) = *t else {
                 continue;
             };
             // A longer step never takes less time (a plain step measured long ago, on a
             // colder cache, must not make proposals look free).
             let t = t.max(base);
-            let with = (rows as f64 + acc.expected(d)) / (t + self.propose_ms);
-            let gain = with / (rows as f64 / base);
+            let with = (self.rows + acc.expected(d)) / (t + self.propose_ms);
+            let gain = with / (self.rows / base);
             if gain > best.1 {
                 best = (d, gain);
             }
