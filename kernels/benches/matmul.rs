@@ -79,6 +79,7 @@ fn shapes(c: &mut Criterion) {
             n,
             k,
             data: &data,
+            layout: tpslab_kernels::Layout::Ggml,
         };
         for m in [1usize, 128] {
             let x = acts(m * k);
@@ -135,6 +136,7 @@ fn model_step(c: &mut Criterion) {
                             n: *n,
                             k: *k,
                             data,
+                            layout: tpslab_kernels::Layout::Ggml,
                         };
                         matmul(&pool, &w, black_box(&x[..m * k]), m, &mut y[..m * n]);
                     }
@@ -144,6 +146,7 @@ fn model_step(c: &mut Criterion) {
                     n: VOCAB,
                     k: 576,
                     data: &head,
+                    layout: tpslab_kernels::Layout::Ggml,
                 };
                 matmul(&pool, &w, black_box(&x[..m * 576]), m, &mut y);
             })
@@ -168,6 +171,7 @@ fn kquants(c: &mut Criterion) {
             n,
             k,
             data: &data,
+            layout: tpslab_kernels::Layout::Ggml,
         };
         for m in [1usize, 16] {
             let x = acts(m * k);

@@ -73,6 +73,7 @@ fn main() {
                     n: *n,
                     k: *k,
                     data,
+                    layout: tpslab_kernels::Layout::Ggml,
                 };
                 matmul(&pool, &w, &x[..m * k], m, &mut y[..m * n]);
             }

@@ -7,13 +7,20 @@
 //!
 //! `TPSLAB_BENCH_THREADS` sets the threads (default 2), `TPSLAB_CPU_KERNELS` the path,
 //! `TPSLAB_ROWS` the row counts (default `1,128`), `TPSLAB_TYPES` the types (default all, by
-//! name as `--precision` takes them), `TPSLAB_REPS` the timed runs per cell (default 5).
+//! name as `--precision` takes them), `TPSLAB_REPS` the timed runs per cell (default 5),
+//! `TPSLAB_LAYERS` the distinct copies of the layer streamed per run (default 4: past a 32 MiB
+//! last-level cache for every type, so one row measures memory, not the cache). The read
+//! bandwidth of the same pool is measured first ([`membw`]) and each row's weight GB/s is also
+//! given as its share of it. `TPSLAB_LAYOUT=ggml` keeps every matrix in ggml rows; by default
+//! the types with a packed layout are packed ([`packed::fields`]).
 //!
 //! `cargo run --release -p tpslab-kernels --example type_rates`
 
 use std::time::Instant;
 
-use tpslab_kernels::{Backend, QMatrix, ThreadPool, WType, matmul, quantize::quantize};
+use tpslab_kernels::{
+    Backend, Layout, QMatrix, ThreadPool, WType, matmul, membw, packed, quantize::quantize,
+};
 
 /// One Llama-3.2-1B layer's matrices as the engine runs them (n outputs, k inputs).
 const LAYER: [(usize, usize); 4] = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)];
@@ -47,15 +54,24 @@ fn main() {
             .collect(),
         None => WType::ALL.to_vec(),
     };
+    let layers: usize = std::env::var("TPSLAB_LAYERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+        .max(1);
     let pool = ThreadPool::new(threads);
+    let bw = membw::read_bandwidth(&pool, membw::DEFAULT_BYTES, 5);
     let macs_per_row: usize = LAYER.iter().map(|(n, k)| n * k).sum();
     println!(
-        "{} kernels, {threads} threads, one Llama-3.2-1B layer ({:.1} M MACs a row), best of {reps}",
+        "{} kernels, {threads} threads, {layers} copies of a Llama-3.2-1B layer ({:.1} M MACs a \
+         row each), best of {reps}; read bandwidth {bw:.1} GB/s",
         Backend::detect().name(),
         macs_per_row as f64 / 1e6
     );
-    println!("| type | weights MB | rows | best ms | GMAC/s | weight GB/s |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| type | layout | weights MB | rows | best ms | GMAC/s | weight GB/s | of read bandwidth |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     let max_rows = rows.iter().copied().max().unwrap_or(1);
     let x: Vec<f32> = (0..max_rows * 8192)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
@@ -73,6 +89,19 @@ fn main() {
                 (n, k, data)
             })
             .collect();
+        let ggml_only = std::env::var("TPSLAB_LAYOUT").is_ok_and(|v| v == "ggml");
+        let layout = if ggml_only || packed::fields(ty).is_none() {
+            Layout::Ggml
+        } else {
+            Layout::Rows8
+        };
+        let mats: Vec<(usize, usize, Vec<u8>)> = (0..layers)
+            .flat_map(|_| mats.iter().cloned())
+            .map(|(n, k, d)| match layout {
+                Layout::Ggml => (n, k, d),
+                Layout::Rows8 => (n, k, packed::pack(ty, n, k, &d)),
+            })
+            .collect();
         let bytes: usize = mats.iter().map(|m| m.2.len()).sum();
         for &m in &rows {
             let mut best = f64::INFINITY;
@@ -84,17 +113,19 @@ fn main() {
                         n: *n,
                         k: *k,
                         data,
+                        layout,
                     };
                     matmul(&pool, &w, &x[..m * k], m, &mut y[..m * n]);
                 }
                 best = best.min(t.elapsed().as_secs_f64());
             }
+            let gbs = bytes as f64 / best / 1e9;
             println!(
-                "| {ty} | {:.1} | {m} | {:.2} | {:.1} | {:.1} |",
+                "| {ty} | {layout:?} | {:.1} | {m} | {:.2} | {:.1} | {gbs:.1} | {:.0}% |",
                 bytes as f64 / 1e6,
                 best * 1e3,
-                (m * macs_per_row) as f64 / best / 1e9,
-                bytes as f64 / best / 1e9
+                (layers * m * macs_per_row) as f64 / best / 1e9,
+                100.0 * gbs / bw
             );
         }
     }

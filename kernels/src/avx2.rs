@@ -109,6 +109,7 @@ pub(crate) fn group_rows(m: usize) -> usize {
 pub(crate) struct GroupJob<'a> {
     pub ty: WType,
     pub data: &'a [u8],
+    pub layout: crate::Layout,
     pub n: usize,
     pub k: usize,
     pub m: usize,
@@ -124,6 +125,10 @@ pub(crate) struct GroupJob<'a> {
 unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut Scratch) {
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
+        if job.layout == crate::Layout::Rows8 {
+            crate::avx2_rows8::groups::<D>(job, g_lo, g_hi);
+            return;
+        }
         if crate::avx2_panel_k::has_panels(job.ty) {
             crate::avx2_panel_k::groups::<D>(job, g_lo, g_hi, &mut s.panels_k);
             return;

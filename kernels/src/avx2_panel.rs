@@ -133,15 +133,58 @@ pub(crate) unsafe fn transpose8x8_words(rows: [__m256i; LANES]) -> [__m256i; LAN
     }
 }
 
+/// Where a tile's weights come from: per panel `p` of the tile, block `b` and step, the 8 rows'
+/// dotted bytes (as [`repack`] stores them: Q8_0's and IQ4_NL's flipped by 128 on the VNNI
+/// paths), and per block the rows' `d` and min as floats.
+pub(crate) trait Source: Copy {
+    /// # Safety
+    /// Panel `p`, block `b` are inside the source, on a CPU with `D`'s features.
+    unsafe fn levels<D: Dots, const T: u8>(self, p: usize, b: usize, step: usize) -> __m256i;
+    /// # Safety
+    /// As [`Source::levels`].
+    unsafe fn dw<const T: u8>(self, p: usize, b: usize) -> __m256;
+    /// # Safety
+    /// As [`Source::levels`].
+    unsafe fn mw<const T: u8>(self, p: usize, b: usize) -> __m256;
+}
+
+/// A repacked group's panels from `p0` on.
+#[derive(Clone, Copy)]
+struct Repacked<'a> {
+    pn: &'a Panels,
+    p0: usize,
+}
+
+impl Source for Repacked<'_> {
+    #[inline(always)]
+    unsafe fn levels<D: Dots, const T: u8>(self, p: usize, b: usize, step: usize) -> __m256i {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let at = (b * PANELS + self.p0 + p) * PANEL_BYTES + step * 32;
+            _mm256_loadu_si256(self.pn.w.as_ptr().add(at).cast())
+        }
+    }
+    #[inline(always)]
+    unsafe fn dw<const T: u8>(self, p: usize, b: usize) -> __m256 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm256_loadu_ps(self.pn.dw.as_ptr().add(b * ROWS + (self.p0 + p) * LANES)) }
+    }
+    #[inline(always)]
+    unsafe fn mw<const T: u8>(self, p: usize, b: usize) -> __m256 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm256_loadu_ps(self.pn.mw.as_ptr().add(b * ROWS + (self.p0 + p) * LANES)) }
+    }
+}
+
 /// The `PP` panels from `p0` by activation rows `c0..c0 + CC` (`T` as in `avx2`).
 #[inline(always)]
 // The register tile is indexed [panel][column] from loops in the order the loads want.
 #[allow(clippy::needless_range_loop)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
+pub(crate) unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
     job: &GroupJob<'_>,
-    pn: &Panels,
+    src: impl Source,
     j0: usize,
     p0: usize,
     c0: usize,
@@ -154,8 +197,7 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
         let sign = signed_levels(T) && !D::VNNI;
         let corr = level_offset(T) != 0 || (signed_levels(T) && D::VNNI);
         let mins = has_min(T);
-        assert!(p0 + PP <= PANELS && c0 + CC <= job.m);
-        assert!(pn.w.len() >= nb * PANELS * PANEL_BYTES && pn.dw.len() >= nb * ROWS);
+        assert!(c0 + CC <= job.m);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
         assert!(!corr || acts.sums.len() >= (c0 + CC) * nb);
         // How far the dotted bytes sit above the weights' values: Q4_0's nibbles 8, Q5_0's
@@ -165,18 +207,19 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
         } else {
             level_offset(T)
         };
-        assert!(!mins || (acts.s.len() >= (c0 + CC) * nb && pn.mw.len() >= nb * ROWS));
+        assert!(!mins || acts.s.len() >= (c0 + CC) * nb);
         let xq = acts.qs.as_ptr().add(c0 * k);
         let mut acc = [[_mm256_setzero_ps(); CC]; PP];
         for b in 0..nb {
             // SAFETY: block b of the panels and of each activation row is in bounds (above).
             unsafe {
-                let wb = pn.w.as_ptr().add((b * PANELS + p0) * PANEL_BYTES);
                 let mut dot = [[_mm256_setzero_si256(); CC]; PP];
                 for step in 0..LANES {
-                    let w: [__m256i; PP] = std::array::from_fn(|p| {
-                        _mm256_loadu_si256(wb.add(p * PANEL_BYTES + step * 32).cast())
-                    });
+                    // No closure: it would be compiled without the path's features.
+                    let mut w = [_mm256_setzero_si256(); PP];
+                    for (p, w) in w.iter_mut().enumerate() {
+                        *w = src.levels::<D, T>(p, b, step);
+                    }
                     let aw = if sign {
                         w.map(|v| _mm256_sign_epi8(v, v))
                     } else {
@@ -191,9 +234,10 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
                         }
                     }
                 }
-                let dw: [__m256; PP] = std::array::from_fn(|p| {
-                    _mm256_loadu_ps(pn.dw.as_ptr().add(b * ROWS + (p0 + p) * LANES))
-                });
+                let mut dw = [_mm256_setzero_ps(); PP];
+                for (p, dw) in dw.iter_mut().enumerate() {
+                    *dw = src.dw::<T>(p, b);
+                }
                 for c in 0..CC {
                     let dx = _mm256_set1_ps(*acts.d.as_ptr().add((c0 + c) * nb + b));
                     let off = _mm256_set1_epi32(if corr {
@@ -223,17 +267,14 @@ unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8>(
                     continue;
                 }
                 let mut v = acc_p[c];
+                // (`p0` counts the tile's panels from `j0`; the source knows where they lie.)
                 if mins {
                     // Q4_1's `sum_b m_w * s_x`, one fma chain per row, then added once.
                     let mut s = _mm256_setzero_ps();
                     for b in 0..nb {
                         // SAFETY: in bounds (checked above).
-                        let (mv, sx) = unsafe {
-                            (
-                                _mm256_loadu_ps(pn.mw.as_ptr().add(b * ROWS + (p0 + p) * LANES)),
-                                *acts.s.as_ptr().add((c0 + c) * nb + b),
-                            )
-                        };
+                        let (mv, sx) =
+                            unsafe { (src.mw::<T>(p, b), *acts.s.as_ptr().add((c0 + c) * nb + b)) };
                         s = _mm256_fmadd_ps(mv, _mm256_set1_ps(sx), s);
                     }
                     v = _mm256_add_ps(v, s);
@@ -298,7 +339,9 @@ pub(crate) unsafe fn groups<D: Dots>(
             while c0 < job.m {
                 let cc = tile_cols(job.m - c0, full);
                 // SAFETY: the caller runs on a CPU with `D`'s features.
-                unsafe { dispatch::<D>(job, pn, j0, p0, c0, cc) };
+                let two = D::PANELS == 2 && p0 + 2 <= PANELS && j0 + LANES < job.n;
+                let src = Repacked { pn, p0 };
+                unsafe { dispatch::<D>(job, src, j0, p0, c0, cc, two) };
                 c0 += cc;
             }
             p0 += D::PANELS;
@@ -306,15 +349,17 @@ pub(crate) unsafe fn groups<D: Dots>(
     }
 }
 
-/// [`tile`] for a run-time tile width `cc` (the path's full width, 4, 2 or 1).
+/// [`tile`] for a run-time tile: two panels or one, `cc` activation rows (the path's full
+/// width, 4, 2 or 1).
 #[inline(always)]
-unsafe fn dispatch<D: Dots>(
+pub(crate) unsafe fn dispatch<D: Dots>(
     job: &GroupJob<'_>,
-    pn: &Panels,
+    src: impl Source,
     j0: usize,
     p0: usize,
     c0: usize,
     cc: usize,
+    two: bool,
 ) {
     use crate::avx2::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     macro_rules! by_cc {
@@ -322,10 +367,10 @@ unsafe fn dispatch<D: Dots>(
             // SAFETY: as the caller promises.
             unsafe {
                 match cc {
-                    6 => tile::<D, $pp, 6, $t>(job, pn, j0, p0, c0),
-                    4 => tile::<D, $pp, 4, $t>(job, pn, j0, p0, c0),
-                    2 => tile::<D, $pp, 2, $t>(job, pn, j0, p0, c0),
-                    _ => tile::<D, $pp, 1, $t>(job, pn, j0, p0, c0),
+                    6 => tile::<D, $pp, 6, $t>(job, src, j0, p0, c0),
+                    4 => tile::<D, $pp, 4, $t>(job, src, j0, p0, c0),
+                    2 => tile::<D, $pp, 2, $t>(job, src, j0, p0, c0),
+                    _ => tile::<D, $pp, 1, $t>(job, src, j0, p0, c0),
                 }
             }
         };
@@ -342,9 +387,5 @@ unsafe fn dispatch<D: Dots>(
             }
         };
     }
-    if D::PANELS == 2 && p0 + 2 <= PANELS && j0 + LANES < job.n {
-        go!(2)
-    } else {
-        go!(1)
-    }
+    if two { go!(2) } else { go!(1) }
 }

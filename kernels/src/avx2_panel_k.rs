@@ -39,9 +39,9 @@ const QVECS_Q4K: usize = 32;
 const QVECS_BYTES: usize = 64;
 
 /// The K-quant types with panels, as the const parameter of the kernels.
-const Q4K: u8 = 0;
-const Q5K: u8 = 1;
-const Q6K: u8 = 2;
+pub(crate) const Q4K: u8 = 0;
+pub(crate) const Q5K: u8 = 1;
+pub(crate) const Q6K: u8 = 2;
 
 /// A repacked group of Q4_K, Q5_K or Q6_K weight rows (reused across calls).
 #[derive(Default)]
@@ -214,8 +214,10 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 let mut isum = [[_mm256_setzero_si256(); CC]; PP];
                 let mut imin = [[_mm256_setzero_si256(); CC]; PP];
                 let at = Block {
-                    qb,
+                    qb: qb.cast(),
+                    qstride: 32 * qv,
                     smb,
+                    sstride: LANES,
                     xq,
                     k,
                     b,
@@ -228,7 +230,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 } else if T == Q5K {
                     k4_block::<D, Q5K, PP, CC>(at, &mut isum, &mut imin);
                 } else {
-                    q6k_block::<D, PP, CC>(at, &mut isum);
+                    q6k_block::<D, false, PP, CC>(at, &mut isum);
                 }
                 let dw: [__m256; PP] = std::array::from_fn(|p| {
                     _mm256_loadu_ps(pn.d.as_ptr().add(b * ROWS + (p0 + p) * LANES))
@@ -236,23 +238,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 let mw: [__m256; PP] = std::array::from_fn(|p| {
                     _mm256_loadu_ps(pn.dmin.as_ptr().add(b * ROWS + (p0 + p) * LANES))
                 });
-                for c in 0..CC {
-                    let dx = _mm256_set1_ps(*acts.d.as_ptr().add((c0 + c) * nb + b));
-                    for p in 0..PP {
-                        acc[p][c] = _mm256_fmadd_ps(
-                            _mm256_mul_ps(dw[p], dx),
-                            _mm256_cvtepi32_ps(isum[p][c]),
-                            acc[p][c],
-                        );
-                        if T != Q6K {
-                            acc[p][c] = _mm256_fnmadd_ps(
-                                _mm256_mul_ps(mw[p], dx),
-                                _mm256_cvtepi32_ps(imin[p][c]),
-                                acc[p][c],
-                            );
-                        }
-                    }
-                }
+                block_floats::<T, PP, CC>(&mut acc, &isum, &imin, &dw, &mw, at);
             }
         }
         for c in 0..CC {
@@ -268,19 +254,105 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     }
 }
 
-/// Where one block of a tile is: the level vectors (`qb`) and scale pairs (`smb`) of block `b`
-/// of the tile's first panel, the quantized activations (`xq`) of its first activation row `c0`
-/// (rows `k` apart, `nb` blocks each), and the activations' other fields (`acts`).
+/// The float work of one block of a `PP x CC` tile, lane by lane `quant::dot_q4k`'s (or
+/// `dot_q6k`'s, `T` = Q6_K, without the mins): `acc = fma(d_w * d_x, isum, acc)`, then
+/// `acc = fma(-(dmin_w * d_x), imin, acc)`.
+///
+/// # Safety
+/// As [`tile`]'s: `at`'s activation block is in bounds.
+#[inline(always)]
+pub(crate) unsafe fn block_floats<const T: u8, const PP: usize, const CC: usize>(
+    acc: &mut [[__m256; CC]; PP],
+    isum: &[[__m256i; CC]; PP],
+    imin: &[[__m256i; CC]; PP],
+    dw: &[__m256; PP],
+    mw: &[__m256; PP],
+    at: Block<'_>,
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        for c in 0..CC {
+            let dx = _mm256_set1_ps(*at.acts.d.as_ptr().add((at.c0 + c) * at.nb + at.b));
+            for p in 0..PP {
+                acc[p][c] = _mm256_fmadd_ps(
+                    _mm256_mul_ps(dw[p], dx),
+                    _mm256_cvtepi32_ps(isum[p][c]),
+                    acc[p][c],
+                );
+                if T != Q6K {
+                    acc[p][c] = _mm256_fnmadd_ps(
+                        _mm256_mul_ps(mw[p], dx),
+                        _mm256_cvtepi32_ps(imin[p][c]),
+                        acc[p][c],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Where one block of a tile is: the level bytes (`qb`) and scale pair vectors (`smb`) of block
+/// `b` of the tile's first panel, the next panel's `qstride` bytes and `sstride` vectors on, the
+/// quantized activations (`xq`) of its first activation row `c0` (rows `k` apart, `nb` blocks
+/// each), and the activations' other fields (`acts`). The levels are the repacked panels'
+/// vectors, or with `PACKED` a packed matrix's own bytes (`crate::packed`).
 #[derive(Clone, Copy)]
-struct Block<'a> {
-    qb: *const __m256i,
-    smb: *const __m256i,
-    xq: *const i8,
-    k: usize,
-    b: usize,
-    acts: &'a crate::quant::QActs,
-    c0: usize,
-    nb: usize,
+pub(crate) struct Block<'a> {
+    pub qb: *const u8,
+    pub qstride: usize,
+    pub smb: *const __m256i,
+    pub sstride: usize,
+    pub xq: *const i8,
+    pub k: usize,
+    pub b: usize,
+    pub acts: &'a crate::quant::QActs,
+    pub c0: usize,
+    pub nb: usize,
+}
+
+/// The 32 bytes `v` vectors on from `p`.
+///
+/// # Safety
+/// They are readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
+    // SAFETY: the caller's promise.
+    unsafe { _mm256_loadu_si256(p.add(32 * v).cast()) }
+}
+
+/// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block whose
+/// low nibbles (`ql`, 4 bytes a row per vector) start at `p` and high bits (`qh`) 1024 bytes on:
+/// `avx2_kquant::dot_q6k_rows`'s unpack, vector by vector.
+///
+/// # Safety
+/// The packed block at `p` is readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn q6k_packed_levels(p: *const u8, c: usize, step: usize) -> __m256i {
+    // SAFETY: the caller's promise; the vectors read are inside the block's ql and qh fields.
+    unsafe {
+        let (h, i) = (c / 4, c % 4);
+        let l = vec_at(p, 16 * h + 8 * (i % 2) + step);
+        let hb = vec_at(p, 32 + 8 * h + step);
+        let m15 = _mm256_set1_epi8(15);
+        match i {
+            0 => _mm256_or_si256(
+                _mm256_and_si256(l, m15),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(hb, _mm256_set1_epi8(3))),
+            ),
+            1 => _mm256_or_si256(
+                _mm256_and_si256(l, m15),
+                _mm256_slli_epi16::<2>(_mm256_and_si256(hb, _mm256_set1_epi8(12))),
+            ),
+            2 => _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l), m15),
+                _mm256_and_si256(hb, _mm256_set1_epi8(48)),
+            ),
+            _ => _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l), m15),
+                _mm256_srli_epi16::<2>(_mm256_and_si256(hb, _mm256_set1_epi8(-64))),
+            ),
+        }
+    }
 }
 
 /// Q4_K's or Q5_K's (`T`) integer part of one block for the `PP x CC` tile: per sub-block `s`,
@@ -291,7 +363,7 @@ struct Block<'a> {
 /// As [`tile`]'s: `at` is in bounds ([`Block`]).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
+pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     at: Block<'_>,
     isum: &mut [[__m256i; CC]; PP],
     imin: &mut [[__m256i; CC]; PP],
@@ -300,7 +372,9 @@ unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     unsafe {
         let Block {
             qb,
+            qstride,
             smb,
+            sstride,
             xq,
             k,
             b,
@@ -310,15 +384,45 @@ unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
         } = at;
         let m4 = _mm256_set1_epi8(0x0f);
         let lo16 = _mm256_set1_epi32(0xffff);
+        if T == Q4K && CC == 1 {
+            // One activation row (decode): each nibble vector loaded once for its two
+            // sub-blocks, and 2 x PP dot chains side by side instead of PP.
+            for t in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); PP];
+                let mut hi = [_mm256_setzero_si256(); PP];
+                let xt = xq.add(b * QK_K + 64 * t);
+                for step in 0..LANES {
+                    let xl = _mm256_set1_epi32(std::ptr::read_unaligned(xt.add(4 * step).cast()));
+                    let xh =
+                        _mm256_set1_epi32(std::ptr::read_unaligned(xt.add(32 + 4 * step).cast()));
+                    for p in 0..PP {
+                        let v = vec_at(qb.add(p * qstride), LANES * t + step);
+                        let vl = _mm256_and_si256(v, m4);
+                        let vh = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                        lo[p] = D::dpbusd(lo[p], vl, xl);
+                        hi[p] = D::dpbusd(hi[p], vh, xh);
+                    }
+                }
+                for p in 0..PP {
+                    let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
+                    let s_lo = _mm256_mullo_epi32(lo[p], _mm256_and_si256(pair, lo16));
+                    let s_hi = _mm256_mullo_epi32(hi[p], _mm256_srli_epi32::<16>(pair));
+                    isum[p][0] = _mm256_add_epi32(isum[p][0], _mm256_add_epi32(s_lo, s_hi));
+                }
+            }
+        }
         for s in 0..8 {
+            if T == Q4K && CC == 1 {
+                break;
+            }
             let (t, high) = (s / 2, s % 2 == 1);
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for step in 0..LANES {
                 let w: [__m256i; PP] = std::array::from_fn(|p| {
                     if T == Q5K {
-                        return *qb.add(p * QVECS_BYTES + LANES * s + step);
+                        return vec_at(qb.add(p * qstride), LANES * s + step);
                     }
-                    let v = *qb.add(p * QVECS_Q4K + LANES * t + step);
+                    let v = vec_at(qb.add(p * qstride), LANES * t + step);
                     let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
                     _mm256_and_si256(v, m4)
                 });
@@ -331,7 +435,7 @@ unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 }
             }
             for p in 0..PP {
-                let pair = *smb.add(p * LANES + t);
+                let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
                 let sc = if high {
                     _mm256_srli_epi32::<16>(pair)
                 } else {
@@ -355,7 +459,7 @@ unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
             for (t, &pair) in bpw.iter().enumerate() {
                 let x = _mm256_set1_epi32(pair);
                 for p in 0..PP {
-                    let mins = *smb.add(p * LANES + 4 + t);
+                    let mins = _mm256_loadu_si256(smb.add(p * sstride + 4 + t));
                     imin[p][c] = _mm256_add_epi32(imin[p][c], _mm256_madd_epi16(mins, x));
                 }
             }
@@ -371,7 +475,7 @@ unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: usize>(
 /// As [`tile`]'s: `at` is in bounds ([`Block`]).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
+pub(crate) unsafe fn q6k_block<D: Dots, const PACKED: bool, const PP: usize, const CC: usize>(
     at: Block<'_>,
     isum: &mut [[__m256i; CC]; PP],
 ) {
@@ -379,7 +483,9 @@ unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
     unsafe {
         let Block {
             qb,
+            qstride,
             smb,
+            sstride,
             xq,
             k,
             b,
@@ -392,8 +498,15 @@ unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for st in 0..4 {
                 let step = 4 * half + st;
-                let w: [__m256i; PP] =
-                    std::array::from_fn(|p| *qb.add(p * QVECS_BYTES + LANES * c32 + step));
+                // No closure: it would be compiled without the path's features.
+                let mut w = [_mm256_setzero_si256(); PP];
+                for (p, w) in w.iter_mut().enumerate() {
+                    *w = if PACKED {
+                        q6k_packed_levels(qb.add(p * qstride), c32, step)
+                    } else {
+                        vec_at(qb.add(p * qstride), LANES * c32 + step)
+                    };
+                }
                 for c in 0..CC {
                     let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);
                     let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
@@ -403,7 +516,7 @@ unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
                 }
             }
             for p in 0..PP {
-                let pair = *smb.add(p * LANES + s / 2);
+                let pair = _mm256_loadu_si256(smb.add(p * sstride + s / 2));
                 let sc = if half == 1 {
                     _mm256_srai_epi32::<16>(pair)
                 } else {
@@ -422,8 +535,8 @@ unsafe fn q6k_block<D: Dots, const PP: usize, const CC: usize>(
             for (t, &pair) in bs.iter().enumerate() {
                 let x = _mm256_set1_epi32(pair);
                 for p in 0..PP {
-                    corr[p] =
-                        _mm256_add_epi32(corr[p], _mm256_madd_epi16(*smb.add(p * LANES + t), x));
+                    let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
+                    corr[p] = _mm256_add_epi32(corr[p], _mm256_madd_epi16(pair, x));
                 }
             }
             for p in 0..PP {

@@ -22,6 +22,10 @@
 //!   leaves each row's block dot in its own lane.
 //! - `avx2_panel_k`: the same for Q4_K, Q5_K and Q6_K (levels, scales and mins repacked per 8
 //!   rows).
+//! - `packed`: the layout of matrices packed 8 rows at a time at load ([`Layout::Rows8`]), and
+//!   packing and unpacking.
+//! - `avx2_rows8`: the matmul of packed Q4_K and Q6_K matrices, decode and batches: each row's
+//!   dot in its own lane, no horizontal sums, no repack per call.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations,
 //!   one or four activation rows per unpacked weight row.
 //! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q2_K, Q3_K, IQ4_XS, MXFP4).
@@ -46,6 +50,8 @@ mod avx2_lowbit;
 mod avx2_panel;
 #[cfg(target_arch = "x86_64")]
 mod avx2_panel_k;
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows8;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dequant;
@@ -55,6 +61,7 @@ mod isa;
 mod matmul;
 pub mod membw;
 pub mod moe;
+pub mod packed;
 pub mod pool;
 pub mod quant;
 pub mod quantize;
@@ -63,6 +70,7 @@ mod wtype;
 
 pub use dequant::dequantize_row;
 pub use matmul::{Backend, matmul, matmul_with, quantize_activations, reference_matmul};
+pub use packed::Layout;
 pub use pool::ThreadPool;
 pub use quantize::quantize_row;
 pub use wtype::{UnknownWType, WType};
@@ -72,14 +80,28 @@ pub use wtype::{UnknownWType, WType};
 /// capacity planner's CPU calibration names the same switch (`batched_above_tokens`).
 pub const IN_PLACE_MAX_ROWS: usize = 9;
 
-/// A weight matrix of `n` rows (output features) by `k` columns (input features), row-major,
-/// each row stored as `k / block_size` blocks.
+/// A weight matrix of `n` rows (output features) by `k` columns (input features), each row
+/// `k / block_size` blocks, laid out as `layout` says (row after row, or packed).
 #[derive(Debug, Clone, Copy)]
 pub struct QMatrix<'a> {
     pub ty: WType,
     pub n: usize,
     pub k: usize,
     pub data: &'a [u8],
+    pub layout: Layout,
+}
+
+impl<'a> QMatrix<'a> {
+    /// A matrix of ggml rows, as a GGUF file holds them.
+    pub fn rows(ty: WType, n: usize, k: usize, data: &'a [u8]) -> Self {
+        Self {
+            ty,
+            n,
+            k,
+            data,
+            layout: Layout::Ggml,
+        }
+    }
 }
 
 /// A raw pointer that may cross to pool threads; users guarantee disjoint writes.

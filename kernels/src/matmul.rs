@@ -137,8 +137,13 @@ pub fn matmul_with(
     assert_eq!(y.len(), m * w.n, "y is not m x n");
     assert_eq!(
         w.data.len(),
-        w.n * w.ty.row_bytes(w.k),
+        crate::packed::len(w.ty, w.layout, w.n, w.k),
         "weight bytes do not match n x k"
+    );
+    assert!(
+        w.layout == crate::Layout::Ggml || crate::packed::fields(w.ty).is_some(),
+        "{} has no packed layout",
+        w.ty
     );
     let at = ActType::for_weight(w.ty);
     assert_eq!(
@@ -238,11 +243,13 @@ fn quantized_matmul(
         #[cfg(target_arch = "x86_64")]
         Some(path)
             if crate::avx2::block32(w.ty).is_some()
+                || w.layout == crate::Layout::Rows8
                 || (crate::avx2_panel_k::has_panels(w.ty) && m > crate::IN_PLACE_MAX_ROWS) =>
         {
             let job = crate::avx2::GroupJob {
                 ty: w.ty,
                 data: w.data,
+                layout: w.layout,
                 n,
                 k,
                 m,
@@ -253,7 +260,11 @@ fn quantized_matmul(
             // fewer, so the other does not wait for it at the end (the result does not depend
             // on who runs what). In-place tiles (decode) keep one run per thread: each streams
             // its weight rows with prefetches ahead, which runs cut short.
-            let rows = crate::avx2::group_rows(m);
+            let rows = if w.layout == crate::Layout::Rows8 {
+                crate::avx2_panel::ROWS
+            } else {
+                crate::avx2::group_rows(m)
+            };
             let groups = n.div_ceil(rows);
             let per_thread = if rows == crate::avx2::R {
                 1
@@ -302,8 +313,22 @@ fn row_dots(
     let rb = w.ty.row_bytes(w.k);
     pool.run(&|tid, nth| {
         let (lo, hi) = split(n, tid, nth);
+        // A packed matrix's rows are put back together one at a time.
+        let mut own = vec![
+            0u8;
+            if w.layout == crate::Layout::Ggml {
+                0
+            } else {
+                rb
+            }
+        ];
         for j in lo..hi {
-            let wr = &w.data[j * rb..(j + 1) * rb];
+            let wr = if w.layout == crate::Layout::Ggml {
+                &w.data[j * rb..(j + 1) * rb]
+            } else {
+                crate::packed::row_bytes_into(w.ty, w.layout, w.k, w.data, j, &mut own);
+                &own[..]
+            };
             let mut i = 0;
             while i + 4 <= m {
                 let xs = [0, 1, 2, 3].map(|r| acts.row(i + r));

@@ -265,12 +265,14 @@ mod tests {
                     n: f,
                     k,
                     data: &ex[e].0,
+                    layout: crate::Layout::Ggml,
                 };
                 let d = QMatrix {
                     ty,
                     n: k,
                     k: f,
                     data: &ex[e].1,
+                    layout: crate::Layout::Ggml,
                 };
                 let mut h = vec![0f32; rows * f];
                 matmul(&pool, &g, xs, rows, &mut h);

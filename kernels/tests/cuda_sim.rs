@@ -95,7 +95,7 @@ fn matvec_kernels_every_type_and_row_count() {
     let (n, k) = (37, 512);
     for ty in MMV_TYPES {
         let w = random_weights(&mut r, ty, n, k);
-        let wf = dequantized(&QMatrix { ty, n, k, data: &w });
+        let wf = dequantized(&QMatrix::rows(ty, n, k, &w));
         for m in [1, 3, 8] {
             let x = random_vec(&mut r, m * k, 0.5);
             let mut job = Job::new();
@@ -131,7 +131,7 @@ fn wide_load_dense_kernels_for_one_row() {
     let (n, k) = (21, 1544);
     for ty in [WType::F16, WType::BF16] {
         let w = random_weights(&mut r, ty, n, k);
-        let wf = dequantized(&QMatrix { ty, n, k, data: &w });
+        let wf = dequantized(&QMatrix::rows(ty, n, k, &w));
         let x = random_vec(&mut r, k, 0.5);
         let mut job = Job::new();
         let (wb, xb, yb) = (job.buf(&w), job.floats(&x), job.out(n * 4));
@@ -176,7 +176,7 @@ fn mmvq_kernels_every_type_over_8bit_activations() {
     let n = 37;
     for (ty, k) in quant_types().flat_map(|t| lengths(t).into_iter().map(move |k| (t, k))) {
         let w = random_weights(&mut r, ty, n, k);
-        let wf = dequantized(&QMatrix { ty, n, k, data: &w });
+        let wf = dequantized(&QMatrix::rows(ty, n, k, &w));
         for m in [1, 2, 5, 8] {
             let x = random_vec(&mut r, m * k, 0.5);
             let mut job = Job::new();
@@ -220,6 +220,7 @@ fn mmvq_swiglu_kernels_every_type() {
             n: 2 * ffn,
             k,
             data: &w,
+            layout: tpslab_kernels::Layout::Ggml,
         });
         for m in [1, 5] {
             let x = random_vec(&mut r, m * k, 0.5);
@@ -266,7 +267,7 @@ fn embedding_rows_and_f16_dequantization_of_every_type() {
     for ty in WType::ALL {
         let (n, k) = (9, lengths(ty)[lengths(ty).len() - 1]);
         let w = random_weights(&mut r, ty, n, k);
-        let wf = dequantized(&QMatrix { ty, n, k, data: &w });
+        let wf = dequantized(&QMatrix::rows(ty, n, k, &w));
         let tokens = [3, 0, 8, 3];
         let groups = n * k / 32;
         let mut job = Job::new();
@@ -333,7 +334,7 @@ fn mmq_tensor_core_kernels_every_type() {
         let k = lengths(ty)[lengths(ty).len() - 1].min(256);
         let k = if ty.block_size() == 256 { 256 } else { k };
         let w = random_weights(&mut r, ty, n, k);
-        let wf: Vec<f32> = dequantized(&QMatrix { ty, n, k, data: &w })
+        let wf: Vec<f32> = dequantized(&QMatrix::rows(ty, n, k, &w))
             .iter()
             .map(|&v| h(v) as f32)
             .collect();

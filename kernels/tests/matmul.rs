@@ -42,6 +42,7 @@ fn matmul_matches_f64_reference() {
                 n,
                 k,
                 data: &data,
+                layout: tpslab_kernels::Layout::Ggml,
             };
             let wf = dequantized(&w);
             let x = random_vec(&mut r, m * k, 1.0);
@@ -170,6 +171,7 @@ fn backends_agree_bit_for_bit() {
             n,
             k,
             data: &data,
+            layout: tpslab_kernels::Layout::Ggml,
         };
         let x = random_vec(&mut r, m * k, 1.0);
         let mut p = vec![0f32; m * n];
@@ -210,7 +212,7 @@ proptest! {
         let k = kb * k_unit(ty);
         let mut r = rng(seed);
         let data = random_weights(&mut r, ty, n, k);
-        let w = QMatrix { ty, n, k, data: &data };
+        let w = QMatrix::rows(ty, n, k, &data);
         let x = random_vec(&mut r, m * k, 1.0);
         for backend in backends() {
             let mut alone = vec![0f32; m * n];
@@ -254,6 +256,7 @@ fn matmul_default_backend() {
         n,
         k,
         data: &data,
+        layout: tpslab_kernels::Layout::Ggml,
     };
     let x = random_vec(&mut r, m * k, 1.0);
     let mut a = vec![0f32; m * n];
@@ -274,6 +277,7 @@ fn large_batch_parallel_quantization() {
         n,
         k,
         data: &data,
+        layout: tpslab_kernels::Layout::Ggml,
     };
     let x = random_vec(&mut r, m * k, 1.0);
     let mut y = vec![0f32; m * n];

@@ -225,6 +225,7 @@ fn dot_matches_candle_vec_dot() {
                 n: 1,
                 k,
                 data: &wb,
+                layout: tpslab_kernels::Layout::Ggml,
             },
             &x,
             1,

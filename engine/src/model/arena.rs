@@ -11,6 +11,8 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use tpslab_kernels::{Layout, packed};
+
 use super::weights::{Linear, Weights};
 
 /// Huge pages are this size on x86-64 and most aarch64 kernels.
@@ -152,24 +154,37 @@ fn return_freed_memory() {
 }
 
 impl Weights {
-    /// The same weights with every matrix's bytes moved into one arena on huge pages. Each
-    /// old buffer's pages are handed back as they are copied, so memory in use stays near one
-    /// model's size (the arena's pages are only backed once written).
+    /// The same weights with every matrix's bytes moved into one arena on huge pages, each in
+    /// the layout this CPU's kernels run fastest ([`packed::preferred`]: Q4_K packed 8 rows at a
+    /// time on x86). Each old buffer's pages are handed back as they are copied, so memory in
+    /// use stays near one model's size (the arena's pages are only backed once written).
     pub fn into_arena(mut self) -> Self {
         let mut at = 0;
         let mut ranges = Vec::new();
         for l in self.all_matrices_mut() {
-            ranges.push((at, l.data.len()));
-            at = (at + l.data.len()).next_multiple_of(ALIGN);
+            let layout = match l.layout {
+                Layout::Ggml if !l.data.is_empty() => packed::preferred(l.ty, l.n),
+                same => same,
+            };
+            let len = packed::len(l.ty, layout, l.n, l.k).max(l.data.len());
+            ranges.push((at, len, layout));
+            at = (at + len).next_multiple_of(ALIGN);
         }
         return_freed_memory();
         let (mut arena, base) = huge_page_buffer(at);
         ranges.iter_mut().for_each(|r| r.0 += base);
-        for (l, &(start, len)) in self.all_matrices_mut().zip(&ranges) {
-            move_bytes(std::mem::take(&mut l.data), &mut arena[start..start + len]);
+        for (l, &(start, len, layout)) in self.all_matrices_mut().zip(&ranges) {
+            let dst = &mut arena[start..start + len];
+            if layout == l.layout {
+                move_bytes(std::mem::take(&mut l.data), dst);
+            } else {
+                // Packed for this CPU's kernels as it is copied.
+                packed::pack_into(l.ty, l.n, l.k, &std::mem::take(&mut l.data), dst);
+                l.layout = layout;
+            }
         }
         let arena = Arc::new(arena);
-        for (l, &(start, len)) in self.all_matrices_mut().zip(&ranges) {
+        for (l, &(start, len, _)) in self.all_matrices_mut().zip(&ranges) {
             l.data = WeightBytes {
                 buf: Arc::clone(&arena),
                 start,
@@ -206,11 +221,14 @@ mod tests {
     }
 
     fn bytes_of(w: &mut Weights) -> Vec<Vec<u8>> {
-        w.all_matrices_mut().map(|l| l.data.to_vec()).collect()
+        w.all_matrices_mut()
+            .map(|l| l.ggml_bytes().into_owned())
+            .collect()
     }
 
-    /// Every matrix, and each part of one stacked from several types, keeps its bytes; all sit
-    /// in one buffer, each on a 64-byte boundary, none overlapping.
+    /// Every matrix, and each part of one stacked from several types, keeps its bytes (as ggml
+    /// rows: a Q4_K matrix is packed for the kernels where they run faster so, padding rows
+    /// and all); all sit in one buffer, each on a 64-byte boundary, none overlapping.
     #[test]
     fn the_arena_keeps_every_matrix_and_part_aligned_in_one_buffer() {
         let k = 256;
@@ -222,7 +240,7 @@ mod tests {
             q_norm: None,
             k_norm: None,
             attn_sinks: None,
-            wo: matrix(WType::Q4_1, 5, k, 3),
+            wo: matrix(WType::Q4K, 13, k, 3),
             post_attn_norm: None,
             ffn_norm: vec![1.0; k],
             ffn: Ffn::Dense {
@@ -247,6 +265,9 @@ mod tests {
         );
         let mut w = w.into_arena();
         assert_eq!(bytes_of(&mut w), before);
+        let wo = &w.layers[0].wo;
+        assert_eq!(wo.layout, packed::preferred(WType::Q4K, 13));
+        assert_eq!(wo.data.len(), packed::len(WType::Q4K, wo.layout, 13, k));
         let arena = Arc::clone(&w.embed.data.buf);
         let mut spans: Vec<(usize, usize)> = w
             .all_matrices_mut()

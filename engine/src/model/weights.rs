@@ -2,7 +2,9 @@
 //! ([`Weights`], generic over how a device holds its parts), and the loaders an architecture
 //! reads GGUF tensors with, erring with the name of any missing or misshapen tensor.
 
-use tpslab_kernels::{QMatrix, ThreadPool, WType};
+use std::borrow::Cow;
+
+use tpslab_kernels::{Layout, QMatrix, ThreadPool, WType, packed};
 
 use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 pub use crate::model::arena::WeightBytes;
@@ -80,8 +82,12 @@ pub struct Linear {
     pub ty: WType,
     pub n: usize,
     pub k: usize,
-    /// Row-major blocks of `ty`; empty when the matrix is held as `parts`.
+    /// Blocks of `ty` as `layout` lays them out; empty when the matrix is held as `parts`.
     pub data: WeightBytes,
+    /// Rows of ggml blocks as the file holds them, or packed for this CPU's kernels
+    /// ([`tpslab_kernels::packed`]): a model's arena packs the matrices the kernels run faster
+    /// packed ([`Weights::into_arena`]); every other reader takes [`Linear::ggml_bytes`].
+    pub layout: Layout,
     pub bias: Option<Vec<f32>>,
     /// Matrices of different types stacked by [`Linear::concat`] (a Q4_K_M file's Q4_K attn_q
     /// over its Q6_K attn_v): each keeps its type and is multiplied on its own, as llama.cpp
@@ -97,6 +103,7 @@ impl Linear {
             n,
             k,
             data: data.into(),
+            layout: Layout::Ggml,
             bias: None,
             parts: Vec::new(),
         }
@@ -109,6 +116,16 @@ impl Linear {
             n: self.n,
             k: self.k,
             data: &self.data,
+            layout: self.layout,
+        }
+    }
+
+    /// The bytes as ggml rows (a GPU's upload, a conversion to another type): `data` itself,
+    /// or unpacked from the packed layout.
+    pub fn ggml_bytes(&self) -> Cow<'_, [u8]> {
+        match self.layout {
+            Layout::Ggml => Cow::Borrowed(&self.data),
+            Layout::Rows8 => Cow::Owned(packed::unpack(self.ty, self.n, self.k, &self.data)),
         }
     }
 
@@ -139,7 +156,16 @@ impl Linear {
     /// Row `i` of the matrix as floats (embedding lookup).
     pub fn row(&self, i: usize, out: &mut [f32]) {
         let rb = self.ty.row_bytes(self.k);
-        tpslab_kernels::dequantize_row(self.ty, &self.data[i * rb..(i + 1) * rb], out);
+        match self.layout {
+            Layout::Ggml => {
+                tpslab_kernels::dequantize_row(self.ty, &self.data[i * rb..(i + 1) * rb], out);
+            }
+            Layout::Rows8 => {
+                let mut row = vec![0u8; rb];
+                packed::row_bytes_into(self.ty, self.layout, self.k, &self.data, i, &mut row);
+                tpslab_kernels::dequantize_row(self.ty, &row, out);
+            }
+        }
     }
 
     /// The types of its parts (one for a matrix of one type).
@@ -157,7 +183,10 @@ impl Linear {
     /// is itself stacked from several types.
     pub fn concat(parts: &[&Linear]) -> Option<Linear> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.k != first.k || !p.parts.is_empty()) {
+        if parts
+            .iter()
+            .any(|p| p.k != first.k || !p.parts.is_empty() || p.layout != Layout::Ggml)
+        {
             return None;
         }
         let has_bias = parts.iter().any(|p| p.bias.is_some());
@@ -178,6 +207,7 @@ impl Linear {
                 n: parts.iter().map(|p| p.n).sum(),
                 k: first.k,
                 data: WeightBytes::default(),
+                layout: Layout::Ggml,
                 bias: has_bias.then_some(bias),
                 parts: parts.iter().map(|p| own(p)).collect(),
             });
@@ -200,6 +230,7 @@ impl Linear {
             n: parts.iter().map(|p| p.n).sum(),
             k: first.k,
             data: data.into(),
+            layout: Layout::Ggml,
             bias: has_bias.then_some(bias),
             parts: Vec::new(),
         })

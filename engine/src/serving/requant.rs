@@ -125,9 +125,9 @@ fn convert_linear(l: &Linear, target: WType, threads: usize) -> Linear {
     let to = matrix_type(target, l.k);
     let one = |p: &Linear| {
         if to == p.ty {
-            p.data.to_vec()
+            p.ggml_bytes().into_owned()
         } else {
-            convert(p.ty, to, &p.data, p.k, threads)
+            convert(p.ty, to, &p.ggml_bytes(), p.k, threads)
         }
     };
     // A matrix stacked from several types becomes one block of `to` rows.

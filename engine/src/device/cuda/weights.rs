@@ -26,7 +26,7 @@ enum Store {
 
 impl DevLinear {
     fn upload(gpu: &Gpu, l: &Linear) -> Result<Self, CudaError> {
-        let data = gpu.upload(&l.data)?;
+        let data = gpu.upload(&l.ggml_bytes())?;
         let bias = l.bias.as_ref().map(|b| gpu.upload(b)).transpose()?;
         Ok(Self {
             m: DevMatrix {

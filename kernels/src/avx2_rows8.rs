@@ -1,0 +1,363 @@
+//! `avx2_rows8`: the matmul of Q4_K and Q6_K matrices packed at load ([`crate::packed`]), for
+//! any number of activation rows: decode reads each panel's bytes once, straight from memory,
+//! and a vector's lanes are its 8 rows, so no row needs a horizontal sum.
+//!
+//! The packed block holds the ggml fields interleaved; per block and panel this unpacks only
+//! what the batched panels' repack (`avx2_panel_k`) would have stored: the scale pairs (Q4_K's
+//! 6-bit scales and mins, Q6_K's signed scales) as i16 pairs per row lane and `d` / `dmin` as
+//! floats. The nibble vectors of Q4_K are read in place, Q6_K's levels are put together from
+//! its low nibbles and high bits vector by vector. The integer work and the float work per block
+//! are `avx2_panel_k`'s (`k4_block`, `q6k_block`, `block_floats`), so every row has the bits of
+//! the in-place dots and of the portable formulas, whatever the layout and the batch.
+
+use std::arch::x86_64::*;
+
+use crate::WType;
+use crate::avx2::{GroupJob, Q4_0, Q5_0, Q8_0, block32};
+use crate::avx2_panel::{LANES, ROWS, Source, store_lanes, tile_cols};
+use crate::avx2_panel_k::{Block, Q4K, Q6K, block_floats, k4_block, q6k_block};
+use crate::isa::Dots;
+use crate::packed::PANEL_ROWS;
+use crate::quant::QK_K;
+
+/// Bytes of one block of one row of type `T`.
+const fn block_bytes(t: u8) -> usize {
+    if t == Q4K { 144 } else { 210 }
+}
+
+/// The 16 bytes at `p` as the i16 pairs of two byte fields of 8 rows: bytes 0..8 are field `a`
+/// of rows 0..8, bytes 8..16 field `b`; lane `r` gets `(a[r], b[r])`, widened signed or not.
+///
+/// # Safety
+/// On an AVX2 CPU.
+#[inline(always)]
+unsafe fn pairs<const SIGNED: bool>(x: __m128i) -> __m256i {
+    // SAFETY: on an AVX2 CPU (the caller's promise).
+    unsafe {
+        let y = _mm_unpacklo_epi8(x, _mm_srli_si128::<8>(x));
+        if SIGNED {
+            _mm256_cvtepi8_epi16(y)
+        } else {
+            _mm256_cvtepu8_epi16(y)
+        }
+    }
+}
+
+/// The top two bits of each byte of `v` as bits 4 and 5 (`top` = 0x30 in every byte; 16-bit
+/// shifts, the neighbour's bits masked off).
+#[inline(always)]
+unsafe fn top2(v: __m128i, top: __m128i) -> __m128i {
+    // SAFETY: on an AVX2 CPU (the caller's).
+    unsafe { _mm_and_si128(_mm_srli_epi16::<2>(v), top) }
+}
+
+/// The scale pair vectors of a packed Q4_K block (`blk`), as `avx2_panel_k`'s repack stores
+/// them: vector `t` the pairs `(sc[2t], sc[2t + 1])` of the 8 rows, vector `4 + t` the min
+/// pairs. The 12 scale bytes are ggml's 6-bit packing (`get_scale_min_k4`), byte `i` of the 8
+/// rows at `32 + 8 i`: scales 0..4 and mins 0..4 are bytes 0..4 and 4..8 less their top two
+/// bits; scale `4 + j` is byte `8 + j`'s low nibble under byte `j`'s top bits, min `4 + j` its
+/// high nibble under byte `4 + j`'s top bits.
+///
+/// # Safety
+/// The block's bytes are readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn q4k_scales(blk: *const u8) -> [__m256i; 8] {
+    // SAFETY: the caller's promise; the scale field is bytes 32..128 of the block.
+    unsafe {
+        let mut q = [_mm_setzero_si128(); 6];
+        for (a, q) in q.iter_mut().enumerate() {
+            *q = _mm_loadu_si128(blk.add(32 + 16 * a).cast());
+        }
+        let m6 = _mm_set1_epi8(63);
+        let m4 = _mm_set1_epi8(0x0f);
+        let top = _mm_set1_epi8(0x30);
+        let sc01 = _mm_and_si128(q[0], m6);
+        let sc23 = _mm_and_si128(q[1], m6);
+        let mn01 = _mm_and_si128(q[2], m6);
+        let mn23 = _mm_and_si128(q[3], m6);
+        let sc45 = _mm_or_si128(_mm_and_si128(q[4], m4), top2(q[0], top));
+        let sc67 = _mm_or_si128(_mm_and_si128(q[5], m4), top2(q[1], top));
+        let mn45 = _mm_or_si128(
+            _mm_and_si128(_mm_srli_epi16::<4>(q[4]), m4),
+            top2(q[2], top),
+        );
+        let mn67 = _mm_or_si128(
+            _mm_and_si128(_mm_srli_epi16::<4>(q[5]), m4),
+            top2(q[3], top),
+        );
+        [
+            pairs::<false>(sc01),
+            pairs::<false>(sc23),
+            pairs::<false>(sc45),
+            pairs::<false>(sc67),
+            pairs::<false>(mn01),
+            pairs::<false>(mn23),
+            pairs::<false>(mn45),
+            pairs::<false>(mn67),
+        ]
+    }
+}
+
+/// The scale pair vectors of a packed Q6_K block (`blk`): vector `t` the signed pairs
+/// `(sc[2t], sc[2t + 1])` of the 8 rows (scale byte `s` of the 8 rows at `1536 + 8 s`).
+///
+/// # Safety
+/// The block's bytes are readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn q6k_scales(blk: *const u8) -> [__m256i; 8] {
+    // SAFETY: the caller's promise; the scale field is bytes 1536..1664 of the block.
+    unsafe {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (t, v) in v.iter_mut().enumerate() {
+            *v = pairs::<true>(_mm_loadu_si128(blk.add(1536 + 16 * t).cast()));
+        }
+        v
+    }
+}
+
+/// The `PP` panels from row `j0` (a multiple of 8) by activation rows `c0..c0 + CC`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
+    job: &GroupJob<'_>,
+    j0: usize,
+    c0: usize,
+) {
+    // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
+    unsafe {
+        let (k, n) = (job.k, job.n);
+        let nb = k / QK_K;
+        let pb = PANEL_ROWS * block_bytes(T);
+        let panel = nb * pb;
+        let acts = job.acts;
+        let panels = n.div_ceil(PANEL_ROWS);
+        assert!(j0.is_multiple_of(PANEL_ROWS) && j0 / PANEL_ROWS + PP <= panels);
+        assert!(job.data.len() >= panels * panel && c0 + CC <= job.m);
+        assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
+        assert!(acts.bsums.len() >= (c0 + CC) * nb * 16);
+        let base = job.data.as_ptr().add(j0 / PANEL_ROWS * panel);
+        let xq = acts.qs.as_ptr().add(c0 * k);
+        let mut acc = [[_mm256_setzero_ps(); CC]; PP];
+        for b in 0..nb {
+            // SAFETY: block b of the PP panels and of each activation row is in bounds (above).
+            unsafe {
+                // No closures: they would be compiled without the path's features.
+                let (d_at, qs_at) = if T == Q4K { (0, 128) } else { (1664, 0) };
+                let mut blk = [base; PP];
+                let mut sm = [[_mm256_setzero_si256(); 8]; PP];
+                let mut dw = [_mm256_setzero_ps(); PP];
+                let mut mw = [_mm256_setzero_ps(); PP];
+                for p in 0..PP {
+                    blk[p] = base.add(p * panel + b * pb);
+                    sm[p] = if T == Q4K {
+                        q4k_scales(blk[p])
+                    } else {
+                        q6k_scales(blk[p])
+                    };
+                    dw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(d_at).cast()));
+                    if T == Q4K {
+                        mw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(16).cast()));
+                    }
+                }
+                let at = Block {
+                    qb: blk[0].add(qs_at),
+                    qstride: panel,
+                    smb: sm.as_ptr().cast(),
+                    sstride: 8,
+                    xq,
+                    k,
+                    b,
+                    acts,
+                    c0,
+                    nb,
+                };
+                let mut isum = [[_mm256_setzero_si256(); CC]; PP];
+                let mut imin = [[_mm256_setzero_si256(); CC]; PP];
+                if T == Q4K {
+                    k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin);
+                } else {
+                    q6k_block::<D, true, PP, CC>(at, &mut isum);
+                }
+                block_floats::<T, PP, CC>(&mut acc, &isum, &imin, &dw, &mw, at);
+            }
+        }
+        for c in 0..CC {
+            for (p, acc_p) in acc.iter().enumerate() {
+                let row0 = j0 + p * LANES;
+                if row0 < n {
+                    // SAFETY: only this thread's group writes these columns.
+                    unsafe { store_lanes(job, c0 + c, row0, acc_p[c]) };
+                }
+            }
+        }
+    }
+}
+
+/// [`tile`] for a run-time tile shape (two panels or one, `cc` activation rows).
+#[inline(always)]
+unsafe fn dispatch<D: Dots, const T: u8>(
+    job: &GroupJob<'_>,
+    j0: usize,
+    c0: usize,
+    two: bool,
+    cc: usize,
+) {
+    // No software prefetches: asking for a panel's bytes two blocks ahead slowed one decode
+    // thread's stream from 26 to 16 GB/s (Q4_K, `type_rates`); the hardware prefetchers do
+    // better on their own.
+    // SAFETY: as the caller promises.
+    unsafe {
+        match (two, cc) {
+            (true, 4) => tile::<D, T, 2, 4>(job, j0, c0),
+            (true, 3) => tile::<D, T, 2, 3>(job, j0, c0),
+            (true, 2) => tile::<D, T, 2, 2>(job, j0, c0),
+            (true, _) => tile::<D, T, 2, 1>(job, j0, c0),
+            (false, 4) => tile::<D, T, 1, 4>(job, j0, c0),
+            (false, 3) => tile::<D, T, 1, 3>(job, j0, c0),
+            (false, 2) => tile::<D, T, 1, 2>(job, j0, c0),
+            (false, _) => tile::<D, T, 1, 1>(job, j0, c0),
+        }
+    }
+}
+
+/// A packed matrix of a 32-element type as `avx2_panel`'s tiles read it: the panels from `base`,
+/// `panel` bytes apart, blocks `pb` bytes apart in each. Per panel block: the 8 rows' `d` (16
+/// bytes), then Q5_0's fifth bits (one word a row), then the values (Q8_0) or nibbles.
+#[derive(Clone, Copy)]
+struct Packed32 {
+    base: *const u8,
+    panel: usize,
+    pb: usize,
+}
+
+impl Source for Packed32 {
+    #[inline(always)]
+    unsafe fn levels<D: Dots, const T: u8>(self, p: usize, b: usize, step: usize) -> __m256i {
+        // SAFETY: the caller's promise: panel `p`, block `b` are inside the matrix.
+        unsafe {
+            let blk = self.base.add(p * self.panel + b * self.pb);
+            if T == Q8_0 {
+                let v = _mm256_loadu_si256(blk.add(16 + 32 * step).cast());
+                // As `avx2_panel::repack`: offset by 128 for `vpdpbusd`.
+                return if D::VNNI {
+                    _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+                } else {
+                    v
+                };
+            }
+            let qs = if T == Q5_0 { 48 } else { 16 };
+            let v = _mm256_loadu_si256(blk.add(qs + 32 * (step % 4)).cast());
+            let v = if step >= 4 {
+                _mm256_srli_epi16::<4>(v)
+            } else {
+                v
+            };
+            let nib = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+            if T == Q4_0 {
+                return nib;
+            }
+            // Q5_0: bits 4 step..4 step + 4 of each row's word to 0x10 in its 4 bytes.
+            let qh = _mm256_loadu_si256(blk.add(16).cast());
+            let bits = _mm256_srl_epi32(qh, _mm_cvtsi32_si128(4 * step as i32));
+            // Each lane's low byte to its 4 bytes (indices within each 128-bit half).
+            let (lo, hi) = (0x0404_0404_0000_0000, 0x0c0c_0c0c_0808_0808);
+            let spread = _mm256_shuffle_epi8(bits, _mm256_set_epi64x(hi, lo, hi, lo));
+            let mask = _mm256_set1_epi32(0x0804_0201);
+            let on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+            _mm256_or_si256(nib, _mm256_and_si256(on, _mm256_set1_epi8(0x10)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dw<const T: u8>(self, p: usize, b: usize) -> __m256 {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let blk = self.base.add(p * self.panel + b * self.pb);
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()))
+        }
+    }
+    #[inline(always)]
+    unsafe fn mw<const T: u8>(self, _p: usize, _b: usize) -> __m256 {
+        // SAFETY: no memory is read (the packed types have no mins).
+        unsafe { _mm256_setzero_ps() }
+    }
+}
+
+/// Groups `g_lo..g_hi` of [`ROWS`] weight rows of a packed 32-element type matrix.
+///
+/// # Safety
+/// The CPU has `D`'s features; `job` is a packed Q8_0, Q4_0 or Q5_0 matmul.
+#[inline(always)]
+unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
+    let full = D::PANEL_COLS;
+    let panels = job.n.div_ceil(PANEL_ROWS);
+    let pb = PANEL_ROWS * job.ty.type_size();
+    let panel = job.k / job.ty.block_size() * pb;
+    assert!(job.data.len() >= panels * panel);
+    assert!(block32(job.ty).is_some_and(|t| t == Q8_0 || t == Q4_0 || t == Q5_0));
+    for g in g_lo..g_hi {
+        let mut p = g * ROWS / PANEL_ROWS;
+        let end = ((g + 1) * ROWS / PANEL_ROWS).min(panels);
+        while p < end {
+            // As for the K-quants: decode reads one panel at a time.
+            let two = D::PANELS == 2 && p + 1 < end && job.m > 1;
+            let src = Packed32 {
+                // SAFETY: panel p < panels is inside `data` (checked above).
+                base: unsafe { job.data.as_ptr().add(p * panel) },
+                panel,
+                pb,
+            };
+            let mut c0 = 0;
+            while c0 < job.m {
+                let cc = tile_cols(job.m - c0, full);
+                // SAFETY: the caller's promise; the source holds the tile's panels.
+                unsafe {
+                    crate::avx2_panel::dispatch::<D>(job, src, p * PANEL_ROWS, 0, c0, cc, two)
+                };
+                c0 += cc;
+            }
+            p += if two { 2 } else { 1 };
+        }
+    }
+}
+
+/// Groups `g_lo..g_hi` of [`ROWS`] weight rows of a packed matrix for every activation row.
+///
+/// # Safety
+/// The CPU has `D`'s features; `job` is a packed Q4_K or Q6_K matmul.
+#[inline(always)]
+pub(crate) unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
+    if block32(job.ty).is_some() {
+        // SAFETY: the caller's promise.
+        unsafe { groups32::<D>(job, g_lo, g_hi) };
+        return;
+    }
+    // As `avx2_panel_k::groups`: a tile's accumulators and operands fill the registers.
+    let full = if D::PANELS == 2 { 4 } else { 3 };
+    let panels = job.n.div_ceil(PANEL_ROWS);
+    for g in g_lo..g_hi {
+        let mut p = g * ROWS / PANEL_ROWS;
+        let end = ((g + 1) * ROWS / PANEL_ROWS).min(panels);
+        while p < end {
+            // Two panels a tile where the batch makes the tile compute-bound; decode reads one
+            // panel at a time: two streams a thread ran at 28 instead of 46 GMAC/s (one thread,
+            // Q4_K, `type_rates`).
+            let two = D::PANELS == 2 && p + 1 < end && job.m > 1;
+            let mut c0 = 0;
+            while c0 < job.m {
+                let cc = tile_cols(job.m - c0, full);
+                // SAFETY: the caller's promise.
+                unsafe {
+                    if job.ty == WType::Q4K {
+                        dispatch::<D, Q4K>(job, p * PANEL_ROWS, c0, two, cc);
+                    } else {
+                        dispatch::<D, Q6K>(job, p * PANEL_ROWS, c0, two, cc);
+                    }
+                }
+                c0 += cc;
+            }
+            p += if two { 2 } else { 1 };
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! `packed`: weight matrices kept with their rows interleaved eight at a time ([`Layout::Rows8`]),
+//! the layout the x86 kernels read without horizontal sums: a vector of 8 lanes holds the same
+//! bytes of 8 rows, so one `vpdpbusd` with a broadcast activation word adds to each row's own
+//! lane (decode reads each weight once, so the layout is made once, when a model loads, not per
+//! call as the batched panels' repack is).
+//!
+//! A packed matrix is its rows padded with zero rows to a multiple of 8, as panels of 8 rows, one
+//! after another; a panel is its blocks in order, and a panel's block is the 8 rows' blocks of
+//! that index with each field ([`fields`]) interleaved by its unit: unit `u` of the field for
+//! rows 0..8, then unit `u + 1`. The bytes are the ggml blocks' own, only moved, so
+//! [`unpack_row`] gives back any row exactly and a packed matrix is the same size as its rows
+//! (plus the padding).
+
+use crate::WType;
+
+/// Rows per panel.
+pub const PANEL_ROWS: usize = 8;
+
+/// How a matrix's blocks lie in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Row after row of ggml blocks, as a GGUF file holds them.
+    #[default]
+    Ggml,
+    /// Panels of 8 interleaved rows (this module).
+    Rows8,
+}
+
+/// A field of a block: its byte offset, length and unit (the bytes of one row kept together).
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    pub at: usize,
+    pub len: usize,
+    pub unit: usize,
+}
+
+const fn f(at: usize, len: usize, unit: usize) -> Field {
+    Field { at, len, unit }
+}
+
+/// Q4_K: `d`, `dmin`, the 12 packed scale bytes one by one, the nibbles 4 bytes at a time (so a
+/// 32-byte vector is bytes `4u..4u + 4` of the 8 rows).
+const Q4K: [Field; 4] = [f(0, 2, 2), f(2, 2, 2), f(4, 12, 1), f(16, 128, 4)];
+/// Q6_K: the low nibbles and the high bits 4 bytes at a time, the 16 signed scales one by one,
+/// `d`.
+const Q6K: [Field; 4] = [f(0, 128, 4), f(128, 64, 4), f(192, 16, 1), f(208, 2, 2)];
+
+/// Q8_0: `d`, the 32 values 4 bytes at a time.
+const Q8_0: [Field; 2] = [f(0, 2, 2), f(2, 32, 4)];
+/// Q4_0: `d`, the 16 nibble bytes 4 at a time.
+const Q4_0: [Field; 2] = [f(0, 2, 2), f(2, 16, 4)];
+/// Q5_0: `d`, the 32 fifth bits as one word, the 16 nibble bytes 4 at a time.
+const Q5_0: [Field; 3] = [f(0, 2, 2), f(2, 4, 4), f(6, 16, 4)];
+
+/// The fields of a type that has a packed layout, in block order.
+pub fn fields(ty: WType) -> Option<&'static [Field]> {
+    match ty {
+        WType::Q4K => Some(&Q4K),
+        WType::Q6K => Some(&Q6K),
+        WType::Q8_0 => Some(&Q8_0),
+        WType::Q4_0 => Some(&Q4_0),
+        WType::Q5_0 => Some(&Q5_0),
+        _ => None,
+    }
+}
+
+/// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
+/// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
+/// "Weights packed at load"). Q4_K, Q8_0, Q5_0 and Q4_0 are; Q6_K's packed kernels are slower
+/// than its in-place dots at one row, so its matrices stay in rows for now.
+pub fn preferred(ty: WType, n: usize) -> Layout {
+    let fast = crate::Backend::detect() != crate::Backend::Portable;
+    let faster = matches!(ty, WType::Q4K | WType::Q8_0 | WType::Q5_0 | WType::Q4_0);
+    if fast && n >= PANEL_ROWS && faster {
+        Layout::Rows8
+    } else {
+        Layout::Ggml
+    }
+}
+
+/// Bytes of an `n x k` matrix of `ty` in `layout`.
+pub fn len(ty: WType, layout: Layout, n: usize, k: usize) -> usize {
+    match layout {
+        Layout::Ggml => n * ty.row_bytes(k),
+        Layout::Rows8 => n.next_multiple_of(PANEL_ROWS) * ty.row_bytes(k),
+    }
+}
+
+/// Where unit `u` of field `fd` of block `b` of row `row` lies in a packed matrix (`rb` bytes a
+/// row, `ts` a block).
+fn packed_at(fd: &Field, ts: usize, rb: usize, row: usize, b: usize, u: usize) -> usize {
+    let (panel, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
+    panel * PANEL_ROWS * rb
+        + b * PANEL_ROWS * ts
+        + PANEL_ROWS * fd.at
+        + u * PANEL_ROWS * fd.unit
+        + r * fd.unit
+}
+
+/// Calls `each(ggml_offset, packed_offset, unit)` for every unit of bytes of `rows` of a matrix
+/// of `ty` with rows `k` long: where it lies in ggml rows and where packed.
+fn moves(
+    ty: WType,
+    k: usize,
+    rows: std::ops::Range<usize>,
+    mut each: impl FnMut(usize, usize, usize),
+) {
+    let fields = fields(ty).expect("a type with a packed layout");
+    let (ts, rb) = (ty.type_size(), ty.row_bytes(k));
+    for row in rows {
+        for b in 0..k / ty.block_size() {
+            for fd in fields {
+                for u in 0..fd.len / fd.unit {
+                    let g = row * rb + b * ts + fd.at + u * fd.unit;
+                    each(g, packed_at(fd, ts, rb, row, b, u), fd.unit);
+                }
+            }
+        }
+    }
+}
+
+/// The `n x k` matrix of `ty` in ggml rows (`data`) as [`Layout::Rows8`]; the padding rows are
+/// zeros.
+pub fn pack(ty: WType, n: usize, k: usize, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; len(ty, Layout::Rows8, n, k)];
+    pack_into(ty, n, k, data, &mut out);
+    out
+}
+
+/// [`pack`] into `out` ([`len`] bytes, its padding rows already zeros).
+pub fn pack_into(ty: WType, n: usize, k: usize, data: &[u8], out: &mut [u8]) {
+    assert_eq!(
+        data.len(),
+        n * ty.row_bytes(k),
+        "not an n x k matrix of {ty}"
+    );
+    assert_eq!(out.len(), len(ty, Layout::Rows8, n, k));
+    moves(ty, k, 0..n, |g, p, l| {
+        out[p..p + l].copy_from_slice(&data[g..g + l])
+    });
+}
+
+/// [`pack`] reversed: the ggml rows of a packed `n x k` matrix.
+pub fn unpack(ty: WType, n: usize, k: usize, packed: &[u8]) -> Vec<u8> {
+    assert_eq!(packed.len(), len(ty, Layout::Rows8, n, k));
+    let mut out = vec![0u8; n * ty.row_bytes(k)];
+    moves(ty, k, 0..n, |g, p, l| {
+        out[g..g + l].copy_from_slice(&packed[p..p + l])
+    });
+    out
+}
+
+/// Row `row`'s ggml bytes out of a matrix of `ty` with rows `k` long in `layout`, into `out`
+/// (`ty.row_bytes(k)` long).
+pub fn row_bytes_into(
+    ty: WType,
+    layout: Layout,
+    k: usize,
+    data: &[u8],
+    row: usize,
+    out: &mut [u8],
+) {
+    let rb = ty.row_bytes(k);
+    assert_eq!(out.len(), rb);
+    match layout {
+        Layout::Ggml => out.copy_from_slice(&data[row * rb..(row + 1) * rb]),
+        Layout::Rows8 => {
+            let base = row * rb;
+            moves(ty, k, row..row + 1, |g, p, l| {
+                out[g - base..g - base + l].copy_from_slice(&data[p..p + l]);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize, seed: u32) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(7) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn the_fields_cover_each_block_once_in_whole_units() {
+        for ty in WType::ALL {
+            let Some(fs) = fields(ty) else { continue };
+            let mut at = 0;
+            for fd in fs {
+                assert_eq!(fd.at, at, "{ty}");
+                assert_eq!(fd.len % fd.unit, 0, "{ty}");
+                at += fd.len;
+            }
+            assert_eq!(at, ty.type_size(), "{ty}");
+        }
+    }
+
+    /// Packing moves every byte to one place and back: any row count (padding included), and
+    /// each row read alone is its ggml bytes.
+    #[test]
+    fn packing_round_trips_every_row() {
+        for ty in [
+            WType::Q4K,
+            WType::Q6K,
+            WType::Q8_0,
+            WType::Q4_0,
+            WType::Q5_0,
+        ] {
+            let k = 512;
+            for n in [8, 13, 24] {
+                let data = bytes(n * ty.row_bytes(k), n as u32);
+                let p = pack(ty, n, k, &data);
+                assert_eq!(p.len(), n.next_multiple_of(8) * ty.row_bytes(k));
+                assert_ne!(p[..data.len()], data[..], "{ty}: packing moved nothing");
+                assert_eq!(unpack(ty, n, k, &p), data, "{ty} n={n}");
+                let mut row = vec![0; ty.row_bytes(k)];
+                for r in 0..n {
+                    row_bytes_into(ty, Layout::Rows8, k, &p, r, &mut row);
+                    assert_eq!(
+                        row,
+                        data[r * row.len()..(r + 1) * row.len()],
+                        "{ty} row {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The Q4_K nibbles land as the kernels read them: the 32 bytes at 128 + 32u of a panel's
+    /// block are bytes 16 + 4u..16 + 4u + 4 of rows 0..8.
+    #[test]
+    fn q4k_nibble_vectors_hold_one_word_of_each_row() {
+        let (ty, n, k) = (WType::Q4K, 8, 256);
+        let data = bytes(n * 144, 3);
+        let p = pack(ty, n, k, &data);
+        for u in 0..32 {
+            for r in 0..8 {
+                let at = 128 + 32 * u + 4 * r;
+                assert_eq!(
+                    p[at..at + 4],
+                    data[r * 144 + 16 + 4 * u..r * 144 + 20 + 4 * u]
+                );
+            }
+        }
+        // d of the 8 rows first, then dmin, then scale byte 0 of the 8 rows.
+        for r in 0..8 {
+            assert_eq!(p[2 * r..2 * r + 2], data[r * 144..r * 144 + 2]);
+            assert_eq!(p[16 + 2 * r..18 + 2 * r], data[r * 144 + 2..r * 144 + 4]);
+            assert_eq!(p[32 + r], data[r * 144 + 4]);
+        }
+    }
+}
