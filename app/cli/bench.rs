@@ -165,6 +165,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Passes of the read-bandwidth probe (spread over about two seconds).
+const BANDWIDTH_PASSES: usize = 16;
+
 /// Decode streams every weight once a token: on the CPU, the read bandwidth measured now (on
 /// the runs' threads) and each decode row's weight GB/s and its share of it, which say how far
 /// decode is from the memory limit. Returns the bandwidth, if measured.
@@ -174,7 +177,11 @@ fn against_bandwidth(rows: &mut [Row], a: &BenchArgs, weights_bytes: usize) -> O
         return None;
     }
     let pool = tpslab_kernels::pool::ThreadPool::new(a.model.n_threads());
-    let bw = tpslab_kernels::membw::read_bandwidth(&pool, tpslab_kernels::membw::DEFAULT_BYTES, 5);
+    let bw = tpslab_kernels::membw::read_bandwidth(
+        &pool,
+        tpslab_kernels::membw::DEFAULT_BYTES,
+        BANDWIDTH_PASSES,
+    );
     for r in rows.iter_mut().filter(|r| r.test.starts_with("tg")) {
         let gbps = r.tokens_per_s * weights_bytes as f64 / 1e9;
         r.weights_gbps = Some(gbps);
@@ -213,7 +220,7 @@ fn print_report(report: &Report, reps: u32, weights_bytes: usize) {
     }
     if let Some(bw) = report.read_bandwidth_gbps {
         println!(
-            "read bandwidth: {bw:.1} GB/s ({} threads, best of 5 passes over {} MiB); decode streams {:.1} MiB of weights a token",
+            "read bandwidth: {bw:.1} GB/s ({} threads, best of {BANDWIDTH_PASSES} passes over {} MiB); decode streams {:.1} MiB of weights a token",
             report.threads,
             tpslab_kernels::membw::DEFAULT_BYTES >> 20,
             weights_bytes as f64 / (1 << 20) as f64

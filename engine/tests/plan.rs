@@ -237,12 +237,12 @@ fn hostile_tables_are_refused_by_name() {
             "decode_compute_efficiency",
         ),
         (
-            "\"batched_compute_efficiency\": 0.18",
+            "\"batched_compute_efficiency\": 0.26",
             "\"batched_compute_efficiency\": 1.5",
             "batched_compute_efficiency",
         ),
         (
-            "\"batched_compute_efficiency\": 0.18,",
+            "\"batched_compute_efficiency\": 0.26,",
             "",
             "batched_above_tokens and batched_compute_efficiency go together",
         ),

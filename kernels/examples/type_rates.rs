@@ -60,11 +60,11 @@ fn main() {
         .unwrap_or(4)
         .max(1);
     let pool = ThreadPool::new(threads);
-    let bw = membw::read_bandwidth(&pool, membw::DEFAULT_BYTES, 5);
+    let bw = membw::read_bandwidth(&pool, membw::DEFAULT_BYTES, 16);
     let macs_per_row: usize = LAYER.iter().map(|(n, k)| n * k).sum();
     println!(
         "{} kernels, {threads} threads, {layers} copies of a Llama-3.2-1B layer ({:.1} M MACs a \
-         row each), best of {reps}; read bandwidth {bw:.1} GB/s",
+         row each), best of {reps}; read bandwidth {bw:.1} GB/s (best of 16 passes)",
         Backend::detect().name(),
         macs_per_row as f64 / 1e6
     );

@@ -320,9 +320,9 @@ unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(p.add(32 * v).cast()) }
 }
 
-/// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block whose
-/// low nibbles (`ql`, 4 bytes a row per vector) start at `p` and high bits (`qh`) 1024 bytes on:
-/// `avx2_kquant::dot_q6k_rows`'s unpack, vector by vector.
+/// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block at `p`
+/// (`crate::packed`: per half `h` of the block, 16 vectors of low nibbles then 8 of high bits, 4
+/// bytes a row per vector): `avx2_kquant::dot_q6k_rows`'s unpack, vector by vector.
 ///
 /// # Safety
 /// The packed block at `p` is readable, on an AVX2 CPU.
@@ -331,8 +331,8 @@ unsafe fn q6k_packed_levels(p: *const u8, c: usize, step: usize) -> __m256i {
     // SAFETY: the caller's promise; the vectors read are inside the block's ql and qh fields.
     unsafe {
         let (h, i) = (c / 4, c % 4);
-        let l = vec_at(p, 16 * h + 8 * (i % 2) + step);
-        let hb = vec_at(p, 32 + 8 * h + step);
+        let l = vec_at(p, 24 * h + 8 * (i % 2) + step);
+        let hb = vec_at(p, 24 * h + 16 + step);
         let m15 = _mm256_set1_epi8(15);
         match i {
             0 => _mm256_or_si256(

@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use crate::WType;
-use crate::avx2::{GroupJob, Q4_0, Q5_0, Q8_0, block32};
+use crate::avx2::{GroupJob, IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
 use crate::avx2_panel::{LANES, ROWS, Source, store_lanes, tile_cols};
 use crate::avx2_panel_k::{Block, Q4K, Q6K, block_floats, k4_block, q6k_block};
 use crate::isa::Dots;
@@ -224,7 +224,8 @@ unsafe fn dispatch<D: Dots, const T: u8>(
 
 /// A packed matrix of a 32-element type as `avx2_panel`'s tiles read it: the panels from `base`,
 /// `panel` bytes apart, blocks `pb` bytes apart in each. Per panel block: the 8 rows' `d` (16
-/// bytes), then Q5_0's fifth bits (one word a row), then the values (Q8_0) or nibbles.
+/// bytes), Q4_1's and Q5_1's `m` (16), the fifth bits of Q5_0 and Q5_1 (one word a row), then
+/// the values (Q8_0) or nibbles (IQ4_NL's looked up in its grid).
 #[derive(Clone, Copy)]
 struct Packed32 {
     base: *const u8,
@@ -238,16 +239,23 @@ impl Source for Packed32 {
         // SAFETY: the caller's promise: panel `p`, block `b` are inside the matrix.
         unsafe {
             let blk = self.base.add(p * self.panel + b * self.pb);
+            // As `avx2_panel::repack`: signed values offset by 128 for `vpdpbusd`.
+            let flip = if signed_levels(T) && D::VNNI {
+                _mm256_set1_epi8(-128)
+            } else {
+                _mm256_setzero_si256()
+            };
             if T == Q8_0 {
                 let v = _mm256_loadu_si256(blk.add(16 + 32 * step).cast());
-                // As `avx2_panel::repack`: offset by 128 for `vpdpbusd`.
-                return if D::VNNI {
-                    _mm256_xor_si256(v, _mm256_set1_epi8(-128))
-                } else {
-                    v
-                };
+                return _mm256_xor_si256(v, flip);
             }
-            let qs = if T == Q5_0 { 48 } else { 16 };
+            // The fields after the 8 rows' `d` (and `m`): [fifth bits,] nibbles.
+            let (qh, qs) = match T {
+                Q5_0 => (16, 48),
+                Q4_1 => (0, 32),
+                Q5_1 => (32, 64),
+                _ => (0, 16),
+            };
             let v = _mm256_loadu_si256(blk.add(qs + 32 * (step % 4)).cast());
             let v = if step >= 4 {
                 _mm256_srli_epi16::<4>(v)
@@ -255,11 +263,16 @@ impl Source for Packed32 {
                 v
             };
             let nib = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-            if T == Q4_0 {
+            if T == IQ4NL {
+                let grid = _mm_loadu_si128(crate::dequant::KVALUES_IQ4NL.as_ptr().cast());
+                let vals = _mm256_shuffle_epi8(_mm256_set_m128i(grid, grid), nib);
+                return _mm256_xor_si256(vals, flip);
+            }
+            if T != Q5_0 && T != Q5_1 {
                 return nib;
             }
-            // Q5_0: bits 4 step..4 step + 4 of each row's word to 0x10 in its 4 bytes.
-            let qh = _mm256_loadu_si256(blk.add(16).cast());
+            // Bits 4 step..4 step + 4 of each row's word to 0x10 in its 4 bytes.
+            let qh = _mm256_loadu_si256(blk.add(qh).cast());
             let bits = _mm256_srl_epi32(qh, _mm_cvtsi32_si128(4 * step as i32));
             // Each lane's low byte to its 4 bytes (indices within each 128-bit half).
             let (lo, hi) = (0x0404_0404_0000_0000, 0x0c0c_0c0c_0808_0808);
@@ -278,16 +291,22 @@ impl Source for Packed32 {
         }
     }
     #[inline(always)]
-    unsafe fn mw<const T: u8>(self, _p: usize, _b: usize) -> __m256 {
-        // SAFETY: no memory is read (the packed types have no mins).
-        unsafe { _mm256_setzero_ps() }
+    unsafe fn mw<const T: u8>(self, p: usize, b: usize) -> __m256 {
+        // SAFETY: the caller's promise; Q4_1's and Q5_1's `m` follow the 8 rows' `d`.
+        unsafe {
+            if !has_min(T) {
+                return _mm256_setzero_ps();
+            }
+            let blk = self.base.add(p * self.panel + b * self.pb);
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast()))
+        }
     }
 }
 
 /// Groups `g_lo..g_hi` of [`ROWS`] weight rows of a packed 32-element type matrix.
 ///
 /// # Safety
-/// The CPU has `D`'s features; `job` is a packed Q8_0, Q4_0 or Q5_0 matmul.
+/// The CPU has `D`'s features; `job` is a packed matmul of a 32-element type.
 #[inline(always)]
 unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
     let full = D::PANEL_COLS;
@@ -295,7 +314,7 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
     let pb = PANEL_ROWS * job.ty.type_size();
     let panel = job.k / job.ty.block_size() * pb;
     assert!(job.data.len() >= panels * panel);
-    assert!(block32(job.ty).is_some_and(|t| t == Q8_0 || t == Q4_0 || t == Q5_0));
+    assert!(crate::packed::fields(job.ty).is_some());
     for g in g_lo..g_hi {
         let mut p = g * ROWS / PANEL_ROWS;
         let end = ((g + 1) * ROWS / PANEL_ROWS).min(panels);

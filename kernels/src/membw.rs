@@ -28,13 +28,22 @@ fn sum(words: &[u64]) -> u64 {
     acc.iter().fold(tail, |a, &w| a.wrapping_add(w))
 }
 
+/// Between two passes: a shared host's memory is busier at some moments than others (here the
+/// same probe read 35 GB/s one second and 60 the next), so the passes are spread over a while
+/// and the best is the machine's rate.
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The best read rate, in GB/s (10^9 bytes a second), of `passes` passes over `bytes` bytes
-/// split across `pool`'s threads. The buffer is written once first, so its pages exist.
+/// split across `pool`'s threads, [`PAUSE`] apart. The buffer is written once first, so its
+/// pages exist.
 pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, passes: usize) -> f64 {
     let words = vec![1u64; (bytes / 8).max(1)];
     let n = words.len();
     let mut best = f64::INFINITY;
-    for _ in 0..passes.max(1) {
+    for pass in 0..passes.max(1) {
+        if pass > 0 {
+            std::thread::sleep(PAUSE);
+        }
         let t = Instant::now();
         pool.run(&|tid, nth| {
             let (lo, hi) = (n * tid / nth, n * (tid + 1) / nth);

@@ -26,31 +26,63 @@ pub enum Layout {
     Rows8,
 }
 
-/// A field of a block: its byte offset, length and unit (the bytes of one row kept together).
+/// A field of a block: its byte offset in the ggml block, its length and unit (the bytes of one
+/// row kept together), and where the 8 rows' field starts in a packed block (`packed`: 8 times
+/// the lengths of the fields listed before it).
 #[derive(Debug, Clone, Copy)]
 pub struct Field {
     pub at: usize,
     pub len: usize,
     pub unit: usize,
+    pub packed: usize,
 }
 
 const fn f(at: usize, len: usize, unit: usize) -> Field {
-    Field { at, len, unit }
+    Field {
+        at,
+        len,
+        unit,
+        packed: 0,
+    }
+}
+
+/// `fields` with each one's packed offset: the packed block holds them in the listed order.
+const fn placed<const N: usize>(mut fields: [Field; N]) -> [Field; N] {
+    let mut i = 0;
+    let mut at = 0;
+    while i < N {
+        fields[i].packed = at;
+        at += PANEL_ROWS * fields[i].len;
+        i += 1;
+    }
+    fields
 }
 
 /// Q4_K: `d`, `dmin`, the 12 packed scale bytes one by one, the nibbles 4 bytes at a time (so a
 /// 32-byte vector is bytes `4u..4u + 4` of the 8 rows).
-const Q4K: [Field; 4] = [f(0, 2, 2), f(2, 2, 2), f(4, 12, 1), f(16, 128, 4)];
-/// Q6_K: the low nibbles and the high bits 4 bytes at a time, the 16 signed scales one by one,
-/// `d`.
-const Q6K: [Field; 4] = [f(0, 128, 4), f(128, 64, 4), f(192, 16, 1), f(208, 2, 2)];
+const Q4K: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 12, 1), f(16, 128, 4)]);
+/// Q6_K: per half of the block (elements 0..128, then 128..256), its 64 low-nibble bytes and
+/// its 32 high-bit bytes, 4 at a time, so the kernel reads each half's levels in one stretch;
+/// then the 16 signed scales one by one, `d`.
+const Q6K: [Field; 6] = placed([
+    f(0, 64, 4),
+    f(128, 32, 4),
+    f(64, 64, 4),
+    f(160, 32, 4),
+    f(192, 16, 1),
+    f(208, 2, 2),
+]);
 
 /// Q8_0: `d`, the 32 values 4 bytes at a time.
-const Q8_0: [Field; 2] = [f(0, 2, 2), f(2, 32, 4)];
-/// Q4_0: `d`, the 16 nibble bytes 4 at a time.
-const Q4_0: [Field; 2] = [f(0, 2, 2), f(2, 16, 4)];
+const Q8_0: [Field; 2] = placed([f(0, 2, 2), f(2, 32, 4)]);
+/// Q4_0 and IQ4_NL: `d`, the 16 nibble bytes 4 at a time.
+const Q4_0: [Field; 2] = placed([f(0, 2, 2), f(2, 16, 4)]);
 /// Q5_0: `d`, the 32 fifth bits as one word, the 16 nibble bytes 4 at a time.
-const Q5_0: [Field; 3] = [f(0, 2, 2), f(2, 4, 4), f(6, 16, 4)];
+const Q5_0: [Field; 3] = placed([f(0, 2, 2), f(2, 4, 4), f(6, 16, 4)]);
+/// Q4_1: `d`, `m`, the nibbles.
+const Q4_1: [Field; 3] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 16, 4)]);
+/// Q5_1: `d`, `m`, the fifth bits, the nibbles.
+const Q5_1: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 4, 4), f(8, 16, 4)]);
 
 /// The fields of a type that has a packed layout, in block order.
 pub fn fields(ty: WType) -> Option<&'static [Field]> {
@@ -58,20 +90,26 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
         WType::Q4K => Some(&Q4K),
         WType::Q6K => Some(&Q6K),
         WType::Q8_0 => Some(&Q8_0),
-        WType::Q4_0 => Some(&Q4_0),
+        WType::Q4_0 | WType::IQ4NL => Some(&Q4_0),
         WType::Q5_0 => Some(&Q5_0),
+        WType::Q4_1 => Some(&Q4_1),
+        WType::Q5_1 => Some(&Q5_1),
         _ => None,
     }
 }
 
 /// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
 /// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
-/// "Weights packed at load"). Q4_K, Q8_0, Q5_0 and Q4_0 are; Q6_K's packed kernels are slower
+/// "Weights packed at load"): every 32-element type and Q4_K. Q6_K's packed kernel is slower
 /// than its in-place dots at one row, so its matrices stay in rows for now.
+/// `TPSLAB_WEIGHT_LAYOUT=rows` keeps every matrix in rows (to compare the two in one build).
 pub fn preferred(ty: WType, n: usize) -> Layout {
+    static ROWS_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let rows_only =
+        *ROWS_ONLY.get_or_init(|| std::env::var("TPSLAB_WEIGHT_LAYOUT").is_ok_and(|v| v == "rows"));
     let fast = crate::Backend::detect() != crate::Backend::Portable;
-    let faster = matches!(ty, WType::Q4K | WType::Q8_0 | WType::Q5_0 | WType::Q4_0);
-    if fast && n >= PANEL_ROWS && faster {
+    let faster = ty == WType::Q4K || (ty != WType::Q6K && fields(ty).is_some());
+    if fast && !rows_only && n >= PANEL_ROWS && faster {
         Layout::Rows8
     } else {
         Layout::Ggml
@@ -92,7 +130,7 @@ fn packed_at(fd: &Field, ts: usize, rb: usize, row: usize, b: usize, u: usize) -
     let (panel, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
     panel * PANEL_ROWS * rb
         + b * PANEL_ROWS * ts
-        + PANEL_ROWS * fd.at
+        + fd.packed
         + u * PANEL_ROWS * fd.unit
         + r * fd.unit
 }
@@ -187,13 +225,17 @@ mod tests {
     fn the_fields_cover_each_block_once_in_whole_units() {
         for ty in WType::ALL {
             let Some(fs) = fields(ty) else { continue };
-            let mut at = 0;
+            let mut covered = vec![0; ty.type_size()];
+            let mut packed = 0;
             for fd in fs {
-                assert_eq!(fd.at, at, "{ty}");
+                assert_eq!(fd.packed, packed, "{ty}");
                 assert_eq!(fd.len % fd.unit, 0, "{ty}");
-                at += fd.len;
+                covered[fd.at..fd.at + fd.len]
+                    .iter_mut()
+                    .for_each(|c| *c += 1);
+                packed += PANEL_ROWS * fd.len;
             }
-            assert_eq!(at, ty.type_size(), "{ty}");
+            assert!(covered.iter().all(|&c| c == 1), "{ty}: {covered:?}");
         }
     }
 

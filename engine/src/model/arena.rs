@@ -117,6 +117,17 @@ fn move_bytes(src: WeightBytes, dst: &mut [u8]) {
     }
 }
 
+/// [`move_bytes`] for a matrix packed for this CPU's kernels as it is copied
+/// ([`packed::pack_into`]): the old buffer's pages are handed back once it is packed (a
+/// matrix's rows are read all over while its panels are written), so the freed buffers do not
+/// stay resident in the allocator's heap beside the arena.
+fn pack_bytes(src: WeightBytes, l: &Linear, dst: &mut [u8]) {
+    packed::pack_into(l.ty, l.n, l.k, &src, dst);
+    if let Ok(mut v) = Arc::try_unwrap(src.buf) {
+        release_pages(&mut v);
+    }
+}
+
 /// How much is copied between two hand-backs.
 const RELEASE_STEP: usize = 1 << 20;
 
@@ -178,8 +189,7 @@ impl Weights {
             if layout == l.layout {
                 move_bytes(std::mem::take(&mut l.data), dst);
             } else {
-                // Packed for this CPU's kernels as it is copied.
-                packed::pack_into(l.ty, l.n, l.k, &std::mem::take(&mut l.data), dst);
+                pack_bytes(std::mem::take(&mut l.data), l, dst);
                 l.layout = layout;
             }
         }

@@ -264,8 +264,10 @@ mod tests {
     /// A run whose prefill is slow for its decode (measured under load during a full test run:
     /// 70.5 tok/s a request, TTFT 506 ms). Past the point where one request's decode is
     /// compute-bound, the roofline ties its decode and prefill to the same FLOP/s, and no
-    /// bandwidth and FLOP/s reproduce both exactly: the fit closes in on them (within 2%), and
-    /// the error it leaves is reported with the held-out rows'.
+    /// bandwidth and FLOP/s reproduce both exactly: the fit closes in on them as far as the
+    /// roofline allows (within 5%: the bundled CPU calibration of 2026-12-06 leaves this run's
+    /// decode 3.2% off however long the fit runs, the one before left under 2%), and the error
+    /// it leaves is reported with the held-out rows'.
     #[test]
     fn a_slow_prefill_for_its_decode_is_fitted_closely() {
         let table = DeviceTable::bundled().unwrap();
@@ -284,8 +286,8 @@ mod tests {
         let p = predict(&table, &d, &shape, WType::Q4_1, &w).unwrap();
         let (tps, ttft) = (p.per_request_tps.unwrap(), p.ttft_ms.unwrap());
         let (de, te) = (tps / fit.per_request_tps - 1.0, ttft / fit.ttft_ms - 1.0);
-        assert!(de.abs() < 2e-2, "{tps} tok/s");
-        assert!(te.abs() < 2e-2, "{ttft} ms");
+        assert!(de.abs() < 5e-2, "{tps} tok/s");
+        assert!(te.abs() < 5e-2, "{ttft} ms");
         // What is left is said in the calibration's source, as `check` computes it.
         let inexact = de.abs() > INEXACT || te.abs() > INEXACT;
         let src = &d.bandwidth_gb_s.source;
