@@ -100,8 +100,10 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
 
 /// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
 /// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
-/// "Weights packed at load"): every 32-element type and Q4_K. Q6_K's packed kernel is slower
-/// than its in-place dots at one row, so its matrices stay in rows for now.
+/// "Weights packed at load"): every 32-element type and Q4_K. Q6_K's packed kernel is about
+/// even with its in-place dots at one row and faster at 4, but slower in prefill's batches (its
+/// levels are put together again for every tile of activation rows), so its matrices stay in
+/// rows for now.
 /// `TPSLAB_WEIGHT_LAYOUT=rows` keeps every matrix in rows (to compare the two in one build).
 pub fn preferred(ty: WType, n: usize) -> Layout {
     static ROWS_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
