@@ -34,7 +34,7 @@ fn sum(words: &[u64]) -> u64 {
 const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The best read rate, in GB/s (10^9 bytes a second), of `passes` passes over `bytes` bytes
-/// split across `pool`'s threads, [`PAUSE`] apart. The buffer is written once first, so its
+/// split across `pool`'s threads, 100 ms apart (`PAUSE`). The buffer is written once first, so its
 /// pages exist.
 pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, passes: usize) -> f64 {
     let words = vec![1u64; (bytes / 8).max(1)];

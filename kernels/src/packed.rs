@@ -8,7 +8,7 @@
 //! after another; a panel is its blocks in order, and a panel's block is the 8 rows' blocks of
 //! that index with each field ([`fields`]) interleaved by its unit: unit `u` of the field for
 //! rows 0..8, then unit `u + 1`. The bytes are the ggml blocks' own, only moved, so
-//! [`unpack_row`] gives back any row exactly and a packed matrix is the same size as its rows
+//! [`row_bytes_into`] gives back any row exactly and a packed matrix is the same size as its rows
 //! (plus the padding).
 
 use crate::WType;
@@ -169,7 +169,7 @@ pub fn pack(ty: WType, n: usize, k: usize, data: &[u8]) -> Vec<u8> {
 
 /// [`pack`] into `out` ([`len`] bytes, its padding rows already zeros). A model's loader packs
 /// every matrix this way, so it runs panel by panel with a copy loop per unit size (a copy per
-/// unit through [`moves`] took 4 s for a 1B model), split over the cores.
+/// unit through `moves` took 4 s for a 1B model), split over the cores.
 pub fn pack_into(ty: WType, n: usize, k: usize, data: &[u8], out: &mut [u8]) {
     assert_eq!(
         data.len(),
