@@ -20,9 +20,26 @@ use crate::isa::Dots;
 use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
 
-/// Bytes of one block of one row of type `T`.
-const fn block_bytes(t: u8) -> usize {
-    if t == Q4K { 144 } else { 210 }
+/// Where the kernels find each field of a packed block (`crate::packed` owns the layout).
+mod at {
+    use crate::packed::{self, field_at};
+    pub const Q4K_D: usize = field_at(&packed::Q4K, 0);
+    pub const Q4K_DMIN: usize = field_at(&packed::Q4K, 2);
+    pub const Q4K_SCALES: usize = field_at(&packed::Q4K, 4);
+    pub const Q4K_QS: usize = field_at(&packed::Q4K, 16);
+    pub const Q6K_QL: usize = field_at(&packed::Q6K, 0);
+    pub const Q6K_SCALES: usize = field_at(&packed::Q6K, 192);
+    pub const Q6K_D: usize = field_at(&packed::Q6K, 208);
+    /// Every 32-element type's `d` first, Q4_1's and Q5_1's `m` next.
+    pub const D: usize = field_at(&packed::Q8_0, 0);
+    pub const M: usize = field_at(&packed::Q4_1, 2);
+    pub const Q8_0_QS: usize = field_at(&packed::Q8_0, 2);
+    pub const Q4_0_QS: usize = field_at(&packed::Q4_0, 2);
+    pub const Q5_0_QH: usize = field_at(&packed::Q5_0, 2);
+    pub const Q5_0_QS: usize = field_at(&packed::Q5_0, 6);
+    pub const Q4_1_QS: usize = field_at(&packed::Q4_1, 4);
+    pub const Q5_1_QH: usize = field_at(&packed::Q5_1, 4);
+    pub const Q5_1_QS: usize = field_at(&packed::Q5_1, 8);
 }
 
 /// The 16 bytes at `p` as the i16 pairs of two byte fields of 8 rows: bytes 0..8 are field `a`
@@ -66,7 +83,7 @@ unsafe fn q4k_scales(blk: *const u8) -> [__m256i; 8] {
     unsafe {
         let mut q = [_mm_setzero_si128(); 6];
         for (a, q) in q.iter_mut().enumerate() {
-            *q = _mm_loadu_si128(blk.add(32 + 16 * a).cast());
+            *q = _mm_loadu_si128(blk.add(at::Q4K_SCALES + 16 * a).cast());
         }
         let m6 = _mm_set1_epi8(63);
         let m4 = _mm_set1_epi8(0x0f);
@@ -99,17 +116,17 @@ unsafe fn q4k_scales(blk: *const u8) -> [__m256i; 8] {
 }
 
 /// The scale pair vectors of a packed Q6_K block (`blk`): vector `t` the signed pairs
-/// `(sc[2t], sc[2t + 1])` of the 8 rows (scale byte `s` of the 8 rows at `1536 + 8 s`).
+/// `(sc[2t], sc[2t + 1])` of the 8 rows (scale byte `s` of the 8 rows `8 s` into the field).
 ///
 /// # Safety
 /// The block's bytes are readable, on an AVX2 CPU.
 #[inline(always)]
 unsafe fn q6k_scales(blk: *const u8) -> [__m256i; 8] {
-    // SAFETY: the caller's promise; the scale field is bytes 1536..1664 of the block.
+    // SAFETY: the caller's promise; the scale field is 128 bytes of the block.
     unsafe {
         let mut v = [_mm256_setzero_si256(); 8];
         for (t, v) in v.iter_mut().enumerate() {
-            *v = pairs::<true>(_mm_loadu_si128(blk.add(1536 + 16 * t).cast()));
+            *v = pairs::<true>(_mm_loadu_si128(blk.add(at::Q6K_SCALES + 16 * t).cast()));
         }
         v
     }
@@ -129,7 +146,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     unsafe {
         let (k, n) = (job.k, job.n);
         let nb = k / QK_K;
-        let pb = PANEL_ROWS * block_bytes(T);
+        let pb = PANEL_ROWS * job.ty.type_size();
         let panel = nb * pb;
         let acts = job.acts;
         let panels = n.div_ceil(PANEL_ROWS);
@@ -144,7 +161,11 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
             // SAFETY: block b of the PP panels and of each activation row is in bounds (above).
             unsafe {
                 // No closures: they would be compiled without the path's features.
-                let (d_at, qs_at) = if T == Q4K { (0, 128) } else { (1664, 0) };
+                let (d_at, qs_at) = if T == Q4K {
+                    (at::Q4K_D, at::Q4K_QS)
+                } else {
+                    (at::Q6K_D, at::Q6K_QL)
+                };
                 let mut blk = [base; PP];
                 let mut sm = [[_mm256_setzero_si256(); 8]; PP];
                 let mut dw = [_mm256_setzero_ps(); PP];
@@ -158,7 +179,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                     };
                     dw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(d_at).cast()));
                     if T == Q4K {
-                        mw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(16).cast()));
+                        mw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(at::Q4K_DMIN).cast()));
                     }
                 }
                 let at = Block {
@@ -246,15 +267,15 @@ impl Source for Packed32 {
                 _mm256_setzero_si256()
             };
             if T == Q8_0 {
-                let v = _mm256_loadu_si256(blk.add(16 + 32 * step).cast());
+                let v = _mm256_loadu_si256(blk.add(at::Q8_0_QS + 32 * step).cast());
                 return _mm256_xor_si256(v, flip);
             }
             // The fields after the 8 rows' `d` (and `m`): [fifth bits,] nibbles.
             let (qh, qs) = match T {
-                Q5_0 => (16, 48),
-                Q4_1 => (0, 32),
-                Q5_1 => (32, 64),
-                _ => (0, 16),
+                Q5_0 => (at::Q5_0_QH, at::Q5_0_QS),
+                Q4_1 => (0, at::Q4_1_QS),
+                Q5_1 => (at::Q5_1_QH, at::Q5_1_QS),
+                _ => (0, at::Q4_0_QS),
             };
             let v = _mm256_loadu_si256(blk.add(qs + 32 * (step % 4)).cast());
             let v = if step >= 4 {
@@ -287,7 +308,7 @@ impl Source for Packed32 {
         // SAFETY: the caller's promise.
         unsafe {
             let blk = self.base.add(p * self.panel + b * self.pb);
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()))
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::D).cast()))
         }
     }
     #[inline(always)]
@@ -298,7 +319,7 @@ impl Source for Packed32 {
                 return _mm256_setzero_ps();
             }
             let blk = self.base.add(p * self.panel + b * self.pb);
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast()))
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::M).cast()))
         }
     }
 }

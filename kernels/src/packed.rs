@@ -60,11 +60,11 @@ const fn placed<const N: usize>(mut fields: [Field; N]) -> [Field; N] {
 
 /// Q4_K: `d`, `dmin`, the 12 packed scale bytes one by one, the nibbles 4 bytes at a time (so a
 /// 32-byte vector is bytes `4u..4u + 4` of the 8 rows).
-const Q4K: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 12, 1), f(16, 128, 4)]);
+pub(crate) const Q4K: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 12, 1), f(16, 128, 4)]);
 /// Q6_K: per half of the block (elements 0..128, then 128..256), its 64 low-nibble bytes and
 /// its 32 high-bit bytes, 4 at a time, so the kernel reads each half's levels in one stretch;
 /// then the 16 signed scales one by one, `d`.
-const Q6K: [Field; 6] = placed([
+pub(crate) const Q6K: [Field; 6] = placed([
     f(0, 64, 4),
     f(128, 32, 4),
     f(64, 64, 4),
@@ -74,15 +74,28 @@ const Q6K: [Field; 6] = placed([
 ]);
 
 /// Q8_0: `d`, the 32 values 4 bytes at a time.
-const Q8_0: [Field; 2] = placed([f(0, 2, 2), f(2, 32, 4)]);
+pub(crate) const Q8_0: [Field; 2] = placed([f(0, 2, 2), f(2, 32, 4)]);
 /// Q4_0 and IQ4_NL: `d`, the 16 nibble bytes 4 at a time.
-const Q4_0: [Field; 2] = placed([f(0, 2, 2), f(2, 16, 4)]);
+pub(crate) const Q4_0: [Field; 2] = placed([f(0, 2, 2), f(2, 16, 4)]);
 /// Q5_0: `d`, the 32 fifth bits as one word, the 16 nibble bytes 4 at a time.
-const Q5_0: [Field; 3] = placed([f(0, 2, 2), f(2, 4, 4), f(6, 16, 4)]);
+pub(crate) const Q5_0: [Field; 3] = placed([f(0, 2, 2), f(2, 4, 4), f(6, 16, 4)]);
 /// Q4_1: `d`, `m`, the nibbles.
-const Q4_1: [Field; 3] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 16, 4)]);
+pub(crate) const Q4_1: [Field; 3] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 16, 4)]);
 /// Q5_1: `d`, `m`, the fifth bits, the nibbles.
-const Q5_1: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 4, 4), f(8, 16, 4)]);
+pub(crate) const Q5_1: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 4, 4), f(8, 16, 4)]);
+
+/// Where the 8 rows' field that starts at byte `at` of a ggml block starts in a packed block:
+/// the kernels' offsets, taken from the layout at compile time.
+pub(crate) const fn field_at(fields: &[Field], at: usize) -> usize {
+    let mut i = 0;
+    while i < fields.len() {
+        if fields[i].at == at {
+            return fields[i].packed;
+        }
+        i += 1;
+    }
+    panic!("no field starts there")
+}
 
 /// The fields of a type that has a packed layout, in block order.
 pub fn fields(ty: WType) -> Option<&'static [Field]> {

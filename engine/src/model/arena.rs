@@ -177,7 +177,11 @@ impl Weights {
                 Layout::Ggml if !l.data.is_empty() => packed::preferred(l.ty, l.n),
                 same => same,
             };
-            let len = packed::len(l.ty, layout, l.n, l.k).max(l.data.len());
+            let len = if layout == l.layout {
+                l.data.len()
+            } else {
+                packed::len(l.ty, layout, l.n, l.k)
+            };
             ranges.push((at, len, layout));
             at = (at + len).next_multiple_of(ALIGN);
         }

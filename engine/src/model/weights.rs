@@ -161,9 +161,15 @@ impl Linear {
                 tpslab_kernels::dequantize_row(self.ty, &self.data[i * rb..(i + 1) * rb], out);
             }
             Layout::Rows8 => {
-                let mut row = vec![0u8; rb];
-                packed::row_bytes_into(self.ty, self.layout, self.k, &self.data, i, &mut row);
-                tpslab_kernels::dequantize_row(self.ty, &row, out);
+                // Every token of a step looks its row up: one buffer a thread, reused.
+                thread_local!(static ROW: std::cell::RefCell<Vec<u8>> = const {
+                    std::cell::RefCell::new(Vec::new())
+                });
+                ROW.with_borrow_mut(|row| {
+                    row.resize(rb, 0);
+                    packed::row_bytes_into(self.ty, self.layout, self.k, &self.data, i, row);
+                    tpslab_kernels::dequantize_row(self.ty, row, out);
+                });
             }
         }
     }
