@@ -356,7 +356,7 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
     // under load (this file's other tests run beside it) can have a slow prefill for its decode,
     // where the roofline ties one request's decode and prefill to the same FLOP/s and no fit
     // reproduces both exactly (engine plan::calibrate `a_slow_prefill_for_its_decode_is_fitted_
-    // closely`). The held-out error is reported.
+    // where_both_are_equally_off`). The held-out error is reported.
     let source = &v["sources"][0];
     let errs = source["error"]["rows"].as_array().expect("error rows");
     let first = &errs[0];
@@ -378,8 +378,15 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
         inexact,
         "{src}"
     );
-    // However loaded the machine, the fit lands near the run (a wrong fit is off by far more).
-    assert!(de.abs() < 0.25 && te.abs() < 0.25, "{first}");
+    // However loaded the machine (how far off depends on the run: no timing is asserted), a fit
+    // that cannot reproduce both stops where they are equally off, decode slower and TTFT
+    // shorter than measured, or with decode exact where its TTFT is out of reach (engine
+    // plan::calibrate `every_run_gets_an_exact_or_balanced_fit`).
+    if inexact {
+        let balanced = (de - te).abs() < 1e-6 && de < 0.0;
+        let out_of_reach = de.abs() < 1e-6 && te > 0.0;
+        assert!(balanced || out_of_reach, "{first}");
+    }
     assert!(
         source["error"]["held_out_mean_abs_pct"].is_number(),
         "{source}"
