@@ -352,7 +352,7 @@ unsafe fn q6k_block<D: Dots, const R: usize>(
 /// The sum of the 8 i32 lanes of `v` (exact, given the callers' bounds).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(crate) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))

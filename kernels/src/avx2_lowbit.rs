@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::avx2_kquant::{check_row, f16_at, hsum8};
+use crate::avx2_kquant::{check_row, f16_at, hsum_epi32, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
 use crate::dots::{Grid4, grid4_lanes};
 use crate::isa::Dots;
@@ -289,7 +289,7 @@ pub(crate) unsafe fn dot_iq4xs_rows<D: Dots, const R: usize>(
         for x in &xs {
             check_row(w, 136, x);
         }
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(136).enumerate() {
             // Two accumulators a row, as in `dot_q2k_rows`.
             let mut sumi = [[_mm256_setzero_si256(); 2]; R];
@@ -307,15 +307,11 @@ pub(crate) unsafe fn dot_iq4xs_rows<D: Dots, const R: usize>(
             }
             let dw = f16_at(blk, 0);
             for r in 0..R {
-                let d = _mm256_set1_ps(dw * xs[r].d[b]);
-                let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
-                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+                // The block's exact integer, then one FMA ([`crate::dots::dot_iq4xs`]).
+                let sumi = hsum_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]));
+                acc[r] = (dw * xs[r].d[b]).mul_add(sumi as f32, acc[r]);
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum8(acc[r]);
-        }
-        out
+        acc
     }
 }

@@ -42,6 +42,9 @@ const QVECS_BYTES: usize = 64;
 pub(crate) const Q4K: u8 = 0;
 pub(crate) const Q5K: u8 = 1;
 pub(crate) const Q6K: u8 = 2;
+/// IQ4_XS, packed matrices only (`avx2_rows8`): no min, its grid values' offset is taken off
+/// in the block's integers.
+pub(crate) const IQ4XS: u8 = 3;
 
 /// A repacked group of Q4_K, Q5_K or Q6_K weight rows (reused across calls).
 #[derive(Default)]
@@ -279,7 +282,7 @@ pub(crate) unsafe fn block_floats<const T: u8, const PP: usize, const CC: usize>
                     _mm256_cvtepi32_ps(isum[p][c]),
                     acc[p][c],
                 );
-                if T != Q6K {
+                if T == Q4K || T == Q5K {
                     acc[p][c] = _mm256_fnmadd_ps(
                         _mm256_mul_ps(mw[p], dx),
                         _mm256_cvtepi32_ps(imin[p][c]),
@@ -315,7 +318,7 @@ pub(crate) struct Block<'a> {
 /// # Safety
 /// They are readable, on an AVX2 CPU.
 #[inline(always)]
-unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
+pub(crate) unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
     // SAFETY: the caller's promise.
     unsafe { _mm256_loadu_si256(p.add(32 * v).cast()) }
 }

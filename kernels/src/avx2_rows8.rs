@@ -1,4 +1,4 @@
-//! `avx2_rows8`: the matmul of Q4_K and Q6_K matrices packed at load ([`crate::packed`]), for
+//! `avx2_rows8`: the matmul of matrices packed at load ([`crate::packed`]), for
 //! any number of activation rows: decode reads each panel's bytes once, straight from memory,
 //! and a vector's lanes are its 8 rows, so no row needs a horizontal sum.
 //!
@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use crate::WType;
 use crate::avx2::{GroupJob, IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
 use crate::avx2_panel::{LANES, ROWS, Source, store_lanes, tile_cols};
-use crate::avx2_panel_k::{Block, Q4K, Q6K, block_floats, k4_block, q6k_block};
+use crate::avx2_panel_k::{Block, IQ4XS, Q4K, Q6K, block_floats, k4_block, q6k_block, vec_at};
 use crate::isa::Dots;
 use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
@@ -30,6 +30,10 @@ mod at {
     pub const Q6K_QL: usize = field_at(&packed::Q6K, 0);
     pub const Q6K_SCALES: usize = field_at(&packed::Q6K, 192);
     pub const Q6K_D: usize = field_at(&packed::Q6K, 208);
+    pub const IQ4XS_D: usize = field_at(&packed::IQ4XS, 0);
+    pub const IQ4XS_SCALES_H: usize = field_at(&packed::IQ4XS, 2);
+    pub const IQ4XS_SCALES_L: usize = field_at(&packed::IQ4XS, 4);
+    pub const IQ4XS_QS: usize = field_at(&packed::IQ4XS, 8);
     /// Every 32-element type's `d` first, Q4_1's and Q5_1's `m` next.
     pub const D: usize = field_at(&packed::Q8_0, 0);
     pub const M: usize = field_at(&packed::Q4_1, 2);
@@ -132,6 +136,151 @@ unsafe fn q6k_scales(blk: *const u8) -> [__m256i; 8] {
     }
 }
 
+/// The scale pair vectors of a packed IQ4_XS block (`blk`): vector `t` the signed pairs
+/// `(ls[2t] - 32, ls[2t + 1] - 32)` of the 8 rows, where sub-block `s`'s 6-bit scale is the
+/// nibble `s % 2` of low byte `s / 2` under bits `2s..2s + 2` of the high word
+/// (`dequant::iq4xs_scale`); vectors 4..8 are unused.
+///
+/// # Safety
+/// The block's bytes are readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn iq4xs_scales(blk: *const u8) -> [__m256i; 8] {
+    // SAFETY: the caller's promise; the scale fields are bytes 16..64 of the block.
+    unsafe {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(blk.add(at::IQ4XS_SCALES_H).cast()));
+        let (m4, m2, off) = (
+            _mm256_set1_epi32(15),
+            _mm256_set1_epi32(3),
+            _mm256_set1_epi32(32),
+        );
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (t, v) in v.iter_mut().take(4).enumerate() {
+            let l = _mm_loadl_epi64(blk.add(at::IQ4XS_SCALES_L + 8 * t).cast());
+            let l = _mm256_cvtepu8_epi32(l);
+            let h_lo = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(4 * t as i32)), m2);
+            let h_hi = _mm256_and_si256(
+                _mm256_srlv_epi32(h, _mm256_set1_epi32(4 * t as i32 + 2)),
+                m2,
+            );
+            let lo = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi32::<4>(h_lo));
+            let hi = _mm256_or_si256(_mm256_srli_epi32::<4>(l), _mm256_slli_epi32::<4>(h_hi));
+            let (lo, hi) = (_mm256_sub_epi32(lo, off), _mm256_sub_epi32(hi, off));
+            *v = _mm256_or_si256(
+                _mm256_and_si256(lo, _mm256_set1_epi32(0xffff)),
+                _mm256_slli_epi32::<16>(hi),
+            );
+        }
+        v
+    }
+}
+
+/// IQ4_XS's integer part of one block for the `PP x CC` tile: per 32-element sub-block `s`, its
+/// 4 nibble vectors looked up in the grid (low nibbles elements `4 step..+4`, high ones
+/// `16 + 4 step..+4`), 8 `dpbusd` steps times the rows' signed scales into `isum`: the exact
+/// integer of `dots::dot_iq4xs`. The grid values are signed: the VNNI paths flip them by 128
+/// and take `128 * sum_s ls_s * xsum_s` off through `vpmaddwd` on the scale pairs and the
+/// activation's `bsums`; AVX2 moves the signs onto the activations (`vpsignb`, as the in-place
+/// dot does).
+///
+/// # Safety
+/// As [`tile`]'s: `at` is in bounds ([`Block`]).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn iq4xs_block<D: Dots, const PP: usize, const CC: usize>(
+    at: Block<'_>,
+    isum: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let Block {
+            qb,
+            qstride,
+            smb,
+            sstride,
+            xq,
+            k,
+            b,
+            acts,
+            c0,
+            nb,
+        } = at;
+        let m4 = _mm256_set1_epi8(0x0f);
+        let grid = _mm_loadu_si128(crate::dequant::KVALUES_IQ4NL.as_ptr().cast());
+        let grid = _mm256_set_m128i(grid, grid);
+        let flip = _mm256_set1_epi8(-128);
+        for s in 0..8 {
+            let mut dot = [[_mm256_setzero_si256(); CC]; PP];
+            for step in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); PP];
+                let mut hi = [_mm256_setzero_si256(); PP];
+                for p in 0..PP {
+                    let v = vec_at(qb.add(p * qstride), 4 * s + step);
+                    lo[p] = _mm256_shuffle_epi8(grid, _mm256_and_si256(v, m4));
+                    hi[p] =
+                        _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+                }
+                for c in 0..CC {
+                    let x = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
+                    let xl = _mm256_set1_epi32(std::ptr::read_unaligned(x.cast::<i32>()));
+                    let xh = _mm256_set1_epi32(std::ptr::read_unaligned(x.add(16).cast::<i32>()));
+                    for p in 0..PP {
+                        if D::VNNI {
+                            let d = D::dpbusd(dot[p][c], _mm256_xor_si256(lo[p], flip), xl);
+                            dot[p][c] = D::dpbusd(d, _mm256_xor_si256(hi[p], flip), xh);
+                        } else {
+                            let d = D::dpbusd(
+                                dot[p][c],
+                                _mm256_sign_epi8(lo[p], lo[p]),
+                                _mm256_sign_epi8(xl, lo[p]),
+                            );
+                            dot[p][c] = D::dpbusd(
+                                d,
+                                _mm256_sign_epi8(hi[p], hi[p]),
+                                _mm256_sign_epi8(xh, hi[p]),
+                            );
+                        }
+                    }
+                }
+            }
+            for p in 0..PP {
+                let pair = _mm256_loadu_si256(smb.add(p * sstride + s / 2));
+                let sc = if s % 2 == 1 {
+                    _mm256_srai_epi32::<16>(pair)
+                } else {
+                    _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair))
+                };
+                for c in 0..CC {
+                    isum[p][c] = _mm256_add_epi32(isum[p][c], _mm256_mullo_epi32(dot[p][c], sc));
+                }
+            }
+        }
+        if D::VNNI {
+            // The flip: per row, 128 * sum over t of (ls[2t], ls[2t + 1]) . (bp[2t], bp[2t + 1]),
+            // bp[s] = bsums[2s] + bsums[2s + 1].
+            for c in 0..CC {
+                let bs =
+                    _mm256_loadu_si256(acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast());
+                let bp = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bs),
+                    _mm256_extracti128_si256::<1>(bs),
+                );
+                let bpw: [i32; 4] = std::mem::transmute(bp);
+                let mut corr = [_mm256_setzero_si256(); PP];
+                for (t, &pair) in bpw.iter().enumerate() {
+                    let x = _mm256_set1_epi32(pair);
+                    for p in 0..PP {
+                        let sc = _mm256_loadu_si256(smb.add(p * sstride + t));
+                        corr[p] = _mm256_add_epi32(corr[p], _mm256_madd_epi16(sc, x));
+                    }
+                }
+                for p in 0..PP {
+                    isum[p][c] = _mm256_sub_epi32(isum[p][c], _mm256_slli_epi32::<7>(corr[p]));
+                }
+            }
+        }
+    }
+}
+
 /// The `PP` panels from row `j0` (a multiple of 8) by activation rows `c0..c0 + CC`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
@@ -161,10 +310,10 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
             // SAFETY: block b of the PP panels and of each activation row is in bounds (above).
             unsafe {
                 // No closures: they would be compiled without the path's features.
-                let (d_at, qs_at) = if T == Q4K {
-                    (at::Q4K_D, at::Q4K_QS)
-                } else {
-                    (at::Q6K_D, at::Q6K_QL)
+                let (d_at, qs_at) = match T {
+                    Q4K => (at::Q4K_D, at::Q4K_QS),
+                    Q6K => (at::Q6K_D, at::Q6K_QL),
+                    _ => (at::IQ4XS_D, at::IQ4XS_QS),
                 };
                 let mut blk = [base; PP];
                 let mut sm = [[_mm256_setzero_si256(); 8]; PP];
@@ -172,10 +321,10 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 let mut mw = [_mm256_setzero_ps(); PP];
                 for p in 0..PP {
                     blk[p] = base.add(p * panel + b * pb);
-                    sm[p] = if T == Q4K {
-                        q4k_scales(blk[p])
-                    } else {
-                        q6k_scales(blk[p])
+                    sm[p] = match T {
+                        Q4K => q4k_scales(blk[p]),
+                        Q6K => q6k_scales(blk[p]),
+                        _ => iq4xs_scales(blk[p]),
                     };
                     dw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(d_at).cast()));
                     if T == Q4K {
@@ -196,10 +345,10 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 };
                 let mut isum = [[_mm256_setzero_si256(); CC]; PP];
                 let mut imin = [[_mm256_setzero_si256(); CC]; PP];
-                if T == Q4K {
-                    k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin);
-                } else {
-                    q6k_block::<D, true, PP, CC>(at, &mut isum);
+                match T {
+                    Q4K => k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin),
+                    Q6K => q6k_block::<D, true, PP, CC>(at, &mut isum),
+                    _ => iq4xs_block::<D, PP, CC>(at, &mut isum),
                 }
                 block_floats::<T, PP, CC>(&mut acc, &isum, &imin, &dw, &mw, at);
             }
@@ -365,7 +514,7 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
 /// Groups `g_lo..g_hi` of [`ROWS`] weight rows of a packed matrix for every activation row.
 ///
 /// # Safety
-/// The CPU has `D`'s features; `job` is a packed Q4_K or Q6_K matmul.
+/// The CPU has `D`'s features; `job` is a packed matmul.
 #[inline(always)]
 pub(crate) unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
     if block32(job.ty).is_some() {
@@ -389,10 +538,10 @@ pub(crate) unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usiz
                 let cc = tile_cols(job.m - c0, full);
                 // SAFETY: the caller's promise.
                 unsafe {
-                    if job.ty == WType::Q4K {
-                        dispatch::<D, Q4K>(job, p * PANEL_ROWS, c0, two, cc);
-                    } else {
-                        dispatch::<D, Q6K>(job, p * PANEL_ROWS, c0, two, cc);
+                    match job.ty {
+                        WType::Q4K => dispatch::<D, Q4K>(job, p * PANEL_ROWS, c0, two, cc),
+                        WType::IQ4XS => dispatch::<D, IQ4XS>(job, p * PANEL_ROWS, c0, two, cc),
+                        _ => dispatch::<D, Q6K>(job, p * PANEL_ROWS, c0, two, cc),
                     }
                 }
                 c0 += cc;

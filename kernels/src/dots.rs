@@ -151,26 +151,23 @@ pub(crate) fn dot_grid4(g: &Grid4, w: &[u8], x: ActRow<'_>) -> f32 {
     sumf
 }
 
-/// IQ4_XS x Q8_K over a row (ggml `ggml_vec_dot_iq4_xs_q8_K`, AVX2): per 32 elements the
-/// grid values times the signed 6-bit scale, exact per lane, one FMA per block with
-/// `d_w * d_x`.
+/// IQ4_XS x Q8_K over a row (ggml `ggml_vec_dot_iq4_xs_q8_K`'s integers): per 32 elements the
+/// grid values times the signed 6-bit scale, summed exactly over the block, then one FMA per
+/// block with `d_w * d_x` (one accumulator, as the K-quants: a row's bits are the same whether
+/// its lanes are a row's sub-blocks, in place, or 8 rows, packed).
 #[inline(always)]
 pub(crate) fn dot_iq4xs(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (b, blk) in w.chunks_exact(136).enumerate() {
-        let mut sumi = [0i32; 8];
+        let mut sumi = 0i32;
         for ib in 0..8 {
             let ls = iq4xs_scale(blk, ib) - 32;
             let xq = &x.qs[b * QK_K + 32 * ib..b * QK_K + 32 * ib + 32];
             let lanes = grid4_lanes(&KVALUES_IQ4NL, &blk[8 + 16 * ib..24 + 16 * ib], xq);
-            for (s, l) in sumi.iter_mut().zip(lanes) {
-                *s += ls * l;
-            }
+            sumi += ls * lanes.iter().sum::<i32>();
         }
         let d = f16_at(blk, 0) * x.d[b];
-        for (a, &l) in acc.iter_mut().zip(&sumi) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        acc = d.mul_add(sumi as f32, acc);
     }
-    hsum8(acc)
+    acc
 }

@@ -73,6 +73,9 @@ pub(crate) const Q6K: [Field; 6] = placed([
     f(208, 2, 2),
 ]);
 
+/// IQ4_XS: `d`, the high bits of the 8 scales (one word a row), their low nibbles one byte at a
+/// time, the nibbles 4 bytes at a time (sub-block `s` is bytes `16s..16s + 16`: 4 vectors).
+pub(crate) const IQ4XS: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 4, 1), f(8, 128, 4)]);
 /// Q8_0: `d`, the 32 values 4 bytes at a time.
 pub(crate) const Q8_0: [Field; 2] = placed([f(0, 2, 2), f(2, 32, 4)]);
 /// Q4_0 and IQ4_NL: `d`, the 16 nibble bytes 4 at a time.
@@ -102,6 +105,7 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
     match ty {
         WType::Q4K => Some(&Q4K),
         WType::Q6K => Some(&Q6K),
+        WType::IQ4XS => Some(&IQ4XS),
         WType::Q8_0 => Some(&Q8_0),
         WType::Q4_0 | WType::IQ4NL => Some(&Q4_0),
         WType::Q5_0 => Some(&Q5_0),
@@ -113,7 +117,7 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
 
 /// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
 /// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
-/// "Weights packed at load"): every 32-element type and Q4_K. Q6_K's packed kernel is about
+/// "Weights packed at load"): every 32-element type, Q4_K and IQ4_XS. Q6_K's packed kernel is about
 /// even with its in-place dots at one row and faster at 4, but slower in prefill's batches (its
 /// levels are put together again for every tile of activation rows), so its matrices stay in
 /// rows for now.

@@ -11,9 +11,13 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-const PACKED_TYPES: [WType; 5] = [
+const PACKED_TYPES: [WType; 9] = [
     WType::Q4K,
     WType::Q6K,
+    WType::IQ4XS,
+    WType::Q4_1,
+    WType::Q5_1,
+    WType::IQ4NL,
     WType::Q8_0,
     WType::Q4_0,
     WType::Q5_0,
