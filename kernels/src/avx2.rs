@@ -92,7 +92,7 @@ pub(crate) fn quantize_rows(x: &[f32], out: &mut QActsRows<'_>) {
 #[derive(Default)]
 pub(crate) struct Scratch {
     panels: crate::avx2_panel::Panels,
-    panels_k: crate::avx2_panel_k::PanelsK,
+    pub(crate) panels_k: crate::avx2_panel_k::PanelsK,
 }
 
 /// Weight rows per group of a matmul of `m` activation rows: the in-place tiles' `R` up to
@@ -126,7 +126,7 @@ unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize, s: &mut 
     // SAFETY: the caller runs on a CPU with `D`'s features (see `isa`).
     unsafe {
         if job.layout == crate::Layout::Rows8 {
-            crate::avx2_rows8::groups::<D>(job, g_lo, g_hi);
+            crate::avx2_rows8::groups::<D>(job, g_lo, g_hi, s);
             return;
         }
         if crate::avx2_panel_k::has_panels(job.ty) {

@@ -31,12 +31,12 @@ use crate::avx2_panel::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words}
 use crate::isa::Dots;
 use crate::quant::QK_K;
 
-const PANELS: usize = ROWS / LANES;
+pub(crate) const PANELS: usize = ROWS / LANES;
 /// Level vectors of one block of one panel: Q4_K 4 pairs of sub-blocks x 8 steps of nibbles,
 /// Q6_K 8 chunks of 32 x 8 steps of bytes.
 const QVECS_Q4K: usize = 32;
 /// Q5_K and Q6_K: levels unpacked to bytes, 8 chunks of 32 x 8 steps.
-const QVECS_BYTES: usize = 64;
+pub(crate) const QVECS_BYTES: usize = 64;
 
 /// The K-quant types with panels, as the const parameter of the kernels.
 pub(crate) const Q4K: u8 = 0;
@@ -45,17 +45,24 @@ pub(crate) const Q6K: u8 = 2;
 /// IQ4_XS, packed matrices only (`avx2_rows8`): no min, its grid values' offset is taken off
 /// in the block's integers.
 pub(crate) const IQ4XS: u8 = 3;
+/// Q5_K packed (`avx2_rows8`): Q4_K's nibbles in place with the fifth bits from the packed
+/// `qh` field, [`Q5K_QH_GAP`] bytes before the nibbles.
+pub(crate) const Q5KP: u8 = 4;
+/// How far a packed Q5_K block's `qh` field starts before its nibbles (`crate::packed` owns the
+/// layout).
+pub(crate) const Q5K_QH_GAP: usize = crate::packed::field_at(&crate::packed::Q5K, 48)
+    - crate::packed::field_at(&crate::packed::Q5K, 16);
 
 /// A repacked group of Q4_K, Q5_K or Q6_K weight rows (reused across calls).
 #[derive(Default)]
 pub(crate) struct PanelsK {
     /// `nb x PANELS x QVECS_*` level vectors, as the module doc says.
-    qs: Vec<__m256i>,
+    pub(crate) qs: Vec<__m256i>,
     /// `nb x PANELS x 8` scale (and min) pair vectors.
-    sm: Vec<__m256i>,
+    pub(crate) sm: Vec<__m256i>,
     /// `nb x ROWS` weight `d` and `dmin` (0 for rows past `n`).
-    d: Vec<f32>,
-    dmin: Vec<f32>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) dmin: Vec<f32>,
 }
 
 /// Whether `ty` has panels here.
@@ -282,7 +289,7 @@ pub(crate) unsafe fn block_floats<const T: u8, const PP: usize, const CC: usize>
                     _mm256_cvtepi32_ps(isum[p][c]),
                     acc[p][c],
                 );
-                if T == Q4K || T == Q5K {
+                if T == Q4K || T == Q5K || T == Q5KP {
                     acc[p][c] = _mm256_fnmadd_ps(
                         _mm256_mul_ps(mw[p], dx),
                         _mm256_cvtepi32_ps(imin[p][c]),
@@ -330,7 +337,7 @@ pub(crate) unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
 /// # Safety
 /// The packed block at `p` is readable, on an AVX2 CPU.
 #[inline(always)]
-unsafe fn q6k_packed_levels(p: *const u8, c: usize, step: usize) -> __m256i {
+pub(crate) unsafe fn q6k_packed_levels(p: *const u8, c: usize, step: usize) -> __m256i {
     // SAFETY: the caller's promise; the vectors read are inside the block's ql and qh fields.
     unsafe {
         let (h, i) = (c / 4, c % 4);
@@ -358,9 +365,81 @@ unsafe fn q6k_packed_levels(p: *const u8, c: usize, step: usize) -> __m256i {
     }
 }
 
+/// `five` (0x10 in every byte) where bit `bit` of a byte of `h` is set, else 0: a packed Q5_K
+/// block's fifth bits of sub-block `bit` (ggml's `qh[l] & (1 << bit)`).
+///
+/// # Safety
+/// On an AVX2 CPU.
+#[inline(always)]
+pub(crate) unsafe fn fifth_bit(h: __m256i, bit: usize, five: __m256i) -> __m256i {
+    // SAFETY: on an AVX2 CPU (the caller's promise).
+    unsafe {
+        let m = _mm256_set1_epi8((1u8 << bit) as i8);
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, m), m), five)
+    }
+}
+
+/// [`k4_block`] for one activation row (decode) of Q4_K or packed Q5_K: each nibble vector
+/// loaded once for its two sub-blocks, and 2 x PP dot chains side by side instead of PP.
+///
+/// # Safety
+/// As [`k4_block`]'s.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn k4_one_row<D: Dots, const T: u8, const PP: usize, const CC: usize>(
+    at: Block<'_>,
+    isum: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let Block {
+            qb,
+            qstride,
+            smb,
+            sstride,
+            xq,
+            b,
+            ..
+        } = at;
+        let m4 = _mm256_set1_epi8(0x0f);
+        let lo16 = _mm256_set1_epi32(0xffff);
+        let five = _mm256_set1_epi8(0x10);
+        // One activation row (decode): each nibble vector loaded once for its two
+        // sub-blocks, and 2 x PP dot chains side by side instead of PP.
+        for t in 0..4 {
+            let mut lo = [_mm256_setzero_si256(); PP];
+            let mut hi = [_mm256_setzero_si256(); PP];
+            let xt = xq.add(b * QK_K + 64 * t);
+            for step in 0..LANES {
+                let xl = _mm256_set1_epi32(std::ptr::read_unaligned(xt.add(4 * step).cast()));
+                let xh = _mm256_set1_epi32(std::ptr::read_unaligned(xt.add(32 + 4 * step).cast()));
+                for p in 0..PP {
+                    let v = vec_at(qb.add(p * qstride), LANES * t + step);
+                    let mut vl = _mm256_and_si256(v, m4);
+                    let mut vh = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    if T == Q5KP {
+                        let h = vec_at(qb.add(p * qstride).sub(Q5K_QH_GAP), step);
+                        vl = _mm256_or_si256(vl, fifth_bit(h, 2 * t, five));
+                        vh = _mm256_or_si256(vh, fifth_bit(h, 2 * t + 1, five));
+                    }
+                    lo[p] = D::dpbusd(lo[p], vl, xl);
+                    hi[p] = D::dpbusd(hi[p], vh, xh);
+                }
+            }
+            for p in 0..PP {
+                let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
+                let s_lo = _mm256_mullo_epi32(lo[p], _mm256_and_si256(pair, lo16));
+                let s_hi = _mm256_mullo_epi32(hi[p], _mm256_srli_epi32::<16>(pair));
+                isum[p][0] = _mm256_add_epi32(isum[p][0], _mm256_add_epi32(s_lo, s_hi));
+            }
+        }
+    }
+}
+
 /// Q4_K's or Q5_K's (`T`) integer part of one block for the `PP x CC` tile: per sub-block `s`,
-/// 8 `dpbusd` steps of levels (Q4_K's nibbles, Q5_K's bytes) times the rows' scales into
-/// `isum`; the mins against the activation's `bsums` pairs into `imin`.
+/// 8 `dpbusd` steps of levels (Q4_K's nibbles, Q5_K's bytes, or packed Q5_K's nibbles with
+/// their fifth bits put back) times the rows' scales into `isum`; the mins against the
+/// activation's `bsums` pairs into `imin`.
 ///
 /// # Safety
 /// As [`tile`]'s: `at` is in bounds ([`Block`]).
@@ -387,35 +466,12 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
         } = at;
         let m4 = _mm256_set1_epi8(0x0f);
         let lo16 = _mm256_set1_epi32(0xffff);
-        if T == Q4K && CC == 1 {
-            // One activation row (decode): each nibble vector loaded once for its two
-            // sub-blocks, and 2 x PP dot chains side by side instead of PP.
-            for t in 0..4 {
-                let mut lo = [_mm256_setzero_si256(); PP];
-                let mut hi = [_mm256_setzero_si256(); PP];
-                let xt = xq.add(b * QK_K + 64 * t);
-                for step in 0..LANES {
-                    let xl = _mm256_set1_epi32(std::ptr::read_unaligned(xt.add(4 * step).cast()));
-                    let xh =
-                        _mm256_set1_epi32(std::ptr::read_unaligned(xt.add(32 + 4 * step).cast()));
-                    for p in 0..PP {
-                        let v = vec_at(qb.add(p * qstride), LANES * t + step);
-                        let vl = _mm256_and_si256(v, m4);
-                        let vh = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                        lo[p] = D::dpbusd(lo[p], vl, xl);
-                        hi[p] = D::dpbusd(hi[p], vh, xh);
-                    }
-                }
-                for p in 0..PP {
-                    let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
-                    let s_lo = _mm256_mullo_epi32(lo[p], _mm256_and_si256(pair, lo16));
-                    let s_hi = _mm256_mullo_epi32(hi[p], _mm256_srli_epi32::<16>(pair));
-                    isum[p][0] = _mm256_add_epi32(isum[p][0], _mm256_add_epi32(s_lo, s_hi));
-                }
-            }
+        let five = _mm256_set1_epi8(0x10);
+        if (T == Q4K || T == Q5KP) && CC == 1 {
+            k4_one_row::<D, T, PP, CC>(at, isum);
         }
         for s in 0..8 {
-            if T == Q4K && CC == 1 {
+            if (T == Q4K || T == Q5KP) && CC == 1 {
                 break;
             }
             let (t, high) = (s / 2, s % 2 == 1);
@@ -427,7 +483,12 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
                     }
                     let v = vec_at(qb.add(p * qstride), LANES * t + step);
                     let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
-                    _mm256_and_si256(v, m4)
+                    let v = _mm256_and_si256(v, m4);
+                    if T == Q5KP {
+                        let h = vec_at(qb.add(p * qstride).sub(Q5K_QH_GAP), step);
+                        return _mm256_or_si256(v, fifth_bit(h, s, five));
+                    }
+                    v
                 });
                 for c in 0..CC {
                     let at = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
@@ -554,45 +615,73 @@ pub(crate) unsafe fn q6k_block<D: Dots, const PACKED: bool, const PP: usize, con
 /// # Safety
 /// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul ([`has_panels`]).
 #[inline(always)]
-// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
-#[allow(unused_unsafe)]
 pub(crate) unsafe fn groups<D: Dots>(
     job: &GroupJob<'_>,
     g_lo: usize,
     g_hi: usize,
     pn: &mut PanelsK,
 ) {
+    let rb = job.ty.row_bytes(job.k);
+    for g in g_lo..g_hi {
+        let j0 = g * ROWS;
+        let rows = &job.data[j0 * rb..(job.n.min(j0 + ROWS)) * rb];
+        // SAFETY: the caller's promise.
+        unsafe { group::<D>(job, rows, j0, pn) };
+    }
+}
+
+/// The group of weight rows from `j0` (`rows`: their ggml bytes, [`ROWS`] or fewer at the end)
+/// for every activation row of `job`: repacked into `pn`, then its [`tiles`].
+///
+/// # Safety
+/// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul ([`has_panels`]).
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn group<D: Dots>(job: &GroupJob<'_>, rows: &[u8], j0: usize, pn: &mut PanelsK) {
+    let n = rows.len() / job.ty.row_bytes(job.k);
+    assert!(j0 + n <= job.n);
+    // SAFETY: the caller runs on a CPU with `D`'s features.
+    unsafe {
+        match job.ty {
+            WType::Q4K => repack::<D, Q4K>(rows, n, job.k, 0, pn),
+            WType::Q5K => repack::<D, Q5K>(rows, n, job.k, 0, pn),
+            _ => repack::<D, Q6K>(rows, n, job.k, 0, pn),
+        }
+    };
+    // SAFETY: the caller's promise; `pn` holds the group.
+    unsafe { tiles::<D>(job, n, j0, pn) };
+}
+
+/// The tiles of a group of `n` weight rows from `j0` repacked in `pn`, for every activation row
+/// of `job`.
+///
+/// # Safety
+/// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul and `pn` holds the group.
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+pub(crate) unsafe fn tiles<D: Dots>(job: &GroupJob<'_>, n: usize, j0: usize, pn: &PanelsK) {
     // The tile: `PP x CC` integer dots, sums and float accumulators, plus the weight vectors,
     // the broadcast and the scales, in the registers (32 with AVX-512, 16 otherwise).
     let full = if D::PANELS == 2 { 4 } else { 3 };
-    for g in g_lo..g_hi {
-        let j0 = g * ROWS;
-        // SAFETY: the caller runs on a CPU with `D`'s features.
-        unsafe {
-            match job.ty {
-                WType::Q4K => repack::<D, Q4K>(job.data, job.n, job.k, j0, pn),
-                WType::Q5K => repack::<D, Q5K>(job.data, job.n, job.k, j0, pn),
-                _ => repack::<D, Q6K>(job.data, job.n, job.k, j0, pn),
-            }
-        };
-        let mut p0 = 0;
-        while p0 < PANELS && j0 + p0 * LANES < job.n {
-            let two = D::PANELS == 2 && j0 + LANES < job.n;
-            let mut c0 = 0;
-            while c0 < job.m {
-                let cc = tile_cols(job.m - c0, full);
-                // SAFETY: the caller runs on a CPU with `D`'s features.
-                unsafe {
-                    match job.ty {
-                        WType::Q4K => dispatch::<D, Q4K>(job, pn, j0, p0, c0, two, cc),
-                        WType::Q5K => dispatch::<D, Q5K>(job, pn, j0, p0, c0, two, cc),
-                        _ => dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc),
-                    }
+    let mut p0 = 0;
+    while p0 < PANELS && p0 * LANES < n {
+        let two = D::PANELS == 2 && LANES < n;
+        let mut c0 = 0;
+        while c0 < job.m {
+            let cc = tile_cols(job.m - c0, full);
+            // SAFETY: the caller runs on a CPU with `D`'s features.
+            unsafe {
+                match job.ty {
+                    WType::Q4K => dispatch::<D, Q4K>(job, pn, j0, p0, c0, two, cc),
+                    WType::Q5K => dispatch::<D, Q5K>(job, pn, j0, p0, c0, two, cc),
+                    _ => dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc),
                 }
-                c0 += cc;
             }
-            p0 += if two { 2 } else { 1 };
+            c0 += cc;
         }
+        p0 += if two { 2 } else { 1 };
     }
 }
 

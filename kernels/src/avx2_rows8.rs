@@ -15,7 +15,10 @@ use std::arch::x86_64::*;
 use crate::WType;
 use crate::avx2::{GroupJob, IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
 use crate::avx2_panel::{LANES, ROWS, Source, store_lanes, tile_cols};
-use crate::avx2_panel_k::{Block, IQ4XS, Q4K, Q6K, block_floats, k4_block, q6k_block, vec_at};
+use crate::avx2_panel_k::{
+    Block, IQ4XS, PANELS, PanelsK, Q4K, Q5KP, Q6K, QVECS_BYTES, block_floats, fifth_bit, k4_block,
+    q6k_block, q6k_packed_levels, vec_at,
+};
 use crate::isa::Dots;
 use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
@@ -27,6 +30,11 @@ mod at {
     pub const Q4K_DMIN: usize = field_at(&packed::Q4K, 2);
     pub const Q4K_SCALES: usize = field_at(&packed::Q4K, 4);
     pub const Q4K_QS: usize = field_at(&packed::Q4K, 16);
+    pub const Q5K_D: usize = field_at(&packed::Q5K, 0);
+    pub const Q5K_DMIN: usize = field_at(&packed::Q5K, 2);
+    pub const Q5K_SCALES: usize = field_at(&packed::Q5K, 4);
+    pub const Q5K_QH: usize = field_at(&packed::Q5K, 16);
+    pub const Q5K_QS: usize = field_at(&packed::Q5K, 48);
     pub const Q6K_QL: usize = field_at(&packed::Q6K, 0);
     pub const Q6K_SCALES: usize = field_at(&packed::Q6K, 192);
     pub const Q6K_D: usize = field_at(&packed::Q6K, 208);
@@ -72,7 +80,12 @@ unsafe fn top2(v: __m128i, top: __m128i) -> __m128i {
     unsafe { _mm_and_si128(_mm_srli_epi16::<2>(v), top) }
 }
 
-/// The scale pair vectors of a packed Q4_K block (`blk`), as `avx2_panel_k`'s repack stores
+// Q5_K's `d`, `dmin` and scales lie where Q4_K's do: one unpack serves both.
+const _: () = assert!(
+    at::Q5K_D == at::Q4K_D && at::Q5K_DMIN == at::Q4K_DMIN && at::Q5K_SCALES == at::Q4K_SCALES
+);
+
+/// The scale pair vectors of a packed Q4_K or Q5_K block (`blk`), as `avx2_panel_k`'s repack stores
 /// them: vector `t` the pairs `(sc[2t], sc[2t + 1])` of the 8 rows, vector `4 + t` the min
 /// pairs. The 12 scale bytes are ggml's 6-bit packing (`get_scale_min_k4`), byte `i` of the 8
 /// rows at `32 + 8 i`: scales 0..4 and mins 0..4 are bytes 0..4 and 4..8 less their top two
@@ -206,8 +219,13 @@ unsafe fn iq4xs_block<D: Dots, const PP: usize, const CC: usize>(
         } = at;
         let m4 = _mm256_set1_epi8(0x0f);
         let grid = _mm_loadu_si128(crate::dequant::KVALUES_IQ4NL.as_ptr().cast());
+        // The VNNI paths look the values up already flipped.
+        let grid = if D::VNNI {
+            _mm_xor_si128(grid, _mm_set1_epi8(-128))
+        } else {
+            grid
+        };
         let grid = _mm256_set_m128i(grid, grid);
-        let flip = _mm256_set1_epi8(-128);
         for s in 0..8 {
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for step in 0..4 {
@@ -225,8 +243,8 @@ unsafe fn iq4xs_block<D: Dots, const PP: usize, const CC: usize>(
                     let xh = _mm256_set1_epi32(std::ptr::read_unaligned(x.add(16).cast::<i32>()));
                     for p in 0..PP {
                         if D::VNNI {
-                            let d = D::dpbusd(dot[p][c], _mm256_xor_si256(lo[p], flip), xl);
-                            dot[p][c] = D::dpbusd(d, _mm256_xor_si256(hi[p], flip), xh);
+                            let d = D::dpbusd(dot[p][c], lo[p], xl);
+                            dot[p][c] = D::dpbusd(d, hi[p], xh);
                         } else {
                             let d = D::dpbusd(
                                 dot[p][c],
@@ -312,6 +330,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 // No closures: they would be compiled without the path's features.
                 let (d_at, qs_at) = match T {
                     Q4K => (at::Q4K_D, at::Q4K_QS),
+                    Q5KP => (at::Q5K_D, at::Q5K_QS),
                     Q6K => (at::Q6K_D, at::Q6K_QL),
                     _ => (at::IQ4XS_D, at::IQ4XS_QS),
                 };
@@ -322,12 +341,12 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 for p in 0..PP {
                     blk[p] = base.add(p * panel + b * pb);
                     sm[p] = match T {
-                        Q4K => q4k_scales(blk[p]),
+                        Q4K | Q5KP => q4k_scales(blk[p]),
                         Q6K => q6k_scales(blk[p]),
                         _ => iq4xs_scales(blk[p]),
                     };
                     dw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(d_at).cast()));
-                    if T == Q4K {
+                    if T == Q4K || T == Q5KP {
                         mw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(at::Q4K_DMIN).cast()));
                     }
                 }
@@ -347,6 +366,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 let mut imin = [[_mm256_setzero_si256(); CC]; PP];
                 match T {
                     Q4K => k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin),
+                    Q5KP => k4_block::<D, Q5KP, PP, CC>(at, &mut isum, &mut imin),
                     Q6K => q6k_block::<D, true, PP, CC>(at, &mut isum),
                     _ => iq4xs_block::<D, PP, CC>(at, &mut isum),
                 }
@@ -511,15 +531,128 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
     }
 }
 
+/// The group of [`ROWS`] packed Q5_K or Q6_K rows from `j0` as `avx2_panel_k`'s repacked panels:
+/// each level vector is the one the packed tiles compute ([`fifth_bit`] on Q4_K's nibbles,
+/// [`q6k_packed_levels`]), the scale pairs the packed ones, `d` and `dmin` widened (the padding
+/// rows of a packed matrix are zeros, so they come out as zeros).
+///
+/// # Safety
+/// The CPU has `D`'s features; `job` is a packed Q5_K (`T` = `Q5KP`) or Q6_K matmul.
+#[inline(always)]
+// The inner `unsafe` blocks keep their bounds notes under the whole-body one.
+#[allow(unused_unsafe)]
+unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut PanelsK) {
+    let nb = job.k / QK_K;
+    let pb = PANEL_ROWS * job.ty.type_size();
+    let panel = nb * pb;
+    let panels = job.n.div_ceil(PANEL_ROWS);
+    assert!(job.data.len() >= panels * panel && j0.is_multiple_of(PANEL_ROWS));
+    // SAFETY: the CPU has `D`'s features; reads stay inside the group's panels (those below
+    // `panels`, checked above), writes inside `pn` as sized here.
+    unsafe {
+        pn.qs
+            .resize(nb * PANELS * QVECS_BYTES, _mm256_setzero_si256());
+        pn.sm.resize(nb * PANELS * LANES, _mm256_setzero_si256());
+        pn.d.resize(nb * ROWS, 0.0);
+        pn.dmin.resize(nb * ROWS, 0.0);
+        let (m4, five) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+        for b in 0..nb {
+            for p in 0..PANELS {
+                let at = (b * PANELS + p) * QVECS_BYTES;
+                let panel_no = j0 / PANEL_ROWS + p;
+                if panel_no >= panels {
+                    // Past the matrix: zeros (the tiles skip these rows).
+                    for v in 0..QVECS_BYTES {
+                        *pn.qs.as_mut_ptr().add(at + v) = _mm256_setzero_si256();
+                    }
+                    for l in 0..LANES {
+                        *pn.sm.as_mut_ptr().add((b * PANELS + p) * LANES + l) =
+                            _mm256_setzero_si256();
+                    }
+                    _mm256_storeu_ps(
+                        pn.d.as_mut_ptr().add(b * ROWS + p * LANES),
+                        _mm256_setzero_ps(),
+                    );
+                    _mm256_storeu_ps(
+                        pn.dmin.as_mut_ptr().add(b * ROWS + p * LANES),
+                        _mm256_setzero_ps(),
+                    );
+                    continue;
+                }
+                let blk = job.data.as_ptr().add(panel_no * panel + b * pb);
+                let (sm, d, dmin) = if T == Q5KP {
+                    (
+                        q4k_scales(blk),
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q5K_D).cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q5K_DMIN).cast())),
+                    )
+                } else {
+                    (
+                        q6k_scales(blk),
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q6K_D).cast())),
+                        _mm256_setzero_ps(),
+                    )
+                };
+                for (t, v) in sm.into_iter().enumerate() {
+                    *pn.sm.as_mut_ptr().add((b * PANELS + p) * LANES + t) = v;
+                }
+                _mm256_storeu_ps(pn.d.as_mut_ptr().add(b * ROWS + p * LANES), d);
+                _mm256_storeu_ps(pn.dmin.as_mut_ptr().add(b * ROWS + p * LANES), dmin);
+                for c in 0..8 {
+                    for step in 0..LANES {
+                        let v = if T == Q5KP {
+                            let (t, high) = (c / 2, c % 2 == 1);
+                            let q = vec_at(blk.add(at::Q5K_QS), LANES * t + step);
+                            let q = if high { _mm256_srli_epi16::<4>(q) } else { q };
+                            let h = vec_at(blk.add(at::Q5K_QH), step);
+                            _mm256_or_si256(_mm256_and_si256(q, m4), fifth_bit(h, c, five))
+                        } else {
+                            q6k_packed_levels(blk.add(at::Q6K_QL), c, step)
+                        };
+                        *pn.qs.as_mut_ptr().add(at + LANES * c + step) = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Past this many activation rows, a packed Q5_K or Q6_K group is repacked ([`repack`]) into
+/// `avx2_panel_k`'s panels, whose levels are put together once for the whole batch (the packed
+/// tiles put them together again for every 4 activation rows). `type_rates`:
+/// REPACK_MEASURED.
+const REPACK_ABOVE: usize = 32;
+
 /// Groups `g_lo..g_hi` of [`ROWS`] weight rows of a packed matrix for every activation row.
 ///
 /// # Safety
 /// The CPU has `D`'s features; `job` is a packed matmul.
 #[inline(always)]
-pub(crate) unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
+pub(crate) unsafe fn groups<D: Dots>(
+    job: &GroupJob<'_>,
+    g_lo: usize,
+    g_hi: usize,
+    s: &mut crate::avx2::Scratch,
+) {
     if block32(job.ty).is_some() {
         // SAFETY: the caller's promise.
         unsafe { groups32::<D>(job, g_lo, g_hi) };
+        return;
+    }
+    if matches!(job.ty, WType::Q5K | WType::Q6K) && job.m > REPACK_ABOVE {
+        for g in g_lo..g_hi {
+            let j0 = g * ROWS;
+            let rows = (job.n - j0).min(ROWS);
+            // SAFETY: the caller's promise; the panels hold the group.
+            unsafe {
+                if job.ty == WType::Q5K {
+                    repack::<D, Q5KP>(job, j0, &mut s.panels_k);
+                } else {
+                    repack::<D, Q6K>(job, j0, &mut s.panels_k);
+                }
+                crate::avx2_panel_k::tiles::<D>(job, rows, j0, &s.panels_k);
+            }
+        }
         return;
     }
     // As `avx2_panel_k::groups`: a tile's accumulators and operands fill the registers.
@@ -540,6 +673,7 @@ pub(crate) unsafe fn groups<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usiz
                 unsafe {
                     match job.ty {
                         WType::Q4K => dispatch::<D, Q4K>(job, p * PANEL_ROWS, c0, two, cc),
+                        WType::Q5K => dispatch::<D, Q5KP>(job, p * PANEL_ROWS, c0, two, cc),
                         WType::IQ4XS => dispatch::<D, IQ4XS>(job, p * PANEL_ROWS, c0, two, cc),
                         _ => dispatch::<D, Q6K>(job, p * PANEL_ROWS, c0, two, cc),
                     }

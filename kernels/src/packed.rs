@@ -61,6 +61,15 @@ const fn placed<const N: usize>(mut fields: [Field; N]) -> [Field; N] {
 /// Q4_K: `d`, `dmin`, the 12 packed scale bytes one by one, the nibbles 4 bytes at a time (so a
 /// 32-byte vector is bytes `4u..4u + 4` of the 8 rows).
 pub(crate) const Q4K: [Field; 4] = placed([f(0, 2, 2), f(2, 2, 2), f(4, 12, 1), f(16, 128, 4)]);
+/// Q5_K: Q4_K's fields, then its 32 fifth-bit bytes 4 at a time (byte `l`'s bit `s` is the
+/// fifth bit of element `l` of sub-block `s`), then the nibbles as Q4_K's.
+pub(crate) const Q5K: [Field; 5] = placed([
+    f(0, 2, 2),
+    f(2, 2, 2),
+    f(4, 12, 1),
+    f(16, 32, 4),
+    f(48, 128, 4),
+]);
 /// Q6_K: per half of the block (elements 0..128, then 128..256), its 64 low-nibble bytes and
 /// its 32 high-bit bytes, 4 at a time, so the kernel reads each half's levels in one stretch;
 /// then the 16 signed scales one by one, `d`.
@@ -104,6 +113,7 @@ pub(crate) const fn field_at(fields: &[Field], at: usize) -> usize {
 pub fn fields(ty: WType) -> Option<&'static [Field]> {
     match ty {
         WType::Q4K => Some(&Q4K),
+        WType::Q5K => Some(&Q5K),
         WType::Q6K => Some(&Q6K),
         WType::IQ4XS => Some(&IQ4XS),
         WType::Q8_0 => Some(&Q8_0),
@@ -117,10 +127,11 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
 
 /// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
 /// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
-/// "Weights packed at load"): every 32-element type, Q4_K and IQ4_XS. Q6_K's packed kernel is about
-/// even with its in-place dots at one row and faster at 4, but slower in prefill's batches (its
-/// levels are put together again for every tile of activation rows), so its matrices stay in
-/// rows for now.
+/// "Weights packed at load"): every 32-element type, Q4_K, Q5_K and IQ4_XS. Q6_K's packed
+/// kernel is as fast as its rows' past 32 activation rows (both repack into the same panels)
+/// and faster at 4 to 32, but slower at one row (its levels put together from two fields cost
+/// more than the in-place dots' unpack: 51-61% of the read bandwidth against 69-81% in
+/// `type_rates`), so its matrices stay in rows for now: decode is what they are read for most.
 /// `TPSLAB_WEIGHT_LAYOUT=rows` keeps every matrix in rows (to compare the two in one build).
 pub fn preferred(ty: WType, n: usize) -> Layout {
     static ROWS_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -11,8 +11,9 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-const PACKED_TYPES: [WType; 9] = [
+const PACKED_TYPES: [WType; 10] = [
     WType::Q4K,
+    WType::Q5K,
     WType::Q6K,
     WType::IQ4XS,
     WType::Q4_1,
@@ -24,7 +25,8 @@ const PACKED_TYPES: [WType; 9] = [
 ];
 
 /// The packed matmul gives the ggml rows' bits, for decode (1 row), the in-place sizes and the
-/// batches, every backend this CPU has and 1 to 3 threads.
+/// batches (those past 32 rows through the repacked panels), every backend this CPU has and 1
+/// to 3 threads.
 #[test]
 fn packed_matrices_give_the_bits_of_their_rows() {
     let mut r = rng(41);
@@ -39,7 +41,8 @@ fn packed_matrices_give_the_bits_of_their_rows() {
                 data: &pk,
                 ..rows
             };
-            for m in [1, 2, 3, 4, 5, 9, 10, 17] {
+            // Past 32 rows packed Q5_K and Q6_K are repacked into the batched panels.
+            for m in [1, 2, 3, 4, 5, 9, 10, 17, 33, 38] {
                 let x = random_vec(&mut r, m * k, 1.0);
                 let mut want = vec![0f32; m * n];
                 matmul_with(Backend::Portable, &pools[0], &rows, &x, m, &mut want);
