@@ -619,8 +619,9 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
 
 /// Past this many activation rows, a packed Q5_K or Q6_K group is repacked ([`repack`]) into
 /// `avx2_panel_k`'s panels, whose levels are put together once for the whole batch (the packed
-/// tiles put them together again for every 4 activation rows). `type_rates`:
-/// REPACK_MEASURED.
+/// tiles put them together again for every 4 activation rows). `type_rates` (Zen 4, 2
+/// threads): Q5_K at 16 rows 181 GMAC/s in the packed tiles, at 33 rows 215 repacked; Q6_K at
+/// 128 rows 92 in the packed tiles, 202 repacked.
 const REPACK_ABOVE: usize = 32;
 
 /// Groups `g_lo..g_hi` of [`ROWS`] weight rows of a packed matrix for every activation row.
