@@ -14,8 +14,9 @@
 # Knobs: ROUNDS (5), THREADS (2), LLAMA_BIN (the llama.cpp reference build), SRC (the repo to
 # clone, default this one), REV (HEAD), WORK (a fresh temp dir; kept if KEEP=1), TARGET_DIR
 # (default WORK/target: a cold build; point it at an existing dir only to check the script),
-# MODEL (a GGUF file both engines run; default the default model), CONCURRENT (64; 0 skips the
-# concurrent figure, which takes minutes on a larger model).
+# MODEL (a GGUF file both engines run, or several separated by spaces, each measured in turn after
+# the one build; default the default model), CONCURRENT (64; 0 skips the concurrent figure, which
+# takes minutes on a larger model).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 . "$HERE/tests/bench/machine.sh"
@@ -39,13 +40,13 @@ t0=$(date +%s)
 echo "# release build: $(( $(date +%s) - t0 )) s"
 TPS="$TARGET_DIR/release/tpslab"
 "$TPS" generate --model default --prompt x --max-tokens 1 --json >/dev/null
-MODEL=${MODEL:-"${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
-[ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
+MODELS=${MODEL:-"${TPSLAB_HOME:-$HOME/.local/share/tpslab}/models/SmolLM2-135M-Instruct.Q4_1.gguf"}
+for MODEL in $MODELS; do
+  [ -f "$MODEL" ] || { echo "no model at $MODEL" >&2; exit 2; }
+done
 CONCURRENT=${CONCURRENT:-64}
 
 machine_lines
-echo "# model $MODEL"
-echo "# tpslab kernels: ${TPSLAB_CPU_KERNELS:-detected}; threads $THREADS; rounds $ROUNDS; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # One round of each engine; each prints "figure value" lines.
 ours() {
@@ -65,6 +66,10 @@ theirs() {
     -t "$THREADS" 2>&1 | awk -F'|' -v c="$CONCURRENT" '$2 ~ /^ *128 *$/ && $4 ~ "^ *" c " *$" { print "out64", $4 * $3 / $10 }'
 }
 
+for MODEL in $MODELS; do
+echo
+echo "# model $MODEL"
+echo "# tpslab kernels: ${TPSLAB_CPU_KERNELS:-detected}; threads $THREADS; rounds $ROUNDS; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 RES="$WORK/rounds.txt"
 : >"$RES"
 for r in $(seq 1 "$ROUNDS"); do
@@ -95,3 +100,4 @@ awk "$(cat "$HERE/tests/bench/median.awk")"'
       printf "| %s | %.1f | %.1f | **%.2fx** | %.2f .. %.2f | %d |\n", name, median(oa, n), median(la, n), median(ra, n), lo, hi, n
     }
   }' "$RES"
+done
