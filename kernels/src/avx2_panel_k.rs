@@ -239,6 +239,17 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                     k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin);
                 } else if T == Q5K {
                     k4_block::<D, Q5K, PP, CC>(at, &mut isum, &mut imin);
+                } else if T == IQ4XS {
+                    // The levels are the grid values flipped by 128 (VNNI only) and the "mins"
+                    // the scales: take 128 * sum ls * xsum off in the integers.
+                    k4_block::<D, IQ4XS, PP, CC>(at, &mut isum, &mut imin);
+                    for p in 0..PP {
+                        for c in 0..CC {
+                            isum[p][c] =
+                                _mm256_sub_epi32(isum[p][c], _mm256_slli_epi32::<7>(imin[p][c]));
+                            imin[p][c] = _mm256_setzero_si256();
+                        }
+                    }
                 } else {
                     q6k_block::<D, false, PP, CC>(at, &mut isum);
                 }
@@ -478,7 +489,7 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for step in 0..LANES {
                 let w: [__m256i; PP] = std::array::from_fn(|p| {
-                    if T == Q5K {
+                    if T == Q5K || T == IQ4XS {
                         return vec_at(qb.add(p * qstride), LANES * s + step);
                     }
                     let v = vec_at(qb.add(p * qstride), LANES * t + step);
@@ -500,10 +511,12 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
             }
             for p in 0..PP {
                 let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
-                let sc = if high {
-                    _mm256_srli_epi32::<16>(pair)
-                } else {
-                    _mm256_and_si256(pair, lo16)
+                // IQ4_XS's scales are signed (`ls - 32`), the others' unsigned.
+                let sc = match (T == IQ4XS, high) {
+                    (true, true) => _mm256_srai_epi32::<16>(pair),
+                    (true, false) => _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair)),
+                    (false, true) => _mm256_srli_epi32::<16>(pair),
+                    (false, false) => _mm256_and_si256(pair, lo16),
                 };
                 for c in 0..CC {
                     isum[p][c] = _mm256_add_epi32(isum[p][c], _mm256_mullo_epi32(dot[p][c], sc));
@@ -657,7 +670,8 @@ unsafe fn group<D: Dots>(job: &GroupJob<'_>, rows: &[u8], j0: usize, pn: &mut Pa
 /// of `job`.
 ///
 /// # Safety
-/// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul and `pn` holds the group.
+/// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul, or a packed IQ4_XS one on
+/// a VNNI path (`avx2_rows8`), and `pn` holds the group.
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -676,6 +690,7 @@ pub(crate) unsafe fn tiles<D: Dots>(job: &GroupJob<'_>, n: usize, j0: usize, pn:
                 match job.ty {
                     WType::Q4K => dispatch::<D, Q4K>(job, pn, j0, p0, c0, two, cc),
                     WType::Q5K => dispatch::<D, Q5K>(job, pn, j0, p0, c0, two, cc),
+                    WType::IQ4XS => dispatch::<D, IQ4XS>(job, pn, j0, p0, c0, two, cc),
                     _ => dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc),
                 }
             }

@@ -531,13 +531,15 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
     }
 }
 
-/// The group of [`ROWS`] packed Q5_K or Q6_K rows from `j0` as `avx2_panel_k`'s repacked panels:
-/// each level vector is the one the packed tiles compute ([`fifth_bit`] on Q4_K's nibbles,
-/// [`q6k_packed_levels`]), the scale pairs the packed ones, `d` and `dmin` widened (the padding
-/// rows of a packed matrix are zeros, so they come out as zeros).
+/// The group of [`ROWS`] packed Q5_K, Q6_K or IQ4_XS rows from `j0` as `avx2_panel_k`'s
+/// repacked panels: each level vector is the one the packed tiles compute ([`fifth_bit`] on
+/// Q4_K's nibbles, [`q6k_packed_levels`], IQ4_XS's grid values flipped by 128), the scale pairs
+/// the packed ones, `d` and `dmin` widened (the padding rows of a packed matrix are zeros, so
+/// they come out as zeros).
 ///
 /// # Safety
-/// The CPU has `D`'s features; `job` is a packed Q5_K (`T` = `Q5KP`) or Q6_K matmul.
+/// The CPU has `D`'s features; `job` is a packed Q5_K (`T` = `Q5KP`), Q6_K or IQ4_XS matmul
+/// (this last on a VNNI path: its flipped levels would saturate AVX2's `vpmaddubsw`).
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
@@ -556,6 +558,12 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
         pn.d.resize(nb * ROWS, 0.0);
         pn.dmin.resize(nb * ROWS, 0.0);
         let (m4, five) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+        // IQ4_XS's grid flipped by 128, as the VNNI tiles take it.
+        let grid = _mm_xor_si128(
+            _mm_loadu_si128(crate::dequant::KVALUES_IQ4NL.as_ptr().cast()),
+            _mm_set1_epi8(-128),
+        );
+        let grid = _mm256_set_m128i(grid, grid);
         for b in 0..nb {
             for p in 0..PANELS {
                 let at = (b * PANELS + p) * QVECS_BYTES;
@@ -586,6 +594,18 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                         _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q5K_D).cast())),
                         _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q5K_DMIN).cast())),
                     )
+                } else if T == IQ4XS {
+                    // The signed scale pairs twice: as scales and as the "mins" that take the
+                    // flip off (`avx2_panel_k::tile`).
+                    let mut sm = iq4xs_scales(blk);
+                    for t in 0..4 {
+                        sm[4 + t] = sm[t];
+                    }
+                    (
+                        sm,
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::IQ4XS_D).cast())),
+                        _mm256_setzero_ps(),
+                    )
                 } else {
                     (
                         q6k_scales(blk),
@@ -606,6 +626,16 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                             let q = if high { _mm256_srli_epi16::<4>(q) } else { q };
                             let h = vec_at(blk.add(at::Q5K_QH), step);
                             _mm256_or_si256(_mm256_and_si256(q, m4), fifth_bit(h, c, five))
+                        } else if T == IQ4XS {
+                            // Elements 4 step..+4 of sub-block c: the low nibbles of its vector
+                            // `step` for the first 16, the high ones of `step - 4` after.
+                            let q = vec_at(blk.add(at::IQ4XS_QS), 4 * c + step % 4);
+                            let q = if step >= 4 {
+                                _mm256_srli_epi16::<4>(q)
+                            } else {
+                                q
+                            };
+                            _mm256_shuffle_epi8(grid, _mm256_and_si256(q, m4))
                         } else {
                             q6k_packed_levels(blk.add(at::Q6K_QL), c, step)
                         };
@@ -617,7 +647,8 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
     }
 }
 
-/// Past this many activation rows, a packed Q5_K or Q6_K group is repacked ([`repack`]) into
+/// Past this many activation rows, a packed Q5_K, Q6_K or (VNNI) IQ4_XS group is repacked
+/// ([`repack`]) into
 /// `avx2_panel_k`'s panels, whose levels are put together once for the whole batch (the packed
 /// tiles put them together again for every 4 activation rows). `type_rates` (Zen 4, 2
 /// threads): Q5_K at 16 rows 181 GMAC/s in the packed tiles, at 33 rows 215 repacked; Q6_K at
@@ -640,16 +671,17 @@ pub(crate) unsafe fn groups<D: Dots>(
         unsafe { groups32::<D>(job, g_lo, g_hi) };
         return;
     }
-    if matches!(job.ty, WType::Q5K | WType::Q6K) && job.m > REPACK_ABOVE {
+    let panels = matches!(job.ty, WType::Q5K | WType::Q6K) || (job.ty == WType::IQ4XS && D::VNNI);
+    if panels && job.m > REPACK_ABOVE {
         for g in g_lo..g_hi {
             let j0 = g * ROWS;
             let rows = (job.n - j0).min(ROWS);
             // SAFETY: the caller's promise; the panels hold the group.
             unsafe {
-                if job.ty == WType::Q5K {
-                    repack::<D, Q5KP>(job, j0, &mut s.panels_k);
-                } else {
-                    repack::<D, Q6K>(job, j0, &mut s.panels_k);
+                match job.ty {
+                    WType::Q5K => repack::<D, Q5KP>(job, j0, &mut s.panels_k),
+                    WType::IQ4XS => repack::<D, IQ4XS>(job, j0, &mut s.panels_k),
+                    _ => repack::<D, Q6K>(job, j0, &mut s.panels_k),
                 }
                 crate::avx2_panel_k::tiles::<D>(job, rows, j0, &s.panels_k);
             }
