@@ -1,14 +1,18 @@
-//! `avx2_rows8`: the matmul of matrices packed at load ([`crate::packed`]), for
-//! any number of activation rows: decode reads each panel's bytes once, straight from memory,
-//! and a vector's lanes are its 8 rows, so no row needs a horizontal sum.
+//! `avx2_rows8`: the matmul of matrices packed at load ([`crate::packed`]), for any number of
+//! activation rows: decode reads each panel's bytes once, straight from memory, and a vector's
+//! lanes are its 8 rows, so no row needs a horizontal sum.
 //!
 //! The packed block holds the ggml fields interleaved; per block and panel this unpacks only
 //! what the batched panels' repack (`avx2_panel_k`) would have stored: the scale pairs (Q4_K's
-//! 6-bit scales and mins, Q6_K's signed scales) as i16 pairs per row lane and `d` / `dmin` as
-//! floats. The nibble vectors of Q4_K are read in place, Q6_K's levels are put together from
-//! its low nibbles and high bits vector by vector. The integer work and the float work per block
-//! are `avx2_panel_k`'s (`k4_block`, `q6k_block`, `block_floats`), so every row has the bits of
-//! the in-place dots and of the portable formulas, whatever the layout and the batch.
+//! and Q5_K's 6-bit scales and mins, Q6_K's and IQ4_XS's signed scales) as i16 pairs per row
+//! lane and `d` / `dmin` as floats. The nibble vectors of Q4_K are read in place, Q5_K's get
+//! their fifth bits from the `qh` vectors, Q6_K's levels are put together from its low nibbles
+//! and high bits, IQ4_XS's looked up in its grid, vector by vector. The integer work and the
+//! float work per block are `avx2_panel_k`'s (`k4_block`, `q6k_block`, `block_floats`) or
+//! [`iq4xs_block`], so every row has the bits of the in-place dots and of the portable
+//! formulas, whatever the layout and the batch. Past [`REPACK_ABOVE`] activation rows, Q5_K,
+//! Q6_K and (VNNI) IQ4_XS groups are repacked from the packed panels into `avx2_panel_k`'s
+//! ([`repack`]); the 32-element types go through `avx2_panel`'s tile ([`Packed32`]).
 
 use std::arch::x86_64::*;
 

@@ -24,8 +24,9 @@
 //!   rows).
 //! - `packed`: the layout of matrices packed 8 rows at a time at load ([`Layout::Rows8`]), and
 //!   packing and unpacking.
-//! - `avx2_rows8`: the matmul of packed Q4_K and Q6_K matrices, decode and batches: each row's
-//!   dot in its own lane, no horizontal sums, no repack per call.
+//! - `avx2_rows8`: the matmul of packed matrices (Q4_K, Q5_K, Q6_K, IQ4_XS, the 32-element
+//!   types), decode and batches: each row's dot in its own lane, no horizontal sums; large
+//!   batches of the K-quants repacked from the packed panels.
 //! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations,
 //!   one or four activation rows per unpacked weight row.
 //! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q2_K, Q3_K, IQ4_XS, MXFP4).
