@@ -50,7 +50,7 @@ pub(crate) fn mins_and_scales(sc: &[u8]) -> __m256i {
 /// `bsums` pairs summed: `[b0 + b1, b2 + b3, ..., b14 + b15]` as 8 i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bsum_pairs(bsums: &[i16]) -> __m128i {
+pub(crate) fn bsum_pairs(bsums: &[i16]) -> __m128i {
     assert!(bsums.len() >= 16);
     // SAFETY: 16 i16 = 32 bytes, checked above.
     let v = unsafe { _mm256_loadu_si256(bsums.as_ptr().cast()) };

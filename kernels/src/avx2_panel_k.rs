@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 
 use crate::WType;
 use crate::avx2::GroupJob;
-use crate::avx2_kquant::{hi_bit, mins_and_scales};
+use crate::avx2_kquant::{bsum_pairs, hi_bit, mins_and_scales};
 use crate::avx2_panel::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
 use crate::isa::Dots;
 use crate::quant::QK_K;
@@ -526,12 +526,7 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
         // The mins: per row, sum over t of (m[2t], m[2t + 1]) . (bp[2t], bp[2t + 1]), where
         // bp[s] = bsums[2s] + bsums[2s + 1] (16 i16 of the activation block).
         for c in 0..CC {
-            let bs =
-                _mm256_loadu_si256(acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast());
-            let bp = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256::<1>(bs),
-            );
+            let bp = bsum_pairs(&acts.bsums[(c0 + c) * nb * 16 + b * 16..]);
             let bpw: [i32; 4] = std::mem::transmute(bp);
             for (t, &pair) in bpw.iter().enumerate() {
                 let x = _mm256_set1_epi32(pair);

@@ -18,6 +18,7 @@ use std::arch::x86_64::*;
 
 use crate::WType;
 use crate::avx2::{GroupJob, IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
+use crate::avx2_kquant::bsum_pairs;
 use crate::avx2_panel::{LANES, ROWS, Source, store_lanes, tile_cols};
 use crate::avx2_panel_k::{
     Block, IQ4XS, PANELS, PanelsK, Q4K, Q5KP, Q6K, QVECS_BYTES, block_floats, fifth_bit, k4_block,
@@ -280,12 +281,7 @@ unsafe fn iq4xs_block<D: Dots, const PP: usize, const CC: usize>(
             // The flip: per row, 128 * sum over t of (ls[2t], ls[2t + 1]) . (bp[2t], bp[2t + 1]),
             // bp[s] = bsums[2s] + bsums[2s + 1].
             for c in 0..CC {
-                let bs =
-                    _mm256_loadu_si256(acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast());
-                let bp = _mm_hadd_epi16(
-                    _mm256_castsi256_si128(bs),
-                    _mm256_extracti128_si256::<1>(bs),
-                );
+                let bp = bsum_pairs(&acts.bsums[(c0 + c) * nb * 16 + b * 16..]);
                 let bpw: [i32; 4] = std::mem::transmute(bp);
                 let mut corr = [_mm256_setzero_si256(); PP];
                 for (t, &pair) in bpw.iter().enumerate() {
