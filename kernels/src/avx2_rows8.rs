@@ -569,22 +569,7 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                 let at = (b * PANELS + p) * QVECS_BYTES;
                 let panel_no = j0 / PANEL_ROWS + p;
                 if panel_no >= panels {
-                    // Past the matrix: zeros (the tiles skip these rows).
-                    for v in 0..QVECS_BYTES {
-                        *pn.qs.as_mut_ptr().add(at + v) = _mm256_setzero_si256();
-                    }
-                    for l in 0..LANES {
-                        *pn.sm.as_mut_ptr().add((b * PANELS + p) * LANES + l) =
-                            _mm256_setzero_si256();
-                    }
-                    _mm256_storeu_ps(
-                        pn.d.as_mut_ptr().add(b * ROWS + p * LANES),
-                        _mm256_setzero_ps(),
-                    );
-                    _mm256_storeu_ps(
-                        pn.dmin.as_mut_ptr().add(b * ROWS + p * LANES),
-                        _mm256_setzero_ps(),
-                    );
+                    // Past the matrix: `avx2_panel_k::tiles` reads no panel past the group's rows.
                     continue;
                 }
                 let blk = job.data.as_ptr().add(panel_no * panel + b * pb);

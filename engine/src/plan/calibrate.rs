@@ -261,6 +261,24 @@ mod tests {
         }
     }
 
+    /// A run at one request of `tps` tok/s and `ttft` ms, the device calibrated to it, and what
+    /// the fit leaves: predicted over measured less one, decode and TTFT.
+    fn fit_run(
+        table: &DeviceTable,
+        cpu: &DeviceSpec,
+        tps: f64,
+        ttft: f64,
+    ) -> (MeasuredRow, DeviceSpec, f64, f64) {
+        let mut fit = row(table, cpu, 1, true);
+        fit.per_request_tps = tps;
+        fit.ttft_ms = ttft;
+        let d = calibrate_device(table, cpu, vec![fit.clone()], "test").unwrap();
+        let p = row(table, &d, 1, true);
+        let de = p.per_request_tps / tps - 1.0;
+        let te = p.ttft_ms / ttft - 1.0;
+        (fit, d, de, te)
+    }
+
     /// Runs "measured" on a machine with 0.6x the bandwidth and 0.45x the FLOP/s of the table's
     /// CPU: the calibration finds both, so the held-out rows (other concurrencies) are predicted
     /// as that machine runs them, where the uncalibrated row was far off.
@@ -314,26 +332,11 @@ mod tests {
     fn a_slow_prefill_for_its_decode_is_fitted_where_both_are_equally_off() {
         let table = DeviceTable::bundled().unwrap();
         let cpu = table.device("this-cpu").unwrap();
-        let shape = ModelShape::synthetic("smollm2-135m").unwrap();
-        let w = Workload {
-            concurrency: 1,
-            prompt_len: 128,
-            output_len: 128,
-            token_budget: 2048,
-        };
         for (tps, ttft) in [
             (70.530_060_427_678_88, 506.246_002),
             (139.633_536, 411.636_406),
         ] {
-            let mut fit = row(&table, cpu, 1, true);
-            fit.per_request_tps = tps;
-            fit.ttft_ms = ttft;
-            let d = calibrate_device(&table, cpu, vec![fit.clone()], "test").unwrap();
-            let p = predict(&table, &d, &shape, WType::Q4_1, &w).unwrap();
-            let (de, te) = (
-                p.per_request_tps.unwrap() / tps - 1.0,
-                p.ttft_ms.unwrap() / ttft - 1.0,
-            );
+            let (_, d, de, te) = fit_run(&table, cpu, tps, ttft);
             assert!(
                 de < -INEXACT && te < -INEXACT,
                 "{de} {te}: not reproducible"
@@ -352,23 +355,11 @@ mod tests {
     fn every_run_gets_an_exact_or_balanced_fit() {
         let table = DeviceTable::bundled().unwrap();
         let cpu = table.device("this-cpu").unwrap();
-        let shape = ModelShape::synthetic("smollm2-135m").unwrap();
-        let w = Workload {
-            concurrency: 1,
-            prompt_len: 128,
-            output_len: 128,
-            token_budget: 2048,
-        };
         let (mut exact, mut balanced, mut out_of_reach) = (0, 0, 0);
         for i in 0..12 {
             for j in 0..12 {
-                let mut fit = row(&table, cpu, 1, true);
-                fit.per_request_tps = 20.0 * 1.35_f64.powi(i);
-                fit.ttft_ms = 30.0 * 1.47_f64.powi(j);
-                let d = calibrate_device(&table, cpu, vec![fit.clone()], "test").unwrap();
-                let p = predict(&table, &d, &shape, WType::Q4_1, &w).unwrap();
-                let de = p.per_request_tps.unwrap() / fit.per_request_tps - 1.0;
-                let te = p.ttft_ms.unwrap() / fit.ttft_ms - 1.0;
+                let (tps, ttft) = (20.0 * 1.35_f64.powi(i), 30.0 * 1.47_f64.powi(j));
+                let (fit, d, de, te) = fit_run(&table, cpu, tps, ttft);
                 let at = format!("{fit:?}: {de} {te}");
                 if de.abs() < 1e-6 && te.abs() < 1e-6 {
                     exact += 1;
