@@ -7,6 +7,7 @@
 # Each round runs, in an order that alternates between rounds (tpslab first in odd rounds,
 # llama.cpp first in even ones, so drift in the machine's load hits both alike):
 #   pp128, pp512, tg128: tpslab bench --pp 128,512 --tg 128 --reps 1  vs  llama-bench -r 1
+#     (tg128 also as tpslab's share of the read bandwidth its bench measures in the same run)
 #   whole-run output at 64 concurrent (prompt 128, output 128): tpslab bench --concurrency 64
 #     (aggregate output TPS)  vs  llama-batched-bench -npl 64 (B*TG/T)
 # A ratio is taken within a round (both engines seconds apart), then the median and the range
@@ -51,7 +52,8 @@ machine_lines
 # One round of each engine; each prints "figure value" lines.
 ours() {
   "$TPS" bench --model "$MODEL" --pp 128,512 --tg 128 --reps 1 --threads "$THREADS" |
-    awk -F'|' '$2 ~ /^ *(pp|tg)[0-9]+ *$/ { gsub(/ /, "", $2); gsub(/ /, "", $3); print $2, $3 }'
+    awk -F'|' '$2 ~ /^ *(pp|tg)[0-9]+ *$/ { gsub(/ /, "", $2); gsub(/ /, "", $3); print $2, $3
+      if ($2 ~ /^tg/ && $6 ~ /%/) { gsub(/[ %]/, "", $6); print $2 "share", $6 } }'
   [ "$CONCURRENT" = 0 ] && return
   "$TPS" bench --model "$MODEL" --concurrency "$CONCURRENT" --prompt-len 128 --output-len 128 --threads "$THREADS" |
     awk -F'|' -v c="$CONCURRENT" '$2 ~ "^ *" c " *$" { gsub(/ /, "", $8); print "out64", $8 }'
@@ -98,6 +100,12 @@ awk "$(cat "$HERE/tests/bench/median.awk")"'
       lo = ra[1]; hi = ra[1]; for (i = 1; i <= n; i++) { if (ra[i] < lo) lo = ra[i]; if (ra[i] > hi) hi = ra[i] }
       name = f == "out64" ? "whole-run output, '"$CONCURRENT"' concurrent" : f
       printf "| %s | %.1f | %.1f | **%.2fx** | %.2f .. %.2f | %d |\n", name, median(oa, n), median(la, n), median(ra, n), lo, hi, n
+      # Decode against the read bandwidth tpslab bench measures in the same run.
+      n = 0; delete sa
+      for (r in rounds) if ((f "share", "ours", r) in v) sa[++n] = v[f "share", "ours", r]
+      if (n == 0) continue
+      lo = sa[1]; hi = sa[1]; for (i = 1; i <= n; i++) { if (sa[i] < lo) lo = sa[i]; if (sa[i] > hi) hi = sa[i] }
+      printf "| %s, tpslab share of the read bandwidth | %.0f%% | - | - | %.0f .. %.0f%% | %d |\n", f, median(sa, n), lo, hi, n
     }
   }' "$RES"
 done
