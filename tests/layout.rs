@@ -1,6 +1,8 @@
-//! The house's layout rule, checked: no module of the engine or the app imports one that imports
-//! it back. Each crate's top-level modules (a file or a folder) are nodes; a `crate::name` path in
-//! a module's code (comments aside) is an edge; the graph must have no cycle. The same holds for
+//! The house's layout rule, checked: no module of the kernels, the engine or the app imports one
+//! that imports it back. Each crate's top-level modules (a file or a folder) are nodes; a path in a
+//! module's code (comments aside) that names another from the crate's root (`crate::`), from the
+//! module (`self::`) or from above it (`super::`), groups included, is an edge; the graph must
+//! have no cycle. The same holds for
 //! every file's module inside the folders (test modules aside; a folder's `mod.rs` and its own
 //! children are not counted against each other, since it declares and re-exports them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -29,28 +31,92 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
-/// Every `crate::a::b::c` path in `src`, as its names.
-fn crate_paths(src: &str) -> Vec<Vec<String>> {
+/// Every path in `src` that starts at the crate (`crate::`), at the module itself (`self::`) or
+/// above it (`super::`, repeated), as the module path it names from the crate's root, `module`
+/// being the module the code is in. A group (`crate::a::{b::C, d}`, nested too) gives one path
+/// per member.
+fn module_paths(src: &str, module: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
-    let mut rest = src;
-    while let Some(i) = rest.find("crate::") {
-        let before = rest[..i].chars().last();
-        rest = &rest[i + "crate::".len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+    let b = src.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < b.len() {
+        let starts = ["crate::", "self::", "super::"]
+            .into_iter()
+            .find(|k| b[i..].starts_with(k.as_bytes()));
+        if starts.is_none() || (i > 0 && word(b[i - 1])) {
+            i += 1;
             continue;
         }
-        let path: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-            .collect();
-        out.push(
-            path.split("::")
-                .filter(|p| !p.is_empty())
-                .map(str::to_string)
-                .collect(),
-        );
+        let mut base: Vec<String> = match starts {
+            Some("crate::") => Vec::new(),
+            _ => module.to_vec(),
+        };
+        let mut j = i;
+        if starts == Some("crate::") {
+            j += "crate::".len();
+        } else if starts == Some("self::") {
+            j += "self::".len();
+        } else {
+            while src[j..].starts_with("super::") {
+                base.pop();
+                j += "super::".len();
+            }
+        }
+        i = j;
+        group(src, &mut j, base, &mut out);
+        i = i.max(j);
     }
     out
+}
+
+/// Reads `a::b::{...}` or `a::b` at `src[*j..]` below `base`, pushing each full path.
+fn group(src: &str, j: &mut usize, mut base: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let b = src.as_bytes();
+    loop {
+        let s = *j;
+        while *j < b.len() && (b[*j].is_ascii_alphanumeric() || b[*j] == b'_') {
+            *j += 1;
+        }
+        if *j > s {
+            base.push(src[s..*j].to_string());
+        }
+        if src[*j..].starts_with("::") {
+            *j += 2;
+            continue;
+        }
+        break;
+    }
+    while *j < b.len() && b[*j].is_ascii_whitespace() {
+        *j += 1;
+    }
+    if *j < b.len() && b[*j] == b'{' {
+        *j += 1;
+        loop {
+            while *j < b.len() && (b[*j].is_ascii_whitespace() || b[*j] == b',') {
+                *j += 1;
+            }
+            if *j >= b.len() || b[*j] == b'}' {
+                *j += 1;
+                return;
+            }
+            let before = *j;
+            if src[*j..].starts_with("self") && !src[*j + 4..].starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+                *j += 4;
+                out.push(base.clone());
+            } else {
+                group(src, j, base.clone(), out);
+            }
+            // Skip what a member may carry after its path (`as name`).
+            while *j < b.len() && b[*j] != b',' && b[*j] != b'}' {
+                *j += 1;
+            }
+            if *j == before {
+                *j += 1;
+            }
+        }
+    }
+    out.push(base);
 }
 
 /// Each file's module (`formats::gguf`; a folder's `mod.rs` is the folder) and the modules its
@@ -61,15 +127,8 @@ fn file_graph(root: &Path) -> Graph {
     rust_files(root, &mut files);
     let mut mods = BTreeMap::new();
     for f in &files {
-        let rel = f.strip_prefix(root).unwrap().with_extension("");
-        let mut parts: Vec<String> = rel
-            .components()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned())
-            .collect();
-        if parts.last().is_some_and(|p| p == "mod") {
-            parts.pop();
-        }
-        if parts.is_empty() || parts == ["lib"] || parts == ["main"] {
+        let parts = module_of(root, f);
+        if parts.is_empty() {
             continue;
         }
         mods.insert(parts.join("::"), f.clone());
@@ -82,7 +141,8 @@ fn file_graph(root: &Path) -> Graph {
         let text = std::fs::read_to_string(f).unwrap();
         let non_test = text.split("#[cfg(test)]").next().unwrap_or("");
         let deps = g.entry(m.clone()).or_default();
-        for path in crate_paths(&code(non_test)) {
+        let here: Vec<String> = m.split("::").map(str::to_string).collect();
+        for path in module_paths(&code(non_test), &here) {
             let target = (1..=path.len())
                 .rev()
                 .map(|k| path[..k].join("::"))
@@ -95,25 +155,21 @@ fn file_graph(root: &Path) -> Graph {
     g
 }
 
-/// Every `crate::name` in `src`.
-fn crate_refs(src: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = src;
-    while let Some(i) = rest.find("crate::") {
-        let before = rest[..i].chars().last();
-        rest = &rest[i + "crate::".len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue; // `tpslab_crate::` or similar
-        }
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if !name.is_empty() {
-            out.insert(name);
-        }
+/// Each file's module path from the crate's root (a folder's `mod.rs` is the folder; the root's
+/// `lib.rs` or `main.rs` is the empty path).
+fn module_of(root: &Path, f: &Path) -> Vec<String> {
+    let rel = f.strip_prefix(root).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
     }
-    out
+    if parts == ["lib"] || parts == ["main"] {
+        parts.clear();
+    }
+    parts
 }
 
 fn graph(root: &Path) -> Graph {
@@ -121,20 +177,14 @@ fn graph(root: &Path) -> Graph {
     rust_files(root, &mut files);
     let mut g = Graph::new();
     for f in &files {
-        let rel = f.strip_prefix(root).unwrap();
-        let top = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let top = top.trim_end_matches(".rs").to_string();
-        if top == "lib" || top == "main" {
+        let here = module_of(root, f);
+        let Some(top) = here.first().cloned() else {
             continue;
-        }
-        let refs = crate_refs(&code(&std::fs::read_to_string(f).unwrap()));
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        let refs = module_paths(&code(&text), &here);
         let e = g.entry(top.clone()).or_default();
-        e.extend(refs.into_iter().filter(|r| *r != top));
+        e.extend(refs.into_iter().filter_map(|p| p.first().cloned()).filter(|r| *r != top));
     }
     let nodes: BTreeSet<String> = g.keys().cloned().collect();
     for deps in g.values_mut() {
@@ -238,6 +288,16 @@ fn app_files_import_no_cycle() {
 }
 
 #[test]
+fn kernels_files_import_no_cycle() {
+    check_files("kernels/src");
+}
+
+#[test]
+fn kernels_modules_import_no_cycle() {
+    check("kernels/src");
+}
+
+#[test]
 fn engine_modules_import_no_cycle() {
     check("engine/src");
 }
@@ -258,8 +318,17 @@ fn the_checker_sees_a_cycle() {
         cycles(&g),
         vec![["a", "b", "c"].iter().map(|s| s.to_string()).collect()]
     );
+    let here = ["a".to_string(), "b".to_string()];
+    let paths: Vec<String> = module_paths(
+        "use crate::x::Y; tpslab_crate::z; crate::w; use super::{c::D, e::{f, g as h}, self};\n\
+         super::super::top::T; self::kid::K",
+        &here,
+    )
+    .iter()
+    .map(|p| p.join("::"))
+    .collect();
     assert_eq!(
-        crate_refs("use crate::x::Y; tpslab_crate::z; crate::w"),
-        ["w", "x"].iter().map(|s| s.to_string()).collect()
+        paths,
+        ["x::Y", "w", "a::c::D", "a::e::f", "a::e::g", "a", "top::T", "a::b::kid::K"]
     );
 }

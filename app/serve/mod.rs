@@ -8,7 +8,8 @@
 //!   schema), the calls read out of an answer in OpenAI's shapes; [`tool_list`] reads
 //!   `required`'s list of calls as it streams.
 //! - [`responses`]: `POST /v1/responses` (OpenAI's Responses API) over the chat path, its SSE
-//!   events in [`responses_stream`].
+//!   events in [`responses_stream`], the `response` object and its items in
+//!   [`responses_json`].
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
 //!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
 //! - [`unhonoured`]: fields the engine cannot honour (audio, images, beam search...), each a 400
@@ -50,6 +51,7 @@ pub mod logprobs_json;
 pub mod metrics;
 pub mod openai;
 pub mod responses;
+pub mod responses_json;
 pub mod responses_stream;
 pub mod share;
 pub mod state;

@@ -207,7 +207,10 @@ pub fn parse(
     if let Some(t) = &prompt_text {
         check_prompt_bytes("prompt", t.len(), limits)?;
     }
-    super::unhonoured::check(kind, body)?;
+    super::unhonoured::check(body)?;
+    if kind == Kind::Chat {
+        super::unhonoured::check_chat(body)?;
+    }
     check_limits(&common, limits, shape)?;
     let sampling = sampling(&common)?;
     let mut constraint = structured::asked(body)?;

@@ -22,7 +22,7 @@ use tpslab_engine::serving::engine::{Event, Refusal, Usage};
 use super::answer::{AnswerSpec, EventBody, Piece, TextPipe, poll_body};
 use super::bridge::Choices;
 use super::logprobs_json::{self, Names, Scored};
-use super::responses::{
+use super::responses_json::{
     End, RespMeta, call_item, message_item, new_id, reasoning_item, reasoning_tokens, renamed,
     response_json, text_part,
 };

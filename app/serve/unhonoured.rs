@@ -1,12 +1,12 @@
 //! Fields of OpenAI's (and vLLM's) request bodies that this server knows but cannot honour
-//! (chat and completions in [`check`], `/v1/responses` in [`check_responses`]): each is
+//! (chat and completions in [`check`], chat's own in [`check_chat`], `/v1/responses` in
+//! [`check_responses`]): each is
 //! answered with a 400 naming it, never silently ignored. Fields that change nothing a
 //! client sees (`user`, `metadata`, `store`, `service_tier`) are accepted as they are.
 
 use serde_json::Value;
 
 use super::errors::ApiError;
-use super::openai::Kind;
 
 /// Whether a field is present with a value that asks for something (not null, false, 0, "",
 /// an empty list or object).
@@ -25,8 +25,8 @@ fn refuse(field: &str, why: &str) -> ApiError {
     ApiError::bad_param(field, format!("{field}: {why}"))
 }
 
-/// The body's fields against what the engine can do for `kind`.
-pub fn check(kind: Kind, body: &Value) -> Result<(), ApiError> {
+/// The fields of a chat or completion body against what the engine can do.
+pub fn check(body: &Value) -> Result<(), ApiError> {
     let get = |k: &str| body.get(k);
     let common: [(&str, &str); 5] = [
         (
@@ -63,9 +63,12 @@ pub fn check(kind: Kind, body: &Value) -> Result<(), ApiError> {
             "best_of > 1 is not supported; ask for n choices and rank them yourself",
         ));
     }
-    if kind == Kind::Completion {
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The fields only a chat body has, against what the engine can do (after [`check`]).
+pub fn check_chat(body: &Value) -> Result<(), ApiError> {
+    let get = |k: &str| body.get(k);
     let chat: [(&str, &str); 5] = [
         (
             "audio",
@@ -167,11 +170,16 @@ fn content_parts(messages: Option<&Value>) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::openai::Kind;
     use serde_json::json;
 
     /// The error body, or "" when the body is accepted.
     fn refused(kind: Kind, body: Value) -> String {
-        check(kind, &body)
+        check(&body)
+            .and_then(|()| match kind {
+                Kind::Chat => check_chat(&body),
+                Kind::Completion => Ok(()),
+            })
             .err()
             .map(|e| e.body().to_string())
             .unwrap_or_default()

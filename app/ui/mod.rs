@@ -26,6 +26,7 @@
 //! - [`sweep_file`]: a sweep saved as JSON, CSV and its plot as PNG.
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`tune_run`]: a tuning run on its own thread over the window's engine.
+//! - `tuner_tab`: the Tuner tab over that run, and the checks before one starts.
 //!
 //! This module imports the others; of them only `window`, `frame_bench`, `library_windows` and
 //! `planner_run` (which add to the app) import this one, and this one imports none of them.
@@ -51,6 +52,7 @@ pub mod state_file;
 pub mod sweep_file;
 pub mod task;
 pub mod tune_run;
+mod tuner_tab;
 pub mod window;
 
 use std::path::PathBuf;
@@ -285,8 +287,10 @@ impl TpsApp {
     /// The tuner's, the load run's and the sweep's news: a finished load or sweep leaves its
     /// outcome and the speed one user saw.
     fn poll_runs(&mut self) {
-        if let Some(e) = self.rt.tuner.poll(&mut self.state.tuner) {
-            self.rt.errors.push(e);
+        match self.rt.tuner.poll() {
+            Some(Ok(trace)) => self.state.tuner.trace = Some(trace),
+            Some(Err(e)) => self.rt.errors.push(e),
+            None => {}
         }
         if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
             if let Some(e) = outcome.error.take() {

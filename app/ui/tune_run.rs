@@ -14,10 +14,7 @@ use tpslab_engine::serving::loadgen::PromptSet;
 use tpslab_engine::tune::workload::MAX_TRACE_LEN;
 use tpslab_engine::tune::{CandidateRun, Trace, TuneConfig, TuneEvent, TuneReport, tune};
 
-use super::command::Command;
 use super::files::{DialogAnswer, DialogRequest, FileDialog, PendingOpen};
-use super::panels::tuner::{self, TunerSettings};
-use super::{TpsApp, renderer};
 
 enum Msg {
     Workload(String),
@@ -43,72 +40,40 @@ impl Tuner {
         }
     }
 
-    /// The workers' news: the run's, and a chosen trace into `settings`; an error to show.
-    pub fn poll(&mut self, settings: &mut TunerSettings) -> Option<String> {
+    /// The workers' news: the run's, and the trace dialog's answer once there is one (a chosen
+    /// file, or an error to show; nothing when it was cancelled).
+    pub fn poll(&mut self) -> Option<Result<PathBuf, String>> {
         if let Some(r) = &mut self.run {
             r.poll();
         }
         let answer = self.dialog.as_ref().and_then(PendingOpen::poll)?;
         self.dialog = None;
         match answer {
-            DialogAnswer::Chosen(p) => {
-                settings.trace = Some(p);
-                None
-            }
+            DialogAnswer::Chosen(p) => Some(Ok(p)),
             DialogAnswer::Cancelled => None,
-            DialogAnswer::Unavailable(why) => Some(format!("cannot choose a trace: {why}")),
-        }
-    }
-}
-
-impl TpsApp {
-    pub(super) fn tuner_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
-        let view = tuner::TunerView {
-            run: self.rt.tuner.run.as_ref(),
-            engine_knobs: self.rt.snapshot.as_ref().map(|s| &s.knobs),
-            choosing_trace: self.rt.tuner.dialog.is_some(),
-        };
-        let (s, dash) = (&mut self.state.tuner, &mut self.state.dash.knobs);
-        renderer::central_panel(ui).show(ui, |ui| tuner::ui(ui, s, dash, &view, cmds));
-    }
-
-    /// Refuses a load or a sweep while the tuner measures the engine.
-    pub(super) fn not_tuning(&self) -> Result<(), String> {
-        match self.rt.tuner.running() {
-            true => Err("stop the tuning run first: it measures the engine alone".into()),
-            false => Ok(()),
+            DialogAnswer::Unavailable(why) => Some(Err(format!("cannot choose a trace: {why}"))),
         }
     }
 
-    /// Starts the tuner over the engine (not beside a load or a sweep: they would share it).
-    pub(super) fn start_tune(&mut self, ctx: &egui::Context) -> Result<(), String> {
-        if self.rt.tuner.running() {
-            return Err("a tuning run is already going".into());
-        }
-        if self.rt.load.is_some() || self.rt.sweep.is_some() {
-            return Err(
-                "stop the load or the sweep first: the tuner measures the engine alone".into(),
-            );
-        }
-        let cfg = self.state.tuner.config()?;
-        let trace = self.state.tuner.trace.clone();
-        let b = self.link().ok_or("the model is not loaded yet")?;
-        let base = b.engine.stats().knobs;
-        let run = TuneRun::start(b.engine.clone(), &b.prompts, base, cfg, trace, ctx)?;
-        self.rt.tuner.run = Some(run);
-        Ok(())
+    /// Whether the trace dialog is open.
+    pub fn choosing_trace(&self) -> bool {
+        self.dialog.is_some()
     }
 
-    /// Asks for a trace file on a worker; [`Tuner::poll`] takes the answer.
-    pub(super) fn choose_trace(&mut self, ctx: &egui::Context) -> Result<(), String> {
-        if self.rt.tuner.dialog.is_some() {
+    /// Asks for a trace file on a worker, starting at `at`; [`Tuner::poll`] takes the answer.
+    pub fn choose_trace(
+        &mut self,
+        dialogs: &Arc<dyn FileDialog>,
+        ctx: &egui::Context,
+        at: &std::path::Path,
+    ) -> Result<(), String> {
+        if self.dialog.is_some() {
             return Ok(());
         }
-        let at = (self.state.tuner.trace.clone()).unwrap_or_else(|| PathBuf::from("trace.jsonl"));
-        let mut req = DialogRequest::for_path("Choose a recorded trace", &at);
+        let mut req = DialogRequest::for_path("Choose a recorded trace", at);
         req.filters = vec![("JSON lines".into(), vec!["jsonl".into(), "json".into()])];
         let ask = move |d: &dyn FileDialog| d.open_path(&req);
-        self.rt.tuner.dialog = Some(PendingOpen::start(&self.dialogs, ctx, ask)?);
+        self.dialog = Some(PendingOpen::start(dialogs, ctx, ask)?);
         Ok(())
     }
 }

@@ -14,22 +14,10 @@
 //!   portable: ggml's AVX2 float operations for the K-quants, one FMA per block for the
 //!   32-element types (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL).
 //! - `dots`: the portable dot formulas of Q2_K, Q3_K, IQ4_XS and MXFP4.
-//! - `isa`: the x86 integer-dot paths (AVX2, AVX-VNNI, AVX-512 VNNI): the kernels below are
-//!   generic over them and compiled once per path, chosen at run time ([`Backend::detect`]).
-//! - `avx2`: AVX2/FMA versions of the activation quantizers and the tiled integer kernels.
-//! - `avx2_panel`: the matmul of the 32-element types for batches (prefill, many sequences):
-//!   weight rows repacked into 8-row panels once per group, so `vpdpbusd` with a broadcast activation word
-//!   leaves each row's block dot in its own lane.
-//! - `avx2_panel_k`: the same for Q4_K, Q5_K and Q6_K (levels, scales and mins repacked per 8
-//!   rows).
-//! - `packed`: the layout of matrices packed 8 rows at a time at load ([`Layout::Rows8`]), and
-//!   packing and unpacking.
-//! - `avx2_rows8`: the matmul of packed matrices (Q4_K, Q5_K, Q6_K, IQ4_XS, the 32-element
-//!   types), decode and batches: each row's dot in its own lane, no horizontal sums; large
-//!   batches of the K-quants repacked from the packed panels.
-//! - `avx2_kquant`: AVX2 dots of K-quant weight rows (Q4_K, Q5_K, Q6_K) with Q8_K activations,
-//!   one or four activation rows per unpacked weight row.
-//! - `avx2_lowbit`: AVX2 dots of the `dots` types (Q2_K, Q3_K, IQ4_XS, MXFP4).
+//! - `x86`: every weight type's matmul and dots on AVX2, AVX-VNNI and AVX-512 VNNI, generic over
+//!   the integer dot and compiled once per path, chosen at run time ([`Backend::detect`]): the
+//!   in-place dots of decode, the repacked panels of batches, the packed matrices' matmul
+//!   (`x86/mod.rs` names its files).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
 //! - `moe`: mixture-of-experts routing and the expert FFN grouped by expert (each expert's
 //!   weights read once per step).
@@ -41,24 +29,10 @@
 //!   PTX in `kernels/ptx/`) behind safe wrappers on cudarc; libcuda is loaded at run time.
 
 pub mod attn;
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx2_kquant;
-#[cfg(target_arch = "x86_64")]
-mod avx2_lowbit;
-#[cfg(target_arch = "x86_64")]
-mod avx2_panel;
-#[cfg(target_arch = "x86_64")]
-mod avx2_panel_k;
-#[cfg(target_arch = "x86_64")]
-mod avx2_rows8;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dequant;
 mod dots;
-#[cfg(target_arch = "x86_64")]
-mod isa;
 mod matmul;
 pub mod membw;
 pub mod moe;
@@ -68,6 +42,8 @@ pub mod quant;
 pub mod quantize;
 mod quantize_lowbit;
 mod wtype;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use dequant::dequantize_row;
 pub use matmul::{Backend, matmul, matmul_with, quantize_activations, reference_matmul};

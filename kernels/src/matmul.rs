@@ -75,7 +75,7 @@ impl Backend {
         match self {
             Self::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            _ => self.x86().is_some_and(crate::isa::X86::available),
+            _ => self.x86().is_some_and(crate::x86::isa::X86::available),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -83,8 +83,8 @@ impl Backend {
 
     /// The x86 integer-dot path of `self` (`None` for portable).
     #[cfg(target_arch = "x86_64")]
-    pub(crate) fn x86(self) -> Option<crate::isa::X86> {
-        use crate::isa::X86;
+    pub(crate) fn x86(self) -> Option<crate::x86::isa::X86> {
+        use crate::x86::isa::X86;
         match self {
             Self::Portable => None,
             Self::Avx2 => Some(X86::Avx2),
@@ -108,7 +108,7 @@ thread_local! {
     static ACTS: RefCell<QActs> = RefCell::new(QActs::default());
     // Per-thread tile scratch (pool workers are persistent, so this lives as long as the pool).
     #[cfg(target_arch = "x86_64")]
-    static SCRATCH: RefCell<crate::avx2::Scratch> = RefCell::new(crate::avx2::Scratch::default());
+    static SCRATCH: RefCell<crate::x86::Scratch> = RefCell::new(crate::x86::Scratch::default());
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -188,7 +188,7 @@ fn quantize_rows(backend: Backend, x: &[f32], rows: &mut quant::QActsRows<'_>) {
         Backend::Portable => quant::quantize_rows_portable(x, rows),
         // SAFETY: the backend was checked available (AVX2, FMA, F16C detected).
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => unsafe { crate::avx2::quantize_rows(x, rows) },
+        Backend::Avx2 => unsafe { crate::x86::act::quantize_rows(x, rows) },
         _ => quant::quantize_rows_portable(x, rows),
     }
 }
@@ -242,11 +242,11 @@ fn quantized_matmul(
     match path {
         #[cfg(target_arch = "x86_64")]
         Some(path)
-            if crate::avx2::block32(w.ty).is_some()
+            if crate::x86::dots32::block32(w.ty).is_some()
                 || w.layout == crate::Layout::Rows8
-                || (crate::avx2_panel_k::has_panels(w.ty) && m > crate::IN_PLACE_MAX_ROWS) =>
+                || (crate::x86::panel_k::has_panels(w.ty) && m > crate::IN_PLACE_MAX_ROWS) =>
         {
-            let job = crate::avx2::GroupJob {
+            let job = crate::x86::job::GroupJob {
                 ty: w.ty,
                 data: w.data,
                 layout: w.layout,
@@ -261,12 +261,12 @@ fn quantized_matmul(
             // on who runs what). In-place tiles (decode) keep one run per thread: each streams
             // its weight rows with prefetches ahead, which runs cut short.
             let rows = if w.layout == crate::Layout::Rows8 {
-                crate::avx2_panel::ROWS
+                crate::x86::panel32::ROWS
             } else {
-                crate::avx2::group_rows(m)
+                crate::x86::group_rows(m)
             };
             let groups = n.div_ceil(rows);
-            let per_thread = if rows == crate::avx2::R {
+            let per_thread = if rows == crate::x86::dots32::R {
                 1
             } else {
                 RUNS_PER_THREAD
@@ -275,7 +275,7 @@ fn quantized_matmul(
             let next = AtomicUsize::new(0);
             pool.run(&|_, _| {
                 SCRATCH.with(|s| {
-                    let mut fresh = crate::avx2::Scratch::default();
+                    let mut fresh = crate::x86::Scratch::default();
                     let mut guard = s.try_borrow_mut();
                     let s = match guard.as_deref_mut() {
                         Ok(s) => s,
@@ -288,7 +288,7 @@ fn quantized_matmul(
                         }
                         let hi = (lo + run).min(groups);
                         // SAFETY: the backend was checked available (its features detected).
-                        unsafe { crate::avx2::run_groups(path, &job, lo, hi, s) };
+                        unsafe { crate::x86::run_groups(path, &job, lo, hi, s) };
                     }
                 });
             });
@@ -399,7 +399,7 @@ fn dot_row(backend: Backend, ty: WType, w: &[u8], x: quant::ActRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if let Some(path) = backend.x86() {
         // SAFETY: the backend was checked available.
-        return unsafe { crate::avx2::dot_row(path, ty, w, x) };
+        return unsafe { crate::x86::dot_row(path, ty, w, x) };
     }
     crate::dots::dot_row(ty, w, x)
 }
@@ -415,7 +415,7 @@ fn dot_rows4(
     #[cfg(target_arch = "x86_64")]
     if let Some(path) = backend.x86() {
         // SAFETY: the backend was checked available.
-        return unsafe { crate::avx2::dot_rows4(path, ty, w, xs) };
+        return unsafe { crate::x86::dot_rows4(path, ty, w, xs) };
     }
     let _ = (backend, ty, w, xs);
     None
@@ -458,7 +458,7 @@ fn float_matmul(
                     match backend {
                         // SAFETY: the backend was checked available.
                         #[cfg(target_arch = "x86_64")]
-                        Backend::Avx2 => unsafe { crate::avx2::widen_row(w.ty, bytes, out) },
+                        Backend::Avx2 => unsafe { crate::x86::floats::widen_row(w.ty, bytes, out) },
                         _ => dequantize_row(w.ty, bytes, out),
                     }
                 }
@@ -471,10 +471,10 @@ fn float_matmul(
                     while i < m {
                         // SAFETY: the backend was checked available.
                         let (v, rows_done) = if i + 2 <= m {
-                            let v = unsafe { crate::avx2::dot_f32_tile([xi(i), xi(i + 1)], ws) };
+                            let v = unsafe { crate::x86::floats::dot_f32_tile([xi(i), xi(i + 1)], ws) };
                             (v, 2)
                         } else {
-                            let [v] = unsafe { crate::avx2::dot_f32_tile([xi(i)], ws) };
+                            let [v] = unsafe { crate::x86::floats::dot_f32_tile([xi(i)], ws) };
                             ([v, v], 1)
                         };
                         for (a, va) in v.iter().take(rows_done).enumerate() {
@@ -490,7 +490,7 @@ fn float_matmul(
                         let v = match backend {
                             // SAFETY: the backend was checked available.
                             #[cfg(target_arch = "x86_64")]
-                            Backend::Avx2 => unsafe { crate::avx2::dot_f32(xi(i), wr) },
+                            Backend::Avx2 => unsafe { crate::x86::floats::dot_f32(xi(i), wr) },
                             _ => quant::dot_f32(xi(i), wr),
                         };
                         put(i, j0 + r, v);

@@ -276,7 +276,7 @@ impl QActs {
 /// Q8_0 / Q8_1 activations, over a row: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and IQ4_NL. Per block the
 /// exact integer dot, then `acc = fma(d_w * d_x, dot, acc)` in block order, and the mins'
 /// `summs` chain added at the end. Not ggml's 8-lane sum (the other types keep that): one float
-/// multiply-add per block is what lets the batched tiles (`avx2_panel`) reach the integer-dot
+/// multiply-add per block is what lets the batched tiles (`x86::panel32`) reach the integer-dot
 /// rate, and every tile of every path does these same operations.
 #[inline(always)]
 pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
@@ -339,7 +339,7 @@ pub(crate) fn dot_q32(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
 /// `isum = sum_s sc_s * dot_s` (the sub-blocks' 6-bit scales times their integer dots) and
 /// `imin = sum_s m_s * (bsum_2s + bsum_2s+1)`, then two FMAs into one f32 accumulator,
 /// `acc = fma(d_x * d, isum, acc)` and `acc = fma(-(d_x * dmin), imin, acc)`. A dot that keeps
-/// the 8 rows of a repacked panel in one vector's lanes (`avx2_panel_k`) does the same float
+/// the 8 rows of a repacked panel in one vector's lanes (`x86::panel_k`) does the same float
 /// operations as one row alone, so decode and batches give the same bits. Both integers are
 /// exact (`|isum| <= 8 * 63 * 32 * 15 * 128`, under 2^31).
 #[inline(always)]

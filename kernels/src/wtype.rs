@@ -41,7 +41,7 @@ pub enum WType {
     /// bytes of `kvalues_iq4nl` indices; 256 elements.
     IQ4XS,
     /// ggml `block_mxfp4` (OCP microscaling FP4, gpt-oss's experts): one e8m0 exponent byte,
-    /// 16 bytes of e2m1 nibbles (low nibbles first); x = 2^(e - 128) * `kvalues_mxfp4`[q] (the
+    /// 16 bytes of e2m1 nibbles (low nibbles first); x = 2^(e - 128) * `kvalues_mxfp4[q]` (the
     /// grid doubled, the scale halved); 32 elements.
     MXFP4,
 }

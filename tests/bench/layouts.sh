@@ -41,8 +41,11 @@ build default "$WORK/default"
 build cgu1 "$WORK/default" --config 'profile.release.package."tpslab-kernels".codegen-units=1'
 clone dummy
 # An unused, never-inlined function of about 4 KiB of code at the top of the panel kernels'
-# module: everything after it in the kernels' object moves.
-python3 - "$WORK/dummy/kernels/src/avx2_panel.rs" <<'EOF'
+# module (x86/panel32.rs; avx2_panel.rs before the kernels moved into x86/): everything after it
+# in the kernels' object moves.
+PANEL="$WORK/dummy/kernels/src/x86/panel32.rs"
+[ -f "$PANEL" ] || PANEL="$WORK/dummy/kernels/src/avx2_panel.rs"
+python3 - "$PANEL" <<'EOF'
 import sys
 p = sys.argv[1]
 s = open(p).read()

@@ -13,6 +13,7 @@ use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 use tpslab_engine::text::reasoning::ReasoningParser;
 
+use super::chat_schema::SchemaOption;
 use crate::serve::chat_input::{chat_prompt, default_options};
 use crate::ui::command::Command;
 use crate::ui::engine_link::EngineLink;
@@ -71,9 +72,9 @@ pub struct Conversation {
     pub messages: Vec<Message>,
     /// The unsent text in the input box.
     pub draft: String,
-    /// Structured output: answers are JSON valid against `json_schema` when on.
-    pub json_schema_on: bool,
-    pub json_schema: String,
+    /// Structured output.
+    #[serde(flatten)]
+    pub schema: SchemaOption,
 }
 
 impl Default for Conversation {
@@ -91,8 +92,7 @@ impl Default for Conversation {
             max_tokens: 256,
             messages: Vec::new(),
             draft: String::new(),
-            json_schema_on: false,
-            json_schema: String::new(),
+            schema: SchemaOption::default(),
         }
     }
 }
@@ -203,7 +203,7 @@ impl Generation {
         let (prep_tx, prep) = mpsc::channel();
         let (lm, engine) = (Arc::clone(&link.lm), link.engine.clone());
         let (sampling, max_tokens) = (conv.sampling.clone(), conv.max_tokens.max(1));
-        let grammar = super::chat_schema::grammar(conv)?;
+        let grammar = conv.schema.grammar()?;
         std::thread::Builder::new()
             .name("chat-prompt".into())
             .spawn(move || {
@@ -441,7 +441,8 @@ pub fn conversation_ui(
     if *show_settings {
         settings_ui(ui, conv);
     }
-    super::chat_schema::schema_ui(ui, conv);
+    let id = conv.id;
+    conv.schema.ui(ui, id);
     ui.separator();
 
     // Input box at the bottom, messages fill the rest.

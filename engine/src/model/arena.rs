@@ -1,5 +1,5 @@
-//! Where a loaded model's weight bytes live: one arena per model ([`Weights::into_arena`]), and
-//! [`WeightBytes`], a matrix's slice of it.
+//! Where a loaded model's weight bytes live: one arena per model ([`Weights::into_arena`]), each
+//! matrix's [`WeightBytes`] a slice of it.
 //!
 //! Decode streams every weight once per token. On Linux the arena's whole 2 MiB pages are marked
 //! `MADV_HUGEPAGE` before anything touches them, so a kernel whose transparent huge pages are
@@ -8,11 +8,11 @@
 //! are mostly smaller than 2 MiB (the default model's are 70 KiB to 1.1 MiB), so only packed
 //! together do they fill whole huge pages (BENCHMARKS.md, "Weights on transparent huge pages").
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 use tpslab_kernels::{Layout, packed};
 
+use super::weight_bytes::WeightBytes;
 use super::weights::{Linear, Weights};
 
 /// Huge pages are this size on x86-64 and most aarch64 kernels.
@@ -20,62 +20,6 @@ const HUGE_PAGE: usize = 2 << 20;
 
 /// Each matrix starts on a cache line (and on the kernels' widest vector).
 const ALIGN: usize = 64;
-
-/// A matrix's bytes: its own buffer, or its slice of a model's arena. Cloning shares them.
-#[derive(Clone, Default)]
-pub struct WeightBytes {
-    buf: Arc<Vec<u8>>,
-    start: usize,
-    len: usize,
-}
-
-impl WeightBytes {
-    /// The bytes of one matrix, alone in `v`.
-    pub fn new(v: Vec<u8>) -> Self {
-        let len = v.len();
-        Self {
-            buf: Arc::new(v),
-            start: 0,
-            len,
-        }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        self
-    }
-}
-
-impl From<Vec<u8>> for WeightBytes {
-    fn from(v: Vec<u8>) -> Self {
-        Self::new(v)
-    }
-}
-
-impl Deref for WeightBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
-    }
-}
-
-/// Equal bytes, wherever they live.
-impl PartialEq for WeightBytes {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for WeightBytes {}
-
-impl std::fmt::Debug for WeightBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WeightBytes({} bytes", self.len)?;
-        if self.len != self.buf.len() {
-            write!(f, " at {} of a {}-byte arena", self.start, self.buf.len())?;
-        }
-        write!(f, ")")
-    }
-}
 
 /// A zeroed buffer for `size` bytes and where in it they start: on a 2 MiB boundary, with the
 /// whole 2 MiB pages from there marked `MADV_HUGEPAGE` before anything touches them (a large

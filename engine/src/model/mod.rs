@@ -6,6 +6,7 @@
 //! - [`config`]: the shape and architecture resolved from GGUF metadata into typed fields.
 //! - [`weights`]: [`weights::Linear`] dense or quantized, the weight set, the tensor loaders.
 //! - [`arena`]: where a loaded model's weight bytes live (one arena on huge pages per model).
+//! - [`weight_bytes`]: a matrix's bytes, alone or its slice of the arena.
 //! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
 //! - [`arch`]: the registered architectures and their recipes.
 //! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
@@ -28,6 +29,7 @@ pub mod precision;
 pub mod record;
 pub mod synthetic;
 pub mod tiny;
+pub mod weight_bytes;
 pub mod weights;
 
 use config::{ConfigError, ModelConfig};

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use tpslab_kernels::{Layout, QMatrix, ThreadPool, WType, packed};
 
 use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
-pub use crate::model::arena::WeightBytes;
+pub use super::weight_bytes::WeightBytes;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {

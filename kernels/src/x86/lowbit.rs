@@ -5,10 +5,10 @@
 
 use std::arch::x86_64::*;
 
-use crate::avx2_kquant::{check_row, f16_at, hsum_epi32, hsum8};
+use crate::x86::kquant::{check_row, f16_at, hsum_epi32, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
 use crate::dots::{Grid4, grid4_lanes};
-use crate::isa::Dots;
+use crate::x86::isa::Dots;
 use crate::quant::{ActRow, QK_K, QK8};
 
 /// Signed bytes `x` times signed bytes `y`, summed per 4 into 8 i32 (ggml's sign trick; exact

@@ -1,30 +1,31 @@
-//! `avx2_rows8`: the matmul of matrices packed at load ([`crate::packed`]), for any number of
+//! `x86::packed_dots`: the matmul of matrices packed at load ([`crate::packed`]), for any number of
 //! activation rows: decode reads each panel's bytes once, straight from memory, and a vector's
 //! lanes are its 8 rows, so no row needs a horizontal sum.
 //!
 //! The packed block holds the ggml fields interleaved; per block and panel this unpacks only
-//! what the batched panels' repack (`avx2_panel_k`) would have stored: the scale pairs (Q4_K's
+//! what the batched panels' repack (`x86::panel_k`) would have stored: the scale pairs (Q4_K's
 //! and Q5_K's 6-bit scales and mins, Q6_K's and IQ4_XS's signed scales) as i16 pairs per row
 //! lane and `d` / `dmin` as floats. The nibble vectors of Q4_K are read in place, Q5_K's get
 //! their fifth bits from the `qh` vectors, Q6_K's levels are put together from its low nibbles
 //! and high bits, IQ4_XS's looked up in its grid, vector by vector. The integer work and the
-//! float work per block are `avx2_panel_k`'s (`k4_block`, `q6k_block`, `block_floats`) or
+//! float work per block are `x86::panel_k`'s (`k4_block`, `q6k_block`, `block_floats`) or
 //! [`iq4xs_block`], so every row has the bits of the in-place dots and of the portable
 //! formulas, whatever the layout and the batch. Past [`REPACK_ABOVE`] activation rows, Q5_K,
-//! Q6_K and (VNNI) IQ4_XS groups are repacked from the packed panels into `avx2_panel_k`'s
-//! ([`repack`]); the 32-element types go through `avx2_panel`'s tile ([`Packed32`]).
+//! Q6_K and (VNNI) IQ4_XS groups are repacked from the packed panels into `x86::panel_k`'s
+//! ([`repack`]); the 32-element types go through `x86::panel32`'s tile ([`Packed32`]).
 
 use std::arch::x86_64::*;
 
 use crate::WType;
-use crate::avx2::{GroupJob, IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
-use crate::avx2_kquant::bsum_pairs;
-use crate::avx2_panel::{LANES, ROWS, Source, store_lanes, tile_cols};
-use crate::avx2_panel_k::{
+use crate::x86::dots32::{IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
+use crate::x86::job::GroupJob;
+use crate::x86::kquant::bsum_pairs;
+use crate::x86::panel32::{LANES, ROWS, Source, store_lanes, tile_cols};
+use crate::x86::panel_k::{
     Block, IQ4XS, PANELS, PanelsK, Q4K, Q5KP, Q6K, QVECS_BYTES, block_floats, fifth_bit, k4_block,
     q6k_block, q6k_packed_levels, vec_at,
 };
-use crate::isa::Dots;
+use crate::x86::isa::Dots;
 use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
 
@@ -90,7 +91,7 @@ const _: () = assert!(
     at::Q5K_D == at::Q4K_D && at::Q5K_DMIN == at::Q4K_DMIN && at::Q5K_SCALES == at::Q4K_SCALES
 );
 
-/// The scale pair vectors of a packed Q4_K or Q5_K block (`blk`), as `avx2_panel_k`'s repack stores
+/// The scale pair vectors of a packed Q4_K or Q5_K block (`blk`), as `x86::panel_k`'s repack stores
 /// them: vector `t` the pairs `(sc[2t], sc[2t + 1])` of the 8 rows, vector `4 + t` the min
 /// pairs. The 12 scale bytes are ggml's 6-bit packing (`get_scale_min_k4`), byte `i` of the 8
 /// rows at `32 + 8 i`: scales 0..4 and mins 0..4 are bytes 0..4 and 4..8 less their top two
@@ -412,7 +413,7 @@ unsafe fn dispatch<D: Dots, const T: u8>(
     }
 }
 
-/// A packed matrix of a 32-element type as `avx2_panel`'s tiles read it: the panels from `base`,
+/// A packed matrix of a 32-element type as `x86::panel32`'s tiles read it: the panels from `base`,
 /// `panel` bytes apart, blocks `pb` bytes apart in each. Per panel block: the 8 rows' `d` (16
 /// bytes), Q4_1's and Q5_1's `m` (16), the fifth bits of Q5_0 and Q5_1 (one word a row), then
 /// the values (Q8_0) or nibbles (IQ4_NL's looked up in its grid).
@@ -429,7 +430,7 @@ impl Source for Packed32 {
         // SAFETY: the caller's promise: panel `p`, block `b` are inside the matrix.
         unsafe {
             let blk = self.base.add(p * self.panel + b * self.pb);
-            // As `avx2_panel::repack`: signed values offset by 128 for `vpdpbusd`.
+            // As `panel32::repack`: signed values offset by 128 for `vpdpbusd`.
             let flip = if signed_levels(T) && D::VNNI {
                 _mm256_set1_epi8(-128)
             } else {
@@ -522,7 +523,7 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
                 let cc = tile_cols(job.m - c0, full);
                 // SAFETY: the caller's promise; the source holds the tile's panels.
                 unsafe {
-                    crate::avx2_panel::dispatch::<D>(job, src, p * PANEL_ROWS, 0, c0, cc, two)
+                    crate::x86::panel32::dispatch::<D>(job, src, p * PANEL_ROWS, 0, c0, cc, two)
                 };
                 c0 += cc;
             }
@@ -531,7 +532,7 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
     }
 }
 
-/// The group of [`ROWS`] packed Q5_K, Q6_K or IQ4_XS rows from `j0` as `avx2_panel_k`'s
+/// The group of [`ROWS`] packed Q5_K, Q6_K or IQ4_XS rows from `j0` as `x86::panel_k`'s
 /// repacked panels: each level vector is the one the packed tiles compute ([`fifth_bit`] on
 /// Q4_K's nibbles, [`q6k_packed_levels`], IQ4_XS's grid values flipped by 128), the scale pairs
 /// the packed ones, `d` and `dmin` widened (the padding rows of a packed matrix are zeros, so
@@ -569,7 +570,7 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                 let at = (b * PANELS + p) * QVECS_BYTES;
                 let panel_no = j0 / PANEL_ROWS + p;
                 if panel_no >= panels {
-                    // Past the matrix: `avx2_panel_k::tiles` reads no panel past the group's rows.
+                    // Past the matrix: `panel_k::tiles` reads no panel past the group's rows.
                     continue;
                 }
                 let blk = job.data.as_ptr().add(panel_no * panel + b * pb);
@@ -581,7 +582,7 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                     )
                 } else if T == IQ4XS {
                     // The signed scale pairs twice: as scales and as the "mins" that take the
-                    // flip off (`avx2_panel_k::tile`).
+                    // flip off (`panel_k::tile`).
                     let mut sm = iq4xs_scales(blk);
                     for t in 0..4 {
                         sm[4 + t] = sm[t];
@@ -634,7 +635,7 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
 
 /// Past this many activation rows, a packed Q5_K, Q6_K or (VNNI) IQ4_XS group is repacked
 /// ([`repack`]) into
-/// `avx2_panel_k`'s panels, whose levels are put together once for the whole batch (the packed
+/// `x86::panel_k`'s panels, whose levels are put together once for the whole batch (the packed
 /// tiles put them together again for every 4 activation rows). `type_rates` (Zen 4, 2
 /// threads): Q5_K at 16 rows 181 GMAC/s in the packed tiles, at 33 rows 215 repacked; Q6_K at
 /// 128 rows 92 in the packed tiles, 202 repacked.
@@ -649,7 +650,7 @@ pub(crate) unsafe fn groups<D: Dots>(
     job: &GroupJob<'_>,
     g_lo: usize,
     g_hi: usize,
-    s: &mut crate::avx2::Scratch,
+    panels_k: &mut crate::x86::panel_k::PanelsK,
 ) {
     if block32(job.ty).is_some() {
         // SAFETY: the caller's promise.
@@ -664,16 +665,16 @@ pub(crate) unsafe fn groups<D: Dots>(
             // SAFETY: the caller's promise; the panels hold the group.
             unsafe {
                 match job.ty {
-                    WType::Q5K => repack::<D, Q5KP>(job, j0, &mut s.panels_k),
-                    WType::IQ4XS => repack::<D, IQ4XS>(job, j0, &mut s.panels_k),
-                    _ => repack::<D, Q6K>(job, j0, &mut s.panels_k),
+                    WType::Q5K => repack::<D, Q5KP>(job, j0, panels_k),
+                    WType::IQ4XS => repack::<D, IQ4XS>(job, j0, panels_k),
+                    _ => repack::<D, Q6K>(job, j0, panels_k),
                 }
-                crate::avx2_panel_k::tiles::<D>(job, rows, j0, &s.panels_k);
+                crate::x86::panel_k::tiles::<D>(job, rows, j0, panels_k);
             }
         }
         return;
     }
-    // As `avx2_panel_k::groups`: a tile's accumulators and operands fill the registers.
+    // As `panel_k::groups`: a tile's accumulators and operands fill the registers.
     let full = if D::PANELS == 2 { 4 } else { 3 };
     let panels = job.n.div_ceil(PANEL_ROWS);
     for g in g_lo..g_hi {

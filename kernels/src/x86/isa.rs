@@ -1,6 +1,6 @@
 //! `isa`: the x86 integer dot-product instruction sets the quantized kernels run on ([`X86`]):
 //! AVX2 `vpmaddubsw` + `vpmaddwd`, AVX-VNNI (VEX `vpdpbusd` / `vpdpwssd`) and AVX-512 VNNI
-//! (EVEX, with AVX-512 BW/VL, 32 vector registers). The kernels in `avx2*` are written once,
+//! (EVEX, with AVX-512 BW/VL, 32 vector registers). The kernels of `x86` are written once,
 //! generic over [`Dots`], and [`isa_entry!`] compiles each entry point once per set under its own
 //! `target_feature`, so one binary carries every path and picks one at run time.
 //!
@@ -48,7 +48,7 @@ pub(crate) trait Dots {
     /// (BENCHMARKS.md, "code placement"). 16 ymm registers (AVX2, AVX-VNNI) hold a 4 x 2 tile;
     /// AVX-512's 32 hold 4 x 3. Results do not depend on it (tiles share loads, not arithmetic).
     const COLS: usize;
-    /// The repacked-panel tile (`avx2_panel`, batches past the in-place tiles): 8-row panels
+    /// The repacked-panel tile (`x86::panel32`, batches past the in-place tiles): 8-row panels
     /// per tile and activation rows per tile, sized the same way (`PANELS x PANEL_COLS` float
     /// accumulators and as many integer ones, plus the loop's temporaries, in the registers).
     const PANELS: usize;
@@ -169,29 +169,29 @@ macro_rules! isa_entry {
         $(#[$m])*
         ///
         /// # Safety
-        /// `path` is available on this CPU ([`crate::isa::X86::available`]).
-        $vis unsafe fn $name(path: crate::isa::X86, $($a: $t),*) $(-> $r)? {
+        /// `path` is available on this CPU ([`crate::x86::isa::X86::available`]).
+        $vis unsafe fn $name(path: crate::x86::isa::X86, $($a: $t),*) $(-> $r)? {
             #[target_feature(enable = "avx2,fma,f16c")]
             fn avx2($($a: $t),*) $(-> $r)? {
                 // SAFETY: compiled with (and only called on CPUs with) AVX2/FMA/F16C.
-                unsafe { $g::<crate::isa::Avx2>($($a),*) }
+                unsafe { $g::<crate::x86::isa::Avx2>($($a),*) }
             }
             #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
             fn avx_vnni($($a: $t),*) $(-> $r)? {
                 // SAFETY: as above, plus AVX-VNNI.
-                unsafe { $g::<crate::isa::AvxVnni>($($a),*) }
+                unsafe { $g::<crate::x86::isa::AvxVnni>($($a),*) }
             }
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
             fn avx512_vnni($($a: $t),*) $(-> $r)? {
                 // SAFETY: as above, plus AVX-512 F/BW/VL/VNNI.
-                unsafe { $g::<crate::isa::Avx512Vnni>($($a),*) }
+                unsafe { $g::<crate::x86::isa::Avx512Vnni>($($a),*) }
             }
             // SAFETY: the caller checked `path` available.
             unsafe {
                 match path {
-                    crate::isa::X86::Avx2 => avx2($($a),*),
-                    crate::isa::X86::AvxVnni => avx_vnni($($a),*),
-                    crate::isa::X86::Avx512Vnni => avx512_vnni($($a),*),
+                    crate::x86::isa::X86::Avx2 => avx2($($a),*),
+                    crate::x86::isa::X86::AvxVnni => avx_vnni($($a),*),
+                    crate::x86::isa::X86::Avx512Vnni => avx512_vnni($($a),*),
                 }
             }
         }

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::isa::Dots;
+use crate::x86::isa::Dots;
 use crate::quant::{ActRow, QK_K};
 
 const KMASK1: u32 = 0x3f3f_3f3f;

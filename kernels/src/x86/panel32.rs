@@ -1,4 +1,4 @@
-//! `avx2_panel`: the matmul of the 32-element block types (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1,
+//! `x86::panel32`: the matmul of the 32-element block types (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1,
 //! IQ4_NL) for batches past the in-place tiles (prefill, and decode of many sequences), where
 //! every weight row meets many activation rows.
 //!
@@ -11,7 +11,7 @@
 //! integer instructions. The register tile is `Dots::PANELS` panels by `Dots::PANEL_COLS`
 //! activation rows.
 //!
-//! Weight bytes as the dot takes them (`avx2::levels`, the in-place tiles' unpack): Q4_1's and
+//! Weight bytes as the dot takes them (`dots32::levels`, the in-place tiles' unpack): Q4_1's and
 //! Q5_1's levels as they are (their min apart); Q4_0's and Q5_0's levels as they are, the
 //! block's `-8 * sum(x)` (`-16 * sum(x)`) subtracted after (exact integers); Q8_0's and IQ4_NL's
 //! signed values with `vpdpbusd` offset by 128 (`w ^ 0x80`), `-128 * sum(x)` after, or on AVX2
@@ -22,8 +22,9 @@
 use std::arch::x86_64::*;
 
 use crate::WType;
-use crate::avx2::{GroupJob, block32, has_min, level_offset, levels, signed_levels};
-use crate::isa::Dots;
+use crate::x86::dots32::{block32, has_min, level_offset, levels, signed_levels};
+use crate::x86::job::GroupJob;
+use crate::x86::isa::Dots;
 use crate::quant::QK8;
 
 /// Weight rows per repacked group (two 8-row panels).
@@ -176,7 +177,7 @@ impl Source for Repacked<'_> {
     }
 }
 
-/// The `PP` panels from `p0` by activation rows `c0..c0 + CC` (`T` as in `avx2`).
+/// The `PP` panels from `p0` by activation rows `c0..c0 + CC` (`T` as in `dots32`).
 #[inline(always)]
 // The register tile is indexed [panel][column] from loops in the order the loads want.
 #[allow(clippy::needless_range_loop)]
@@ -361,7 +362,7 @@ pub(crate) unsafe fn dispatch<D: Dots>(
     cc: usize,
     two: bool,
 ) {
-    use crate::avx2::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    use crate::x86::dots32::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     macro_rules! by_cc {
         ($pp:literal, $t:ident) => {
             // SAFETY: as the caller promises.

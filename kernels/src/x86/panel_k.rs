@@ -1,5 +1,5 @@
-//! `avx2_panel_k`: the Q4_K, Q5_K and Q6_K matmuls for batches past the in-place dots
-//! (prefill, and decode of many sequences), on repacked 8-row panels as `avx2_panel` does for
+//! `x86::panel_k`: the Q4_K, Q5_K and Q6_K matmuls for batches past the in-place dots
+//! (prefill, and decode of many sequences), on repacked 8-row panels as `x86::panel32` does for
 //! Q4_0 / Q4_1 / Q8_0.
 //!
 //! Each group of [`ROWS`] weight rows is repacked once per call ([`repack`]) into panels of 8
@@ -20,15 +20,15 @@
 //! (`vpmulld`) into `isum`. The mins (Q4_K, Q5_K) and the level offset of 32 (Q6_K) meet the
 //! activation's `bsums` through `vpmaddwd`. These are the exact integers of `quant::dot_q4k`,
 //! `dot_q5k` and `dot_q6k`, and the FMAs per block are their float operations, lane by lane, so
-//! every row has the bits of the in-place dots (`avx2_kquant`) and of the portable formulas.
+//! every row has the bits of the in-place dots (`x86::kquant`) and of the portable formulas.
 
 use std::arch::x86_64::*;
 
 use crate::WType;
-use crate::avx2::GroupJob;
-use crate::avx2_kquant::{bsum_pairs, hi_bit, mins_and_scales};
-use crate::avx2_panel::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
-use crate::isa::Dots;
+use crate::x86::job::GroupJob;
+use crate::x86::kquant::{bsum_pairs, hi_bit, mins_and_scales};
+use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
+use crate::x86::isa::Dots;
 use crate::quant::QK_K;
 
 pub(crate) const PANELS: usize = ROWS / LANES;
@@ -42,10 +42,10 @@ pub(crate) const QVECS_BYTES: usize = 64;
 pub(crate) const Q4K: u8 = 0;
 pub(crate) const Q5K: u8 = 1;
 pub(crate) const Q6K: u8 = 2;
-/// IQ4_XS, packed matrices only (`avx2_rows8`): no min, its grid values' offset is taken off
+/// IQ4_XS, packed matrices only (`x86::packed_dots`): no min, its grid values' offset is taken off
 /// in the block's integers.
 pub(crate) const IQ4XS: u8 = 3;
-/// Q5_K packed (`avx2_rows8`): Q4_K's nibbles in place with the fifth bits from the packed
+/// Q5_K packed (`x86::packed_dots`): Q4_K's nibbles in place with the fifth bits from the packed
 /// `qh` field, [`Q5K_QH_GAP`] bytes before the nibbles.
 pub(crate) const Q5KP: u8 = 4;
 /// How far a packed Q5_K block's `qh` field starts before its nibbles (`crate::packed` owns the
@@ -147,7 +147,7 @@ unsafe fn repack<D: Dots, const T: u8>(
                         continue;
                     }
                     // Q6_K: ql 0..128, qh 128..192, scales 192..208, d at 208; levels as
-                    // `avx2_kquant::dot_q6k_rows` unpacks them, chunk 4h + i = elements
+                    // `kquant::dot_q6k_rows` unpacks them, chunk 4h + i = elements
                     // 128h + 32i..+32.
                     let dh = std::ptr::read_unaligned(blk.add(208).cast::<u16>());
                     pn.d[b * ROWS + r] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(dh as i32)));
@@ -343,7 +343,7 @@ pub(crate) unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
 
 /// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block at `p`
 /// (`crate::packed`: per half `h` of the block, 16 vectors of low nibbles then 8 of high bits, 4
-/// bytes a row per vector): `avx2_kquant::dot_q6k_rows`'s unpack, vector by vector.
+/// bytes a row per vector): `kquant::dot_q6k_rows`'s unpack, vector by vector.
 ///
 /// # Safety
 /// The packed block at `p` is readable, on an AVX2 CPU.
@@ -666,7 +666,7 @@ unsafe fn group<D: Dots>(job: &GroupJob<'_>, rows: &[u8], j0: usize, pn: &mut Pa
 ///
 /// # Safety
 /// The CPU has `D`'s features; `job` is a Q4_K, Q5_K or Q6_K matmul, or a packed IQ4_XS one on
-/// a VNNI path (`avx2_rows8`), and `pn` holds the group.
+/// a VNNI path (`x86::packed_dots`), and `pn` holds the group.
 #[inline(always)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
