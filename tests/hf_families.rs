@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
-use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
+use tpslab_kernels::WType;
+use tpslab_engine::formats::gguf::{GgufFile, Value};
 use tpslab_engine::formats::hf::{HfConfig, rope_permute};
 use tpslab_engine::formats::safetensors::{StDesc, StWriter};
 use tpslab_engine::model::config::ModelConfig;
@@ -233,7 +234,7 @@ fn write_folder(arch: &str, class: &str, dir: &Path) -> PathBuf {
         }
         let desc = StDesc {
             name,
-            dtype: GgmlType::F32,
+            dtype: WType::F32,
             shape: t.dims.iter().rev().copied().collect(),
         };
         out.push((desc, bytes));

@@ -24,7 +24,7 @@ use tpslab::hub::{self, GgufFit, HubConfig, Machine};
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
+use tpslab_engine::formats::gguf::{GgufFile, Value};
 use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::kv::KvCache;
 use tpslab_engine::library::fit::{KV_BLOCK, Verdict};
@@ -50,7 +50,7 @@ fn s(v: &str) -> Value {
 }
 
 /// A GGUF in memory with this metadata and one small F32/F16 tensor.
-fn gguf(md: &[(&str, Value)], ty: GgmlType) -> Vec<u8> {
+fn gguf(md: &[(&str, Value)], ty: WType) -> Vec<u8> {
     let md: Vec<(String, Value)> = md.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     let desc = TensorDesc::new("token_embd.weight", vec![64, 4], ty);
     let bytes = vec![0u8; desc.size() as usize];
@@ -88,7 +88,7 @@ fn files() -> &'static [File] {
                 ("mamba.context_length", Value::U32(2048)),
                 ("mamba.block_count", Value::U32(2)),
             ],
-            GgmlType::F32,
+            WType::F32,
         );
         let huge = gguf(
             &[
@@ -101,7 +101,7 @@ fn files() -> &'static [File] {
                 ("llama.context_length", Value::U32(131072)),
                 ("llama.vocab_size", Value::U32(64)),
             ],
-            GgmlType::F16,
+            WType::F16,
         );
         // An array of 2^50 strings declared in a 64-byte file.
         let mut hostile = preamble();

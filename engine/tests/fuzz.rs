@@ -18,7 +18,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::Value as Json;
 use tpslab_engine::device::Workspace;
-use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
+use tpslab_engine::formats::gguf::{GgufFile, Value};
+use tpslab_kernels::WType;
 use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::LoadedModel;
@@ -570,7 +571,7 @@ mod regressions {
         let ids = lm.raw_prompt("Hello").expect("prompt");
         assert!(!ids.is_empty());
         let f = GgufFile::open(&p).expect("open");
-        assert!(f.tensors.iter().any(|t| t.ty == GgmlType::F32));
+        assert!(f.tensors.iter().any(|t| t.ty == WType::F32));
         let (_, _) = tiny_folder(&d.0.join("folder"));
         let from_folder = LoadedModel::load(&d.0.join("folder")).expect("the tiny folder loads");
         assert_eq!(from_folder.model.cfg.n_layers, 1);

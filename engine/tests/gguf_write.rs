@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use tpslab_engine::formats::gguf::{GgmlType, GgufFile, Value};
+use tpslab_engine::formats::gguf::{GgufFile, Value};
+use tpslab_kernels::WType;
 use tpslab_engine::formats::gguf_write::{GgufWriteError, GgufWriter, TensorDesc, write_gguf};
 use tpslab_engine::library::ensure_default_model;
 
@@ -59,7 +60,7 @@ fn every_value_type_and_tensor_reads_back() {
         ("array.empty".into(), Value::Array(vec![])),
         ("general.alignment".into(), Value::U32(64)),
     ];
-    let t = |name: &str, dims: Vec<u64>, ty: GgmlType| {
+    let t = |name: &str, dims: Vec<u64>, ty: WType| {
         let d = TensorDesc::new(name, dims, ty);
         let data: Vec<u8> = (0..d.size())
             .map(|i| (i * 7 + name.len() as u64) as u8)
@@ -67,10 +68,10 @@ fn every_value_type_and_tensor_reads_back() {
         (d, data)
     };
     let tensors = vec![
-        t("a", vec![3], GgmlType::F32),
-        t("b", vec![64, 3], GgmlType::Q8_0),
-        t("c", vec![256, 2], GgmlType::Q4K),
-        t("d", vec![5, 1, 1], GgmlType::F16),
+        t("a", vec![3], WType::F32),
+        t("b", vec![64, 3], WType::Q8_0),
+        t("c", vec![256, 2], WType::Q4K),
+        t("d", vec![5, 1, 1], WType::F16),
     ];
     let path = write_file("all.gguf", &metadata, &tensors);
     let f = GgufFile::open(&path).expect("read back");
@@ -106,12 +107,12 @@ fn invalid_input_is_refused() {
         Value::Array(vec![Value::U8(1), Value::String("x".into())]),
     )];
     assert!(GgufWriter::new(sink.clone(), &mixed, vec![]).is_err());
-    let bad_block = vec![TensorDesc::new("t", vec![100], GgmlType::Q4_0)];
+    let bad_block = vec![TensorDesc::new("t", vec![100], WType::Q4_0)];
     assert!(GgufWriter::new(sink.clone(), &[], bad_block).is_err());
     let mut w = GgufWriter::new(
         sink,
         &[],
-        vec![TensorDesc::new("t", vec![4], GgmlType::F32)],
+        vec![TensorDesc::new("t", vec![4], WType::F32)],
     )
     .expect("header");
     assert!(w.write_tensor(&[0; 15]).is_err(), "wrong size refused");
@@ -123,7 +124,7 @@ fn invalid_input_is_refused() {
     let w = GgufWriter::new(
         Vec::new(),
         &[],
-        vec![TensorDesc::new("t", vec![4], GgmlType::F32)],
+        vec![TensorDesc::new("t", vec![4], WType::F32)],
     )
     .expect("header");
     assert!(w.finish().is_err(), "unwritten tensor refused");

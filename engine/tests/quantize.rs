@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::formats::gguf::{GgmlType, GgufFile};
+use tpslab_engine::formats::gguf::{GgufFile};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
@@ -102,9 +102,9 @@ fn q8_0_loads_generates_and_stays_close() {
     assert_eq!(g.get_u64("general.file_type").expect("ftype"), 7);
     for t in &g.tensors {
         let want = if t.dims.len() == 1 {
-            GgmlType::F32
+            WType::F32
         } else {
-            GgmlType::Q8_0
+            WType::Q8_0
         };
         assert_eq!(t.ty, want, "{}", t.name);
     }
@@ -284,7 +284,7 @@ fn real_weight_rows_error_order() {
     let t = f.tensor("blk.3.ffn_down.weight").expect("ffn_down");
     let k = t.dims[0] as usize;
     let bytes = f.read_tensor(t).expect("read");
-    let src = tpslab_engine::model::weights::kernel_type(t.ty).expect("type");
+    let src = t.ty;
     let rows = 64;
     let mut x = vec![0f32; rows * k];
     for (r, out) in x.chunks_mut(k).enumerate() {

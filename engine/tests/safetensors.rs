@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::formats::gguf::{GgmlType, GgufFile};
+use tpslab_engine::formats::gguf::{GgufFile};
 use tpslab_engine::formats::hf::WEIGHTS_INDEX;
 use tpslab_engine::formats::safetensors::{SafetensorsFile, StDesc, StWriter};
 use tpslab_engine::kv::{Batch, KvCache};
@@ -113,7 +113,7 @@ fn malformed_safetensors_are_refused_with_clear_errors() {
     let f = SafetensorsFile::open(st_file(dir, "ok", ok, &[0; 8])).expect("valid file");
     assert_eq!(f.metadata.get("format").map(String::as_str), Some("pt"));
     assert_eq!(f.tensors[0].shape, vec![2, 2]);
-    assert_eq!(f.tensors[0].dtype, GgmlType::BF16);
+    assert_eq!(f.tensors[0].dtype, WType::BF16);
 }
 
 fn folder_refused(dir: &Path) -> String {
@@ -384,7 +384,7 @@ fn same_tokenizer_keys_and_matrices(fv: &GgufFile, gv: &GgufFile) {
     let mut same_bytes = 0;
     for t in gv.tensors.iter().filter(|t| t.dims.len() == 2) {
         let ft = fv.tensor(&t.name).expect("folder tensor");
-        assert_eq!((ft.ty, &ft.dims), (GgmlType::F16, &t.dims), "{}", t.name);
+        assert_eq!((ft.ty, &ft.dims), (WType::F16, &t.dims), "{}", t.name);
         let (a, b) = (
             fv.read_tensor(ft).expect("read"),
             gv.read_tensor(t).expect("read"),

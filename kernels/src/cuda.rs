@@ -111,27 +111,11 @@ pub enum CudaError {
 
 type Result<T> = std::result::Result<T, CudaError>;
 
-/// The type id the kernels use for a weight type (`WT_*` in `common.cuh`).
+/// The type id the kernels use for a weight type (`WT_*` in `common.cuh`): its row in the
+/// weight-type table, [`WType::ALL`]'s order. (Q5_K, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS and
+/// MXFP4 are refused by the backend until their kernels have run on a GPU: [`has_kernel`].)
 pub fn wtype_id(ty: WType) -> i32 {
-    match ty {
-        WType::F32 => 0,
-        WType::F16 => 1,
-        WType::BF16 => 2,
-        WType::Q4_0 => 3,
-        WType::Q4_1 => 4,
-        WType::Q8_0 => 5,
-        WType::Q4K => 6,
-        WType::Q6K => 7,
-        // Refused by the backend until their kernels have run on a GPU ([`has_kernel`]).
-        WType::Q5K => 8,
-        WType::Q5_0 => 9,
-        WType::Q5_1 => 10,
-        WType::Q2K => 11,
-        WType::Q3K => 12,
-        WType::IQ4NL => 13,
-        WType::IQ4XS => 14,
-        WType::MXFP4 => 15,
-    }
+    i32::from(ty as u8)
 }
 
 /// Whether the CUDA backend takes weights of type `ty`: the types whose kernels have run on a

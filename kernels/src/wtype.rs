@@ -1,11 +1,16 @@
-//! Weight element types ([`WType`]): ggml's block sizes, and the one table of their names
-//! (`Display` writes ggml's, `FromStr` reads those and the llama.cpp spellings users type).
+//! Weight element types ([`WType`]): the one table of ggml's types the project reads, writes and
+//! computes with, each with its ggml id (the number in a GGUF tensor header), its name, its block
+//! and the bytes of a block. The file formats, the quantizers and the kernels all read it.
+//! `Display` writes ggml's name, `FromStr` reads it (and the float spellings fp32 / fp16);
+//! llama.cpp's file-type names (Q4_K_M) are presets, the engine's `quant::preset`.
 
 use std::fmt;
 use std::str::FromStr;
 
 /// Weight element types, with ggml's block layouts (so GGUF tensor bytes are used as they are).
+/// The discriminant is the type's row in [`TABLE`] (and the kernels' type id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum WType {
     F32,
     F16,
@@ -46,15 +51,49 @@ pub enum WType {
     MXFP4,
 }
 
-/// Other spellings [`WType::from_str`] takes: llama.cpp's file-type names for the K-quant mixes
-/// (whose matrices are mostly that type) and the "fp" float names.
-const ALIASES: [(&str, WType); 5] = [
-    ("fp32", WType::F32),
-    ("fp16", WType::F16),
-    ("q4_k_m", WType::Q4K),
-    ("q4_k_s", WType::Q4K),
-    ("q5_k_m", WType::Q5K),
+/// What the table knows of a type.
+struct Info {
+    /// ggml's name ("Q4_K"), as GGUF tools and llama.cpp print it.
+    name: &'static str,
+    /// ggml's `ggml_type` number, as GGUF tensor headers store it.
+    ggml_id: u32,
+    /// Elements per block.
+    block: usize,
+    /// Bytes per block.
+    bytes: usize,
+}
+
+const fn info(name: &'static str, ggml_id: u32, block: usize, bytes: usize) -> Info {
+    Info {
+        name,
+        ggml_id,
+        block,
+        bytes,
+    }
+}
+
+/// Every type, in [`WType::ALL`]'s order (row `t as usize` is type `t`'s).
+const TABLE: [Info; 16] = [
+    info("F32", 0, 1, 4),
+    info("F16", 1, 1, 2),
+    info("BF16", 30, 1, 2),
+    info("Q4_0", 2, 32, 18),
+    info("Q4_1", 3, 32, 20),
+    info("Q8_0", 8, 32, 34),
+    info("Q4_K", 12, 256, 144),
+    info("Q6_K", 14, 256, 210),
+    info("Q5_K", 13, 256, 176),
+    info("Q5_0", 6, 32, 22),
+    info("Q5_1", 7, 32, 24),
+    info("Q2_K", 10, 256, 84),
+    info("Q3_K", 11, 256, 110),
+    info("IQ4_NL", 20, 32, 18),
+    info("IQ4_XS", 23, 256, 136),
+    info("MXFP4", 39, 32, 17),
 ];
+
+/// The float types' other spellings [`WType::from_str`] takes.
+const ALIASES: [(&str, WType); 2] = [("fp32", WType::F32), ("fp16", WType::F16)];
 
 impl WType {
     /// Every type, in the order of the kernels' type ids.
@@ -77,59 +116,37 @@ impl WType {
         Self::MXFP4,
     ];
 
+    const fn info(self) -> &'static Info {
+        &TABLE[self as usize]
+    }
+
     /// ggml's name of the type ("Q4_K"), as GGUF tools and llama.cpp print it.
     pub const fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "F32",
-            Self::F16 => "F16",
-            Self::BF16 => "BF16",
-            Self::Q4_0 => "Q4_0",
-            Self::Q4_1 => "Q4_1",
-            Self::Q8_0 => "Q8_0",
-            Self::Q4K => "Q4_K",
-            Self::Q6K => "Q6_K",
-            Self::Q5K => "Q5_K",
-            Self::Q5_0 => "Q5_0",
-            Self::Q5_1 => "Q5_1",
-            Self::Q2K => "Q2_K",
-            Self::Q3K => "Q3_K",
-            Self::IQ4NL => "IQ4_NL",
-            Self::IQ4XS => "IQ4_XS",
-            Self::MXFP4 => "MXFP4",
-        }
+        self.info().name
+    }
+
+    /// ggml's number of the type (`ggml_type`), as a GGUF tensor header stores it.
+    pub const fn ggml_id(self) -> u32 {
+        self.info().ggml_id
+    }
+
+    /// The type of ggml number `id`, if it is one of these.
+    pub fn from_ggml_id(id: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.ggml_id() == id)
     }
 
     /// Elements per block.
-    pub fn block_size(self) -> usize {
-        match self {
-            Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => 32,
-            Self::MXFP4 => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K | Self::Q2K | Self::Q3K | Self::IQ4XS => 256,
-        }
+    pub const fn block_size(self) -> usize {
+        self.info().block
     }
+
     /// Bytes per block.
-    pub fn type_size(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 | Self::BF16 => 2,
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q8_0 => 34,
-            Self::Q4K => 144,
-            Self::Q5K => 176,
-            Self::Q6K => 210,
-            Self::Q5_0 => 22,
-            Self::Q5_1 => 24,
-            Self::Q2K => 84,
-            Self::Q3K => 110,
-            Self::IQ4NL => 18,
-            Self::IQ4XS => 136,
-            Self::MXFP4 => 17,
-        }
+    pub const fn type_size(self) -> usize {
+        self.info().bytes
     }
+
     /// Bytes of one row of `k` elements.
-    pub fn row_bytes(self, k: usize) -> usize {
+    pub const fn row_bytes(self, k: usize) -> usize {
         k / self.block_size() * self.type_size()
     }
 }
@@ -144,8 +161,8 @@ impl fmt::Display for WType {
 impl FromStr for WType {
     type Err = UnknownWType;
 
-    /// ggml's names and the other spellings (`ALIASES`), ignoring case and surrounding blanks:
-    /// "q8_0", " Q4_K ", "Q4_K_M" (-> Q4_K).
+    /// ggml's names and the float spellings (`ALIASES`), ignoring case and surrounding blanks:
+    /// "q8_0", " Q4_K ", "fp16".
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let name = s.trim();
         let alias = || ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(name));
@@ -154,6 +171,21 @@ impl FromStr for WType {
             .find(|t| t.name().eq_ignore_ascii_case(name))
             .or_else(|| alias().map(|&(_, t)| t))
             .ok_or_else(|| UnknownWType(s.to_string()))
+    }
+}
+
+/// Written as its name ("Q4_1"), as the library index and reports always wrote it; read back
+/// through [`WType::from_str`].
+impl serde::Serialize for WType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -209,16 +241,52 @@ mod tests {
     }
 
     #[test]
-    fn the_llama_cpp_spellings_are_accepted() {
+    fn the_float_spellings_are_accepted_and_presets_are_not_types() {
         for (name, t) in [
             ("fp32", WType::F32),
             ("FP16", WType::F16),
-            ("q4_k_m", WType::Q4K),
-            ("Q4_K_S", WType::Q4K),
-            (" q5_k_m ", WType::Q5K),
             ("bf16", WType::BF16),
         ] {
             assert_eq!(name.parse::<WType>(), Ok(t), "{name}");
+        }
+        // llama.cpp's file types are mixes (the engine's presets), not one type.
+        for preset in ["q4_k_m", "Q4_K_S", "q5_k_m"] {
+            assert!(preset.parse::<WType>().is_err(), "{preset}");
+        }
+    }
+
+    #[test]
+    fn the_table_matches_ggml() {
+        // ggml.h's `ggml_type` numbers and ggml.c's `type_traits` (blck_size, type_size).
+        let ggml = [
+            ("F32", 0, 1, 4),
+            ("F16", 1, 1, 2),
+            ("Q4_0", 2, 32, 18),
+            ("Q4_1", 3, 32, 20),
+            ("Q5_0", 6, 32, 22),
+            ("Q5_1", 7, 32, 24),
+            ("Q8_0", 8, 32, 34),
+            ("Q2_K", 10, 256, 84),
+            ("Q3_K", 11, 256, 110),
+            ("Q4_K", 12, 256, 144),
+            ("Q5_K", 13, 256, 176),
+            ("Q6_K", 14, 256, 210),
+            ("IQ4_NL", 20, 32, 18),
+            ("IQ4_XS", 23, 256, 136),
+            ("BF16", 30, 1, 2),
+            ("MXFP4", 39, 32, 17),
+        ];
+        assert_eq!(ggml.len(), WType::ALL.len());
+        for (i, t) in WType::ALL.into_iter().enumerate() {
+            assert_eq!(t as usize, i, "{t}: ALL's order is the table's");
+        }
+        for (name, id, block, bytes) in ggml {
+            let t = WType::from_ggml_id(id).expect(name);
+            assert_eq!((t.name(), t.ggml_id()), (name, id));
+            assert_eq!((t.block_size(), t.type_size()), (block, bytes), "{name}");
+        }
+        for id in [4, 5, 9, 15, 16, 21, 29, 31, 40, u32::MAX] {
+            assert_eq!(WType::from_ggml_id(id), None, "ggml type {id}");
         }
     }
 
@@ -232,7 +300,7 @@ mod tests {
             for t in WType::ALL {
                 assert!(msg.contains(&t.name().to_ascii_lowercase()), "{t} in {msg}");
             }
-            assert!(msg.contains("q4_k (q4_k_m, q4_k_s)"), "{msg}");
+            assert!(msg.contains("f16 (fp16)"), "{msg}");
         }
     }
 }

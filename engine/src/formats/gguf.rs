@@ -9,6 +9,8 @@ use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use tpslab_kernels::WType;
+
 const MAGIC: [u8; 4] = *b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's own limit on tensor rank.
@@ -71,156 +73,6 @@ pub enum GgufError {
     #[error(transparent)]
     Hf(Box<dyn std::error::Error + Send + Sync>),
 }
-
-/// Tensor element types as ggml numbers them. Only the ones listed are accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q8_1,
-    Q2K,
-    Q3K,
-    Q4K,
-    Q5K,
-    Q6K,
-    Q8K,
-    IQ4NL,
-    IQ4XS,
-    MXFP4,
-}
-
-impl GgmlType {
-    pub fn from_id(id: u32) -> Option<Self> {
-        Some(match id {
-            0 => Self::F32,
-            1 => Self::F16,
-            2 => Self::Q4_0,
-            3 => Self::Q4_1,
-            6 => Self::Q5_0,
-            7 => Self::Q5_1,
-            8 => Self::Q8_0,
-            9 => Self::Q8_1,
-            10 => Self::Q2K,
-            11 => Self::Q3K,
-            12 => Self::Q4K,
-            13 => Self::Q5K,
-            14 => Self::Q6K,
-            15 => Self::Q8K,
-            20 => Self::IQ4NL,
-            23 => Self::IQ4XS,
-            30 => Self::BF16,
-            39 => Self::MXFP4,
-            _ => return None,
-        })
-    }
-
-    pub fn id(self) -> u32 {
-        match self {
-            Self::F32 => 0,
-            Self::F16 => 1,
-            Self::Q4_0 => 2,
-            Self::Q4_1 => 3,
-            Self::Q5_0 => 6,
-            Self::Q5_1 => 7,
-            Self::Q8_0 => 8,
-            Self::Q8_1 => 9,
-            Self::Q2K => 10,
-            Self::Q3K => 11,
-            Self::Q4K => 12,
-            Self::Q5K => 13,
-            Self::Q6K => 14,
-            Self::Q8K => 15,
-            Self::IQ4NL => 20,
-            Self::IQ4XS => 23,
-            Self::BF16 => 30,
-            Self::MXFP4 => 39,
-        }
-    }
-
-    /// Elements per block.
-    pub fn block_size(self) -> u64 {
-        match self {
-            Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::IQ4NL | Self::MXFP4 => 32,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
-            Self::IQ4XS => 256,
-        }
-    }
-
-    /// Bytes per block.
-    pub fn type_size(self) -> u64 {
-        match self {
-            Self::F32 => 4,
-            Self::F16 | Self::BF16 => 2,
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q5_0 => 22,
-            Self::Q5_1 => 24,
-            Self::Q8_0 => 34,
-            Self::Q8_1 => 36,
-            Self::Q2K => 84,
-            Self::Q3K => 110,
-            Self::Q4K => 144,
-            Self::Q5K => 176,
-            Self::Q6K => 210,
-            Self::Q8K => 292,
-            Self::IQ4NL => 18,
-            Self::IQ4XS => 136,
-            Self::MXFP4 => 17,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "F32",
-            Self::F16 => "F16",
-            Self::BF16 => "BF16",
-            Self::Q4_0 => "Q4_0",
-            Self::Q4_1 => "Q4_1",
-            Self::Q5_0 => "Q5_0",
-            Self::Q5_1 => "Q5_1",
-            Self::Q8_0 => "Q8_0",
-            Self::Q8_1 => "Q8_1",
-            Self::Q2K => "Q2_K",
-            Self::Q3K => "Q3_K",
-            Self::Q4K => "Q4_K",
-            Self::Q5K => "Q5_K",
-            Self::Q6K => "Q6_K",
-            Self::Q8K => "Q8_K",
-            Self::IQ4NL => "IQ4_NL",
-            Self::IQ4XS => "IQ4_XS",
-            Self::MXFP4 => "MXFP4",
-        }
-    }
-}
-
-impl std::fmt::Display for GgmlType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for GgmlType {
-    type Err = String;
-
-    /// The name [`GgmlType::name`] gives, ignoring case ("Q4_K", "iq4_xs").
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        (0..=u8::MAX.into())
-            .filter_map(Self::from_id)
-            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown ggml type '{s}'"))
-    }
-}
-
-// Written as its name ("Q4_1"), as the library index and reports always wrote it.
-serde_as_label!(GgmlType);
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -291,7 +143,7 @@ impl Value {
 pub struct TensorInfo {
     pub name: String,
     pub dims: Vec<u64>,
-    pub ty: GgmlType,
+    pub ty: WType,
     /// Offset from the start of the data section.
     pub offset: u64,
     /// Size in bytes, already checked to lie inside the file.
@@ -367,7 +219,7 @@ impl<R: Read> Cursor<'_, R> {
             dims.push(self.u64("tensor dimension")?);
         }
         let type_id = self.u32("tensor type")?;
-        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+        let ty = WType::from_ggml_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
             path: self.path.to_path_buf(),
             tensor: name.clone(),
             type_id,
@@ -377,15 +229,15 @@ impl<R: Read> Cursor<'_, R> {
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| self.corrupt(format!("tensor '{name}' dimensions {dims:?} overflow")))?;
-        if !dims[0].is_multiple_of(ty.block_size()) {
+        if !dims[0].is_multiple_of(ty.block_size() as u64) {
             return Err(self.corrupt(format!(
                 "tensor '{name}': first dimension {} is not a multiple of the {ty} block size {}",
                 dims[0],
-                ty.block_size()
+                (ty.block_size() as u64)
             )));
         }
-        let size = (n_elem / ty.block_size())
-            .checked_mul(ty.type_size())
+        let size = (n_elem / (ty.block_size() as u64))
+            .checked_mul(ty.type_size() as u64)
             .ok_or_else(|| self.corrupt(format!("tensor '{name}' size overflows")))?;
         if !offset.is_multiple_of(alignment) {
             return Err(self.corrupt(format!("tensor '{name}' offset {offset} is not aligned")));
@@ -769,7 +621,7 @@ pub enum Edit {
     /// that many heads.
     Permute(usize),
     /// Gemma's norm weights stored as `1 + w`, in F32 (the type the source holds them in).
-    PlusOne(GgmlType),
+    PlusOne(WType),
     /// A tensor the converter computes from `config.json` (Llama 3's `rope_freqs`, Phi-3's
     /// LongRoPE factors): its bytes, computed when the folder was opened.
     Computed(std::sync::Arc<[u8]>),

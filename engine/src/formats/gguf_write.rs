@@ -9,7 +9,8 @@
 use std::collections::HashSet;
 use std::io::Write;
 
-use crate::formats::gguf::{GgmlType, Value};
+use crate::formats::gguf::{Value};
+use tpslab_kernels::WType;
 
 /// The alignment when the metadata names none (as the reader assumes).
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -27,11 +28,11 @@ pub enum GgufWriteError {
 pub struct TensorDesc {
     pub name: String,
     pub dims: Vec<u64>,
-    pub ty: GgmlType,
+    pub ty: WType,
 }
 
 impl TensorDesc {
-    pub fn new(name: impl Into<String>, dims: Vec<u64>, ty: GgmlType) -> Self {
+    pub fn new(name: impl Into<String>, dims: Vec<u64>, ty: WType) -> Self {
         Self {
             name: name.into(),
             dims,
@@ -41,7 +42,7 @@ impl TensorDesc {
 
     /// Bytes of the tensor's data.
     pub fn size(&self) -> u64 {
-        self.dims.iter().product::<u64>() / self.ty.block_size() * self.ty.type_size()
+        self.dims.iter().product::<u64>() / (self.ty.block_size() as u64) * (self.ty.type_size() as u64)
     }
 }
 
@@ -170,13 +171,13 @@ impl<W: Write> GgufWriter<W> {
                     t.dims.len()
                 )));
             }
-            if !t.dims[0].is_multiple_of(t.ty.block_size()) {
+            if !t.dims[0].is_multiple_of(t.ty.block_size() as u64) {
                 return Err(GgufWriteError::Invalid(format!(
                     "tensor '{}': first dimension {} is not a multiple of the {} block size {}",
                     t.name,
                     t.dims[0],
                     t.ty,
-                    t.ty.block_size()
+                    (t.ty.block_size() as u64)
                 )));
             }
             put_str(&mut buf, &t.name);
@@ -184,7 +185,7 @@ impl<W: Write> GgufWriter<W> {
             for d in &t.dims {
                 buf.extend(d.to_le_bytes());
             }
-            buf.extend(t.ty.id().to_le_bytes());
+            buf.extend(t.ty.ggml_id().to_le_bytes());
             buf.extend(offset.to_le_bytes());
             offset = (offset + t.size()).next_multiple_of(alignment);
         }

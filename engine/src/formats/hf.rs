@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use crate::formats::gguf::{GgmlType, GgufFile, TensorInfo, TensorSource, Value};
+use crate::formats::gguf::{GgufFile, TensorInfo, TensorSource, Value};
+use tpslab_kernels::WType;
 use crate::formats::hf_arch::{self, Change, Family, Rope, Shape};
 use crate::formats::safetensors::{SafetensorsError, SafetensorsFile};
 
@@ -190,7 +191,7 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
         tensors.push(TensorInfo {
             name,
             dims: vec![values.len() as u64],
-            ty: GgmlType::F32,
+            ty: WType::F32,
             offset: 0,
             size: bytes.len() as u64,
             source: TensorSource::Safetensors {
@@ -213,8 +214,8 @@ pub fn open_folder(dir: &Path, tokenizer: TokenizerKeys) -> Result<GgufFile, HfE
                 .sum::<u64>()
         });
     let file_type = match dominant {
-        Some(GgmlType::F16) => 1,
-        Some(GgmlType::BF16) => 32,
+        Some(WType::F16) => 1,
+        Some(WType::BF16) => 32,
         _ => 0,
     };
     metadata.insert("general.file_type".into(), Value::U32(file_type));
@@ -325,10 +326,10 @@ fn entry(
             Edit::Permute(h as usize)
         }
         Change::PlusOne => {
-            if !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            if !matches!(t.dtype, WType::F32 | WType::F16 | WType::BF16) {
                 return Err(format!("a norm weight of type {:?}", t.dtype));
             }
-            ty = GgmlType::F32;
+            ty = WType::F32;
             size = dims.iter().product::<u64>() * 4;
             Edit::PlusOne(t.dtype)
         }
@@ -422,7 +423,7 @@ pub fn read_tensor(
     };
     // The bytes in the file: a norm stored as `1 + w` in F32 was read in its own type.
     let stored = match edit {
-        Edit::PlusOne(GgmlType::F16 | GgmlType::BF16) => info.size / 2,
+        Edit::PlusOne(WType::F16 | WType::BF16) => info.size / 2,
         _ => info.size,
     };
     let io = io_err(path);
@@ -453,14 +454,14 @@ pub fn read_tensor(
 }
 
 /// `1 + w` in F32 for each weight of `buf` (stored as `ty`: F32, F16 or BF16).
-fn plus_one(buf: &[u8], ty: GgmlType) -> Vec<u8> {
+fn plus_one(buf: &[u8], ty: WType) -> Vec<u8> {
     let value = |c: &[u8]| match (ty, c) {
-        (GgmlType::F16, &[a, b]) => half::f16::from_le_bytes([a, b]).to_f32(),
-        (GgmlType::BF16, &[a, b]) => half::bf16::from_le_bytes([a, b]).to_f32(),
+        (WType::F16, &[a, b]) => half::f16::from_le_bytes([a, b]).to_f32(),
+        (WType::BF16, &[a, b]) => half::bf16::from_le_bytes([a, b]).to_f32(),
         (_, &[a, b, c, d]) => f32::from_le_bytes([a, b, c, d]),
         _ => 0.0,
     };
-    let width = if ty == GgmlType::F32 { 4 } else { 2 };
+    let width = if ty == WType::F32 { 4 } else { 2 };
     buf.chunks_exact(width)
         .flat_map(|c| (value(c) + 1.0).to_le_bytes())
         .collect()

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::formats::gguf::GgmlType;
+use tpslab_kernels::WType;
 
 /// The safetensors crate's own limit on the JSON header; a real header is a few hundred KB.
 pub const MAX_HEADER: u64 = 100 << 20;
@@ -59,7 +59,7 @@ pub enum SafetensorsError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StTensor {
     pub name: String,
-    pub dtype: GgmlType,
+    pub dtype: WType,
     /// Row-major, outermost first (PyTorch order: the reverse of ggml's `dims`).
     pub shape: Vec<u64>,
     /// Absolute byte offset of the data in the file.
@@ -80,20 +80,20 @@ pub struct SafetensorsFile {
 }
 
 /// The safetensors name of a dtype this engine loads.
-pub fn dtype_name(ty: GgmlType) -> Option<&'static str> {
+pub fn dtype_name(ty: WType) -> Option<&'static str> {
     Some(match ty {
-        GgmlType::F32 => "F32",
-        GgmlType::F16 => "F16",
-        GgmlType::BF16 => "BF16",
+        WType::F32 => "F32",
+        WType::F16 => "F16",
+        WType::BF16 => "BF16",
         _ => return None,
     })
 }
 
-fn parse_dtype(s: &str) -> Option<GgmlType> {
+fn parse_dtype(s: &str) -> Option<WType> {
     Some(match s {
-        "F32" => GgmlType::F32,
-        "F16" => GgmlType::F16,
-        "BF16" => GgmlType::BF16,
+        "F32" => WType::F32,
+        "F16" => WType::F16,
+        "BF16" => WType::BF16,
         _ => return None,
     })
 }
@@ -193,7 +193,7 @@ impl SafetensorsFile {
             }
             let bytes = shape
                 .iter()
-                .try_fold(ty.type_size(), |acc, &d| acc.checked_mul(d))
+                .try_fold(ty.type_size() as u64, |acc, &d| acc.checked_mul(d))
                 .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
             if bytes != end - begin {
                 return Err(bad(format!(
@@ -236,13 +236,13 @@ impl SafetensorsFile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StDesc {
     pub name: String,
-    pub dtype: GgmlType,
+    pub dtype: WType,
     pub shape: Vec<u64>,
 }
 
 impl StDesc {
     pub fn size(&self) -> u64 {
-        self.shape.iter().product::<u64>() * self.dtype.type_size()
+        self.shape.iter().product::<u64>() * self.dtype.type_size() as u64
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::formats::gguf::GgmlType;
+use tpslab_kernels::WType;
 use crate::library::LibraryError;
 
 /// The file format of a model.
@@ -55,7 +55,7 @@ impl std::fmt::Display for ModelSource {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub enum StoredType {
     /// A ggml type: a GGUF's tensors, or a safetensors F32/F16/BF16.
-    Ggml(GgmlType),
+    Ggml(WType),
     /// A safetensors dtype that ggml has no type for ("I8", "F8_E4M3"), as its header spells it.
     Dtype(String),
     /// Nothing says: a folder whose tensors and config name no dtype.

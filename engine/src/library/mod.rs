@@ -57,7 +57,7 @@ pub enum LibraryError {
 pub struct Manifest {
     pub name: String,
     pub file: String,
-    pub precision: crate::formats::gguf::GgmlType,
+    pub precision: tpslab_kernels::WType,
     pub source: Source,
     pub size: u64,
     pub sha256: String,

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use serde::Serializer;
 use tpslab_kernels::{UnknownWType, WType};
 
-use crate::formats::gguf::{GgmlType, GgufFile};
+use crate::formats::gguf::{GgufFile};
 use crate::model::config::ModelConfig;
 
 /// The weight precision of a model: what the engine serves at, what the live knob changes and
@@ -48,9 +48,7 @@ impl Precision {
     /// The precision of a GGUF file: its dominant type ([`dominant_type`]) when the kernels run
     /// it. The file's own mix (a Q4_K_M file's Q6_K tensors) is not part of the label.
     pub fn of_file(file: &GgufFile) -> Option<Self> {
-        dominant_type(file)
-            .and_then(crate::model::weights::kernel_type)
-            .map(Self::from)
+        dominant_type(file).map(Self::from)
     }
 }
 
@@ -85,8 +83,8 @@ impl FromStr for Precision {
 
 /// The type holding most matrix (2-D and up) bytes of `file`: what a user calls its precision.
 /// `None` for a file without matrices.
-pub fn dominant_type(file: &GgufFile) -> Option<GgmlType> {
-    let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
+pub fn dominant_type(file: &GgufFile) -> Option<WType> {
+    let mut by_type: Vec<(WType, u64)> = Vec::new();
     for t in file.tensors.iter().filter(|t| t.dims.len() >= 2) {
         match by_type.iter_mut().find(|(ty, _)| *ty == t.ty) {
             Some((_, n)) => *n += t.size,

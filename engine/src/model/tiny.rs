@@ -18,7 +18,8 @@
 
 use std::path::Path;
 
-use crate::formats::gguf::{GgmlType, GgufFile, Value};
+use crate::formats::gguf::{GgufFile, Value};
+use tpslab_kernels::WType;
 use crate::formats::gguf_write::{GgufWriteError, TensorDesc, write_gguf};
 
 /// The variants, by the GGUF architecture they are written as: every registered architecture
@@ -143,7 +144,7 @@ fn tensors(arch: &str, vocab: u64, as_released: bool) -> Vec<(TensorDesc, Vec<u8
             }
             _ => Vec::new(),
         };
-        t.push((TensorDesc::new(name, dims, GgmlType::F32), bytes));
+        t.push((TensorDesc::new(name, dims, WType::F32), bytes));
     };
     add("token_embd.weight".into(), vec![h, vocab]);
     add("output_norm.weight".into(), vec![h]);
@@ -220,7 +221,7 @@ fn tensors(arch: &str, vocab: u64, as_released: bool) -> Vec<(TensorDesc, Vec<u8
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
             *bytes = tpslab_kernels::quantize::quantize(tpslab_kernels::WType::MXFP4, &floats);
-            desc.ty = GgmlType::MXFP4;
+            desc.ty = WType::MXFP4;
         }
     }
     t

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use tpslab_kernels::{Layout, QMatrix, ThreadPool, WType, packed};
 
-use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+use crate::formats::gguf::{GgufError, GgufFile, TensorInfo};
 pub use super::weight_bytes::WeightBytes;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +19,8 @@ pub enum WeightError {
         found: Vec<u64>,
         expected: Vec<u64>,
     },
-    #[error("tensor '{name}' has type {ty}, which this engine cannot compute with yet")]
-    Type { name: String, ty: GgmlType },
+    #[error("the tensors of {0} cannot be stacked into one matrix (their widths differ)")]
+    Stack(String),
 }
 
 /// What a recorder shows of a weight: a matrix's type and shape, or a vector's length.
@@ -50,29 +50,6 @@ impl Param for Vec<f32> {
     fn shape(&self) -> ParamShape {
         ParamShape::Vector(self.len())
     }
-}
-
-/// Maps a file's tensor type to a kernel weight type, if the kernels support it.
-pub fn kernel_type(ty: GgmlType) -> Option<WType> {
-    Some(match ty {
-        GgmlType::F32 => WType::F32,
-        GgmlType::F16 => WType::F16,
-        GgmlType::BF16 => WType::BF16,
-        GgmlType::Q4_0 => WType::Q4_0,
-        GgmlType::Q4_1 => WType::Q4_1,
-        GgmlType::Q8_0 => WType::Q8_0,
-        GgmlType::Q4K => WType::Q4K,
-        GgmlType::Q5K => WType::Q5K,
-        GgmlType::Q6K => WType::Q6K,
-        GgmlType::Q5_0 => WType::Q5_0,
-        GgmlType::Q5_1 => WType::Q5_1,
-        GgmlType::Q2K => WType::Q2K,
-        GgmlType::Q3K => WType::Q3K,
-        GgmlType::IQ4NL => WType::IQ4NL,
-        GgmlType::IQ4XS => WType::IQ4XS,
-        GgmlType::MXFP4 => WType::MXFP4,
-        GgmlType::Q8_1 | GgmlType::Q8K => return None,
-    })
 }
 
 /// `y = x W^T (+ b)`: a weight matrix of `n` output rows by `k` inputs, kept in its file format.
@@ -541,10 +518,7 @@ pub(crate) fn info<'a>(
 /// A matrix with `k` inputs (ggml dim 0) and `n` outputs (ggml dim 1).
 pub(crate) fn linear(f: &GgufFile, name: &str, k: u64, n: u64) -> Result<Linear, WeightError> {
     let t = info(f, name, &[k, n])?;
-    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
-        name: name.into(),
-        ty: t.ty,
-    })?;
+    let ty = t.ty;
     let data = if probing() {
         Vec::new()
     } else {
@@ -566,10 +540,7 @@ pub(crate) fn experts(
 ) -> Result<Vec<Linear>, WeightError> {
     let wname = format!("{name}.weight");
     let t = info(f, &wname, &[k, n, n_expert])?;
-    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
-        name: wname.clone(),
-        ty: t.ty,
-    })?;
+    let ty = t.ty;
     let each = n as usize * ty.row_bytes(k as usize);
     let bname = format!("{name}.bias");
     if probing() {
@@ -607,10 +578,7 @@ pub(crate) fn experts(
 /// A tensor of shape `dims` as floats (norm weights, biases).
 fn floats(f: &GgufFile, name: &str, dims: &[u64]) -> Result<Vec<f32>, WeightError> {
     let t = info(f, name, dims)?;
-    let ty = kernel_type(t.ty).ok_or_else(|| WeightError::Type {
-        name: name.into(),
-        ty: t.ty,
-    })?;
+    let ty = t.ty;
     let len: u64 = dims.iter().product();
     if probing() {
         return Ok(vec![0f32; len as usize]);

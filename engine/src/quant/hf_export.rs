@@ -19,8 +19,7 @@ use crate::formats::gguf::{GgufError, GgufFile};
 use crate::formats::hf::{CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, hf_name, rope_permute};
 use crate::formats::safetensors::{StDesc, StWriter};
 use crate::model::config::ModelConfig;
-use crate::model::weights::kernel_type;
-use crate::quant::quantize::{convert, ggml_type};
+use crate::quant::quantize::convert;
 use crate::text::chat::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
 
@@ -101,18 +100,12 @@ pub fn export_folder(
         let name = hf_name(&t.name).ok_or_else(|| {
             ExportError::Model(format!("tensor '{}' has no Hugging Face name", t.name))
         })?;
-        if kernel_type(t.ty).is_none() {
-            return Err(ExportError::Model(format!(
-                "tensor '{}' is {}, which this engine cannot dequantize",
-                t.name, t.ty
-            )));
-        }
         let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
         descs.push((
             t,
             StDesc {
                 name,
-                dtype: ggml_type(dtype),
+                dtype,
                 shape,
             },
         ));
@@ -131,7 +124,7 @@ pub fn export_folder(
         let mut bytes = 0u64;
         for (i, (t, d)) in descs.iter().enumerate() {
             let src = f.read_tensor(t)?;
-            let from = kernel_type(t.ty).ok_or_else(|| ExportError::Model(t.name.clone()))?;
+            let from = t.ty;
             let k = t.dims[0] as usize;
             let mut data = if from == dtype {
                 src

@@ -14,9 +14,8 @@ use std::time::Instant;
 
 use tpslab_kernels::WType;
 
-use crate::formats::gguf::{GgmlType, GgufError, GgufFile, TensorInfo, Value};
+use crate::formats::gguf::{GgufError, GgufFile, TensorInfo, Value};
 use crate::formats::gguf_write::{GgufWriteError, GgufWriter, TensorDesc};
-use crate::model::weights::kernel_type;
 use crate::quant::preset::{ModelShape, Preset, tensor_types};
 
 #[derive(Debug, thiserror::Error)]
@@ -32,32 +31,8 @@ pub enum QuantizeError {
         path: PathBuf,
         err: std::io::Error,
     },
-    #[error("tensor '{name}' is {ty}, which this engine cannot dequantize")]
-    Unsupported { name: String, ty: GgmlType },
     #[error("quantization cancelled; nothing was written to {0}")]
     Cancelled(PathBuf),
-}
-
-/// The ggml type of a kernel weight type.
-pub fn ggml_type(ty: WType) -> GgmlType {
-    match ty {
-        WType::F32 => GgmlType::F32,
-        WType::F16 => GgmlType::F16,
-        WType::BF16 => GgmlType::BF16,
-        WType::Q4_0 => GgmlType::Q4_0,
-        WType::Q4_1 => GgmlType::Q4_1,
-        WType::Q8_0 => GgmlType::Q8_0,
-        WType::Q4K => GgmlType::Q4K,
-        WType::Q5K => GgmlType::Q5K,
-        WType::Q6K => GgmlType::Q6K,
-        WType::Q5_0 => GgmlType::Q5_0,
-        WType::Q5_1 => GgmlType::Q5_1,
-        WType::Q2K => GgmlType::Q2K,
-        WType::Q3K => GgmlType::Q3K,
-        WType::IQ4NL => GgmlType::IQ4NL,
-        WType::IQ4XS => GgmlType::IQ4XS,
-        WType::MXFP4 => GgmlType::MXFP4,
-    }
 }
 
 /// One tensor of the output: its source and the type it is written in.
@@ -72,13 +47,13 @@ impl TensorPlan {
         TensorDesc::new(
             self.info.name.clone(),
             self.info.dims.clone(),
-            ggml_type(self.to),
+            self.to,
         )
     }
 
     /// Whether the source bytes are copied as they are (same type: no second rounding).
     pub fn copied(&self) -> bool {
-        self.info.ty == ggml_type(self.to)
+        self.info.ty == self.to
     }
 }
 
@@ -122,14 +97,6 @@ pub fn plan(f: &GgufFile, preset: impl Into<Preset>) -> Result<QuantizePlan, Qua
             to,
         })
         .collect();
-    for t in &tensors {
-        if !t.copied() && kernel_type(t.info.ty).is_none() {
-            return Err(QuantizeError::Unsupported {
-                name: t.info.name.clone(),
-                ty: t.info.ty,
-            });
-        }
-    }
     // general.architecture first, as llama.cpp writes it; the rest in the reader's order.
     let mut metadata: Vec<(String, Value)> = f
         .metadata
@@ -276,11 +243,7 @@ fn write_tmp(
             src
         } else {
             converted += 1;
-            let from = kernel_type(t.info.ty).ok_or_else(|| QuantizeError::Unsupported {
-                name: t.info.name.clone(),
-                ty: t.info.ty,
-            })?;
-            convert(from, t.to, &src, t.info.dims[0] as usize, threads)
+            convert(t.info.ty, t.to, &src, t.info.dims[0] as usize, threads)
         };
         w.write_tensor(&data).map_err(write_err)?;
         bytes_done += data.len() as u64;

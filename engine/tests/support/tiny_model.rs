@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value as Json, json};
-use tpslab_engine::formats::gguf::{GgmlType, Value};
+use tpslab_engine::formats::gguf::{Value};
+use tpslab_kernels::WType;
 use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::formats::safetensors::{StDesc, StWriter};
 use tpslab_engine::model::LoadedModel;
@@ -141,7 +142,7 @@ pub fn tiny_llama(extra: &[(String, Value)]) -> Vec<u8> {
     md.extend(extra.iter().cloned());
     let tensors: Vec<(TensorDesc, Vec<u8>)> = tensors()
         .into_iter()
-        .map(|(name, dims, bytes)| (TensorDesc::new(name, dims, GgmlType::F32), bytes))
+        .map(|(name, dims, bytes)| (TensorDesc::new(name, dims, WType::F32), bytes))
         .collect();
     write_gguf(Vec::new(), &md, &tensors).expect("write the tiny model")
 }
@@ -184,7 +185,7 @@ pub fn tiny_folder(dir: &Path) -> (Json, Json) {
         .iter()
         .map(|(name, dims, _)| StDesc {
             name: tpslab_engine::formats::hf::hf_name(name).expect("an HF name"),
-            dtype: GgmlType::F32,
+            dtype: WType::F32,
             // safetensors shapes are row-major: ggml's dims reversed.
             shape: dims.iter().rev().copied().collect(),
         })

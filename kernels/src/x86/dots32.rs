@@ -69,15 +69,21 @@ pub(crate) fn block32(ty: WType) -> Option<u8> {
     })
 }
 
+/// The weight type of tiles' code `t` ([`block32`]'s inverse).
+const fn wtype(t: u8) -> WType {
+    match t {
+        Q4_0 => WType::Q4_0,
+        Q4_1 => WType::Q4_1,
+        Q5_0 => WType::Q5_0,
+        Q5_1 => WType::Q5_1,
+        IQ4NL => WType::IQ4NL,
+        _ => WType::Q8_0,
+    }
+}
+
 /// Bytes per block of type `t`.
 pub(crate) const fn block_bytes(t: u8) -> usize {
-    match t {
-        Q4_0 | IQ4NL => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        Q5_1 => 24,
-        _ => 34,
-    }
+    wtype(t).type_size()
 }
 
 /// Whether type `t` has a min (Q4_1, Q5_1): its [`levels`] are unsigned and `sum m_w * s_x`

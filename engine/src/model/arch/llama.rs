@@ -11,7 +11,7 @@
 //!
 //! The output projection is tied to the embedding when the file has no `output.weight`.
 
-use crate::formats::gguf::{GgmlType, GgufFile};
+use crate::formats::gguf::{GgufFile};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::{
@@ -21,10 +21,7 @@ use crate::model::weights::{
 
 /// Stacks `parts` into one matrix (Q/K/V, gate/up), or errs naming the tensor.
 fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightError> {
-    Linear::concat(parts).ok_or_else(|| WeightError::Type {
-        name: format!("{name} (parts differ in type)"),
-        ty: GgmlType::F32,
-    })
+    Linear::concat(parts).ok_or(WeightError::Stack(name))
 }
 
 /// `blk.{i}.attn_qkv.weight` when the file fuses Q, K and V (Phi-3), else the three stacked,
