@@ -27,11 +27,13 @@
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`tune_run`]: a tuning run on its own thread over the window's engine.
 //! - `tuner_tab`: the Tuner tab over that run, and the checks before one starts.
+//! - `chat_tab`: the Chat tab: messages sent, answers regenerated, stopped and drained.
 //!
 //! This module imports the others; of them only `window`, `frame_bench`, `library_windows` and
 //! `planner_run` (which add to the app) import this one, and this one imports none of them.
 
 pub mod catalog;
+mod chat_tab;
 pub mod command;
 mod draft_pick;
 pub mod engine_link;
@@ -71,7 +73,7 @@ use draft_pick::DraftLoad;
 use engine_link::{DevicePref, EngineLink, ModelSlot, Placement, SlotNews};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
-use panels::chat::{self, ChatState, ChatView, Generation, Message, Role};
+use panels::chat::{ChatState, Generation};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
 use panels::models::{ModelsPanel, ModelsSettings};
 use panels::wizard::{Wizard, WizardSettings};
@@ -510,19 +512,6 @@ impl TpsApp {
         }
     }
 
-    fn chat_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
-        let busy: Vec<u64> = self.rt.gens.iter().map(|g| g.chat).collect();
-        let ready = self.link().is_some();
-        renderer::panel(egui::Panel::left("chat_list"), ui)
-            .resizable(true)
-            .default_size(180.0)
-            .show(ui, |ui| chat::list_ui(ui, &mut self.state.chat, cmds));
-        renderer::central_panel(ui).show(ui, |ui| {
-            let view = ChatView { ready, busy: &busy };
-            chat::conversation_ui(ui, &mut self.state.chat, &view, cmds);
-        });
-    }
-
     fn dashboard_tab_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
         // During a remote load run the plots are the remote server's: labelled as such.
         let remote = (self.rt.load.as_ref())
@@ -759,98 +748,5 @@ impl TpsApp {
         self.rt.snapshot = None;
         Ok(())
     }
-
-    /// Adds the user's message to `chat` and starts the answer.
-    fn send(&mut self, chat: u64, text: String) -> Result<(), String> {
-        let conv = self
-            .state
-            .chat
-            .get_mut(chat)
-            .ok_or("no such conversation")?;
-        if conv.messages.is_empty() && conv.title.starts_with("Chat ") {
-            conv.title = text.chars().take(32).collect();
-        }
-        conv.messages.push(Message {
-            role: Role::User,
-            text,
-            ..Message::default()
-        });
-        self.start_answer(chat)
-    }
-
-    /// Drops the last answer of `chat` (if the last message is one) and answers again.
-    fn regenerate(&mut self, chat: u64) -> Result<(), String> {
-        let conv = self
-            .state
-            .chat
-            .get_mut(chat)
-            .ok_or("no such conversation")?;
-        if conv
-            .messages
-            .last()
-            .is_some_and(|m| m.role == Role::Assistant)
-        {
-            conv.messages.pop();
-        }
-        self.start_answer(chat)
-    }
-
-    /// Moves each generation's new events into its conversation; drops the ended ones.
-    fn drain_generations(&mut self) {
-        let chats = &mut self.state.chat;
-        let engine = self
-            .rt
-            .model
-            .as_ref()
-            .and_then(ModelSlot::link)
-            .map(|b| &b.engine);
-        self.rt.gens.retain_mut(|g| match chats.get_mut(g.chat) {
-            Some(conv) => !g.drain(conv, engine),
-            None => false,
-        });
-    }
-
-    /// Stops the generations of `chat` (one whose prompt is still being made stops once sent).
-    fn stop_chat(&mut self, chat: u64) {
-        let Some(engine) = self
-            .rt
-            .model
-            .as_ref()
-            .and_then(ModelSlot::link)
-            .map(|b| &b.engine)
-        else {
-            return;
-        };
-        for g in self.rt.gens.iter_mut().filter(|g| g.chat == chat) {
-            g.stop(engine);
-        }
-    }
-
-    /// Appends an empty answer to `chat` and submits the conversation.
-    fn start_answer(&mut self, chat: u64) -> Result<(), String> {
-        let conv = self
-            .state
-            .chat
-            .get_mut(chat)
-            .ok_or("no such conversation")?;
-        conv.messages.push(Message {
-            role: Role::Assistant,
-            text: String::new(),
-            ..Message::default()
-        });
-        let Some(link) = self.rt.model.as_ref().and_then(ModelSlot::link) else {
-            conv.messages.pop();
-            return Err("the model is not loaded yet".into());
-        };
-        match Generation::submit(link, conv) {
-            Ok(g) => {
-                self.rt.gens.push(g);
-                Ok(())
-            }
-            Err(e) => {
-                conv.messages.pop();
-                Err(format!("cannot send: {e}"))
-            }
-        }
-    }
 }
+

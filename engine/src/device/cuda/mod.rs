@@ -4,9 +4,11 @@
 //! integers, the recipe's kernels in order on one stream (replayed as a CUDA graph for decode
 //! steps), one download of the greedy tokens (and of logits rows only where a sampler needs
 //! them). Modules: `ops` (the recipe's ops as kernel launches), `weights` (the weights on the
-//! device, and the experts `--n-cpu-moe` leaves in host memory).
+//! device, and the experts `--n-cpu-moe` leaves in host memory), `support` (which of a model's
+//! operations the CUDA path runs, and the backend's options).
 
 mod ops;
+mod support;
 mod weights;
 
 use std::collections::{HashMap, HashSet};
@@ -15,6 +17,7 @@ use std::sync::Arc;
 use tpslab_kernels::cuda::{AttnSplit, CudaError, DBuf, GemmScratch, Gpu, Graph, flash_split};
 
 use self::ops::{CudaOps, HostSide, MoeScratch};
+pub use self::support::{CudaGap, CudaOpts, cuda_gap};
 pub use self::weights::{DevLinear, DevVector};
 use self::weights::{DevWeights, Placement};
 
@@ -25,9 +28,8 @@ use crate::kv::{Batch, KvCache};
 use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::ModelConfig;
-use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Rope};
+use crate::model::ops::{Buf, Heads};
 use crate::model::record::{Op, Recording};
-use crate::model::weights::Weights;
 
 /// A CUDA error with what the engine was doing.
 fn cuda(what: impl Into<String>) -> impl FnOnce(CudaError) -> BackendError {
@@ -146,109 +148,6 @@ pub const FLASH_MIN_RUN: usize = 16;
 
 /// Largest decode batch replayed as a CUDA graph (as vLLM's default capture sizes end at 512).
 pub const GRAPH_MAX_BATCH: usize = 512;
-
-/// Why the CUDA path does not take a model: an operation with no kernel, or one whose kernel
-/// has not run on a GPU yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaGap {
-    Missing(&'static str),
-    Untried(&'static str),
-}
-
-impl From<CudaGap> for BackendError {
-    fn from(g: CudaGap) -> Self {
-        match g {
-            CudaGap::Missing(what) => BackendError::NoCudaOp(what.into()),
-            CudaGap::Untried(what) => BackendError::UntriedCudaOp(what.into()),
-        }
-    }
-}
-
-/// The first operation of `cfg`'s recipe that the CUDA path cannot run (found by running the
-/// recipe on the recording device), so a model is refused before anything is uploaded. With
-/// `untried`, operations whose kernels have only been checked on the CPU simulator
-/// (kernels/tests/cuda_sim.rs) are taken too; without it they are refused until
-/// tests/gpu/gpu-check.sh has run them (`every_family_but_gpt_oss_matches_cpu`).
-pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap> {
-    let mut rec = Recording::new();
-    match arch::forward(cfg, &w.shapes(), &mut rec) {
-        Ok(()) => {}
-        Err(never) => match never {},
-    }
-    let (_, ops) = rec.into_parts();
-    ops.iter().find_map(|op| {
-        let untried_op = match op {
-            Op::Attention { sinks: Some(_), .. } => Some("attention sinks"),
-            Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
-            Op::Scale { .. } => Some("the embedding scale"),
-            Op::Softcap { .. } => Some("logit soft-capping"),
-            Op::QkNorm { .. } => Some("QK-norm"),
-            Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),
-            Op::RopeStore { rope, factors, .. } => rope_untried(rope.as_ref(), factors.is_some()),
-            Op::Attention { heads, opts, .. } => attn_untried(*heads, opts),
-            Op::GatedFfn {
-                act: Activation::GeluTanh,
-                ..
-            } => Some("GELU gating"),
-            Op::GatedFfn {
-                act: Activation::SwigluOai,
-                ..
-            } => Some("OpenAI's clamped SwiGLU"),
-            _ => None,
-        };
-        untried_op.filter(|_| !untried).map(CudaGap::Untried)
-    })
-}
-
-fn rope_untried(rope: Option<&Rope>, factors: bool) -> Option<&'static str> {
-    match rope {
-        None => Some("a layer without RoPE"),
-        Some(_) if factors => Some("RoPE frequency factors"),
-        Some(r) if r.freq_scale != 1.0 || r.yarn.is_some() || r.mscale != 1.0 => {
-            Some("RoPE scaling")
-        }
-        Some(_) => None,
-    }
-}
-
-fn attn_untried(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
-    if opts.window.is_some() {
-        Some("sliding-window attention")
-    } else if opts.softcap.is_some() {
-        Some("attention soft-capping")
-    } else if *opts != AttnOpts::plain(heads.head_dim) {
-        Some("a query scale other than 1/sqrt(head size)")
-    } else {
-        None
-    }
-}
-
-/// How a model is placed and run on a GPU, beyond its KV budget.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CudaOpts {
-    /// Take operations whose kernels have only run on the CPU simulator (see [`cuda_gap`]).
-    pub untried: bool,
-    /// Turn on every kernel that is opt-in until measured ([`CudaBackend::set_trial_kernels`]).
-    pub trial_kernels: bool,
-    /// Keep the experts of the first this many blocks in host memory and run them on the CPU
-    /// (llama.cpp's `--n-cpu-moe`): attention and the router stay on the GPU. 0 uploads every
-    /// weight; a dense model has no experts to keep.
-    pub cpu_moe_layers: usize,
-    /// CPU threads for the experts kept in host memory (0: one per core).
-    pub threads: usize,
-}
-
-impl CudaOpts {
-    /// `TPSLAB_CUDA_TRIAL=1` takes the untried operations and turns on the trial kernels.
-    pub fn from_env() -> Self {
-        let trial = std::env::var("TPSLAB_CUDA_TRIAL").is_ok_and(|v| v == "1");
-        Self {
-            untried: trial,
-            trial_kernels: trial,
-            ..Self::default()
-        }
-    }
-}
 
 impl CudaBackend {
     /// Uploads the model to GPU `ordinal` and sizes the KV pool: `kv_budget` bytes, or with
