@@ -8,6 +8,7 @@ use clap::Args;
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
 
 /// Where the model comes from and how many threads run it.
@@ -25,7 +26,7 @@ pub struct ModelArgs {
     /// Weight precision of --synthetic: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k
     /// (default f16, as vLLM's dummy weights in half precision). K-quants fall back to q4_1 /
     /// q8_0 for rows that are not whole 256-element blocks, as llama.cpp's quantizer does.
-    #[arg(long, value_name = "T", requires = "synthetic")]
+    #[arg(long, value_name = "T", requires = "synthetic", value_parser = weight_type)]
     pub precision: Option<WType>,
     /// Seed of the --synthetic weights: the same seed builds the same bytes.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "synthetic")]

@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
-use tpslab_kernels::WType;
 use tpslab_engine::formats::gguf::{GgufFile, Value};
 use tpslab_engine::formats::hf::{HfConfig, rope_permute};
 use tpslab_engine::formats::safetensors::{StDesc, StWriter};
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::tiny::write_tiny;
+use tpslab_kernels::WType;
 
 const REFS: &str = include_str!("data/hf_refs.json");
 

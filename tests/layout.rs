@@ -101,7 +101,9 @@ fn group(src: &str, j: &mut usize, mut base: Vec<String>, out: &mut Vec<Vec<Stri
                 return;
             }
             let before = *j;
-            if src[*j..].starts_with("self") && !src[*j + 4..].starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+            if src[*j..].starts_with("self")
+                && !src[*j + 4..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+            {
                 *j += 4;
                 out.push(base.clone());
             } else {
@@ -184,7 +186,11 @@ fn graph(root: &Path) -> Graph {
         let text = std::fs::read_to_string(f).unwrap();
         let refs = module_paths(&code(&text), &here);
         let e = g.entry(top.clone()).or_default();
-        e.extend(refs.into_iter().filter_map(|p| p.first().cloned()).filter(|r| *r != top));
+        e.extend(
+            refs.into_iter()
+                .filter_map(|p| p.first().cloned())
+                .filter(|r| *r != top),
+        );
     }
     let nodes: BTreeSet<String> = g.keys().cloned().collect();
     for deps in g.values_mut() {
@@ -329,6 +335,15 @@ fn the_checker_sees_a_cycle() {
     .collect();
     assert_eq!(
         paths,
-        ["x::Y", "w", "a::c::D", "a::e::f", "a::e::g", "a", "top::T", "a::b::kid::K"]
+        [
+            "x::Y",
+            "w",
+            "a::c::D",
+            "a::e::f",
+            "a::e::g",
+            "a",
+            "top::T",
+            "a::b::kid::K"
+        ]
     );
 }

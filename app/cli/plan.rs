@@ -17,6 +17,7 @@ use tpslab_engine::plan::calibrate::{INEXACT, INEXACT_WHY};
 use tpslab_engine::plan::{
     DeviceTable, ModelShape, Prediction, Source, Workload, check, predict, source,
 };
+use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
 
 #[derive(Args, Debug)]
@@ -29,7 +30,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "ARCH")]
     pub synthetic: Option<String>,
     /// Weight precisions to plan for (comma separated; default: the file's own, or f16).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = weight_type)]
     pub precision: Vec<WType>,
     /// Devices of the table (comma separated ids; default: all of them).
     #[arg(long, value_delimiter = ',')]

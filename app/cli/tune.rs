@@ -10,6 +10,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::quant::preset::weight_type;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 use tpslab_engine::tune::run::last_runs;
 use tpslab_engine::tune::workload::{MAX_TRACE_LEN, preset};
@@ -62,7 +63,7 @@ pub struct TuneArgs {
     pub max_candidates: usize,
     /// Weight precisions to try besides the loaded one (comma separated, e.g. Q8_0,Q4_K);
     /// each change re-quantizes the weights in memory, which takes seconds.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = weight_type)]
     pub precisions: Vec<WType>,
     /// Seed of the sample of the space.
     #[arg(long, default_value_t = 0)]

@@ -26,12 +26,12 @@ use super::answer::{Part, gather};
 use super::errors::{self, ApiError};
 use super::handlers::{prepare, sse};
 use super::openai::Kind;
-use super::responses_stream::ResponsesStream;
-use super::state::{Peer, ServerState, unix_now};
 use super::responses_json::{
     End, RespMeta, call_item, message_item, new_id, reasoning_item, reasoning_tokens, renamed,
     response_json, text_part,
 };
+use super::responses_stream::ResponsesStream;
+use super::state::{Peer, ServerState, unix_now};
 use super::tools::call_id;
 
 fn bad(param: &str, m: impl Into<String>) -> ApiError {

@@ -749,4 +749,3 @@ impl TpsApp {
         Ok(())
     }
 }
-

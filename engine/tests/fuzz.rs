@@ -19,13 +19,13 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::Value as Json;
 use tpslab_engine::device::Workspace;
 use tpslab_engine::formats::gguf::{GgufFile, Value};
-use tpslab_kernels::WType;
 use tpslab_engine::formats::gguf_split::{KEY_COUNT, KEY_NO, KEY_TENSORS};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::constraint::{Grammar, compiler_for};
 use tpslab_engine::text::chat::{ChatMessage, ChatTemplate, RenderBudget};
 use tpslab_kernels::ThreadPool;
+use tpslab_kernels::WType;
 
 #[path = "support/split.rs"]
 mod split;

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use tpslab_engine::formats::gguf::{GgufFile, Value};
-use tpslab_kernels::WType;
 use tpslab_engine::formats::gguf_write::{GgufWriteError, GgufWriter, TensorDesc, write_gguf};
 use tpslab_engine::library::ensure_default_model;
+use tpslab_kernels::WType;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tpslab-gguf-write-{}", std::process::id()));
@@ -109,12 +109,8 @@ fn invalid_input_is_refused() {
     assert!(GgufWriter::new(sink.clone(), &mixed, vec![]).is_err());
     let bad_block = vec![TensorDesc::new("t", vec![100], WType::Q4_0)];
     assert!(GgufWriter::new(sink.clone(), &[], bad_block).is_err());
-    let mut w = GgufWriter::new(
-        sink,
-        &[],
-        vec![TensorDesc::new("t", vec![4], WType::F32)],
-    )
-    .expect("header");
+    let mut w = GgufWriter::new(sink, &[], vec![TensorDesc::new("t", vec![4], WType::F32)])
+        .expect("header");
     assert!(w.write_tensor(&[0; 15]).is_err(), "wrong size refused");
     assert!(
         w.write_tensor(&[0; 16]).is_ok(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::formats::gguf::{GgufFile};
+use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;

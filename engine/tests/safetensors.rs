@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tpslab_engine::device::Workspace;
-use tpslab_engine::formats::gguf::{GgufFile};
+use tpslab_engine::formats::gguf::GgufFile;
 use tpslab_engine::formats::hf::WEIGHTS_INDEX;
 use tpslab_engine::formats::safetensors::{SafetensorsFile, StDesc, StWriter};
 use tpslab_engine::kv::{Batch, KvCache};

@@ -11,6 +11,7 @@ use tpslab_engine::model::Model;
 use tpslab_engine::model::config::RopeStyle;
 use tpslab_engine::model::synthetic::{self, SyntheticError, arch, matrix_type, synthetic_weights};
 use tpslab_engine::model::weights::Weights;
+use tpslab_engine::quant::preset::weight_type;
 use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
 use tpslab_engine::serving::generate::generate;
 use tpslab_engine::serving::sampler::SamplingParams;
@@ -317,7 +318,7 @@ fn unknown_names_are_refused_with_the_known_ones() {
         ("bf16", WType::BF16),
         ("Q6_K", WType::Q6K),
     ] {
-        assert_eq!(name.parse::<WType>().expect("precision"), ty);
+        assert_eq!(weight_type(name).expect("precision"), ty);
     }
 }
 

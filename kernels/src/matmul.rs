@@ -471,7 +471,8 @@ fn float_matmul(
                     while i < m {
                         // SAFETY: the backend was checked available.
                         let (v, rows_done) = if i + 2 <= m {
-                            let v = unsafe { crate::x86::floats::dot_f32_tile([xi(i), xi(i + 1)], ws) };
+                            let v =
+                                unsafe { crate::x86::floats::dot_f32_tile([xi(i), xi(i + 1)], ws) };
                             (v, 2)
                         } else {
                             let [v] = unsafe { crate::x86::floats::dot_f32_tile([xi(i)], ws) };

@@ -11,6 +11,7 @@ use egui_plot::{Legend, Line, Plot, PlotPoint, PlotPoints, Points, Text};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::model::synthetic::known_archs;
 use tpslab_engine::plan::{DeviceTable, ModelShape, Prediction, Workload, predict, source};
+use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
 
 use crate::ui::plots::{nice_grid, outline, styled};
@@ -146,7 +147,7 @@ pub fn predictions(
     for id in &s.devices {
         let d = table.device(id).map_err(|e| e.to_string())?;
         for p in &s.precisions {
-            let ty: WType = p.parse().map_err(|e| format!("{e}"))?;
+            let ty = weight_type(p).map_err(|e| format!("{e}"))?;
             for c in parse_levels(&s.concurrency) {
                 let w = Workload {
                     concurrency: c,

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::io::Write;
 
-use crate::formats::gguf::{Value};
+use crate::formats::gguf::Value;
 use tpslab_kernels::WType;
 
 /// The alignment when the metadata names none (as the reader assumes).
@@ -42,7 +42,8 @@ impl TensorDesc {
 
     /// Bytes of the tensor's data.
     pub fn size(&self) -> u64 {
-        self.dims.iter().product::<u64>() / (self.ty.block_size() as u64) * (self.ty.type_size() as u64)
+        self.dims.iter().product::<u64>() / (self.ty.block_size() as u64)
+            * (self.ty.type_size() as u64)
     }
 }
 

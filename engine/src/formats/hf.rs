@@ -12,9 +12,9 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::{GgufFile, TensorInfo, TensorSource, Value};
-use tpslab_kernels::WType;
 use crate::formats::hf_arch::{self, Change, Family, Rope, Shape};
 use crate::formats::safetensors::{SafetensorsError, SafetensorsFile};
+use tpslab_kernels::WType;
 
 /// JSON files past this size are not a model's config or tokenizer: refuse before reading.
 const MAX_JSON: u64 = 256 << 20;

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use tpslab_kernels::WType;
 use crate::library::LibraryError;
+use tpslab_kernels::WType;
 
 /// The file format of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use serde::Serializer;
 use tpslab_kernels::{UnknownWType, WType};
 
-use crate::formats::gguf::{GgufFile};
+use crate::formats::gguf::GgufFile;
 use crate::model::config::ModelConfig;
 
 /// The weight precision of a model: what the engine serves at, what the live knob changes and

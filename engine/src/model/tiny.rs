@@ -19,8 +19,8 @@
 use std::path::Path;
 
 use crate::formats::gguf::{GgufFile, Value};
-use tpslab_kernels::WType;
 use crate::formats::gguf_write::{GgufWriteError, TensorDesc, write_gguf};
+use tpslab_kernels::WType;
 
 /// The variants, by the GGUF architecture they are written as: every registered architecture
 /// (`mistral` with a sliding window; `mistral` and `smollm` are names llama.cpp does not use,

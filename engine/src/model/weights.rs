@@ -6,8 +6,8 @@ use std::borrow::Cow;
 
 use tpslab_kernels::{Layout, QMatrix, ThreadPool, WType, packed};
 
-use crate::formats::gguf::{GgufError, GgufFile, TensorInfo};
 pub use super::weight_bytes::WeightBytes;
+use crate::formats::gguf::{GgufError, GgufFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {

@@ -101,14 +101,7 @@ pub fn export_folder(
             ExportError::Model(format!("tensor '{}' has no Hugging Face name", t.name))
         })?;
         let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
-        descs.push((
-            t,
-            StDesc {
-                name,
-                dtype,
-                shape,
-            },
-        ));
+        descs.push((t, StDesc { name, dtype, shape }));
     }
     let tmp = out.join(format!("{WEIGHTS}.tmp"));
     let result = (|| {

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tpslab_kernels::WType;
+use tpslab_kernels::{UnknownWType, WType};
 
 use crate::formats::gguf::{GgufFile, TensorInfo};
 
@@ -205,6 +205,14 @@ impl FromStr for Preset {
             .or_else(|| name.parse::<WType>().ok().map(Self::from))
             .ok_or_else(|| UnknownPreset(s.to_string()))
     }
+}
+
+/// A weight type as users name it: a type's name ("q4_k", "fp16"), or a preset's meaning the
+/// type most of its matrices get ("Q4_K_M" -> Q4_K). What `--precision` and the planner read;
+/// an unknown name's error lists the types.
+pub fn weight_type(s: &str) -> Result<WType, UnknownWType> {
+    s.parse::<WType>()
+        .or_else(|e| s.parse::<Preset>().map(Preset::default_type).map_err(|_| e))
 }
 
 // Written as its llama.cpp name ("Q4_K_M"), read back through `Preset::from_str`.

@@ -44,11 +44,7 @@ pub struct TensorPlan {
 
 impl TensorPlan {
     pub fn desc(&self) -> TensorDesc {
-        TensorDesc::new(
-            self.info.name.clone(),
-            self.info.dims.clone(),
-            self.to,
-        )
+        TensorDesc::new(self.info.name.clone(), self.info.dims.clone(), self.to)
     }
 
     /// Whether the source bytes are copied as they are (same type: no second rounding).

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value as Json, json};
-use tpslab_engine::formats::gguf::{Value};
-use tpslab_kernels::WType;
+use tpslab_engine::formats::gguf::Value;
 use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
 use tpslab_engine::formats::safetensors::{StDesc, StWriter};
 use tpslab_engine::model::LoadedModel;
+use tpslab_kernels::WType;
 
 const HIDDEN: u64 = 64;
 const FFN: u64 = 128;

@@ -39,7 +39,6 @@ pub(crate) unsafe fn direct<D: Dots, const T: u8>(
     }
 }
 
-
 /// How many weight-row groups ahead of the current one the in-place tiles prefetch.
 const PREFETCH_GROUPS: usize = 1;
 /// Most activation rows the in-place tiles take (see `x86::groups`); past it, each group's
@@ -283,4 +282,3 @@ unsafe fn tile_direct<D: Dots, const CC: usize, const T: u8>(
         }
     }
 }
-

@@ -7,8 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::x86::isa::Dots;
 use crate::quant::{ActRow, QK_K};
+use crate::x86::isa::Dots;
 
 const KMASK1: u32 = 0x3f3f_3f3f;
 const KMASK2: u32 = 0x0f0f_0f0f;

@@ -5,11 +5,11 @@
 
 use std::arch::x86_64::*;
 
-use crate::x86::kquant::{check_row, f16_at, hsum_epi32, hsum8};
 use crate::dequant::{KVALUES_IQ4NL, iq4xs_scale, q3k_scales};
 use crate::dots::{Grid4, grid4_lanes};
-use crate::x86::isa::Dots;
 use crate::quant::{ActRow, QK_K, QK8};
+use crate::x86::isa::Dots;
+use crate::x86::kquant::{check_row, f16_at, hsum_epi32, hsum8};
 
 /// Signed bytes `x` times signed bytes `y`, summed per 4 into 8 i32 (ggml's sign trick; exact
 /// for |x| <= 127 or |y| <= 127).

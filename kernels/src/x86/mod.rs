@@ -51,11 +51,7 @@ pub(crate) struct Scratch {
 /// Weight rows per group of a matmul of `m` activation rows: the in-place tiles' `R` up to
 /// [`DIRECT_ROWS`], the repacked panels' past it.
 pub(crate) fn group_rows(m: usize) -> usize {
-    if m <= DIRECT_ROWS {
-        R
-    } else {
-        panel32::ROWS
-    }
+    if m <= DIRECT_ROWS { R } else { panel32::ROWS }
 }
 
 /// Computes output columns of weight-row groups `g_lo..g_hi` for every activation row.

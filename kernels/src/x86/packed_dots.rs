@@ -17,17 +17,17 @@
 use std::arch::x86_64::*;
 
 use crate::WType;
+use crate::packed::PANEL_ROWS;
+use crate::quant::QK_K;
 use crate::x86::dots32::{IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
+use crate::x86::isa::Dots;
 use crate::x86::job::GroupJob;
 use crate::x86::kquant::bsum_pairs;
-use crate::x86::panel32::{LANES, ROWS, Source, store_lanes, tile_cols};
 use crate::x86::panel_k::{
     Block, IQ4XS, PANELS, PanelsK, Q4K, Q5KP, Q6K, QVECS_BYTES, block_floats, fifth_bit, k4_block,
     q6k_block, q6k_packed_levels, vec_at,
 };
-use crate::x86::isa::Dots;
-use crate::packed::PANEL_ROWS;
-use crate::quant::QK_K;
+use crate::x86::panel32::{LANES, ROWS, Source, store_lanes, tile_cols};
 
 /// Where the kernels find each field of a packed block (`crate::packed` owns the layout).
 mod at {

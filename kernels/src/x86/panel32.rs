@@ -22,10 +22,10 @@
 use std::arch::x86_64::*;
 
 use crate::WType;
-use crate::x86::dots32::{block32, has_min, level_offset, levels, signed_levels};
-use crate::x86::job::GroupJob;
-use crate::x86::isa::Dots;
 use crate::quant::QK8;
+use crate::x86::dots32::{block32, has_min, level_offset, levels, signed_levels};
+use crate::x86::isa::Dots;
+use crate::x86::job::GroupJob;
 
 /// Weight rows per repacked group (two 8-row panels).
 pub(crate) const ROWS: usize = 16;

@@ -25,11 +25,11 @@
 use std::arch::x86_64::*;
 
 use crate::WType;
+use crate::quant::QK_K;
+use crate::x86::isa::Dots;
 use crate::x86::job::GroupJob;
 use crate::x86::kquant::{bsum_pairs, hi_bit, mins_and_scales};
 use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
-use crate::x86::isa::Dots;
-use crate::quant::QK_K;
 
 pub(crate) const PANELS: usize = ROWS / LANES;
 /// Level vectors of one block of one panel: Q4_K 4 pairs of sub-blocks x 8 steps of nibbles,

@@ -11,7 +11,7 @@
 //!
 //! The output projection is tied to the embedding when the file has no `output.weight`.
 
-use crate::formats::gguf::{GgufFile};
+use crate::formats::gguf::GgufFile;
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, AttnOpts, Buf, Heads, Ops, Rope};
 use crate::model::weights::{

@@ -30,7 +30,6 @@ use blocks::{Rng, f32_bytes, fill_blocks, mix};
 /// What a synthetic model's path starts with ("synthetic:llama-3-8b").
 pub const SYNTHETIC_PREFIX: &str = "synthetic:";
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum SyntheticError {
     #[error("unknown synthetic architecture '{name}' (known: {known})")]
