@@ -14,7 +14,7 @@ use tpslab_engine::serving::loadgen::PromptSet;
 use tpslab_engine::tune::workload::MAX_TRACE_LEN;
 use tpslab_engine::tune::{CandidateRun, Trace, TuneConfig, TuneEvent, TuneReport, tune};
 
-use super::files::{DialogAnswer, DialogRequest, FileDialog, PendingOpen};
+use super::files::{DialogAnswer, DialogRequest, Dialogs, FileDialog, PendingOpen};
 
 enum Msg {
     Workload(String),
@@ -63,7 +63,7 @@ impl Tuner {
     /// Asks for a trace file on a worker, starting at `at`; [`Tuner::poll`] takes the answer.
     pub fn choose_trace(
         &mut self,
-        dialogs: &Arc<dyn FileDialog>,
+        dialogs: &Dialogs,
         ctx: &egui::Context,
         at: &std::path::Path,
     ) -> Result<(), String> {
