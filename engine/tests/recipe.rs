@@ -7,7 +7,7 @@
 use tpslab_engine::device::{Workspace, cpu::CpuOps};
 use tpslab_engine::kv::{Batch, KvCache};
 use tpslab_engine::model::Model;
-use tpslab_engine::model::arch::{self, ARCHS, Family};
+use tpslab_engine::model::arch::{self, Family};
 use tpslab_engine::model::config::{Extras, ModelConfig, RopeScaling};
 use tpslab_engine::model::ops::{Activation, AttnOpts, Buf, Heads, ParamShape, Rope};
 use tpslab_engine::model::record::{Op, Recording};
@@ -16,12 +16,12 @@ use tpslab_kernels::{ThreadPool, WType};
 
 /// A two-layer model of architecture `name` with grouped-query attention, small enough to run.
 fn tiny(name: &'static str, tied: bool, qkv_bias: bool) -> ArchSpec {
-    let a = arch::lookup(name).unwrap();
+    let (family, a) = arch::lookup(name).unwrap();
     ArchSpec {
         name,
         config: ModelConfig {
             arch: name.into(),
-            family: a.family,
+            family,
             n_layers: 2,
             hidden: 64,
             ffn: 96,
@@ -39,6 +39,8 @@ fn tiny(name: &'static str, tied: bool, qkv_bias: bool) -> ArchSpec {
         },
         tied_embeddings: tied,
         qkv_bias,
+        qk_norm: false,
+        sinks_and_biases: false,
     }
 }
 
@@ -162,7 +164,8 @@ fn batch() -> Batch {
 /// own files in `recipe_files.rs`).
 fn cases() -> Vec<(ArchSpec, WType)> {
     let mut v = Vec::new();
-    for a in ARCHS.iter().filter(|a| a.family == Family::Llama) {
+    let llama_block = arch::archs().filter(|(f, _)| !matches!(*f, Family::GEMMA | Family::GPT_OSS));
+    for (_, a) in llama_block {
         for (tied, bias) in [(true, false), (false, true)] {
             for ty in [WType::F32, WType::Q8_0] {
                 v.push((tiny(a.name, tied, bias), ty));

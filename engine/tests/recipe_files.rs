@@ -343,9 +343,13 @@ fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
         assert_eq!(
             c.family,
             match arch {
-                "gemma2" | "gemma3" => Family::Gemma,
-                "gpt-oss" => Family::GptOss,
-                _ => Family::Llama,
+                "gemma2" | "gemma3" => Family::GEMMA,
+                "gpt-oss" => Family::GPT_OSS,
+                "qwen2" => Family::QWEN2,
+                "qwen3" | "qwen3moe" => Family::QWEN3,
+                "phi3" => Family::PHI3,
+                "smollm3" => Family::SMOLLM3,
+                _ => Family::LLAMA,
             },
             "{arch}"
         );

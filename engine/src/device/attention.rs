@@ -116,7 +116,7 @@ mod tests {
     fn cfg(n_heads: usize, n_kv_heads: usize, hd: usize) -> ModelConfig {
         ModelConfig {
             arch: "llama".into(),
-            family: crate::model::arch::Family::Llama,
+            family: crate::model::arch::Family::LLAMA,
             n_layers: 1,
             hidden: n_heads * hd,
             ffn: 8,

@@ -324,8 +324,7 @@ pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
         path: entry.path.clone(),
         reason,
     };
-    let unsupported =
-        |arch: &str| invalid(crate::model::config::ConfigError::Arch(arch.to_string()).to_string());
+    let unsupported = |arch: &str| invalid(crate::model::arch::unsupported(arch).to_string());
     match entry.format {
         ModelFormat::Gguf => {
             if crate::model::arch::lookup(&entry.arch).is_none() {

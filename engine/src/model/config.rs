@@ -1,6 +1,7 @@
-//! Model configuration resolved once from GGUF metadata into typed fields: the shape, the
-//! architecture's recipe ([`Family`]) and its RoPE layout, for every architecture in [`ARCHS`]
-//! (the registry; each recipe is in `model::arch`).
+//! Model configuration: the typed fields a file's metadata resolves to (the shape, the family,
+//! its RoPE layout and what the family adds), and [`Keys`], the range-checked reader of an
+//! architecture's metadata keys the families resolve them with. Resolving is
+//! `model::arch::resolve`'s, over the registry of families (`model::arch`).
 
 use crate::formats::gguf::{GgufError, GgufFile, Value};
 
@@ -13,101 +14,10 @@ pub enum RopeStyle {
     Neox,
 }
 
-/// A recipe: the graph one or more GGUF architectures share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// Llama, Mistral, SmolLM, Qwen2, Qwen3 (QK-norm), SmolLM3 (layers without RoPE), Phi-3
-    /// (fused QKV and gate-up tensors), and their mixtures of experts (Mixtral-style `llama`
-    /// files with expert tensors, Qwen3-MoE): pre-norm blocks with a SwiGLU FFN or experts.
-    Llama,
-    /// Gemma 2 and 3: scaled embeddings, norms before and after attention and FFN, GELU gating,
-    /// soft-capping (Gemma 2), local and global layers.
-    Gemma,
-    /// gpt-oss: the Llama block with biases on Q/K/V and the output, a learned sink logit per
-    /// head in each softmax, sliding-window and full layers alternating, YaRN on all of them,
-    /// and a mixture of experts with biases behind a router with a bias, gated by OpenAI's
-    /// clamped SwiGLU.
-    GptOss,
-}
-
-/// What the engine knows of a GGUF `general.architecture` it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Arch {
-    /// The GGUF name ("llama"), which also prefixes its metadata keys.
-    pub name: &'static str,
-    pub family: Family,
-    pub rope_style: RopeStyle,
-}
-
-/// Every architecture the engine runs, by GGUF name.
-pub const ARCHS: &[Arch] = &[
-    Arch {
-        name: "llama",
-        family: Family::Llama,
-        rope_style: RopeStyle::Interleaved,
-    },
-    Arch {
-        name: "mistral",
-        family: Family::Llama,
-        rope_style: RopeStyle::Interleaved,
-    },
-    Arch {
-        name: "smollm",
-        family: Family::Llama,
-        rope_style: RopeStyle::Interleaved,
-    },
-    Arch {
-        name: "qwen2",
-        family: Family::Llama,
-        rope_style: RopeStyle::Neox,
-    },
-    Arch {
-        name: "qwen3",
-        family: Family::Llama,
-        rope_style: RopeStyle::Neox,
-    },
-    Arch {
-        name: "qwen3moe",
-        family: Family::Llama,
-        rope_style: RopeStyle::Neox,
-    },
-    Arch {
-        name: "smollm3",
-        family: Family::Llama,
-        rope_style: RopeStyle::Interleaved,
-    },
-    Arch {
-        name: "phi3",
-        family: Family::Llama,
-        rope_style: RopeStyle::Neox,
-    },
-    Arch {
-        name: "gemma2",
-        family: Family::Gemma,
-        rope_style: RopeStyle::Neox,
-    },
-    Arch {
-        name: "gemma3",
-        family: Family::Gemma,
-        rope_style: RopeStyle::Neox,
-    },
-    Arch {
-        name: "gpt-oss",
-        family: Family::GptOss,
-        rope_style: RopeStyle::Neox,
-    },
-];
-
-/// The architecture of a GGUF `general.architecture`, if the engine runs it (the library's
-/// import check asks this too, so a model it admits is one that loads).
-pub fn lookup(name: &str) -> Option<&'static Arch> {
-    ARCHS.iter().find(|a| a.name == name)
-}
-
-/// The names of [`ARCHS`], for messages ("llama, mistral, ...").
-pub fn names() -> String {
-    ARCHS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
-}
+/// A family of `model::arch`'s registry, which names each one (`Family::LLAMA`) and answers
+/// for it (`Family::def`): a handle, made only by the registry.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Family(pub(crate) u8);
 
 /// How RoPE stretches past the trained context (metadata `rope.scaling.*`), besides the
 /// per-dimension frequency factors some files carry as a tensor (Llama 3's `rope_freqs`,
@@ -183,7 +93,7 @@ impl Extras {
 pub struct ModelConfig {
     /// The GGUF `general.architecture` ("llama").
     pub arch: String,
-    /// The recipe that runs it.
+    /// The family that runs it.
     pub family: Family,
     pub n_layers: usize,
     pub hidden: usize,
@@ -206,37 +116,39 @@ pub struct ModelConfig {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture '{0}' (supported: {names})", names = names())]
-    Arch(String),
+    /// An architecture no family runs, with the ones they do.
+    #[error("unsupported model architecture '{0}' (supported: {1})")]
+    Arch(String, String),
     #[error("bad model shape: {0}")]
     Shape(String),
 }
 
 /// Sizes past these are not a real model but a corrupt or hostile file: refuse them before any
 /// buffer is sized from them.
-const MAX_DIM: u64 = 1 << 20;
-const MAX_LAYERS: u64 = 1024;
-const MAX_CONTEXT: u64 = 1 << 24;
+pub const MAX_DIM: u64 = 1 << 20;
+pub const MAX_LAYERS: u64 = 1024;
+pub const MAX_CONTEXT: u64 = 1 << 24;
 /// llama.cpp's `LLAMA_MAX_EXPERTS`.
-const MAX_EXPERTS: u64 = 1024;
+pub const MAX_EXPERTS: u64 = 1024;
 
 /// A file's metadata keys of one architecture, read with range checks.
-struct Keys<'a> {
-    f: &'a GgufFile,
-    arch: &'a str,
+pub struct Keys<'a> {
+    pub f: &'a GgufFile,
+    /// The architecture, which prefixes its keys.
+    pub arch: &'a str,
 }
 
 impl Keys<'_> {
-    fn key(&self, k: &str) -> String {
+    pub fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
 
-    fn has(&self, k: &str) -> bool {
+    pub fn has(&self, k: &str) -> bool {
         self.f.get(&self.key(k)).is_some()
     }
 
     /// A count in `1..=max`.
-    fn count(&self, k: &str, max: u64) -> Result<usize, ConfigError> {
+    pub fn count(&self, k: &str, max: u64) -> Result<usize, ConfigError> {
         let v = self.f.get_u64(&self.key(k))?;
         if v == 0 || v > max {
             return Err(ConfigError::Shape(format!(
@@ -247,7 +159,7 @@ impl Keys<'_> {
         Ok(v as usize)
     }
 
-    fn count_or(&self, k: &str, max: u64, default: usize) -> Result<usize, ConfigError> {
+    pub fn count_or(&self, k: &str, max: u64, default: usize) -> Result<usize, ConfigError> {
         if self.has(k) {
             self.count(k, max)
         } else {
@@ -256,7 +168,7 @@ impl Keys<'_> {
     }
 
     /// A float that must be finite and positive (or zero when `zero_ok`).
-    fn float_or(&self, k: &str, default: f32, zero_ok: bool) -> Result<f32, ConfigError> {
+    pub fn float_or(&self, k: &str, default: f32, zero_ok: bool) -> Result<f32, ConfigError> {
         if !self.has(k) {
             return Ok(default);
         }
@@ -267,87 +179,41 @@ impl Keys<'_> {
         Ok(v)
     }
 
-    fn str_or<'s>(&'s self, k: &str, default: &'s str) -> Result<&'s str, ConfigError> {
+    pub fn str_or<'s>(&'s self, k: &str, default: &'s str) -> Result<&'s str, ConfigError> {
         if self.has(k) {
             Ok(self.f.get_str(&self.key(k))?)
         } else {
             Ok(default)
         }
     }
+
+    /// Which layers slide: `attention.sliding_window_pattern` as a per-layer array, else as a period
+    /// `n` (default `default_n`) of which the first `n - 1` layers slide (llama.cpp's
+    /// `set_swa_pattern`).
+    pub fn swa_pattern(&self, n_layers: usize, default_n: usize) -> Result<Vec<bool>, ConfigError> {
+        let k = self;
+        let key = k.key("attention.sliding_window_pattern");
+        if let Some(Value::Array(items)) = k.f.get(&key) {
+            let layers: Option<Vec<bool>> = items
+                .iter()
+                .map(|v| match v {
+                    Value::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect();
+            return match layers {
+                Some(l) if l.len() == n_layers => Ok(l),
+                _ => Err(ConfigError::Shape(format!(
+                    "{key} is not {n_layers} booleans"
+                ))),
+            };
+        }
+        let n = k.count_or("attention.sliding_window_pattern", MAX_LAYERS, default_n)?;
+        Ok((0..n_layers).map(|il| il % n < n - 1).collect())
+    }
 }
 
 impl ModelConfig {
-    pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
-        let arch = f.get_str("general.architecture")?.to_string();
-        let known = lookup(&arch).ok_or_else(|| ConfigError::Arch(arch.clone()))?;
-        let (family, rope_style) = (known.family, known.rope_style);
-        let k = Keys { f, arch: &arch };
-        let n_layers = k.count("block_count", MAX_LAYERS)?;
-        let hidden = k.count("embedding_length", MAX_DIM)?;
-        let ffn = k.count("feed_forward_length", MAX_DIM)?;
-        let n_heads = k.count("attention.head_count", MAX_DIM)?;
-        let n_kv_heads = k.count_or("attention.head_count_kv", MAX_DIM, n_heads)?;
-        let context_len = k.count("context_length", MAX_CONTEXT)?;
-        let head_dim = if k.has("attention.key_length") {
-            k.count("attention.key_length", MAX_DIM)?
-        } else if hidden.is_multiple_of(n_heads) {
-            hidden / n_heads
-        } else {
-            return Err(ConfigError::Shape(format!(
-                "hidden {hidden} is not a multiple of {n_heads} heads"
-            )));
-        };
-        if !n_heads.is_multiple_of(n_kv_heads) {
-            return Err(ConfigError::Shape(format!(
-                "{n_heads} heads and {n_kv_heads} kv heads do not divide"
-            )));
-        }
-        if k.count_or("attention.value_length", MAX_DIM, head_dim)? != head_dim {
-            return Err(ConfigError::Shape(
-                "keys and values of different sizes".into(),
-            ));
-        }
-        if head_dim > tpslab_kernels::attn::MAX_HEAD_DIM {
-            return Err(ConfigError::Shape(format!(
-                "head dimension {head_dim} is over 256"
-            )));
-        }
-        let rope_dim = k.count_or("rope.dimension_count", MAX_DIM, head_dim)?;
-        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
-            return Err(ConfigError::Shape(format!(
-                "rope dimension {rope_dim} for head {head_dim}"
-            )));
-        }
-        let vocab = match f.get(&k.key("vocab_size")) {
-            Some(_) => k.count("vocab_size", 1 << 22)?,
-            None => f.get_str_array("tokenizer.ggml.tokens")?.len(),
-        };
-        let rope_theta = k.float_or("rope.freq_base", 10_000.0, false)?;
-        let rms_eps = k.float_or("attention.layer_norm_rms_epsilon", 1e-5, true)?;
-        let rope_scaling = rope_scaling(&k, context_len)?;
-        let mut cfg = Self {
-            arch: arch.clone(),
-            family,
-            n_layers,
-            hidden,
-            ffn,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            vocab,
-            context_len,
-            rope_theta,
-            rope_dim,
-            rope_style,
-            rope_scaling,
-            rms_eps,
-            extras: Extras::plain(head_dim),
-        };
-        cfg.extras = extras(&k, &cfg)?;
-        cfg.extras.moe = moe(&k, ffn)?;
-        Ok(cfg)
-    }
-
     /// Width of all query heads of one token.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
@@ -394,188 +260,4 @@ impl ModelConfig {
         let per_layer = h * q * 2 + h * kv * 2 + ffn + 2 * h;
         per_layer * self.n_layers as u64 + self.vocab as u64 * h + h
     }
-}
-
-/// The `rope.scaling.*` keys, as llama.cpp reads them (`linear` when a factor is given without
-/// a type; `none` or a factor of 1 is no scaling).
-fn rope_scaling(k: &Keys<'_>, context_len: usize) -> Result<RopeScaling, ConfigError> {
-    let factor = if k.has("rope.scaling.factor") {
-        k.float_or("rope.scaling.factor", 0.0, true)?
-    } else {
-        k.float_or("rope.scale_linear", 0.0, true)?
-    };
-    let kind = k.str_or("rope.scaling.type", "linear")?;
-    if factor == 0.0 || factor == 1.0 || kind == "none" {
-        return Ok(RopeScaling::None);
-    }
-    Ok(match kind {
-        "linear" => RopeScaling::Linear { factor },
-        "yarn" => RopeScaling::Yarn {
-            factor,
-            orig_ctx: k.count_or(
-                "rope.scaling.original_context_length",
-                MAX_CONTEXT,
-                context_len,
-            )?,
-        },
-        // LongRoPE's scaling is its factor tensors (and attn_factor), read elsewhere.
-        "longrope" => RopeScaling::None,
-        other => {
-            return Err(ConfigError::Shape(format!(
-                "RoPE scaling type '{other}' is not supported"
-            )));
-        }
-    })
-}
-
-/// The family extras (sliding window, soft-capping, scales), with llama.cpp's defaults for each
-/// architecture (`src/models/<arch>.cpp`, `load_arch_hparams`).
-fn extras(k: &Keys<'_>, c: &ModelConfig) -> Result<Extras, ConfigError> {
-    let mut e = Extras::plain(c.head_dim);
-    e.rope_attn_factor = k.float_or("rope.scaling.attn_factor", 1.0, false)?;
-    // 0 (or no key) is no window.
-    let window = match k.f.get(&k.key("attention.sliding_window")) {
-        Some(_) => {
-            k.f.get_u64(&k.key("attention.sliding_window"))?
-                .min(MAX_CONTEXT) as usize
-        }
-        None => 0,
-    };
-    match k.arch {
-        "smollm3" => e.no_rope_every = Some(4),
-        "gemma2" => {
-            e.window = Some(if window > 0 { window } else { 4096 });
-            e.swa_layers = swa_pattern(k, c.n_layers, 2)?;
-            e.attn_softcap = Some(k.float_or("attn_logit_softcapping", 50.0, false)?);
-            e.final_softcap = Some(k.float_or("final_logit_softcapping", 30.0, false)?);
-        }
-        "gemma3" => {
-            if window > 0 {
-                e.window = Some(window);
-                e.swa_layers = swa_pattern(k, c.n_layers, 6)?;
-            }
-            let cap = k.float_or("final_logit_softcapping", 0.0, true)?;
-            e.final_softcap = (cap > 0.0).then_some(cap);
-        }
-        // Phi-3's sliding window is off in llama.cpp (its files set it wrongly).
-        "phi3" => {}
-        // llama.cpp's `llama_model_openai_moe::load_arch_hparams`: the window is required,
-        // every other layer slides (the first does), the sliding layers keep the base and
-        // scaling unless the file gives them a base of their own; queries are scaled by the
-        // rotated size.
-        "gpt-oss" => {
-            if window == 0 {
-                return Err(ConfigError::Shape(format!(
-                    "{} must be set for gpt-oss",
-                    k.key("attention.sliding_window")
-                )));
-            }
-            e.window = Some(window);
-            e.swa_layers = swa_pattern(k, c.n_layers, 2)?;
-            e.rope_theta_swa = k.float_or("rope.freq_base_swa", c.rope_theta, false)?;
-            e.rope_scaled_swa = true;
-            e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
-        }
-        _ => e.window = (window > 0).then_some(window),
-    }
-    if c.family == Family::Gemma {
-        // Gemma 2's local layers share the global base unless the file says otherwise; Gemma
-        // 3's default to 10 000 (llama.cpp's `rope_freq_base_train_swa`).
-        let swa_default = if k.arch == "gemma2" {
-            c.rope_theta
-        } else {
-            10_000.0
-        };
-        e.rope_theta_swa = k.float_or("rope.freq_base_swa", swa_default, false)?;
-        e.embed_scale = Some((c.hidden as f32).sqrt());
-        // The 27B models (46 and 62 layers) scale queries by hidden / heads, not the head size.
-        if matches!((k.arch, c.n_layers), ("gemma2", 46) | ("gemma3", 62)) {
-            e.attn_scale = 1.0 / ((c.hidden / c.n_heads) as f32).sqrt();
-        }
-    }
-    Ok(e)
-}
-
-/// The experts, when the file has them (`expert_count` > 0), counts checked before anything is
-/// sized from them: at most llama.cpp's 1024 experts, 1..=n_expert used per token. Qwen3-MoE's
-/// experts are `expert_feed_forward_length` wide (else `ffn / used`), gpt-oss's must say so;
-/// Mixtral-style `llama` files use `feed_forward_length`. Qwen3-MoE and Mixtral route by a
-/// softmax, the top-k, renormalized (llama.cpp's `build_moe_ffn` with `norm_w`); gpt-oss by the
-/// top-k logits, softmaxed.
-fn moe(k: &Keys<'_>, ffn: usize) -> Result<Option<MoeConfig>, ConfigError> {
-    let n_expert = match k.f.get(&k.key("expert_count")) {
-        Some(_) => k.f.get_u64(&k.key("expert_count"))?,
-        None => 0,
-    };
-    if n_expert == 0 {
-        if matches!(k.arch, "qwen3moe" | "gpt-oss") {
-            return Err(ConfigError::Shape(format!(
-                "{} must be set for {}",
-                k.key("expert_count"),
-                k.arch
-            )));
-        }
-        return Ok(None);
-    }
-    if n_expert > MAX_EXPERTS {
-        return Err(ConfigError::Shape(format!(
-            "{} = {n_expert} is past {MAX_EXPERTS}",
-            k.key("expert_count")
-        )));
-    }
-    let n_used = k.count("expert_used_count", n_expert)?;
-    let ffn_exp = match k.arch {
-        "qwen3moe" => k.count_or("expert_feed_forward_length", MAX_DIM, ffn / n_used)?,
-        "gpt-oss" => k.count("expert_feed_forward_length", MAX_DIM)?,
-        _ => ffn,
-    };
-    if ffn_exp == 0 {
-        return Err(ConfigError::Shape("experts of width 0".into()));
-    }
-    Ok(Some(MoeConfig {
-        n_expert: n_expert as usize,
-        ffn_exp,
-        router: router_rule(k.arch, n_used),
-    }))
-}
-
-/// How an architecture's router chooses `n_used` experts and weighs them: gpt-oss takes the
-/// top-k of the (biased) router logits and softmaxes those k
-/// (`LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT`), not renormalized; the others softmax all
-/// logits, take the top-k and renormalize them (`norm_w`).
-pub fn router_rule(arch: &str, n_used: usize) -> tpslab_kernels::moe::Router {
-    let (gating, norm) = match arch {
-        "gpt-oss" => (tpslab_kernels::moe::Gating::SoftmaxWeight, false),
-        _ => (tpslab_kernels::moe::Gating::Softmax, true),
-    };
-    tpslab_kernels::moe::Router {
-        n_used,
-        gating,
-        norm,
-        scale: 0.0,
-    }
-}
-
-/// Which layers slide: `attention.sliding_window_pattern` as a per-layer array, else as a period
-/// `n` (default `default_n`) of which the first `n - 1` layers slide (llama.cpp's
-/// `set_swa_pattern`).
-fn swa_pattern(k: &Keys<'_>, n_layers: usize, default_n: usize) -> Result<Vec<bool>, ConfigError> {
-    let key = k.key("attention.sliding_window_pattern");
-    if let Some(Value::Array(items)) = k.f.get(&key) {
-        let layers: Option<Vec<bool>> = items
-            .iter()
-            .map(|v| match v {
-                Value::Bool(b) => Some(*b),
-                _ => None,
-            })
-            .collect();
-        return match layers {
-            Some(l) if l.len() == n_layers => Ok(l),
-            _ => Err(ConfigError::Shape(format!(
-                "{key} is not {n_layers} booleans"
-            ))),
-        };
-    }
-    let n = k.count_or("attention.sliding_window_pattern", MAX_LAYERS, default_n)?;
-    Ok((0..n_layers).map(|il| il % n < n - 1).collect())
 }

@@ -3,12 +3,13 @@
 //! (`crate::device`) implement the seam and run the recipe.
 //!
 //! Modules:
-//! - [`config`]: the shape and architecture resolved from GGUF metadata into typed fields.
+//! - [`config`]: the typed configuration a file's metadata resolves to, and its key reader.
 //! - [`weights`]: [`weights::Linear`] dense or quantized, the weight set, the tensor loaders.
 //! - [`arena`]: where a loaded model's weight bytes live (one arena on huge pages per model).
 //! - [`weight_bytes`]: a matrix's bytes, alone or its slice of the arena.
 //! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
-//! - [`arch`]: the registered architectures and their recipes.
+//! - [`arch`]: the registry of families, each one module (its architectures, quirks, loader,
+//!   known shapes and recipe), and the resolver of a file's configuration.
 //! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
 //! - [`loaded`]: the model bundle (model, tokenizer, chat template, precision) front ends hold.
 //! - [`precision`]: a model's weight precision, typed (its matrices' type and any fallback).

@@ -112,8 +112,7 @@ impl ModelShape {
                 n_expert: m.n_expert,
                 n_used: m.router.n_used,
                 ffn: m.ffn_exp,
-                fixed_type: (cfg.family == crate::model::config::Family::GptOss)
-                    .then_some(WType::MXFP4),
+                fixed_type: cfg.family.def().released_expert_type(),
             }),
         }
     }

@@ -1,63 +1,134 @@
-//! The architectures the engine runs, each written once against the backend-ops seam
-//! ([`crate::model::ops::Ops`]) as a layer recipe, the way llama.cpp's `src/models/*.cpp` graph
-//! builders describe each family (done eagerly here, op by op).
+//! The model families the engine runs, and their registry. A family is one module here that
+//! owns everything the engine knows of it: the GGUF architectures it reads and their RoPE
+//! layout, the quirks it resolves from their metadata keys, its weights by tensor name, its
+//! known shapes for synthetic weights, and its recipe, written once against the backend-ops
+//! seam ([`crate::model::ops::Ops`]) the way llama.cpp's `src/models/*.cpp` graph builders
+//! describe each family (done eagerly here, op by op).
 //!
 //! Modules:
-//! - [`llama`]: the Llama family (Llama 2/3, Mistral, SmolLM 1-3, Qwen2, Qwen3, Phi-3): pre-norm
-//!   blocks of grouped-query attention with RoPE and a SwiGLU FFN, with each member's additions.
-//! - [`gemma`]: Gemma 2 and 3: scaled embeddings, sandwich norms, GELU gating, local and global
-//!   layers, soft-capping.
-//! - [`gptoss`]: gpt-oss: biased attention with sinks, alternating sliding-window layers, YaRN,
-//!   and biased experts gated by OpenAI's clamped SwiGLU.
+//! - [`family`]: the contract a family module fills in ([`FamilyDef`]) and its plain types.
+//! - [`resolve`]: a file's configuration from its metadata, the family's quirks included.
+//! - the families: [`llama`] (Llama 2/3, Mistral, SmolLM 1-2, Mixtral-style experts; its
+//!   `block` is the pre-norm recipe most families run), [`qwen2`], [`qwen3`] (and Qwen3-MoE),
+//!   [`phi3`], [`smollm3`], [`gemma`] (Gemma 2 and 3) and [`gptoss`].
 //!
-//! Adding an architecture is one file with its `load` (tensors by GGUF name) and `forward`
-//! (the recipe), plus its registration: its entries in [`ARCHS`] and a [`Family`] variant (both
-//! kept with the configuration, `model::config`, which resolves a file's architecture, and
-//! re-exported here) dispatched below.
+//! ## Adding a family
+//! Write `model/arch/<family>.rs` (or a folder) with a unit struct `Def` implementing
+//! [`FamilyDef`] (its GGUF architectures, its loader, and whatever it adds to the plain block:
+//! the defaults are the Llama block's) and a `pub fn forward<O: Ops>(cfg, weights, ops)`, its
+//! recipe (most families call [`llama::block::forward`] and add what they need in their
+//! weights or configuration); then add one line `NAME => module` to the registry below.
+//! Nothing else changes: the resolver, the loaders, the devices and the tests that walk
+//! [`Family::ALL`] find it there.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::config::ModelConfig;
-pub use crate::model::config::{ARCHS, Arch, Family, lookup, names};
+pub use crate::model::config::Family;
+use crate::model::config::{ConfigError, ModelConfig};
 use crate::model::ops::Ops;
 use crate::model::weights::{WeightError, Weights};
+pub use family::{FamilyDef, GgufArch, KnownShape};
 
-pub mod gemma;
-pub mod gptoss;
-pub mod llama;
+pub mod family;
+pub mod resolve;
 
-/// Runs the model's recipe over `file`'s headers alone: every tensor it needs found, with its
+/// Declares the family modules and names each one on [`Family`] (`Family::LLAMA` for the
+/// line `LLAMA => llama`), its definition and its recipe.
+macro_rules! registry {
+    ($($id:ident => $module:ident),+ $(,)?) => {
+        $(pub mod $module;)+
+
+        impl Family {
+            registry!(@consts 0u8; $($id)+);
+
+            /// Every family, in the registry's order.
+            pub const ALL: &'static [Family] = &[$(Family::$id),+];
+
+            /// What the family's module says of it.
+            pub fn def(self) -> &'static dyn FamilyDef {
+                match self {
+                    $(Family::$id => &$module::Def,)+
+                    Family(n) => unreachable!("family {n} is not in the registry"),
+                }
+            }
+
+            /// The family's module name ("llama").
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Family::$id => stringify!($module),)+
+                    Family(n) => unreachable!("family {n} is not in the registry"),
+                }
+            }
+        }
+
+        /// One forward step of `cfg`'s family on device `o`: every token of the step through
+        /// every layer, then the logits of the rows that want them.
+        pub fn forward<O: Ops>(
+            cfg: &ModelConfig,
+            w: &Weights<O::Matrix, O::Vector>,
+            o: &mut O,
+        ) -> Result<(), O::Error> {
+            match cfg.family {
+                $(Family::$id => $module::forward(cfg, w, o),)+
+                Family(n) => unreachable!("family {n} is not in the registry"),
+            }
+        }
+    };
+    (@consts $n:expr; $id:ident $($rest:ident)*) => {
+        pub const $id: Family = Family($n);
+        registry!(@consts $n + 1; $($rest)*);
+    };
+    (@consts $n:expr;) => {};
+}
+
+registry! {
+    LLAMA => llama,
+    QWEN2 => qwen2,
+    QWEN3 => qwen3,
+    PHI3 => phi3,
+    SMOLLM3 => smollm3,
+    GEMMA => gemma,
+    GPT_OSS => gptoss,
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Every GGUF architecture the engine runs, with the family that runs it.
+pub fn archs() -> impl Iterator<Item = (Family, &'static GgufArch)> {
+    Family::ALL
+        .iter()
+        .flat_map(|&f| f.def().gguf_archs().iter().map(move |a| (f, a)))
+}
+
+/// The family of a GGUF `general.architecture`, if the engine runs it (the library's import
+/// check asks this too, so a model it admits is one that loads).
+pub fn lookup(name: &str) -> Option<(Family, &'static GgufArch)> {
+    archs().find(|(_, a)| a.name == name)
+}
+
+/// The GGUF architectures the engine runs, for messages ("llama, mistral, ...").
+pub fn names() -> String {
+    archs().map(|(_, a)| a.name).collect::<Vec<_>>().join(", ")
+}
+
+/// The error for an architecture no family runs.
+pub fn unsupported(name: &str) -> ConfigError {
+    ConfigError::Arch(name.to_string(), names())
+}
+
+/// Runs the model's loader over `file`'s headers alone: every tensor it needs found, with its
 /// shape and a type the kernels run, and no data read. What `models import` asks of a model
 /// before it enters the library; a file that passes can fail to load only by its data
 /// (truncated, unreadable).
 pub fn probe(file: &GgufFile, cfg: &ModelConfig) -> Result<(), WeightError> {
     let _probing = crate::model::weights::Probing::start();
-    recipe(file, cfg).map(drop)
+    cfg.family.def().load(file, cfg).map(drop)
 }
 
-/// The weights of `cfg`'s architecture from `file`, in one arena ([`Weights::into_arena`]).
+/// The weights of `cfg`'s family from `file`, in one arena ([`Weights::into_arena`]).
 pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-    Ok(recipe(file, cfg)?.into_arena())
-}
-
-/// The family's loader: each weight as its own buffer.
-fn recipe(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-    match cfg.family {
-        Family::Llama => llama::load(file, cfg),
-        Family::Gemma => gemma::load(file, cfg),
-        Family::GptOss => gptoss::load(file, cfg),
-    }
-}
-
-/// One forward step of `cfg`'s architecture on device `o`: every token of the step through
-/// every layer, then the logits of the rows that want them.
-pub fn forward<O: Ops>(
-    cfg: &ModelConfig,
-    w: &Weights<O::Matrix, O::Vector>,
-    o: &mut O,
-) -> Result<(), O::Error> {
-    match cfg.family {
-        Family::Llama => llama::forward(cfg, w, o),
-        Family::Gemma => gemma::forward(cfg, w, o),
-        Family::GptOss => gptoss::forward(cfg, w, o),
-    }
+    Ok(cfg.family.def().load(file, cfg)?.into_arena())
 }

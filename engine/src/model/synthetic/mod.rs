@@ -16,7 +16,8 @@ use tpslab_kernels::WType;
 
 use crate::model::LoadedModel;
 use crate::model::Model;
-use crate::model::config::{Extras, ModelConfig, MoeConfig, RopeScaling, router_rule};
+use crate::model::arch::{Family, KnownShape};
+use crate::model::config::{Extras, ModelConfig, MoeConfig, RopeScaling};
 use crate::model::precision::Precision;
 pub use crate::model::precision::matrix_type;
 use crate::model::weights::{Expert, Ffn, LayerWeights, Linear, MoeWeights, Weights};
@@ -54,205 +55,81 @@ pub struct ArchSpec {
     pub tied_embeddings: bool,
     /// Q, K and V have biases (Qwen2).
     pub qkv_bias: bool,
+    /// Per-head Q and K norms (Qwen3).
+    pub qk_norm: bool,
+    /// Biases on the attention output, the router and the experts, and a sink per head
+    /// (gpt-oss).
+    pub sinks_and_biases: bool,
 }
 
-/// One row of the architecture table.
-struct Row {
-    name: &'static str,
-    arch: &'static str,
-    hidden: usize,
-    ffn: usize,
-    n_layers: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    vocab: usize,
-    context_len: usize,
-    rope_theta: f32,
-    rms_eps: f32,
-    tied_embeddings: bool,
-    qkv_bias: bool,
-    /// A mixture of experts: (experts, used per token, expert FFN width).
-    experts: Option<(usize, usize, usize)>,
+/// Every known shape, from the families that list them (`FamilyDef::known_shapes`), in the
+/// registry's order.
+fn table() -> impl Iterator<Item = (Family, &'static KnownShape)> {
+    Family::ALL
+        .iter()
+        .flat_map(|&f| f.def().known_shapes().iter().map(move |r| (f, r)))
 }
-
-/// The shapes of the real models (from their `config.json` / GGUF metadata).
-const TABLE: [Row; 6] = [
-    Row {
-        name: "smollm2-135m",
-        arch: "llama",
-        hidden: 576,
-        ffn: 1536,
-        n_layers: 30,
-        n_heads: 9,
-        n_kv_heads: 3,
-        head_dim: 64,
-        vocab: 49152,
-        context_len: 8192,
-        rope_theta: 100_000.0,
-        rms_eps: 1e-5,
-        tied_embeddings: true,
-        qkv_bias: false,
-        experts: None,
-    },
-    Row {
-        name: "llama-3.2-1b",
-        arch: "llama",
-        hidden: 2048,
-        ffn: 8192,
-        n_layers: 16,
-        n_heads: 32,
-        n_kv_heads: 8,
-        head_dim: 64,
-        vocab: 128_256,
-        context_len: 131_072,
-        rope_theta: 500_000.0,
-        rms_eps: 1e-5,
-        tied_embeddings: true,
-        qkv_bias: false,
-        experts: None,
-    },
-    Row {
-        name: "qwen2.5-0.5b",
-        arch: "qwen2",
-        hidden: 896,
-        ffn: 4864,
-        n_layers: 24,
-        n_heads: 14,
-        n_kv_heads: 2,
-        head_dim: 64,
-        vocab: 151_936,
-        context_len: 32_768,
-        rope_theta: 1_000_000.0,
-        rms_eps: 1e-6,
-        tied_embeddings: true,
-        qkv_bias: true,
-        experts: None,
-    },
-    Row {
-        name: "llama-3-8b",
-        arch: "llama",
-        hidden: 4096,
-        ffn: 14336,
-        n_layers: 32,
-        n_heads: 32,
-        n_kv_heads: 8,
-        head_dim: 128,
-        vocab: 128_256,
-        context_len: 8192,
-        rope_theta: 500_000.0,
-        rms_eps: 1e-5,
-        tied_embeddings: false,
-        qkv_bias: false,
-        experts: None,
-    },
-    // Qwen3-30B-A3B: 128 experts of width 768, 8 routed per token (about 3B of 30B active).
-    Row {
-        name: "qwen3-30b-a3b",
-        arch: "qwen3moe",
-        hidden: 2048,
-        ffn: 6144,
-        n_layers: 48,
-        n_heads: 32,
-        n_kv_heads: 4,
-        head_dim: 128,
-        vocab: 151_936,
-        context_len: 40_960,
-        rope_theta: 1_000_000.0,
-        rms_eps: 1e-6,
-        tied_embeddings: false,
-        qkv_bias: false,
-        experts: Some((128, 8, 768)),
-    },
-    // gpt-oss-20b: 32 experts of width 2880, 4 routed per token (about 3.6B of 21B active),
-    // 64 query heads of 64 over 8 K/V heads, a 128-token window on every other layer, YaRN 32
-    // over a trained 4096, biases everywhere and a sink per head; experts in MXFP4 whatever
-    // the precision asked, as the released files have them.
-    Row {
-        name: "gpt-oss-20b",
-        arch: "gpt-oss",
-        hidden: 2880,
-        ffn: 2880,
-        n_layers: 24,
-        n_heads: 64,
-        n_kv_heads: 8,
-        head_dim: 64,
-        vocab: 201_088,
-        context_len: 131_072,
-        rope_theta: 150_000.0,
-        rms_eps: 1e-5,
-        tied_embeddings: false,
-        qkv_bias: true,
-        experts: Some((32, 4, 2880)),
-    },
-];
-
-/// gpt-oss's trained context under YaRN, its scaling factor and its window.
-const GPT_OSS_YARN: (f32, usize) = (32.0, 4096);
-const GPT_OSS_WINDOW: usize = 128;
 
 /// The names [`arch`] knows, in table order.
 pub fn known_archs() -> Vec<&'static str> {
-    TABLE.iter().map(|r| r.name).collect()
+    table().map(|(_, r)| r.name).collect()
 }
 
 /// The architecture called `name` (case-insensitive), or an error listing the known ones.
 pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
     let wanted = name.trim().to_ascii_lowercase();
-    let r = TABLE
+    let (family, r) =
+        table()
+            .find(|(_, r)| r.name == wanted)
+            .ok_or_else(|| SyntheticError::Arch {
+                name: name.to_string(),
+                known: known_archs().join(", "),
+            })?;
+    // The RoPE layout is the architecture's (one owner: its family).
+    let rope_style = family
+        .def()
+        .gguf_archs()
         .iter()
-        .find(|r| r.name == wanted)
+        .find(|a| a.name == r.arch)
+        .map(|a| a.rope_style)
         .ok_or_else(|| SyntheticError::Arch {
-            name: name.to_string(),
-            known: known_archs().join(", "),
+            name: r.arch.to_string(),
+            known: crate::model::arch::names(),
         })?;
-    // The recipe and RoPE layout are the architecture's (one owner: `model::arch`).
-    let known = crate::model::arch::lookup(r.arch).ok_or_else(|| SyntheticError::Arch {
-        name: r.arch.to_string(),
-        known: crate::model::arch::names(),
-    })?;
-    let gpt_oss = known.family == crate::model::config::Family::GptOss;
-    let mut extras = Extras {
+    let extras = Extras {
         moe: r.experts.map(|(n_expert, n_used, ffn_exp)| MoeConfig {
             n_expert,
             ffn_exp,
-            router: router_rule(r.arch, n_used),
+            router: family.def().experts(r.arch).router(n_used),
         }),
         ..Extras::plain(r.head_dim)
     };
-    let mut rope_scaling = RopeScaling::None;
-    if gpt_oss {
-        // As `config::extras` reads a gpt-oss file: the even layers slide, keeping the base
-        // and the scaling.
-        extras.window = Some(GPT_OSS_WINDOW);
-        extras.swa_layers = (0..r.n_layers).map(|i| i % 2 == 0).collect();
-        extras.rope_theta_swa = r.rope_theta;
-        extras.rope_scaled_swa = true;
-        let (factor, orig_ctx) = GPT_OSS_YARN;
-        rope_scaling = RopeScaling::Yarn { factor, orig_ctx };
-    }
+    let mut config = ModelConfig {
+        arch: r.arch.into(),
+        family,
+        n_layers: r.n_layers,
+        hidden: r.hidden,
+        ffn: r.ffn,
+        n_heads: r.n_heads,
+        n_kv_heads: r.n_kv_heads,
+        head_dim: r.head_dim,
+        vocab: r.vocab,
+        context_len: r.context_len,
+        rope_theta: r.rope_theta,
+        rope_dim: r.head_dim,
+        rope_style,
+        rope_scaling: RopeScaling::None,
+        rms_eps: r.rms_eps,
+        extras,
+    };
+    family.def().known_settings(&mut config);
     Ok(ArchSpec {
         name: r.name,
-        config: ModelConfig {
-            arch: r.arch.into(),
-            family: known.family,
-            n_layers: r.n_layers,
-            hidden: r.hidden,
-            ffn: r.ffn,
-            n_heads: r.n_heads,
-            n_kv_heads: r.n_kv_heads,
-            head_dim: r.head_dim,
-            vocab: r.vocab,
-            context_len: r.context_len,
-            rope_theta: r.rope_theta,
-            rope_dim: r.head_dim,
-            rope_style: known.rope_style,
-            rope_scaling,
-            rms_eps: r.rms_eps,
-            extras,
-        },
+        config,
         tied_embeddings: r.tied_embeddings,
         qkv_bias: r.qkv_bias,
+        qk_norm: r.qk_norm,
+        sinks_and_biases: r.sinks_and_biases,
     })
 }
 
@@ -282,9 +159,9 @@ pub fn synthetic_weights(
         n => n,
     };
     let (h, q, kv, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
-    let gpt_oss = c.family == crate::model::config::Family::GptOss;
-    // gpt-oss's experts are MXFP4 in every released file.
-    let expert_type = if gpt_oss { WType::MXFP4 } else { precision };
+    let gpt_oss = spec.sinks_and_biases;
+    // Experts in the type the family's released files keep them in (gpt-oss: MXFP4).
+    let expert_type = c.family.def().released_expert_type().unwrap_or(precision);
     let small = |n: usize, id: u64| -> Vec<f32> {
         let mut rng = Rng::new(mix(seed, id));
         (0..n).map(|_| rng.uniform()).collect()
@@ -315,7 +192,7 @@ pub fn synthetic_weights(
         true => None,
         false => Some(matrix("output", c.vocab, h, ID_LM_HEAD)?),
     };
-    let qk_norm = c.arch == "qwen3moe" && c.extras.moe.is_some();
+    let qk_norm = spec.qk_norm;
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let mut wqkv = matrix("attn_qkv", q + 2 * kv, h, layer_id(i, 0))?;
@@ -327,8 +204,7 @@ pub fn synthetic_weights(
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h],
             wqkv,
-            // Qwen3-MoE's experts come with per-head Q and K norms (the table's only QK-norm
-            // row; a spec without experts stays a plain Llama block).
+            // Per-head Q and K norms where the shape has them (Qwen3-MoE).
             q_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
             k_norm: qk_norm.then(|| vec![1.0; c.head_dim]),
             attn_sinks: gpt_oss.then(|| small(c.n_heads, layer_id(i, 7))),

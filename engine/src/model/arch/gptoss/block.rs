@@ -12,7 +12,7 @@
 //! (`llama::attention_block`, `llama::output`), which passes the sinks to the attention.
 
 use crate::formats::gguf::{GgufError, GgufFile};
-use crate::model::arch::llama::{self, attention_block, ffn_block, output};
+use crate::model::arch::llama::block::{self as llama, attention_block, ffn_block, output};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, Buf, Ops};
 use crate::model::weights::{Ffn, LayerWeights, WeightError, Weights, linear, vector};

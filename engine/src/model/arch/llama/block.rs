@@ -1,6 +1,7 @@
-//! The Llama family (llama.cpp's `src/models/llama.cpp`, `qwen2.cpp`, `qwen3.cpp`,
-//! `smollm3.cpp`, `phi3.cpp`): pre-norm blocks of grouped-query attention with RoPE and a SwiGLU
-//! feed-forward block. What the members add, each read from the file when it is there:
+//! The Llama block, the recipe most families run (llama.cpp's `src/models/llama.cpp`,
+//! `qwen2.cpp`, `qwen3.cpp`, `smollm3.cpp`, `phi3.cpp`): pre-norm blocks of grouped-query
+//! attention with RoPE and a SwiGLU feed-forward block, and its loader. What the families that
+//! run it add, each read from the file when it is there:
 //! - Q/K/V biases (Qwen2); per-head Q and K norms before RoPE (Qwen3);
 //! - layers without RoPE (SmolLM3: every fourth);
 //! - fused `attn_qkv` and gate-up (`ffn_up` of twice the width, no `ffn_gate`) tensors (Phi-3);
@@ -26,7 +27,7 @@ fn stack(parts: &[&Linear], name: String) -> Result<Linear, WeightError> {
 
 /// `blk.{i}.attn_qkv.weight` when the file fuses Q, K and V (Phi-3), else the three stacked,
 /// with their biases where the file has them (Qwen2, gpt-oss).
-pub(super) fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
+pub(crate) fn qkv(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightError> {
     let (h, q_dim, kv) = (cfg.hidden as u64, cfg.q_dim() as u64, cfg.kv_dim() as u64);
     let p = |s: &str| format!("blk.{i}.{s}");
     if f.tensor(&p("attn_qkv.weight")).is_some() {
@@ -59,7 +60,7 @@ fn gate_up(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Linear, WeightEr
 /// The block's FFN: the dense gate/up and down, or (when the configuration has experts) the
 /// router and the experts of the 3-D `ffn_{gate,up,down}_exps` tensors, each expert's gate and
 /// up stacked; with the router's and the experts' biases where the file has them (gpt-oss).
-pub(super) fn ffn(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Ffn, WeightError> {
+pub(crate) fn ffn(f: &GgufFile, cfg: &ModelConfig, i: usize) -> Result<Ffn, WeightError> {
     let h = cfg.hidden as u64;
     let p = |s: &str| format!("blk.{i}.{s}");
     let Some(m) = cfg.extras.moe else {
@@ -196,7 +197,7 @@ pub fn forward<O: Ops>(
 }
 
 /// The FFN of a block from `Buf::H` to `Buf::Tmp`: one gated FFN, or the mixture of experts.
-pub(super) fn ffn_block<O: Ops>(
+pub(crate) fn ffn_block<O: Ops>(
     ffn: &Ffn<O::Matrix>,
     act: Activation,
     o: &mut O,
@@ -210,7 +211,7 @@ pub(super) fn ffn_block<O: Ops>(
 /// Layer `li` from its input norm to the attention output in `Buf::Tmp`: the previous block's
 /// residual add fused into the norm (a plain norm for the first layer), Q/K/V, attention and the
 /// output projection. Every family's block starts so.
-pub(super) fn attention_block<O: Ops>(
+pub(crate) fn attention_block<O: Ops>(
     c: &ModelConfig,
     w: &Weights<O::Matrix, O::Vector>,
     l: &LayerWeights<O::Matrix, O::Vector>,
@@ -228,7 +229,7 @@ pub(super) fn attention_block<O: Ops>(
 }
 
 /// The last block's residual add, the output norm of the sampled rows and their logits.
-pub(super) fn output<O: Ops>(
+pub(crate) fn output<O: Ops>(
     c: &ModelConfig,
     w: &Weights<O::Matrix, O::Vector>,
     o: &mut O,

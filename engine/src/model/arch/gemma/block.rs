@@ -9,7 +9,7 @@
 //! does it), so every norm here is a plain RMS norm.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::llama::{self, attention_block, ffn_block, output};
+use crate::model::arch::llama::block::{self as llama, attention_block, ffn_block, output};
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, Buf, Ops};
 use crate::model::weights::{WeightError, Weights, vector};

@@ -1,0 +1,112 @@
+//! gpt-oss (llama.cpp's `LLM_ARCH_OPENAI_MOE`): its recipe ([`block`]) and what it resolves
+//! from its metadata: a required window on every other layer (the first slides), the sliding
+//! layers keeping the base and the YaRN scaling unless the file gives them a base of their
+//! own, queries scaled by the rotated size, experts that must say their width, routed by the
+//! top-k logits softmaxed; experts in MXFP4 in every released file.
+//!
+//! Modules: this file, the family's facts; [`block`], its recipe and loader.
+
+use tpslab_kernels::WType;
+use tpslab_kernels::moe::Gating;
+
+use crate::formats::gguf::GgufFile;
+use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, KnownShape};
+use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeScaling, RopeStyle};
+use crate::model::weights::{WeightError, Weights};
+
+pub mod block;
+
+pub use block::forward;
+
+pub struct Def;
+
+/// gpt-oss's trained context under YaRN and its scaling factor, and its window: what its
+/// released files say.
+const YARN: (f32, usize) = (32.0, 4096);
+const WINDOW: usize = 128;
+
+impl FamilyDef for Def {
+    fn gguf_archs(&self) -> &'static [GgufArch] {
+        &[GgufArch {
+            name: "gpt-oss",
+            rope_style: RopeStyle::Neox,
+        }]
+    }
+
+    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+        block::load(f, cfg)
+    }
+
+    /// llama.cpp's `llama_model_openai_moe::load_arch_hparams`.
+    fn extras(
+        &self,
+        k: &Keys<'_>,
+        c: &ModelConfig,
+        window: usize,
+        e: &mut Extras,
+    ) -> Result<(), ConfigError> {
+        if window == 0 {
+            return Err(ConfigError::Shape(format!(
+                "{} must be set for gpt-oss",
+                k.key("attention.sliding_window")
+            )));
+        }
+        e.window = Some(window);
+        e.swa_layers = k.swa_pattern(c.n_layers, 2)?;
+        e.rope_theta_swa = k.float_or("rope.freq_base_swa", c.rope_theta, false)?;
+        e.rope_scaled_swa = true;
+        e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
+        Ok(())
+    }
+
+    fn experts(&self, _: &str) -> ExpertRule {
+        ExpertRule {
+            required: true,
+            width: ExpertWidth::Key,
+            gating: Gating::SoftmaxWeight,
+            norm: false,
+        }
+    }
+
+    fn released_expert_type(&self) -> Option<WType> {
+        Some(WType::MXFP4)
+    }
+
+    fn known_shapes(&self) -> &'static [KnownShape] {
+        // gpt-oss-20b: 32 experts of width 2880, 4 routed per token (about 3.6B of 21B
+        // active), 64 query heads of 64 over 8 K/V heads, biases everywhere and a sink per
+        // head.
+        &[KnownShape {
+            name: "gpt-oss-20b",
+            arch: "gpt-oss",
+            hidden: 2880,
+            ffn: 2880,
+            n_layers: 24,
+            n_heads: 64,
+            n_kv_heads: 8,
+            head_dim: 64,
+            vocab: 201_088,
+            context_len: 131_072,
+            rope_theta: 150_000.0,
+            rms_eps: 1e-5,
+            tied_embeddings: false,
+            qkv_bias: true,
+            experts: Some((32, 4, 2880)),
+            qk_norm: false,
+            sinks_and_biases: true,
+        }]
+    }
+
+    /// As [`Def::extras`] reads a released file: the even layers slide, keeping the base and
+    /// the scaling.
+    fn known_settings(&self, c: &mut ModelConfig) {
+        let e = &mut c.extras;
+        e.window = Some(WINDOW);
+        e.swa_layers = (0..c.n_layers).map(|i| i % 2 == 0).collect();
+        e.rope_theta_swa = c.rope_theta;
+        e.rope_scaled_swa = true;
+        e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
+        let (factor, orig_ctx) = YARN;
+        c.rope_scaling = RopeScaling::Yarn { factor, orig_ctx };
+    }
+}

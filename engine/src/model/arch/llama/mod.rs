@@ -1,0 +1,104 @@
+//! The Llama family: Llama 2 and 3, Mistral (a window on every layer), SmolLM 1-2 (files that
+//! say `smollm` too), and Mixtral-style mixtures of experts (`llama` files with expert
+//! tensors). Its recipe is the pre-norm block the other Llama-like families run.
+//!
+//! Modules: this file, the family's facts; [`block`], the Llama block recipe and its loader.
+
+use crate::formats::gguf::GgufFile;
+use crate::model::arch::family::{FamilyDef, GgufArch, KnownShape};
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::weights::{WeightError, Weights};
+
+pub mod block;
+
+pub use block::forward;
+
+pub struct Def;
+
+impl FamilyDef for Def {
+    fn gguf_archs(&self) -> &'static [GgufArch] {
+        &[
+            GgufArch {
+                name: "llama",
+                rope_style: RopeStyle::Interleaved,
+            },
+            GgufArch {
+                name: "mistral",
+                rope_style: RopeStyle::Interleaved,
+            },
+            GgufArch {
+                name: "smollm",
+                rope_style: RopeStyle::Interleaved,
+            },
+        ]
+    }
+
+    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+        block::load(f, cfg)
+    }
+
+    fn known_shapes(&self) -> &'static [KnownShape] {
+        &SHAPES
+    }
+}
+
+/// The shapes of the real models (from their `config.json` / GGUF metadata).
+const SHAPES: [KnownShape; 3] = [
+    KnownShape {
+        name: "smollm2-135m",
+        arch: "llama",
+        hidden: 576,
+        ffn: 1536,
+        n_layers: 30,
+        n_heads: 9,
+        n_kv_heads: 3,
+        head_dim: 64,
+        vocab: 49152,
+        context_len: 8192,
+        rope_theta: 100_000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: true,
+        qkv_bias: false,
+        experts: None,
+        qk_norm: false,
+        sinks_and_biases: false,
+    },
+    KnownShape {
+        name: "llama-3.2-1b",
+        arch: "llama",
+        hidden: 2048,
+        ffn: 8192,
+        n_layers: 16,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 64,
+        vocab: 128_256,
+        context_len: 131_072,
+        rope_theta: 500_000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: true,
+        qkv_bias: false,
+        experts: None,
+        qk_norm: false,
+        sinks_and_biases: false,
+    },
+    KnownShape {
+        name: "llama-3-8b",
+        arch: "llama",
+        hidden: 4096,
+        ffn: 14336,
+        n_layers: 32,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        vocab: 128_256,
+        context_len: 8192,
+        rope_theta: 500_000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: false,
+        qkv_bias: false,
+        experts: None,
+        qk_norm: false,
+        sinks_and_biases: false,
+    },
+];

@@ -1,0 +1,46 @@
+//! Qwen2 and Qwen2.5: the Llama block with biases on Q, K and V (read from the file) and
+//! NeoX-style RoPE.
+
+use crate::formats::gguf::GgufFile;
+use crate::model::arch::family::{FamilyDef, GgufArch, KnownShape};
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::weights::{WeightError, Weights};
+
+pub use crate::model::arch::llama::block::forward;
+
+pub struct Def;
+
+impl FamilyDef for Def {
+    fn gguf_archs(&self) -> &'static [GgufArch] {
+        &[GgufArch {
+            name: "qwen2",
+            rope_style: RopeStyle::Neox,
+        }]
+    }
+
+    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+        crate::model::arch::llama::block::load(f, cfg)
+    }
+
+    fn known_shapes(&self) -> &'static [KnownShape] {
+        &[KnownShape {
+            name: "qwen2.5-0.5b",
+            arch: "qwen2",
+            hidden: 896,
+            ffn: 4864,
+            n_layers: 24,
+            n_heads: 14,
+            n_kv_heads: 2,
+            head_dim: 64,
+            vocab: 151_936,
+            context_len: 32_768,
+            rope_theta: 1_000_000.0,
+            rms_eps: 1e-6,
+            tied_embeddings: true,
+            qkv_bias: true,
+            experts: None,
+            qk_norm: false,
+            sinks_and_biases: false,
+        }]
+    }
+}

@@ -1,0 +1,66 @@
+//! Qwen3 and Qwen3-MoE: the Llama block with per-head Q and K norms before RoPE (read from the
+//! file), NeoX-style RoPE, and for `qwen3moe` a mixture of experts in every layer, each expert
+//! `expert_feed_forward_length` wide (else the FFN's share per routed expert).
+
+use crate::formats::gguf::GgufFile;
+use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, KnownShape};
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::weights::{WeightError, Weights};
+
+pub use crate::model::arch::llama::block::forward;
+
+pub struct Def;
+
+impl FamilyDef for Def {
+    fn gguf_archs(&self) -> &'static [GgufArch] {
+        &[
+            GgufArch {
+                name: "qwen3",
+                rope_style: RopeStyle::Neox,
+            },
+            GgufArch {
+                name: "qwen3moe",
+                rope_style: RopeStyle::Neox,
+            },
+        ]
+    }
+
+    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+        crate::model::arch::llama::block::load(f, cfg)
+    }
+
+    fn experts(&self, arch: &str) -> ExpertRule {
+        match arch {
+            "qwen3moe" => ExpertRule {
+                required: true,
+                width: ExpertWidth::KeyOrShare,
+                ..ExpertRule::SOFTMAX
+            },
+            _ => ExpertRule::SOFTMAX,
+        }
+    }
+
+    fn known_shapes(&self) -> &'static [KnownShape] {
+        // Qwen3-30B-A3B: 128 experts of width 768, 8 routed per token (about 3B of 30B
+        // active).
+        &[KnownShape {
+            name: "qwen3-30b-a3b",
+            arch: "qwen3moe",
+            hidden: 2048,
+            ffn: 6144,
+            n_layers: 48,
+            n_heads: 32,
+            n_kv_heads: 4,
+            head_dim: 128,
+            vocab: 151_936,
+            context_len: 40_960,
+            rope_theta: 1_000_000.0,
+            rms_eps: 1e-6,
+            tied_embeddings: false,
+            qkv_bias: false,
+            experts: Some((128, 8, 768)),
+            qk_norm: true,
+            sinks_and_biases: false,
+        }]
+    }
+}
