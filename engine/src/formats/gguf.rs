@@ -612,7 +612,7 @@ impl GgufFile {
 }
 
 /// What is done to a tensor's bytes when it is read from a folder, as convert_hf_to_gguf does
-/// it when it converts (`formats::hf_arch::Change`).
+/// it when it converts (`formats::hf_map::Change`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum Edit {
     #[default]

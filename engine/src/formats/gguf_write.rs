@@ -273,7 +273,7 @@ pub fn copy_with_metadata(
     dst: &std::path::Path,
     set: &[(String, Value)],
 ) -> Result<(), GgufWriteError> {
-    let file = crate::formats::gguf::GgufFile::open(src)
+    let file = crate::formats::gguf::GgufFile::open_gguf(src)
         .map_err(|e| GgufWriteError::Invalid(format!("{}: {e}", src.display())))?;
     let mut metadata: Vec<(String, Value)> = file
         .metadata

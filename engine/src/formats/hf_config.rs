@@ -6,7 +6,7 @@ use serde_json::Value as Json;
 
 /// The `config.json` fields every family uses (serde mirror; the text model's own fields when
 /// they sit under `text_config`). Family-specific fields are read from the whole object
-/// ([`crate::formats::hf_arch`]).
+/// (each family's mapping in `model::arch`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct HfConfig {
     pub model_type: Option<String>,

@@ -7,20 +7,20 @@
 //! - [`gguf_split`]: split GGUF models (`NAME-00001-of-0000N.gguf`) opened as one.
 //! - [`gguf_write`]: GGUF writer (every metadata type; tensors streamed at aligned offsets).
 //! - [`safetensors`]: validating safetensors reader and streaming writer (F32/F16/BF16).
-//! - [`hf`]: Hugging Face folders (config.json, tokenizer.json, safetensors) opened as a GGUF view.
-//! - [`hf_arch`]: the families of Hugging Face configs (Llama, Mistral, Qwen2/3, Gemma 2/3,
-//!   Phi-3, SmolLM3) mapped to GGUF metadata and tensors as convert_hf_to_gguf maps them.
+//! - [`hf`]: Hugging Face folders' files (config.json, tokenizer.json, safetensors shards) and
+//!   their tensors' bytes; the mapping into a GGUF view is `model::hf_folder`'s, by family.
+//! - [`hf_map`]: the pieces of convert_hf_to_gguf every family's mapping is built from.
 //! - [`hf_config`]: the `config.json` fields every family reads.
 //! - [`hf_tokenizer`]: tokenizer.json + tokenizer_config.json mapped to the GGUF tokenizer keys.
 //! - [`pretokenizer`]: the pre-tokenizers by `tokenizer.ggml.pre` name (GGUF and HF share it).
-//! - (this file) the one `open` and tensor read for every format.
+//! - (this file) the one tensor read for every format, and the GGUF-only open.
 
 pub mod gguf;
 pub mod gguf_split;
 pub mod gguf_write;
 pub mod hf;
-pub mod hf_arch;
 pub mod hf_config;
+pub mod hf_map;
 pub mod hf_tokenizer;
 pub mod pretokenizer;
 pub mod safetensors;
@@ -29,19 +29,13 @@ use std::path::Path;
 
 use gguf::{GgufError, GgufFile, TensorInfo, TensorSource};
 
-/// The one `open` for every format, and the one tensor read for every source: each format's
-/// reader builds on the GGUF types, and only here are they put together.
+/// The one tensor read for every source: each format's reader builds on the GGUF types, and
+/// only here are they put together. (The one `open`, `GgufFile::open`, is
+/// `model::hf_folder`'s: a Hugging Face folder is mapped by its family.)
 impl GgufFile {
-    /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
-    /// as a Hugging Face model ([`hf::open_folder`]); the first part of a split model
-    /// (`NAME-00001-of-0000N.gguf`) opens every part ([`gguf_split::join`]).
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            return hf::open_folder(path, hf_tokenizer::metadata)
-                .map_err(|e| GgufError::Hf(Box::new(e)));
-        }
-        gguf_split::join(Self::open_single(path)?)
+    /// A GGUF file (not a folder), the parts of a split one joined.
+    pub fn open_gguf(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        gguf_split::join(Self::open_single(path.as_ref())?)
     }
 
     /// Reads the bytes of one tensor. The size was validated against

@@ -341,7 +341,7 @@ pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
                         .collect()
                 })
                 .unwrap_or_default();
-            crate::formats::hf::gguf_arch_of(config["model_type"].as_str(), &architectures)
+            crate::model::hf_folder::gguf_arch_of(config["model_type"].as_str(), &architectures)
                 .map_err(|found| unsupported(&found))?;
         }
     }

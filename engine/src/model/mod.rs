@@ -4,6 +4,8 @@
 //!
 //! Modules:
 //! - [`config`]: the typed configuration a file's metadata resolves to, and its key reader.
+//! - [`hf_folder`]: a Hugging Face folder as a GGUF view, mapped by its family, and
+//!   `GgufFile::open`, the one open for every format.
 //! - [`weights`]: [`weights::Linear`] dense or quantized, the weight set, the tensor loaders.
 //! - [`arena`]: where a loaded model's weight bytes live (one arena on huge pages per model).
 //! - [`weight_bytes`]: a matrix's bytes, alone or its slice of the arena.
@@ -24,6 +26,7 @@ use crate::formats::gguf::{GgufError, GgufFile};
 pub mod arch;
 pub mod arena;
 pub mod config;
+pub mod hf_folder;
 pub mod loaded;
 pub mod ops;
 pub mod precision;

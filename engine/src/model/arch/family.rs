@@ -5,7 +5,13 @@
 use tpslab_kernels::WType;
 use tpslab_kernels::moe::{Gating, Router};
 
+use serde_json::{Map, Value as Json};
+
 use crate::formats::gguf::GgufFile;
+use crate::formats::hf_config::HfConfig;
+use crate::formats::hf_map::{
+    Bad, Change, Md, PRE_NORM, Rope, Shape, ShapeDefaults, default_theta, gguf_name, text_model,
+};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -90,6 +96,26 @@ pub struct KnownShape {
     pub sinks_and_biases: bool,
 }
 
+/// A Hugging Face model class a family runs, as convert_hf_to_gguf registers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HfClass {
+    /// `architectures[0]` ("LlamaForCausalLM"), what the converter dispatches on.
+    pub class: &'static str,
+    /// The `model_type`s that name it in a config without `architectures`.
+    pub model_types: &'static [&'static str],
+    /// The GGUF `general.architecture` the converter writes.
+    pub gguf_arch: &'static str,
+}
+
+/// A folder's config as a family's mapping reads it: the typed fields, the raw object (with
+/// the family's defaults filled in), the resolved RoPE parameters and the checked shape.
+pub struct HfInput<'a> {
+    pub cfg: &'a HfConfig,
+    pub j: &'a Map<String, Json>,
+    pub rope: &'a Rope,
+    pub shape: &'a Shape,
+}
+
 /// A family: the GGUF architectures it reads, the quirks it resolves from their metadata, and
 /// its weights by tensor name. Its recipe (`forward`, generic over the device) is the module's
 /// free function the registry dispatches to. Every method but the first two has the plain
@@ -138,5 +164,61 @@ pub trait FamilyDef: Sync {
     /// pattern and YaRN), applied to its resolved configuration.
     fn known_settings(&self, cfg: &mut ModelConfig) {
         let _ = cfg;
+    }
+
+    /// The Hugging Face classes the family runs from a folder.
+    fn hf_classes(&self) -> &'static [HfClass] {
+        &[]
+    }
+
+    /// Fills in what the class's transformers config defaults where `config.json` leaves it
+    /// out (the converter reads the config through `AutoConfig`). Default: RoPE base 10 000.
+    fn hf_defaults(&self, c: &HfClass, cfg: &mut HfConfig, j: &mut Map<String, Json>) {
+        let _ = (c, cfg);
+        default_theta(j, 10_000.0);
+    }
+
+    /// The shape the class's config defaults to.
+    fn hf_shape_defaults(&self, c: &HfClass) -> ShapeDefaults {
+        let _ = c;
+        ShapeDefaults::default()
+    }
+
+    /// The `{arch}.*` keys the converter writes (`set_gguf_parameters`). Default: the keys
+    /// every text model writes.
+    fn hf_metadata(&self, c: &HfClass, md: &mut Md, x: &HfInput<'_>) -> Result<(), Bad> {
+        let _ = c;
+        text_model(md, x.cfg, x.j, x.rope)
+    }
+
+    /// Tensors the converter computes from the config (`generate_extra_tensors`): (GGUF name,
+    /// F32 values).
+    fn hf_computed(&self, c: &HfClass, x: &HfInput<'_>) -> Result<Vec<(String, Vec<f32>)>, Bad> {
+        let _ = (c, x);
+        Ok(Vec::new())
+    }
+
+    /// The GGUF name of the folder's tensor `hf` (`None`: unknown, `Some(None)`: skipped).
+    /// Default: the shared names and pre-norm blocks.
+    fn hf_tensor_name(&self, c: &HfClass, hf: &str) -> Option<Option<String>> {
+        let _ = c;
+        gguf_name(&[&PRE_NORM], hf)
+    }
+
+    /// What the converter does to the values of the GGUF tensor `name`.
+    fn hf_change(&self, c: &HfClass, name: &str, s: &Shape) -> Change {
+        let _ = (c, name, s);
+        Change::None
+    }
+
+    /// How many embedding rows the converter keeps, when fewer than the config's vocabulary
+    /// (`tokenizer` reads the folder's tokenizer.json).
+    fn hf_vocab_rows(
+        &self,
+        c: &HfClass,
+        tokenizer: &dyn Fn() -> Result<Json, Bad>,
+    ) -> Result<Option<u64>, Bad> {
+        let _ = (c, tokenizer);
+        Ok(None)
     }
 }

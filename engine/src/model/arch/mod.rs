@@ -26,7 +26,7 @@ pub use crate::model::config::Family;
 use crate::model::config::{ConfigError, ModelConfig};
 use crate::model::ops::Ops;
 use crate::model::weights::{WeightError, Weights};
-pub use family::{FamilyDef, GgufArch, KnownShape};
+pub use family::{FamilyDef, GgufArch, HfClass, KnownShape};
 
 pub mod family;
 pub mod resolve;
@@ -112,6 +112,38 @@ pub fn lookup(name: &str) -> Option<(Family, &'static GgufArch)> {
 /// The GGUF architectures the engine runs, for messages ("llama, mistral, ...").
 pub fn names() -> String {
     archs().map(|(_, a)| a.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Every Hugging Face class the engine runs from a folder, with its family.
+pub fn hf_classes() -> impl Iterator<Item = (Family, &'static HfClass)> {
+    Family::ALL
+        .iter()
+        .flat_map(|&f| f.def().hf_classes().iter().map(move |c| (f, c)))
+}
+
+/// The class of a `config.json`: its `architectures[0]` (what the converter dispatches on),
+/// else its `model_type`; the name found when the engine does not run it.
+pub fn hf_class_of(
+    model_type: Option<&str>,
+    architectures: &[String],
+) -> Result<(Family, &'static HfClass), String> {
+    if let Some(a) = architectures.first() {
+        return hf_classes()
+            .find(|(_, c)| c.class == a)
+            .ok_or_else(|| a.clone());
+    }
+    let ty = model_type.unwrap_or_default();
+    hf_classes()
+        .find(|(_, c)| c.model_types.contains(&ty))
+        .ok_or_else(|| ty.to_string())
+}
+
+/// The Hugging Face class names, for messages.
+pub fn hf_names() -> String {
+    hf_classes()
+        .map(|(_, c)| c.class)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The error for an architecture no family runs.

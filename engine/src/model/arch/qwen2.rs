@@ -2,7 +2,7 @@
 //! NeoX-style RoPE.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{FamilyDef, GgufArch, KnownShape};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, KnownShape};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -41,6 +41,14 @@ impl FamilyDef for Def {
             experts: None,
             qk_norm: false,
             sinks_and_biases: false,
+        }]
+    }
+
+    fn hf_classes(&self) -> &'static [HfClass] {
+        &[HfClass {
+            class: "Qwen2ForCausalLM",
+            model_types: &["qwen2"],
+            gguf_arch: "qwen2",
         }]
     }
 }

@@ -2,8 +2,14 @@
 //! file), NeoX-style RoPE, and for `qwen3moe` a mixture of experts in every layer, each expert
 //! `expert_feed_forward_length` wide (else the FFN's share per routed expert).
 
+use serde_json::{Map, Value as Json};
+
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, KnownShape};
+use crate::formats::hf_config::HfConfig;
+use crate::formats::hf_map::{PRE_NORM, QK_NORMS, default_theta, gguf_name};
+use crate::model::arch::family::{
+    ExpertRule, ExpertWidth, FamilyDef, GgufArch, HfClass, KnownShape,
+};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -62,5 +68,23 @@ impl FamilyDef for Def {
             qk_norm: true,
             sinks_and_biases: false,
         }]
+    }
+
+    fn hf_classes(&self) -> &'static [HfClass] {
+        &[HfClass {
+            class: "Qwen3ForCausalLM",
+            model_types: &["qwen3"],
+            gguf_arch: "qwen3",
+        }]
+    }
+
+    /// transformers' `Qwen3Config`: heads of 128.
+    fn hf_defaults(&self, _: &HfClass, cfg: &mut HfConfig, j: &mut Map<String, Json>) {
+        cfg.head_dim = cfg.head_dim.or(Some(128));
+        default_theta(j, 10_000.0);
+    }
+
+    fn hf_tensor_name(&self, _: &HfClass, hf: &str) -> Option<Option<String>> {
+        gguf_name(&[&PRE_NORM, &QK_NORMS], hf)
     }
 }

@@ -3,14 +3,22 @@
 //! layers with their own RoPE base, soft-caps (Gemma 2's defaults, Gemma 3's only where its
 //! file sets one), and the 27B models' query scale.
 //!
-//! Modules: this file, the family's facts; [`block`], its recipe and loader.
+//! Modules: this file, the family's facts; [`block`], its recipe and loader; [`hf`], its
+//! Hugging Face mapping.
+
+use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{FamilyDef, GgufArch};
+use crate::formats::hf_config::HfConfig;
+use crate::formats::hf_map::{
+    Bad, Change, Md, QK_NORMS, Shape, ShapeDefaults, default_theta, gguf_name, set, text_model,
+};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
 pub mod block;
+pub mod hf;
 
 pub use block::forward;
 
@@ -66,5 +74,85 @@ impl FamilyDef for Def {
             e.attn_scale = 1.0 / ((c.hidden / c.n_heads) as f32).sqrt();
         }
         Ok(())
+    }
+
+    fn hf_classes(&self) -> &'static [HfClass] {
+        &[
+            HfClass {
+                class: "Gemma2ForCausalLM",
+                model_types: &["gemma2"],
+                gguf_arch: "gemma2",
+            },
+            HfClass {
+                class: "Gemma3ForCausalLM",
+                model_types: &["gemma3_text", "gemma3"],
+                gguf_arch: "gemma3",
+            },
+        ]
+    }
+
+    /// transformers' `Gemma2Config` / `Gemma3TextConfig`: heads of 256; Gemma 3's bases
+    /// 1 000 000 global and 10 000 local.
+    fn hf_defaults(&self, c: &HfClass, cfg: &mut HfConfig, j: &mut Map<String, Json>) {
+        cfg.head_dim = cfg.head_dim.or(Some(256));
+        if c.gguf_arch != "gemma3" {
+            default_theta(j, 10_000.0);
+            return;
+        }
+        let rope_set = set(j, "rope_parameters");
+        default_theta(j, 1_000_000.0);
+        if !rope_set && !set(j, "rope_local_base_freq") {
+            j.insert("rope_local_base_freq".into(), Json::from(10_000.0));
+        }
+    }
+
+    /// The converter's Gemma 3 defaults where its config leaves the shape out.
+    fn hf_shape_defaults(&self, c: &HfClass) -> ShapeDefaults {
+        match c.gguf_arch {
+            "gemma3" => ShapeDefaults {
+                heads: Some(8),
+                kv_heads: Some(4),
+                head_dim: Some(256),
+            },
+            _ => ShapeDefaults::default(),
+        }
+    }
+
+    fn hf_metadata(&self, c: &HfClass, md: &mut Md, x: &HfInput<'_>) -> Result<(), Bad> {
+        if c.gguf_arch == "gemma2" {
+            return hf::gemma2(md, x.cfg, x.j, x.shape);
+        }
+        text_model(md, x.cfg, x.j, x.rope)?;
+        hf::gemma3(md, x.cfg, x.j, x.rope, x.shape)
+    }
+
+    /// Gemma's `lm_head` is the embedding (skipped); Gemma 3 norms Q and K.
+    fn hf_tensor_name(&self, c: &HfClass, hf: &str) -> Option<Option<String>> {
+        if hf == "lm_head.weight" {
+            return Some(None);
+        }
+        match c.gguf_arch {
+            "gemma3" => gguf_name(&[&hf::NORMS, &QK_NORMS], hf),
+            _ => gguf_name(&[&hf::NORMS], hf),
+        }
+    }
+
+    fn hf_change(&self, _: &HfClass, name: &str, _: &Shape) -> Change {
+        if name.ends_with("norm.weight") {
+            Change::PlusOne
+        } else {
+            Change::None
+        }
+    }
+
+    fn hf_vocab_rows(
+        &self,
+        c: &HfClass,
+        tokenizer: &dyn Fn() -> Result<Json, Bad>,
+    ) -> Result<Option<u64>, Bad> {
+        if c.gguf_arch != "gemma3" {
+            return Ok(None);
+        }
+        Ok(hf::gemma3_vocab(&tokenizer()?))
     }
 }

@@ -2,14 +2,20 @@
 //! say `smollm` too), and Mixtral-style mixtures of experts (`llama` files with expert
 //! tensors). Its recipe is the pre-norm block the other Llama-like families run.
 //!
-//! Modules: this file, the family's facts; [`block`], the Llama block recipe and its loader.
+//! Modules: this file, the family's facts; [`block`], the Llama block recipe and its loader;
+//! [`hf`], its Hugging Face mapping (shared with SmolLM3, a `LlamaModel` to the converter).
+
+use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{FamilyDef, GgufArch, KnownShape};
+use crate::formats::hf_config::HfConfig;
+use crate::formats::hf_map::{Bad, Change, Md, Shape};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, KnownShape};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
 pub mod block;
+pub mod hf;
 
 pub use block::forward;
 
@@ -39,6 +45,31 @@ impl FamilyDef for Def {
 
     fn known_shapes(&self) -> &'static [KnownShape] {
         &SHAPES
+    }
+
+    fn hf_classes(&self) -> &'static [HfClass] {
+        &hf::CLASSES
+    }
+
+    fn hf_defaults(&self, _: &HfClass, cfg: &mut HfConfig, j: &mut Map<String, Json>) {
+        hf::head_dim_default(cfg);
+        crate::formats::hf_map::default_theta(j, 10_000.0);
+    }
+
+    fn hf_metadata(&self, c: &HfClass, md: &mut Md, x: &HfInput<'_>) -> Result<(), Bad> {
+        hf::llama_model_keys(md, x)?;
+        if c.class == "MistralForCausalLM" {
+            hf::mistral_window(md, x.j)?;
+        }
+        Ok(())
+    }
+
+    fn hf_computed(&self, _: &HfClass, x: &HfInput<'_>) -> Result<Vec<(String, Vec<f32>)>, Bad> {
+        hf::llama3_tensors(x)
+    }
+
+    fn hf_change(&self, _: &HfClass, name: &str, s: &Shape) -> Change {
+        hf::permute(name, s)
     }
 }
 
