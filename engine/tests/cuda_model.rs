@@ -21,7 +21,7 @@ use tpslab_engine::model::arch;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::record::Recording;
 use tpslab_engine::model::synthetic::synthetic_tokenizer;
-use tpslab_engine::model::tiny::{VARIANTS, write_tiny};
+use tpslab_engine::model::tiny::{variants, write_tiny};
 use tpslab_engine::model::{LoadedModel, Model};
 use tpslab_engine::sched::stop::StopCriteria;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, Request};
@@ -191,7 +191,7 @@ fn every_family_but_gpt_oss_matches_cpu() {
     require_gpu();
     let dir = std::env::temp_dir().join(format!("tpslab-cuda-families-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for variant in VARIANTS.iter().filter(|v| **v != "gpt-oss") {
+    for variant in variants().into_iter().filter(|v| *v != "gpt-oss") {
         let lm = tiny(variant, &dir);
         let vocab = lm.model.cfg.vocab as u32;
         let prompt: Vec<u32> = (0..37).map(|i| (i * 131 + 5) % vocab).collect();

@@ -17,7 +17,7 @@ use tpslab_engine::model::arch::{self, Family};
 use tpslab_engine::model::config::{ModelConfig, RopeStyle};
 use tpslab_engine::model::ops::{Activation, AttnOpts, Buf, Heads, ParamShape, Rope};
 use tpslab_engine::model::record::{Op, Recording};
-use tpslab_engine::model::tiny::{VARIANTS, WINDOW, write_tiny};
+use tpslab_engine::model::tiny::{WINDOW, variants, write_tiny};
 use tpslab_kernels::{ThreadPool, WType};
 
 const VOCAB: usize = 300;
@@ -337,7 +337,7 @@ fn graph(arch: &str, c: &ModelConfig) -> Vec<Op> {
 #[test]
 fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
     let pool = ThreadPool::new(2);
-    for arch in VARIANTS {
+    for arch in variants() {
         let model = load(arch);
         let c = &model.cfg;
         assert_eq!(
@@ -390,8 +390,9 @@ fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
 fn cuda_refuses_what_it_cannot_run_by_name() {
     use CudaGap::Untried;
     use tpslab_engine::device::cuda::{CudaGap, cuda_gap};
-    let models: Vec<_> = VARIANTS.iter().map(|a| (*a, load(a))).collect();
-    let gaps = |untried: bool| -> Vec<(&str, Option<CudaGap>)> {
+    let models: Vec<_> = variants().into_iter().map(|a| (a, load(a))).collect();
+    // By variant name, so the registry's order does not matter.
+    let gaps = |untried: bool| -> std::collections::BTreeMap<&str, Option<CudaGap>> {
         models
             .iter()
             .map(|(a, m)| (*a, cuda_gap(&m.cfg, &m.weights, untried)))
@@ -401,7 +402,7 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
     // are refused by name.
     assert_eq!(
         gaps(false),
-        [
+        std::collections::BTreeMap::from([
             ("llama", Some(Untried("RoPE frequency factors"))),
             ("mistral", Some(Untried("sliding-window attention"))),
             ("smollm", None),
@@ -414,12 +415,12 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("qwen3moe", Some(Untried("QK-norm"))),
             ("mixtral", Some(Untried("mixture-of-experts layers"))),
             ("gpt-oss", Some(Untried("RoPE scaling"))),
-        ]
+        ])
     );
     // With them, every family runs (gpt-oss's MXFP4 experts still wait on `has_kernel`).
     assert_eq!(
         gaps(true),
-        [
+        std::collections::BTreeMap::from([
             ("llama", None),
             ("mistral", None),
             ("smollm", None),
@@ -432,7 +433,7 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("qwen3moe", None),
             ("mixtral", None),
             ("gpt-oss", None),
-        ]
+        ])
     );
 }
 

@@ -20,52 +20,40 @@ use std::path::Path;
 
 use crate::formats::gguf::{GgufFile, Value};
 use crate::formats::gguf_write::{GgufWriteError, TensorDesc, write_gguf};
+use crate::model::arch::Family;
+use crate::model::arch::family::{
+    TINY_FFN as FFN, TINY_HEADS as HEADS, TINY_HIDDEN as HIDDEN, TINY_KV_HEADS as KV_HEADS,
+    TinySpec, TinyValue,
+};
 use tpslab_kernels::WType;
 
-/// The variants, by the GGUF architecture they are written as: every registered architecture
-/// (`mistral` with a sliding window; `mistral` and `smollm` are names llama.cpp does not use,
-/// their files say `llama`), and `mixtral`, a `llama` file with expert tensors as Mixtral's
-/// are (llama.cpp runs it: the file says `llama`).
-pub const VARIANTS: [&str; 12] = [
-    "llama", "mistral", "smollm", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
-    "qwen3moe", "mixtral", "gpt-oss",
-];
+pub use crate::model::arch::family::{TINY_CONTEXT as CONTEXT, TINY_WINDOW as WINDOW};
+
+/// Every tiny variant, from the families' lists (`FamilyDef::tiny`), in the registry's order.
+fn specs() -> impl Iterator<Item = (Family, &'static TinySpec)> {
+    Family::ALL
+        .iter()
+        .flat_map(|&f| f.def().tiny().iter().map(move |t| (f, t)))
+}
+
+/// The variants' names: every registered architecture's (`mistral` with a sliding window;
+/// `mistral` and `smollm` are names llama.cpp does not use, their files say `llama`), and
+/// `mixtral`, a `llama` file with expert tensors as Mixtral's are (llama.cpp runs it: the file
+/// says `llama`).
+pub fn variants() -> Vec<&'static str> {
+    specs().map(|(_, t)| t.variant).collect()
+}
 
 /// The GGUF architecture a variant's file says.
-pub fn file_arch(variant: &str) -> &str {
-    match variant {
-        "mixtral" => "llama",
-        v => v,
-    }
+pub fn file_arch(variant: &str) -> Option<&'static str> {
+    specs()
+        .find(|(_, t)| t.variant == variant)
+        .map(|(_, t)| t.arch)
 }
-
-/// The experts of a variant with a mixture of experts: (experts, used per token, width).
-fn experts_of(variant: &str) -> Option<(u64, u64, u64)> {
-    match variant {
-        // Qwen3-30B-A3B routes 8 of 128 experts, each narrower than the dense FFN.
-        "qwen3moe" => Some((8, 4, 32)),
-        // Mixtral routes 2 of 8, each as wide as the dense FFN.
-        "mixtral" => Some((4, 2, FFN)),
-        // gpt-oss-20b routes 4 of 32.
-        "gpt-oss" => Some((8, 4, 32)),
-        _ => None,
-    }
-}
-
-const HIDDEN: u64 = 64;
-const FFN: u64 = 128;
-const HEADS: u64 = 4;
-const KV_HEADS: u64 = 2;
-/// The trained context the files claim (past every test's context, so LongRoPE's short
-/// factors are the ones in use, as in llama.cpp at that context).
-pub const CONTEXT: u64 = 4096;
-/// The sliding window of the Gemma variants: narrow enough that a 128-token perplexity run
-/// crosses it.
-pub const WINDOW: u64 = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TinyError {
-    #[error("no tiny variant '{0}' (known: {known})", known = VARIANTS.join(", "))]
+    #[error("no tiny variant '{0}' (known: {known})", known = variants().join(", "))]
     Variant(String),
     #[error("vocabulary file: {0}")]
     Vocab(#[from] crate::formats::gguf::GgufError),
@@ -78,33 +66,6 @@ pub enum TinyError {
         path: String,
         source: std::io::Error,
     },
-}
-
-/// The shape of one variant.
-struct Shape {
-    layers: u64,
-    head_dim: u64,
-}
-
-fn shape(arch: &str) -> Shape {
-    match arch {
-        "qwen3" | "qwen3moe" | "gemma2" | "gpt-oss" => Shape {
-            layers: 4,
-            head_dim: 32,
-        },
-        "gemma3" => Shape {
-            layers: 6,
-            head_dim: 32,
-        },
-        "smollm3" => Shape {
-            layers: 4,
-            head_dim: HIDDEN / HEADS,
-        },
-        _ => Shape {
-            layers: 2,
-            head_dim: HIDDEN / HEADS,
-        },
-    }
 }
 
 /// Uniform floats in `[lo, hi)` from a generator seeded by `name` (FNV-1a, then xorshift).
@@ -123,11 +84,17 @@ fn uniform(name: &str, n: u64, lo: f32, hi: f32) -> Vec<u8> {
         .collect()
 }
 
-/// The tensors of `arch` with a vocabulary of `vocab`: (name, ggml dims, bytes).
-fn tensors(arch: &str, vocab: u64, as_released: bool) -> Vec<(TensorDesc, Vec<u8>)> {
-    let Shape { layers, head_dim } = shape(arch);
+/// The head size of `t`.
+fn head_dim(t: &TinySpec) -> u64 {
+    t.head_dim.unwrap_or(HIDDEN / HEADS)
+}
+
+/// The tensors of `t` with a vocabulary of `vocab`: (name, ggml dims, bytes); the experts in
+/// the family's released type (`expert_type`) when `as_released`.
+fn tensors(t: &TinySpec, vocab: u64, expert_type: Option<WType>) -> Vec<(TensorDesc, Vec<u8>)> {
+    let (layers, head_dim) = (t.layers, head_dim(t));
     let (h, q, kv) = (HIDDEN, HEADS * head_dim, KV_HEADS * head_dim);
-    let mut t = Vec::new();
+    let mut out = Vec::new();
     let mut add = |name: String, dims: Vec<u64>| {
         let n: u64 = dims.iter().product();
         let bytes = match dims.as_slice() {
@@ -144,39 +111,38 @@ fn tensors(arch: &str, vocab: u64, as_released: bool) -> Vec<(TensorDesc, Vec<u8
             }
             _ => Vec::new(),
         };
-        t.push((TensorDesc::new(name, dims, WType::F32), bytes));
+        out.push((TensorDesc::new(name, dims, WType::F32), bytes));
     };
     add("token_embd.weight".into(), vec![h, vocab]);
     add("output_norm.weight".into(), vec![h]);
-    match arch {
-        "llama" => add("rope_freqs.weight".into(), vec![head_dim / 2]),
-        "phi3" => {
-            add("rope_factors_long.weight".into(), vec![head_dim / 2]);
-            add("rope_factors_short.weight".into(), vec![head_dim / 2]);
-        }
-        _ => {}
+    if t.rope_freqs {
+        add("rope_freqs.weight".into(), vec![head_dim / 2]);
+    }
+    if t.longrope {
+        add("rope_factors_long.weight".into(), vec![head_dim / 2]);
+        add("rope_factors_short.weight".into(), vec![head_dim / 2]);
     }
     for i in 0..layers {
         let p = |s: &str| format!("blk.{i}.{s}");
         add(p("attn_norm.weight"), vec![h]);
-        if arch == "phi3" {
+        if t.fused {
             add(p("attn_qkv.weight"), vec![h, q + 2 * kv]);
         } else {
             add(p("attn_q.weight"), vec![h, q]);
             add(p("attn_k.weight"), vec![h, kv]);
             add(p("attn_v.weight"), vec![h, kv]);
         }
-        if matches!(arch, "qwen2" | "gpt-oss") {
+        if t.qkv_bias {
             add(p("attn_q.bias"), vec![q]);
             add(p("attn_k.bias"), vec![kv]);
             add(p("attn_v.bias"), vec![kv]);
         }
-        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
+        if t.qk_norm {
             add(p("attn_q_norm.weight"), vec![head_dim]);
             add(p("attn_k_norm.weight"), vec![head_dim]);
         }
         add(p("attn_output.weight"), vec![q, h]);
-        if arch == "gpt-oss" {
+        if t.sinks_and_biases {
             add(p("attn_output.bias"), vec![h]);
             add(p("attn_sinks.weight"), vec![HEADS]);
             // gpt-oss's FFN norm, by llama.cpp's name.
@@ -184,62 +150,63 @@ fn tensors(arch: &str, vocab: u64, as_released: bool) -> Vec<(TensorDesc, Vec<u8
         } else {
             add(p("ffn_norm.weight"), vec![h]);
         }
-        if let Some((n, _, w)) = experts_of(arch) {
+        if let Some((n, _, w)) = t.experts {
             add(p("ffn_gate_inp.weight"), vec![h, n]);
             add(p("ffn_gate_exps.weight"), vec![h, w, n]);
             add(p("ffn_up_exps.weight"), vec![h, w, n]);
             add(p("ffn_down_exps.weight"), vec![w, h, n]);
-            if arch == "gpt-oss" {
+            if t.sinks_and_biases {
                 add(p("ffn_gate_inp.bias"), vec![n]);
                 add(p("ffn_gate_exps.bias"), vec![w, n]);
                 add(p("ffn_up_exps.bias"), vec![w, n]);
                 add(p("ffn_down_exps.bias"), vec![h, n]);
             }
-        } else if arch == "phi3" {
+        } else if t.fused {
             add(p("ffn_up.weight"), vec![h, 2 * FFN]);
         } else {
             add(p("ffn_gate.weight"), vec![h, FFN]);
             add(p("ffn_up.weight"), vec![h, FFN]);
         }
-        if experts_of(arch).is_none() {
+        if t.experts.is_none() {
             add(p("ffn_down.weight"), vec![FFN, h]);
         }
-        if arch.starts_with("gemma") {
+        if t.sandwich {
             add(p("post_attention_norm.weight"), vec![h]);
             add(p("post_ffw_norm.weight"), vec![h]);
         }
     }
-    if arch == "gpt-oss" {
+    if t.sinks_and_biases {
         add("output.weight".into(), vec![h, vocab]);
-        // The experts in MXFP4, quantized from the same floats.
-        for (desc, bytes) in t
+    }
+    // The experts in the released type, quantized from the same floats.
+    if let Some(ty) = expert_type {
+        for (desc, bytes) in out
             .iter_mut()
-            .filter(|(d, _)| as_released && d.name.ends_with("_exps.weight"))
+            .filter(|(d, _)| d.name.ends_with("_exps.weight"))
         {
             let floats: Vec<f32> = bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
-            *bytes = tpslab_kernels::quantize::quantize(tpslab_kernels::WType::MXFP4, &floats);
-            desc.ty = WType::MXFP4;
+            *bytes = tpslab_kernels::quantize::quantize(ty, &floats);
+            desc.ty = ty;
         }
     }
-    t
+    out
 }
 
 /// The architecture's metadata (the tokenizer's is copied from the vocabulary file).
-fn metadata(arch: &str) -> Vec<(String, Value)> {
-    let Shape { layers, head_dim } = shape(arch);
-    let file = file_arch(arch);
-    let k = |s: &str| format!("{file}.{s}");
+fn metadata(t: &TinySpec) -> Vec<(String, Value)> {
+    let head_dim = head_dim(t);
+    let k = |s: &str| format!("{}.{s}", t.arch);
     let u = |v: u64| Value::U32(v as u32);
     let mut md = vec![
-        ("general.architecture".into(), Value::String(file.into())),
+        ("general.architecture".into(), Value::String(t.arch.into())),
         (
             "general.name".into(),
-            Value::String(format!("tiny random {arch}")),
+            Value::String(format!("tiny random {}", t.variant)),
         ),
-        (k("block_count"), u(layers)),
+        (k("block_count"), u(t.layers)),
         (k("context_length"), u(CONTEXT)),
         (k("embedding_length"), u(HIDDEN)),
         (k("feed_forward_length"), u(FFN)),
@@ -250,49 +217,17 @@ fn metadata(arch: &str) -> Vec<(String, Value)> {
         (k("rope.dimension_count"), u(head_dim)),
         (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
     ];
-    let base = |b: f32| (k("rope.freq_base"), Value::F32(b));
-    match arch {
-        "llama" => md.push(base(500_000.0)),
-        "qwen3moe" | "mixtral" => md.push(base(1_000_000.0)),
-        // gpt-oss's base and YaRN, its window every other layer (a trained context of 4096 in
-        // the real files; 64 here, so the ramp falls inside the tiny head).
-        "gpt-oss" => md.extend([
-            base(150_000.0),
-            (k("attention.sliding_window"), u(WINDOW)),
-            (k("rope.scaling.type"), Value::String("yarn".into())),
-            (k("rope.scaling.factor"), Value::F32(4.0)),
-            (k("rope.scaling.original_context_length"), u(64)),
-        ]),
-        "qwen2" => md.extend([
-            base(1_000_000.0),
-            (k("rope.scaling.type"), Value::String("yarn".into())),
-            (k("rope.scaling.factor"), Value::F32(4.0)),
-            (k("rope.scaling.original_context_length"), u(64)),
-        ]),
-        "mistral" => md.extend([base(10_000.0), (k("attention.sliding_window"), u(WINDOW))]),
-        "gemma2" => md.extend([
-            base(10_000.0),
-            (k("attention.sliding_window"), u(WINDOW)),
-            (k("attn_logit_softcapping"), Value::F32(20.0)),
-            (k("final_logit_softcapping"), Value::F32(10.0)),
-        ]),
-        "gemma3" => md.extend([
-            base(1_000_000.0),
-            (k("rope.freq_base_swa"), Value::F32(10_000.0)),
-            (k("attention.sliding_window"), u(WINDOW)),
-            (k("rope.scaling.type"), Value::String("linear".into())),
-            (k("rope.scaling.factor"), Value::F32(8.0)),
-        ]),
-        "phi3" => md.extend([
-            base(10_000.0),
-            (k("rope.scaling.attn_factor"), Value::F32(1.19)),
-            (k("rope.scaling.original_context_length"), u(CONTEXT)),
-        ]),
-        _ => md.push(base(10_000.0)),
-    }
-    if let Some((n, used, w)) = experts_of(arch) {
+    md.extend(t.metadata.iter().map(|&(key, v)| {
+        let v = match v {
+            TinyValue::U32(x) => u(x),
+            TinyValue::F32(x) => Value::F32(x),
+            TinyValue::Str(x) => Value::String(x.into()),
+        };
+        (k(key), v)
+    }));
+    if let Some((n, used, w)) = t.experts {
         md.extend([(k("expert_count"), u(n)), (k("expert_used_count"), u(used))]);
-        if matches!(arch, "qwen3moe" | "gpt-oss") {
+        if t.expert_width_key {
             md.push((k("expert_feed_forward_length"), u(w)));
         }
     }
@@ -334,9 +269,9 @@ fn write(
     out: &Path,
     as_released: bool,
 ) -> Result<(), TinyError> {
-    if !VARIANTS.contains(&arch) {
+    let Some((family, spec)) = specs().find(|(_, t)| t.variant == arch) else {
         return Err(TinyError::Variant(arch.into()));
-    }
+    };
     let vocab = tokenizer
         .iter()
         .find_map(|(k, v)| match v {
@@ -344,7 +279,7 @@ fn write(
             _ => None,
         })
         .ok_or(TinyError::NoTokens)?;
-    let mut md = metadata(arch);
+    let mut md = metadata(spec);
     md.extend(tokenizer.iter().cloned());
     let io = |source| TinyError::Io {
         path: out.display().to_string(),
@@ -354,7 +289,11 @@ fn write(
     let w = write_gguf(
         std::io::BufWriter::new(file),
         &md,
-        &tensors(arch, vocab, as_released),
+        &tensors(
+            spec,
+            vocab,
+            family.def().released_expert_type().filter(|_| as_released),
+        ),
     )?;
     w.into_inner()
         .map_err(|e| io(e.into_error()))?

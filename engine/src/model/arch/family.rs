@@ -96,6 +96,76 @@ pub struct KnownShape {
     pub sinks_and_biases: bool,
 }
 
+/// What every tiny random model shares (`model::tiny` writes them): width, FFN width, heads,
+/// the trained context the files claim (past every test's context, so LongRoPE's short
+/// factors are the ones in use, as in llama.cpp at that context) and the sliding window of
+/// the variants with one (narrow enough that a 128-token perplexity run crosses it).
+pub const TINY_HIDDEN: u64 = 64;
+pub const TINY_FFN: u64 = 128;
+pub const TINY_HEADS: u64 = 4;
+pub const TINY_KV_HEADS: u64 = 2;
+pub const TINY_CONTEXT: u64 = 4096;
+pub const TINY_WINDOW: u64 = 16;
+
+/// A metadata value of a tiny model (its key is under the file's architecture).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TinyValue {
+    U32(u64),
+    F32(f32),
+    Str(&'static str),
+}
+
+/// A tiny random model of a family, laid out as the family's real files are: which tensors
+/// it has beyond the plain block's and the metadata it sets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TinySpec {
+    /// The name tests ask for ("mixtral").
+    pub variant: &'static str,
+    /// The GGUF architecture its file says.
+    pub arch: &'static str,
+    pub layers: u64,
+    /// The head size, when not `hidden / heads`.
+    pub head_dim: Option<u64>,
+    /// (experts, used per token, width of one expert), and whether the file says the width.
+    pub experts: Option<(u64, u64, u64)>,
+    pub expert_width_key: bool,
+    /// Llama 3's `rope_freqs`.
+    pub rope_freqs: bool,
+    /// Phi-3's LongRoPE factors, fused `attn_qkv` and gate-up tensors.
+    pub longrope: bool,
+    pub fused: bool,
+    pub qkv_bias: bool,
+    /// Per-head Q and K norms.
+    pub qk_norm: bool,
+    /// Gemma's norms after attention and after the FFN.
+    pub sandwich: bool,
+    /// gpt-oss's biases (attention output, router, experts), sinks, its FFN norm's name
+    /// (`post_attention_norm`) and an untied output.
+    pub sinks_and_biases: bool,
+    /// The keys beyond the shape's (RoPE base and scaling, window, soft-caps).
+    pub metadata: &'static [(&'static str, TinyValue)],
+}
+
+impl TinySpec {
+    /// A plain two-layer Llama block in `arch`'s file.
+    pub const PLAIN: Self = Self {
+        variant: "",
+        arch: "",
+        layers: 2,
+        head_dim: None,
+        experts: None,
+        expert_width_key: false,
+        rope_freqs: false,
+        longrope: false,
+        fused: false,
+        qkv_bias: false,
+        qk_norm: false,
+        sandwich: false,
+        sinks_and_biases: false,
+        metadata: &[("rope.freq_base", TinyValue::F32(10_000.0))],
+    };
+}
+
 /// A Hugging Face model class a family runs, as convert_hf_to_gguf registers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HfClass {
@@ -164,6 +234,11 @@ pub trait FamilyDef: Sync {
     /// pattern and YaRN), applied to its resolved configuration.
     fn known_settings(&self, cfg: &mut ModelConfig) {
         let _ = cfg;
+    }
+
+    /// The tiny random models of the family (`model::tiny`).
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[]
     }
 
     /// The Hugging Face classes the family runs from a folder.

@@ -1,7 +1,9 @@
 //! The model families the engine runs, and their registry. A family is one module here that
 //! owns everything the engine knows of it: the GGUF architectures it reads and their RoPE
 //! layout, the quirks it resolves from their metadata keys, its weights by tensor name, its
-//! known shapes for synthetic weights, and its recipe, written once against the backend-ops
+//! Hugging Face classes and their mapping (as convert_hf_to_gguf.py maps them), its tiny
+//! random models (what it is held against llama.cpp with), its known shapes for synthetic
+//! weights, and its recipe, written once against the backend-ops
 //! seam ([`crate::model::ops::Ops`]) the way llama.cpp's `src/models/*.cpp` graph builders
 //! describe each family (done eagerly here, op by op).
 //!
@@ -14,8 +16,9 @@
 //!
 //! ## Adding a family
 //! Write `model/arch/<family>.rs` (or a folder) with a unit struct `Def` implementing
-//! [`FamilyDef`] (its GGUF architectures, its loader, and whatever it adds to the plain block:
-//! the defaults are the Llama block's) and a `pub fn forward<O: Ops>(cfg, weights, ops)`, its
+//! [`FamilyDef`] (its GGUF architectures, its loader, its tiny model, its Hugging Face classes
+//! if it runs from a folder, and whatever it adds to the plain block: the defaults are the
+//! Llama block's) and a `pub fn forward<O: Ops>(cfg, weights, ops)`, its
 //! recipe (most families call [`llama::block::forward`] and add what they need in their
 //! weights or configuration); then add one line `NAME => module` to the registry below.
 //! Nothing else changes: the resolver, the loaders, the devices and the tests that walk

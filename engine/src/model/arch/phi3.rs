@@ -7,7 +7,7 @@ use serde_json::{Map, Value as Json};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{Bad, Md, PRE_NORM, Rope, Shape, gguf_name, required, uint};
-use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec, TinyValue, TINY_CONTEXT};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -55,6 +55,25 @@ impl FamilyDef for Def {
 
     fn hf_tensor_name(&self, _: &HfClass, hf: &str) -> Option<Option<String>> {
         gguf_name(&[&PRE_NORM, &FUSED], hf)
+    }
+
+    /// Fused tensors and LongRoPE factors.
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[TinySpec {
+            variant: "phi3",
+            arch: "phi3",
+            longrope: true,
+            fused: true,
+            metadata: &[
+                ("rope.freq_base", TinyValue::F32(10_000.0)),
+                ("rope.scaling.attn_factor", TinyValue::F32(1.19)),
+                (
+                    "rope.scaling.original_context_length",
+                    TinyValue::U32(TINY_CONTEXT),
+                ),
+            ],
+            ..TinySpec::PLAIN
+        }]
     }
 }
 

@@ -2,7 +2,7 @@
 //! NeoX-style RoPE.
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, KnownShape};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, KnownShape, TinySpec, TinyValue};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -49,6 +49,23 @@ impl FamilyDef for Def {
             class: "Qwen2ForCausalLM",
             model_types: &["qwen2"],
             gguf_arch: "qwen2",
+        }]
+    }
+
+    /// Biases, with YaRN scaling (a trained context of 64, so the ramp falls inside the tiny
+    /// head).
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[TinySpec {
+            variant: "qwen2",
+            arch: "qwen2",
+            qkv_bias: true,
+            metadata: &[
+                ("rope.freq_base", TinyValue::F32(1_000_000.0)),
+                ("rope.scaling.type", TinyValue::Str("yarn")),
+                ("rope.scaling.factor", TinyValue::F32(4.0)),
+                ("rope.scaling.original_context_length", TinyValue::U32(64)),
+            ],
+            ..TinySpec::PLAIN
         }]
     }
 }

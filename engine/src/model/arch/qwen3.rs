@@ -7,9 +7,7 @@ use serde_json::{Map, Value as Json};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{PRE_NORM, QK_NORMS, default_theta, gguf_name};
-use crate::model::arch::family::{
-    ExpertRule, ExpertWidth, FamilyDef, GgufArch, HfClass, KnownShape,
-};
+use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, HfClass, KnownShape, TinySpec, TinyValue};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -86,5 +84,31 @@ impl FamilyDef for Def {
 
     fn hf_tensor_name(&self, _: &HfClass, hf: &str) -> Option<Option<String>> {
         gguf_name(&[&PRE_NORM, &QK_NORMS], hf)
+    }
+
+    /// QK-norm with a head size that is not `hidden / heads`; Qwen3-30B-A3B routes 8 of 128
+    /// experts, each narrower than the dense FFN (here 4 of 8).
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[
+            TinySpec {
+                variant: "qwen3",
+                arch: "qwen3",
+                layers: 4,
+                head_dim: Some(32),
+                qk_norm: true,
+                ..TinySpec::PLAIN
+            },
+            TinySpec {
+                variant: "qwen3moe",
+                arch: "qwen3moe",
+                layers: 4,
+                head_dim: Some(32),
+                qk_norm: true,
+                experts: Some((8, 4, 32)),
+                expert_width_key: true,
+                metadata: &[("rope.freq_base", TinyValue::F32(1_000_000.0))],
+                ..TinySpec::PLAIN
+            },
+        ]
     }
 }

@@ -5,7 +5,7 @@ use serde_json::{Map, Value as Json};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{Bad, Change, Md, Shape, default_theta};
-use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec};
 use crate::model::arch::llama::hf as llama_hf;
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
@@ -61,6 +61,16 @@ impl FamilyDef for Def {
 
     fn hf_change(&self, _: &HfClass, name: &str, s: &Shape) -> Change {
         llama_hf::permute(name, s)
+    }
+
+    /// Four layers, so one goes without RoPE.
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[TinySpec {
+            variant: "smollm3",
+            arch: "smollm3",
+            layers: 4,
+            ..TinySpec::PLAIN
+        }]
     }
 }
 

@@ -13,7 +13,7 @@ use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{
     Bad, Change, Md, QK_NORMS, Shape, ShapeDefaults, default_theta, gguf_name, set, text_model,
 };
-use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec, TinyValue, TINY_WINDOW};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -154,5 +154,42 @@ impl FamilyDef for Def {
             return Ok(None);
         }
         Ok(hf::gemma3_vocab(&tokenizer()?))
+    }
+
+    /// Sandwich norms, soft-caps (Gemma 2) and sliding windows; Gemma 3 with QK-norm, its own
+    /// local base and linear scaling, over six layers so one is global.
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[
+            TinySpec {
+                variant: "gemma2",
+                arch: "gemma2",
+                layers: 4,
+                head_dim: Some(32),
+                sandwich: true,
+                metadata: &[
+                    ("rope.freq_base", TinyValue::F32(10_000.0)),
+                    ("attention.sliding_window", TinyValue::U32(TINY_WINDOW)),
+                    ("attn_logit_softcapping", TinyValue::F32(20.0)),
+                    ("final_logit_softcapping", TinyValue::F32(10.0)),
+                ],
+                ..TinySpec::PLAIN
+            },
+            TinySpec {
+                variant: "gemma3",
+                arch: "gemma3",
+                layers: 6,
+                head_dim: Some(32),
+                sandwich: true,
+                qk_norm: true,
+                metadata: &[
+                    ("rope.freq_base", TinyValue::F32(1_000_000.0)),
+                    ("rope.freq_base_swa", TinyValue::F32(10_000.0)),
+                    ("attention.sliding_window", TinyValue::U32(TINY_WINDOW)),
+                    ("rope.scaling.type", TinyValue::Str("linear")),
+                    ("rope.scaling.factor", TinyValue::F32(8.0)),
+                ],
+                ..TinySpec::PLAIN
+            },
+        ]
     }
 }

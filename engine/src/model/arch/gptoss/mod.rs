@@ -10,7 +10,7 @@ use tpslab_kernels::WType;
 use tpslab_kernels::moe::Gating;
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, KnownShape};
+use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, KnownShape, TinySpec, TinyValue, TINY_WINDOW};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeScaling, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -108,5 +108,29 @@ impl FamilyDef for Def {
         e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
         let (factor, orig_ctx) = YARN;
         c.rope_scaling = RopeScaling::Yarn { factor, orig_ctx };
+    }
+
+    /// Biases everywhere, sinks, its window every other layer with YaRN (a trained context of
+    /// 4096 in the real files; 64 here, so the ramp falls inside the tiny head), gpt-oss-20b's
+    /// routing of 4 experts (of 8 here).
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[TinySpec {
+            variant: "gpt-oss",
+            arch: "gpt-oss",
+            layers: 4,
+            head_dim: Some(32),
+            qkv_bias: true,
+            sinks_and_biases: true,
+            experts: Some((8, 4, 32)),
+            expert_width_key: true,
+            metadata: &[
+                ("rope.freq_base", TinyValue::F32(150_000.0)),
+                ("attention.sliding_window", TinyValue::U32(TINY_WINDOW)),
+                ("rope.scaling.type", TinyValue::Str("yarn")),
+                ("rope.scaling.factor", TinyValue::F32(4.0)),
+                ("rope.scaling.original_context_length", TinyValue::U32(64)),
+            ],
+            ..TinySpec::PLAIN
+        }]
     }
 }

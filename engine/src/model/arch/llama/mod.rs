@@ -10,7 +10,7 @@ use serde_json::{Map, Value as Json};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{Bad, Change, Md, Shape};
-use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, KnownShape};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, KnownShape, TINY_FFN, TINY_WINDOW, TinySpec, TinyValue};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::weights::{WeightError, Weights};
 
@@ -70,6 +70,40 @@ impl FamilyDef for Def {
 
     fn hf_change(&self, _: &HfClass, name: &str, s: &Shape) -> Change {
         hf::permute(name, s)
+    }
+
+    fn tiny(&self) -> &'static [TinySpec] {
+        &[
+            TinySpec {
+                variant: "llama",
+                arch: "llama",
+                rope_freqs: true,
+                metadata: &[("rope.freq_base", TinyValue::F32(500_000.0))],
+                ..TinySpec::PLAIN
+            },
+            TinySpec {
+                variant: "mistral",
+                arch: "mistral",
+                metadata: &[
+                    ("rope.freq_base", TinyValue::F32(10_000.0)),
+                    ("attention.sliding_window", TinyValue::U32(TINY_WINDOW)),
+                ],
+                ..TinySpec::PLAIN
+            },
+            TinySpec {
+                variant: "smollm",
+                arch: "smollm",
+                ..TinySpec::PLAIN
+            },
+            // Mixtral routes 2 of 8, each as wide as the dense FFN.
+            TinySpec {
+                variant: "mixtral",
+                arch: "llama",
+                experts: Some((4, 2, TINY_FFN)),
+                metadata: &[("rope.freq_base", TinyValue::F32(1_000_000.0))],
+                ..TinySpec::PLAIN
+            },
+        ]
     }
 }
 
