@@ -149,19 +149,19 @@ fn check_refs(refs: &Value, keep: impl Fn(&str) -> bool) {
     assert!(bad.is_empty(), "{bad:#?}");
 }
 
-const MOE: [&str; 3] = ["qwen3moe", "mixtral", "gpt-oss"];
-
 #[test]
 fn every_architecture_computes_as_llama_cpp() {
     let refs: Value = serde_json::from_str(REFS).unwrap();
     let moe: Value = serde_json::from_str(MOE_REFS).unwrap();
-    // Every variant llama.cpp runs (it has no `mistral` or `smollm`: those files say `llama`),
-    // the mixtures of experts in their own file.
+    // Every variant llama.cpp runs (its family names a reference vocabulary; llama.cpp has no
+    // `mistral` or `smollm`: those files say `llama`), the mixtures of experts in their own
+    // file.
     for arch in tpslab_engine::model::tiny::variants() {
-        let runs = !matches!(arch, "mistral" | "smollm");
+        let spec = tpslab_engine::model::tiny::spec(arch).unwrap();
+        let (runs, is_moe) = (spec.reference_vocab.is_some(), spec.experts.is_some());
         let (dense, experts) = (refs["variants"].get(arch), moe["variants"].get(arch));
-        assert_eq!(dense.is_some(), runs && !MOE.contains(&arch), "{arch}");
-        assert_eq!(experts.is_some(), MOE.contains(&arch), "{arch}: references");
+        assert_eq!(dense.is_some(), runs && !is_moe, "{arch}");
+        assert_eq!(experts.is_some(), runs && is_moe, "{arch}: references");
     }
     check_refs(&refs, |_| true);
 }

@@ -408,8 +408,18 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
             ("smollm", None),
             ("qwen2", Some(Untried("RoPE scaling"))),
             ("qwen3", Some(Untried("QK-norm"))),
-            ("gemma2", Some(Untried("the embedding scale"))),
-            ("gemma3", Some(Untried("the embedding scale"))),
+            (
+                "gemma2",
+                Some(Untried(
+                    "scaling by a constant (embeddings, residuals, logits)"
+                ))
+            ),
+            (
+                "gemma3",
+                Some(Untried(
+                    "scaling by a constant (embeddings, residuals, logits)"
+                ))
+            ),
             ("phi3", Some(Untried("RoPE frequency factors"))),
             ("smollm3", Some(Untried("a layer without RoPE"))),
             ("qwen3moe", Some(Untried("QK-norm"))),

@@ -27,24 +27,8 @@ BIN = ARGS[0] if ARGS else "/tmp/llama-cpp-ref/llama.cpp/build/bin"
 FIX = os.path.join(os.environ.get("TPSLAB_FIXTURES", os.path.expanduser("~/.cache/tpslab/llama-cpp-0.3.36")), "models")
 TEXT = os.path.join(ROOT, "assets/perplexity/pride-and-prejudice-ch1.txt")
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
-# Variant -> the llama.cpp vocabulary it is written with (the family's own where llama.cpp has it).
-VARIANTS = {
-    "llama": "llama-bpe",
-    "qwen2": "qwen2",
-    "qwen3": "qwen2",
-    "gemma2": "llama-bpe",
-    "gemma3": "llama-bpe",
-    "phi3": "phi-3",
-    "smollm3": "llama-bpe",
-}
 # ONLY=NAME records that variant alone (merge it into the committed file by hand).
 ONLY = os.environ.get("ONLY")
-MOE_VARIANTS = {
-    "qwen3moe": "qwen2",
-    "mixtral": "llama-spm",
-    # llama.cpp ships no o200k (gpt-oss) vocabulary: GPT-2's byte-level BPE is the closest.
-    "gpt-oss": "gpt-2",
-}
 CTX = 128
 STEPS = 32
 TOP = 5
@@ -105,10 +89,18 @@ def main():
         subprocess.run(["cargo", "build", "-j", "1", "-q", "-p", "tpslab-engine", "--example",
                         "tiny_model"], cwd=ROOT, check=True)
         tool = os.path.join(ROOT, "target/debug/examples/tiny_model")
+    # Variant -> the llama.cpp vocabulary it is written with, as each family's tiny spec says
+    # (`tiny_model --list`: the variants llama.cpp runs, dense or with experts).
+    listed = subprocess.run([tool, "--list"], capture_output=True, text=True, check=True).stdout
+    variants = {}
+    for line in listed.splitlines():
+        arch, vocab, kind = line.split()
+        if (kind == "moe") == MOE:
+            variants[arch] = vocab
     refs = {"llama_cpp": "llama-cpp-python 0.3.36 sdist (vendored llama.cpp), CPU build",
             "prompt": PROMPT, "ctx": CTX, "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, vocab in (MOE_VARIANTS if MOE else VARIANTS).items():
+        for arch, vocab in variants.items():
             if ONLY and arch != ONLY:
                 continue
             model = os.path.join(tmp, f"{arch}.gguf")

@@ -53,6 +53,11 @@ pub struct Extras {
     pub attn_scale: f32,
     /// The embedding rows are multiplied by this (Gemma: `sqrt(hidden)`).
     pub embed_scale: Option<f32>,
+    /// Each block's attention and FFN outputs are multiplied by this before their residual add
+    /// (Granite's `residual_scale`).
+    pub residual_scale: Option<f32>,
+    /// The logits are divided by this (Granite's `logit_scale`).
+    pub logit_scale: Option<f32>,
     /// Every `n`-th layer (1-based) has no RoPE (SmolLM3's NoPE layers).
     pub no_rope_every: Option<usize>,
     /// An extra factor on RoPE's cos and sin (`rope.scaling.attn_factor`, LongRoPE).
@@ -82,6 +87,8 @@ impl Extras {
             final_softcap: None,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embed_scale: None,
+            residual_scale: None,
+            logit_scale: None,
             no_rope_every: None,
             rope_attn_factor: 1.0,
             moe: None,

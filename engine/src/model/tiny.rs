@@ -44,11 +44,9 @@ pub fn variants() -> Vec<&'static str> {
     specs().map(|(_, t)| t.variant).collect()
 }
 
-/// The GGUF architecture a variant's file says.
-pub fn file_arch(variant: &str) -> Option<&'static str> {
-    specs()
-        .find(|(_, t)| t.variant == variant)
-        .map(|(_, t)| t.arch)
+/// The spec of a variant (its file's architecture, experts, reference vocabulary).
+pub fn spec(variant: &str) -> Option<&'static TinySpec> {
+    specs().find(|(_, t)| t.variant == variant).map(|(_, t)| t)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -42,7 +42,7 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap
         let untried_op = match op {
             Op::Attention { sinks: Some(_), .. } => Some("attention sinks"),
             Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
-            Op::Scale { .. } => Some("the embedding scale"),
+            Op::Scale { .. } => Some("scaling by a constant (embeddings, residuals, logits)"),
             Op::Softcap { .. } => Some("logit soft-capping"),
             Op::QkNorm { .. } => Some("QK-norm"),
             Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),

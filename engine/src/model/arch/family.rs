@@ -144,6 +144,10 @@ pub struct TinySpec {
     pub sinks_and_biases: bool,
     /// The keys beyond the shape's (RoPE base and scaling, window, soft-caps).
     pub metadata: &'static [(&'static str, TinyValue)],
+    /// The llama.cpp vocabulary (`models/ggml-vocab-NAME.gguf`) its references are recorded
+    /// with (`tests/reference/make_arch_refs.py`); `None` where llama.cpp does not run the
+    /// file (it knows no such architecture name).
+    pub reference_vocab: Option<&'static str>,
 }
 
 impl TinySpec {
@@ -163,6 +167,7 @@ impl TinySpec {
         sandwich: false,
         sinks_and_biases: false,
         metadata: &[("rope.freq_base", TinyValue::F32(10_000.0))],
+        reference_vocab: None,
     };
 }
 

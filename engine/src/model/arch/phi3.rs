@@ -61,6 +61,7 @@ impl FamilyDef for Def {
     fn tiny(&self) -> &'static [TinySpec] {
         &[TinySpec {
             variant: "phi3",
+            reference_vocab: Some("phi-3"),
             arch: "phi3",
             longrope: true,
             fused: true,

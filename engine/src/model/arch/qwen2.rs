@@ -57,6 +57,7 @@ impl FamilyDef for Def {
     fn tiny(&self) -> &'static [TinySpec] {
         &[TinySpec {
             variant: "qwen2",
+            reference_vocab: Some("qwen2"),
             arch: "qwen2",
             qkv_bias: true,
             metadata: &[

@@ -92,6 +92,7 @@ impl FamilyDef for Def {
         &[
             TinySpec {
                 variant: "qwen3",
+                reference_vocab: Some("qwen2"),
                 arch: "qwen3",
                 layers: 4,
                 head_dim: Some(32),
@@ -100,6 +101,7 @@ impl FamilyDef for Def {
             },
             TinySpec {
                 variant: "qwen3moe",
+                reference_vocab: Some("qwen2"),
                 arch: "qwen3moe",
                 layers: 4,
                 head_dim: Some(32),

@@ -67,6 +67,7 @@ impl FamilyDef for Def {
     fn tiny(&self) -> &'static [TinySpec] {
         &[TinySpec {
             variant: "smollm3",
+            reference_vocab: Some("llama-bpe"),
             arch: "smollm3",
             layers: 4,
             ..TinySpec::PLAIN

@@ -162,6 +162,7 @@ impl FamilyDef for Def {
         &[
             TinySpec {
                 variant: "gemma2",
+                reference_vocab: Some("llama-bpe"),
                 arch: "gemma2",
                 layers: 4,
                 head_dim: Some(32),
@@ -176,6 +177,7 @@ impl FamilyDef for Def {
             },
             TinySpec {
                 variant: "gemma3",
+                reference_vocab: Some("llama-bpe"),
                 arch: "gemma3",
                 layers: 6,
                 head_dim: Some(32),

@@ -116,6 +116,8 @@ impl FamilyDef for Def {
     fn tiny(&self) -> &'static [TinySpec] {
         &[TinySpec {
             variant: "gpt-oss",
+            // llama.cpp ships no o200k (gpt-oss) vocabulary: GPT-2's byte-level BPE is the closest.
+            reference_vocab: Some("gpt-2"),
             arch: "gpt-oss",
             layers: 4,
             head_dim: Some(32),

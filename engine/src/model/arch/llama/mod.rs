@@ -76,6 +76,7 @@ impl FamilyDef for Def {
         &[
             TinySpec {
                 variant: "llama",
+                reference_vocab: Some("llama-bpe"),
                 arch: "llama",
                 rope_freqs: true,
                 metadata: &[("rope.freq_base", TinyValue::F32(500_000.0))],
@@ -98,6 +99,7 @@ impl FamilyDef for Def {
             // Mixtral routes 2 of 8, each as wide as the dense FFN.
             TinySpec {
                 variant: "mixtral",
+                reference_vocab: Some("llama-spm"),
                 arch: "llama",
                 experts: Some((4, 2, TINY_FFN)),
                 metadata: &[("rope.freq_base", TinyValue::F32(1_000_000.0))],
