@@ -12,7 +12,7 @@
 //! - [`resolve`]: a file's configuration from its metadata, the family's quirks included.
 //! - the families: [`llama`] (Llama 2/3, Mistral, SmolLM 1-2, Mixtral-style experts; its
 //!   `block` is the pre-norm recipe most families run), [`qwen2`], [`qwen3`] (and Qwen3-MoE),
-//!   [`phi3`], [`smollm3`], [`gemma`] (Gemma 2 and 3) and [`gptoss`].
+//!   [`phi3`], [`smollm3`], [`gemma`] (Gemma 2 and 3), [`gptoss`] and [`granite`].
 //!
 //! ## Adding a family
 //! Write `model/arch/<family>.rs` (or a folder) with a unit struct `Def` implementing
@@ -91,6 +91,7 @@ registry! {
     SMOLLM3 => smollm3,
     GEMMA => gemma,
     GPT_OSS => gptoss,
+    GRANITE => granite,
 }
 
 impl std::fmt::Debug for Family {
