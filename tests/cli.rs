@@ -346,6 +346,66 @@ fn bad_flags_and_prompts_are_refused() {
     fails_with(&["generate", "--model", m, "--prompt", &long], "context");
 }
 
+/// llama.cpp's spellings: `-m`, `-t`, `-p`, `-n`/`--n-predict` and `--temp` give the same
+/// greedy tokens as the long names.
+#[test]
+fn llama_cpp_short_flags_mean_the_long_ones() {
+    let m = model();
+    let m = m.to_str().expect("utf8");
+    let long = generate_json(&[
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--threads",
+        "2",
+        "--ignore-eos",
+    ]);
+    for spelled in [
+        [
+            "-m",
+            m,
+            "-p",
+            "The capital of France is",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ],
+        [
+            "--model",
+            m,
+            "--prompt",
+            "The capital of France is",
+            "--n-predict",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ],
+    ] {
+        let mut args = vec!["generate", "--json", "--ignore-eos"];
+        args.extend_from_slice(&spelled);
+        let out = tpslab(&args);
+        assert!(
+            out.status.success(),
+            "{spelled:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let short: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(
+            short["output_token_ids"], long["output_token_ids"],
+            "{spelled:?}"
+        );
+        assert_eq!(ids(&short["output_token_ids"]).len(), 4);
+    }
+}
+
 /// `tpslab serve`'s key and alias flags refuse what cannot work, before loading anything: an
 /// unreadable or empty key file, an empty key in the environment, two key flags, an empty alias.
 #[test]

@@ -2,8 +2,8 @@
 //! dribbles its headers or stalls its body is cut off while others are served, idle keep-alive
 //! connections close, connections past the cap wait while the others are busy, every request cap is a 400 naming the
 //! parameter and its limit, `/metrics` sits behind the key, token ids the model lacks are
-//! refused alone, `max_tokens` omitted means "as much as fits", and a 4 MiB prompt does not
-//! hold up a short request.
+//! refused alone, `max_tokens` omitted means "as much as fits", a 4 MiB prompt does not
+//! hold up a short request, and `tpslab serve`'s `-c` and `-n` hold.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
@@ -470,4 +470,38 @@ fn a_4_mib_prompt_does_not_hold_up_a_short_request() {
     let big = big.join().expect("big client");
     assert_eq!(big.status, 400, "{}", String::from_utf8_lossy(&big.body));
     assert_eq!(big.error()["code"], "context_length_exceeded");
+}
+
+/// `tpslab serve -c 96 -n 5` (the real binary): a request that names no `max_tokens` gets 5,
+/// prompt + `max_tokens` past 96 is `context_length_exceeded`, and /v1/models says 96.
+#[test]
+fn serve_holds_the_context_and_answer_length_it_is_given() {
+    let args = ["-m", "default", "-t", "2", "-c", "96", "-n", "5"];
+    let srv = ServeProcess::start(&args, &[], loopback);
+    let addr = srv.addr();
+    let complete = |max_tokens: Option<u32>| {
+        let mut b = json!({"prompt": "The capital of France is", "temperature": 0,
+                           "ignore_eos": true});
+        if let Some(m) = max_tokens {
+            b["max_tokens"] = json!(m);
+        }
+        post(addr, "/v1/completions", &b)
+    };
+    let r = complete(None);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["usage"]["completion_tokens"], 5, "-n 5");
+    // Five prompt tokens and 95 to generate do not fit 96; 60 do.
+    let r = complete(Some(95));
+    assert_eq!(r.status, 400);
+    let e = r.error();
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--ctx-size")),
+        "{e}"
+    );
+    assert_eq!(complete(Some(60)).json()["usage"]["completion_tokens"], 60);
+    let models = request(addr, "GET", "/v1/models", &[], b"").json();
+    assert_eq!(models["data"][0]["max_model_len"], 96);
 }

@@ -20,7 +20,7 @@ pub struct BenchArgs {
     pub workload: String,
     /// Sampling temperature of the requests (0: greedy). Sampled text repeats itself less
     /// than greedy text, so speculation's proposals are kept less often.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, visible_alias = "temp", default_value_t = 0.0)]
     pub temperature: f32,
     /// Concurrency levels to measure (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]

@@ -40,10 +40,10 @@ use crate::model_args::parse_device;
 )]
 pub struct Cli {
     /// With no subcommand, the window opens on this model (a GGUF file, or `default`).
-    #[arg(long, default_value = "default")]
+    #[arg(short = 'm', long, default_value = "default")]
     pub model: String,
     /// Compute threads for the window's engine (0 = one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     /// Compute device for the window's engine: cpu, cuda, cuda:N, or auto (the first GPU when a
     /// CUDA driver and GPU are present, else the CPU). Without it, the device last chosen in the

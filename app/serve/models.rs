@@ -20,7 +20,7 @@ fn model_object(st: &ServerState, id: &str) -> Value {
         "object": "model",
         "created": st.created,
         "owned_by": "tpslab",
-        "max_model_len": st.lm.model.cfg.context_len,
+        "max_model_len": st.context_len(),
         "quantization": st.lm.precision.to_string(),
         "vocab_size": st.lm.model.cfg.vocab,
     })

@@ -103,6 +103,14 @@ impl Kind {
         }
     }
 
+    /// The field that holds the prompt.
+    pub fn prompt_field(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+
     pub fn id_prefix(self) -> &'static str {
         match self {
             Kind::Chat => "chatcmpl",
@@ -529,8 +537,14 @@ pub fn to_request(
         }
     };
     check_prompt_logprobs(p, tokens.len(), limits)?;
-    let max = p.max_tokens().map(|m| m as usize);
-    // Omitted: the engine gives as many as fit the context and the KV pool.
+    let asked = p.max_tokens().map(|m| m as usize);
+    // `None`: the engine gives as many as fit the context and the KV pool.
+    let max = limits
+        .answer_tokens(tokens.len(), asked, lm.model.cfg.context_len)
+        .map_err(|m| ApiError {
+            param: Some(p.kind.prompt_field().into()),
+            ..ApiError::context_exceeded(m)
+        })?;
     let mut stop = lm.default_stop(max);
     stop.stop_strings = stop_list(&p.common).to_vec();
     stop.ignore_eos = p.common.ignore_eos.unwrap_or(false);

@@ -77,8 +77,14 @@ impl ServerState {
             tokens: self
                 .limits
                 .client_max_tokens
-                .unwrap_or_else(|| self.lm.model.cfg.context_len.saturating_mul(32)),
+                .unwrap_or_else(|| self.context_len().saturating_mul(32)),
         }
+    }
+
+    /// The tokens one request may hold, prompt and answer: the model's context, or less under
+    /// `--ctx-size`.
+    pub fn context_len(&self) -> usize {
+        self.limits.context(self.lm.model.cfg.context_len)
     }
 
     /// Every name `/v1/models` lists: the model id, then each alias not already listed.
