@@ -430,6 +430,7 @@ fn serve_refuses_keys_and_aliases_that_cannot_work() {
         "cannot be used with",
     );
     fails_with(&["serve", "--alias", " "], "alias");
+    fails_with(&["serve", "--parallel", "0"], "max-num-seqs");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
         .args(["serve", "--port", "0"])
         .env("TPSLAB_API_KEY", "")

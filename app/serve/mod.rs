@@ -79,11 +79,12 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 
 use self::errors::ApiError;
 use self::limits::LimitArgs;
 pub use self::state::ServerState;
+use crate::kv_args::KvArgs;
 use crate::model_args::ModelArgs;
 use crate::spec_args::SpecArgs;
 
@@ -102,9 +103,12 @@ pub struct ServeArgs {
     /// Serve /metrics without the API key (for a scraper that cannot send one).
     #[arg(long)]
     pub metrics_open: bool,
-    /// Most requests running at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
+    /// Most requests running at once, in one batch (vLLM's name; llama-server's
+    /// `--parallel`).
+    #[arg(long, visible_alias = "parallel", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_num_seqs: u32,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Requests allowed to wait; past it new requests get 429.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
@@ -266,7 +270,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let api_key = a.key.key(|k| std::env::var(k).ok())?;
     let lm = a.model.load()?;
     let mut knobs = Knobs::default();
-    knobs.scheduler.max_num_seqs = a.max_num_seqs;
+    knobs.scheduler.max_num_seqs = a.max_num_seqs as usize;
+    knobs.kv = a.kv.settings(KvSettings::default().budget_bytes >> 20);
     knobs.scheduler.max_waiting = Some(a.max_waiting);
     let (spec, draft) = a.spec.resolve()?;
     knobs.spec = spec;
@@ -274,7 +279,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         threads: a.model.threads,
         knobs,
         device: a.model.device,
-        gpu_kv_fraction: 0.0,
+        gpu_kv_fraction: a.kv.gpu_fraction(),
         cpu_moe_layers: a.model.cpu_moe_layers(),
         draft,
     };
@@ -304,12 +309,18 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .with_context(|| format!("cannot listen on {addr}"))?;
+    let snap = state.engine.stats();
     eprintln!(
-        "serving {} ({}) on http://{}/v1 — {}",
+        "serving {} ({}) on http://{}/v1 — {}; KV pool: {} tokens ({} blocks of {}), up to {} \
+         sequences at once",
         state.model_id,
         state.lm.precision,
         listener.local_addr()?,
-        state.engine.stats().device
+        snap.device,
+        metrics::kv_capacity_tokens(&snap),
+        snap.kv_total_blocks,
+        snap.knobs.kv.block_size,
+        snap.knobs.scheduler.max_num_seqs,
     );
     let app = router(Arc::new(state));
     rt.block_on(http::serve(listener, app, limits));
