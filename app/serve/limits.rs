@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::errors::ApiError;
+
 /// The priority the window submits its own chats at (lower runs first under the Priority
 /// policy). API clients are held at or below it by default, so none outranks the chat.
 pub const WINDOW_CHAT_PRIORITY: i32 = 0;
@@ -89,6 +91,21 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Refuses `bytes` of prompt text in `param` past `--max-prompt-bytes`, before tokenizing.
+    pub fn check_prompt_bytes(&self, param: &str, bytes: usize) -> Result<(), ApiError> {
+        if bytes > self.max_prompt_bytes {
+            return Err(ApiError::over_cap(
+                param,
+                format!(
+                    "the {param} text is {bytes} bytes; this server takes at most {} \
+                     (--max-prompt-bytes)",
+                    self.max_prompt_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The tokens one request may hold on a model of `model_ctx`: `--ctx-size`, at most that.
     pub fn context(&self, model_ctx: usize) -> usize {
         self.ctx_size.map_or(model_ctx, |c| c.min(model_ctx))

@@ -12,6 +12,8 @@
 //!   [`responses_json`].
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
 //!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
+//! - [`fim`]: fill-in-the-middle prompts (`suffix`, llama-server's `input_*`), built as its
+//!   `format_infill` builds them; [`infill`]: llama-server's `POST /infill` over them.
 //! - [`unhonoured`]: fields the engine cannot honour (audio, images, beam search...), each a 400
 //!   naming it.
 //! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
@@ -36,7 +38,7 @@
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`,
-//! `GET /v1/models`, `GET /v1/models/{id}`,
+//! `POST /infill`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is
 //! set (`--metrics-open` leaves `/metrics` open); `GET /health` and `GET /v1/health` without
 //! it; every one behind the browser guards.
@@ -48,8 +50,10 @@ pub mod bridge;
 pub mod browser;
 pub mod chat_input;
 pub mod errors;
+pub mod fim;
 pub mod handlers;
 pub mod http;
+pub mod infill;
 pub mod json_body;
 pub mod limits;
 pub mod logprobs_json;
@@ -143,6 +147,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/responses", post(responses::responses))
+        .route("/infill", post(infill::infill))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::retrieve))
         .route("/tokenize", post(tokenize::tokenize))
