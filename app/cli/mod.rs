@@ -127,3 +127,18 @@ pub fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// clap's own checks over every subcommand: no two flags share a name or a short letter
+    /// (`-m`, `-t`, `-c`, `-n`, `-p` are llama.cpp's spellings on commands that also flatten
+    /// shared argument structs).
+    #[test]
+    fn no_two_flags_clash_in_any_command() {
+        Cli::command().debug_assert();
+    }
+}
