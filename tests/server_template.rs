@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tpslab::serve;
+use tpslab::serve::limits::Limits;
 use tpslab_engine::formats::gguf::Value;
 use tpslab_engine::model::LoadedModel;
 
@@ -17,7 +18,7 @@ use tpslab_engine::model::LoadedModel;
 mod http_client;
 #[path = "support/runaway.rs"]
 mod runaway;
-use http_client::{chat_body, post, request, serve_model};
+use http_client::{chat_body, post, request, serve_model, serve_model_with};
 
 /// The default model with `template` as its chat template, loaded, behind a server of its own.
 fn server_with_template(dir: &std::path::Path, template: &str) -> (serve::RunningServer, String) {
@@ -159,6 +160,22 @@ fn fill_in_the_middle_builds_llama_server_prompt() {
     );
     let snippet = enc("\n\n--- snippet ---\n\n").len() + enc("x = 1\n").len();
     assert_eq!(r.json()["tokens_evaluated"], want.len() + snippet);
+    drop(server);
+    // A context under llama-server's batch of 2048 leaves no room for the repository lines.
+    let limits = Limits {
+        ctx_size: Some(1024),
+        default_max_tokens: Some(3),
+        ..http_client::test_limits()
+    };
+    let (server, _) = serve_model_with(Arc::clone(&lm), limits);
+    let body = json!({"input_prefix": prefix, "input_suffix": suffix, "temperature": 0});
+    let r = post(server.addr, "/infill", &body).json();
+    let repo = 1 + enc("myproject\n").len();
+    assert_eq!(r["tokens_evaluated"], want.len() - repo, "{r}");
+    assert!(
+        r["tokens_predicted"].as_u64().is_some_and(|n| n <= 3),
+        "-n 3: {r}"
+    );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -185,10 +185,12 @@ pub fn prompt_tokens(
     let suffix_take = suffix
         .len()
         .min((FIM_BATCH / 4).saturating_sub(2 + prompt.len()));
-    // llama-server leaves room for twice the answer, its -1 (no limit) counting as -1.
+    // llama-server's max(0, n_ctx - n_batch - 2 * n_predict), its -1 (no limit) counting as -1.
     let room = match max_tokens {
-        Some(n) => n_ctx.saturating_sub(FIM_BATCH).saturating_sub(2 * n),
-        None => n_ctx.saturating_sub(FIM_BATCH) + 2,
+        Some(n) => n_ctx
+            .saturating_sub(FIM_BATCH)
+            .saturating_sub(n.saturating_mul(2)),
+        None => (n_ctx + 2).saturating_sub(FIM_BATCH),
     };
     let extra_take = room.min(extra.len());
     prefix.drain(..prefix.len() - prefix_take);

@@ -63,6 +63,11 @@ pub fn test_limits() -> Limits {
 /// A server of its own over another model than the default (one with another chat template),
 /// with an engine of its own; returns the server and the model id it answers to.
 pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
+    serve_model_with(lm, test_limits())
+}
+
+/// As [`serve_model`], under `limits`.
+pub fn serve_model_with(lm: Arc<LoadedModel>, limits: Limits) -> (RunningServer, String) {
     let mut knobs = Knobs::default();
     knobs.kv.budget_bytes = 64 << 20;
     let config = EngineConfig {
@@ -74,7 +79,7 @@ pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None).expect("engine");
     let mut state = ServerState::new(engine, lm, None);
-    state.limits = test_limits();
+    state.limits = limits;
     let id = state.model_id.clone();
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     (serve::spawn(Arc::new(state), addr).expect("server"), id)
