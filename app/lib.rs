@@ -7,6 +7,8 @@
 //! - [`serve`]: `tpslab serve`, the OpenAI-compatible HTTP server and its Prometheus metrics.
 //! - [`model_args`]: where a command's model comes from and what runs it (`--model`,
 //!   `--synthetic`, `--device`, `--threads`), shared by `cli` and `serve`.
+//! - [`kv_args`]: the KV pool's size and block size (`--kv-budget-mb`, `--gpu-kv-fraction`,
+//!   `--block-size`), shared by `cli` and `serve`.
 //! - [`spec_args`]: `--spec` (speculative decoding: method, proposed tokens, policy), shared by
 //!   `cli` and `serve`.
 //! - [`remote`]: a remote OpenAI-compatible server as the load generator's target.
@@ -15,6 +17,7 @@
 
 pub mod cli;
 pub mod hub;
+pub mod kv_args;
 pub mod mem;
 pub mod model_args;
 pub mod remote;

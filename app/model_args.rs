@@ -16,7 +16,7 @@ use tpslab_kernels::WType;
 pub struct ModelArgs {
     /// A GGUF file, a Hugging Face safetensors folder, or `default` for the built-in default
     /// model (fetched on first use).
-    #[arg(long, default_value = "default")]
+    #[arg(short = 'm', long, default_value = "default")]
     pub model: String,
     /// Instead of a model file: a model of this architecture's exact shape with seeded random
     /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b, qwen3-30b-a3b, gpt-oss-20b), for
@@ -36,7 +36,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceChoice,
     /// Compute threads (0 = one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     /// On a GPU: keep the experts of the first N blocks of a mixture of experts in host memory
     /// and run them on the CPU, attention and routing staying on the GPU (llama.cpp's option of

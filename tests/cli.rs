@@ -346,6 +346,104 @@ fn bad_flags_and_prompts_are_refused() {
     fails_with(&["generate", "--model", m, "--prompt", &long], "context");
 }
 
+/// llama.cpp's spellings: `-m`, `-t`, `-p`, `-n`/`--n-predict` and `--temp` give the same
+/// greedy tokens as the long names.
+#[test]
+fn llama_cpp_short_flags_mean_the_long_ones() {
+    let m = model();
+    let m = m.to_str().expect("utf8");
+    let long = generate_json(&[
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--threads",
+        "2",
+        "--ignore-eos",
+    ]);
+    for spelled in [
+        [
+            "-m",
+            m,
+            "-p",
+            "The capital of France is",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ],
+        [
+            "--model",
+            m,
+            "--prompt",
+            "The capital of France is",
+            "--n-predict",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ],
+    ] {
+        let mut args = vec!["generate", "--json", "--ignore-eos"];
+        args.extend_from_slice(&spelled);
+        let out = tpslab(&args);
+        assert!(
+            out.status.success(),
+            "{spelled:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let short: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(
+            short["output_token_ids"], long["output_token_ids"],
+            "{spelled:?}"
+        );
+        assert_eq!(ids(&short["output_token_ids"]).len(), 4);
+    }
+}
+
+/// `tpslab serve`'s key and alias flags refuse what cannot work, before loading anything: an
+/// unreadable or empty key file, an empty key in the environment, two key flags, an empty alias.
+#[test]
+fn serve_refuses_keys_and_aliases_that_cannot_work() {
+    let dir = std::env::temp_dir().join(format!("tpslab-cli-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let empty = dir.join("empty.key");
+    std::fs::write(&empty, "  \nsecond line is no key\n").expect("key file");
+    let missing = dir.join("missing.key");
+    let (empty, missing) = (
+        empty.to_str().expect("utf8"),
+        missing.to_str().expect("utf8"),
+    );
+    fails_with(
+        &["serve", "--api-key-file", missing],
+        "cannot read the API key file",
+    );
+    fails_with(&["serve", "--api-key-file", empty], "is empty");
+    fails_with(&["serve", "--api-key", " "], "is empty");
+    fails_with(
+        &["serve", "--api-key", "k", "--api-key-file", empty],
+        "cannot be used with",
+    );
+    fails_with(&["serve", "--alias", " "], "alias");
+    fails_with(&["serve", "--parallel", "0"], "max-num-seqs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"))
+        .args(["serve", "--port", "0"])
+        .env("TPSLAB_API_KEY", "")
+        .output()
+        .expect("run tpslab");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("TPSLAB_API_KEY"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tpslab bench ARGS --json FILE`, which must succeed: its standard output and the report.
 fn bench_json(args: &[&str]) -> (String, Value) {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

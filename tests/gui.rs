@@ -628,6 +628,11 @@ fn the_api_server_starts_from_the_window_and_serves_its_engine() {
     let (status, body) = http(&addr, "GET", "/v1/models", "").expect("the server answers");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("SmolLM2-135M-Instruct"), "{body}");
+    // The same server as `tpslab serve`: llama-server's health check, OpenAI's retrieve.
+    let ok = Some((200, r#"{"status":"ok"}"#.to_string()));
+    assert_eq!(http(&addr, "GET", "/health", ""), ok);
+    let (status, body) = http(&addr, "GET", "/v1/models/nope", "").expect("retrieve");
+    assert!(status == 404 && body.contains("model_not_found"), "{body}");
     // A completion through the API runs on the window's engine.
     let before = h
         .state()

@@ -597,3 +597,109 @@ fn bench_endpoint_drives_the_server() {
     assert!(stderr.contains("cannot reach"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tpslab serve` as llama-server's users start it (the real binary): `-m`, `-t`, `--host
+/// localhost`, the key in a file, two `--alias`es: health open, the key the file's first line
+/// (trimmed), the model listed, retrieved and accepted under each alias, other names refused.
+#[test]
+fn serve_answers_health_and_names_as_llama_server_users_expect() {
+    let dir = std::env::temp_dir().join(format!("tpslab-serve-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let key = dir.join("api.key");
+    std::fs::write(&key, "  sesame \nnot-the-key\n").expect("key file");
+    let key = key.to_str().expect("utf8");
+    let args = [
+        "--model",
+        "default",
+        "--threads",
+        "2",
+        "--host",
+        "localhost",
+        "--api-key-file",
+        key,
+    ];
+    let aliases = ["--alias", "smol", "--alias", "org/smol-v2"];
+    let srv = ServeProcess::start(&[&args[..], &aliases].concat(), &[], loopback);
+    let addr = srv.addr();
+    let get = |path: &str, h: &[(&str, &str)]| request(addr, "GET", path, h, b"");
+    let auth = [("Authorization", "Bearer sesame")];
+    for path in ["/health", "/v1/health"] {
+        let r = get(path, &[]);
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.json(), json!({"status": "ok"}));
+    }
+    assert_eq!(get("/v1/models", &[]).status, 401);
+    let wrong = [("Authorization", "Bearer not-the-key")];
+    assert_eq!(get("/v1/models", &wrong).status, 401);
+    let list = get("/v1/models", &auth).json();
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|m| m["id"].as_str().expect("id"))
+        .collect();
+    let stem = serve_model_id();
+    assert_eq!(ids, [stem.as_str(), "smol", "org/smol-v2"]);
+    for id in ids {
+        let r = get(&format!("/v1/models/{id}"), &auth);
+        assert_eq!(r.status, 200, "{id}");
+        let v = r.json();
+        assert_eq!(
+            (v["id"].as_str(), v["object"].as_str()),
+            (Some(id), Some("model"))
+        );
+    }
+    let r = get("/v1/models/no-such-model", &auth);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.error()["code"], "model_not_found");
+    assert_eq!(get("/v1/models/no-such-model", &[]).status, 401);
+    let r = get("/v1/models/%FF%FE", &auth);
+    assert_eq!(
+        (r.status, r.error()["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+    let complete = |model: &str| {
+        let body = json!({"prompt": "The capital of France is", "max_tokens": 2, "model": model});
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &auth,
+            body.to_string().as_bytes(),
+        )
+    };
+    assert_eq!(complete("org/smol-v2").status, 200);
+    let r = complete("no-such-model");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.error()["code"], "model_not_found");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--host ::` listens on IPv6, and the key comes from `TPSLAB_API_KEY` when no flag gives one.
+#[test]
+fn serve_listens_on_ipv6_with_the_key_from_the_environment() {
+    let v6 = |port| SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], port));
+    let srv = ServeProcess::start(
+        &["--model", "default", "--threads", "2", "--host", "::"],
+        &[("TPSLAB_API_KEY", "from-env")],
+        v6,
+    );
+    let addr = v6(srv.port);
+    assert_eq!(request(addr, "GET", "/v1/models", &[], b"").status, 401);
+    let r = request(
+        addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer from-env")],
+        b"",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["data"][0]["id"], serve_model_id());
+    assert_eq!(request(addr, "GET", "/health", &[], b"").status, 200);
+    assert!(
+        srv.log().contains(&format!("http://[::]:{}/v1", srv.port)),
+        "{}",
+        srv.log()
+    );
+}

@@ -1,6 +1,6 @@
 //! Fuzz tests (proptest, fixed seeds so CI runs the same cases every time): the OpenAI request
 //! parser on arbitrary JSON values, arbitrary bytes through the real HTTP routes of a real
-//! server (chat with tools and `/v1/responses` among them), and the remote client's SSE stream reader on arbitrary and arbitrarily split input.
+//! server (chat with tools, `/v1/responses` and `/infill` among them), and the remote client's SSE stream reader on arbitrary and arbitrarily split input.
 //! `TPSLAB_FUZZ_CASES=N` runs N cases per target instead of the default few hundred, and
 //! `TPSLAB_FUZZ_SEED=S` other cases.
 
@@ -64,6 +64,11 @@ const KEYS: &[&str] = &[
     "echo",
     "return_tokens_as_token_ids",
     "suffix",
+    "input_prefix",
+    "input_suffix",
+    "input_extra",
+    "n_predict",
+    "filename",
     "best_of",
     "audio",
     "modalities",
@@ -235,7 +240,7 @@ proptest! {
     #[test]
     fn any_body_through_the_real_routes_gets_an_answer(
         body in body_bytes(),
-        route in prop::sample::select(&["/v1/chat/completions", "/v1/completions", "/v1/responses"][..]),
+        route in prop::sample::select(&["/v1/chat/completions", "/v1/completions", "/v1/responses", "/infill"][..]),
     ) {
         let addr = fuzz_server();
         let path = route;

@@ -396,6 +396,34 @@ fn web_pages_elsewhere_cannot_drive_the_server() {
     assert!(r.header("access-control-allow-origin").is_none());
 }
 
+/// A named origin's stream carries `Access-Control-Allow-Origin` too (the header goes out
+/// before the first event).
+#[test]
+fn a_named_origin_gets_cors_on_streams_too() {
+    let srv = server(BrowserPolicy {
+        cors_origins: vec!["http://localhost:3000".into()],
+        allowed_hosts: Vec::new(),
+    });
+    let addr = srv.addr;
+    let here = format!("127.0.0.1:{}", addr.port());
+    let stream = chat_body(json!({"max_tokens": 2, "stream": true})).to_string();
+    let r = raw(
+        addr,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {here}\r\n\
+             Content-Type: application/json\r\nOrigin: http://localhost:3000\r\n"
+        ),
+        stream.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
+}
+
 fn tokenize(addr: SocketAddr, body: &Value) -> Vec<u64> {
     let r = post(addr, "/tokenize", body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

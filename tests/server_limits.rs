@@ -2,8 +2,9 @@
 //! dribbles its headers or stalls its body is cut off while others are served, idle keep-alive
 //! connections close, connections past the cap wait while the others are busy, every request cap is a 400 naming the
 //! parameter and its limit, `/metrics` sits behind the key, token ids the model lacks are
-//! refused alone, `max_tokens` omitted means "as much as fits", and a 4 MiB prompt does not
-//! hold up a short request.
+//! refused alone, `max_tokens` omitted means "as much as fits", a 4 MiB prompt does not
+//! hold up a short request, and `tpslab serve`'s `-c`, `-n`, `--parallel` and `--kv-budget-mb`
+//! hold.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
@@ -470,4 +471,72 @@ fn a_4_mib_prompt_does_not_hold_up_a_short_request() {
     let big = big.join().expect("big client");
     assert_eq!(big.status, 400, "{}", String::from_utf8_lossy(&big.body));
     assert_eq!(big.error()["code"], "context_length_exceeded");
+}
+
+/// `tpslab serve -c 96 -n 5 --parallel 3 --kv-budget-mb 8` (the real binary): a request that
+/// names no `max_tokens` gets 5, prompt + `max_tokens` past 96 is `context_length_exceeded`,
+/// and the KV pool (8 MiB in blocks of 16) and the batch cap are stated alike on stderr and in
+/// /metrics.
+#[test]
+fn serve_holds_the_context_answer_length_and_pool_it_is_given() {
+    let args = [
+        "-m",
+        "default",
+        "-t",
+        "2",
+        "-c",
+        "96",
+        "-n",
+        "5",
+        "--parallel",
+        "3",
+        "--kv-budget-mb",
+        "8",
+    ];
+    let srv = ServeProcess::start(&args, &[], loopback);
+    let addr = srv.addr();
+    let complete = |max_tokens: Option<u32>| {
+        let mut b = json!({"prompt": "The capital of France is", "temperature": 0,
+                           "ignore_eos": true});
+        if let Some(m) = max_tokens {
+            b["max_tokens"] = json!(m);
+        }
+        post(addr, "/v1/completions", &b)
+    };
+    let r = complete(None);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["usage"]["completion_tokens"], 5, "-n 5");
+    // Five prompt tokens and 95 to generate do not fit 96; 60 do.
+    let r = complete(Some(95));
+    assert_eq!(r.status, 400);
+    let e = r.error();
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--ctx-size")),
+        "{e}"
+    );
+    assert_eq!(complete(Some(60)).json()["usage"]["completion_tokens"], 60);
+    let models = request(addr, "GET", "/v1/models", &[], b"").json();
+    assert_eq!(models["data"][0]["max_model_len"], 96);
+    let blocks = KvCache::pool_for_budget(&model().model.cfg, 16, 8 << 20).expect("blocks");
+    let text = String::from_utf8(request(addr, "GET", "/metrics", &[], b"").body).expect("utf8");
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("tpslab:{name}{{")))
+            .and_then(|l| l.rsplit_once(' '))
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        gauge("kv_cache_capacity_tokens"),
+        Some((blocks * 16) as f64)
+    );
+    assert_eq!(gauge("max_num_seqs"), Some(3.0));
+    let log = srv.log();
+    let said = format!(
+        "KV pool: {} tokens ({blocks} blocks of 16), up to 3 sequences",
+        blocks * 16
+    );
+    assert!(log.contains(&said), "{log}");
 }

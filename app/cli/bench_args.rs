@@ -3,6 +3,7 @@
 
 use clap::Args;
 
+use crate::kv_args::KvArgs;
 use crate::model_args::ModelArgs;
 use crate::spec_args::SpecArgs;
 
@@ -20,7 +21,7 @@ pub struct BenchArgs {
     pub workload: String,
     /// Sampling temperature of the requests (0: greedy). Sampled text repeats itself less
     /// than greedy text, so speculation's proposals are kept less often.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, visible_alias = "temp", default_value_t = 0.0)]
     pub temperature: f32,
     /// Concurrency levels to measure (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
@@ -41,16 +42,8 @@ pub struct BenchArgs {
     /// Scheduler token budget per step.
     #[arg(long)]
     pub max_batched_tokens: Option<usize>,
-    /// KV cache memory in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub kv_budget_mb: usize,
-    /// On a GPU: size the KV cache as this fraction of the memory left free after the weights
-    /// (like vLLM's --gpu-memory-utilization, but of what is free), instead of --kv-budget-mb.
-    #[arg(long, value_name = "F", value_parser = parse_fraction)]
-    pub gpu_kv_fraction: Option<f32>,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Single-stream mode: prompt lengths to measure prompt processing at (comma separated).
     #[arg(long, value_delimiter = ',')]
     pub pp: Option<Vec<usize>>,
@@ -101,14 +94,6 @@ pub fn utc_now() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     tpslab_engine::text::chat::strftime_utc("%Y-%m-%d %H:%M:%S UTC", secs)
-}
-
-/// A fraction in (0, 0.95].
-fn parse_fraction(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(f) if f > 0.0 && f <= 0.95 => Ok(f),
-        _ => Err(format!("'{s}' is not a fraction between 0 and 0.95")),
-    }
 }
 
 /// One `KEY:MS` of `--goodput`: ttft, tpot or e2el, and a positive number of milliseconds.

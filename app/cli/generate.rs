@@ -20,7 +20,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The prompt text.
-    #[arg(long)]
+    #[arg(short = 'p', long)]
     pub prompt: String,
     /// Wrap the prompt in the model's chat template as a user message.
     #[arg(long)]
@@ -28,11 +28,16 @@ pub struct GenerateArgs {
     /// System message for --chat (otherwise the template's default applies).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Most tokens to generate (`-n`/`--n-predict` as llama.cpp spells it).
+    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: u32,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        visible_alias = "temp",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub temperature: f32,
     /// 0 = off.
     #[arg(long, default_value_t = 0)]

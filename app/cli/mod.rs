@@ -40,10 +40,10 @@ use crate::model_args::parse_device;
 )]
 pub struct Cli {
     /// With no subcommand, the window opens on this model (a GGUF file, or `default`).
-    #[arg(long, default_value = "default")]
+    #[arg(short = 'm', long, default_value = "default")]
     pub model: String,
     /// Compute threads for the window's engine (0 = one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     /// Compute device for the window's engine: cpu, cuda, cuda:N, or auto (the first GPU when a
     /// CUDA driver and GPU are present, else the CPU). Without it, the device last chosen in the
@@ -125,5 +125,20 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// clap's own checks over every subcommand: no two flags share a name or a short letter
+    /// (`-m`, `-t`, `-c`, `-n`, `-p` are llama.cpp's spellings on commands that also flatten
+    /// shared argument structs).
+    #[test]
+    fn no_two_flags_clash_in_any_command() {
+        Cli::command().debug_assert();
     }
 }

@@ -15,13 +15,17 @@ use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic;
 use tpslab_engine::serving::constraint::{Grammar, compiler_for, mask_stats};
-use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::serving::loadgen::{self, ConstrainedTarget, LenDist, LoadSpec, PromptSet};
 use tpslab_engine::serving::metrics::{BenchSummary, RequestTiming};
 use tpslab_engine::serving::spec_metrics::SpecUsage;
 
 use super::bench_args::BenchArgs;
 use crate::remote::{Decode, RemoteShape};
+
+/// `tpslab bench`'s KV pool without `--kv-budget-mb`, in MiB: room for 64 requests of the
+/// default lengths on a 1B model.
+const BENCH_KV_MB: usize = 1024;
 
 /// One concurrency level: vLLM's result fields (flattened) plus ours.
 #[derive(Debug, Serialize)]
@@ -390,10 +394,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(n) = a.max_batched_tokens {
         knobs.scheduler.max_num_batched_tokens = n;
     }
-    knobs.kv = KvSettings {
-        budget_bytes: a.kv_budget_mb << 20,
-        block_size: a.block_size,
-    };
+    knobs.kv = a.kv.settings(BENCH_KV_MB);
     let mut device = String::new();
     let threads = a.model.n_threads();
     println!(
@@ -472,7 +473,7 @@ fn start_engine(
             threads: a.model.threads,
             knobs: k,
             device: a.model.device,
-            gpu_kv_fraction: a.gpu_kv_fraction.unwrap_or(0.0),
+            gpu_kv_fraction: a.kv.gpu_fraction(),
             cpu_moe_layers: a.model.cpu_moe_layers(),
             draft,
         },

@@ -20,6 +20,7 @@ use tpslab_engine::tune::{
 };
 use tpslab_kernels::WType;
 
+use crate::kv_args::KvArgs;
 use crate::model_args::ModelArgs;
 
 #[derive(Args, Debug)]
@@ -68,9 +69,8 @@ pub struct TuneArgs {
     /// Seed of the sample of the space.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// KV cache memory in MiB.
-    #[arg(long, default_value_t = 512)]
-    pub kv_budget_mb: usize,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Write the report (best knobs, verified and default runs, every candidate's rungs) here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -226,10 +226,7 @@ pub fn run(a: &TuneArgs) -> Result<()> {
     super::serve_bench::check_fits(&lm, w.prompt_len.max(), w.output_len.max())?;
     let prompts = super::serve_bench::prompt_set(&lm)?;
     let base = Knobs {
-        kv: KvSettings {
-            budget_bytes: a.kv_budget_mb << 20,
-            ..KvSettings::default()
-        },
+        kv: a.kv.settings(KvSettings::default().budget_bytes >> 20),
         ..Knobs::default()
     };
     let engine = EngineHandle::start(
@@ -238,6 +235,7 @@ pub fn run(a: &TuneArgs) -> Result<()> {
             threads: a.model.threads,
             knobs: base.clone(),
             device: a.model.device,
+            gpu_kv_fraction: a.kv.gpu_fraction(),
             ..EngineConfig::default()
         },
         None,

@@ -120,7 +120,7 @@ pub async fn prepare(
     let budget = req
         .stop
         .max_tokens
-        .unwrap_or_else(|| (st.lm.model.cfg.context_len).saturating_sub(req.prompt.len()));
+        .unwrap_or_else(|| st.context_len().saturating_sub(req.prompt.len()));
     let tokens = n.saturating_mul(req.prompt.len().saturating_add(budget));
     let held = st.shares.reserve(client, n, tokens, st.share())?;
     let mut choices = Choices::start(&st.engine, &st.metrics, req, parsed.n).await?;

@@ -1,11 +1,13 @@
 //! The server's limits, as `tpslab serve` flags: what one request may ask for (stop strings,
 //! prompt bytes, `logit_bias`, priority range, body size) and what one connection may take
 //! (first-byte, header, body and idle timeouts) and how many connections are served at once, in
-//! all and from one address.
+//! all and from one address; the context a request may hold and its default answer length.
 
 use std::time::Duration;
 
 use clap::Args;
+
+use super::errors::ApiError;
 
 /// The priority the window submits its own chats at (lower runs first under the Priority
 /// policy). API clients are held at or below it by default, so none outranks the chat.
@@ -54,6 +56,12 @@ pub struct Limits {
     /// Tokens one client may have in flight (choices x (prompt + max_tokens)); `None`: 32
     /// contexts of the model.
     pub client_max_tokens: Option<usize>,
+    /// Tokens one request may hold, prompt and answer (`-c`/`--ctx-size`); `None`: the model's
+    /// context. Past it a request gets `context_length_exceeded`.
+    pub ctx_size: Option<usize>,
+    /// Tokens generated for a request that names no `max_tokens` (`-n`/`--n-predict`), at most
+    /// what fits; `None`: as many as fit the context and the KV pool.
+    pub default_max_tokens: Option<usize>,
 }
 
 impl Default for Limits {
@@ -76,11 +84,64 @@ impl Default for Limits {
             max_connections_per_address: 128,
             client_max_seqs: 128,
             client_max_tokens: None,
+            ctx_size: None,
+            default_max_tokens: None,
         }
     }
 }
 
 impl Limits {
+    /// Refuses `bytes` of prompt text in `param` past `--max-prompt-bytes`, before tokenizing.
+    pub fn check_prompt_bytes(&self, param: &str, bytes: usize) -> Result<(), ApiError> {
+        if bytes > self.max_prompt_bytes {
+            return Err(ApiError::over_cap(
+                param,
+                format!(
+                    "the {param} text is {bytes} bytes; this server takes at most {} \
+                     (--max-prompt-bytes)",
+                    self.max_prompt_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tokens one request may hold on a model of `model_ctx`: `--ctx-size`, at most that.
+    pub fn context(&self, model_ctx: usize) -> usize {
+        self.ctx_size.map_or(model_ctx, |c| c.min(model_ctx))
+    }
+
+    /// The answer's token budget for a prompt of `prompt` tokens: what was `asked`, else
+    /// `--n-predict`, else (under `--ctx-size`) the rest of that context; `None` leaves it to
+    /// the engine (as many as fit the model's context and the KV pool). `Err`, a message for
+    /// `context_length_exceeded`, when prompt and answer do not fit `--ctx-size`.
+    pub fn answer_tokens(
+        &self,
+        prompt: usize,
+        asked: Option<usize>,
+        model_ctx: usize,
+    ) -> Result<Option<usize>, String> {
+        let limit = self.context(model_ctx);
+        let room = limit.saturating_sub(prompt);
+        if self.ctx_size.is_none() {
+            return Ok(asked.or(self.default_max_tokens.map(|n| n.min(room.max(1)))));
+        }
+        match asked {
+            Some(m) if prompt.saturating_add(m) > limit => Err(format!(
+                "this server's context holds {limit} tokens (--ctx-size), but the request asks \
+                 for {}: {prompt} in the prompt and {m} to generate; shorten the prompt or \
+                 lower max_tokens",
+                prompt.saturating_add(m)
+            )),
+            Some(m) => Ok(Some(m)),
+            None if room == 0 => Err(format!(
+                "this server's context holds {limit} tokens (--ctx-size), and the prompt alone \
+                 is {prompt}: none are left to generate"
+            )),
+            None => Ok(Some(self.default_max_tokens.map_or(room, |n| n.min(room)))),
+        }
+    }
+
     /// The priority of a request that names none: 0, moved into the allowed range.
     pub fn default_priority(&self) -> i32 {
         0.clamp(self.min_priority, self.max_priority.max(self.min_priority))
@@ -165,6 +226,14 @@ pub struct LimitArgs {
     /// max_tokens counting as the rest of the context (default: 32 contexts of the model).
     #[arg(long, value_parser = at_least_one, value_name = "N")]
     pub client_max_tokens: Option<usize>,
+    /// Tokens one request may hold, prompt and answer together (llama-server's `-c`); a request
+    /// past it gets `context_length_exceeded`. Default: the model's context.
+    #[arg(short = 'c', long, value_parser = at_least_one, value_name = "N")]
+    pub ctx_size: Option<usize>,
+    /// Tokens to generate when a request names no `max_tokens` (llama-server's `-n`), at most
+    /// what fits its context. Default: as many as fit.
+    #[arg(short = 'n', long, value_parser = at_least_one, value_name = "N")]
+    pub n_predict: Option<usize>,
 }
 
 impl LimitArgs {
@@ -193,6 +262,8 @@ impl LimitArgs {
             max_connections_per_address: self.max_connections_per_address,
             client_max_seqs: self.client_max_seqs,
             client_max_tokens: self.client_max_tokens,
+            ctx_size: self.ctx_size,
+            default_max_tokens: self.n_predict,
         })
     }
 }
@@ -207,6 +278,26 @@ mod tests {
         for bad in ["0", "-1", "inf", "NaN", "x", "1e9"] {
             assert!(seconds(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_answer_fits_the_context_the_operator_set() {
+        let mut l = Limits::default();
+        assert_eq!(l.answer_tokens(10, None, 100), Ok(None));
+        assert_eq!(l.answer_tokens(10, Some(500), 100), Ok(Some(500)));
+        l.default_max_tokens = Some(5);
+        assert_eq!(l.answer_tokens(10, None, 100), Ok(Some(5)));
+        assert_eq!(l.answer_tokens(98, None, 100), Ok(Some(2)));
+        l.ctx_size = Some(40);
+        assert_eq!(l.answer_tokens(10, Some(30), 100), Ok(Some(30)));
+        assert!(l.answer_tokens(10, Some(31), 100).is_err());
+        assert_eq!(l.answer_tokens(38, None, 100), Ok(Some(2)));
+        assert!(l.answer_tokens(40, None, 100).is_err());
+        l.default_max_tokens = None;
+        assert_eq!(l.answer_tokens(10, None, 100), Ok(Some(30)));
+        // A context past the model's is the model's.
+        l.ctx_size = Some(1000);
+        assert_eq!(l.answer_tokens(10, None, 100), Ok(Some(90)));
     }
 
     #[test]

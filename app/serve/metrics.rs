@@ -254,7 +254,7 @@ impl ServerMetrics {
         } else {
             snap.kv_used_blocks as f64 / snap.kv_total_blocks as f64
         };
-        let gauges: [(&str, &str, f64); 3] = [
+        let gauges: [(&str, &str, f64); 5] = [
             (
                 "num_requests_running",
                 "Requests in model execution batches.",
@@ -269,6 +269,16 @@ impl ServerMetrics {
                 "kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
                 kv_usage,
+            ),
+            (
+                "kv_cache_capacity_tokens",
+                "Tokens the KV pool holds (blocks x tokens per block).",
+                kv_capacity_tokens(snap) as f64,
+            ),
+            (
+                "max_num_seqs",
+                "Most sequences running at once in the batch (--max-num-seqs, --parallel).",
+                snap.knobs.scheduler.max_num_seqs as f64,
             ),
         ];
         for (name, help, v) in gauges {
@@ -363,4 +373,10 @@ fn render_accepted_per_pos(out: &mut String, l: &str, per_pos: &[u64]) {
             "tpslab:spec_decode_num_accepted_tokens_per_pos_total{{{l},position=\"{pos}\"}} {n}"
         );
     }
+}
+
+/// Tokens the engine's KV pool holds: its blocks times the tokens in each.
+pub fn kv_capacity_tokens(snap: &EngineSnapshot) -> usize {
+    snap.kv_total_blocks
+        .saturating_mul(snap.knobs.kv.block_size)
 }

@@ -12,6 +12,8 @@
 //!   [`responses_json`].
 //! - [`chat_input`]: a chat request's messages, tools and thinking switch as the chat template
 //!   gets them, and the prompt with its reasoning splitter (the window's chat uses it too).
+//! - [`fim`]: fill-in-the-middle prompts (`suffix`, llama-server's `input_*`), built as its
+//!   `format_infill` builds them; [`infill`]: llama-server's `POST /infill` over them.
 //! - [`unhonoured`]: fields the engine cannot honour (audio, images, beam search...), each a 400
 //!   naming it.
 //! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
@@ -22,7 +24,10 @@
 //! - [`json_body`]: a whole answer's JSON body with its largest parts (a prompt's
 //!   log-probabilities) written as it goes out.
 //! - [`tokenize`]: `/tokenize` and `/detokenize` (vLLM's shapes).
+//! - [`models`]: `/v1/models`, `/v1/models/{id}` (every name the model is served under) and
+//!   `/health`.
 //! - [`errors`]: OpenAI's error JSON with its HTTP status.
+//! - [`auth`]: the API key (`--api-key`, `--api-key-file`, `TPSLAB_API_KEY`) and its check.
 //! - [`metrics`]: `GET /metrics` in Prometheus text (`tpslab:*`, vLLM's shapes).
 //! - [`trace`]: `--record-trace FILE`: each finished request as a line of a trace the tuner
 //!   replays.
@@ -33,22 +38,27 @@
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`,
-//! `GET /v1/models`,
+//! `POST /infill`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is
-//! set (`--metrics-open` leaves `/metrics` open), and every one behind the browser guards.
+//! set (`--metrics-open` leaves `/metrics` open); `GET /health` and `GET /v1/health` without
+//! it; every one behind the browser guards.
 //! Binds to loopback unless told otherwise, and warns when told otherwise with no API key.
 
 pub mod answer;
+pub mod auth;
 pub mod bridge;
 pub mod browser;
 pub mod chat_input;
 pub mod errors;
+pub mod fim;
 pub mod handlers;
 pub mod http;
+pub mod infill;
 pub mod json_body;
 pub mod limits;
 pub mod logprobs_json;
 pub mod metrics;
+pub mod models;
 pub mod openai;
 pub mod responses;
 pub mod responses_json;
@@ -62,24 +72,23 @@ pub mod tools;
 pub mod trace;
 pub mod unhonoured;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::extract::{Request as HttpRequest, State};
-use axum::http::{StatusCode, Uri, header};
-use axum::middleware::{self, Next};
+use axum::extract::State;
+use axum::http::{Uri, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use serde_json::json;
-use sha2::{Digest, Sha256};
-use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
+use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettings};
 
 use self::errors::ApiError;
 use self::limits::LimitArgs;
 pub use self::state::ServerState;
+use crate::kv_args::KvArgs;
 use crate::model_args::ModelArgs;
 use crate::spec_args::SpecArgs;
 
@@ -87,20 +96,23 @@ use crate::spec_args::SpecArgs;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to listen on; loopback unless you mean to expose the server.
+    /// Address to listen on: an IP address (`::` is every IPv6 and IPv4 address) or a name
+    /// such as `localhost`, resolved; loopback unless you mean to expose the server.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
-    #[arg(long)]
-    pub api_key: Option<String>,
+    #[command(flatten)]
+    pub key: auth::KeyArgs,
     /// Serve /metrics without the API key (for a scraper that cannot send one).
     #[arg(long)]
     pub metrics_open: bool,
-    /// Most requests running at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
+    /// Most requests running at once, in one batch (vLLM's name; llama-server's
+    /// `--parallel`).
+    #[arg(long, visible_alias = "parallel", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_num_seqs: u32,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Requests allowed to wait; past it new requests get 429.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
@@ -110,10 +122,23 @@ pub struct ServeArgs {
     pub browser: browser::BrowserArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Also list and accept the model under NAME (repeatable), as llama-server's `--alias` and
+    /// vLLM's `--served-model-name`; requests may name it or the file's stem.
+    #[arg(long = "alias", value_name = "NAME", value_parser = alias_name)]
+    pub aliases: Vec<String>,
     /// Append one JSON line per finished request (arrival time, prompt and completion tokens)
     /// to FILE: a trace `tpslab tune --trace FILE` replays.
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<std::path::PathBuf>,
+}
+
+/// An `--alias`: a name a client can send (not empty, no control characters, not huge).
+fn alias_name(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if t.is_empty() || t.len() > 256 || t.chars().any(char::is_control) {
+        return Err("an alias is 1 to 256 printable characters".into());
+    }
+    Ok(t.to_string())
 }
 
 /// The routes, with the API key check on /v1/* (and /metrics unless `metrics_open`).
@@ -122,66 +147,35 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/responses", post(responses::responses))
-        .route("/v1/models", get(models))
+        .route("/infill", post(infill::infill))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::retrieve))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
     let open = Router::new().route("/metrics", get(prometheus));
+    // As llama-server: a load balancer's health check carries no key.
+    let health = Router::new()
+        .route("/health", get(models::health))
+        .route("/v1/health", get(models::health));
     if state.metrics_open {
-        v1 = v1.route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+        v1 = v1.route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            auth::auth,
+        ));
         v1 = v1.merge(open);
     } else {
-        v1 = v1
-            .merge(open)
-            .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+        v1 = v1.merge(open).route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            auth::auth,
+        ));
     }
-    v1.fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
+    v1.merge(health)
+        .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             browser::guard,
         ))
         .with_state(state)
-}
-
-async fn auth(State(st): State<Arc<ServerState>>, req: HttpRequest, next: Next) -> Response {
-    if let Some(key) = &st.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
-            return ApiError::unauthorized().into_response();
-        }
-    }
-    next.run(req).await
-}
-
-/// Compares keys in time independent of where they differ and of their lengths: the SHA-256
-/// digests (always 32 bytes) are compared without an early exit.
-fn same_key(a: &[u8], b: &[u8]) -> bool {
-    let (da, db) = (Sha256::digest(a), Sha256::digest(b));
-    da.iter()
-        .zip(db.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
-
-async fn models(State(st): State<Arc<ServerState>>) -> Response {
-    errors::json_response(
-        StatusCode::OK,
-        &json!({
-            "object": "list",
-            "data": [{
-                "id": st.model_id,
-                "object": "model",
-                "created": st.created,
-                "owned_by": "tpslab",
-                "max_model_len": st.lm.model.cfg.context_len,
-                "quantization": st.lm.precision.to_string(),
-                "vocab_size": st.lm.model.cfg.vocab,
-            }],
-        }),
-    )
 }
 
 async fn prometheus(State(st): State<Arc<ServerState>>) -> Response {
@@ -249,12 +243,40 @@ pub fn spawn(state: Arc<ServerState>, addr: SocketAddr) -> Result<RunningServer>
     })
 }
 
+/// `--host` and `--port` as the address to bind: an IP address (v6 with or without brackets),
+/// or a name resolved to its first IPv4 address (its first address when it has none).
+fn bind_addr(host: &str, port: u16) -> Result<SocketAddr> {
+    let h = host.trim();
+    let bare = h
+        .strip_prefix('[')
+        .and_then(|v| v.strip_suffix(']'))
+        .unwrap_or(h);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    if bare.is_empty() || bare.len() > 253 {
+        anyhow::bail!("--host {host:?} is no address or host name");
+    }
+    let found: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve --host {bare}"))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .with_context(|| format!("--host {bare} resolves to no address"))
+}
+
 /// `tpslab serve`: loads the model, starts the engine and serves until killed.
 pub fn run(a: &ServeArgs) -> Result<()> {
     let limits = a.limits.limits().map_err(anyhow::Error::msg)?;
+    let api_key = a.key.key(|k| std::env::var(k).ok())?;
     let lm = a.model.load()?;
     let mut knobs = Knobs::default();
-    knobs.scheduler.max_num_seqs = a.max_num_seqs;
+    knobs.scheduler.max_num_seqs = a.max_num_seqs as usize;
+    knobs.kv = a.kv.settings(KvSettings::default().budget_bytes >> 20);
     knobs.scheduler.max_waiting = Some(a.max_waiting);
     let (spec, draft) = a.spec.resolve()?;
     knobs.spec = spec;
@@ -262,12 +284,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         threads: a.model.threads,
         knobs,
         device: a.model.device,
-        gpu_kv_fraction: 0.0,
+        gpu_kv_fraction: a.kv.gpu_fraction(),
         cpu_moe_layers: a.model.cpu_moe_layers(),
         draft,
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;
-    let mut state = ServerState::new(engine, lm, a.api_key.clone());
+    let mut state = ServerState::new(engine, lm, api_key);
     state.metrics_open = a.metrics_open;
     if let Some(path) = &a.record_trace {
         let w = trace::TraceWriter::open(path).map_err(anyhow::Error::msg)?;
@@ -276,13 +298,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     state.limits = limits.clone();
     state.browser = a.browser.policy();
+    state.listed_aliases = a.aliases.clone();
     state.aliases.push(a.model.model.clone());
     if let Some(s) = &a.model.synthetic {
         state.aliases.push(s.clone());
     }
-    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
-        .parse()
-        .with_context(|| format!("bad --host/--port: {}:{}", a.host, a.port))?;
+    let addr = bind_addr(&a.host, a.port)?;
     if !addr.ip().is_loopback() && state.api_key.is_none() {
         eprintln!(
             "WARNING: serving on {addr} without an API key: anyone who can reach this address \
@@ -293,28 +314,20 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .with_context(|| format!("cannot listen on {addr}"))?;
+    let snap = state.engine.stats();
     eprintln!(
-        "serving {} ({}) on http://{}/v1 — {}",
+        "serving {} ({}) on http://{}/v1 — {}; KV pool: {} tokens ({} blocks of {}), up to {} \
+         sequences at once",
         state.model_id,
         state.lm.precision,
         listener.local_addr()?,
-        state.engine.stats().device
+        snap.device,
+        metrics::kv_capacity_tokens(&snap),
+        snap.kv_total_blocks,
+        snap.knobs.kv.block_size,
+        snap.knobs.scheduler.max_num_seqs,
     );
     let app = router(Arc::new(state));
     rt.block_on(http::serve(listener, app, limits));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::same_key;
-
-    #[test]
-    fn keys_compare_by_content_whatever_their_lengths() {
-        assert!(same_key(b"sesame", b"sesame"));
-        assert!(!same_key(b"sesame", b"sesamE"));
-        assert!(!same_key(b"sesame", b"sesame-and-more"));
-        assert!(!same_key(b"", b"sesame"));
-        assert!(same_key(b"", b""));
-    }
 }

@@ -19,6 +19,7 @@ use tpslab_engine::text::reasoning::{ReasoningParser, Split};
 
 use super::chat_input::{self, ChatBody};
 use super::errors::{ApiError, typed};
+use super::fim::{self, Infill};
 use super::limits::{LOGPROB_JSON_BYTES, Limits};
 use super::structured::{self, Asked};
 use super::tools::{self, ToolPlan};
@@ -103,6 +104,14 @@ impl Kind {
         }
     }
 
+    /// The field that holds the prompt.
+    pub fn prompt_field(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+
     pub fn id_prefix(self) -> &'static str {
         match self {
             Kind::Chat => "chatcmpl",
@@ -137,6 +146,8 @@ pub struct Parsed {
     pub echo: bool,
     /// `tools` and `tool_choice` of a chat request (an enforced choice is in `constraint`).
     pub tools: Option<ToolPlan>,
+    /// Completions' fill-in-the-middle (`suffix`, `/infill`'s `input_*`).
+    pub infill: Option<Infill>,
 }
 
 impl Parsed {
@@ -189,7 +200,7 @@ pub fn parse(
         Kind::Chat => {
             let b: ChatBody = typed(body)?;
             let bytes = b.text_len();
-            check_prompt_bytes("messages", bytes, limits)?;
+            limits.check_prompt_bytes("messages", bytes)?;
             (messages, options) = b.into_chat()?;
         }
         Kind::Completion => match typed::<CompletionBody>(body)?.prompt {
@@ -205,8 +216,12 @@ pub fn parse(
         },
     }
     if let Some(t) = &prompt_text {
-        check_prompt_bytes("prompt", t.len(), limits)?;
+        limits.check_prompt_bytes("prompt", t.len())?;
     }
+    let infill = match kind {
+        Kind::Completion => fim::asked(body, prompt_text.as_deref(), limits)?,
+        Kind::Chat => None,
+    };
     super::unhonoured::check(body)?;
     if kind == Kind::Chat {
         super::unhonoured::check_chat(body)?;
@@ -244,25 +259,8 @@ pub fn parse(
         sampling,
         constraint,
         tools,
+        infill,
     })
-}
-
-pub(super) fn check_prompt_bytes(
-    param: &str,
-    bytes: usize,
-    limits: &Limits,
-) -> Result<(), ApiError> {
-    if bytes > limits.max_prompt_bytes {
-        return Err(ApiError::over_cap(
-            param,
-            format!(
-                "the {param} text is {bytes} bytes; this server takes at most {} \
-                 (--max-prompt-bytes)",
-                limits.max_prompt_bytes
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// The stop strings of a request, as given.
@@ -515,6 +513,10 @@ pub fn to_request(
 ) -> Result<(Request, Option<ReasoningParser>), ApiError> {
     let (tokens, reasoning) = match (&p.prompt_tokens, &p.prompt_text) {
         (Some(t), _) => (t.clone(), None),
+        (None, Some(_)) if let Some(inf) = &p.infill => {
+            let max = p.max_tokens().map(|m| m as usize);
+            (fim::prompt_tokens(lm, inf, limits, max)?, None)
+        }
         (None, Some(text)) => (
             lm.raw_prompt(text)
                 .map_err(|e| prompt_error("prompt", &e))?,
@@ -529,8 +531,14 @@ pub fn to_request(
         }
     };
     check_prompt_logprobs(p, tokens.len(), limits)?;
-    let max = p.max_tokens().map(|m| m as usize);
-    // Omitted: the engine gives as many as fit the context and the KV pool.
+    let asked = p.max_tokens().map(|m| m as usize);
+    // `None`: the engine gives as many as fit the context and the KV pool.
+    let max = limits
+        .answer_tokens(tokens.len(), asked, lm.model.cfg.context_len)
+        .map_err(|m| ApiError {
+            param: Some(p.kind.prompt_field().into()),
+            ..ApiError::context_exceeded(m)
+        })?;
     let mut stop = lm.default_stop(max);
     stop.stop_strings = stop_list(&p.common).to_vec();
     stop.ignore_eos = p.common.ignore_eos.unwrap_or(false);

@@ -23,8 +23,11 @@ use super::share::{Share, Shares};
 pub struct ServerState {
     pub engine: EngineHandle,
     pub lm: Arc<LoadedModel>,
-    /// The id `/v1/models` lists; requests may name it or any alias.
+    /// The id `/v1/models` lists first; requests may name it or any alias.
     pub model_id: String,
+    /// Names the model is listed and accepted under besides `model_id` (`--alias`).
+    pub listed_aliases: Vec<String>,
+    /// Names requests may use that are not listed (what `--model` was given as).
     pub aliases: Vec<String>,
     pub api_key: Option<String>,
     /// `/metrics` without the key even when one is set.
@@ -53,6 +56,7 @@ impl ServerState {
             engine,
             lm,
             aliases: Vec::new(),
+            listed_aliases: Vec::new(),
             model_id,
             api_key,
             metrics_open: false,
@@ -73,8 +77,26 @@ impl ServerState {
             tokens: self
                 .limits
                 .client_max_tokens
-                .unwrap_or_else(|| self.lm.model.cfg.context_len.saturating_mul(32)),
+                .unwrap_or_else(|| self.context_len().saturating_mul(32)),
         }
+    }
+
+    /// The tokens one request may hold, prompt and answer: the model's context, or less under
+    /// `--ctx-size`.
+    pub fn context_len(&self) -> usize {
+        self.limits.context(self.lm.model.cfg.context_len)
+    }
+
+    /// Every name `/v1/models` lists: the model id, then each alias not already listed.
+    pub fn listed_names(&self) -> impl Iterator<Item = &str> {
+        let mut seen: Vec<&str> = Vec::new();
+        std::iter::once(self.model_id.as_str())
+            .chain(self.listed_aliases.iter().map(String::as_str))
+            .filter(move |n| {
+                let new = !seen.contains(n);
+                seen.push(n);
+                new
+            })
     }
 
     /// What the request checks need to know of the model.
@@ -88,7 +110,11 @@ impl ServerState {
     pub(crate) fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
         match asked {
             None => Ok(()),
-            Some(m) if m == self.model_id || self.aliases.iter().any(|a| a == m) => Ok(()),
+            Some(m)
+                if self.listed_names().any(|n| n == m) || self.aliases.iter().any(|a| a == m) =>
+            {
+                Ok(())
+            }
             Some(m) => Err(ApiError::model_not_found(m)),
         }
     }

@@ -16,7 +16,6 @@ use super::chat_input::{self, ChatBody};
 use super::errors::{self, ApiError, typed};
 use super::handlers::read_body;
 use super::logprobs_json::token_text;
-use super::openai::check_prompt_bytes;
 use super::state::ServerState;
 
 #[derive(Debug, Deserialize)]
@@ -90,7 +89,7 @@ fn tokenize_body(st: &ServerState, body: &Value) -> Result<Value, ApiError> {
     let lm = &st.lm;
     let tokens = match (&b.prompt, body.get("messages")) {
         (Some(text), None) => {
-            check_prompt_bytes("prompt", text.len(), &st.limits)?;
+            st.limits.check_prompt_bytes("prompt", text.len())?;
             let mut ids = lm
                 .tokenizer
                 .encode(text, true)
@@ -106,7 +105,7 @@ fn tokenize_body(st: &ServerState, body: &Value) -> Result<Value, ApiError> {
         }
         (None, Some(_)) => {
             let chat: ChatBody = typed(body)?;
-            check_prompt_bytes("messages", chat.text_len(), &st.limits)?;
+            st.limits.check_prompt_bytes("messages", chat.text_len())?;
             let (messages, mut options) = chat.into_chat()?;
             if let Some(g) = body.get("add_generation_prompt") {
                 options.add_generation_prompt = g.as_bool().ok_or_else(|| {

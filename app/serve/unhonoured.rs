@@ -28,7 +28,7 @@ fn refuse(field: &str, why: &str) -> ApiError {
 /// The fields of a chat or completion body against what the engine can do.
 pub fn check(body: &Value) -> Result<(), ApiError> {
     let get = |k: &str| body.get(k);
-    let common: [(&str, &str); 5] = [
+    let common: [(&str, &str); 4] = [
         (
             "use_beam_search",
             "beam search is not supported; sample n choices instead",
@@ -44,10 +44,6 @@ pub fn check(body: &Value) -> Result<(), ApiError> {
         (
             "guided_whitespace_pattern",
             "a whitespace pattern for JSON is not supported",
-        ),
-        (
-            "suffix",
-            "text insertion (a suffix after the completion) is not supported",
         ),
     ];
     for (field, why) in common {
@@ -209,17 +205,8 @@ mod tests {
             "{e}"
         );
         assert!(
-            refused(Kind::Completion, json!({"prompt": "a", "suffix": "b"})).contains("suffix")
-        );
-        assert!(
             refused(Kind::Completion, json!({"prompt": "a", "best_of": 3})).contains("best_of")
         );
-        assert!(
-            refused(
-                Kind::Completion,
-                json!({"prompt": "a", "best_of": 1, "suffix": ""})
-            )
-            .is_empty()
-        );
+        assert!(refused(Kind::Completion, json!({"prompt": "a", "best_of": 1})).is_empty());
     }
 }

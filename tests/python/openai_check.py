@@ -33,6 +33,14 @@ check("models", any(m.id == model for m in models), [m.id for m in models])
 extra = models[0].model_extra or {}
 check("models.max_model_len", extra.get("max_model_len", 0) > 0, extra)
 check("models.quantization", isinstance(extra.get("quantization"), str), extra)
+# Retrieve: the model by its id; another name is the client's NotFoundError.
+got = client.models.retrieve(model)
+check("models.retrieve", got.id == model and got.object == "model", got)
+try:
+    client.models.retrieve("no-such-model")
+    check("models.retrieve.missing", False, "no error")
+except openai.NotFoundError as e:
+    check("models.retrieve.missing", e.body and e.body.get("code") == "model_not_found", e.body)
 
 # Whole and streamed agree (greedy), usage in the last chunk.
 whole = client.chat.completions.create(model=model, messages=Q, temperature=0, max_tokens=12)

@@ -63,6 +63,11 @@ pub fn test_limits() -> Limits {
 /// A server of its own over another model than the default (one with another chat template),
 /// with an engine of its own; returns the server and the model id it answers to.
 pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
+    serve_model_with(lm, test_limits())
+}
+
+/// As [`serve_model`], under `limits`.
+pub fn serve_model_with(lm: Arc<LoadedModel>, limits: Limits) -> (RunningServer, String) {
     let mut knobs = Knobs::default();
     knobs.kv.budget_bytes = 64 << 20;
     let config = EngineConfig {
@@ -74,7 +79,7 @@ pub fn serve_model(lm: Arc<LoadedModel>) -> (RunningServer, String) {
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None).expect("engine");
     let mut state = ServerState::new(engine, lm, None);
-    state.limits = test_limits();
+    state.limits = limits;
     let id = state.model_id.clone();
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     (serve::spawn(Arc::new(state), addr).expect("server"), id)
@@ -259,4 +264,76 @@ pub fn serve_model_id() -> String {
         .expect("stem")
         .to_string_lossy()
         .into_owned()
+}
+
+/// `tpslab serve ARGS` (the real binary) on a free port, its stderr kept in a file; killed
+/// when dropped.
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub port: u16,
+    pub stderr: std::path::PathBuf,
+}
+
+impl ServeProcess {
+    /// Starts `tpslab serve --device cpu --port P ARGS` with `env` set, and waits until `probe`
+    /// (given the port) accepts a connection.
+    pub fn start(args: &[&str], env: &[(&str, &str)], probe: fn(u16) -> SocketAddr) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stderr =
+            std::env::temp_dir().join(format!("tpslab-serve-{}-{n}.log", std::process::id()));
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tpslab"));
+        cmd.args(["serve", "--device", "cpu", "--port", &port.to_string()])
+            .args(args)
+            .env_remove("TPSLAB_API_KEY")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("log file"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start tpslab serve");
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        while TcpStream::connect(probe(port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+                panic!("tpslab serve exited ({status}): {log}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self {
+            child,
+            port,
+            stderr,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// What the server has printed on stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr);
+    }
+}
+
+/// The IPv4 loopback address of a port (the usual probe of [`ServeProcess::start`]).
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
 }

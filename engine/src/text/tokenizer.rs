@@ -286,6 +286,16 @@ impl Parts {
     }
 }
 
+/// A vocabulary's fill-in-the-middle tokens ([`Tokenizer::fim_ids`]); `None` where it has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FimIds {
+    pub prefix: Option<u32>,
+    pub suffix: Option<u32>,
+    pub middle: Option<u32>,
+    pub repo: Option<u32>,
+    pub file_sep: Option<u32>,
+}
+
 /// One token's decoded bytes, as llama.cpp's `token_to_piece` with `special = true`.
 fn piece(vocab: &Vocab, id: u32, out: &mut Vec<u8>) {
     let text = &vocab.texts[id as usize];
@@ -631,6 +641,19 @@ impl Tokenizer {
     /// Whether `id` is a control (or unknown-type) token, hidden by `skip_special`.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner.vocab.attr(id) & (attr::CONTROL | attr::UNKNOWN) != 0
+    }
+
+    /// Fill-in-the-middle tokens: as the file names them (`tokenizer.ggml.fim_pre_token_id`...),
+    /// else found by text as llama.cpp does (`<|fim_prefix|>`, `<fim_prefix>`, `<PRE>`...).
+    pub fn fim_ids(&self) -> FimIds {
+        let s = &self.inner.vocab.special;
+        FimIds {
+            prefix: s.fim_pre,
+            suffix: s.fim_suf,
+            middle: s.fim_mid,
+            repo: s.fim_rep,
+            file_sep: s.fim_sep,
+        }
     }
 
     pub fn bos_id(&self) -> Option<u32> {
