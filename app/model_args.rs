@@ -50,7 +50,7 @@ pub struct ModelArgs {
 }
 
 /// Parses a `--device` value (`cpu`, `cuda`, `cuda:N`, `auto`).
-pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+pub fn parse_device(s: &str) -> Result<DeviceChoice, tpslab_engine::device::UnknownDevice> {
     s.parse()
 }
 

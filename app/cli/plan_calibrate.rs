@@ -5,7 +5,7 @@
 
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, bail};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::plan::calibrate::{self, LEVELS, THIS_CPU};
@@ -58,8 +58,7 @@ pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec>
             None,
         )?;
         let stop = AtomicBool::new(false);
-        let row = calibrate::measure_level(&engine, &prompts, i, budget, &source, &stop)
-            .map_err(|e| anyhow!(e))?;
+        let row = calibrate::measure_level(&engine, &prompts, i, budget, &source, &stop)?;
         eprintln!(
             "calibration run, concurrency {c}: {:.1} tok/s aggregate, {:.1} per request, median TTFT {:.0} ms",
             row.aggregate_tps, row.per_request_tps, row.ttft_ms

@@ -121,9 +121,10 @@ impl TpsApp {
             let mut rows = Vec::new();
             for (i, c) in LEVELS.iter().enumerate() {
                 r.report(i as u64, LEVELS.len() as u64, &format!("{c} concurrent"));
-                rows.push(calibrate::measure_level(
-                    &engine, &prompts, i, budget, &source, &stop,
-                )?);
+                rows.push(
+                    calibrate::measure_level(&engine, &prompts, i, budget, &source, &stop)
+                        .map_err(|e| e.to_string())?,
+                );
             }
             let device = table.device(THIS_CPU).map_err(|e| e.to_string())?;
             calibrate_device(&table, device, rows, &source).map_err(|e| e.to_string())

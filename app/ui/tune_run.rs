@@ -191,11 +191,11 @@ impl TuneRun {
 /// Reads the trace at `path` into `cfg`'s workload (its rate too when `cfg` sets none) and
 /// says what it holds.
 fn replay(path: &std::path::Path, cfg: &mut TuneConfig, send: &dyn Fn(Msg)) -> Result<(), String> {
-    let t = Trace::read(path, MAX_TRACE_LEN)?;
+    let t = Trace::read(path, MAX_TRACE_LEN).map_err(|e| e.to_string())?;
     let summary = t.summary();
     let w = &mut cfg.workload;
     t.apply(w, w.rate.is_none());
-    w.check()?;
+    w.check().map_err(|e| e.to_string())?;
     let name = path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),

@@ -150,7 +150,7 @@ proptest! {
                 }
                 Op::Caching(on) => kv.set_prefix_caching(on),
             }
-            kv.pool().check().map_err(TestCaseError::fail)?;
+            kv.pool().check().map_err(|e| TestCaseError::fail(e.to_string()))?;
             let mut refs = vec![0u32; num_blocks];
             for id in kv.holders() {
                 prop_assert!(live.contains_key(&id));

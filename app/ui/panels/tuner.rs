@@ -90,9 +90,10 @@ impl TunerSettings {
             (self.rate > 0.0).then_some(self.rate),
         );
         if !self.preset.is_empty() && self.trace.is_none() {
-            (workload.prompt_len, workload.output_len) = preset(&self.preset)?;
+            (workload.prompt_len, workload.output_len) =
+                preset(&self.preset).map_err(|e| e.to_string())?;
         }
-        workload.check()?;
+        workload.check().map_err(|e| e.to_string())?;
         if !(self.budget_s > 0.0 && self.min_run_s > 0.0) {
             return Err("the budget and the shortest run must be positive".into());
         }

@@ -140,9 +140,14 @@ pub enum DeviceChoice {
     Auto,
 }
 
+/// A device name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device '{0}' (expected cpu, cuda, cuda:N or auto)")]
+pub struct UnknownDevice(pub String);
+
 impl FromStr for DeviceChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownDevice;
+    fn from_str(s: &str) -> Result<Self, UnknownDevice> {
         let s = s.trim().to_ascii_lowercase();
         match s.as_str() {
             "cpu" => Ok(Self::Cpu),
@@ -152,9 +157,7 @@ impl FromStr for DeviceChoice {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Self::Cuda)
-                .ok_or_else(|| {
-                    format!("unknown device '{s}' (expected cpu, cuda, cuda:N or auto)")
-                }),
+                .ok_or_else(|| UnknownDevice(s.clone())),
         }
     }
 }

@@ -225,7 +225,7 @@ pub fn read_tensor(
                 1 => info.dims[0],
                 _ => info.dims[1..].iter().product(),
             };
-            rope_permute(&mut buf, rows as usize, *heads, true).map_err(bad)?;
+            rope_permute(&mut buf, rows as usize, *heads, true).map_err(|e| bad(e.to_string()))?;
         }
         Edit::PlusOne(ty) => buf = plus_one(&buf, *ty),
         Edit::None | Edit::Computed(_) => {}
@@ -247,6 +247,15 @@ fn plus_one(buf: &[u8], ty: WType) -> Vec<u8> {
         .collect()
 }
 
+/// Rows that do not split into heads of an even size (a tensor's shape against its config).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{rows} rows ({bytes} bytes) do not split into {heads} heads of an even size")]
+pub struct HeadSplit {
+    pub rows: usize,
+    pub bytes: usize,
+    pub heads: usize,
+}
+
 /// Reorders the `rows` rows of `buf` between Hugging Face's rotary layout (each head's first
 /// half of dimensions, then its second half) and GGUF's (the two halves interleaved), for
 /// `heads` heads: convert_hf_to_gguf's `permute` when `to_gguf`, its inverse otherwise.
@@ -255,13 +264,14 @@ pub fn rope_permute(
     rows: usize,
     heads: usize,
     to_gguf: bool,
-) -> Result<(), String> {
+) -> Result<(), HeadSplit> {
     if heads == 0 || rows == 0 || !rows.is_multiple_of(2 * heads) || !buf.len().is_multiple_of(rows)
     {
-        return Err(format!(
-            "{rows} rows ({} bytes) do not split into {heads} heads of an even size",
-            buf.len()
-        ));
+        return Err(HeadSplit {
+            rows,
+            bytes: buf.len(),
+            heads,
+        });
     }
     let rb = buf.len() / rows;
     let hd = rows / heads;

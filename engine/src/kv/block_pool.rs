@@ -45,6 +45,11 @@ struct CacheEntry {
     tokens: Box<[u32]>,
 }
 
+/// A broken invariant of a pool's bookkeeping: what [`BlockPool::check`] found first.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("block pool inconsistent: {0}")]
+pub struct PoolInconsistency(pub String);
+
 /// Fixed set of KV blocks with reference counts, an LRU-ordered free list and a prefix cache.
 #[derive(Debug, Clone)]
 pub struct BlockPool {
@@ -246,48 +251,50 @@ impl BlockPool {
     }
 
     /// Checks the pool's internal bookkeeping; a description of the first problem found.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), PoolInconsistency> {
         let list = self.free_list();
         if list.len() != self.num_free {
-            return Err(format!(
+            return Err(PoolInconsistency(format!(
                 "free list has {} blocks, count says {}",
                 list.len(),
                 self.num_free
-            ));
+            )));
         }
         let mut seen = vec![false; self.num_blocks()];
         for &b in &list {
             if std::mem::replace(&mut seen[b as usize], true) {
-                return Err(format!("block {b} twice in the free list"));
+                return Err(PoolInconsistency(format!(
+                    "block {b} twice in the free list"
+                )));
             }
             if self.ref_cnt[b as usize] != 0 {
-                return Err(format!(
+                return Err(PoolInconsistency(format!(
                     "free block {b} has ref count {}",
                     self.ref_cnt[b as usize]
-                ));
+                )));
             }
         }
         if let Some(b) = (0..self.num_blocks()).find(|&b| !seen[b] && self.ref_cnt[b] == 0) {
-            return Err(format!(
+            return Err(PoolInconsistency(format!(
                 "block {b} has ref count 0 but is not in the free list"
-            ));
+            )));
         }
         for (&h, &b) in &self.by_hash {
             match &self.cached[b as usize] {
                 Some(e) if e.hash == h && hash_block(e.parent, &e.tokens) == h => {}
                 _ => {
-                    return Err(format!(
+                    return Err(PoolInconsistency(format!(
                         "hash {h:x} maps to block {b} which does not hold it"
-                    ));
+                    )));
                 }
             }
         }
         let registered = self.cached.iter().filter(|c| c.is_some()).count();
         if registered != self.by_hash.len() {
-            return Err(format!(
+            return Err(PoolInconsistency(format!(
                 "{registered} blocks carry a hash, map has {}",
                 self.by_hash.len()
-            ));
+            )));
         }
         Ok(())
     }

@@ -342,7 +342,7 @@ pub fn check_loadable(entry: &ModelEntry) -> Result<(), IndexError> {
                 })
                 .unwrap_or_default();
             crate::model::hf_folder::gguf_arch_of(config["model_type"].as_str(), &architectures)
-                .map_err(|found| unsupported(&found))?;
+                .map_err(|found| unsupported(&found.0))?;
         }
     }
     if entry.params == 0 {

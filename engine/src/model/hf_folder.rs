@@ -20,7 +20,7 @@ use crate::formats::hf_map::{self, Change, Md, Rope, Shape};
 use crate::formats::safetensors::SafetensorsFile;
 use crate::formats::{gguf_split, hf_tokenizer};
 use crate::model::arch::family::{FamilyDef, HfClass, HfInput};
-use crate::model::arch::{hf_class_of, hf_names};
+use crate::model::arch::{UnknownClass, hf_class_of, hf_names};
 
 impl GgufFile {
     /// Parses and validates the header of `path`. Tensor data is not read. A folder is opened
@@ -40,7 +40,7 @@ impl GgufFile {
 pub fn gguf_arch_of(
     model_type: Option<&str>,
     architectures: &[String],
-) -> Result<&'static str, String> {
+) -> Result<&'static str, UnknownClass> {
     hf_class_of(model_type, architectures).map(|(_, c)| c.gguf_arch)
 }
 
@@ -60,7 +60,7 @@ pub fn open_folder(dir: &Path) -> Result<GgufFile, HfError> {
         hf_class_of(cfg.model_type.as_deref(), &cfg.architectures).map_err(|found| {
             HfError::Arch {
                 path: config_path.clone(),
-                found,
+                found: found.0,
                 supported: hf_names(),
             }
         })?;

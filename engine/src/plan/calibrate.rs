@@ -43,6 +43,17 @@ pub fn run_source(face: &str, threads: usize) -> String {
     )
 }
 
+/// Why a calibration level has no figures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LevelError {
+    #[error("concurrency {concurrency}: a request was refused: {why}")]
+    Refused { concurrency: usize, why: String },
+    #[error("the calibration was stopped")]
+    Stopped,
+    #[error("concurrency {0}: no request decoded two tokens")]
+    NoDecode(usize),
+}
+
 /// Level `index` of [`LEVELS`] measured on `target` (an engine running the default model with
 /// room for the level's requests and a step budget of `token_budget`), as a measured row;
 /// `source` says where and when. Fails when a request is refused, the run is stopped, or no
@@ -54,19 +65,21 @@ pub fn measure_level(
     token_budget: usize,
     source: &str,
     stop: &AtomicBool,
-) -> Result<MeasuredRow, String> {
+) -> Result<MeasuredRow, LevelError> {
     let c = LEVELS[index.min(LEVELS.len() - 1)];
     let spec = LoadSpec::all_at_once(c, PROMPT_LEN, OUTPUT_LEN, index as u64);
     let run = loadgen::run(target, prompts, &spec, stop, &mut |_, _| {});
     if let Some(r) = run.refused.first() {
-        return Err(format!("concurrency {c}: a request was refused: {r}"));
+        return Err(LevelError::Refused {
+            concurrency: c,
+            why: r.to_string(),
+        });
     }
     if stop.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err("the calibration was stopped".into());
+        return Err(LevelError::Stopped);
     }
     let s = BenchSummary::from_requests(&run.timings, run.duration_s, None);
-    let per_request = (s.mean_per_request_tps)
-        .ok_or_else(|| format!("concurrency {c}: no request decoded two tokens"))?;
+    let per_request = (s.mean_per_request_tps).ok_or(LevelError::NoDecode(c))?;
     Ok(MeasuredRow {
         model: SHAPE.into(),
         precision: PRECISION.to_string(),

@@ -442,6 +442,12 @@ pub fn mask_stats() -> MaskStats {
 
 type MaskResult = Result<SimpleVob, String>;
 
+/// Why a constrained request cannot go on: its matcher failed, a budget ran out, or the
+/// grammar allows no token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MaskError(pub String);
+
 /// A constraint as one request runs it in the engine: the next mask is computed on rayon's
 /// pool as soon as a token is committed, so it overlaps the next forward pass; the step only
 /// waits when the forward was faster.
@@ -504,8 +510,8 @@ impl ConstraintRun {
     /// Sets every logit the grammar forbids to -inf (ids past the vocabulary too), before
     /// penalties and sampling. An error (the matcher failed, a budget ran out) fails the
     /// request; a mask that allows nothing is one too.
-    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let mask = self.mask().as_ref().map_err(Clone::clone)?;
+    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), MaskError> {
+        let mask = self.mask().as_ref().map_err(|e| MaskError(e.clone()))?;
         // Ids past the vocabulary the mask covers (an embedding padded past the tokenizer's).
         let n = mask.len().min(logits.len());
         let (inside, past) = logits.split_at_mut(n);
@@ -529,7 +535,7 @@ impl ConstraintRun {
         if any {
             Ok(())
         } else {
-            Err("the grammar allows no token here".into())
+            Err(MaskError("the grammar allows no token here".into()))
         }
     }
 

@@ -29,7 +29,7 @@ use crate::serving::logprobs::{MAX_TOP_LOGPROBS, TokenLogprob};
 use crate::serving::metrics::{
     FinishKind, LiveConfig, LiveMetrics, LiveSnapshot, process_rss_bytes,
 };
-use crate::serving::requant::RequantReport;
+use crate::serving::requant::{RequantError, RequantReport};
 use crate::serving::sampler::Sampler;
 use crate::serving::spec_metrics::SpecUsage;
 use crate::spec::payoff::Acceptance;
@@ -80,7 +80,7 @@ enum Command {
     SetPrecision(WType),
     /// The worker's result: the model at the new precision, swapped in between two steps.
     /// Boxed: a whole model is far larger than the other commands.
-    PrecisionReady(Box<Result<(LoadedModel, RequantReport), String>>),
+    PrecisionReady(Box<Result<(LoadedModel, RequantReport), RequantError>>),
     ResetMetrics,
     /// The draft model of [`SpecMethod::Draft`](crate::spec::SpecMethod::Draft) from now on.
     SetDraft(Option<Arc<LoadedModel>>),
@@ -499,7 +499,7 @@ impl EngineThread {
         self.publish();
     }
 
-    fn finish_requant(&mut self, r: Result<(LoadedModel, RequantReport), String>) {
+    fn finish_requant(&mut self, r: Result<(LoadedModel, RequantReport), RequantError>) {
         self.requantizing = None;
         let (lm, report) = match r {
             Ok(v) => v,

@@ -63,13 +63,25 @@ pub struct RequantReport {
     pub seconds: f64,
 }
 
+/// Why a model could not be re-quantized (the loaded one stays as it is).
+#[derive(Debug, thiserror::Error)]
+pub enum RequantError {
+    #[error("re-reading {path} for its weights: {source}")]
+    Reread {
+        path: std::path::PathBuf,
+        source: Box<crate::model::ModelError>,
+    },
+    #[error("{0} no longer holds the loaded model (it changed on disk)")]
+    Changed(std::path::PathBuf),
+}
+
 /// A copy of `lm` whose weights are `target` (tokenizer and template shared by clone), built on
 /// `threads` threads. Errors (the file changed or vanished since it was loaded) leave `lm` as it is.
 pub fn requantize(
     lm: &LoadedModel,
     target: WType,
     threads: usize,
-) -> Result<(LoadedModel, RequantReport), String> {
+) -> Result<(LoadedModel, RequantReport), RequantError> {
     let t0 = Instant::now();
     let threads = threads.max(1);
     let before = lm.model.weights.bytes();
@@ -77,13 +89,12 @@ pub fn requantize(
     // The file's own precision comes back as the file has it (mixed types and all).
     let mut label = None;
     let weights = if from_file {
-        let (file_model, file) = Model::load(&lm.path)
-            .map_err(|e| format!("re-reading {} for its weights: {e}", lm.path.display()))?;
+        let (file_model, file) = Model::load(&lm.path).map_err(|e| RequantError::Reread {
+            path: lm.path.clone(),
+            source: Box::new(e),
+        })?;
         if file_model.cfg != lm.model.cfg {
-            return Err(format!(
-                "{} no longer holds the loaded model (it changed on disk)",
-                lm.path.display()
-            ));
+            return Err(RequantError::Changed(lm.path.clone()));
         }
         label = Precision::of_file(&file).filter(|p| p.main == target);
         if label.is_some() {

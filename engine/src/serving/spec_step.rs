@@ -32,7 +32,7 @@ pub(super) struct SpecState {
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error("speculation: {0}")]
-    Config(String),
+    Config(#[from] crate::spec::SpecConfigError),
     #[error(
         "speculation: no draft model is set (choose one in the dashboard, or start with --spec draft:MODEL)"
     )]
@@ -75,7 +75,7 @@ pub(super) fn build(
     block_size: usize,
     num_blocks: usize,
 ) -> Result<Option<Proposer>, SpecError> {
-    cfg.validate().map_err(SpecError::Config)?;
+    cfg.validate()?;
     let drafter = |backend: CpuBackend, m: &LoadedModel| {
         Proposer::Model(Box::new(Drafter::new(
             Box::new(backend),

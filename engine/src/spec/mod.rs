@@ -59,15 +59,18 @@ impl fmt::Display for SpecMethod {
     }
 }
 
+/// A speculation method name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown speculation method '{0}' (expected off, ngram, self or draft)")]
+pub struct UnknownMethod(pub String);
+
 impl FromStr for SpecMethod {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownMethod;
+    fn from_str(s: &str) -> Result<Self, UnknownMethod> {
         Self::ALL
             .into_iter()
             .find(|m| m.as_str() == s.trim().to_ascii_lowercase())
-            .ok_or_else(|| {
-                format!("unknown speculation method '{s}' (expected off, ngram, self or draft)")
-            })
+            .ok_or_else(|| UnknownMethod(s.to_string()))
     }
 }
 
@@ -118,27 +121,32 @@ pub const PAUSE_STEPS: u32 = 64;
 /// Proposed tokens the acceptance-rate policy judges over (the most recent ones).
 pub const ACCEPTANCE_WINDOW: u64 = 128;
 
+/// Speculation settings that make no sense, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecConfigError(pub String);
+
 impl SpecConfig {
     /// Refuses settings that make no sense (k of 0 with a method on, n-gram sizes reversed).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecConfigError> {
         if self.method != SpecMethod::Off && !(1..=MAX_SPEC_TOKENS).contains(&self.num_tokens) {
-            return Err(format!(
+            return Err(SpecConfigError(format!(
                 "speculative tokens must be 1..={MAX_SPEC_TOKENS} (got {})",
                 self.num_tokens
-            ));
+            )));
         }
         if self.ngram_min == 0 || self.ngram_min > self.ngram_max || self.ngram_max > 64 {
-            return Err(format!(
+            return Err(SpecConfigError(format!(
                 "n-gram sizes must satisfy 1 <= min <= max <= 64 (got {}..{})",
                 self.ngram_min, self.ngram_max
-            ));
+            )));
         }
         if let Some(a) = self.min_acceptance
             && !(0.0..=1.0).contains(&a)
         {
-            return Err(format!(
+            return Err(SpecConfigError(format!(
                 "minimum acceptance rate must be in [0, 1] (got {a})"
-            ));
+            )));
         }
         Ok(())
     }

@@ -40,13 +40,13 @@ pub(crate) struct SpecialMatcher {
 }
 
 impl SpecialMatcher {
-    pub fn new(vocab: &Vocab) -> Result<Self, String> {
+    pub fn new(vocab: &Vocab) -> Result<Self, aho_corasick::BuildError> {
         let order = vocab.special_order.clone();
         let ac = if order.is_empty() {
             None
         } else {
             let patterns = order.iter().map(|&id| vocab.texts[id as usize].as_str());
-            Some(AhoCorasick::new(patterns).map_err(|e| e.to_string())?)
+            Some(AhoCorasick::new(patterns)?)
         };
         Ok(Self { ac, order })
     }

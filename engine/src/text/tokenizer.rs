@@ -366,7 +366,8 @@ impl Tokenizer {
         vocab.eog.extend(&p.extra_stop);
         vocab.eog.sort_unstable();
         vocab.eog.dedup();
-        let matcher = SpecialMatcher::new(&vocab).map_err(TokenizerError::Build)?;
+        let matcher =
+            SpecialMatcher::new(&vocab).map_err(|e| TokenizerError::Build(e.to_string()))?;
         let mut bytes = Vec::new();
         let mut offsets = Vec::with_capacity(vocab.len() + 1);
         offsets.push(0);

@@ -20,16 +20,29 @@ use crate::serving::loadgen::{self, LoadTarget, PromptSet};
 pub trait Tunable: LoadTarget {
     /// Puts `knobs` (and the weights at `precision`) in force; returns once they are, or why
     /// they could not be.
-    fn apply(&self, knobs: &Knobs, precision: WType, stop: &AtomicBool) -> Result<(), String>;
+    fn apply(&self, knobs: &Knobs, precision: WType, stop: &AtomicBool) -> Result<(), ApplyError>;
     /// The precision the weights are at now.
     fn precision(&self) -> Option<WType>;
+}
+
+/// Why knobs could not be put in force.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    /// The engine's own error for the change (a KV pool that does not fit, a failed
+    /// re-quantization).
+    #[error("{0}")]
+    Engine(String),
+    #[error("stopped")]
+    Stopped,
+    #[error("the engine did not take the knobs in time")]
+    Timeout,
 }
 
 /// How long a knob change or a re-quantization may take before the tuner gives up on it.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Tunable for EngineHandle {
-    fn apply(&self, knobs: &Knobs, precision: WType, stop: &AtomicBool) -> Result<(), String> {
+    fn apply(&self, knobs: &Knobs, precision: WType, stop: &AtomicBool) -> Result<(), ApplyError> {
         self.set_knobs(knobs.clone());
         let requant = Tunable::precision(self) != Some(precision);
         if requant {
@@ -49,13 +62,13 @@ impl Tunable for EngineHandle {
                 .filter(|_| sent.elapsed() > Duration::from_millis(300))
                 && s.requantizing.is_none()
             {
-                return Err(e);
+                return Err(ApplyError::Engine(e));
             }
             if stop.load(Ordering::Relaxed) {
-                return Err("stopped".into());
+                return Err(ApplyError::Stopped);
             }
             if sent.elapsed() > APPLY_TIMEOUT {
-                return Err("the engine did not take the knobs in time".into());
+                return Err(ApplyError::Timeout);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -190,6 +203,8 @@ impl Knob for ClientKnobs {
 pub enum TuneError {
     #[error("{0}")]
     Config(String),
+    #[error(transparent)]
+    Workload(#[from] crate::tune::workload::WorkloadError),
     #[error("the engine reports no weight precision yet")]
     NoPrecision,
 }
@@ -222,7 +237,7 @@ pub fn frontier<K>(candidates: usize, runs: &[CandidateRun<K>]) -> Vec<usize> {
 
 /// Checks what every search needs.
 fn check(cfg: &TuneConfig) -> Result<(), TuneError> {
-    cfg.workload.check().map_err(TuneError::Config)?;
+    cfg.workload.check()?;
     if !(cfg.budget_s.is_finite() && cfg.budget_s > 0.0) {
         return Err(TuneError::Config(
             "the budget must be a positive number of seconds".into(),
@@ -341,11 +356,13 @@ pub fn tune(
     let mut seed = cfg.seed.wrapping_mul(1000);
     let mut measure = |c: &Candidate, seconds: f64| -> Result<Measured, String> {
         let knobs = c.knobs(base, itl_target);
-        target.apply(
-            &knobs,
-            parse(&c.precision).map_err(|e| e.to_string())?,
-            stop,
-        )?;
+        target
+            .apply(
+                &knobs,
+                parse(&c.precision).map_err(|e| e.to_string())?,
+                stop,
+            )
+            .map_err(|e| e.to_string())?;
         seed += 1;
         let spec = cfg.workload.load_spec(seconds, cfg.drain_s(seconds), seed);
         let r = loadgen::run(&target, prompts, &spec, stop, &mut |_, _| {});

@@ -10,6 +10,11 @@ use crate::serving::engine::Knobs;
 use crate::serving::metrics::{BenchSummary, RequestTiming, percentile};
 use crate::spec::SpecMethod;
 
+/// Why a service-level objective does not parse (which key, and what is wrong with it).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct SloError(pub String);
+
 /// One setting of the knobs the tuner turns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -195,19 +200,23 @@ impl TuneSlo {
 
     /// `ttft_p99_ms=500,itl_p99_ms=100,min_tps=5`: each key once at most, positive finite
     /// numbers, at least one objective.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, SloError> {
         let mut slo = Self::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("{part:?}: expected KEY=VALUE, e.g. ttft_p99_ms=500"))?;
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                SloError(format!(
+                    "{part:?}: expected KEY=VALUE, e.g. ttft_p99_ms=500"
+                ))
+            })?;
             let k = k.trim();
             let v: f64 = v
                 .trim()
                 .parse()
-                .map_err(|_| format!("{k}: {v:?} is not a number"))?;
+                .map_err(|_| SloError(format!("{k}: {v:?} is not a number")))?;
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{k}: the objective must be a positive number"));
+                return Err(SloError(format!(
+                    "{k}: the objective must be a positive number"
+                )));
             }
             let slot = match k {
                 "ttft_p99_ms" => &mut slo.ttft_p99_ms,
@@ -216,17 +225,19 @@ impl TuneSlo {
                 "e2e_p99_ms" => &mut slo.e2e_p99_ms,
                 "min_tps" => &mut slo.min_tps,
                 _ => {
-                    return Err(format!(
+                    return Err(SloError(format!(
                         "{k:?}: the objectives are ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e2e_p99_ms and min_tps"
-                    ));
+                    )));
                 }
             };
             if slot.replace(v).is_some() {
-                return Err(format!("{k} is given twice"));
+                return Err(SloError(format!("{k} is given twice")));
             }
         }
         if slo == Self::default() {
-            return Err("no objective given (e.g. ttft_p99_ms=500,itl_p99_ms=100)".into());
+            return Err(SloError(
+                "no objective given (e.g. ttft_p99_ms=500,itl_p99_ms=100)".into(),
+            ));
         }
         Ok(slo)
     }

@@ -6,7 +6,7 @@
 //! bounded, and a line that does not parse is an error naming it.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,15 +51,44 @@ impl Preset {
     }
 }
 
+/// Why a workload or a trace cannot make a run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("no workload preset {name:.40?}; the presets are {known}")]
+    Preset { name: String, known: String },
+    /// Lengths, concurrency or rate that cannot make a run.
+    #[error("{0}")]
+    Invalid(&'static str),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {len} bytes, more than a trace's {MAX_TRACE_BYTES}")]
+    TooLarge { path: PathBuf, len: u64 },
+    /// A trace that is not requests the engine would take (which line, and why).
+    #[error("{0}")]
+    Trace(String),
+    #[error("{path}: {source}")]
+    InFile {
+        path: PathBuf,
+        source: Box<WorkloadError>,
+    },
+}
+
 /// The prompt and output lengths of preset `name`.
-pub fn preset(name: &str) -> Result<(LenDist, LenDist), String> {
-    let p = PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
-        let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-        format!(
-            "no workload preset {name:.40?}; the presets are {}",
-            names.join(", ")
-        )
-    })?;
+pub fn preset(name: &str) -> Result<(LenDist, LenDist), WorkloadError> {
+    let p = PRESETS
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| WorkloadError::Preset {
+            name: name.to_string(),
+            known: PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
     let u = |(min, max): (usize, usize)| LenDist::Uniform { min, max };
     Ok((u(p.prompt), u(p.output)))
 }
@@ -103,15 +132,16 @@ impl Workload {
     }
 
     /// What is wrong with it, if anything.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        let bad = |why| Err(WorkloadError::Invalid(why));
         if self.prompt_len.min() == 0 || self.output_len.min() == 0 {
-            return Err("prompt and output lengths must be at least 1".into());
+            return bad("prompt and output lengths must be at least 1");
         }
         match (self.concurrency, self.rate) {
-            (None, None) => Err("give a concurrency or an arrival rate".into()),
-            (Some(0), _) => Err("concurrency must be at least 1".into()),
+            (None, None) => bad("give a concurrency or an arrival rate"),
+            (Some(0), _) => bad("concurrency must be at least 1"),
             (_, Some(r)) if !(r.is_finite() && r > 0.0) => {
-                Err("the arrival rate must be a positive number of requests per second".into())
+                bad("the arrival rate must be a positive number of requests per second")
             }
             _ => Ok(()),
         }
@@ -164,18 +194,25 @@ pub struct Trace {
 impl Trace {
     /// Reads a trace file: JSON lines of [`TraceEntry`], blank lines skipped. Lengths past
     /// `max_len` (the model's context) are refused, as the engine would refuse the request.
-    pub fn read(path: &Path, max_len: usize) -> Result<Self, String> {
-        let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    pub fn read(path: &Path, max_len: usize) -> Result<Self, WorkloadError> {
+        let err = |source| WorkloadError::Io {
+            path: path.into(),
+            source,
+        };
         let len = std::fs::metadata(path).map_err(err)?.len();
         if len > MAX_TRACE_BYTES {
-            return Err(format!(
-                "{}: {len} bytes, more than a trace's {MAX_TRACE_BYTES}",
-                path.display()
-            ));
+            return Err(WorkloadError::TooLarge {
+                path: path.into(),
+                len,
+            });
         }
         let file = std::fs::File::open(path).map_err(err)?;
-        Self::parse(BufReader::new(file.take(MAX_TRACE_BYTES)), max_len)
-            .map_err(|e| format!("{}: {e}", path.display()))
+        Self::parse(BufReader::new(file.take(MAX_TRACE_BYTES)), max_len).map_err(|e| {
+            WorkloadError::InFile {
+                path: path.into(),
+                source: Box::new(e),
+            }
+        })
     }
 
     /// Replays the trace into `w`: its lengths, and its mean arrival rate when `take_rate`.
@@ -197,7 +234,8 @@ impl Trace {
     }
 
     /// [`Self::read`] over any reader.
-    pub fn parse(mut r: impl BufRead, max_len: usize) -> Result<Self, String> {
+    pub fn parse(mut r: impl BufRead, max_len: usize) -> Result<Self, WorkloadError> {
+        let bad = WorkloadError::Trace;
         let (mut prompts, mut outputs) = (Vec::new(), Vec::new());
         let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
         let mut line = Vec::new();
@@ -207,34 +245,38 @@ impl Trace {
             let got = (&mut r)
                 .take(MAX_LINE_BYTES as u64 + 1)
                 .read_until(b'\n', &mut line)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| bad(e.to_string()))?;
             if got == 0 {
                 break;
             }
             if line.len() > MAX_LINE_BYTES {
-                return Err(format!("line {n} is longer than {MAX_LINE_BYTES} bytes"));
+                return Err(bad(format!(
+                    "line {n} is longer than {MAX_LINE_BYTES} bytes"
+                )));
             }
             let text = String::from_utf8_lossy(&line);
             if text.trim().is_empty() {
                 continue;
             }
             if prompts.len() == MAX_TRACE_LINES {
-                return Err(format!("more than {MAX_TRACE_LINES} requests"));
+                return Err(bad(format!("more than {MAX_TRACE_LINES} requests")));
             }
             let e: TraceEntry = serde_json::from_str(text.trim())
-                .map_err(|e| format!("line {n}: not a trace entry ({e})"))?;
+                .map_err(|e| bad(format!("line {n}: not a trace entry ({e})")))?;
             if !e.t.is_finite() || e.t < 0.0 {
-                return Err(format!(
+                return Err(bad(format!(
                     "line {n}: t must be a time in seconds, not {}",
                     e.t
-                ));
+                )));
             }
             for (what, v) in [
                 ("prompt_tokens", e.prompt_tokens),
                 ("completion_tokens", e.completion_tokens),
             ] {
                 if v == 0 || v > max_len {
-                    return Err(format!("line {n}: {what} = {v}, not within 1..={max_len}"));
+                    return Err(bad(format!(
+                        "line {n}: {what} = {v}, not within 1..={max_len}"
+                    )));
                 }
             }
             prompts.push(e.prompt_tokens);
@@ -244,7 +286,7 @@ impl Trace {
         }
         let requests = prompts.len();
         if requests == 0 {
-            return Err("the trace holds no request".into());
+            return Err(bad("the trace holds no request".into()));
         }
         let span = last - first;
         Ok(Self {
@@ -280,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_hostile_trace_is_refused_by_line_without_holding_it() {
-        let bad = |text: &[u8]| Trace::parse(text, 100).expect_err("refused");
+        let bad = |text: &[u8]| Trace::parse(text, 100).expect_err("refused").to_string();
         assert!(bad(b"").contains("no request"));
         assert!(bad(b"{\"t\":1}\n").starts_with("line 1: not a trace entry"));
         assert!(bad(b"{\"t\":-1,\"prompt_tokens\":1,\"completion_tokens\":1}").contains("t must"));
@@ -290,7 +332,9 @@ mod tests {
         assert!(bad(zero).contains("completion_tokens = 0"));
         // One endless line: refused at the cap, not read to its end.
         let endless = std::io::repeat(b'x').take(1 << 30);
-        let e = Trace::parse(BufReader::new(endless), 100).expect_err("refused");
+        let e = Trace::parse(BufReader::new(endless), 100)
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("longer than"), "{e}");
     }
 
@@ -301,6 +345,7 @@ mod tests {
         assert!(
             preset("nope")
                 .expect_err("unknown")
+                .to_string()
                 .contains("chat, summarize")
         );
         for Preset { name, .. } in PRESETS {

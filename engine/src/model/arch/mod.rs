@@ -130,17 +130,22 @@ pub fn hf_classes() -> impl Iterator<Item = (Family, &'static HfClass)> {
 pub fn hf_class_of(
     model_type: Option<&str>,
     architectures: &[String],
-) -> Result<(Family, &'static HfClass), String> {
+) -> Result<(Family, &'static HfClass), UnknownClass> {
     if let Some(a) = architectures.first() {
         return hf_classes()
             .find(|(_, c)| c.class == a)
-            .ok_or_else(|| a.clone());
+            .ok_or_else(|| UnknownClass(a.clone()));
     }
     let ty = model_type.unwrap_or_default();
     hf_classes()
         .find(|(_, c)| c.model_types.contains(&ty))
-        .ok_or_else(|| ty.to_string())
+        .ok_or_else(|| UnknownClass(ty.to_string()))
 }
+
+/// A Hugging Face class (or model type) no family runs: the name found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("model type '{0}' is not supported (supported: {supported})", supported = hf_names())]
+pub struct UnknownClass(pub String);
 
 /// The Hugging Face class names, for messages.
 pub fn hf_names() -> String {
