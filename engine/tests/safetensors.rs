@@ -430,3 +430,61 @@ fn shard(folder: &Path, out: &Path) {
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
     std::fs::write(out.join(WEIGHTS_INDEX), index.to_string()).expect("index");
 }
+
+/// The exporter writes the class of the file's family and undoes its converter's edits, or
+/// refuses by name: a tiny Qwen2 file (Q/K/V biases, NeoX RoPE, so no rows permuted) exports as
+/// `Qwen2ForCausalLM` with biases and reads back as the same shape and tensors; Gemma's norms
+/// (stored as `1 + w`) are refused, and nothing is left behind.
+#[test]
+fn tiny_families_export_as_their_class_or_are_refused_by_name() {
+    use tpslab_engine::model::tiny::{tokenizer_of, write_tiny};
+    let tok = tokenizer_of(&default_model()).expect("tokenizer");
+    let dir = TempDir::new("export-families");
+    let gguf = dir.0.join("qwen2.gguf");
+    write_tiny("qwen2", &tok, &gguf).expect("tiny qwen2");
+    let f = GgufFile::open(&gguf).expect("open");
+    let out = dir.0.join("qwen2");
+    export_folder(&f, &out, WType::F32, 2, &mut |_, _| {}).expect("export");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config"))
+            .expect("json");
+    assert_eq!(config["architectures"][0], "Qwen2ForCausalLM");
+    assert_eq!(config["model_type"], "qwen2");
+    assert_eq!(config["attention_bias"], true);
+    let back = GgufFile::open(&out).expect("the folder opens");
+    let (a, b) = (
+        ModelConfig::from_gguf(&f).expect("cfg"),
+        ModelConfig::from_gguf(&back).expect("cfg"),
+    );
+    assert_eq!((b.family, b.arch.as_str()), (a.family, "qwen2"));
+    assert_eq!(
+        (b.n_layers, b.hidden, b.head_dim),
+        (a.n_layers, a.hidden, a.head_dim)
+    );
+    let sorted = |f: &GgufFile| {
+        let mut n = names(f);
+        n.sort();
+        n
+    };
+    assert_eq!(sorted(&back), sorted(&f));
+    for t in &f.tensors {
+        let u = back.tensor(&t.name).expect("same names");
+        assert_eq!(u.dims, t.dims, "{}", t.name);
+        assert_eq!(
+            back.read_tensor(u).expect("read"),
+            f.read_tensor(t).expect("read")
+        );
+    }
+
+    let gemma = dir.0.join("gemma2.gguf");
+    write_tiny("gemma2", &tok, &gemma).expect("tiny gemma2");
+    let g = GgufFile::open(&gemma).expect("open");
+    let out = dir.0.join("gemma2");
+    let e = export_folder(&g, &out, WType::F32, 2, &mut |_, _| {}).expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains("Gemma2ForCausalLM stores this weight edited"),
+        "{e}"
+    );
+    assert!(!out.join("model.safetensors").exists());
+}

@@ -2,7 +2,10 @@
 //! F32/F16/BF16 in `model.safetensors` under Hugging Face names, Llama Q/K rows permuted back
 //! into Hugging Face's rotary layout, `config.json`, `tokenizer.json` (the engine's own
 //! tokenizer, serialized) and `tokenizer_config.json` with the chat template. What
-//! [`crate::formats::hf::open_folder`] reads back is the same model.
+//! `GgufFile::open` reads back from the folder is the same model. The class written and the
+//! edits undone are the family's (`FamilyDef::hf_classes`, `FamilyDef::hf_change`): a family
+//! whose converter edits values other than by permuting rows (Gemma's `1 + w` norms) or
+//! fuses tensors (Phi-3) is refused by name.
 //!
 //! The weights are written to `model.safetensors.tmp` and renamed last, so a failed export
 //! never leaves a folder that loads.
@@ -17,7 +20,9 @@ use tpslab_kernels::WType;
 
 use crate::formats::gguf::{GgufError, GgufFile};
 use crate::formats::hf::{CONFIG, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS, hf_name, rope_permute};
+use crate::formats::hf_map::{Change, Shape};
 use crate::formats::safetensors::{StDesc, StWriter};
+use crate::model::arch::HfClass;
 use crate::model::config::ModelConfig;
 use crate::quant::quantize::convert;
 use crate::text::chat::ChatTemplate;
@@ -94,14 +99,15 @@ pub fn export_folder(
     }
     std::fs::create_dir_all(out).map_err(io("cannot create", out))?;
 
-    let llama = cfg.arch != "qwen2";
+    let class = export_class(&cfg)?;
     let mut descs = Vec::new();
     for t in &f.tensors {
+        let edit = edit_of(&cfg, class, &t.name)?;
         let name = hf_name(&t.name).ok_or_else(|| {
             ExportError::Model(format!("tensor '{}' has no Hugging Face name", t.name))
         })?;
         let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
-        descs.push((t, StDesc { name, dtype, shape }));
+        descs.push((t, StDesc { name, dtype, shape }, edit));
     }
     let tmp = out.join(format!("{WEIGHTS}.tmp"));
     let result = (|| {
@@ -109,13 +115,13 @@ pub fn export_folder(
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
         let mut w = StWriter::new(
             BufWriter::with_capacity(1 << 20, file),
-            descs.iter().map(|(_, d)| d.clone()).collect(),
+            descs.iter().map(|(_, d, _)| d.clone()).collect(),
             &meta,
         )
         .map_err(io("cannot write", &tmp))?;
         let total = descs.len();
         let mut bytes = 0u64;
-        for (i, (t, d)) in descs.iter().enumerate() {
+        for (i, (t, d, edit)) in descs.iter().enumerate() {
             let src = f.read_tensor(t)?;
             let from = t.ty;
             let k = t.dims[0] as usize;
@@ -124,14 +130,8 @@ pub fn export_folder(
             } else {
                 convert(from, dtype, &src, k, threads)
             };
-            let heads = match t.name.rsplit('.').nth(1) {
-                Some("attn_q") if llama => Some(cfg.n_heads),
-                Some("attn_k") if llama => Some(cfg.n_kv_heads),
-                _ => None,
-            };
-            if let Some(h) = heads {
-                let rows = d.shape[0] as usize;
-                rope_permute(&mut data, rows, h, false)
+            if let Change::Permute(h) = *edit {
+                rope_permute(&mut data, d.shape[0] as usize, h as usize, false)
                     .map_err(|e| ExportError::Model(format!("{}: {e}", t.name)))?;
             }
             w.write_tensor(&data).map_err(io("cannot write", &tmp))?;
@@ -154,7 +154,7 @@ pub fn export_folder(
         }
     };
 
-    write_side_files(f, out, &cfg, &tokenizer, &template, dtype)?;
+    write_side_files(f, out, (&cfg, class), &tokenizer, &template, dtype)?;
     let weights = out.join(WEIGHTS);
     std::fs::rename(&tmp, &weights).map_err(io("cannot rename the weights to", &weights))?;
     Ok(ExportReport {
@@ -163,19 +163,53 @@ pub fn export_folder(
     })
 }
 
+/// The Hugging Face class `cfg`'s family writes its architecture as (its first class for the
+/// architecture names only this engine uses, `mistral` and `smollm`).
+fn export_class(cfg: &ModelConfig) -> Result<&'static HfClass, ExportError> {
+    let classes = cfg.family.def().hf_classes();
+    classes
+        .iter()
+        .find(|c| c.gguf_arch == cfg.arch)
+        .or(classes.first())
+        .ok_or_else(|| {
+            ExportError::Model(format!(
+                "{} has no Hugging Face class to export as",
+                cfg.arch
+            ))
+        })
+}
+
+/// What the converter does to GGUF tensor `name`, to be undone on export: nothing or a row
+/// permutation; any other edit is refused.
+fn edit_of(cfg: &ModelConfig, class: &HfClass, name: &str) -> Result<Change, ExportError> {
+    let shape = Shape {
+        heads: cfg.n_heads as u64,
+        kv_heads: cfg.n_kv_heads as u64,
+        head_dim: cfg.head_dim as u64,
+    };
+    match cfg.family.def().hf_change(class, name, &shape) {
+        Change::PlusOne => Err(ExportError::Model(format!(
+            "{name}: {} stores this weight edited; exporting it is not supported",
+            class.class
+        ))),
+        edit => Ok(edit),
+    }
+}
+
 /// config.json, tokenizer.json and tokenizer_config.json (with the chat template).
 fn write_side_files(
     f: &GgufFile,
     out: &Path,
-    cfg: &ModelConfig,
+    (cfg, class): (&ModelConfig, &HfClass),
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
     dtype: WType,
 ) -> Result<(), ExportError> {
     let has_output = f.tensor("output.weight").is_some();
+    let qkv_bias = f.tensor("blk.0.attn_q.bias").is_some();
     write_json(
         &out.join(CONFIG),
-        &config_json(cfg, tokenizer, dtype, has_output),
+        &config_json(cfg, class, tokenizer, dtype, has_output, qkv_bias),
     )?;
     let tok_path = out.join(TOKENIZER);
     let tok_json = tokenizer
@@ -207,14 +241,15 @@ fn write_side_files(
 
 fn config_json(
     cfg: &ModelConfig,
+    class: &HfClass,
     tok: &Tokenizer,
     dtype: WType,
     has_output: bool,
+    qkv_bias: bool,
 ) -> serde_json::Value {
-    let qwen = cfg.arch == "qwen2";
     json!({
-        "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
-        "model_type": if qwen { "qwen2" } else { "llama" },
+        "architectures": [class.class],
+        "model_type": class.model_types.first().copied().unwrap_or_default(),
         "hidden_size": cfg.hidden,
         "intermediate_size": cfg.ffn,
         "num_hidden_layers": cfg.n_layers,
@@ -227,7 +262,7 @@ fn config_json(
         "rope_theta": cfg.rope_theta as f64,
         "rope_scaling": null,
         "hidden_act": "silu",
-        "attention_bias": qwen,
+        "attention_bias": qkv_bias,
         "mlp_bias": false,
         "tie_word_embeddings": !has_output,
         "bos_token_id": tok.bos_id(),
