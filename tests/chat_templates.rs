@@ -30,6 +30,8 @@ fn options(case: &Value, now: RenderTime) -> RenderOptions {
         documents: list("documents"),
         enable_thinking: o.get("enable_thinking").and_then(Value::as_bool),
         now,
+        // transformers passes no `date_string` (llama-server's, checked below).
+        server_dates: false,
     }
 }
 
@@ -95,8 +97,9 @@ fn real_templates_render_as_transformers_does() {
 }
 
 /// The Llama 3.2 template dates its system prompt with `strftime_now`, from the clock the caller
-/// gives (not a fixed 2024 date), and Gemma 2 takes a system message folded into the first user
-/// turn instead of refusing it.
+/// gives (not a fixed 2024 date); Llama 3.1's and 3.3's read llama-server's `date_string` (else
+/// their fixed "26 Jul 2024", as transformers renders them); and Gemma 2 takes a system message
+/// folded into the first user turn instead of refusing it.
 #[test]
 fn dates_follow_the_clock_and_gemma_takes_a_system_message() {
     let llama = ChatTemplate::new(
@@ -113,6 +116,25 @@ fn dates_follow_the_clock_and_gemma_takes_a_system_message() {
         };
         let text = llama.render_with(&conv, &opts).expect("render");
         assert!(text.contains(&format!("Today Date: {date}\n")), "{text}");
+    }
+    for name in [
+        "meta-llama-Llama-3.1-8B-Instruct",
+        "meta-llama-Llama-3.3-70B-Instruct",
+    ] {
+        let t = ChatTemplate::new(&llamacpp::template(name), "<|begin_of_text|>", "<|eot_id|>")
+            .expect("compile");
+        for (server_dates, date) in [(true, "01 Jul 2026"), (false, "26 Jul 2024")] {
+            let opts = RenderOptions {
+                now: RenderTime::utc(1_782_864_000),
+                server_dates,
+                ..RenderOptions::new(true)
+            };
+            let text = t.render_with(&conv, &opts).expect("render");
+            assert!(
+                text.contains(&format!("Today Date: {date}\n")),
+                "{name}: {text}"
+            );
+        }
     }
     let gemma = ChatTemplate::new(
         &llamacpp::template("google-gemma-2-2b-it"),

@@ -239,6 +239,7 @@ impl ChatTemplate {
             documents: None,
             enable_thinking: None,
             now,
+            server_dates: true,
         };
         // A twentieth of the fuel: real templates render these two messages in a few thousand
         // steps, and a runaway one must not spend its whole budget twice.
@@ -283,6 +284,13 @@ impl ChatTemplate {
             eos_token => &self.eos,
             strftime_now => Value::from_function(move |format: String| now.strftime(&format)),
         };
+        if opts.server_dates {
+            ctx = minijinja::context! {
+                date_string => now.strftime("%d %b %Y"),
+                datetime => now.strftime("%b %d %Y"),
+                ..ctx
+            };
+        }
         // Passed only when asked, as a keyword argument is: templates test `is defined`.
         if let Some(on) = opts.enable_thinking {
             ctx = minijinja::context! { enable_thinking => on, ..ctx };

@@ -94,6 +94,10 @@ pub struct RenderOptions {
     pub enable_thinking: Option<bool>,
     /// What `strftime_now` sees as now.
     pub now: RenderTime,
+    /// The variables llama-server adds to every render, from the same clock: `date_string`
+    /// (`%d %b %Y`, which Llama 3.1's template prints as today's date, else its fixed
+    /// "26 Jul 2024") and `datetime` (`%b %d %Y`). On by default; transformers passes neither.
+    pub server_dates: bool,
 }
 
 impl RenderOptions {
@@ -105,6 +109,7 @@ impl RenderOptions {
             documents: None,
             enable_thinking: None,
             now: RenderTime::now(),
+            server_dates: true,
         }
     }
 
