@@ -193,14 +193,16 @@ pub struct HfInput<'a> {
 
 /// A family: the GGUF architectures it reads, the quirks it resolves from their metadata, and
 /// its weights by tensor name. Its recipe (`forward`, generic over the device) is the module's
-/// free function the registry dispatches to. Every method but the first two has the plain
+/// free function the registry dispatches to. Every method but the first has the plain
 /// Llama block's answer as its default.
 pub trait FamilyDef: Sync {
     /// The GGUF architectures this family runs.
     fn gguf_archs(&self) -> &'static [GgufArch];
 
-    /// The weights by GGUF tensor name.
-    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError>;
+    /// The weights by GGUF tensor name. Default: the Llama block's.
+    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
+        crate::model::arch::llama::block::load(f, cfg)
+    }
 
     /// What the architecture adds to the plain block, from its metadata (`k` reads the
     /// architecture's keys). `e` comes with the plain defaults and the generic keys read;

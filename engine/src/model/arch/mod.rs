@@ -16,9 +16,9 @@
 //!
 //! ## Adding a family
 //! Write `model/arch/<family>.rs` (or a folder) with a unit struct `Def` implementing
-//! [`FamilyDef`] (its GGUF architectures, its loader, its tiny model, its Hugging Face classes
-//! if it runs from a folder, and whatever it adds to the plain block: the defaults are the
-//! Llama block's) and a `pub fn forward<O: Ops>(cfg, weights, ops)`, its
+//! [`FamilyDef`] (its GGUF architectures, its tiny model, its Hugging Face classes if it runs
+//! from a folder, and whatever it adds to the plain block, its loader included: the defaults
+//! are the Llama block's) and a `pub fn forward<O: Ops>(cfg, weights, ops)`, its
 //! recipe (most families call [`llama::block::forward`] and add what they need in their
 //! weights or configuration); then add one line `NAME => module` to the registry below.
 //! Nothing else changes: the resolver, the loaders, the devices and the tests that walk

@@ -4,12 +4,10 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{Bad, Md, PRE_NORM, Rope, Shape, gguf_name, required, uint};
 use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec, TinyValue, TINY_CONTEXT};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
-use crate::model::weights::{WeightError, Weights};
 
 pub use crate::model::arch::llama::block::forward;
 
@@ -23,9 +21,6 @@ impl FamilyDef for Def {
         }]
     }
 
-    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-        crate::model::arch::llama::block::load(f, cfg)
-    }
 
     fn extras(
         &self,

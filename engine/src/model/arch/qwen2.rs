@@ -1,10 +1,8 @@
 //! Qwen2 and Qwen2.5: the Llama block with biases on Q, K and V (read from the file) and
 //! NeoX-style RoPE.
 
-use crate::formats::gguf::GgufFile;
 use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, KnownShape, TinySpec, TinyValue};
-use crate::model::config::{ModelConfig, RopeStyle};
-use crate::model::weights::{WeightError, Weights};
+use crate::model::config::RopeStyle;
 
 pub use crate::model::arch::llama::block::forward;
 
@@ -18,9 +16,6 @@ impl FamilyDef for Def {
         }]
     }
 
-    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-        crate::model::arch::llama::block::load(f, cfg)
-    }
 
     fn known_shapes(&self) -> &'static [KnownShape] {
         &[KnownShape {

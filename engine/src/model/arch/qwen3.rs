@@ -4,12 +4,10 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{PRE_NORM, QK_NORMS, default_theta, gguf_name};
 use crate::model::arch::family::{ExpertRule, ExpertWidth, FamilyDef, GgufArch, HfClass, KnownShape, TinySpec, TinyValue};
-use crate::model::config::{ModelConfig, RopeStyle};
-use crate::model::weights::{WeightError, Weights};
+use crate::model::config::RopeStyle;
 
 pub use crate::model::arch::llama::block::forward;
 
@@ -29,9 +27,6 @@ impl FamilyDef for Def {
         ]
     }
 
-    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-        crate::model::arch::llama::block::load(f, cfg)
-    }
 
     fn experts(&self, arch: &str) -> ExpertRule {
         match arch {

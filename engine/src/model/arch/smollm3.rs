@@ -2,13 +2,11 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{Bad, Change, Md, Shape, default_theta};
 use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec};
 use crate::model::arch::llama::hf as llama_hf;
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
-use crate::model::weights::{WeightError, Weights};
 
 pub use crate::model::arch::llama::block::forward;
 
@@ -22,9 +20,6 @@ impl FamilyDef for Def {
         }]
     }
 
-    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-        crate::model::arch::llama::block::load(f, cfg)
-    }
 
     fn extras(
         &self,

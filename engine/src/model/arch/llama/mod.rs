@@ -7,12 +7,10 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::formats::gguf::GgufFile;
 use crate::formats::hf_config::HfConfig;
 use crate::formats::hf_map::{Bad, Change, Md, Shape};
 use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, KnownShape, TINY_FFN, TINY_WINDOW, TinySpec, TinyValue};
-use crate::model::config::{ModelConfig, RopeStyle};
-use crate::model::weights::{WeightError, Weights};
+use crate::model::config::RopeStyle;
 
 pub mod block;
 pub mod hf;
@@ -37,10 +35,6 @@ impl FamilyDef for Def {
                 rope_style: RopeStyle::Interleaved,
             },
         ]
-    }
-
-    fn load(&self, f: &GgufFile, cfg: &ModelConfig) -> Result<Weights, WeightError> {
-        block::load(f, cfg)
     }
 
     fn known_shapes(&self) -> &'static [KnownShape] {
