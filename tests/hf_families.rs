@@ -310,7 +310,7 @@ fn check_against_converter(arch: &str, folder: &GgufFile, want: &Json, bad: &mut
         .collect();
     let mut theirs: BTreeMap<String, Json> =
         serde_json::from_value(want["metadata"].clone()).unwrap();
-    // The one key the engine adds on purpose (hf_arch: transformers slides Mistral's window).
+    // The one key the engine adds on purpose (the llama family's hf mapping: transformers slides Mistral's window).
     if arch == "mistral" {
         theirs.insert("llama.attention.sliding_window".into(), json!(16));
     }
