@@ -16,8 +16,10 @@
 //! tensor-core GEMM), `attention.cu` and `flash.cu` (attention), `elementwise.cu` (norms, RoPE,
 //! embedding, gating, argmax and top-k, dequantization); `sim/` runs them on the CPU for
 //! `kernels/tests/cuda_sim.rs`; `build-ptx.sh` regenerates the PTX. Kernels written without a
-//! GPU stay opt-in until `tests/gpu/gpu-check.sh` has run them: `TPSLAB_CUDA_MMVQ`, `_MMQ`,
-//! `_WIDE` here, `_FLASH` and `_MIXED_GRAPHS` in the engine's CUDA device.
+//! GPU stay opt-in until `tests/gpu/gpu-check.sh` has run them: [`Gpu::set_mmvq`],
+//! [`Gpu::set_mmq`] and [`Gpu::set_wide`] here, which the engine's CUDA device sets from its
+//! options (`CudaOpts`, read once from `TPSLAB_CUDA_*` at the edge); this crate reads no
+//! environment.
 
 use std::sync::Arc;
 
@@ -281,16 +283,16 @@ pub struct Gpu {
     k: Kernels,
     name: String,
     ordinal: usize,
-    /// K-quant matrix-vector products over 8-bit activations (mmvq.cu). Off unless
-    /// `TPSLAB_CUDA_MMVQ=1` until the kernels have passed tests/gpu/gpu-check.sh on a GPU
+    /// K-quant matrix-vector products over 8-bit activations (mmvq.cu). Off unless set
+    /// ([`Gpu::set_mmvq`]) until the kernels have passed tests/gpu/gpu-check.sh on a GPU
     /// (written in a session without one).
     use_mmvq: bool,
     /// Quantized weights times 9 to 256 rows by the fused kernels of mmq.cu (weights decoded to
-    /// f16 in shared memory, tensor-core mma) instead of dequantize + cuBLAS. Off unless
-    /// `TPSLAB_CUDA_MMQ=1` until tests/gpu/gpu-check.sh has measured it against cuBLAS.
+    /// f16 in shared memory, tensor-core mma) instead of dequantize + cuBLAS. Off unless set
+    /// ([`Gpu::set_mmq`]) until tests/gpu/gpu-check.sh has measured it against cuBLAS.
     use_mmq: bool,
     /// F16/BF16 batch-1 products by `mmv_*_wide` (four 16-byte streaming loads in flight a
-    /// lane) instead of `mmv_*_1`. Off unless `TPSLAB_CUDA_WIDE=1` until the GPU check has
+    /// lane) instead of `mmv_*_1`. Off unless set ([`Gpu::set_wide`]) until the GPU check has
     /// measured it.
     use_wide: bool,
 }
@@ -393,9 +395,9 @@ impl Gpu {
             k,
             name,
             ordinal,
-            use_mmvq: std::env::var("TPSLAB_CUDA_MMVQ").is_ok_and(|v| v == "1"),
-            use_mmq: std::env::var("TPSLAB_CUDA_MMQ").is_ok_and(|v| v == "1"),
-            use_wide: std::env::var("TPSLAB_CUDA_WIDE").is_ok_and(|v| v == "1"),
+            use_mmvq: false,
+            use_mmq: false,
+            use_wide: false,
         })
     }
 

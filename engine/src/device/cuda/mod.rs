@@ -104,11 +104,11 @@ pub struct CudaBackend {
     graph_seen: HashSet<(usize, usize)>,
     use_graphs: bool,
     /// Prefill runs of at least [`FLASH_MIN_RUN`] tokens through flash.cu's tiles (the rest per
-    /// token). Off unless `TPSLAB_CUDA_FLASH=1` until the GPU check has measured it.
+    /// token). Off unless asked (`CudaOpts::flash`) until the GPU check has measured it.
     use_flash: bool,
     /// Mixed steps (prefill chunks beside decodes) of up to [`MIXED_GRAPH_MAX_TOKENS`] tokens
-    /// padded to [`mixed_bucket`] sizes and replayed as graphs too. Off unless
-    /// `TPSLAB_CUDA_MIXED_GRAPHS=1` until the GPU check has measured it.
+    /// padded to [`mixed_bucket`] sizes and replayed as graphs too. Off unless asked
+    /// (`CudaOpts::mixed_graphs`) until the GPU check has measured it.
     use_mixed_graphs: bool,
     /// Where this step's flash split sits in its uploaded integers: (tiles at, tiles, rest at,
     /// rest), in i32s; `None` when the step has no prefill run to tile.
@@ -182,7 +182,10 @@ impl CudaBackend {
         if let Some(gap) = cuda_gap(&cfg, &lm.model.weights, opts.untried) {
             return Err(gap.into());
         }
-        let gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
+        let mut gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
+        gpu.set_mmvq(opts.mmvq);
+        gpu.set_mmq(opts.mmq);
+        gpu.set_wide(opts.wide);
         let w = place
             .upload(&gpu, &lm.model.weights)
             .map_err(cuda(format!("uploading the weights to {}", gpu.name())))?;
@@ -223,12 +226,10 @@ impl CudaBackend {
             topk_vals: Vec::new(),
             graphs: HashMap::new(),
             graph_seen: HashSet::new(),
-            // TPSLAB_CUDA_GRAPHS=0 turns graphs off (to measure what they pay).
             // A mixture of experts is routed on the host (a sync a layer): never captured.
-            use_graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0")
-                && lm.model.cfg.extras.moe.is_none(),
-            use_flash: std::env::var("TPSLAB_CUDA_FLASH").is_ok_and(|v| v == "1"),
-            use_mixed_graphs: std::env::var("TPSLAB_CUDA_MIXED_GRAPHS").is_ok_and(|v| v == "1"),
+            use_graphs: opts.graphs && lm.model.cfg.extras.moe.is_none(),
+            use_flash: opts.flash,
+            use_mixed_graphs: opts.mixed_graphs,
             split_at: None,
         };
         me.rebuild_kv(block_size, blocks)?;
@@ -242,8 +243,8 @@ impl CudaBackend {
     /// Turns every kernel that is opt-in until the GPU check has measured it on or off at once:
     /// 8-bit-activation matrix-vector kernels, the fused tensor-core GEMM for 9 to 256 rows,
     /// wide-load F16/BF16 batch-1 kernels, flash prefill and graphs of padded mixed steps
-    /// (`TPSLAB_CUDA_MMVQ`, `_MMQ`, `_WIDE`, `_FLASH`, `_MIXED_GRAPHS`). Graphs captured before
-    /// are dropped.
+    /// (`CudaOpts::mmvq`, `mmq`, `wide`, `flash`, `mixed_graphs`). Graphs captured before are
+    /// dropped.
     pub fn set_trial_kernels(&mut self, on: bool) {
         self.gpu.set_mmvq(on);
         self.gpu.set_mmq(on);

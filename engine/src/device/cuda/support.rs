@@ -85,8 +85,10 @@ fn attn_untried(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
     }
 }
 
-/// How a model is placed and run on a GPU, beyond its KV budget.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How a model is placed and run on a GPU, beyond its KV budget: the one place the CUDA
+/// device's switches live. The command line's edge fills them from the environment once
+/// ([`CudaOpts::from_env`]); nothing below it reads `TPSLAB_CUDA_*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaOpts {
     /// Take operations whose kernels have only run on the CPU simulator (see [`cuda_gap`]).
     pub untried: bool,
@@ -98,15 +100,51 @@ pub struct CudaOpts {
     pub cpu_moe_layers: usize,
     /// CPU threads for the experts kept in host memory (0: one per core).
     pub threads: usize,
+    /// Replay decode steps as captured CUDA graphs (on; off to measure what they pay).
+    pub graphs: bool,
+    /// The opt-in kernels one by one (all of them: `trial_kernels`): 8-bit-activation
+    /// matrix-vector products, the fused tensor-core GEMM for 9 to 256 rows, wide-load
+    /// F16/BF16 batch-1 products, flash prefill, graphs of padded mixed steps.
+    pub mmvq: bool,
+    pub mmq: bool,
+    pub wide: bool,
+    pub flash: bool,
+    pub mixed_graphs: bool,
+}
+
+impl Default for CudaOpts {
+    fn default() -> Self {
+        Self {
+            untried: false,
+            trial_kernels: false,
+            cpu_moe_layers: 0,
+            threads: 0,
+            graphs: true,
+            mmvq: false,
+            mmq: false,
+            wide: false,
+            flash: false,
+            mixed_graphs: false,
+        }
+    }
 }
 
 impl CudaOpts {
-    /// `TPSLAB_CUDA_TRIAL=1` takes the untried operations and turns on the trial kernels.
+    /// The switches from the environment, read once: `TPSLAB_CUDA_TRIAL=1` takes the untried
+    /// operations and turns on every trial kernel; `TPSLAB_CUDA_MMVQ`, `_MMQ`, `_WIDE`,
+    /// `_FLASH`, `_MIXED_GRAPHS` `=1` turn on one; `TPSLAB_CUDA_GRAPHS=0` turns graphs off.
     pub fn from_env() -> Self {
-        let trial = std::env::var("TPSLAB_CUDA_TRIAL").is_ok_and(|v| v == "1");
+        let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+        let trial = on("TPSLAB_CUDA_TRIAL");
         Self {
             untried: trial,
             trial_kernels: trial,
+            graphs: std::env::var("TPSLAB_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            mmvq: on("TPSLAB_CUDA_MMVQ"),
+            mmq: on("TPSLAB_CUDA_MMQ"),
+            wide: on("TPSLAB_CUDA_WIDE"),
+            flash: on("TPSLAB_CUDA_FLASH"),
+            mixed_graphs: on("TPSLAB_CUDA_MIXED_GRAPHS"),
             ..Self::default()
         }
     }
