@@ -254,6 +254,22 @@ pub fn set(j: &Map<String, Json>, key: &str) -> bool {
     j.get(key).is_some_and(|v| !v.is_null())
 }
 
+/// The shape keys of a family that writes its own list instead of [`text_model`]'s (Gemma 2's,
+/// Phi-3's): context, width, layers, FFN width, heads and the RMS epsilon, each required.
+pub fn own_shape_keys(md: &mut Md, cfg: &HfConfig, s: &Shape) -> Result<(), Bad> {
+    let ctx = required(cfg.max_position_embeddings, "max_position_embeddings")?;
+    md.u32("context_length", ctx)?;
+    md.u32("embedding_length", cfg.hidden_size)?;
+    md.u32("block_count", cfg.num_hidden_layers)?;
+    md.u32("feed_forward_length", cfg.intermediate_size)?;
+    md.u32("attention.head_count", s.heads)?;
+    md.u32("attention.head_count_kv", s.kv_heads)?;
+    md.f32(
+        "attention.layer_norm_rms_epsilon",
+        required(cfg.rms_norm_eps, "rms_norm_eps")?,
+    )
+}
+
 /// `TextModel.set_gguf_parameters`: the keys every family of `base.py` writes (most families
 /// write these and add their own).
 pub fn text_model(

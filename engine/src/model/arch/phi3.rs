@@ -5,7 +5,7 @@
 use serde_json::{Map, Value as Json};
 
 use crate::formats::hf_config::HfConfig;
-use crate::formats::hf_map::{Bad, Md, PRE_NORM, Rope, Shape, gguf_name, required, uint};
+use crate::formats::hf_map::{Bad, Md, PRE_NORM, Rope, Shape, gguf_name, required, uint, own_shape_keys};
 use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec, TinyValue, TINY_CONTEXT};
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 
@@ -94,17 +94,8 @@ fn metadata(
         uint(&rope.global, "original_max_position_embeddings")?,
         "original_max_position_embeddings",
     )?;
-    md.u32("context_length", ctx)?;
+    own_shape_keys(md, cfg, s)?;
     md.u32("rope.scaling.original_context_length", orig)?;
-    md.u32("embedding_length", cfg.hidden_size)?;
-    md.u32("feed_forward_length", cfg.intermediate_size)?;
-    md.u32("block_count", cfg.num_hidden_layers)?;
-    md.u32("attention.head_count", s.heads)?;
-    md.u32("attention.head_count_kv", s.kv_heads)?;
-    md.f32(
-        "attention.layer_norm_rms_epsilon",
-        required(cfg.rms_norm_eps, "rms_norm_eps")?,
-    )?;
     md.u32("rope.dimension_count", rope_dims(cfg, rope, s)?)?;
     md.f32(
         "rope.freq_base",

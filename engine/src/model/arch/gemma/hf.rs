@@ -5,7 +5,7 @@
 use serde_json::{Map, Value as Json};
 
 use crate::formats::hf_config::HfConfig;
-use crate::formats::hf_map::{Bad, Md, Rope, Shape, num, required, uint};
+use crate::formats::hf_map::{Bad, Md, Rope, Shape, num, own_shape_keys, required, uint};
 
 /// Gemma's sandwich norms.
 pub const NORMS: [(&str, &str); 3] = [
@@ -20,17 +20,7 @@ pub const NORMS: [(&str, &str); 3] = [
 
 /// `Gemma2Model.set_gguf_parameters`: its own list, no RoPE keys.
 pub fn gemma2(md: &mut Md, cfg: &HfConfig, j: &Map<String, Json>, s: &Shape) -> Result<(), Bad> {
-    let ctx = required(cfg.max_position_embeddings, "max_position_embeddings")?;
-    md.u32("context_length", ctx)?;
-    md.u32("embedding_length", cfg.hidden_size)?;
-    md.u32("block_count", cfg.num_hidden_layers)?;
-    md.u32("feed_forward_length", cfg.intermediate_size)?;
-    md.u32("attention.head_count", s.heads)?;
-    md.u32("attention.head_count_kv", s.kv_heads)?;
-    md.f32(
-        "attention.layer_norm_rms_epsilon",
-        required(cfg.rms_norm_eps, "rms_norm_eps")?,
-    )?;
+    own_shape_keys(md, cfg, s)?;
     let head_dim = required(cfg.head_dim, "head_dim")?;
     md.u32("attention.key_length", head_dim)?;
     md.u32("attention.value_length", head_dim)?;
