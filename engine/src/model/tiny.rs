@@ -31,9 +31,7 @@ pub use crate::model::arch::family::{TINY_CONTEXT as CONTEXT, TINY_WINDOW as WIN
 
 /// Every tiny variant, from the families' lists (`FamilyDef::tiny`), in the registry's order.
 fn specs() -> impl Iterator<Item = (Family, &'static TinySpec)> {
-    Family::ALL
-        .iter()
-        .flat_map(|&f| f.def().tiny().iter().map(move |t| (f, t)))
+    crate::model::arch::listed(|d| d.tiny())
 }
 
 /// The variants' names: every registered architecture's (`mistral` with a sliding window;

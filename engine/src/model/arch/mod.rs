@@ -100,11 +100,19 @@ impl std::fmt::Debug for Family {
     }
 }
 
-/// Every GGUF architecture the engine runs, with the family that runs it.
-pub fn archs() -> impl Iterator<Item = (Family, &'static GgufArch)> {
+/// What every family lists under `pick` (its architectures, classes, tiny models, shapes),
+/// each with its family, in the registry's order.
+pub fn listed<T: 'static>(
+    pick: fn(&dyn FamilyDef) -> &'static [T],
+) -> impl Iterator<Item = (Family, &'static T)> {
     Family::ALL
         .iter()
-        .flat_map(|&f| f.def().gguf_archs().iter().map(move |a| (f, a)))
+        .flat_map(move |&f| pick(f.def()).iter().map(move |t| (f, t)))
+}
+
+/// Every GGUF architecture the engine runs, with the family that runs it.
+pub fn archs() -> impl Iterator<Item = (Family, &'static GgufArch)> {
+    listed(|d| d.gguf_archs())
 }
 
 /// The family of a GGUF `general.architecture`, if the engine runs it (the library's import
@@ -120,9 +128,7 @@ pub fn names() -> String {
 
 /// Every Hugging Face class the engine runs from a folder, with its family.
 pub fn hf_classes() -> impl Iterator<Item = (Family, &'static HfClass)> {
-    Family::ALL
-        .iter()
-        .flat_map(|&f| f.def().hf_classes().iter().map(move |c| (f, c)))
+    listed(|d| d.hf_classes())
 }
 
 /// The class of a `config.json`: its `architectures[0]` (what the converter dispatches on),

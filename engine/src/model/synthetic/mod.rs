@@ -65,9 +65,7 @@ pub struct ArchSpec {
 /// Every known shape, from the families that list them (`FamilyDef::known_shapes`), in the
 /// registry's order.
 fn table() -> impl Iterator<Item = (Family, &'static KnownShape)> {
-    Family::ALL
-        .iter()
-        .flat_map(|&f| f.def().known_shapes().iter().map(move |r| (f, r)))
+    crate::model::arch::listed(|d| d.known_shapes())
 }
 
 /// The names [`arch`] knows, in table order.
@@ -86,12 +84,9 @@ pub fn arch(name: &str) -> Result<ArchSpec, SyntheticError> {
                 known: known_archs().join(", "),
             })?;
     // The RoPE layout is the architecture's (one owner: its family).
-    let rope_style = family
-        .def()
-        .gguf_archs()
-        .iter()
-        .find(|a| a.name == r.arch)
-        .map(|a| a.rope_style)
+    let rope_style = crate::model::arch::lookup(r.arch)
+        .filter(|(f, _)| *f == family)
+        .map(|(_, a)| a.rope_style)
         .ok_or_else(|| SyntheticError::Arch {
             name: r.arch.to_string(),
             known: crate::model::arch::names(),

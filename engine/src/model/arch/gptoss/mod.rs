@@ -51,11 +51,8 @@ impl FamilyDef for Def {
                 k.key("attention.sliding_window")
             )));
         }
-        e.window = Some(window);
-        e.swa_layers = k.swa_pattern(c.n_layers, 2)?;
-        e.rope_theta_swa = k.float_or("rope.freq_base_swa", c.rope_theta, false)?;
-        e.rope_scaled_swa = true;
-        e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
+        let theta_swa = k.float_or("rope.freq_base_swa", c.rope_theta, false)?;
+        layers(e, c, window, k.swa_pattern(c.n_layers, 2)?, theta_swa);
         Ok(())
     }
 
@@ -100,12 +97,10 @@ impl FamilyDef for Def {
     /// As [`Def::extras`] reads a released file: the even layers slide, keeping the base and
     /// the scaling.
     fn known_settings(&self, c: &mut ModelConfig) {
-        let e = &mut c.extras;
-        e.window = Some(WINDOW);
-        e.swa_layers = (0..c.n_layers).map(|i| i % 2 == 0).collect();
-        e.rope_theta_swa = c.rope_theta;
-        e.rope_scaled_swa = true;
-        e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
+        let mut e = c.extras.clone();
+        let swa = (0..c.n_layers).map(|i| i % 2 == 0).collect();
+        layers(&mut e, c, WINDOW, swa, c.rope_theta);
+        c.extras = e;
         let (factor, orig_ctx) = YARN;
         c.rope_scaling = RopeScaling::Yarn { factor, orig_ctx };
     }
@@ -135,4 +130,14 @@ impl FamilyDef for Def {
             ..TinySpec::PLAIN
         }]
     }
+}
+
+/// The window on the layers `swa` marks, their RoPE base, the scaling kept on them, and the
+/// queries scaled by the rotated size: what a file's keys and a known shape both resolve to.
+fn layers(e: &mut Extras, c: &ModelConfig, window: usize, swa: Vec<bool>, theta_swa: f32) {
+    e.window = Some(window);
+    e.swa_layers = swa;
+    e.rope_theta_swa = theta_swa;
+    e.rope_scaled_swa = true;
+    e.attn_scale = 1.0 / (c.rope_dim as f32).sqrt();
 }
