@@ -529,3 +529,37 @@ fn hostile_family_metadata_is_refused_by_name() {
     assert!(err.to_string().contains("dynamic-ntk"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Granite's scales from a hostile file are refused by name: a logit scale of 0 (the logits
+/// are divided by it) or not finite, a negative residual or embedding scale.
+#[test]
+fn hostile_granite_scales_are_refused_by_name() {
+    use tpslab_engine::formats::gguf::GgufFile;
+    use tpslab_engine::formats::gguf_write::copy_with_metadata;
+    let dir = std::env::temp_dir().join(format!("tpslab-recipe-granite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("granite.gguf");
+    let tokens = (0..VOCAB).map(|i| Value::String(format!("t{i}"))).collect();
+    write_tiny(
+        "granite",
+        &[("tokenizer.ggml.tokens".to_string(), Value::Array(tokens))],
+        &src,
+    )
+    .unwrap();
+    assert!(ModelConfig::from_gguf(&GgufFile::open(&src).unwrap()).is_ok());
+    let cases: [(&str, Value); 4] = [
+        ("granite.logit_scale", Value::F32(0.0)),
+        ("granite.logit_scale", Value::F32(f32::NAN)),
+        ("granite.residual_scale", Value::F32(-1.0)),
+        ("granite.embedding_scale", Value::F32(f32::INFINITY)),
+    ];
+    for (i, (key, value)) in cases.into_iter().enumerate() {
+        let bad = dir.join(format!("bad{i}.gguf"));
+        copy_with_metadata(&src, &bad, &[(key.to_string(), value)]).unwrap();
+        let err = ModelConfig::from_gguf(&GgufFile::open(&bad).unwrap())
+            .expect_err(key)
+            .to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
