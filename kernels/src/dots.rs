@@ -57,25 +57,25 @@ pub(crate) fn dot_q2k(w: &[u8], x: ActRow<'_>) -> f32 {
     hsum8(acc)
 }
 
-/// Q3_K x Q8_K over a row (ggml `ggml_vec_dot_q3_K_q8_K`, AVX2): signed 3-bit levels times
-/// their sub-block's signed 6-bit scale, exact per lane, one FMA per block.
+/// Q3_K x Q8_K over a row: signed 3-bit levels times their sub-block's signed 6-bit scale,
+/// summed exactly over the block, one FMA per block (as the K-quants, so that a row packed 8 at
+/// a time, whose lanes are rows, gives the same bits).
 #[inline(always)]
 pub(crate) fn dot_q3k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (b, blk) in w.chunks_exact(110).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
         let (hmask, qs) = (&blk[..32], &blk[32..96]);
         let scales = q3k_scales(&blk[96..108]);
         let d = x.d[b] * f16_at(blk, 108);
-        let mut lanes = [0i32; 8];
-        for (e, &xe) in xq.iter().enumerate() {
-            lanes[(e % 32) / 4] += scales[e / 16] as i32 * q3k_level(hmask, qs, e) * xe as i32;
-        }
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        let isum: i32 = xq
+            .iter()
+            .enumerate()
+            .map(|(e, &xe)| scales[e / 16] as i32 * q3k_level(hmask, qs, e) * xe as i32)
+            .sum();
+        acc = d.mul_add(isum as f32, acc);
     }
-    hsum8(acc)
+    acc
 }
 
 /// A 32-element block type of one scale and 16 bytes of 4-bit indices into a 16-value grid:

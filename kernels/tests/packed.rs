@@ -11,10 +11,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-const PACKED_TYPES: [WType; 10] = [
+const PACKED_TYPES: [WType; 11] = [
     WType::Q4K,
     WType::Q5K,
     WType::Q6K,
+    WType::Q3K,
     WType::IQ4XS,
     WType::Q4_1,
     WType::Q5_1,
@@ -41,7 +42,7 @@ fn packed_matrices_give_the_bits_of_their_rows() {
                 data: &pk,
                 ..rows
             };
-            // Past 32 rows packed Q5_K and Q6_K are repacked into the batched panels.
+            // Past 32 rows packed Q5_K, Q6_K and Q3_K are repacked into the batched panels.
             for m in [1, 2, 3, 4, 5, 9, 10, 17, 33, 38] {
                 let x = random_vec(&mut r, m * k, 1.0);
                 let mut want = vec![0f32; m * n];

@@ -127,7 +127,7 @@ pub(crate) unsafe fn dot_q2k_rows<D: Dots, const R: usize>(
 }
 
 /// Q3_K x Q8_K over a row ([`crate::dots::dot_q3k`]): the 2 low bits dotted unsigned, minus 4
-/// times the activations where the high bit is clear.
+/// times the activations where the high bit is clear; the block's integers summed, one FMA.
 #[inline(always)]
 pub(crate) unsafe fn dot_q3k<D: Dots>(w: &[u8], x: ActRow<'_>) -> f32 {
     // SAFETY: as the caller's.
@@ -149,7 +149,7 @@ pub(crate) unsafe fn dot_q3k_rows<D: Dots, const R: usize>(
         }
         let m3 = _mm256_set1_epi8(3);
         let four = _mm256_set1_epi8(4);
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(110).enumerate() {
             let dw = f16_at(blk, 108);
             let sc8 = q3k_scales(&blk[96..108]);
@@ -185,16 +185,12 @@ pub(crate) unsafe fn dot_q3k_rows<D: Dots, const R: usize>(
                 }
                 for r in 0..R {
                     let d = xs[r].d[b] * dw;
-                    let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                    let sumi = hsum_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]));
+                    acc[r] = d.mul_add(sumi as f32, acc[r]);
                 }
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum8(acc[r]);
-        }
-        out
+        acc
     }
 }
 

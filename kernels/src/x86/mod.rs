@@ -17,11 +17,14 @@
 //! - `kquant`: in-place dots of the K-quants (Q4_K, Q5_K, Q6_K) with Q8_K activations.
 //! - `panel_k`: the K-quants for batches, on repacked 8-row panels.
 //! - `lowbit`: in-place dots of Q2_K, Q3_K, IQ4_XS and MXFP4.
+//! - `packed_fields`: where each field of a packed block lies, and its scales unpacked into the
+//!   tiles' pair vectors (per tile, or once per group for large batches).
 //! - `packed_dots`: the matmul of matrices packed 8 rows at a time at load (`crate::packed`),
 //!   decode and batches.
 //!
-//! Imports run one way: the dispatch over every kernel; `packed_dots` over the panels; the
-//! panels over `dots32`, `kquant` and `job`; nothing back up.
+//! Imports run one way: the dispatch over every kernel; `packed_dots` over `packed_fields` and
+//! the panels; `packed_fields` over the panels; the panels over `dots32`, `kquant` and `job`;
+//! nothing back up.
 
 use crate::WType;
 use crate::quant::{self, ActRow};
@@ -34,6 +37,7 @@ pub(crate) mod job;
 pub(crate) mod kquant;
 pub(crate) mod lowbit;
 pub(crate) mod packed_dots;
+pub(crate) mod packed_fields;
 pub(crate) mod panel32;
 pub(crate) mod panel_k;
 
