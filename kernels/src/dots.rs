@@ -29,32 +29,30 @@ pub(crate) fn dot_row(ty: WType, w: &[u8], x: ActRow<'_>) -> f32 {
     }
 }
 
-/// Q2_K x Q8_K over a row (ggml `ggml_vec_dot_q2_K_q8_K`, AVX2): per block, first the min
-/// term `mins[2l] * bsums[2l] + mins[2l + 1] * bsums[2l + 1]` into lane `l` with `-d_x * dmin`,
-/// then the scaled levels with `d_x * d`, both FMAs into the same accumulator.
+/// Q2_K x Q8_K over a row, in `quant::dot_q4k`'s shape: per block the exact integers of the
+/// scaled levels (`isum`) and of the mins against the activation's 16-element sums (`imin`),
+/// then two FMAs (so that a row packed 8 at a time, whose lanes are rows, gives the same bits).
 #[inline(always)]
 pub(crate) fn dot_q2k(w: &[u8], x: ActRow<'_>) -> f32 {
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (b, blk) in w.chunks_exact(84).enumerate() {
         let xq = &x.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &x.bsums[b * 16..b * 16 + 16];
         let (scales, qs) = (&blk[..16], &blk[16..80]);
         let d = x.d[b] * f16_at(blk, 80);
-        let dmin = -x.d[b] * f16_at(blk, 82);
-        let mut lanes = [0i32; 8];
-        for (e, &xe) in xq.iter().enumerate() {
-            let sc = (scales[e / 16] & 0xf) as i32;
-            lanes[(e % 32) / 4] += sc * k_low2(qs, e) as i32 * xe as i32;
-        }
-        for (l, a) in acc.iter_mut().enumerate() {
-            let m = |i: usize| (scales[i] >> 4) as i32 * bsums[i] as i32;
-            *a = dmin.mul_add((m(2 * l) + m(2 * l + 1)) as f32, *a);
-        }
-        for (a, &l) in acc.iter_mut().zip(&lanes) {
-            *a = d.mul_add(l as f32, *a);
-        }
+        let dmin = x.d[b] * f16_at(blk, 82);
+        let isum: i32 = xq
+            .iter()
+            .enumerate()
+            .map(|(e, &xe)| (scales[e / 16] & 0xf) as i32 * k_low2(qs, e) as i32 * xe as i32)
+            .sum();
+        let imin: i32 = (0..16)
+            .map(|s| (scales[s] >> 4) as i32 * bsums[s] as i32)
+            .sum();
+        acc = d.mul_add(isum as f32, acc);
+        acc = (-dmin).mul_add(imin as f32, acc);
     }
-    hsum8(acc)
+    acc
 }
 
 /// Q3_K x Q8_K over a row: signed 3-bit levels times their sub-block's signed 6-bit scale,

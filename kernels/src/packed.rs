@@ -82,6 +82,9 @@ pub(crate) const Q6K: [Field; 6] = placed([
     f(208, 2, 2),
 ]);
 
+/// Q2_K: the 64 level bytes 4 at a time (bits `2 j` of byte `32 n + l` are element
+/// `128 n + 32 j + l`'s), the 16 scale bytes (scale and min nibbles) one by one, `d`, `dmin`.
+pub(crate) const Q2K: [Field; 4] = placed([f(16, 64, 4), f(0, 16, 1), f(80, 2, 2), f(82, 2, 2)]);
 /// Q3_K: the 32 high-bit bytes 4 at a time (byte `l`'s bit `c` is the high bit of element
 /// `32 c + l`), the 64 low-bit bytes 4 at a time (bits `2 j` of byte `32 n + l` are element
 /// `128 n + 32 j + l`'s), the 12 scale bytes one by one, `d`.
@@ -120,6 +123,7 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
         WType::Q5K => Some(&Q5K),
         WType::Q6K => Some(&Q6K),
         WType::Q3K => Some(&Q3K),
+        WType::Q2K => Some(&Q2K),
         WType::IQ4XS => Some(&IQ4XS),
         WType::Q8_0 => Some(&Q8_0),
         WType::Q4_0 | WType::IQ4NL => Some(&Q4_0),
@@ -132,7 +136,7 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
 
 /// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
 /// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
-/// "Weights packed at load"): every 32-element type, Q4_K, Q5_K, Q3_K and IQ4_XS. Q6_K's packed
+/// "Weights packed at load"): every 32-element type, Q4_K, Q5_K, Q3_K, Q2_K and IQ4_XS. Q6_K's packed
 /// kernel is as fast as its rows' past 32 activation rows (both repack into the same panels)
 /// and faster at 4 to 32, but slower at one row (its levels put together from two fields cost
 /// more than the in-place dots' unpack: 51-61% of the read bandwidth against 69-81% in

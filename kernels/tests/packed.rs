@@ -11,11 +11,12 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-const PACKED_TYPES: [WType; 11] = [
+const PACKED_TYPES: [WType; 12] = [
     WType::Q4K,
     WType::Q5K,
     WType::Q6K,
     WType::Q3K,
+    WType::Q2K,
     WType::IQ4XS,
     WType::Q4_1,
     WType::Q5_1,
@@ -42,7 +43,7 @@ fn packed_matrices_give_the_bits_of_their_rows() {
                 data: &pk,
                 ..rows
             };
-            // Past 32 rows packed Q5_K, Q6_K and Q3_K are repacked into the batched panels.
+            // Past 32 rows packed Q5_K, Q6_K, Q3_K and Q2_K are repacked into the batched panels.
             for m in [1, 2, 3, 4, 5, 9, 10, 17, 33, 38] {
                 let x = random_vec(&mut r, m * k, 1.0);
                 let mut want = vec![0f32; m * n];
@@ -94,7 +95,7 @@ fn a_changed_byte_of_a_packed_block_changes_its_row_only() {
                 // Row 5 of the first panel: its unit in the middle of the field.
                 let row = 5;
                 let u = fd.len / fd.unit / 2;
-                let at = 8 * fd.at + u * 8 * fd.unit + row * fd.unit;
+                let at = fd.packed + u * 8 * fd.unit + row * fd.unit;
                 let mut bad = pk.clone();
                 // The low bits of a byte, so a 6-bit scale or a nibble changes too.
                 bad[at] ^= 0x03;

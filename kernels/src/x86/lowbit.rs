@@ -79,7 +79,7 @@ pub(crate) unsafe fn dot_q2k_rows<D: Dots, const R: usize>(
         }
         let m3 = _mm256_set1_epi8(3);
         let m4 = _mm_set1_epi8(0x0f);
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [0f32; R];
         for (b, blk) in w.chunks_exact(84).enumerate() {
             let (dw, mw) = (f16_at(blk, 80), f16_at(blk, 82));
             // SAFETY: `blk` is 84 bytes (scales 0..16, qs 16..80); row `b` of each `x` holds 256
@@ -87,12 +87,10 @@ pub(crate) unsafe fn dot_q2k_rows<D: Dots, const R: usize>(
             unsafe {
                 let ms = _mm_loadu_si128(blk.as_ptr().cast());
                 let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(ms), m4));
+                let mut imin = [0i32; R];
                 for r in 0..R {
-                    let dmin = -xs[r].d[b] * mw;
                     let bsums = _mm256_loadu_si256(xs[r].bsums.as_ptr().add(b * 16).cast());
-                    let prod = _mm256_madd_epi16(mins, bsums);
-                    acc[r] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[r]);
+                    imin[r] = hsum_epi32(_mm256_madd_epi16(mins, bsums));
                 }
                 let scales = scale_halves(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
                 // Two accumulators a row: a chained `vpdpwssd` waits its full latency each step;
@@ -112,17 +110,14 @@ pub(crate) unsafe fn dot_q2k_rows<D: Dots, const R: usize>(
                     }
                 }
                 for r in 0..R {
-                    let d = xs[r].d[b] * dw;
-                    let sumi = _mm256_add_epi32(sumi[r][0], sumi[r][1]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                    let (d, dmin) = (xs[r].d[b] * dw, xs[r].d[b] * mw);
+                    let sumi = hsum_epi32(_mm256_add_epi32(sumi[r][0], sumi[r][1]));
+                    acc[r] = d.mul_add(sumi as f32, acc[r]);
+                    acc[r] = (-dmin).mul_add(imin[r] as f32, acc[r]);
                 }
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum8(acc[r]);
-        }
-        out
+        acc
     }
 }
 

@@ -15,7 +15,11 @@
 //!   IQ4_NL), for decode and small batches; the one unpack of their levels.
 //! - `panel32`: the same types for batches, on weight rows repacked into 8-row panels.
 //! - `kquant`: in-place dots of the K-quants (Q4_K, Q5_K, Q6_K) with Q8_K activations.
+//! - `kblock`: what the K-quant kernels share: the type a kernel is compiled for, where a
+//!   tile's block is, a panel's vector.
 //! - `panel_k`: the K-quants for batches, on repacked 8-row panels.
+//! - `k16`: the K-quants of 16-element sub-blocks (Q6_K, Q3_K, Q2_K): their packed levels and
+//!   one block's integer part for a tile.
 //! - `lowbit`: in-place dots of Q2_K, Q3_K, IQ4_XS and MXFP4.
 //! - `packed_fields`: where each field of a packed block lies, and its scales unpacked into the
 //!   tiles' pair vectors (per tile, or once per group for large batches).
@@ -23,8 +27,8 @@
 //!   decode and batches.
 //!
 //! Imports run one way: the dispatch over every kernel; `packed_dots` over `packed_fields` and
-//! the panels; `packed_fields` over the panels; the panels over `dots32`, `kquant` and `job`;
-//! nothing back up.
+//! the panels; `packed_fields` over `kblock`; `panel_k` over `k16`, and both over `kblock`;
+//! the panels over `dots32`, `kquant` and `job`; nothing back up.
 
 use crate::WType;
 use crate::quant::{self, ActRow};
@@ -34,6 +38,8 @@ pub(crate) mod dots32;
 pub(crate) mod floats;
 pub(crate) mod isa;
 pub(crate) mod job;
+pub(crate) mod k16;
+pub(crate) mod kblock;
 pub(crate) mod kquant;
 pub(crate) mod lowbit;
 pub(crate) mod packed_dots;

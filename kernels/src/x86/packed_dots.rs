@@ -9,7 +9,7 @@
 //! are read in place, Q5_K's get their fifth bits from the `qh` vectors, Q6_K's and Q3_K's
 //! levels are put together from their low bits and high bits, IQ4_XS's looked up in its grid,
 //! vector by vector. The integer work and the float work per block are `x86::panel_k`'s
-//! (`k4_block`, `k16_block`, `block_floats`) or
+//! (`k4_block`, `block_floats`), `x86::k16`'s (`k16_block`) or
 //! [`iq4xs_block`], so every row has the bits of the in-place dots and of the portable
 //! formulas, whatever the layout and the batch. Past [`REPACK_ABOVE`] activation rows, Q5_K,
 //! Q6_K, Q3_K and (VNNI) IQ4_XS groups are repacked from the packed panels into `x86::panel_k`'s
@@ -23,14 +23,13 @@ use crate::quant::QK_K;
 use crate::x86::dots32::{IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
 use crate::x86::isa::Dots;
 use crate::x86::job::GroupJob;
+use crate::x86::k16::{k16_block, q2k_packed_levels, q3k_packed_levels, q6k_packed_levels};
+use crate::x86::kblock::{Block, IQ4XS, Q2K, Q3K, Q4K, Q5KP, Q6K, vec_at};
 use crate::x86::kquant::bsum_pairs;
 use crate::x86::packed_fields::{
-    Scales, at, block_scales, iq4xs_scales, q3k_scales, q4k_scales, q6k_scales,
+    Scales, at, block_scales, iq4xs_scales, q2k_scales, q3k_scales, q4k_scales, q6k_scales,
 };
-use crate::x86::panel_k::{
-    Block, IQ4XS, PANELS, PanelsK, Q3K, Q4K, Q5KP, Q6K, QVECS_BYTES, block_floats, fifth_bit,
-    k4_block, k16_block, q3k_packed_levels, q6k_packed_levels, vec_at,
-};
+use crate::x86::panel_k::{PANELS, PanelsK, QVECS_BYTES, block_floats, fifth_bit, k4_block};
 use crate::x86::panel32::{LANES, ROWS, Source, store_lanes, tile_cols};
 
 /// IQ4_XS's integer part of one block for the `PP x CC` tile: per 32-element sub-block `s`, its
@@ -175,6 +174,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                     Q5KP => (at::Q5K_D, at::Q5K_QS),
                     Q6K => (at::Q6K_D, at::Q6K_QL),
                     Q3K => (at::Q3K_D, at::Q3K_HMASK),
+                    Q2K => (at::Q2K_D, at::Q2K_QS),
                     _ => (at::IQ4XS_D, at::IQ4XS_QS),
                 };
                 let mut blk = [base; PP];
@@ -189,6 +189,9 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                     dw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(d_at).cast()));
                     if T == Q4K || T == Q5KP {
                         mw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(at::Q4K_DMIN).cast()));
+                    }
+                    if T == Q2K {
+                        mw[p] = _mm256_cvtph_ps(_mm_loadu_si128(blk[p].add(at::Q2K_DMIN).cast()));
                     }
                 }
                 let (smb, sstride) = match pre {
@@ -213,8 +216,9 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 match T {
                     Q4K => k4_block::<D, Q4K, PP, CC>(at, &mut isum, &mut imin),
                     Q5KP => k4_block::<D, Q5KP, PP, CC>(at, &mut isum, &mut imin),
-                    Q6K => k16_block::<D, Q6K, true, PP, CC>(at, &mut isum),
-                    Q3K => k16_block::<D, Q3K, true, PP, CC>(at, &mut isum),
+                    Q6K => k16_block::<D, Q6K, true, PP, CC>(at, &mut isum, &mut imin),
+                    Q3K => k16_block::<D, Q3K, true, PP, CC>(at, &mut isum, &mut imin),
+                    Q2K => k16_block::<D, Q2K, true, PP, CC>(at, &mut isum, &mut imin),
                     _ => iq4xs_block::<D, PP, CC>(at, &mut isum),
                 }
                 block_floats::<T, PP, CC>(&mut acc, &isum, &imin, &dw, &mw, at);
@@ -439,6 +443,12 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                         _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::IQ4XS_D).cast())),
                         _mm256_setzero_ps(),
                     )
+                } else if T == Q2K {
+                    (
+                        q2k_scales(blk),
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q2K_D).cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at::Q2K_DMIN).cast())),
+                    )
                 } else if T == Q3K {
                     (
                         q3k_scales(blk),
@@ -477,6 +487,8 @@ unsafe fn repack<D: Dots, const T: u8>(job: &GroupJob<'_>, j0: usize, pn: &mut P
                             _mm256_shuffle_epi8(grid, _mm256_and_si256(q, m4))
                         } else if T == Q3K {
                             q3k_packed_levels(blk.add(at::Q3K_HMASK), c, step)
+                        } else if T == Q2K {
+                            q2k_packed_levels(blk.add(at::Q2K_QS), c, step)
                         } else {
                             q6k_packed_levels(blk.add(at::Q6K_QL), c, step)
                         };
@@ -519,7 +531,7 @@ pub(crate) unsafe fn groups<D: Dots>(
         unsafe { groups32::<D>(job, g_lo, g_hi) };
         return;
     }
-    let panels = matches!(job.ty, WType::Q5K | WType::Q6K | WType::Q3K)
+    let panels = matches!(job.ty, WType::Q5K | WType::Q6K | WType::Q3K | WType::Q2K)
         || (job.ty == WType::IQ4XS && D::VNNI);
     if panels && job.m > REPACK_ABOVE {
         for g in g_lo..g_hi {
@@ -531,6 +543,7 @@ pub(crate) unsafe fn groups<D: Dots>(
                     WType::Q5K => repack::<D, Q5KP>(job, j0, panels_k),
                     WType::IQ4XS => repack::<D, IQ4XS>(job, j0, panels_k),
                     WType::Q3K => repack::<D, Q3K>(job, j0, panels_k),
+                    WType::Q2K => repack::<D, Q2K>(job, j0, panels_k),
                     _ => repack::<D, Q6K>(job, j0, panels_k),
                 }
                 crate::x86::panel_k::tiles::<D>(job, rows, j0, panels_k);
@@ -567,6 +580,7 @@ pub(crate) unsafe fn groups<D: Dots>(
                         WType::Q5K => dispatch::<D, Q5KP>(job, p * PANEL_ROWS, c0, two, cc, pre),
                         WType::IQ4XS => dispatch::<D, IQ4XS>(job, p * PANEL_ROWS, c0, two, cc, pre),
                         WType::Q3K => dispatch::<D, Q3K>(job, p * PANEL_ROWS, c0, two, cc, pre),
+                        WType::Q2K => dispatch::<D, Q2K>(job, p * PANEL_ROWS, c0, two, cc, pre),
                         _ => dispatch::<D, Q6K>(job, p * PANEL_ROWS, c0, two, cc, pre),
                     }
                 }

@@ -10,7 +10,7 @@ use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
 use crate::x86::isa::Dots;
 use crate::x86::job::GroupJob;
-use crate::x86::panel_k::{IQ4XS, Q3K, Q4K, Q5KP, Q6K};
+use crate::x86::kblock::{IQ4XS, Q2K, Q3K, Q4K, Q5KP, Q6K};
 
 /// Where the kernels find each field of a packed block (`crate::packed` owns the layout).
 pub(crate) mod at {
@@ -27,6 +27,10 @@ pub(crate) mod at {
     pub const Q6K_QL: usize = field_at(&packed::Q6K, 0);
     pub const Q6K_SCALES: usize = field_at(&packed::Q6K, 192);
     pub const Q6K_D: usize = field_at(&packed::Q6K, 208);
+    pub const Q2K_QS: usize = field_at(&packed::Q2K, 16);
+    pub const Q2K_SCALES: usize = field_at(&packed::Q2K, 0);
+    pub const Q2K_D: usize = field_at(&packed::Q2K, 80);
+    pub const Q2K_DMIN: usize = field_at(&packed::Q2K, 82);
     pub const Q3K_HMASK: usize = field_at(&packed::Q3K, 0);
     pub const Q3K_SCALES: usize = field_at(&packed::Q3K, 96);
     pub const Q3K_D: usize = field_at(&packed::Q3K, 108);
@@ -141,6 +145,22 @@ pub(crate) unsafe fn q6k_scales(blk: *const u8) -> [__m256i; 8] {
     }
 }
 
+/// The scale pair vectors of a packed Q2_K block (`blk`): vector `t` the raw scale bytes
+/// `(sc[2t], sc[2t + 1])` of the 8 rows as i16 pairs (scale in the low nibble, min in the high:
+/// `x86::panel_k`'s 16-element kernel takes them apart).
+///
+/// # Safety
+/// The block's bytes are readable, on an AVX2 CPU.
+#[inline(always)]
+pub(crate) unsafe fn q2k_scales(blk: *const u8) -> [__m256i; 8] {
+    // SAFETY: the caller's promise; the scale field is 128 bytes of the block.
+    unsafe {
+        std::array::from_fn(|t| {
+            pairs::<false>(_mm_loadu_si128(blk.add(at::Q2K_SCALES + 16 * t).cast()))
+        })
+    }
+}
+
 /// The scale pair vectors of a packed IQ4_XS block (`blk`): vector `t` the signed pairs
 /// `(ls[2t] - 32, ls[2t + 1] - 32)` of the 8 rows, where sub-block `s`'s 6-bit scale is the
 /// nibble `s % 2` of low byte `s / 2` under bits `2s..2s + 2` of the high word
@@ -235,6 +255,7 @@ pub(crate) unsafe fn block_scales<const T: u8>(blk: *const u8) -> [__m256i; 8] {
             Q4K | Q5KP => q4k_scales(blk),
             Q6K => q6k_scales(blk),
             Q3K => q3k_scales(blk),
+            Q2K => q2k_scales(blk),
             _ => iq4xs_scales(blk),
         }
     }
@@ -276,6 +297,7 @@ impl Scales {
                         WType::Q4K | WType::Q5K => block_scales::<Q4K>(blk),
                         WType::Q6K => block_scales::<Q6K>(blk),
                         WType::Q3K => block_scales::<Q3K>(blk),
+                        WType::Q2K => block_scales::<Q2K>(blk),
                         _ => block_scales::<IQ4XS>(blk),
                     }
                 };

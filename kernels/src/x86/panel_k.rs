@@ -21,6 +21,8 @@
 //! activation's `bsums` through `vpmaddwd`. These are the exact integers of `quant::dot_q4k`,
 //! `dot_q5k` and `dot_q6k`, and the FMAs per block are their float operations, lane by lane, so
 //! every row has the bits of the in-place dots (`x86::kquant`) and of the portable formulas.
+//! The tiles also run Q3_K, Q2_K and IQ4_XS groups repacked from packed matrices
+//! (`x86::packed_dots`); the 16-element sub-block types' integer part is `x86::k16`'s.
 
 use std::arch::x86_64::*;
 
@@ -28,6 +30,8 @@ use crate::WType;
 use crate::quant::QK_K;
 use crate::x86::isa::Dots;
 use crate::x86::job::GroupJob;
+use crate::x86::k16::k16_block;
+use crate::x86::kblock::{Block, IQ4XS, Q2K, Q3K, Q4K, Q5K, Q5K_QH_GAP, Q5KP, Q6K, vec_at};
 use crate::x86::kquant::{bsum_pairs, hi_bit, mins_and_scales};
 use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
 
@@ -37,28 +41,6 @@ pub(crate) const PANELS: usize = ROWS / LANES;
 const QVECS_Q4K: usize = 32;
 /// Q5_K and Q6_K: levels unpacked to bytes, 8 chunks of 32 x 8 steps.
 pub(crate) const QVECS_BYTES: usize = 64;
-
-/// The K-quant types with panels, as the const parameter of the kernels.
-pub(crate) const Q4K: u8 = 0;
-pub(crate) const Q5K: u8 = 1;
-pub(crate) const Q6K: u8 = 2;
-/// IQ4_XS, packed matrices only (`x86::packed_dots`): no min, its grid values' offset is taken off
-/// in the block's integers.
-pub(crate) const IQ4XS: u8 = 3;
-/// Q5_K packed (`x86::packed_dots`): Q4_K's nibbles in place with the fifth bits from the packed
-/// `qh` field, [`Q5K_QH_GAP`] bytes before the nibbles.
-pub(crate) const Q5KP: u8 = 4;
-/// Q3_K, packed matrices only (`x86::packed_dots`): 16-element sub-blocks as Q6_K's, levels
-/// 0..8 offset by 4.
-pub(crate) const Q3K: u8 = 5;
-/// How far a packed Q3_K block's low bits start after its high bits (`crate::packed` owns the
-/// layout).
-pub(crate) const Q3K_QS_GAP: usize = crate::packed::field_at(&crate::packed::Q3K, 32)
-    - crate::packed::field_at(&crate::packed::Q3K, 0);
-/// How far a packed Q5_K block's `qh` field starts before its nibbles (`crate::packed` owns the
-/// layout).
-pub(crate) const Q5K_QH_GAP: usize = crate::packed::field_at(&crate::packed::Q5K, 48)
-    - crate::packed::field_at(&crate::packed::Q5K, 16);
 
 /// A repacked group of Q4_K, Q5_K or Q6_K weight rows (reused across calls).
 #[derive(Default)]
@@ -258,7 +240,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                         }
                     }
                 } else {
-                    k16_block::<D, T, false, PP, CC>(at, &mut isum);
+                    k16_block::<D, T, false, PP, CC>(at, &mut isum, &mut imin);
                 }
                 let dw: [__m256; PP] = std::array::from_fn(|p| {
                     _mm256_loadu_ps(pn.d.as_ptr().add(b * ROWS + (p0 + p) * LANES))
@@ -307,7 +289,7 @@ pub(crate) unsafe fn block_floats<const T: u8, const PP: usize, const CC: usize>
                     _mm256_cvtepi32_ps(isum[p][c]),
                     acc[p][c],
                 );
-                if T == Q4K || T == Q5K || T == Q5KP {
+                if T == Q4K || T == Q5K || T == Q5KP || T == Q2K {
                     acc[p][c] = _mm256_fnmadd_ps(
                         _mm256_mul_ps(mw[p], dx),
                         _mm256_cvtepi32_ps(imin[p][c]),
@@ -316,99 +298,6 @@ pub(crate) unsafe fn block_floats<const T: u8, const PP: usize, const CC: usize>
                 }
             }
         }
-    }
-}
-
-/// Where one block of a tile is: the level bytes (`qb`) and scale pair vectors (`smb`) of block
-/// `b` of the tile's first panel, the next panel's `qstride` bytes and `sstride` vectors on, the
-/// quantized activations (`xq`) of its first activation row `c0` (rows `k` apart, `nb` blocks
-/// each), and the activations' other fields (`acts`). The levels are the repacked panels'
-/// vectors, or with `PACKED` a packed matrix's own bytes (`crate::packed`).
-#[derive(Clone, Copy)]
-pub(crate) struct Block<'a> {
-    pub qb: *const u8,
-    pub qstride: usize,
-    pub smb: *const __m256i,
-    pub sstride: usize,
-    pub xq: *const i8,
-    pub k: usize,
-    pub b: usize,
-    pub acts: &'a crate::quant::QActs,
-    pub c0: usize,
-    pub nb: usize,
-}
-
-/// The 32 bytes `v` vectors on from `p`.
-///
-/// # Safety
-/// They are readable, on an AVX2 CPU.
-#[inline(always)]
-pub(crate) unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
-    // SAFETY: the caller's promise.
-    unsafe { _mm256_loadu_si256(p.add(32 * v).cast()) }
-}
-
-/// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block at `p`
-/// (`crate::packed`: per half `h` of the block, 16 vectors of low nibbles then 8 of high bits, 4
-/// bytes a row per vector): `kquant::dot_q6k_rows`'s unpack, vector by vector.
-///
-/// # Safety
-/// The packed block at `p` is readable, on an AVX2 CPU.
-#[inline(always)]
-pub(crate) unsafe fn q6k_packed_levels(p: *const u8, c: usize, step: usize) -> __m256i {
-    // SAFETY: the caller's promise; the vectors read are inside the block's ql and qh fields.
-    unsafe {
-        let (h, i) = (c / 4, c % 4);
-        let l = vec_at(p, 24 * h + 8 * (i % 2) + step);
-        let hb = vec_at(p, 24 * h + 16 + step);
-        let m15 = _mm256_set1_epi8(15);
-        match i {
-            0 => _mm256_or_si256(
-                _mm256_and_si256(l, m15),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(hb, _mm256_set1_epi8(3))),
-            ),
-            1 => _mm256_or_si256(
-                _mm256_and_si256(l, m15),
-                _mm256_slli_epi16::<2>(_mm256_and_si256(hb, _mm256_set1_epi8(12))),
-            ),
-            2 => _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l), m15),
-                _mm256_and_si256(hb, _mm256_set1_epi8(48)),
-            ),
-            _ => _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l), m15),
-                _mm256_srli_epi16::<2>(_mm256_and_si256(hb, _mm256_set1_epi8(-64))),
-            ),
-        }
-    }
-}
-
-/// Q3_K's levels plus 4 (0..8: the two low bits, 4 where the high bit is set) of elements
-/// `32 c + 4 step..+4` of the 8 rows of a packed block at `blk` (its high-bit field first,
-/// `crate::packed`): `c = 4 n + j` is bits `2 j` of
-/// the low-bit bytes `32 n + 4 step..` (vector `8 n + step`) and bit `c` of the high-bit bytes
-/// `4 step..` (vector `step`), as `dequant::q3k_level` reads them.
-///
-/// # Safety
-/// The packed block at `blk` is readable, on an AVX2 CPU.
-#[inline(always)]
-pub(crate) unsafe fn q3k_packed_levels(blk: *const u8, c: usize, step: usize) -> __m256i {
-    // SAFETY: the caller's promise; the vectors read are inside the block's two level fields.
-    unsafe {
-        let (n, j) = (c / 4, c % 4);
-        let q = vec_at(blk.add(Q3K_QS_GAP), 8 * n + step);
-        let low = _mm256_and_si256(
-            _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)),
-            _mm256_set1_epi8(3),
-        );
-        // Bit c of each byte to bit 2 (16-bit shifts by at most 5: no bit crosses a byte).
-        let h = vec_at(blk, step);
-        let h = if c >= 2 {
-            _mm256_srl_epi16(h, _mm_cvtsi32_si128(c as i32 - 2))
-        } else {
-            _mm256_sll_epi16(h, _mm_cvtsi32_si128(2 - c as i32))
-        };
-        _mm256_or_si256(low, _mm256_and_si256(h, _mm256_set1_epi8(4)))
     }
 }
 
@@ -575,221 +464,6 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
     }
 }
 
-/// The levels of sub-blocks `4 n..4 n + 4` (32 elements each) at elements `4 step..+4` of the 8
-/// rows of a packed Q6_K or Q3_K (`T`) block at `p` (Q6_K: its low-nibble field, Q3_K: its
-/// high-bit field): [`q6k_packed_levels`] and [`q3k_packed_levels`] for `c = 4 n + j`, with
-/// every vector loaded once for the four and every shift a constant.
-///
-/// # Safety
-/// The packed block at `p` is readable, on an AVX2 CPU.
-#[inline(always)]
-unsafe fn levels4<const T: u8>(p: *const u8, n: usize, step: usize) -> [__m256i; 4] {
-    // SAFETY: the caller's promise; the vectors read are inside the block's level fields.
-    unsafe {
-        if T == Q3K {
-            let q = vec_at(p.add(Q3K_QS_GAP), 8 * n + step);
-            // Bit 4 n + j of each byte at bit 2 - j (16-bit shifts: no bit crosses a byte).
-            let h = vec_at(p, step);
-            let h = if n == 0 {
-                _mm256_slli_epi16::<2>(h)
-            } else {
-                _mm256_srli_epi16::<2>(h)
-            };
-            let (m3, m4) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
-            let lv = |q: __m256i, h: __m256i| {
-                _mm256_or_si256(_mm256_and_si256(q, m3), _mm256_and_si256(h, m4))
-            };
-            return [
-                lv(q, h),
-                lv(_mm256_srli_epi16::<2>(q), _mm256_srli_epi16::<1>(h)),
-                lv(_mm256_srli_epi16::<4>(q), _mm256_srli_epi16::<2>(h)),
-                lv(_mm256_srli_epi16::<6>(q), _mm256_srli_epi16::<3>(h)),
-            ];
-        }
-        let l0 = vec_at(p, 24 * n + step);
-        let l1 = vec_at(p, 24 * n + 8 + step);
-        let hb = vec_at(p, 24 * n + 16 + step);
-        let m15 = _mm256_set1_epi8(15);
-        [
-            _mm256_or_si256(
-                _mm256_and_si256(l0, m15),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(hb, _mm256_set1_epi8(3))),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(l1, m15),
-                _mm256_slli_epi16::<2>(_mm256_and_si256(hb, _mm256_set1_epi8(12))),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m15),
-                _mm256_and_si256(hb, _mm256_set1_epi8(48)),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m15),
-                _mm256_srli_epi16::<2>(_mm256_and_si256(hb, _mm256_set1_epi8(-64))),
-            ),
-        ]
-    }
-}
-
-/// [`k16_block`]'s dots for one activation row (decode) of a packed Q6_K or Q3_K block: per
-/// half `n` of the block and half of each 32-element chunk, the four chunks' level vectors
-/// ([`levels4`]) side by side in four dot chains, then each times its sub-block's scale into
-/// `isum` (the level offset is [`k16_block`]'s).
-///
-/// # Safety
-/// As [`k16_block`]'s, with one activation row.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-unsafe fn k16_one_row<D: Dots, const T: u8, const PP: usize, const CC: usize>(
-    at: Block<'_>,
-    isum: &mut [[__m256i; CC]; PP],
-) {
-    // SAFETY: the caller's promise.
-    unsafe {
-        let Block {
-            qb,
-            qstride,
-            smb,
-            sstride,
-            xq,
-            b,
-            ..
-        } = at;
-        let xb = xq.add(b * QK_K);
-        for n in 0..2 {
-            for half in 0..2 {
-                let mut dot = [[_mm256_setzero_si256(); 4]; PP];
-                for st in 0..4 {
-                    let step = 4 * half + st;
-                    let x: [__m256i; 4] = std::array::from_fn(|j| {
-                        let at = xb.add(32 * (4 * n + j) + 4 * step);
-                        _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()))
-                    });
-                    for p in 0..PP {
-                        let lv = levels4::<T>(qb.add(p * qstride), n, step);
-                        for j in 0..4 {
-                            dot[p][j] = D::dpbusd(dot[p][j], lv[j], x[j]);
-                        }
-                    }
-                }
-                for p in 0..PP {
-                    for j in 0..4 {
-                        // Sub-block 2 (4 n + j) + half: the pair vector 4 n + j.
-                        let pair = _mm256_loadu_si256(smb.add(p * sstride + 4 * n + j));
-                        let sc = if half == 1 {
-                            _mm256_srai_epi32::<16>(pair)
-                        } else {
-                            _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair))
-                        };
-                        isum[p][0] =
-                            _mm256_add_epi32(isum[p][0], _mm256_mullo_epi32(dot[p][j], sc));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Q6_K's or Q3_K's (`T`) integer part of one block for the `PP x CC` tile: per 16-element
-/// sub-block `s`, 4 `dpbusd` steps of unsigned levels times the rows' signed scales into
-/// `isum`, then the level offset (32 or 4), `offset * sum_s bsums[s] * sc[s]`, off by
-/// `vpmaddwd` on the scale pairs. The levels are the repacked panels' bytes, or with `PACKED`
-/// put together from a packed block's fields ([`q6k_packed_levels`], [`q3k_packed_levels`]).
-///
-/// # Safety
-/// As [`tile`]'s: `at` is in bounds ([`Block`]).
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-pub(crate) unsafe fn k16_block<
-    D: Dots,
-    const T: u8,
-    const PACKED: bool,
-    const PP: usize,
-    const CC: usize,
->(
-    at: Block<'_>,
-    isum: &mut [[__m256i; CC]; PP],
-) {
-    // SAFETY: the caller's promise.
-    unsafe {
-        let Block {
-            qb,
-            qstride,
-            smb,
-            sstride,
-            xq,
-            k,
-            b,
-            acts,
-            c0,
-            nb,
-        } = at;
-        if PACKED && CC == 1 {
-            k16_one_row::<D, T, PP, CC>(at, isum);
-        }
-        for s in 0..16 {
-            if PACKED && CC == 1 {
-                break;
-            }
-            let (c32, half) = (s / 2, s % 2);
-            let mut dot = [[_mm256_setzero_si256(); CC]; PP];
-            for st in 0..4 {
-                let step = 4 * half + st;
-                // No closure: it would be compiled without the path's features.
-                let mut w = [_mm256_setzero_si256(); PP];
-                for (p, w) in w.iter_mut().enumerate() {
-                    *w = if PACKED && T == Q3K {
-                        q3k_packed_levels(qb.add(p * qstride), c32, step)
-                    } else if PACKED {
-                        q6k_packed_levels(qb.add(p * qstride), c32, step)
-                    } else {
-                        vec_at(qb.add(p * qstride), LANES * c32 + step)
-                    };
-                }
-                for c in 0..CC {
-                    let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);
-                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
-                    for p in 0..PP {
-                        dot[p][c] = D::dpbusd(dot[p][c], w[p], x);
-                    }
-                }
-            }
-            for p in 0..PP {
-                let pair = _mm256_loadu_si256(smb.add(p * sstride + s / 2));
-                let sc = if half == 1 {
-                    _mm256_srai_epi32::<16>(pair)
-                } else {
-                    _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair))
-                };
-                for c in 0..CC {
-                    isum[p][c] = _mm256_add_epi32(isum[p][c], _mm256_mullo_epi32(dot[p][c], sc));
-                }
-            }
-        }
-        for c in 0..CC {
-            let bs: [i32; 8] = std::ptr::read_unaligned(
-                acts.bsums.as_ptr().add((c0 + c) * nb * 16 + b * 16).cast(),
-            );
-            let mut corr = [_mm256_setzero_si256(); PP];
-            for (t, &pair) in bs.iter().enumerate() {
-                let x = _mm256_set1_epi32(pair);
-                for p in 0..PP {
-                    let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
-                    corr[p] = _mm256_add_epi32(corr[p], _mm256_madd_epi16(pair, x));
-                }
-            }
-            for p in 0..PP {
-                let off = if T == Q3K {
-                    _mm256_slli_epi32::<2>(corr[p])
-                } else {
-                    _mm256_slli_epi32::<5>(corr[p])
-                };
-                isum[p][c] = _mm256_sub_epi32(isum[p][c], off);
-            }
-        }
-    }
-}
-
 /// Groups `g_lo..g_hi` of [`ROWS`] weight rows for every activation row of `job`.
 ///
 /// # Safety
@@ -859,6 +533,7 @@ pub(crate) unsafe fn tiles<D: Dots>(job: &GroupJob<'_>, n: usize, j0: usize, pn:
                     WType::Q5K => dispatch::<D, Q5K>(job, pn, j0, p0, c0, two, cc),
                     WType::IQ4XS => dispatch::<D, IQ4XS>(job, pn, j0, p0, c0, two, cc),
                     WType::Q3K => dispatch::<D, Q3K>(job, pn, j0, p0, c0, two, cc),
+                    WType::Q2K => dispatch::<D, Q2K>(job, pn, j0, p0, c0, two, cc),
                     _ => dispatch::<D, Q6K>(job, pn, j0, p0, c0, two, cc),
                 }
             }
