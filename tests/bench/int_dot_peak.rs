@@ -14,20 +14,29 @@ use std::time::Instant;
 const CHAINS: usize = 12;
 const ITERS: u64 = 20_000_000;
 
-#[target_feature(enable = "avx2,avxvnni")]
-fn vnni_ymm(iters: u64) -> i32 {
-    let a = _mm256_set1_epi8(3);
-    let b = _mm256_set1_epi8(-2);
-    let mut acc = [_mm256_setzero_si256(); CHAINS];
-    for _ in 0..iters {
-        // Keeps the compiler from folding the loop: the inputs look changed each round.
-        let (a, b) = std::hint::black_box((a, b));
-        for c in &mut acc {
-            *c = _mm256_dpbusd_avx_epi32(*c, a, b);
+/// `CHAINS` independent `vpdpbusd` chains on ymm, compiled for `features` with `dot` (AVX-VNNI's
+/// or AVX-512 VNNI's encoding of the same instruction).
+macro_rules! ymm_chains {
+    ($name:ident, $features:literal, $dot:ident) => {
+        #[target_feature(enable = $features)]
+        fn $name(iters: u64) -> i32 {
+            let a = _mm256_set1_epi8(3);
+            let b = _mm256_set1_epi8(-2);
+            let mut acc = [_mm256_setzero_si256(); CHAINS];
+            for _ in 0..iters {
+                // Keeps the compiler from folding the loop: the inputs look changed each round.
+                let (a, b) = std::hint::black_box((a, b));
+                for c in &mut acc {
+                    *c = $dot(*c, a, b);
+                }
+            }
+            sum(&acc)
         }
-    }
-    sum(&acc)
+    };
 }
+
+ymm_chains!(vnni_ymm, "avx2,avxvnni", _mm256_dpbusd_avx_epi32);
+ymm_chains!(vnni512_ymm, "avx2,avx512f,avx512vl,avx512vnni", _mm256_dpbusd_epi32);
 
 #[target_feature(enable = "avx2,avx512f,avx512vnni")]
 fn vnni_zmm(iters: u64) -> i32 {
@@ -42,21 +51,6 @@ fn vnni_zmm(iters: u64) -> i32 {
         }
     }
     acc.iter().map(|v| _mm512_reduce_add_epi32(*v)).sum()
-}
-
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-fn vnni512_ymm(iters: u64) -> i32 {
-    let a = _mm256_set1_epi8(3);
-    let b = _mm256_set1_epi8(-2);
-    let mut acc = [_mm256_setzero_si256(); CHAINS];
-    for _ in 0..iters {
-        // Keeps the compiler from folding the loop: the inputs look changed each round.
-        let (a, b) = std::hint::black_box((a, b));
-        for c in &mut acc {
-            *c = _mm256_dpbusd_epi32(*c, a, b);
-        }
-    }
-    sum(&acc)
 }
 
 #[target_feature(enable = "avx2")]
