@@ -174,9 +174,6 @@ impl CudaBackend {
         opts: CudaOpts,
     ) -> Result<Self, BackendError> {
         let cfg = lm.model.cfg.clone();
-        // The device first: where there is no GPU (`--device auto` on a CPU machine), that is
-        // what the user is told, not what the CUDA path could not run of this model.
-        let mut gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
         if !Gpu::supports_head_dim(cfg.head_dim) {
             return Err(BackendError::HeadDim(cfg.head_dim));
         }
@@ -185,6 +182,7 @@ impl CudaBackend {
         if let Some(gap) = cuda_gap(&cfg, &lm.model.weights, opts.untried) {
             return Err(gap.into());
         }
+        let mut gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
         gpu.set_mmvq(opts.mmvq);
         gpu.set_mmq(opts.mmq);
         gpu.set_wide(opts.wide);
