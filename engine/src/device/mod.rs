@@ -326,7 +326,18 @@ pub fn open(
             });
         }
         DeviceChoice::Cuda(n) => n,
-        DeviceChoice::Auto => 0,
+        DeviceChoice::Auto => {
+            // No GPU here at all: say that, not what the CUDA path could not run of this model
+            // (its refusals are checked before a device is opened, so they come first).
+            #[cfg(feature = "cuda")]
+            if let Err(e) = tpslab_kernels::cuda::probe() {
+                return Ok(Opened {
+                    backend: cpu(lm)?,
+                    note: Some(format!("{e}; using CPU")),
+                });
+            }
+            0
+        }
     };
     let gpu = GpuOpen {
         ordinal,
