@@ -120,8 +120,9 @@ unsafe fn k16_scale<const T: u8>(pair: __m256i, half: usize) -> __m256i {
 }
 
 /// The levels of sub-blocks `4 n..4 n + 4` (32 elements each) at elements `4 step..+4` of the 8
-/// rows of a packed Q6_K or Q3_K (`T`) block at `p` (Q6_K: its low-nibble field, Q3_K: its
-/// high-bit field): [`q6k_packed_levels`] and [`q3k_packed_levels`] for `c = 4 n + j`, with
+/// rows of a packed Q6_K, Q3_K or Q2_K (`T`) block at `p` (Q6_K: its low-nibble field, Q3_K:
+/// its high-bit field, Q2_K: its level field): [`q6k_packed_levels`], [`q3k_packed_levels`] and
+/// [`q2k_packed_levels`] for `c = 4 n + j`, with
 /// every vector loaded once for the four and every shift a constant.
 ///
 /// # Safety
@@ -185,7 +186,7 @@ unsafe fn levels4<const T: u8>(p: *const u8, n: usize, step: usize) -> [__m256i;
     }
 }
 
-/// [`k16_block`]'s dots for one activation row (decode) of a packed Q6_K or Q3_K block: per
+/// [`k16_block`]'s dots for one activation row (decode) of a packed Q6_K, Q3_K or Q2_K block: per
 /// half `n` of the block and half of each 32-element chunk, the four chunks' level vectors
 /// ([`levels4`]) side by side in four dot chains, then each times its sub-block's scale into
 /// `isum` (the level offset is [`k16_block`]'s).
@@ -275,13 +276,14 @@ pub(crate) unsafe fn k16_block<
             c0,
             nb,
         } = at;
-        if PACKED && CC == 1 {
+        // Decode of a packed block takes its own loop; the sub-block loop below is for tiles.
+        let sub_blocks = if PACKED && CC == 1 {
             k16_one_row::<D, T, PP, CC>(at, isum);
-        }
-        for s in 0..16 {
-            if PACKED && CC == 1 {
-                break;
-            }
+            0
+        } else {
+            16
+        };
+        for s in 0..sub_blocks {
             let (c32, half) = (s / 2, s % 2);
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for st in 0..4 {
