@@ -305,20 +305,18 @@ fn experts_kept_in_host_memory_need_no_cuda_kernel() {
     };
     let refused = open(0).expect("MXFP4 experts on the device are refused");
     assert!(
-        refused.contains("MXFP4 has no CUDA kernel yet"),
+        refused.contains("MXFP4 has a CUDA kernel that has not run on a GPU yet"),
         "{refused}"
     );
     // One block's experts kept: the other blocks' are still on the device and refused.
     let one = open(1).expect("refused");
-    assert!(one.contains("MXFP4 has no CUDA kernel yet"), "{one}");
+    assert!(one.contains("MXFP4 has a CUDA"), "{one}");
     if let Some(e) = open(usize::MAX) {
         assert!(!e.contains("MXFP4"), "{e}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A model with weights the CUDA kernels do not read (Q5_K, while it has no kernel) is refused
-/// with an error naming the type, before any GPU is touched (so this runs without one too).
 /// The CUDA device receives the recording device's op sequence for each synthetic
 /// architecture (same recipe, same shapes), on a mixed prefill + decode batch.
 #[test]
@@ -344,11 +342,13 @@ fn the_cuda_device_receives_the_recorded_sequence() {
     }
 }
 
+/// A model with weights of a type the CUDA backend does not take yet (its kernel untried) is
+/// refused with an error naming the type, before any GPU is touched (so this runs without one).
 #[test]
 fn types_without_a_cuda_kernel_are_refused() {
     for prec in WType::ALL
         .into_iter()
-        .filter(|&t| !tpslab_kernels::cuda::has_kernel(t))
+        .filter(|&t| !tpslab_kernels::cuda::Feature::Type(t).runs(false))
     {
         let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", prec, 7, 0).unwrap());
         let err = CudaBackend::new(&lm, 0, 16, 64 << 20, 0.0)
@@ -358,8 +358,8 @@ fn types_without_a_cuda_kernel_are_refused() {
         // The first matrix checked may be a 576-wide one in its fallback (IQ4_XS -> IQ4_NL).
         let fallback = tpslab_engine::model::synthetic::matrix_type(prec, 576);
         assert!(
-            err.contains(&format!("{prec} has no CUDA kernel yet"))
-                || err.contains(&format!("{fallback} has no CUDA kernel yet")),
+            err.contains(&format!("{prec} has a CUDA kernel that has not run"))
+                || err.contains(&format!("{fallback} has a CUDA kernel that has not run")),
             "{prec:?}: {err}"
         );
     }

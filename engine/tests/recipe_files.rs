@@ -397,11 +397,11 @@ fn each_family_issues_its_graph_on_the_recorder_and_the_cpu() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_refuses_what_it_cannot_run_by_name() {
-    use CudaGap::Untried;
-    use tpslab_engine::device::cuda::{CudaGap, cuda_gap};
+    use tpslab_engine::device::cuda::cuda_gap;
+    use tpslab_kernels::cuda::{Feature, Support, Unsupported};
     let models: Vec<_> = variants().into_iter().map(|a| (a, load(a))).collect();
     // By variant name, so the registry's order does not matter.
-    let gaps = |untried: bool| -> std::collections::BTreeMap<&str, Option<CudaGap>> {
+    let gaps = |untried: bool| -> std::collections::BTreeMap<&str, Option<Unsupported>> {
         models
             .iter()
             .map(|(a, m)| (*a, cuda_gap(&m.cfg, &m.weights, untried)))
@@ -409,36 +409,30 @@ fn cuda_refuses_what_it_cannot_run_by_name() {
     };
     // Until tests/gpu/gpu-check.sh has run them, the kernels checked only on the CPU simulator
     // are refused by name.
+    let gap = |f: Feature| {
+        assert_eq!(f.support(), Support::Untried, "{f}");
+        Some(Unsupported(f))
+    };
     let listed = std::collections::BTreeMap::from([
-        ("llama", Some(Untried("RoPE frequency factors"))),
-        ("mistral", Some(Untried("sliding-window attention"))),
+        ("llama", gap(Feature::RopeFactors)),
+        ("mistral", gap(Feature::SlidingWindow)),
         ("smollm", None),
-        ("qwen2", Some(Untried("RoPE scaling"))),
-        ("qwen3", Some(Untried("QK-norm"))),
-        (
-            "gemma2",
-            Some(Untried(
-                "scaling by a constant (embeddings, residuals, logits)",
-            )),
-        ),
-        (
-            "gemma3",
-            Some(Untried(
-                "scaling by a constant (embeddings, residuals, logits)",
-            )),
-        ),
-        ("phi3", Some(Untried("RoPE frequency factors"))),
-        ("smollm3", Some(Untried("a layer without RoPE"))),
-        ("qwen3moe", Some(Untried("QK-norm"))),
-        ("mixtral", Some(Untried("mixture-of-experts layers"))),
-        ("gpt-oss", Some(Untried("RoPE scaling"))),
+        ("qwen2", gap(Feature::RopeScaling)),
+        ("qwen3", gap(Feature::QkNorm)),
+        ("gemma2", gap(Feature::ConstScale)),
+        ("gemma3", gap(Feature::ConstScale)),
+        ("phi3", gap(Feature::RopeFactors)),
+        ("smollm3", gap(Feature::NoRope)),
+        ("qwen3moe", gap(Feature::QkNorm)),
+        ("mixtral", gap(Feature::Experts)),
+        ("gpt-oss", gap(Feature::RopeScaling)),
     ]);
     // The variants written out here (a family added since has its own gap, whatever it is).
     let got = gaps(false);
     for (name, gap) in &listed {
         assert_eq!(got.get(name), Some(gap), "{name}");
     }
-    // With them, every family runs (gpt-oss's MXFP4 experts still wait on `has_kernel`).
+    // With them, every family runs (gpt-oss's MXFP4 experts still wait on their type's row).
     let untried = gaps(true);
     assert_eq!(untried.len(), variants().len());
     assert!(untried.values().all(Option::is_none), "{untried:?}");

@@ -8,7 +8,9 @@
 //! on one stream in order; [`Gpu::sync`] waits for it. Modules: `matmul` (matrix products:
 //! matrix-vector kernels, the fused tensor-core GEMM, cuBLAS, the fused SwiGLU gate-up) and
 //! `attention` (per-token paged attention, flash prefill tiles and the split between them),
-//! `rowops` (RoPE with its scalings and the KV store, QK-norm, scales, soft-capping, gating).
+//! `rowops` (RoPE with its scalings and the KV store, QK-norm, scales, soft-capping, gating),
+//! `support` (the one table of what the CUDA path runs: each weight type and model operation
+//! missing, untried or tried, and the refusal worded from it).
 //!
 //! The sources, `kernels/cuda/`: `common.cuh` (type ids, reductions, the mma wrapper),
 //! `blocks.cuh` (every quantized block layout, decoded once for all kernels), `matvec.cu`
@@ -36,9 +38,11 @@ use crate::WType;
 mod attention;
 mod matmul;
 mod rowops;
+mod support;
 
 pub use attention::{AttnGeom, AttnIo, AttnSplit, FLASH_MAX_TILE, flash_split};
 pub use rowops::RopeSpec;
+pub use support::{Feature, Support, Unsupported};
 
 const PTX_ELEMENTWISE: &str = include_str!("../ptx/elementwise.ptx");
 const PTX_MATVEC: &str = include_str!("../ptx/matvec.ptx");
@@ -84,8 +88,9 @@ pub enum CudaError {
     NoGpu,
     #[error("there is no GPU cuda:{ordinal} ({found} found)")]
     NoSuchGpu { ordinal: usize, found: usize },
-    #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
-    NoKernel(WType),
+    /// A weight type or an operation the CUDA path does not take ([`support`]'s table).
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
     #[error("{0} has no CUDA kernel yet (its 8-bit one is off)")]
     NoMatvec(WType),
     #[error("kernel {name} missing from the PTX: {source}")]
@@ -106,36 +111,20 @@ pub enum CudaError {
     HeadDim(usize),
     #[error("top-k of {k} out of {vocab}")]
     TopK { k: usize, vocab: usize },
-    /// An operation of a model family that has no CUDA kernel yet.
-    #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
-    NoOp(&'static str),
 }
 
 type Result<T> = std::result::Result<T, CudaError>;
 
 /// The type id the kernels use for a weight type (`WT_*` in `common.cuh`): its row in the
-/// weight-type table, [`WType::ALL`]'s order. (Q5_K, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS and
-/// MXFP4 are refused by the backend until their kernels have run on a GPU: [`has_kernel`].)
+/// weight-type table, [`WType::ALL`]'s order.
 pub fn wtype_id(ty: WType) -> i32 {
     i32::from(ty as u8)
 }
 
-/// Whether the CUDA backend takes weights of type `ty`: the types whose kernels have run on a
-/// GPU, which are matvec.cu's. The other quantized types (Q5_K, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
-/// IQ4_XS, MXFP4) have kernels written (blocks.cuh's decode, mmvq.cu's `row_g`) and checked on
-/// the CPU simulator (kernels/tests/cuda_sim.rs), but have not run on a GPU yet: until
-/// tests/gpu/gpu-check.sh passes with them, their models stay on the CPU.
-pub fn has_kernel(ty: WType) -> bool {
-    has_f32_mmv(ty)
-}
-
-/// `Ok` when the CUDA kernels read `ty`, else the error to show.
+/// `Ok` when the CUDA backend takes weights of type `ty` (tried in [`support`]'s table), else
+/// the error to show.
 pub fn check_type(ty: WType) -> Result<()> {
-    if has_kernel(ty) {
-        Ok(())
-    } else {
-        Err(CudaError::NoKernel(ty))
-    }
+    Ok(Feature::Type(ty).check(false)?)
 }
 
 /// Whether matvec.cu has f32-activation kernels for `ty`.

@@ -12,7 +12,7 @@
 
 use half::f16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, GemmScratch, Gpu, has_kernel};
+use tpslab_kernels::cuda::{AttnGeom, AttnIo, DevMatrix, Feature, GemmScratch, Gpu, Support};
 use tpslab_kernels::{WType, dequantize_row};
 
 /// The first GPU. These tests are ignored by default, with the reason (a machine without a GPU
@@ -107,12 +107,17 @@ fn download(g: &Gpu, ptr: u64, n: usize) -> Vec<f32> {
     v
 }
 
-/// The weight types the CUDA kernels read ([`has_kernel`]; Q5_K has none yet).
+/// Whether the CUDA backend takes weights of type `ty` (tried in the support table).
+fn has_kernel(ty: WType) -> bool {
+    Feature::Type(ty).runs(false)
+}
+
+/// The weight types the CUDA backend takes.
 fn types() -> Vec<WType> {
     WType::ALL.into_iter().filter(|&t| has_kernel(t)).collect()
 }
 
-/// A type without a CUDA kernel is refused with an error naming it, not launched.
+/// A type the backend does not take yet is refused with an error naming it, not launched.
 #[test]
 #[ignore = "needs a CUDA GPU: tests/gpu/gpu-check.sh runs it"]
 fn types_without_a_kernel_are_refused() {
@@ -132,7 +137,7 @@ fn types_without_a_kernel_are_refused() {
             .matmul(&mat, x.ptr(), 1, y.ptr(), &mut GemmScratch::default())
             .unwrap_err();
         assert!(
-            err.to_string().contains("no CUDA kernel yet"),
+            err.to_string().contains("has not run on a GPU yet"),
             "{ty:?}: {err}"
         );
         let tokens = g.upload(&[0i32]).unwrap();
@@ -823,8 +828,8 @@ fn no_driver_is_an_error_not_a_panic() {
     }
 }
 
-/// Without a GPU: the types with no CUDA kernel (Q5_K, and Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL,
-/// IQ4_XS, MXFP4) are refused by name before any launch, and every type's id is its place in
+/// Without a GPU: the types whose CUDA kernels have not run on a GPU (Q5_K, Q5_0, Q5_1, Q2_K,
+/// Q3_K, IQ4_NL, IQ4_XS, MXFP4) are refused by name before any launch, and every type's id is its place in
 /// `WType::ALL` (the kernel tables are indexed by it).
 #[test]
 fn types_without_kernels_are_refused_by_name_and_ids_index_the_tables() {
@@ -842,10 +847,12 @@ fn types_without_kernels_are_refused_by_name_and_ids_index_the_tables() {
         WType::MXFP4,
     ] {
         assert!(!has_kernel(ty));
-        let e = tpslab_kernels::cuda::check_type(ty).expect_err("no kernel");
+        assert_eq!(Feature::Type(ty).support(), Support::Untried, "{ty}");
+        let e = tpslab_kernels::cuda::check_type(ty).expect_err("untried");
         assert!(
-            e.to_string()
-                .starts_with(&format!("{ty} has no CUDA kernel")),
+            e.to_string().starts_with(&format!(
+                "{ty} has a CUDA kernel that has not run on a GPU yet"
+            )),
             "{e}"
         );
     }

@@ -59,15 +59,10 @@ pub enum BackendError {
     ShapeChanged,
     #[error("the CUDA attention kernel does not take head size {0}")]
     HeadDim(usize),
-    /// The model needs an operation the CUDA path does not have yet.
-    #[error("{0} has no CUDA kernel yet; run this model on the CPU (--device cpu)")]
-    NoCudaOp(String),
-    /// The model needs an operation whose CUDA kernel has been checked on the CPU simulator but
-    /// has not run on a GPU yet.
-    #[error(
-        "{0} has a CUDA kernel that has not run on a GPU yet: TPSLAB_CUDA_TRIAL=1 runs it, or run this model on the CPU (--device cpu)"
-    )]
-    UntriedCudaOp(String),
+    /// The model needs an operation the CUDA path does not take (the kernels' support table).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    NoCudaOp(#[from] tpslab_kernels::cuda::Unsupported),
     /// Q/K/V (or gate/up) of different types (a Q4_K_M file's mix), which the CUDA path does
     /// not stack yet.
     #[error(

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tpslab_kernels::cuda::{AttnSplit, CudaError, DBuf, GemmScratch, Gpu, Graph, flash_split};
 
 use self::ops::{CudaOps, HostSide, MoeScratch};
-pub use self::support::{CudaGap, CudaOpts, cuda_gap};
+pub use self::support::{CudaOpts, cuda_gap};
 pub use self::weights::{DevLinear, DevVector};
 use self::weights::{DevWeights, Placement};
 

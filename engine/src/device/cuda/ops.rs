@@ -3,7 +3,7 @@
 
 use tpslab_kernels::ThreadPool;
 use tpslab_kernels::cuda::{
-    AttnGeom, AttnIo, AttnSplit, CudaError, DBuf, GemmScratch, Gpu, RopeSpec,
+    AttnGeom, AttnIo, AttnSplit, CudaError, DBuf, Feature, GemmScratch, Gpu, RopeSpec, Unsupported,
 };
 use tpslab_kernels::moe::Route;
 
@@ -374,7 +374,7 @@ impl CudaOps<'_> {
         x: u64,
         out: u64,
     ) -> Result<(), CudaError> {
-        const NOT_HOST: CudaError = CudaError::NoOp("a layer with experts on both sides");
+        const NOT_HOST: CudaError = CudaError::Unsupported(Unsupported(Feature::SplitExperts));
         let experts: Vec<HostExpert<'_>> = moe
             .experts
             .iter()

@@ -1,85 +1,74 @@
-//! What the CUDA path runs: [`cuda_gap`], the first operation of a model's recipe it has no
-//! kernel for or whose kernel has not run on a GPU yet, and [`CudaOpts`], how a model is placed
-//! and run on a GPU.
+//! What the CUDA path takes of a model: [`cuda_gap`], the first operation of its recipe that the
+//! kernels' support table (`tpslab_kernels::cuda::Feature`) marks missing, or untried when
+//! untried kernels are not asked for; and [`CudaOpts`], how a model is placed and run on a GPU.
 
-use crate::device::BackendError;
+use tpslab_kernels::cuda::{Feature, Unsupported};
+
 use crate::model::arch;
 use crate::model::config::ModelConfig;
 use crate::model::ops::{Activation, AttnOpts, Heads, Rope};
 use crate::model::record::{Op, Recording};
 use crate::model::weights::Weights;
 
-/// Why the CUDA path does not take a model: an operation with no kernel, or one whose kernel
-/// has not run on a GPU yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaGap {
-    Missing(&'static str),
-    Untried(&'static str),
-}
-
-impl From<CudaGap> for BackendError {
-    fn from(g: CudaGap) -> Self {
-        match g {
-            CudaGap::Missing(what) => BackendError::NoCudaOp(what.into()),
-            CudaGap::Untried(what) => BackendError::UntriedCudaOp(what.into()),
-        }
-    }
-}
-
-/// The first operation of `cfg`'s recipe that the CUDA path cannot run (found by running the
+/// The first operation of `cfg`'s recipe that the CUDA path does not take (found by running the
 /// recipe on the recording device), so a model is refused before anything is uploaded. With
 /// `untried`, operations whose kernels have only been checked on the CPU simulator
 /// (kernels/tests/cuda_sim.rs) are taken too; without it they are refused until
 /// tests/gpu/gpu-check.sh has run them (`every_family_but_gpt_oss_matches_cpu`).
-pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<CudaGap> {
+pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<Unsupported> {
     let mut rec = Recording::new();
     match arch::forward(cfg, &w.shapes(), &mut rec) {
         Ok(()) => {}
         Err(never) => match never {},
     }
     let (_, ops) = rec.into_parts();
-    ops.iter().find_map(|op| {
-        let untried_op = match op {
-            Op::Attention { sinks: Some(_), .. } => Some("attention sinks"),
-            Op::MoeFfn { .. } => Some("mixture-of-experts layers"),
-            Op::Scale { .. } => Some("scaling by a constant (embeddings, residuals, logits)"),
-            Op::Softcap { .. } => Some("logit soft-capping"),
-            Op::QkNorm { .. } => Some("QK-norm"),
-            Op::RmsNorm { x, out, .. } if x == out => Some("an in-place RMS norm"),
-            Op::RopeStore { rope, factors, .. } => rope_untried(rope.as_ref(), factors.is_some()),
-            Op::Attention { heads, opts, .. } => attn_untried(*heads, opts),
-            Op::GatedFfn {
-                act: Activation::GeluTanh,
-                ..
-            } => Some("GELU gating"),
-            Op::GatedFfn {
-                act: Activation::SwigluOai,
-                ..
-            } => Some("OpenAI's clamped SwiGLU"),
-            _ => None,
-        };
-        untried_op.filter(|_| !untried).map(CudaGap::Untried)
-    })
+    ops.iter()
+        .filter_map(op_feature)
+        .find_map(|f| f.check(untried).err())
 }
 
-fn rope_untried(rope: Option<&Rope>, factors: bool) -> Option<&'static str> {
+/// The row of the support table a recorded operation needs beyond the plain Llama block's
+/// (matrix products, RMS norms, RoPE and attention as Llama has them), if any.
+fn op_feature(op: &Op) -> Option<Feature> {
+    match op {
+        Op::Attention { sinks: Some(_), .. } => Some(Feature::AttentionSinks),
+        Op::MoeFfn { .. } => Some(Feature::Experts),
+        Op::Scale { .. } => Some(Feature::ConstScale),
+        Op::Softcap { .. } => Some(Feature::LogitSoftcap),
+        Op::QkNorm { .. } => Some(Feature::QkNorm),
+        Op::RmsNorm { x, out, .. } if x == out => Some(Feature::InPlaceRmsNorm),
+        Op::RopeStore { rope, factors, .. } => rope_feature(rope.as_ref(), factors.is_some()),
+        Op::Attention { heads, opts, .. } => attn_feature(*heads, opts),
+        Op::GatedFfn {
+            act: Activation::GeluTanh,
+            ..
+        } => Some(Feature::GeluGate),
+        Op::GatedFfn {
+            act: Activation::SwigluOai,
+            ..
+        } => Some(Feature::SwigluOai),
+        _ => None,
+    }
+}
+
+fn rope_feature(rope: Option<&Rope>, factors: bool) -> Option<Feature> {
     match rope {
-        None => Some("a layer without RoPE"),
-        Some(_) if factors => Some("RoPE frequency factors"),
+        None => Some(Feature::NoRope),
+        Some(_) if factors => Some(Feature::RopeFactors),
         Some(r) if r.freq_scale != 1.0 || r.yarn.is_some() || r.mscale != 1.0 => {
-            Some("RoPE scaling")
+            Some(Feature::RopeScaling)
         }
         Some(_) => None,
     }
 }
 
-fn attn_untried(heads: Heads, opts: &AttnOpts) -> Option<&'static str> {
+fn attn_feature(heads: Heads, opts: &AttnOpts) -> Option<Feature> {
     if opts.window.is_some() {
-        Some("sliding-window attention")
+        Some(Feature::SlidingWindow)
     } else if opts.softcap.is_some() {
-        Some("attention soft-capping")
+        Some(Feature::AttentionSoftcap)
     } else if *opts != AttnOpts::plain(heads.head_dim) {
-        Some("a query scale other than 1/sqrt(head size)")
+        Some(Feature::QueryScale)
     } else {
         None
     }

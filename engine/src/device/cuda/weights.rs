@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use tpslab_kernels::cuda::{CudaError, DBuf, DevMatrix, GemmScratch, Gpu};
+use tpslab_kernels::cuda::{CudaError, DBuf, DevMatrix, Feature, GemmScratch, Gpu, Unsupported};
 
 use super::cuda;
 use crate::device::BackendError;
@@ -81,7 +81,7 @@ impl DevLinear {
         scratch: &mut GemmScratch,
     ) -> Result<(), CudaError> {
         if self.host().is_some() {
-            return Err(CudaError::NoOp("a matrix kept in host memory"));
+            return Err(Unsupported(Feature::HostMatrix).into());
         }
         gpu.matmul(&self.m, x, m, y, scratch)?;
         if let Some(b) = &self.bias {
