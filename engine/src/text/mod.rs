@@ -3,8 +3,8 @@
 //! Modules:
 //! - [`tokenizer`]: the model's tokenizer built from GGUF metadata as llama.cpp builds it
 //!   (byte-level BPE or SentencePiece), over [`vocab`] (tokens, attributes, special ids),
-//!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`]; its error type in
-//!   `tokenizer_error`; long text is encoded in pieces cut where the ids cannot change
+//!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`]; its metadata read
+//!   and checked in `tokenizer_parts`, its error type in `tokenizer_error`; long text is encoded in pieces cut where the ids cannot change
 //!   (`pieces`), so its memory follows the piece, not the prompt.
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them,
@@ -31,5 +31,6 @@ pub(crate) mod special;
 pub(crate) mod spm;
 pub mod tokenizer;
 mod tokenizer_error;
+mod tokenizer_parts;
 pub mod tool_calls;
 pub(crate) mod vocab;
