@@ -1,14 +1,17 @@
 //! `tpslab export` end to end: the default model written as a BF16 Hugging Face folder, which
 //! `generate --model DIR` and `quantize DIR` then take like a GGUF; bad targets refused in one line.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
 
 #[path = "support/cli_bin.rs"]
 mod cli_bin;
+#[path = "../engine/tests/support/temp_dir.rs"]
+mod temp_dir;
 use cli_bin::tpslab;
+use temp_dir::TempDir;
 
 fn ok(out: &Output) -> String {
     assert!(
@@ -24,23 +27,13 @@ fn err(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A temporary folder removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
 
 #[test]
 fn export_then_generate_and_quantize_from_the_folder() {
-    let tmp = TempDir(std::env::temp_dir().join(format!("tpslab-export-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&tmp.0);
+    let tmp = TempDir::new("export");
     let dir = tmp.0.join("smollm2-bf16");
     let out = ok(&tpslab(&[
         "export",

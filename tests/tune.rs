@@ -10,7 +10,10 @@ use serde_json::Value;
 
 #[path = "support/cli_bin.rs"]
 mod cli_bin;
+#[path = "../engine/tests/support/temp_dir.rs"]
+mod temp_dir;
 use cli_bin::{model, tpslab};
+use temp_dir::TempDir;
 
 #[path = "support/http_client.rs"]
 mod http_client;
@@ -55,12 +58,7 @@ fn check_verified(v: &Value) {
 /// Runs `tpslab tune` with the test's objectives and small workload plus `extra`; returns the
 /// JSON report and stdout.
 fn tune_json(extra: &[&str], budget_s: &str, min_run_s: &str) -> (Value, String) {
-    let dir = std::env::temp_dir().join(format!(
-        "tpslab-tune-test-{}-{}",
-        std::process::id(),
-        extra.len()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = TempDir::new("tune-test");
     let json = dir.join("tune.json");
     let slo = format!("ttft_p99_ms={TTFT},itl_p99_ms={ITL}");
     let mut args = vec![
@@ -91,7 +89,6 @@ fn tune_json(extra: &[&str], budget_s: &str, min_run_s: &str) -> (Value, String)
         String::from_utf8_lossy(&out.stderr)
     );
     let v = serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("JSON");
-    let _ = std::fs::remove_dir_all(&dir);
     (v, stdout)
 }
 
@@ -254,11 +251,8 @@ fn plan_json(args: &[&str], dir: &std::path::Path, name: &str) -> (Value, String
     (v, stdout)
 }
 
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tpslab-plan-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn temp_dir(tag: &str) -> TempDir {
+    TempDir::new(&format!("plan-{tag}"))
 }
 
 /// `tpslab plan` for a synthetic shape: one row per (device, precision, concurrency) with the
@@ -295,7 +289,6 @@ fn plan_writes_a_row_per_device_precision_and_concurrency() {
         }
     }
     assert!(stdout.contains("h200: cuda calibration; against this device's measured runs: mean"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The plan both calibration runs ask for.
@@ -412,7 +405,6 @@ fn plan_calibrate_refits_this_cpu_to_a_run_measured_here() {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A device table with a hostile figure is refused in one line naming it.
@@ -438,7 +430,6 @@ fn plan_refuses_a_hostile_device_table_by_name() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `tpslab serve --record-trace FILE` (the real binary) writes one line per finished request
@@ -519,7 +510,6 @@ fn a_recorded_server_trace_is_the_workload_tune_replays() {
         let err = String::from_utf8_lossy(&run.stderr);
         assert!(err.contains(needle), "{err}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Three completions through `tpslab serve --record-trace` (the real binary); the trace file

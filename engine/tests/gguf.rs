@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use tpslab_engine::formats::gguf::{GgufError, GgufFile};
 use tpslab_engine::library::ensure_default_model;
 
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 /// A minimal GGUF writer for building test files byte by byte.
 #[derive(Default)]
 struct W(Vec<u8>);
@@ -45,28 +49,6 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     p
 }
 
-/// A test's own temporary folder, removed when the test ends (a copy of the model goes in some).
-struct TempDir(PathBuf);
-
-impl std::ops::Deref for TempDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tmpdir(tag: &str) -> TempDir {
-    let d = std::env::temp_dir().join(format!("tpslab-gguf-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    TempDir(d)
-}
-
 fn open_err(path: &Path) -> (GgufError, String) {
     match GgufFile::open(path) {
         Ok(_) => panic!("{} was accepted", path.display()),
@@ -96,7 +78,7 @@ fn tiny_valid() -> Vec<u8> {
 
 #[test]
 fn tiny_valid_file_opens_and_reads() {
-    let d = tmpdir("valid");
+    let d = TempDir::new("gguf-valid");
     let p = write(&d, "ok.gguf", &tiny_valid());
     let f = GgufFile::open(&p).expect("valid file");
     assert_eq!(f.get_str("general.architecture").expect("arch"), "llama");
@@ -106,7 +88,7 @@ fn tiny_valid_file_opens_and_reads() {
 
 #[test]
 fn missing_and_empty_files() {
-    let d = tmpdir("empty");
+    let d = TempDir::new("gguf-empty");
     let (e, msg) = open_err(&d.join("nope.gguf"));
     assert!(matches!(e, GgufError::Open { .. }), "{msg}");
     let (e, msg) = open_err(&write(&d, "empty.gguf", b""));
@@ -116,7 +98,7 @@ fn missing_and_empty_files() {
 
 #[test]
 fn wrong_magic_is_refused() {
-    let d = tmpdir("magic");
+    let d = TempDir::new("gguf-magic");
     let (e, msg) = open_err(&write(
         &d,
         "m.gguf",
@@ -129,7 +111,7 @@ fn wrong_magic_is_refused() {
 
 #[test]
 fn unsupported_versions_are_refused_by_number() {
-    let d = tmpdir("version");
+    let d = TempDir::new("gguf-version");
     for v in [0u32, 1, 4, 0xffff_ffff] {
         let mut bytes = tiny_valid();
         bytes[4..8].copy_from_slice(&v.to_le_bytes());
@@ -144,7 +126,7 @@ fn unsupported_versions_are_refused_by_number() {
 
 #[test]
 fn truncated_header_is_refused() {
-    let d = tmpdir("trunc-header");
+    let d = TempDir::new("gguf-trunc-header");
     let full = tiny_valid();
     for n in [5usize, 8, 12, 20, 30] {
         let (e, msg) = open_err(&write(&d, &format!("t{n}.gguf"), &full[..n]));
@@ -157,7 +139,7 @@ fn truncated_header_is_refused() {
 
 #[test]
 fn absurd_counts_are_refused_before_allocation() {
-    let d = tmpdir("counts");
+    let d = TempDir::new("gguf-counts");
     let (e, msg) = open_err(&write(&d, "kv.gguf", &W::header(3, 0, u64::MAX).0));
     assert!(matches!(e, GgufError::Truncated { .. }), "{msg}");
     let (e, msg) = open_err(&write(&d, "tensors.gguf", &W::header(3, 1 << 60, 0).0));
@@ -170,7 +152,7 @@ fn absurd_counts_are_refused_before_allocation() {
 
 #[test]
 fn absurd_string_lengths_are_refused() {
-    let d = tmpdir("strings");
+    let d = TempDir::new("gguf-strings");
     // Key length of 2^63.
     let key = W::header(3, 0, 1).u64(1 << 63).raw(b"abc").0;
     let (e, msg) = open_err(&write(&d, "key.gguf", &key));
@@ -188,7 +170,7 @@ fn absurd_string_lengths_are_refused() {
 
 #[test]
 fn bad_tensor_entries_are_refused() {
-    let d = tmpdir("tensors");
+    let d = TempDir::new("gguf-tensors");
     let tensor = |dims: &[u64], ty: u32, off: u64| {
         let mut w = W::header(3, 1, 0).str("t").u32(dims.len() as u32);
         for &x in dims {
@@ -227,7 +209,7 @@ fn real_model_cut_short_is_refused_at_each_stage() {
     let bytes = std::fs::read(&model).expect("read model");
     let ok = GgufFile::open(&model).expect("the real model opens");
     assert_eq!(ok.tensors.len(), 272);
-    let d = tmpdir("real");
+    let d = TempDir::new("gguf-real");
     // Inside the metadata (vocabulary), inside the tensor table, inside the tensor data.
     for cut in [
         64usize,

@@ -11,31 +11,14 @@ use std::sync::atomic::AtomicBool;
 use tpslab_engine::library::index::{IndexError, Library, ModelFormat, ModelSource};
 use tpslab_engine::library::{self, default_manifest, sha256_file};
 
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
 #[path = "support/tiny_model.rs"]
 mod tiny_model;
+use temp_dir::TempDir;
 
 fn default_model() -> PathBuf {
     library::ensure_default_model(&mut |m| eprintln!("{m}")).expect("default model")
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let p =
-            std::env::temp_dir().join(format!("tpslab-lib-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A tmpfs of `size` mounted at a fresh folder, unmounted when dropped; None where mounting is
@@ -44,7 +27,7 @@ struct Tmpfs(TempDir);
 
 impl Tmpfs {
     fn mount(size: &str) -> Option<Self> {
-        let dir = TempDir::new("tmpfs");
+        let dir = TempDir::new("lib-tmpfs");
         let ok = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(&dir.0)
@@ -110,7 +93,7 @@ fn never() -> AtomicBool {
 
 #[test]
 fn imports_the_default_gguf_and_lists_it_with_a_manifest() {
-    let home = TempDir::new("import");
+    let home = TempDir::new("lib-import");
     let lib = Library::at(home.0.join("models"));
     let src = default_model();
     let mut last = (0, 0);
@@ -154,14 +137,14 @@ fn imports_the_default_gguf_and_lists_it_with_a_manifest() {
 
 #[test]
 fn a_folder_holding_one_gguf_imports_as_that_file() {
-    let src_dir = TempDir::new("gguf-folder-src");
+    let src_dir = TempDir::new("lib-gguf-folder-src");
     let folder = src_dir.0.join("my-model");
     std::fs::create_dir_all(&folder).expect("mkdir");
     let file = folder.join("model-q4.gguf");
     if std::fs::hard_link(default_model(), &file).is_err() {
         std::fs::copy(default_model(), &file).expect("copy");
     }
-    let home = TempDir::new("gguf-folder");
+    let home = TempDir::new("lib-gguf-folder");
     let lib = Library::at(home.0.join("models"));
     let m = lib
         .import(&folder, &never(), &mut |_, _| {})
@@ -174,7 +157,7 @@ fn a_folder_holding_one_gguf_imports_as_that_file() {
 
 #[test]
 fn a_loose_default_model_is_listed_and_indexed_without_hashing_it() {
-    let home = TempDir::new("loose");
+    let home = TempDir::new("lib-loose");
     let lib = Library::at(home.0.join("models"));
     std::fs::create_dir_all(lib.root()).expect("mkdir");
     let d = default_manifest().expect("manifest");
@@ -198,9 +181,9 @@ fn a_loose_default_model_is_listed_and_indexed_without_hashing_it() {
 
 #[test]
 fn imports_a_safetensors_folder_with_its_model_files_only() {
-    let src_dir = TempDir::new("st-src");
+    let src_dir = TempDir::new("lib-st-src");
     let src = tiny_st_folder(&src_dir.0);
-    let home = TempDir::new("st");
+    let home = TempDir::new("lib-st");
     let lib = Library::at(home.0.join("models"));
     let m = lib.import(&src, &never(), &mut |_, _| {}).expect("import");
     assert_eq!(m.format, ModelFormat::Safetensors);
@@ -224,8 +207,8 @@ fn imports_a_safetensors_folder_with_its_model_files_only() {
 
 #[test]
 fn broken_files_are_refused_and_nothing_is_left() {
-    let src_dir = TempDir::new("broken-src");
-    let home = TempDir::new("broken");
+    let src_dir = TempDir::new("lib-broken-src");
+    let home = TempDir::new("lib-broken");
     let lib = Library::at(home.0.join("models"));
     // A GGUF cut short: its tensor table points past the end.
     let bytes = std::fs::read(default_model()).expect("read");
@@ -285,7 +268,7 @@ fn broken_files_are_refused_and_nothing_is_left() {
 #[test]
 fn a_library_folder_that_cannot_be_created_gives_a_clear_error() {
     // As root, permissions do not stop writes; a regular file where a folder must go does.
-    let home = TempDir::new("unwritable");
+    let home = TempDir::new("lib-unwritable");
     let blocker = home.0.join("not-a-folder");
     std::fs::write(&blocker, b"file").expect("write");
     let lib = Library::at(blocker.join("models"));
@@ -306,8 +289,8 @@ fn a_library_folder_that_cannot_be_created_gives_a_clear_error() {
 
 #[test]
 fn a_full_disk_through_the_writer_gives_a_clear_error_and_changes_nothing() {
-    let src_dir = TempDir::new("seam-src");
-    let home = TempDir::new("seam");
+    let src_dir = TempDir::new("lib-seam-src");
+    let home = TempDir::new("lib-seam");
     let lib = Library::at(home.0.join("models"));
     lib.import(&tiny_st_folder(&src_dir.0), &never(), &mut |_, _| {})
         .expect("a first model");
@@ -346,7 +329,7 @@ fn a_real_full_or_read_only_file_system_leaves_the_library_as_it_was() {
     // A real full disk: this machine kind (and CI on it) runs as root, so the mount works; a
     // machine where it cannot fails here rather than passing without the check.
     let fs = Tmpfs::mount("4m").expect("mount a 4 MiB tmpfs (needs root)");
-    let src_dir = TempDir::new("tmpfs-src");
+    let src_dir = TempDir::new("lib-tmpfs-src");
     let lib = Library::at(fs.0.0.join("models"));
     lib.import(&tiny_st_folder(&src_dir.0), &never(), &mut |_, _| {})
         .expect("a small model fits");

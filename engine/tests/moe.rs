@@ -28,6 +28,10 @@ use tpslab_engine::serving::metrics::LiveSnapshot;
 use tpslab_engine::text::chat::ChatTemplate;
 use tpslab_kernels::{ThreadPool, WType};
 
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 /// The variants with experts.
 const MOE: [&str; 3] = ["qwen3moe", "mixtral", "gpt-oss"];
 
@@ -42,34 +46,12 @@ fn tokenizer() -> Vec<(String, Value)> {
     ]
 }
 
-fn tiny(variant: &str) -> (tempdir::Dir, Model) {
-    let dir = tempdir::Dir::new(variant);
+fn tiny(variant: &str) -> (TempDir, Model) {
+    let dir = TempDir::new(&format!("moe-{variant}"));
     let path = dir.0.join("m.gguf");
     write_tiny(variant, &tokenizer(), &path).unwrap();
     let (m, _) = Model::load(&path).unwrap_or_else(|e| panic!("{variant}: {e}"));
     (dir, m)
-}
-
-mod tempdir {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub struct Dir(pub std::path::PathBuf);
-    /// Tests run in parallel threads: each directory gets its own number.
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    impl Dir {
-        pub fn new(tag: &str) -> Self {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let p =
-                std::env::temp_dir().join(format!("tpslab-moe-{tag}-{}-{n}", std::process::id()));
-            std::fs::create_dir_all(&p).unwrap();
-            Self(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 fn prompt(seed: u32, n: usize) -> Vec<u32> {
@@ -142,7 +124,7 @@ fn a_sequence_computes_the_same_bits_alone_and_in_a_batch() {
 
 /// The tiny model as the engine holds it: the file's weights, a byte-level tokenizer of its
 /// vocabulary size (prompts are token ids here).
-fn loaded(variant: &str) -> (tempdir::Dir, Arc<LoadedModel>) {
+fn loaded(variant: &str) -> (TempDir, Arc<LoadedModel>) {
     let (dir, model) = tiny(variant);
     let lm = LoadedModel {
         path: dir.0.join("m.gguf"),

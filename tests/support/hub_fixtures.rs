@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tpslab::hub::{self, Choice, HubConfig, HubError, PullProgress, PullRequest};
+
+#[path = "../../engine/tests/support/temp_dir.rs"]
+mod temp_dir;
+pub use temp_dir::TempDir;
 use tpslab_engine::library::index::{Library, ModelEntry};
 
 use crate::hub_server::{File, HubServer, RepoData};
@@ -33,27 +37,6 @@ pub fn gguf_file() -> File {
     static F: OnceLock<File> = OnceLock::new();
     F.get_or_init(|| File::new(GGUF_NAME, gguf_bytes(), true))
         .clone()
-}
-
-/// A temporary folder removed when dropped.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let p =
-            std::env::temp_dir().join(format!("tpslab-hub-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A tiny safetensors file: one F32 tensor of shape [2, 4].
