@@ -345,6 +345,106 @@ impl Sim<'_> {
         self.push(ready_at, Ev::Ready(i));
     }
 
+    /// Handles events in time order until none is left or the next is past `horizon`; returns
+    /// the time of the last one handled.
+    fn run(
+        &mut self,
+        arrivals: &[Arrival],
+        horizon: f64,
+        max_events: u64,
+        overhead_s: f64,
+    ) -> Result<f64, FleetError> {
+        let (mut next, mut events, mut now) = (0usize, 0u64, 0.0f64);
+        loop {
+            let from_heap = self.heap.peek().map(|e| e.t);
+            let arrival_t = arrivals.get(next).map(|a| a.t);
+            let t = match (arrival_t, from_heap) {
+                (None, None) => break,
+                (Some(a), Some(h)) => a.min(h),
+                (Some(a), None) => a,
+                (None, Some(h)) => h,
+            };
+            if t > horizon {
+                break;
+            }
+            events += 1;
+            if events > max_events {
+                return Err(FleetError::Bound {
+                    what: "events",
+                    limit: max_events.to_string(),
+                    hint: "replay fewer requests or a shorter span",
+                });
+            }
+            now = t;
+            // Arrivals go before other events of the same instant.
+            if arrival_t.is_some_and(|a| a <= from_heap.unwrap_or(f64::INFINITY)) {
+                self.arrive(&arrivals[next]);
+                next += 1;
+                continue;
+            }
+            let Some(e) = self.heap.pop() else { break };
+            match e.ev {
+                Ev::StepEnd(i) => {
+                    self.replicas[i].finish_step(t, overhead_s, &mut self.rec);
+                    self.replicas[i].busy = false;
+                    self.kick(i, t);
+                }
+                Ev::Ready(i) => {
+                    self.account(t);
+                    self.replicas[i].phase = Phase::Ready;
+                    self.mark(t);
+                }
+                Ev::Tick => {
+                    self.autoscale(t);
+                    let work = next < arrivals.len()
+                        || (self.replicas.iter()).any(|r| {
+                            r.outstanding() > 0 || matches!(r.phase, Phase::Booting { .. })
+                        });
+                    if work {
+                        self.push(t + self.cfg.autoscale.interval_s, Ev::Tick);
+                    }
+                }
+            }
+        }
+        Ok(now)
+    }
+
+    /// The windows and the whole replay's figures, the replay having ended at `end`.
+    fn summary(&mut self, end: f64, usd_per_hour: f64) -> (Vec<WindowStats>, Summary) {
+        self.account(end);
+        let unfinished: usize = self.replicas.iter().map(Replica::outstanding).sum();
+        let (windows, all) = self.rec.finish(end);
+        let gpu_s: f64 = (self.replicas.iter())
+            .map(|r| (r.stopped_at.unwrap_or(end) - r.billed_from).max(0.0))
+            .sum();
+        let usd = gpu_s / 3600.0 * usd_per_hour;
+        let span = end.max(1e-9);
+        let summary = Summary {
+            requests: all.requests,
+            finished: all.finished,
+            shed: self.rec.shed,
+            too_long: self.rec.too_long,
+            unfinished: unfinished as u64,
+            output_tokens: all.output_tokens,
+            preemptions: self.replicas.iter().map(|r| r.preemptions).sum(),
+            ttft_p50_ms: all.ttft.quantile_ms(0.5),
+            ttft_p99_ms: all.ttft.quantile_ms(0.99),
+            itl_p50_ms: all.itl.quantile_ms(0.5),
+            itl_p99_ms: all.itl.quantile_ms(0.99),
+            e2e_p50_ms: all.e2e.quantile_ms(0.5),
+            e2e_p99_ms: all.e2e.quantile_ms(0.99),
+            span_s: end,
+            gpu_hours: gpu_s / 3600.0,
+            usd,
+            usd_per_million_output_tokens: cost_per_million_output_tokens(
+                usd / (span / 3600.0),
+                all.output_tokens as f64 / span,
+            ),
+            max_replicas: self.timeline.iter().map(|p| p.ready).max().unwrap_or(0),
+        };
+        (windows, summary)
+    }
+
     fn autoscale(&mut self, t: f64) {
         let a = self.cfg.autoscale;
         let ready: Vec<&Replica> = (self.replicas.iter())
@@ -514,89 +614,9 @@ pub fn simulate(
     };
     sim.mark(0.0);
     sim.push(cfg.autoscale.interval_s, Ev::Tick);
-    let (mut next, mut events, mut now) = (0usize, 0u64, 0.0f64);
-    loop {
-        let from_heap = sim.heap.peek().map(|e| e.t);
-        let arrival_t = arrivals.get(next).map(|a| a.t);
-        let t = match (arrival_t, from_heap) {
-            (None, None) => break,
-            (Some(a), Some(h)) => a.min(h),
-            (Some(a), None) => a,
-            (None, Some(h)) => h,
-        };
-        if t > horizon {
-            break;
-        }
-        events += 1;
-        if events > limits.max_events {
-            return Err(FleetError::Bound {
-                what: "events",
-                limit: limits.max_events.to_string(),
-                hint: "replay fewer requests or a shorter span",
-            });
-        }
-        now = t;
-        // Arrivals go before other events of the same instant.
-        if arrival_t.is_some_and(|a| a <= from_heap.unwrap_or(f64::INFINITY)) {
-            sim.arrive(&arrivals[next]);
-            next += 1;
-            continue;
-        }
-        let Some(e) = sim.heap.pop() else { break };
-        match e.ev {
-            Ev::StepEnd(i) => {
-                sim.replicas[i].finish_step(t, overhead_s, &mut sim.rec);
-                sim.replicas[i].busy = false;
-                sim.kick(i, t);
-            }
-            Ev::Ready(i) => {
-                sim.account(t);
-                sim.replicas[i].phase = Phase::Ready;
-                sim.mark(t);
-            }
-            Ev::Tick => {
-                sim.autoscale(t);
-                let work = next < arrivals.len()
-                    || (sim.replicas.iter())
-                        .any(|r| r.outstanding() > 0 || matches!(r.phase, Phase::Booting { .. }));
-                if work {
-                    sim.push(t + cfg.autoscale.interval_s, Ev::Tick);
-                }
-            }
-        }
-    }
+    let now = sim.run(arrivals, horizon, limits.max_events, overhead_s)?;
     let end = now.max(last_arrival);
-    sim.account(end);
-    let unfinished: usize = sim.replicas.iter().map(Replica::outstanding).sum();
-    let (windows, all) = sim.rec.finish(end);
-    let gpu_s: f64 = (sim.replicas.iter())
-        .map(|r| (r.stopped_at.unwrap_or(end) - r.billed_from).max(0.0))
-        .sum();
-    let usd = gpu_s / 3600.0 * usd_per_hour.value;
-    let span = end.max(1e-9);
-    let summary = Summary {
-        requests: all.requests,
-        finished: all.finished,
-        shed: sim.rec.shed,
-        too_long: sim.rec.too_long,
-        unfinished: unfinished as u64,
-        output_tokens: all.output_tokens,
-        preemptions: sim.replicas.iter().map(|r| r.preemptions).sum(),
-        ttft_p50_ms: all.ttft.quantile_ms(0.5),
-        ttft_p99_ms: all.ttft.quantile_ms(0.99),
-        itl_p50_ms: all.itl.quantile_ms(0.5),
-        itl_p99_ms: all.itl.quantile_ms(0.99),
-        e2e_p50_ms: all.e2e.quantile_ms(0.5),
-        e2e_p99_ms: all.e2e.quantile_ms(0.99),
-        span_s: end,
-        gpu_hours: gpu_s / 3600.0,
-        usd,
-        usd_per_million_output_tokens: cost_per_million_output_tokens(
-            usd / (span / 3600.0),
-            all.output_tokens as f64 / span,
-        ),
-        max_replicas: sim.timeline.iter().map(|p| p.ready).max().unwrap_or(0),
-    };
+    let (windows, summary) = sim.summary(end, usd_per_hour.value);
     Ok(FleetReport {
         config: cfg.name.clone(),
         device: device.id.clone(),
