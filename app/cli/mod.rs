@@ -11,12 +11,16 @@
 //! - [`library_cmds`]: `tpslab models` (list, import, rm, search) and `tpslab pull`.
 //! - [`plan`]: `tpslab plan`, the capacity planner (predicted TPS, TTFT, concurrency and cost
 //!   per device).
+//! - [`fleet`]: `tpslab fleet`, the fleet simulator (a workload replayed against autoscaled
+//!   replicas of planned configurations; latency per window, shedding, cost, the cheapest that
+//!   meets the SLO).
 //! - [`plan_calibrate`]: `tpslab plan --calibrate`, this machine measured and its CPU row refitted.
 //! - [`tune`]: `tpslab tune`, the SLO tuner (measured runs of the engine's knobs, successive
 //!   halving, the winner and the defaults verified).
 
 pub mod bench;
 pub mod bench_args;
+pub mod fleet;
 pub mod generate;
 pub mod library_cmds;
 pub mod model_cmds;
@@ -84,6 +88,10 @@ pub enum Command {
     /// Capacity planner: predicted per-request and aggregate TPS, TTFT, the concurrency that
     /// fits and $ per 1M tokens on a table of devices (a calibrated roofline of this engine).
     Plan(plan::PlanArgs),
+    /// Fleet simulator: a workload (preset, burst, daily curve or recorded trace) replayed
+    /// against autoscaled replicas of planned configurations: P50/P99 latency over time,
+    /// requests shed, replicas, GPU-hours, $ per 1M tokens, the cheapest that meets the SLO.
+    Fleet(fleet::FleetArgs),
     /// SLO tuner: searches the engine's knobs with short measured runs (successive halving)
     /// for the most goodput under objectives on TTFT, ITL, TPOT, E2E latency and TPS.
     Tune(tune::TuneArgs),
@@ -108,6 +116,7 @@ pub fn main() -> ExitCode {
         Some(Command::Models(args)) => library_cmds::run_models(&args),
         Some(Command::Pull(args)) => library_cmds::run_pull(&args),
         Some(Command::Plan(args)) => plan::run(&args),
+        Some(Command::Fleet(args)) => fleet::run(&args),
         Some(Command::Tune(args)) => tune::run(&args),
         None => crate::ui::window::run(
             crate::ui::AppOptions {

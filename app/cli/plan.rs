@@ -75,12 +75,15 @@ struct Report<'a> {
     sources: &'a [Source],
 }
 
-/// The shape and default precision of `--model` or `--synthetic`.
-fn shape_of(a: &PlanArgs) -> Result<(ModelShape, WType)> {
-    if let Some(arch) = &a.synthetic {
+/// The shape and default precision of `--model` or `--synthetic` (also `tpslab fleet`'s).
+pub(crate) fn shape_of(
+    model: Option<&str>,
+    synthetic: Option<&str>,
+) -> Result<(ModelShape, WType)> {
+    if let Some(arch) = synthetic {
         return Ok((ModelShape::synthetic(arch)?, WType::F16));
     }
-    let spec = a.model.as_deref().unwrap_or("default");
+    let spec = model.unwrap_or("default");
     let path = library::resolve_model(spec, &mut |msg| eprintln!("{msg}"))?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let cfg = ModelConfig::from_gguf(&file).with_context(|| format!("{}", path.display()))?;
@@ -147,7 +150,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if a.calibrate {
         calibrate(&mut table, a)?;
     }
-    let (shape, own) = shape_of(a)?;
+    let (shape, own) = shape_of(a.model.as_deref(), a.synthetic.as_deref())?;
     let precisions = if a.precision.is_empty() {
         vec![own]
     } else {

@@ -41,6 +41,11 @@ pub struct DeviceSpec {
     pub memory_gib: Sourced,
     /// What an hour of the device costs, $.
     pub usd_per_hour: Sourced,
+    /// Host-to-device copy bandwidth, GB/s (one way of its PCIe link): with the disk's read
+    /// bandwidth, what a fleet's new replica takes to load its weights. Absent where the
+    /// device shares the host's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_to_device_gb_s: Option<Sourced>,
     /// Runs of this engine on this device the predictions are checked against.
     #[serde(default)]
     pub measured: Vec<MeasuredRow>,
@@ -212,6 +217,9 @@ impl DeviceTable {
             positive(&what("bandwidth_gb_s"), d.bandwidth_gb_s.value)?;
             positive(&what("memory_gib"), d.memory_gib.value)?;
             non_negative(&what("usd_per_hour"), d.usd_per_hour.value)?;
+            if let Some(h2d) = &d.host_to_device_gb_s {
+                positive(&what("host_to_device_gb_s"), h2d.value)?;
+            }
             for (p, f) in &d.tflops {
                 positive(&what(&format!("tflops.{p}")), f.value)?;
             }

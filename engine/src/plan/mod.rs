@@ -11,15 +11,18 @@
 //! - [`roofline`]: the model's shape and the prediction for one device, precision and workload,
 //!   and its error against measured rows.
 //! - [`calibrate`]: a device row refitted to runs measured on the machine the planner runs on.
+//! - [`fleet`]: from one machine to a fleet: a discrete-event replay of a workload against
+//!   replicas of a planned configuration (routing, autoscaling, cold starts, shedding, cost).
 
 pub mod calibrate;
 pub mod devices;
+pub mod fleet;
 pub mod roofline;
 
 pub use calibrate::calibrate_device;
 pub use devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow, Sourced};
 pub use roofline::{
-    ErrorSummary, ModelShape, Prediction, Source, Workload, check, predict, source,
+    ErrorSummary, ModelShape, Prediction, Source, StepModel, Workload, check, predict, source,
 };
 
 /// Why a plan cannot be made.

@@ -215,6 +215,62 @@ impl ModelShape {
     }
 }
 
+/// Bytes of memory left for the KV cache once the weights and the calibration's reserve are
+/// taken (negative when the weights do not fit).
+fn kv_free_bytes(device: &DeviceSpec, cal: &Calibration, shape: &ModelShape, ty: WType) -> f64 {
+    device.memory_gib.value * GIB - cal.memory_reserve_gib * GIB - shape.weight_bytes_total(ty)
+}
+
+/// One replica's steps as the planner models them: what the fleet simulator
+/// ([`super::fleet`]) advances each replica by, so both use one step model.
+pub struct StepModel<'a> {
+    machine: Machine<'a>,
+    shape: &'a ModelShape,
+}
+
+impl<'a> StepModel<'a> {
+    /// The step model of `shape` in `ty` on `device`, with its backend's calibration.
+    pub fn new(
+        table: &'a DeviceTable,
+        device: &'a DeviceSpec,
+        shape: &'a ModelShape,
+        ty: WType,
+    ) -> Result<Self, PlanError> {
+        let cal = table.calibration(device)?;
+        Ok(Self {
+            machine: Machine { device, cal, ty },
+            shape,
+        })
+    }
+
+    /// Seconds of one step: `decoding` sequences at mean context `ctx` and `prefill` prompt
+    /// tokens (the roofline of the module doc).
+    pub fn step_s(&self, decoding: usize, ctx: f64, prefill: usize) -> f64 {
+        self.machine.step_s(self.shape, decoding, ctx, prefill)
+    }
+
+    /// Tokens of KV the memory left after the weights holds (0 when the weights do not fit).
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        let m = &self.machine;
+        let free = kv_free_bytes(m.device, m.cal, self.shape, m.ty);
+        if free > 0.0 {
+            (free / self.shape.kv_bytes_per_token()).floor().min(1e15) as u64
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of the weights in memory (what a cold start loads).
+    pub fn weight_bytes(&self) -> f64 {
+        self.shape.weight_bytes_total(self.machine.ty)
+    }
+
+    /// The calibration's fixed time before a request's first token besides its prefill, s.
+    pub fn ttft_overhead_s(&self) -> f64 {
+        self.machine.cal.ttft_overhead_ms / 1e3
+    }
+}
+
 /// The device, calibration and weight type one plan is made for.
 struct Machine<'a> {
     device: &'a DeviceSpec,
@@ -318,7 +374,7 @@ pub fn predict(
     let cal = table.calibration(device)?;
     let m = Machine { device, cal, ty };
     let weights = shape.weight_bytes_total(ty);
-    let free = device.memory_gib.value * GIB - cal.memory_reserve_gib * GIB - weights;
+    let free = kv_free_bytes(device, cal, shape, ty);
     let per_seq = shape.kv_bytes_per_token() * (w.prompt_len + w.output_len) as f64;
     let max_concurrency = if free > 0.0 {
         (free / per_seq).floor().min(1e9) as usize

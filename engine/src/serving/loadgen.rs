@@ -31,7 +31,8 @@ pub enum LenDist {
 }
 
 impl LenDist {
-    fn draw(&self, rng: &mut StdRng) -> usize {
+    /// One length drawn with `rng`.
+    pub fn draw(&self, rng: &mut StdRng) -> usize {
         match self {
             LenDist::Fixed(n) => *n,
             LenDist::Uniform { min, max } => rng.random_range(*min.min(max)..=*max.max(min)),

@@ -195,24 +195,7 @@ impl Trace {
     /// Reads a trace file: JSON lines of [`TraceEntry`], blank lines skipped. Lengths past
     /// `max_len` (the model's context) are refused, as the engine would refuse the request.
     pub fn read(path: &Path, max_len: usize) -> Result<Self, WorkloadError> {
-        let err = |source| WorkloadError::Io {
-            path: path.into(),
-            source,
-        };
-        let len = std::fs::metadata(path).map_err(err)?.len();
-        if len > MAX_TRACE_BYTES {
-            return Err(WorkloadError::TooLarge {
-                path: path.into(),
-                len,
-            });
-        }
-        let file = std::fs::File::open(path).map_err(err)?;
-        Self::parse(BufReader::new(file.take(MAX_TRACE_BYTES)), max_len).map_err(|e| {
-            WorkloadError::InFile {
-                path: path.into(),
-                source: Box::new(e),
-            }
-        })
+        Ok(Self::of_entries(&Self::read_entries(path, max_len)?))
     }
 
     /// Replays the trace into `w`: its lengths, and its mean arrival rate when `take_rate`.
@@ -234,10 +217,58 @@ impl Trace {
     }
 
     /// [`Self::read`] over any reader.
-    pub fn parse(mut r: impl BufRead, max_len: usize) -> Result<Self, WorkloadError> {
-        let bad = WorkloadError::Trace;
-        let (mut prompts, mut outputs) = (Vec::new(), Vec::new());
+    pub fn parse(r: impl BufRead, max_len: usize) -> Result<Self, WorkloadError> {
+        Ok(Self::of_entries(&Self::parse_entries(r, max_len)?))
+    }
+
+    /// The lengths and mean rate of checked entries.
+    fn of_entries(entries: &[TraceEntry]) -> Self {
         let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
+        for e in entries {
+            first = first.min(e.t);
+            last = last.max(e.t);
+        }
+        let requests = entries.len();
+        let span = last - first;
+        Self {
+            prompt_len: LenDist::Samples(entries.iter().map(|e| e.prompt_tokens).collect()),
+            output_len: LenDist::Samples(entries.iter().map(|e| e.completion_tokens).collect()),
+            rate: (requests > 1 && span > 0.0).then(|| (requests - 1) as f64 / span),
+            requests,
+        }
+    }
+
+    /// A trace file's entries, in file order, checked as [`Self::read`] checks them (what the
+    /// fleet simulator replays with their arrival times).
+    pub fn read_entries(path: &Path, max_len: usize) -> Result<Vec<TraceEntry>, WorkloadError> {
+        let err = |source| WorkloadError::Io {
+            path: path.into(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(err)?.len();
+        if len > MAX_TRACE_BYTES {
+            return Err(WorkloadError::TooLarge {
+                path: path.into(),
+                len,
+            });
+        }
+        let file = std::fs::File::open(path).map_err(err)?;
+        Self::parse_entries(BufReader::new(file.take(MAX_TRACE_BYTES)), max_len).map_err(|e| {
+            WorkloadError::InFile {
+                path: path.into(),
+                source: Box::new(e),
+            }
+        })
+    }
+
+    /// The entries of a trace over any reader: JSON lines of [`TraceEntry`], blank lines
+    /// skipped, each line, its length and their count bounded; at least one entry.
+    pub fn parse_entries(
+        mut r: impl BufRead,
+        max_len: usize,
+    ) -> Result<Vec<TraceEntry>, WorkloadError> {
+        let bad = WorkloadError::Trace;
+        let mut entries = Vec::new();
         let mut line = Vec::new();
         for n in 1.. {
             line.clear();
@@ -258,7 +289,7 @@ impl Trace {
             if text.trim().is_empty() {
                 continue;
             }
-            if prompts.len() == MAX_TRACE_LINES {
+            if entries.len() == MAX_TRACE_LINES {
                 return Err(bad(format!("more than {MAX_TRACE_LINES} requests")));
             }
             let e: TraceEntry = serde_json::from_str(text.trim())
@@ -279,22 +310,12 @@ impl Trace {
                     )));
                 }
             }
-            prompts.push(e.prompt_tokens);
-            outputs.push(e.completion_tokens);
-            first = first.min(e.t);
-            last = last.max(e.t);
+            entries.push(e);
         }
-        let requests = prompts.len();
-        if requests == 0 {
+        if entries.is_empty() {
             return Err(bad("the trace holds no request".into()));
         }
-        let span = last - first;
-        Ok(Self {
-            prompt_len: LenDist::Samples(prompts),
-            output_len: LenDist::Samples(outputs),
-            rate: (requests > 1 && span > 0.0).then(|| (requests - 1) as f64 / span),
-            requests,
-        })
+        Ok(entries)
     }
 }
 
