@@ -10,7 +10,10 @@ use serde_json::Value;
 
 #[path = "support/cli_bin.rs"]
 mod cli_bin;
+#[path = "../engine/tests/support/temp_dir.rs"]
+mod temp_dir;
 use cli_bin::tpslab;
+use temp_dir::TempDir;
 
 /// The bursty example: 5 req/s of the chat preset for 8 minutes, 8x from 120 s for 180 s,
 /// against fleets of at least 1, 5 and 6 replicas.
@@ -58,10 +61,6 @@ const BURSTY: &[&str] = &[
     "1",
 ];
 
-fn temp(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("tpslab-fleet-{}-{name}", std::process::id()))
-}
-
 fn f(v: &Value, path: &str) -> f64 {
     v.pointer(path)
         .and_then(Value::as_f64)
@@ -70,7 +69,8 @@ fn f(v: &Value, path: &str) -> f64 {
 
 #[test]
 fn a_burst_is_lagged_by_delay_plus_cold_start_and_a_larger_fleet_meets_the_slo_for_more() {
-    let (json, csv) = (temp("bursty.json"), temp("bursty.csv"));
+    let dir = TempDir::new("fleet-bursty");
+    let (json, csv) = (dir.join("bursty.json"), dir.join("bursty.csv"));
     let mut args = BURSTY.to_vec();
     args.extend([
         "--json",
@@ -154,12 +154,12 @@ fn a_burst_is_lagged_by_delay_plus_cold_start_and_a_larger_fleet_meets_the_slo_f
         .map(|r| r["windows"].as_array().unwrap().len())
         .sum();
     assert_eq!(rows.len(), 1 + n);
-    let _ = (std::fs::remove_file(&json), std::fs::remove_file(&csv));
 }
 
 #[test]
 fn a_written_trace_replays_and_hostile_input_is_one_line() {
-    let trace = temp("trace.jsonl");
+    let dir = TempDir::new("fleet-trace");
+    let trace = dir.join("trace.jsonl");
     let args = [
         "fleet",
         "--synthetic",
@@ -249,5 +249,4 @@ fn a_written_trace_replays_and_hostile_input_is_one_line() {
     let mut args = base.to_vec();
     args.extend(["--trace", trace.to_str().unwrap()]);
     fails(&args, "line 2: t must be");
-    let _ = std::fs::remove_file(&trace);
 }
