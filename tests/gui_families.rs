@@ -140,7 +140,8 @@ fn chat_with(h: &mut Harness<'static, TpsApp>, arch: &str) -> (String, AnswerSta
     h.get_by_label("Chat").click();
     h.step();
     h.get_by_label(&format!("Talk to {arch}")).click();
-    h.step();
+    // The choice is applied at the end of that frame; the next one draws its input box.
+    h.run_steps(2);
     send_and_wait(h, arch)
 }
 
