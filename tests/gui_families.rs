@@ -64,8 +64,10 @@ fn file_name(arch: &str) -> String {
 
 /// One conversation per family, greedy and short; titled so that sending keeps the title.
 fn conversations(families: &[(String, String)]) -> AppState {
-    let mut state = AppState::default();
-    state.tab = Tab::Models;
+    let mut state = AppState {
+        tab: Tab::Models,
+        ..AppState::default()
+    };
     state.chat.conversations = (1..)
         .zip(families)
         .map(|(id, (arch, _))| Conversation {
