@@ -26,7 +26,7 @@ use egui_kittest::kittest::Queryable;
 use serde_json::Value;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::panels::chat::{AnswerStats, Conversation, Role as ChatRole, answer_stats_text};
-use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab::ui::{AppOptions, AppState, Tab, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::model::tiny::{tokenizer_of, write_tiny};
 use tpslab_engine::serving::requant::LIVE_TYPES;
@@ -64,8 +64,10 @@ fn file_name(arch: &str) -> String {
 
 /// One conversation per family, greedy and short; titled so that sending keeps the title.
 fn conversations(families: &[(String, String)]) -> AppState {
-    let mut state = AppState::default();
-    state.models.open = true;
+    let mut state = AppState {
+        tab: Tab::Models,
+        ..AppState::default()
+    };
     state.chat.conversations = (1..)
         .zip(families)
         .map(|(id, (arch, _))| Conversation {
@@ -115,6 +117,9 @@ fn last_answer(h: &Harness<'static, TpsApp>) -> Option<(String, Option<AnswerSta
 /// Selects `arch`'s row in the Models panel and loads it with the Load button.
 fn load_family(h: &mut Harness<'static, TpsApp>, arch: &str, path: &Path) {
     let name = file_name(arch);
+    // The library is a page of its own, chosen in the top bar.
+    h.get_by_label("Models").click();
+    h.step();
     h.get_by_label(&name).click();
     h.step();
     wait_until(h, &format!("{name} to be selected"), 10, |h| {
@@ -134,8 +139,11 @@ fn load_family(h: &mut Harness<'static, TpsApp>, arch: &str, path: &Path) {
 
 /// Opens `arch`'s conversation, sends a message and waits for the whole answer.
 fn chat_with(h: &mut Harness<'static, TpsApp>, arch: &str) -> (String, AnswerStats) {
-    h.get_by_label(&format!("Talk to {arch}")).click();
+    h.get_by_label("Chat").click();
     h.step();
+    h.get_by_label(&format!("Talk to {arch}")).click();
+    // The choice is applied at the end of that frame; the next one draws its input box.
+    h.run_steps(2);
     send_and_wait(h, arch)
 }
 

@@ -22,7 +22,7 @@ use tpslab::hub::human_bytes;
 use tpslab::ui::catalog::size_text;
 use tpslab::ui::command::Command;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
-use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab::ui::{AppOptions, AppState, Tab, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 
 const DEFAULT_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -56,7 +56,7 @@ const NO_MODEL: &str = "/nonexistent/tpslab-models-test.gguf";
 
 /// The Models panel open over `lib`, with no model loaded (the window runs without an engine).
 fn no_model_window(lib: &Path) -> Harness<'static, TpsApp> {
-    harness(open_panels(true, false), NO_MODEL, lib)
+    harness(on_page(Tab::Models), NO_MODEL, lib)
 }
 
 /// [`no_model_window`] once it has listed `lib` as empty.
@@ -86,11 +86,12 @@ fn harness(state: AppState, model: &str, lib: &Path) -> Harness<'static, TpsApp>
         .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
 }
 
-fn open_panels(models: bool, wizard: bool) -> AppState {
-    let mut s = AppState::default();
-    s.models.open = models;
-    s.wizard.open = wizard;
-    s
+/// The window opening on `page` (Models or Quantize: each a page of its own).
+fn on_page(page: Tab) -> AppState {
+    AppState {
+        tab: page,
+        ..AppState::default()
+    }
 }
 
 fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
@@ -134,7 +135,7 @@ fn the_models_panel_lists_the_default_model_and_imports_a_typed_path() {
     let lib = home.join("models");
     let model = with_default_model(&lib);
     let size = std::fs::metadata(&model).expect("model").len();
-    let mut h = harness(open_panels(true, false), &model.display().to_string(), &lib);
+    let mut h = harness(on_page(Tab::Models), &model.display().to_string(), &lib);
     wait_until(&mut h, "the model to load and be listed", 600, |h| {
         h.state().engine().is_some() && listed(h) == [DEFAULT_FILE]
     });
@@ -223,7 +224,7 @@ fn the_wizard_quantizes_to_q8_0_into_the_library_and_the_result_loads_and_is_mea
     let home = temp_home("wizard");
     let lib = home.join("models");
     let model = with_default_model(&lib);
-    let mut state = open_panels(true, true);
+    let mut state = on_page(Tab::Quantize);
     state.wizard.ppl_ctx = 128;
     let mut h = harness(state, &model.display().to_string(), &lib);
     wait_until(&mut h, "the model to load", 600, |h| {
@@ -295,7 +296,7 @@ fn cancelling_a_quantization_leaves_no_file() {
     let home = temp_home("cancel");
     let lib = home.join("models");
     with_default_model(&lib);
-    let mut h = harness(open_panels(false, true), NO_MODEL, &lib);
+    let mut h = harness(on_page(Tab::Quantize), NO_MODEL, &lib);
     wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);
     h.get_by_role_and_label(Role::RadioButton, "Q4_K_M").click();
     wait_until(&mut h, "the predicted size", 60, |h| {
@@ -503,7 +504,7 @@ fn cancelling_perplexity_says_cancelled_and_the_wizard_measures_again() {
     let home = temp_home("ppl-cancel");
     let lib = home.join("models");
     with_default_model(&lib);
-    let mut state = open_panels(false, true);
+    let mut state = on_page(Tab::Quantize);
     state.wizard.ppl_ctx = 128;
     let mut h = harness(state, NO_MODEL, &lib);
     wait_until(&mut h, "the library", 60, |h| listed(h).len() == 1);

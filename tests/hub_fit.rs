@@ -22,7 +22,7 @@ use gui_wait::wait_until;
 use hub_server::{File, HubServer, RepoData};
 use tpslab::hub::{self, GgufFit, HubConfig, Machine};
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
-use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab::ui::{AppOptions, AppState, Tab, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::formats::gguf::{GgufFile, Value};
 use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
@@ -258,8 +258,10 @@ fn a_server_that_ignores_range_still_costs_only_the_header() {
 }
 
 fn harness(lib: PathBuf) -> Harness<'static, TpsApp> {
-    let mut state = AppState::default();
-    state.models.open = true;
+    let state = AppState {
+        tab: Tab::Models,
+        ..AppState::default()
+    };
     let mut app = TpsApp::new(
         state,
         AppOptions {

@@ -293,7 +293,8 @@ fn spawn_worker(
     }
 }
 
-/// Starts the engine over `lm` on `device`; the engine's per-step callback wakes the UI.
+/// Starts the engine over `lm` on `device`; the engine's per-step callback wakes the UI, paced
+/// ([`super::pacing::wake`]: one frame per interval, never one per step).
 fn start_engine(
     lm: &Arc<LoadedModel>,
     threads: usize,
@@ -317,7 +318,7 @@ fn start_engine(
             cpu_moe_layers: device.cpu_moe_layers,
             draft: None,
         },
-        Some(Box::new(move || repaint_ctx.request_repaint())),
+        Some(Box::new(move || super::pacing::wake(&repaint_ctx))),
     )
     .map_err(|e| format!("cannot start the engine on {device}: {e}"))
 }

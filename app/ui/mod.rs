@@ -1,15 +1,17 @@
 //! The desktop window's app: its saved state and runtime handles, the frame loop (top bar,
-//! status bar, errors, the tab, the library windows), and the commands the panels return,
+//! status bar, errors, the page the top bar chose), and the commands the panels return,
 //! applied once per frame.
 //!
 //! Modules:
 //! - [`panels`]: the panels (chat, dashboard, models, wizard, status, API server).
 //! - [`command`]: what the panels ask the app for (a leaf: it names no panel).
 //! - [`engine_link`]: the link to the engine (model slot, engine handle) and the saved device.
-//! - `library_windows`: the app's Models and Quantize windows, and loading another model.
+//! - `library_pages`: the Models and Quantize pages, and loading another model.
 //! - `draft_pick`: a draft model for speculative decoding, loaded on a worker for the engine.
 //! - [`window`]: the native window (`tpslab` with no subcommand) and its eframe hooks.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
+//! - `chat_bench`: the real window answering one chat message, timed (`TPSLAB_CHAT_BENCH`).
+//! - [`pacing`]: how often news draws a frame (the display's rate; fewer on a CPU painter).
 //! - [`planner_table`]: the planner tab's device table and the jobs on it (workers, polled).
 //! - `planner_run`: starts those jobs: a table opened, this CPU calibrated here, a table saved.
 //! - [`catalog`]: the library as the window lists it (over the engine's library index); import.
@@ -27,22 +29,22 @@
 //! - [`task`]: a long job on a worker thread with progress, cancel and one result.
 //! - [`tune_run`]: a tuning run on its own thread over the window's engine.
 //! - `tuner_tab`: the Tuner tab over that run, and the checks before one starts.
-//! - `chat_tab`: the Chat tab: messages sent, answers regenerated, stopped and drained.
 //!
-//! This module imports the others; of them only `window`, `frame_bench`, `library_windows` and
+//! This module imports the others; of them only `window`, `frame_bench`, `chat_bench`, `library_pages` and
 //! `planner_run` (which add to the app) import this one, and this one imports none of them.
 
 pub mod catalog;
-mod chat_tab;
+mod chat_bench;
 pub mod command;
 mod draft_pick;
 pub mod engine_link;
 pub mod files;
 mod frame_bench;
 pub mod hub_adapter;
-mod library_windows;
+mod library_pages;
 pub mod load;
 pub mod markdown;
+pub mod pacing;
 pub mod panels;
 mod planner_run;
 pub mod planner_table;
@@ -73,13 +75,14 @@ use draft_pick::DraftLoad;
 use engine_link::{DevicePref, EngineLink, ModelSlot, Placement, SlotNews};
 use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
-use panels::chat::{ChatState, Generation};
+use panels::chat::{ChatPanel, ChatState};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
 use panels::models::{ModelsPanel, ModelsSettings};
 use panels::wizard::{Wizard, WizardSettings};
 use panels::{api_server, planner, spec_knobs, status, tuner};
 use plots::History;
 
+/// The window's pages: one shows at a time, chosen in the top bar.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Tab {
     #[default]
@@ -87,6 +90,34 @@ pub enum Tab {
     Dashboard,
     Planner,
     Tuner,
+    /// The model library: load, import, download.
+    Models,
+    /// The quantization wizard and the table of measured models.
+    Quantize,
+}
+
+impl Tab {
+    /// Every page, in the top bar's order.
+    pub const ALL: [Tab; 6] = [
+        Tab::Chat,
+        Tab::Dashboard,
+        Tab::Planner,
+        Tab::Tuner,
+        Tab::Models,
+        Tab::Quantize,
+    ];
+
+    /// The page's name in the top bar.
+    pub fn label(self) -> &'static str {
+        match self {
+            Tab::Chat => "Chat",
+            Tab::Dashboard => "Dashboard",
+            Tab::Planner => "Planner",
+            Tab::Tuner => "Tuner",
+            Tab::Models => "Models",
+            Tab::Quantize => "Quantize",
+        }
+    }
 }
 
 /// Everything that persists across restarts (eframe storage). `#[serde(default)]` everywhere, so
@@ -102,9 +133,9 @@ pub struct AppState {
     /// On a GPU: the blocks of a mixture of experts whose experts stay in host memory and run on
     /// the CPU (the top bar's "Experts on CPU", as `--n-cpu-moe`).
     pub cpu_moe_layers: usize,
-    /// The Models panel (open or not, its fields).
+    /// The Models page's fields.
     pub models: ModelsSettings,
-    /// The quantization wizard (open or not, its choices, the measured table).
+    /// The quantization wizard (its choices, the measured table).
     pub wizard: WizardSettings,
     pub planner: planner::PlannerSettings,
     pub tuner: tuner::TunerSettings,
@@ -145,7 +176,8 @@ impl Default for AppOptions {
 #[derive(Default)]
 struct Runtime {
     model: Option<ModelSlot>,
-    gens: Vec<Generation>,
+    /// The Chat page: the answers being made.
+    chat: ChatPanel,
     history: History,
     load: Option<LoadRun>,
     last_load: Option<LoadOutcome>,
@@ -173,6 +205,8 @@ struct Runtime {
     planner: planner_table::PlannerTable,
     /// The tuning run in progress, or the last one, and the trace dialog.
     tuner: tune_run::Tuner,
+    /// How often news draws a frame (the painter, set by the window).
+    pacing: pacing::Pacing,
 }
 
 /// The app: saved state plus runtime handles.
@@ -255,6 +289,10 @@ impl TpsApp {
     /// One frame of the whole window.
     pub fn app_ui(&mut self, ui: &mut egui::Ui) {
         self.poll(ui.ctx());
+        // News (the engine's steps above all) draws at most one frame per interval; on a CPU
+        // rasterizer fewer while the engine computes, and the status bar says so.
+        let busy = self.engine_busy();
+        self.rt.pacing.apply(ui.ctx(), busy);
         let mut cmds = Vec::new();
         renderer::panel(egui::Panel::top("top_bar"), ui)
             .show(ui, |ui| self.top_bar_ui(ui, &mut cmds));
@@ -265,12 +303,16 @@ impl TpsApp {
                 .show(ui, |ui| self.errors_ui(ui, &mut cmds));
         }
         match self.state.tab {
-            Tab::Chat => self.chat_tab_ui(ui, &mut cmds),
+            Tab::Chat => {
+                let ready = self.link().is_some();
+                cmds.extend(self.rt.chat.ui(ui, &mut self.state.chat, ready));
+            }
             Tab::Dashboard => self.dashboard_tab_ui(ui, &mut cmds),
             Tab::Planner => self.planner_tab_ui(ui),
             Tab::Tuner => self.tuner_tab_ui(ui, &mut cmds),
+            Tab::Models => self.models_page_ui(ui, &mut cmds),
+            Tab::Quantize => self.quantize_page_ui(ui),
         }
-        self.library_windows_ui(ui.ctx(), &mut cmds);
         for cmd in cmds {
             self.apply(cmd, ui.ctx());
         }
@@ -284,6 +326,15 @@ impl TpsApp {
             let every = if running { 100 } else { 1000 };
             ui.ctx().request_repaint_after(Duration::from_millis(every));
         }
+    }
+
+    /// Whether the engine has work: an answer, a request, a load run, a sweep or a tuning run.
+    fn engine_busy(&self) -> bool {
+        (self.rt.snapshot.as_ref()).is_some_and(|s| s.running + s.waiting > 0)
+            || self.rt.chat.answering()
+            || self.rt.load.is_some()
+            || self.rt.sweep.is_some()
+            || self.rt.tuner.running()
     }
 
     /// The tuner's, the load run's and the sweep's news: a finished load or sweep leaves its
@@ -375,7 +426,8 @@ impl TpsApp {
                 self.state.cpu_moe_layers = moe;
             }
         }
-        self.drain_generations();
+        let engine = self.rt.model.as_ref().and_then(ModelSlot::link);
+        (self.rt.chat).drain(&mut self.state.chat, engine.map(|l| &l.engine));
         self.poll_runs();
         if let Some(done) = self.rt.draft.as_mut().and_then(DraftLoad::poll) {
             self.rt.draft = None;
@@ -431,12 +483,9 @@ impl TpsApp {
         ui.horizontal(|ui| {
             ui.strong("TPS Lab");
             ui.separator();
-            ui.selectable_value(&mut self.state.tab, Tab::Chat, "Chat");
-            ui.selectable_value(&mut self.state.tab, Tab::Dashboard, "Dashboard");
-            ui.selectable_value(&mut self.state.tab, Tab::Planner, "Planner");
-            ui.selectable_value(&mut self.state.tab, Tab::Tuner, "Tuner");
-            ui.toggle_value(&mut self.state.models.open, "Models");
-            ui.toggle_value(&mut self.state.wizard.open, "Quantize");
+            for tab in Tab::ALL {
+                ui.selectable_value(&mut self.state.tab, tab, tab.label());
+            }
             ui.separator();
             // Text buttons: the icon buttons need glyphs the bundled fonts lack.
             let mut pref = ui.options(|o| o.theme_preference);
@@ -466,6 +515,7 @@ impl TpsApp {
             device: self.state.device,
             device_locked: self.device_locked(),
             cpu_moe_layers: self.state.cpu_moe_layers,
+            frames: self.rt.pacing.note(self.engine_busy()),
         }
     }
 
@@ -473,7 +523,7 @@ impl TpsApp {
     fn device_locked(&self) -> Option<&'static str> {
         if matches!(self.rt.model, Some(ModelSlot::Loading { .. })) {
             Some("The engine is starting")
-        } else if !self.rt.gens.is_empty()
+        } else if self.rt.chat.answering()
             || self.rt.load.is_some()
             || self.rt.sweep.is_some()
             || self.rt.tuner.running()
@@ -557,25 +607,14 @@ impl TpsApp {
 
     fn try_apply(&mut self, cmd: Command, ctx: &egui::Context) -> Result<(), String> {
         match cmd {
-            Command::Send { chat, text } => self.send(chat, text),
-            Command::Regenerate { chat } => self.regenerate(chat),
-            Command::Stop { chat } => {
-                self.stop_chat(chat);
-                Ok(())
-            }
-            Command::NewChat => {
-                self.state.chat.new_conversation();
-                Ok(())
-            }
-            Command::SelectChat(id) => {
-                self.state.chat.active = id;
-                Ok(())
-            }
-            Command::DeleteChat(id) => {
-                self.apply(Command::Stop { chat: id }, ctx);
-                self.rt.gens.retain(|g| g.chat != id);
-                self.state.chat.delete(id);
-                Ok(())
+            Command::Send { .. }
+            | Command::Regenerate { .. }
+            | Command::Stop { .. }
+            | Command::NewChat
+            | Command::SelectChat(_)
+            | Command::DeleteChat(_) => {
+                let link = self.rt.model.as_ref().and_then(ModelSlot::link);
+                self.rt.chat.apply(cmd, &mut self.state.chat, link)
             }
             Command::SetKnobs(knobs) => {
                 let engine = self.engine().ok_or("the model is not loaded yet")?;

@@ -72,25 +72,25 @@ pub fn resolve(choice: RendererChoice) -> Painter {
     }
 }
 
-/// The window's options for `painter`. For the frame benchmark (`bench`) frames are not held
-/// to the display's refresh, and the window neither loads nor overwrites the user's saved state:
-/// it starts from the defaults every run (a saved egui option, such as tessellation settings,
-/// would otherwise change what is measured).
+/// The window's options for `painter`. For the frame benchmark (`continuous`) frames are not
+/// held to the display's refresh. For any benchmark (`bench`) the window neither loads nor
+/// overwrites the user's saved state: it starts from the defaults every run (a saved egui
+/// option, such as tessellation settings, would otherwise change what is measured).
 ///
 /// On a CPU rasterizer egui's dithering is off: it adds a noise term to every shaded pixel to
 /// hide 8-bit banding in gradients, which this window hardly has (shadows), and it was ~20% of
 /// the frame there (BENCHMARKS.md, "UI frame time").
-pub fn native_options(painter: &Painter, bench: bool) -> eframe::NativeOptions {
+pub fn native_options(painter: &Painter, bench: bool, continuous: bool) -> eframe::NativeOptions {
     eframe::NativeOptions {
         renderer: painter.renderer,
         dithering: !painter.software,
         glow_options: eframe::egui_glow::GlowConfiguration {
-            vsync: !bench,
+            vsync: !continuous,
             ..Default::default()
         },
         wgpu_options: eframe::WgpuConfiguration {
             surface: eframe::SurfaceConfig {
-                present_mode: if bench {
+                present_mode: if continuous {
                     eframe::wgpu::PresentMode::AutoNoVsync
                 } else {
                     eframe::wgpu::PresentMode::AutoVsync

@@ -1,14 +1,18 @@
 //! The native window (`tpslab` with no subcommand): opened with the painter `--renderer` picks,
-//! the app driven by eframe's frame, save and exit hooks, and timed by the frame benchmark when
-//! `TPSLAB_FRAME_BENCH` asks.
+//! its frames paced for that painter ([`super::pacing`]), the app driven by eframe's frame, save
+//! and exit hooks, and timed by the frame benchmark (`TPSLAB_FRAME_BENCH`) or the chat
+//! benchmark (`TPSLAB_CHAT_BENCH`) when asked.
 
+use super::chat_bench::ChatBench;
 use super::frame_bench::FrameBench;
-use super::{AppOptions, STATE_KEY, TpsApp, renderer, state_file};
+use super::pacing::Pacing;
+use super::{AppOptions, AppState, STATE_KEY, TpsApp, renderer, state_file};
 
-/// The app in the native window, with the frame benchmark when one runs.
+/// The app in the native window, with the benchmark when one runs.
 struct Window {
     app: TpsApp,
     bench: Option<FrameBench>,
+    chat_bench: Option<ChatBench>,
 }
 
 impl eframe::App for Window {
@@ -18,6 +22,10 @@ impl eframe::App for Window {
             self.app.frame_bench_tick(fb, &ctx, frame.info().cpu_usage);
         }
         self.app.app_ui(ui);
+        // After the frame: it has drained the answer's events by then.
+        if let Some(cb) = &mut self.chat_bench {
+            self.app.chat_bench_tick(cb, &ctx);
+        }
     }
 
     fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
@@ -25,6 +33,10 @@ impl eframe::App for Window {
     }
 
     fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        // A benchmark's window started from defaults and leaves the user's state as it was.
+        if self.bench.is_some() || self.chat_bench.is_some() {
+            return;
+        }
         if let Some(path) = state_file::default_path()
             && let Err(e) = state_file::save(&path, &self.app.state)
         {
@@ -50,20 +62,36 @@ pub fn run(
     devices: Option<std::path::PathBuf>,
 ) -> anyhow::Result<()> {
     let bench = FrameBench::from_env();
+    let chat_bench = ChatBench::from_env()
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let benchmark = bench.is_some() || chat_bench.is_some();
     let painter = renderer::resolve(renderer);
     eprintln!("window: {}", painter.why);
-    let native = renderer::native_options(&painter, bench.is_some());
+    let native = renderer::native_options(&painter, benchmark, bench.is_some());
+    let pacing = Pacing {
+        software_painter: painter.software,
+    };
     let (renderer, why) = (painter.renderer, painter.why);
     eframe::run_native(
         "TPS Lab",
         native,
         Box::new(move |cc| {
-            let mut app = TpsApp::from_creation_context(cc, options);
+            let mut app = match benchmark {
+                true => TpsApp::new(AppState::default(), options),
+                false => TpsApp::from_creation_context(cc, options),
+            };
+            app.rt.pacing = pacing;
             if let Some(path) = &devices {
                 app.set_device_table(path);
             }
-            let bench = bench.map(|b| b.with_renderer(why));
-            Ok(Box::new(Window { app, bench }))
+            let bench = bench.map(|b| b.with_renderer(why.clone()));
+            let chat_bench = chat_bench.map(|b| b.with_renderer(why));
+            Ok(Box::new(Window {
+                app,
+                bench,
+                chat_bench,
+            }))
         }),
     )
     .map_err(|e| {

@@ -1,392 +1,172 @@
-//! The chat panel: conversations (saved), their streaming generations (runtime) and the panel UI.
-
-use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, TryRecvError};
-use std::time::Instant;
+//! The chat panel: the Chat page's runtime ([`ChatPanel`]: the answers
+//! being made, and the chat commands applied) and the panel UI over the saved conversations
+//! (`chat_store`, re-exported here).
 
 use egui::{Key, Modifiers};
-use serde::{Deserialize, Serialize};
-use tpslab_engine::sched::{ClientId, RequestId};
-use tpslab_engine::serving::constraint::compiler_for;
-use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
-use tpslab_engine::serving::sampler::SamplingParams;
-use tpslab_engine::text::chat::ChatMessage;
-use tpslab_engine::text::reasoning::ReasoningParser;
+use tpslab_engine::serving::engine::EngineHandle;
 
-use super::chat_schema::SchemaOption;
-use crate::serve::chat_input::{chat_prompt, default_options};
+pub use super::chat_store::{AnswerStats, ChatState, Conversation, Message, Role};
+pub use super::chat_stream::Generation;
 use crate::ui::command::Command;
 use crate::ui::engine_link::EngineLink;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Role {
-    User,
-    Assistant,
+/// The Chat page: its runtime (the answers being made) over the saved [`ChatState`]. Its frame
+/// returns what the user asked for as [`Command`]s, and the chat's own commands come back to
+/// [`ChatPanel::apply`] at the end of the frame.
+#[derive(Default)]
+pub struct ChatPanel {
+    gens: Vec<Generation>,
 }
 
-/// What the user sees under an answer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct AnswerStats {
-    pub tokens: usize,
-    pub ttft_ms: Option<f64>,
-    pub decode_tps: Option<f64>,
-    pub finish: String,
-    /// Of `tokens`, those the model spent thinking (the token that closes the block included).
-    pub reasoning_tokens: usize,
-    /// From the answer's first token to its last thinking token.
-    pub reasoning_ms: Option<f64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Message {
-    pub role: Role,
-    /// The answer (an assistant's), apart from its reasoning.
-    pub text: String,
-    /// What a thinking model wrote inside `<think>…</think>`, shown folded above the answer.
-    pub reasoning: String,
-    pub stats: Option<AnswerStats>,
-}
-
-impl Default for Message {
-    fn default() -> Self {
-        Self {
-            role: Role::User,
-            text: String::new(),
-            reasoning: String::new(),
-            stats: None,
-        }
-    }
-}
-
-/// One conversation with its own system prompt and sampling settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Conversation {
-    pub id: u64,
-    pub title: String,
-    pub system: String,
-    pub sampling: SamplingParams,
-    pub max_tokens: usize,
-    pub messages: Vec<Message>,
-    /// The unsent text in the input box.
-    pub draft: String,
-    /// Structured output.
-    #[serde(flatten)]
-    pub schema: SchemaOption,
-}
-
-impl Default for Conversation {
-    fn default() -> Self {
-        Self {
-            id: 0,
-            title: "New chat".into(),
-            system: String::new(),
-            sampling: SamplingParams {
-                temperature: 0.7,
-                top_p: 0.9,
-                repetition_penalty: 1.1,
-                ..SamplingParams::default()
-            },
-            max_tokens: 256,
-            messages: Vec::new(),
-            draft: String::new(),
-            schema: SchemaOption::default(),
-        }
-    }
-}
-
-/// The saved chat state: every conversation and which one is open.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ChatState {
-    pub conversations: Vec<Conversation>,
-    pub active: u64,
-    pub next_id: u64,
-    pub show_settings: bool,
-}
-
-impl Default for ChatState {
-    fn default() -> Self {
-        Self {
-            conversations: vec![Conversation {
-                id: 1,
-                title: "Chat 1".into(),
-                ..Conversation::default()
-            }],
-            active: 1,
-            next_id: 2,
-            show_settings: false,
-        }
-    }
-}
-
-impl ChatState {
-    pub fn get_mut(&mut self, id: u64) -> Option<&mut Conversation> {
-        self.conversations.iter_mut().find(|c| c.id == id)
-    }
-
-    pub fn active_mut(&mut self) -> Option<&mut Conversation> {
-        let id = self.active;
-        self.get_mut(id)
-    }
-
-    pub fn new_conversation(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.conversations.push(Conversation {
-            id,
-            title: format!("Chat {id}"),
-            ..Conversation::default()
+impl ChatPanel {
+    /// The conversation list and the open conversation; `ready` when the engine runs.
+    pub fn ui(&mut self, ui: &mut egui::Ui, state: &mut ChatState, ready: bool) -> Vec<Command> {
+        let mut cmds = Vec::new();
+        let busy: Vec<u64> = self.gens.iter().map(|g| g.chat).collect();
+        crate::ui::renderer::panel(egui::Panel::left("chat_list"), ui)
+            .resizable(true)
+            .default_size(180.0)
+            .show(ui, |ui| list_ui(ui, state, &mut cmds));
+        crate::ui::renderer::central_panel(ui).show(ui, |ui| {
+            let view = ChatView { ready, busy: &busy };
+            conversation_ui(ui, state, &view, &mut cmds);
         });
-        self.active = id;
-        id
+        cmds
     }
 
-    pub fn delete(&mut self, id: u64) {
-        self.conversations.retain(|c| c.id != id);
-        if self.conversations.is_empty() {
-            self.new_conversation();
-        }
-        if !self.conversations.iter().any(|c| c.id == self.active) {
-            self.active = self.conversations.last().map_or(0, |c| c.id);
-        }
-    }
-}
-
-/// A generation in flight: its request, its event channel and the timing seen by the UI.
-///
-/// The prompt is rendered (the model's chat template, which may take up to its time limit) and
-/// tokenized on a worker thread, which then submits the request; until it has, `id` is None.
-pub struct Generation {
-    pub chat: u64,
-    id: Option<RequestId>,
-    /// The worker's answer: the engine's id for the request and the splitter of its reasoning,
-    /// or why it could not be sent.
-    prep: Option<Receiver<Result<(RequestId, ReasoningParser), String>>>,
-    /// Splits the streamed text into reasoning and answer (from the worker, with the id).
-    reasoning: Option<ReasoningParser>,
-    reasoning_tokens: usize,
-    /// When the last thinking token came.
-    reasoning_last: Option<Instant>,
-    /// Stop was asked before the request reached the engine.
-    stop_asked: bool,
-    rx: Receiver<Event>,
-    sent: Instant,
-    first: Option<Instant>,
-    last: Option<Instant>,
-    tokens: usize,
-}
-
-impl Generation {
-    /// Starts submitting the conversation (which must end with an empty assistant message):
-    /// the template and tokenizer run on a worker, so a slow or runaway template never holds a
-    /// frame.
-    pub fn submit(link: &EngineLink, conv: &Conversation) -> Result<Self, String> {
-        let mut messages = Vec::new();
-        if !conv.system.trim().is_empty() {
-            messages.push(ChatMessage::system(conv.system.clone()));
-        }
-        let history = conv.messages.split_last().map_or(&[][..], |(_, rest)| rest);
-        for m in history {
-            messages.push(match m.role {
-                Role::User => ChatMessage::user(m.text.clone()),
-                Role::Assistant => ChatMessage {
-                    reasoning_content: (!m.reasoning.is_empty()).then(|| m.reasoning.clone()),
-                    ..ChatMessage::assistant(m.text.clone())
-                },
-            });
-        }
-        conv.sampling.validate().map_err(|e| e.to_string())?;
-        let (tx, rx) = mpsc::channel();
-        let (prep_tx, prep) = mpsc::channel();
-        let (lm, engine) = (Arc::clone(&link.lm), link.engine.clone());
-        let (sampling, max_tokens) = (conv.sampling.clone(), conv.max_tokens.max(1));
-        let grammar = conv.schema.grammar()?;
-        std::thread::Builder::new()
-            .name("chat-prompt".into())
-            .spawn(move || {
-                // The same prompt as the server builds (thinking on, as llama-server).
-                // The schema compiles here too: a big one takes a while, never a frame.
-                let constraint = grammar
-                    .map(|g| compiler_for(&lm.tokenizer).and_then(|c| c.compile(&g)))
-                    .transpose()
-                    .map_err(|e| format!("JSON schema: {e}"));
-                let sent = constraint.and_then(|constraint| {
-                    let prompt = chat_prompt(&lm, &messages, &default_options())
-                        .map_err(|e| e.to_string())?;
-                    let req = Request {
-                        prompt: prompt.tokens,
-                        sampling,
-                        stop: lm.default_stop(Some(max_tokens)),
-                        priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
-                        client: ClientId::LOCAL,
-                        constraint,
-                        logprobs: None,
-                        prompt_logprobs: None,
-                    };
-                    Ok((engine.submit(req, tx), prompt.reasoning))
-                });
-                let _ = prep_tx.send(sent);
-            })
-            .map_err(|e| format!("cannot start the prompt worker: {e}"))?;
-        Ok(Self {
-            chat: conv.id,
-            id: None,
-            prep: Some(prep),
-            reasoning: None,
-            reasoning_tokens: 0,
-            reasoning_last: None,
-            stop_asked: false,
-            rx,
-            sent: Instant::now(),
-            first: None,
-            last: None,
-            tokens: 0,
-        })
+    /// Whether an answer of `chat` is being made.
+    pub fn busy(&self, chat: u64) -> bool {
+        self.gens.iter().any(|g| g.chat == chat)
     }
 
-    /// Stops the generation: at once if the engine has it, else as soon as it does.
-    pub fn stop(&mut self, engine: &EngineHandle) {
-        match self.id {
-            Some(id) => engine.cancel(id),
-            None => self.stop_asked = true,
+    /// Whether any answer is being made.
+    pub fn answering(&self) -> bool {
+        !self.gens.is_empty()
+    }
+
+    /// Applies a chat command (send, regenerate, stop, new, select, delete) over the engine
+    /// `link` (if one runs); the others are not the chat's and change nothing.
+    pub fn apply(
+        &mut self,
+        cmd: Command,
+        state: &mut ChatState,
+        link: Option<&EngineLink>,
+    ) -> Result<(), String> {
+        match cmd {
+            Command::Send { chat, text } => self.send(state, chat, text, link),
+            Command::Regenerate { chat } => self.regenerate(state, chat, link),
+            Command::Stop { chat } => {
+                self.stop(chat, link.map(|l| &l.engine));
+                Ok(())
+            }
+            Command::NewChat => {
+                state.new_conversation();
+                Ok(())
+            }
+            Command::SelectChat(id) => {
+                state.active = id;
+                Ok(())
+            }
+            Command::DeleteChat(id) => {
+                self.stop(id, link.map(|l| &l.engine));
+                self.gens.retain(|g| g.chat != id);
+                state.delete(id);
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
-    /// Takes the worker's answer when it has come: false (and the reason under the answer) when
-    /// the prompt could not be made, e.g. a chat template over its budget.
-    fn poll_prep(&mut self, msg: &mut Message, engine: Option<&EngineHandle>) -> bool {
-        let Some(prep) = &self.prep else {
-            return true;
+    /// Adds the user's message to `chat` and starts the answer.
+    fn send(
+        &mut self,
+        state: &mut ChatState,
+        chat: u64,
+        text: String,
+        link: Option<&EngineLink>,
+    ) -> Result<(), String> {
+        let conv = state.get_mut(chat).ok_or("no such conversation")?;
+        if conv.messages.is_empty() && conv.title.starts_with("Chat ") {
+            conv.title = text.chars().take(32).collect();
+        }
+        conv.messages.push(Message {
+            role: Role::User,
+            text,
+            ..Message::default()
+        });
+        self.start_answer(conv, link)
+    }
+
+    /// Drops the last answer of `chat` (if the last message is one) and answers again.
+    fn regenerate(
+        &mut self,
+        state: &mut ChatState,
+        chat: u64,
+        link: Option<&EngineLink>,
+    ) -> Result<(), String> {
+        if self.busy(chat) {
+            return Err("an answer is still being made: stop it first".into());
+        }
+        let conv = state.get_mut(chat).ok_or("no such conversation")?;
+        if (conv.messages.last()).is_some_and(|m| m.role == Role::Assistant) {
+            conv.messages.pop();
+        }
+        self.start_answer(conv, link)
+    }
+
+    /// Appends an empty answer to `conv` and submits the conversation.
+    fn start_answer(
+        &mut self,
+        conv: &mut Conversation,
+        link: Option<&EngineLink>,
+    ) -> Result<(), String> {
+        let Some(link) = link else {
+            return Err("the model is not loaded yet".into());
         };
-        match prep.try_recv() {
-            Ok(Ok((id, reasoning))) => {
-                self.id = Some(id);
-                self.reasoning = Some(reasoning);
-                self.prep = None;
-                if self.stop_asked
-                    && let Some(engine) = engine
-                {
-                    engine.cancel(id);
-                }
-                true
+        conv.messages.push(Message {
+            role: Role::Assistant,
+            ..Message::default()
+        });
+        match Generation::submit(link, conv) {
+            Ok(g) => {
+                self.gens.push(g);
+                Ok(())
             }
-            Ok(Err(e)) => {
-                msg.stats = Some(self.stats(&format!("cannot send: {e}")));
-                false
-            }
-            Err(TryRecvError::Empty) => {
-                msg.stats = Some(self.stats("preparing the prompt"));
-                true
-            }
-            Err(TryRecvError::Disconnected) => {
-                msg.stats = Some(self.stats("cannot send: the prompt worker stopped"));
-                false
+            Err(e) => {
+                conv.messages.pop();
+                Err(format!("cannot send: {e}"))
             }
         }
     }
 
-    /// Moves every event waiting on the channel into the conversation's last message (tokens are
-    /// batched per frame). Returns true when the generation has ended.
-    pub fn drain(&mut self, conv: &mut Conversation, engine: Option<&EngineHandle>) -> bool {
-        let Some(msg) = conv.messages.last_mut() else {
-            return true;
-        };
-        if !self.poll_prep(msg, engine) {
-            return true;
-        }
-        if self.id.is_none() {
-            return false;
-        }
-        loop {
-            match self.rx.try_recv() {
-                Ok(Event::Started { .. } | Event::PromptLogprobs { .. }) => {}
-                Ok(Event::Token { text, .. }) => {
-                    let now = Instant::now();
-                    self.first.get_or_insert(now);
-                    self.last = Some(now);
-                    self.tokens += 1;
-                    self.take_text(msg, &text, Some(now));
-                }
-                Ok(Event::Finished { reason, text, .. }) => {
-                    self.take_text(msg, &text, None);
-                    if let Some(p) = &mut self.reasoning {
-                        let rest = p.finish();
-                        msg.reasoning.push_str(&rest.reasoning);
-                        msg.text.push_str(&rest.content);
-                    }
-                    msg.stats = Some(self.stats(reason.as_str()));
-                    return true;
-                }
-                Ok(Event::Refused { reason, .. }) => {
-                    msg.stats = Some(self.stats(&format!("refused: {reason}")));
-                    return true;
-                }
-                Err(TryRecvError::Empty) => {
-                    msg.stats = Some(self.stats("streaming"));
-                    return false;
-                }
-                Err(TryRecvError::Disconnected) => {
-                    msg.stats = Some(self.stats("engine stopped"));
-                    return true;
-                }
-            }
-        }
+    /// Moves each answer's new events into its conversation; drops the ended ones.
+    pub fn drain(&mut self, state: &mut ChatState, engine: Option<&EngineHandle>) {
+        self.gens.retain_mut(|g| match state.get_mut(g.chat) {
+            Some(conv) => !g.drain(conv, engine),
+            None => false,
+        });
     }
 
-    /// One token's text (`at` its arrival; None for the text that comes with the end), split
-    /// into the answer's reasoning and its text; a token seen while thinking counts as thinking.
-    fn take_text(&mut self, msg: &mut Message, text: &str, at: Option<Instant>) {
-        let Some(p) = &mut self.reasoning else {
-            msg.text.push_str(text);
+    /// Stops the answers of `chat` (one whose prompt is still being made stops once sent).
+    pub fn stop(&mut self, chat: u64, engine: Option<&EngineHandle>) {
+        let Some(engine) = engine else {
             return;
         };
-        let thinking = p.in_reasoning();
-        let split = p.push(text);
-        if let Some(at) = at
-            && (thinking || p.in_reasoning())
-        {
-            self.reasoning_tokens += 1;
-            self.reasoning_last = Some(at);
-        }
-        msg.reasoning.push_str(&split.reasoning);
-        msg.text.push_str(&split.content);
-    }
-
-    fn stats(&self, finish: &str) -> AnswerStats {
-        let ttft_ms = self.first.map(|f| (f - self.sent).as_secs_f64() * 1e3);
-        let decode_tps = match (self.first, self.last) {
-            (Some(f), Some(l)) if self.tokens >= 2 && l > f => {
-                Some((self.tokens - 1) as f64 / (l - f).as_secs_f64())
-            }
-            _ => None,
-        };
-        let reasoning_ms = match (self.first, self.reasoning_last) {
-            (Some(f), Some(l)) => Some((l - f).as_secs_f64() * 1e3),
-            _ => None,
-        };
-        AnswerStats {
-            tokens: self.tokens,
-            ttft_ms,
-            decode_tps,
-            finish: finish.to_owned(),
-            reasoning_tokens: self.reasoning_tokens,
-            reasoning_ms,
+        for g in self.gens.iter_mut().filter(|g| g.chat == chat) {
+            g.stop(engine);
         }
     }
 }
 
-/// What the chat panel needs to know besides the saved state.
-pub struct ChatView<'a> {
+/// What the conversation needs to know besides the saved state.
+struct ChatView<'a> {
     pub ready: bool,
     /// Conversations with a generation in flight.
     pub busy: &'a [u64],
 }
 
 /// The conversation list (left side).
-pub fn list_ui(ui: &mut egui::Ui, state: &mut ChatState, cmds: &mut Vec<Command>) {
+fn list_ui(ui: &mut egui::Ui, state: &mut ChatState, cmds: &mut Vec<Command>) {
     ui.horizontal(|ui| {
         ui.heading("Chats");
         if ui.button("New chat").clicked() {
@@ -416,7 +196,7 @@ pub fn list_ui(ui: &mut egui::Ui, state: &mut ChatState, cmds: &mut Vec<Command>
 }
 
 /// The open conversation: settings, messages, the input box.
-pub fn conversation_ui(
+fn conversation_ui(
     ui: &mut egui::Ui,
     state: &mut ChatState,
     view: &ChatView<'_>,

@@ -4,7 +4,9 @@
 //!
 //! Modules:
 //! - [`api_server`]: the dashboard's API server section, and the server over the window's engine.
-//! - [`chat`]: conversations, their streaming generations and the chat panel.
+//! - [`chat`]: conversations, the Chat page's runtime and commands, and the chat panel.
+//! - `chat_store`: the chat's saved state: conversations, messages, the figures under answers.
+//! - `chat_stream`: one answer being made: the prompt on a worker, its events drained.
 //! - [`chat_schema`]: the chat panel's JSON-schema option (structured output).
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
 //! - [`dashboard_plots`]: the dashboard's live plots laid out, the settings said once.
@@ -18,6 +20,8 @@
 
 pub mod api_server;
 pub mod chat;
+mod chat_store;
+mod chat_stream;
 pub mod chat_schema;
 pub mod dashboard;
 pub mod dashboard_plots;

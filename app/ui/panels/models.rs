@@ -18,7 +18,6 @@ use crate::ui::task::Task;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ModelsSettings {
-    pub open: bool,
     /// The path typed (or last picked) for an import.
     pub import_path: String,
     pub hf_repo: String,
@@ -55,7 +54,7 @@ pub struct ModelsPanel {
 }
 
 impl ModelsPanel {
-    /// Reads the workers' results (called every frame, open or not).
+    /// Reads the workers' results (called every frame, whichever page shows).
     pub fn poll(&mut self, settings: &mut ModelsSettings, lib: &mut Library, ctx: &egui::Context) {
         if let Some(r) = self.import.as_mut().and_then(Task::poll) {
             self.import = None;

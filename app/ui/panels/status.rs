@@ -16,6 +16,8 @@ pub struct StatusView<'a> {
     pub device_locked: Option<&'static str>,
     /// The blocks whose experts stay in host memory on a GPU (saved).
     pub cpu_moe_layers: usize,
+    /// Why the window draws fewer frames than the display's rate now, if it does.
+    pub frames: Option<String>,
 }
 
 pub fn ui(ui: &mut egui::Ui, view: &StatusView<'_>) {
@@ -40,6 +42,10 @@ pub fn ui(ui: &mut egui::Ui, view: &StatusView<'_>) {
             ui.label(format!("Precision: {precision}"));
             if let Some(s) = view.snapshot {
                 engine_ui(ui, s);
+            }
+            if let Some(note) = &view.frames {
+                ui.separator();
+                ui.label(note);
             }
         }
     });

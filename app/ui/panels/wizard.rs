@@ -26,11 +26,10 @@ use super::message_ui;
 use crate::ui::catalog::{self, Library, same_file, size_text};
 use crate::ui::task::Task;
 
-/// What the wizard keeps across restarts: its window, choices and the measured table.
+/// What the wizard keeps across restarts: its choices and the measured table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct WizardSettings {
-    pub open: bool,
     /// The target type.
     pub target: Preset,
     /// Perplexity window (tokens); the second half of each is scored.
@@ -41,7 +40,6 @@ pub struct WizardSettings {
 impl Default for WizardSettings {
     fn default() -> Self {
         Self {
-            open: false,
             target: Preset::Q8_0,
             ppl_ctx: 512,
             measured: Vec::new(),
@@ -277,7 +275,7 @@ impl Wizard {
         }
         ui.separator();
         let Some(src) = src else {
-            ui.label("Pick a source model (import or download one in the Models panel).");
+            ui.label("Pick a source model (import or download one on the Models page).");
             return;
         };
         // Parts under their own ids: lines that come and go above never shift the ids below.

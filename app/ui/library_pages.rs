@@ -1,67 +1,72 @@
-//! The app's model-library side: the Models panel and the quantization wizard as windows,
-//! loading another model, the speeds the wizard's table records, and the API server's start.
+//! The app's model-library side: the Models and Quantize pages (the library panel and the
+//! quantization wizard, each a page of its own like Chat or Dashboard), loading another model,
+//! the speeds the wizard's table records, and the API server's start.
 
 use std::path::PathBuf;
 
-use super::TpsApp;
 use super::catalog::Library;
 use super::command::Command;
 use super::engine_link::ModelSlot;
 use super::panels::models::ModelsView;
 use super::panels::wizard::WizardView;
+use super::{TpsApp, renderer};
 
 impl TpsApp {
-    /// The Models panel and the quantization wizard, as windows over the tab when open.
-    pub(super) fn library_windows_ui(&mut self, ctx: &egui::Context, cmds: &mut Vec<Command>) {
+    /// The library, scanned on first use.
+    fn library_mut(&mut self) -> &mut Library {
+        self.rt
+            .library
+            .get_or_insert_with(|| Library::new(Library::default_dir()))
+    }
+
+    /// The Models page: the library, loading a model, import, Hugging Face download.
+    pub(super) fn models_page_ui(&mut self, ui: &mut egui::Ui, cmds: &mut Vec<Command>) {
         let locked = self.device_locked();
         let loaded = self.link().map(|b| b.path.clone());
         let loading = match &self.rt.model {
             Some(ModelSlot::Loading { .. }) => Some(PathBuf::from(&self.options.model)),
             _ => None,
         };
-        let lib = self
-            .rt
-            .library
-            .get_or_insert_with(|| Library::new(Library::default_dir()));
         // The GPU the engine runs on, for the Hub files' fit verdicts.
-        let vram_total = (self.rt.snapshot.as_ref()).and_then(|s| s.memory.device_total);
-        let mut open = self.state.models.open;
-        egui::Window::new("Model library")
-            .open(&mut open)
-            .default_pos([20.0, 60.0])
-            .default_size([900.0, 520.0])
-            .show(ctx, |ui| {
-                let view = ModelsView {
-                    loaded: loaded.as_deref(),
-                    loading: loading.as_deref(),
-                    load_locked: locked,
-                    dialogs: &self.dialogs,
-                    vram: vram_total,
-                };
-                // Search results, a repo's files and a download's progress make it tall.
-                egui::ScrollArea::vertical().show(ui, |ui| {
-                    self.rt
-                        .models
-                        .ui(ui, &mut self.state.models, lib, &view, cmds);
-                });
-            });
-        self.state.models.open = open;
-        let mut open = self.state.wizard.open;
-        egui::Window::new("Quantization wizard")
-            .open(&mut open)
-            .default_pos([360.0, 80.0])
-            .default_size([760.0, 620.0])
-            .show(ctx, |ui| {
-                let view = WizardView {
-                    loaded: loaded.as_deref(),
-                    kv_budget: self.state.dash.knobs.kv.budget_bytes,
-                    threads: self.options.threads,
-                };
-                egui::ScrollArea::vertical().show(ui, |ui| {
-                    self.rt.wizard.ui(ui, &mut self.state.wizard, lib, &view);
-                });
-            });
-        self.state.wizard.open = open;
+        let vram = (self.rt.snapshot.as_ref()).and_then(|s| s.memory.device_total);
+        self.library_mut();
+        let Some(lib) = self.rt.library.as_mut() else {
+            return;
+        };
+        let view = ModelsView {
+            loaded: loaded.as_deref(),
+            loading: loading.as_deref(),
+            load_locked: locked,
+            dialogs: &self.dialogs,
+            vram,
+        };
+        let (panel, settings) = (&mut self.rt.models, &mut self.state.models);
+        renderer::central_panel(ui).show(ui, |ui| {
+            // Search results, a repo's files and a download's progress make it tall.
+            egui::ScrollArea::vertical()
+                .auto_shrink(false)
+                .show(ui, |ui| panel.ui(ui, settings, lib, &view, cmds));
+        });
+    }
+
+    /// The Quantize page: the quantization wizard, perplexity, the table of measured models.
+    pub(super) fn quantize_page_ui(&mut self, ui: &mut egui::Ui) {
+        let loaded = self.link().map(|b| b.path.clone());
+        let view = WizardView {
+            loaded: loaded.as_deref(),
+            kv_budget: self.state.dash.knobs.kv.budget_bytes,
+            threads: self.options.threads,
+        };
+        self.library_mut();
+        let Some(lib) = self.rt.library.as_mut() else {
+            return;
+        };
+        let (wizard, settings) = (&mut self.rt.wizard, &mut self.state.wizard);
+        renderer::central_panel(ui).show(ui, |ui| {
+            egui::ScrollArea::vertical()
+                .auto_shrink(false)
+                .show(ui, |ui| wizard.ui(ui, settings, lib, &view));
+        });
     }
 
     /// Restarts the engine on the model at `path`, on a worker: the running engine stays until
