@@ -65,7 +65,10 @@ fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
 
 /// The pages whose marker is on screen.
 fn shown(h: &Harness<'static, TpsApp>) -> Vec<Tab> {
-    Tab::ALL.into_iter().filter(|t| has(h, marker(*t))).collect()
+    Tab::ALL
+        .into_iter()
+        .filter(|t| has(h, marker(*t)))
+        .collect()
 }
 
 #[test]

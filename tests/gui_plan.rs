@@ -7,10 +7,13 @@
 
 #[path = "support/gui_wait.rs"]
 mod gui_wait;
+#[path = "../engine/tests/support/temp_dir.rs"]
+mod temp_dir;
 
 use std::sync::Arc;
 
 use gui_wait::wait_until;
+use temp_dir::TempDir;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 
 use egui_kittest::Harness;
@@ -357,14 +360,10 @@ fn the_planner_tab_plans_with_a_saved_device_table() {
             .is_some()
     );
     assert!(h.query_by_label("Planner").is_some());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn temp_dir(what: &str) -> std::path::PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("tpslab-gui-devices-{what}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(what: &str) -> TempDir {
+    TempDir::new(&format!("gui-devices-{what}"))
 }
 
 /// The bundled table with the H200's measured runs taken out, saved in `dir`.
@@ -453,5 +452,4 @@ fn the_planner_tab_opens_calibrates_and_saves_its_table() {
     assert!(cpu.bandwidth_gb_s.source.contains("calibrated here"));
     let bw = format!("bandwidth {:.1} GB/s", cpu.bandwidth_gb_s.value);
     assert!(said.contains(&bw), "{said} / {bw}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -93,9 +93,7 @@ impl TpsApp {
         }
         let Some(sent) = b.sent else {
             if self.engine().is_some() {
-                ctx.send_viewport_cmd(egui::ViewportCommand::InnerSize(egui::vec2(
-                    1280.0, 800.0,
-                )));
+                ctx.send_viewport_cmd(egui::ViewportCommand::InnerSize(egui::vec2(1280.0, 800.0)));
                 self.state.tab = Tab::Chat;
                 let chat = self.state.chat.new_conversation();
                 if let Some(conv) = self.state.chat.get_mut(chat) {

@@ -20,9 +20,9 @@
 
 pub mod api_server;
 pub mod chat;
+pub mod chat_schema;
 mod chat_store;
 mod chat_stream;
-pub mod chat_schema;
 pub mod dashboard;
 pub mod dashboard_plots;
 mod hub_panel;
