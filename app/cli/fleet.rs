@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use tpslab_engine::plan::fleet::{
-    Arrival, Autoscale, ColdStart, Comparison, FleetConfig, FleetReport, Generated, Limits,
-    RateShape, ReplicaSpec, ScaleMetric, Slo, compare, from_trace, generate, to_trace_lines,
+    Arrival, Autoscale, ColdStart, Comparison, FleetConfig, FleetReport, Generated, Latency,
+    Limits, RateShape, ReplicaSpec, ScaleMetric, Slo, compare, from_trace, generate,
+    to_trace_lines,
 };
 use tpslab_engine::plan::{DeviceTable, Sourced};
 use tpslab_engine::quant::preset::weight_type;
@@ -278,6 +279,12 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
 }
 
+/// The six latency figures as the tables print them (the widths of their headers).
+fn latency_cells(l: &Latency) -> String {
+    let [a, b, c, d, e, f] = l.figures().map(ms);
+    format!("{a:>9} {b:>9} {c:>7} {d:>7} {e:>8} {f:>8}")
+}
+
 fn print_windows(r: &FleetReport) {
     println!("\n{}: windows", r.config);
     println!(
@@ -296,16 +303,11 @@ fn print_windows(r: &FleetReport) {
     );
     for w in &r.windows {
         println!(
-            "{:>7.0} {:>7} {:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8.1} {:>8.1}",
+            "{:>7.0} {:>7} {:>5} {} {:>8.1} {:>8.1}",
             w.start_s,
             w.arrivals,
             w.shed,
-            ms(w.ttft_p50_ms),
-            ms(w.ttft_p99_ms),
-            ms(w.itl_p50_ms),
-            ms(w.itl_p99_ms),
-            ms(w.e2e_p50_ms),
-            ms(w.e2e_p99_ms),
+            latency_cells(&w.latency),
             w.replicas_mean,
             w.booting_mean
         );
@@ -332,14 +334,9 @@ fn print(c: &Comparison) {
         let s = &r.summary;
         let misses = r.slo_misses.clone().unwrap_or_default();
         println!(
-            "{:<22} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>6} {:>8} {:>9.3} {:>9.2} {:>8}  {}",
+            "{:<22} {} {:>6} {:>8} {:>9.3} {:>9.2} {:>8}  {}",
             r.config,
-            ms(s.ttft_p50_ms),
-            ms(s.ttft_p99_ms),
-            ms(s.itl_p50_ms),
-            ms(s.itl_p99_ms),
-            ms(s.e2e_p50_ms),
-            ms(s.e2e_p99_ms),
+            latency_cells(&s.latency),
             s.shed + s.too_long,
             format!("{}-{}", r.autoscale.min, s.max_replicas),
             s.gpu_hours,
@@ -376,15 +373,16 @@ fn print(c: &Comparison) {
 
 /// One CSV row per configuration and window.
 fn csv(c: &Comparison) -> String {
-    let mut s = String::from(
-        "config,start_s,end_s,arrivals,shed,finished,output_tokens,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,replicas_mean,replicas_max,booting_mean\n",
+    let mut s = format!(
+        "config,start_s,end_s,arrivals,shed,finished,output_tokens,{},replicas_mean,replicas_max,booting_mean\n",
+        Latency::NAMES.join(",")
     );
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     for r in &c.reports {
         for w in &r.windows {
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{:.3}",
+                "{},{},{},{},{},{},{},{},{:.3},{},{:.3}",
                 r.config,
                 w.start_s,
                 w.end_s,
@@ -392,12 +390,7 @@ fn csv(c: &Comparison) -> String {
                 w.shed,
                 w.finished,
                 w.output_tokens,
-                o(w.ttft_p50_ms),
-                o(w.ttft_p99_ms),
-                o(w.itl_p50_ms),
-                o(w.itl_p99_ms),
-                o(w.e2e_p50_ms),
-                o(w.e2e_p99_ms),
+                w.latency.figures().map(o).join(","),
                 w.replicas_mean,
                 w.replicas_max,
                 w.booting_mean

@@ -33,7 +33,7 @@ pub use sim::{
     Autoscale, ColdStart, Comparison, FleetConfig, FleetReport, Limits, ReplicaSpec, ScaleMetric,
     Slo, compare, simulate,
 };
-pub use stats::{Summary, WindowStats};
+pub use stats::{Latency, Summary, WindowStats};
 
 /// Why a replay cannot be made. Each names the field or line at fault.
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@ use tpslab_kernels::WType;
 
 use super::arrivals::{Arrival, MAX_SPAN_S};
 use super::replica::{Knobs, Phase, Replica, Seq};
-use super::stats::{Recorder, Summary, WindowStats};
+use super::stats::{Latency, Recorder, Summary, WindowStats};
 use super::{FleetError, check_num};
 use crate::plan::devices::{DeviceTable, Sourced};
 use crate::plan::roofline::{ModelShape, StepModel};
@@ -427,12 +427,7 @@ impl Sim<'_> {
             unfinished: unfinished as u64,
             output_tokens: all.output_tokens,
             preemptions: self.replicas.iter().map(|r| r.preemptions).sum(),
-            ttft_p50_ms: all.ttft.quantile_ms(0.5),
-            ttft_p99_ms: all.ttft.quantile_ms(0.99),
-            itl_p50_ms: all.itl.quantile_ms(0.5),
-            itl_p99_ms: all.itl.quantile_ms(0.99),
-            e2e_p50_ms: all.e2e.quantile_ms(0.5),
-            e2e_p99_ms: all.e2e.quantile_ms(0.99),
+            latency: Latency::of(&all.ttft, &all.itl, &all.e2e),
             span_s: end,
             gpu_hours: gpu_s / 3600.0,
             usd,
@@ -643,9 +638,9 @@ impl Slo {
     pub fn misses(&self, s: &Summary) -> Vec<String> {
         let mut out = Vec::new();
         for (what, goal, got) in [
-            ("TTFT", self.ttft_p99_ms, s.ttft_p99_ms),
-            ("ITL", self.itl_p99_ms, s.itl_p99_ms),
-            ("E2E", self.e2e_p99_ms, s.e2e_p99_ms),
+            ("TTFT", self.ttft_p99_ms, s.latency.ttft_p99_ms),
+            ("ITL", self.itl_p99_ms, s.latency.itl_p99_ms),
+            ("E2E", self.e2e_p99_ms, s.latency.e2e_p99_ms),
         ] {
             if let Some(goal) = goal {
                 match got {

@@ -66,6 +66,54 @@ struct Acc {
     max_ready: usize,
 }
 
+/// P50 and P99 of TTFT, ITL and E2E latency in ms, over a window or a replay (`None` where
+/// nothing was measured).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Latency {
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    pub e2e_p50_ms: Option<f64>,
+    pub e2e_p99_ms: Option<f64>,
+}
+
+impl Latency {
+    /// The figures CSV and tables print, in the order of [`Latency::NAMES`].
+    pub const NAMES: [&'static str; 6] = [
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "e2e_p50_ms",
+        "e2e_p99_ms",
+    ];
+
+    /// The quantiles of three histograms.
+    pub fn of(ttft: &Histogram, itl: &Histogram, e2e: &Histogram) -> Self {
+        Self {
+            ttft_p50_ms: ttft.quantile_ms(0.5),
+            ttft_p99_ms: ttft.quantile_ms(0.99),
+            itl_p50_ms: itl.quantile_ms(0.5),
+            itl_p99_ms: itl.quantile_ms(0.99),
+            e2e_p50_ms: e2e.quantile_ms(0.5),
+            e2e_p99_ms: e2e.quantile_ms(0.99),
+        }
+    }
+
+    /// The six figures, in the order of [`Latency::NAMES`].
+    pub fn figures(&self) -> [Option<f64>; 6] {
+        [
+            self.ttft_p50_ms,
+            self.ttft_p99_ms,
+            self.itl_p50_ms,
+            self.itl_p99_ms,
+            self.e2e_p50_ms,
+            self.e2e_p99_ms,
+        ]
+    }
+}
+
 /// One time window of a replay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WindowStats {
@@ -75,12 +123,9 @@ pub struct WindowStats {
     pub shed: u64,
     pub finished: u64,
     pub output_tokens: u64,
-    pub ttft_p50_ms: Option<f64>,
-    pub ttft_p99_ms: Option<f64>,
-    pub itl_p50_ms: Option<f64>,
-    pub itl_p99_ms: Option<f64>,
-    pub e2e_p50_ms: Option<f64>,
-    pub e2e_p99_ms: Option<f64>,
+    /// Its latency figures (flattened: the JSON keeps `ttft_p50_ms` and the rest at this level).
+    #[serde(flatten)]
+    pub latency: Latency,
     /// Mean replicas ready (taking requests) over the window, and the most at once.
     pub replicas_mean: f64,
     pub replicas_max: usize,
@@ -101,12 +146,9 @@ pub struct Summary {
     pub unfinished: u64,
     pub output_tokens: u64,
     pub preemptions: u64,
-    pub ttft_p50_ms: Option<f64>,
-    pub ttft_p99_ms: Option<f64>,
-    pub itl_p50_ms: Option<f64>,
-    pub itl_p99_ms: Option<f64>,
-    pub e2e_p50_ms: Option<f64>,
-    pub e2e_p99_ms: Option<f64>,
+    /// Its latency figures (flattened: the JSON keeps `ttft_p50_ms` and the rest at this level).
+    #[serde(flatten)]
+    pub latency: Latency,
     /// From the first arrival (t = 0) to the last event.
     pub span_s: f64,
     pub gpu_hours: f64,
@@ -222,12 +264,7 @@ impl Recorder {
                 shed: w.shed,
                 finished: w.finished,
                 output_tokens: w.output_tokens,
-                ttft_p50_ms: w.ttft.quantile_ms(0.5),
-                ttft_p99_ms: w.ttft.quantile_ms(0.99),
-                itl_p50_ms: w.itl.quantile_ms(0.5),
-                itl_p99_ms: w.itl.quantile_ms(0.99),
-                e2e_p50_ms: w.e2e.quantile_ms(0.5),
-                e2e_p99_ms: w.e2e.quantile_ms(0.99),
+                latency: Latency::of(&w.ttft, &w.itl, &w.e2e),
                 replicas_mean: w.ready_s / len,
                 replicas_max: w.max_ready,
                 booting_mean: w.booting_s / len,

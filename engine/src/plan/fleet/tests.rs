@@ -85,7 +85,7 @@ fn window_at(r: &FleetReport, t: f64) -> &WindowStats {
 fn worst_ttft(r: &FleetReport, from: f64, to: f64) -> f64 {
     (r.windows.iter())
         .filter(|w| w.start_s >= from && w.start_s < to)
-        .filter_map(|w| w.ttft_p99_ms)
+        .filter_map(|w| w.latency.ttft_p99_ms)
         .fold(0.0, f64::max)
 }
 
@@ -162,7 +162,7 @@ fn a_larger_minimum_fleet_meets_the_slo_at_a_higher_cost() {
     assert!(!small.slo_misses.as_ref().unwrap().is_empty());
     assert_eq!(big.slo_misses.as_ref().unwrap(), &Vec::<String>::new());
     assert_eq!(big.summary.shed, 0);
-    assert!(big.summary.ttft_p99_ms.unwrap() < small.summary.ttft_p99_ms.unwrap());
+    assert!(big.summary.latency.ttft_p99_ms.unwrap() < small.summary.latency.ttft_p99_ms.unwrap());
     assert!(big.summary.gpu_hours > small.summary.gpu_hours);
     assert!(big.summary.usd > small.summary.usd);
     let per_m = |r: &FleetReport| r.summary.usd_per_million_output_tokens.unwrap();
