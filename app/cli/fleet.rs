@@ -279,7 +279,10 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
 }
 
-/// The six latency figures as the tables print them (the widths of their headers).
+/// The heads of [`latency_cells`]' columns.
+const LATENCY_HEAD: &str = " ttft_p50  ttft_p99 itl_p50 itl_p99  e2e_p50  e2e_p99";
+
+/// The six latency figures as the tables print them (the widths of their heads).
 fn latency_cells(l: &Latency) -> String {
     let [a, b, c, d, e, f] = l.figures().map(ms);
     format!("{a:>9} {b:>9} {c:>7} {d:>7} {e:>8} {f:>8}")
@@ -288,18 +291,8 @@ fn latency_cells(l: &Latency) -> String {
 fn print_windows(r: &FleetReport) {
     println!("\n{}: windows", r.config);
     println!(
-        "{:>7} {:>7} {:>5} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8}",
-        "start_s",
-        "arrived",
-        "shed",
-        "ttft_p50",
-        "ttft_p99",
-        "itl_p50",
-        "itl_p99",
-        "e2e_p50",
-        "e2e_p99",
-        "replicas",
-        "booting"
+        "{:>7} {:>7} {:>5} {} {:>8} {:>8}",
+        "start_s", "arrived", "shed", LATENCY_HEAD, "replicas", "booting"
     );
     for w in &r.windows {
         println!(
@@ -316,19 +309,8 @@ fn print_windows(r: &FleetReport) {
 
 fn print(c: &Comparison) {
     println!(
-        "{:<22} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>8}  slo",
-        "config",
-        "ttft_p50",
-        "ttft_p99",
-        "itl_p50",
-        "itl_p99",
-        "e2e_p50",
-        "e2e_p99",
-        "shed",
-        "replicas",
-        "gpu_hours",
-        "usd",
-        "$/M tok"
+        "{:<22} {} {:>6} {:>8} {:>9} {:>9} {:>8}  slo",
+        "config", LATENCY_HEAD, "shed", "replicas", "gpu_hours", "usd", "$/M tok"
     );
     for r in &c.reports {
         let s = &r.summary;
