@@ -19,6 +19,9 @@ use tpslab_kernels::WType;
 
 /// JSON files past this size are not a model's config or tokenizer: refuse before reading.
 const MAX_JSON: u64 = 256 << 20;
+/// A `tokenizer.json` past this size is not a model's (the largest, Gemma 3's with 262k tokens,
+/// is about 33 MB): refused before it is read or parsed.
+pub const MAX_TOKENIZER_JSON: u64 = 64 << 20;
 /// Vocabulary ids past this are not real (the largest vocabularies are ~260k).
 pub const MAX_VOCAB: u64 = 1 << 22;
 
@@ -72,18 +75,36 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> HfError + '_ {
 
 /// Reads a JSON file, refusing one too large to be a model's.
 pub fn read_json(path: &Path) -> Result<Json, HfError> {
+    read_json_text(path, MAX_JSON).map(|(json, _)| json)
+}
+
+/// Reads a JSON file of at most `budget` bytes (checked before reading): the parsed value and
+/// the text it was parsed from.
+pub fn read_json_text(path: &Path, budget: u64) -> Result<(Json, String), HfError> {
     let len = std::fs::metadata(path).map_err(io_err(path))?.len();
-    if len > MAX_JSON {
+    if len > budget {
         return Err(HfError::Json {
             path: path.into(),
-            what: format!("{len} bytes is too large for a model's JSON file"),
+            what: format!("{len} bytes is past the {budget}-byte budget for this JSON file"),
         });
     }
-    let text = std::fs::read(path).map_err(io_err(path))?;
-    serde_json::from_slice(&text).map_err(|e| HfError::Json {
+    // Read through the budget too: the file may have grown since its size was asked.
+    let mut text = String::new();
+    let file = std::fs::File::open(path).map_err(io_err(path))?;
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, budget), &mut text).map_err(
+        |e| match e.kind() {
+            std::io::ErrorKind::InvalidData => HfError::Json {
+                path: path.into(),
+                what: "not UTF-8 text".into(),
+            },
+            _ => io_err(path)(e),
+        },
+    )?;
+    let json = serde_json::from_str(&text).map_err(|e| HfError::Json {
         path: path.into(),
         what: format!("not valid JSON: {e}"),
-    })
+    })?;
+    Ok((json, text))
 }
 
 /// A required file of the folder, with an error naming it when absent.

@@ -5,7 +5,9 @@
 //!   (byte-level BPE or SentencePiece), over [`vocab`] (tokens, attributes, special ids),
 //!   [`special`] (cutting special tokens out of text), [`bpe`] and [`spm`]; its metadata read
 //!   and checked in `tokenizer_parts`, its error type in `tokenizer_error`; long text is encoded in pieces cut where the ids cannot change
-//!   (`pieces`), so its memory follows the piece, not the prompt.
+//!   (`pieces`), so its memory follows the piece, not the prompt. A Hugging Face
+//!   `tokenizer.json` that is not byte-level BPE is encoded by its own pipeline instead
+//!   (`hf_model`, the `tokenizers` crate), over the same vocabulary and decoding.
 //! - [`detok`]: incremental detokenizer that emits only complete UTF-8 text.
 //! - [`chat`]: chat templates rendered with minijinja as Hugging Face transformers renders them,
 //!   with what a render takes in `chat_message` (messages, tools, options), its `tojson` in
@@ -25,12 +27,13 @@ mod chat_json;
 mod chat_message;
 mod chat_time;
 pub mod detok;
+pub(crate) mod hf_model;
 mod pieces;
 pub mod reasoning;
 pub(crate) mod special;
 pub(crate) mod spm;
 pub mod tokenizer;
 mod tokenizer_error;
-mod tokenizer_parts;
+pub(crate) mod tokenizer_parts;
 pub mod tool_calls;
 pub(crate) mod vocab;

@@ -6,6 +6,12 @@
 //!
 //! Why build it from the GGUF and not ship a `tokenizer.json`: the GGUF is the one file the user
 //! has, and llama.cpp (our reference) tokenizes from exactly these keys.
+//!
+//! Where the metadata carries a whole Hugging Face `tokenizer.json`
+//! (`tokenizer.huggingface.json`, what a Hugging Face folder that is not byte-level BPE gets,
+//! [`crate::formats::hf_tokenizer`]), that file's pipeline encodes instead
+//! (`text::hf_model`); the vocabulary, special tokens and decoding are the same either
+//! way.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -14,6 +20,7 @@ use crate::formats::gguf::GgufFile;
 pub use crate::formats::pretokenizer::PreTokenizerKind;
 use crate::formats::pretokenizer::PreTokenizerSpec;
 use crate::text::bpe::{BpePipelines, byte_level_bytes};
+use crate::text::hf_model::HfModel;
 use crate::text::pieces::{self, Cuts, PIECE_BYTES, one_at_a_time};
 pub use crate::text::special::TEXT_MARK;
 use crate::text::special::{Fragment, SpecialMatcher};
@@ -32,6 +39,8 @@ enum Model {
         /// Where its escaped text may be cut ([`pieces::spm_cuts`]).
         cuts: Cuts,
     },
+    /// A `tokenizer.json`'s own pipeline.
+    Hf(Box<HfModel>),
 }
 
 /// Everything a tokenizer holds, shared read-only between its clones.
@@ -145,6 +154,7 @@ impl Tokenizer {
             types: c.types,
             scores: Vec::new(),
             merges: c.merges,
+            hf: None,
             special,
             extra_stop: c.extra_stop,
             add_bos: c.add_bos,
@@ -180,8 +190,13 @@ impl Tokenizer {
                     .map_err(|_| bad("the token strings exceed 4 GiB".into()))?,
             );
         }
-        let model = match p.pre {
-            Some(spec) => Model::Bpe {
+        let model = match (p.hf, p.pre) {
+            (Some(json), _) => {
+                let hf = HfModel::from_json(&json)?;
+                hf.check_vocab(&vocab)?;
+                Model::Hf(Box::new(hf))
+            }
+            (None, Some(spec)) => Model::Bpe {
                 pipelines: Box::new(BpePipelines::new(
                     &vocab,
                     &p.merges,
@@ -190,7 +205,7 @@ impl Tokenizer {
                 )?),
                 pre: spec.kind,
             },
-            None => Model::Spm {
+            (None, None) => Model::Spm {
                 cuts: pieces::spm_cuts(vocab.texts.iter().map(String::as_str)),
             },
         };
@@ -226,7 +241,8 @@ impl Tokenizer {
 
     /// [`Tokenizer::encode`] with its text cut into pieces of `piece_bytes` where a cut is
     /// exact ([`crate::text::pieces`]); `usize::MAX` encodes each text fragment whole. The
-    /// ids are the same for every piece size: tests hold small pieces against whole ones.
+    /// ids are the same for every piece size: tests hold small pieces against whole ones. A
+    /// `tokenizer.json`'s pipeline takes each text whole (its own cuts are not the engine's).
     pub fn encode_in_pieces(
         &self,
         text: &str,
@@ -234,6 +250,11 @@ impl Tokenizer {
         piece_bytes: usize,
     ) -> Result<Vec<u32>, TokenizerError> {
         let i = &*self.inner;
+        if let (Model::Hf(hf), true) = (&i.model, parse_special) {
+            let mut out = Vec::with_capacity(text.len() / 3 + 1);
+            hf.encode_parsed(text, &mut out)?;
+            return Ok(out);
+        }
         let frags = i.matcher.partition(&i.vocab, text, parse_special);
         self.encode_fragments(text, frags, piece_bytes)
     }
@@ -258,10 +279,10 @@ impl Tokenizer {
     /// the marks themselves are dropped.
     pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let i = &*self.inner;
-        let frags = i.matcher.partition(&i.vocab, text, true);
         if !text.contains(TEXT_MARK) {
-            return self.encode_fragments(text, frags, PIECE_BYTES);
+            return self.encode(text, true);
         }
+        let frags = i.matcher.partition(&i.vocab, text, true);
         let mut clean = String::with_capacity(text.len());
         let mut out = Vec::with_capacity(frags.len());
         for f in frags {
@@ -290,6 +311,7 @@ impl Tokenizer {
         let i = &*self.inner;
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         match &i.model {
+            Model::Hf(hf) => hf.encode_fragments(&i.vocab, text, &frags, &mut out)?,
             Model::Bpe { pipelines, .. } => {
                 for f in frags {
                     match f {
@@ -371,7 +393,9 @@ impl Tokenizer {
     /// space SentencePiece adds is taken off again, BOS/EOS dropped with `remove_special`,
     /// control tokens shown with `unparse_special`, and `clean_up_tokenization_spaces` applied
     /// where the model sets it. This is the inverse of [`Tokenizer::encode`] llama.cpp's
-    /// round-trip tests check; [`Tokenizer::decode`] is what continues a prompt.
+    /// round-trip tests check; [`Tokenizer::decode`] is what continues a prompt. A
+    /// `tokenizer.json`'s pipeline decodes the sequence with the file's own decoder instead,
+    /// as transformers' `decode` does (its leading-space strip looks past skipped tokens).
     pub fn detokenize(
         &self,
         ids: &[u32],
@@ -389,6 +413,15 @@ impl Tokenizer {
         if remove_special && i.add_eos && s.eos.is_some() && ids.last() == s.eos.as_ref() {
             ids = &ids[..ids.len() - 1];
         }
+        if let Model::Hf(hf) = &i.model {
+            if let Some(&id) = ids.iter().find(|&&id| id as usize >= i.vocab.len()) {
+                return Err(TokenizerError::UnknownId {
+                    id,
+                    vocab_size: i.vocab.len(),
+                });
+            }
+            return hf.decode(ids, !unparse_special);
+        }
         let mut buf = Vec::new();
         for &id in ids {
             let mut piece = self.token_bytes_checked(id, !unparse_special)?;
@@ -404,11 +437,13 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 
-    /// Decodes with the wrapped Hugging Face tokenizer (BPE only). Same result as
-    /// [`Tokenizer::decode`] for valid ids (tests hold them equal); kept for that check.
+    /// Decodes with the wrapped Hugging Face tokenizer. For byte-level BPE the same result as
+    /// [`Tokenizer::decode`] for valid ids (tests hold them equal); for a `tokenizer.json`'s
+    /// pipeline, its own decoder's (transformers' `decode`).
     pub fn decode_hf(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         match &self.inner.model {
             Model::Bpe { pipelines, .. } => pipelines.decode_hf(ids, skip_special),
+            Model::Hf(hf) => hf.decode(ids, skip_special),
             Model::Spm { .. } => Err(TokenizerError::Build(
                 "a SentencePiece vocabulary has no Hugging Face pipeline here".into(),
             )),
@@ -506,12 +541,19 @@ impl Tokenizer {
         self.inner.vocab.ids.get(token).copied()
     }
 
-    /// The BPE pre-tokenizer; `None` for SentencePiece, which splits no words.
+    /// The BPE pre-tokenizer; `None` for SentencePiece, which splits no words, and for a
+    /// `tokenizer.json`'s pipeline, which has its own.
     pub fn pre_tokenizer(&self) -> Option<PreTokenizerKind> {
         match self.inner.model {
             Model::Bpe { pre, .. } => Some(pre),
-            Model::Spm { .. } => None,
+            Model::Spm { .. } | Model::Hf(_) => None,
         }
+    }
+
+    /// Whether text is encoded by a Hugging Face `tokenizer.json`'s own pipeline
+    /// (`text::hf_model`).
+    pub fn is_hf_pipeline(&self) -> bool {
+        matches!(self.inner.model, Model::Hf(_))
     }
 
     /// Whether this is a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`).
@@ -524,6 +566,7 @@ impl Tokenizer {
     pub fn hf_json(&self) -> Result<String, TokenizerError> {
         match &self.inner.model {
             Model::Bpe { pipelines, .. } => pipelines.to_json(),
+            Model::Hf(hf) => hf.to_json(),
             Model::Spm { .. } => Err(TokenizerError::Build(
                 "writing a tokenizer.json for a SentencePiece vocabulary is not supported".into(),
             )),

@@ -1,9 +1,10 @@
 //! A tokenizer's parts as a GGUF file's `tokenizer.ggml.*` metadata gives them ([`Parts`]), read
 //! and checked before [`crate::text::tokenizer::Tokenizer`] builds anything from them: the model
 //! kind, the token strings, types, scores and merges, the special ids (llama.cpp's defaults where
-//! keys are missing) and the flags.
+//! keys are missing) and the flags, and a whole `tokenizer.json` where the metadata carries one.
 
 use crate::formats::gguf::{GgufFile, Value};
+use crate::formats::hf::MAX_TOKENIZER_JSON;
 use crate::formats::pretokenizer::PreTokenizerSpec;
 use crate::text::tokenizer_error::TokenizerError;
 use crate::text::vocab::{SpecialIds, VocabKind};
@@ -18,6 +19,8 @@ const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 const KEY_ADD_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 const KEY_NAME: &str = "general.name";
+/// GGUF's key for a whole Hugging Face `tokenizer.json` (for executors that run one directly).
+pub const KEY_HF_JSON: &str = "tokenizer.huggingface.json";
 
 /// Everything read from the metadata, before the build.
 pub(super) struct Parts {
@@ -26,6 +29,8 @@ pub(super) struct Parts {
     pub(super) types: Vec<u64>,
     pub(super) scores: Vec<f32>,
     pub(super) merges: Vec<String>,
+    /// A whole `tokenizer.json`, whose pipeline then encodes (`text::hf_model`).
+    pub(super) hf: Option<String>,
     pub(super) pre: Option<PreTokenizerSpec>,
     pub(super) special: SpecialIds,
     pub(super) extra_stop: Vec<u32>,
@@ -155,6 +160,22 @@ impl Parts {
                 .map(str::to_string)
                 .collect(),
         };
+        let hf = match gguf.get(KEY_HF_JSON) {
+            None => None,
+            Some(v) => {
+                let json = v
+                    .as_str()
+                    .ok_or_else(|| bad(format!("'{KEY_HF_JSON}' is not a string")))?;
+                if json.len() as u64 > MAX_TOKENIZER_JSON {
+                    return Err(bad(format!(
+                        "'{KEY_HF_JSON}' is {} bytes, past the {MAX_TOKENIZER_JSON}-byte budget \
+                         for a tokenizer",
+                        json.len()
+                    )));
+                }
+                Some(json.to_string())
+            }
+        };
         let spm = kind == VocabKind::Spm;
         Ok(Self {
             kind,
@@ -173,6 +194,7 @@ impl Parts {
             types,
             scores,
             merges,
+            hf,
             pre,
         })
     }

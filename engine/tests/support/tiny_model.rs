@@ -1,6 +1,7 @@
 //! A tiny Llama model made here (one layer, 64 wide, a byte-level vocabulary of 259 tokens, seeded
 //! random F32 weights) as a GGUF file and as a Hugging Face folder: small enough that a fuzz case
-//! loads it in milliseconds, laid out as real files are.
+//! loads it in milliseconds, laid out as real files are. The folder can also carry another
+//! tokenizer folder's files (its embedding sized to that vocabulary).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -60,14 +61,14 @@ fn ones(n: u64) -> Vec<u8> {
     (0..n).flat_map(|_| 1.0f32.to_le_bytes()).collect()
 }
 
-/// The GGUF tensors: (name, ggml dims, bytes).
-fn tensors() -> Vec<(String, Vec<u64>, Vec<u8>)> {
+/// The GGUF tensors for a vocabulary of `vocab` tokens: (name, ggml dims, bytes).
+fn tensors(vocab: u64) -> Vec<(String, Vec<u64>, Vec<u8>)> {
     let kv = HIDDEN / HEADS * KV_HEADS;
     let mut t = vec![
         (
             "token_embd.weight".to_string(),
-            vec![HIDDEN, vocab()],
-            weights(HIDDEN * vocab(), 1),
+            vec![HIDDEN, vocab],
+            weights(HIDDEN * vocab, 1),
         ),
         ("output_norm.weight".to_string(), vec![HIDDEN], ones(HIDDEN)),
     ];
@@ -140,7 +141,7 @@ pub fn tiny_llama(extra: &[(String, Value)]) -> Vec<u8> {
     ];
     md.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
     md.extend(extra.iter().cloned());
-    let tensors: Vec<(TensorDesc, Vec<u8>)> = tensors()
+    let tensors: Vec<(TensorDesc, Vec<u8>)> = tensors(vocab())
         .into_iter()
         .map(|(name, dims, bytes)| (TensorDesc::new(name, dims, WType::F32), bytes))
         .collect();
@@ -162,7 +163,45 @@ pub fn tiny_folder(dir: &Path) -> (Json, Json) {
     )
     .expect("tokenizer JSON");
     let _ = std::fs::remove_file(&gguf);
-    let config = json!({
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer");
+    let config = write_model(
+        dir,
+        vocab(),
+        json!({"bos_token_id": 256, "eos_token_id": 258}),
+    );
+    (config, tokenizer)
+}
+
+/// The tiny model as a folder in `dir` with the tokenizer files of the folder `tokenizer`
+/// (tokenizer.json and, where there is one, tokenizer_config.json), its embedding as many rows
+/// as that tokenizer has ids; returns config.json as written.
+#[allow(dead_code)] // not every test binary that includes this carries another tokenizer
+pub fn tiny_folder_with_tokenizer(dir: &Path, tokenizer: &Path) -> Json {
+    std::fs::create_dir_all(dir).expect("folder");
+    let text = std::fs::read_to_string(tokenizer.join("tokenizer.json")).expect("tokenizer.json");
+    let tj: Json = serde_json::from_str(&text).expect("tokenizer JSON");
+    let vocab = &tj["model"]["vocab"];
+    let ids = vocab
+        .as_object()
+        .map(|v| v.values().filter_map(Json::as_u64).collect::<Vec<_>>())
+        .unwrap_or_else(|| (0..vocab.as_array().map_or(0, Vec::len) as u64).collect());
+    let added = tj["added_tokens"].as_array().into_iter().flatten();
+    let top = ids
+        .into_iter()
+        .chain(added.filter_map(|a| a["id"].as_u64()))
+        .max()
+        .expect("a vocabulary");
+    std::fs::write(dir.join("tokenizer.json"), text).expect("tokenizer");
+    let tc = tokenizer.join("tokenizer_config.json");
+    if tc.is_file() {
+        std::fs::copy(&tc, dir.join("tokenizer_config.json")).expect("tokenizer_config.json");
+    }
+    write_model(dir, top + 1, json!({}))
+}
+
+/// config.json (with `extra` keys) and model.safetensors of the tiny model over `vocab` tokens.
+fn write_model(dir: &Path, vocab: u64, extra: Json) -> Json {
+    let mut config = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": HIDDEN,
@@ -171,16 +210,16 @@ pub fn tiny_folder(dir: &Path) -> (Json, Json) {
         "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS,
         "max_position_embeddings": CONTEXT,
-        "vocab_size": vocab(),
+        "vocab_size": vocab,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "tie_word_embeddings": true,
-        "bos_token_id": 256,
-        "eos_token_id": 258,
     });
+    for (k, v) in extra.as_object().expect("an object") {
+        config[k] = v.clone();
+    }
     std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer");
-    let tensors = tensors();
+    let tensors = tensors(vocab);
     let descs: Vec<StDesc> = tensors
         .iter()
         .map(|(name, dims, _)| StDesc {
@@ -197,5 +236,5 @@ pub fn tiny_folder(dir: &Path) -> (Json, Json) {
         w.write_tensor(bytes).expect("tensor");
     }
     w.finish().expect("finish");
-    (config, tokenizer)
+    config
 }
