@@ -300,17 +300,15 @@ pub fn metadata(dir: &Path, cfg: &HfConfig) -> Result<Vec<(String, Value)>, HfEr
     Ok(out)
 }
 
+/// Token strings, GGUF token types and scores, by id.
+type Vocabulary = (Vec<Value>, Vec<i32>, Vec<f32>);
+
 /// Token strings, GGUF token types and scores by id: the model's vocabulary (an object of ids,
 /// or Unigram's list of `[piece, score]`), `<0xXX>` pieces as bytes where the model falls back
 /// to them, its unknown token, and the added tokens (control when special, user-defined
 /// otherwise), padded to config.json's `n` with `[PAD{id}]`. Scores are Unigram's own, else
 /// minus the id.
-fn vocabulary(
-    tj: &Json,
-    model: &Json,
-    n: usize,
-    path: &Path,
-) -> Result<(Vec<Value>, Vec<i32>, Vec<f32>), HfError> {
+fn vocabulary(tj: &Json, model: &Json, n: usize, path: &Path) -> Result<Vocabulary, HfError> {
     let bad = |what: String| HfError::Tokenizer {
         path: path.into(),
         what,
