@@ -35,6 +35,13 @@ pub enum ModelSource {
     Quantized { from: String, target: String },
     /// Found in the folder with nothing known about where it came from.
     Local,
+    /// In the Hugging Face cache (`huggingface_hub`'s layout), loaded where it is: not in the
+    /// library folder, never copied ([`crate::library::hf_cache`]).
+    HfCache {
+        repo: String,
+        /// The snapshot's commit (`refs/main`).
+        commit: String,
+    },
 }
 
 impl std::fmt::Display for ModelSource {
@@ -46,6 +53,7 @@ impl std::fmt::Display for ModelSource {
             Self::Imported { from } => write!(f, "imported {}", from.display()),
             Self::Quantized { from, target } => write!(f, "quantized {from} -> {target}"),
             Self::Local => write!(f, "local file"),
+            Self::HfCache { repo, .. } => write!(f, "hf-cache {repo}"),
         }
     }
 }

@@ -44,6 +44,7 @@ use crate::library::describe::{
 pub use crate::library::entry::{
     IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource, write_error,
 };
+use crate::library::hf_cache::HfCache;
 
 const INDEX_DIR: &str = ".index";
 const STAGING_DIR: &str = ".staging";
@@ -61,10 +62,11 @@ struct Manifest {
     entry: ModelEntry,
 }
 
-/// The library folder and its index.
+/// The library folder and its index, and the Hugging Face cache listed beside it (read only).
 #[derive(Debug, Clone)]
 pub struct Library {
     root: PathBuf,
+    hf: Option<HfCache>,
 }
 
 /// A private staging folder inside the library, removed with everything in it when dropped
@@ -169,14 +171,29 @@ pub fn is_model_name(name: &str) -> bool {
 }
 
 impl Library {
-    /// The library at `$TPSLAB_HOME/models` (or the platform data folder).
+    /// The library at `$TPSLAB_HOME/models` (or the platform data folder), with the Hugging
+    /// Face cache the environment names ([`HfCache::locate`]).
     pub fn open() -> Result<Self, IndexError> {
-        Ok(Self::at(library::models_dir()?))
+        Ok(Self::at(library::models_dir()?).with_hf_cache(HfCache::locate()))
     }
 
-    /// The library at `dir` (tests and tools that pick their own folder).
+    /// The library at `dir` (tests and tools that pick their own folder), without a Hugging
+    /// Face cache.
     pub fn at(dir: impl Into<PathBuf>) -> Self {
-        Self { root: dir.into() }
+        Self {
+            root: dir.into(),
+            hf: None,
+        }
+    }
+
+    /// This library listing (and finding models in) the Hugging Face cache `hf` too.
+    pub fn with_hf_cache(self, hf: Option<HfCache>) -> Self {
+        Self { hf, ..self }
+    }
+
+    /// The Hugging Face cache listed beside the library, if any.
+    pub fn hf_cache(&self) -> Option<&HfCache> {
+        self.hf.as_ref()
     }
 
     pub fn root(&self) -> &Path {
@@ -300,15 +317,22 @@ impl Library {
     }
 
     /// [`Self::list`], then hashes every model without a manifest and stores one (once per
-    /// model; a library that cannot be written still lists, with those sha256 computed anyway).
+    /// model; a library that cannot be written still lists, with those sha256 computed anyway);
+    /// then the Hugging Face cache's GGUF models ([`HfCache::list`]: source `hf-cache`, not
+    /// hashed, nothing written).
     pub fn list_indexed(&self) -> Result<(Vec<ModelEntry>, Vec<String>), IndexError> {
-        let (mut models, bad) = self.list()?;
+        let (mut models, mut bad) = self.list()?;
         for m in models.iter_mut().filter(|m| !m.is_indexed()) {
             let source = m.source.clone();
             if let Ok(full) = self.describe_hashed(&m.name, source) {
                 let _ = self.write_manifest(&full);
                 *m = full;
             }
+        }
+        if let Some(hf) = &self.hf {
+            let (more, unreadable) = hf.list();
+            models.extend(more);
+            bad.extend(unreadable);
         }
         Ok((models, bad))
     }

@@ -7,11 +7,21 @@
 //! - [`describe`]: a model described from its headers (GGUF, safetensors folder) for the index.
 //! - [`fit`]: what a GGUF file will need (weights, KV at a context and batch) from its header
 //!   alone, and whether it fits a memory: the verdict before a download.
+//! - [`model_ref`]: a model as a user names it (path, `default`, library name,
+//!   `owner/name[:QUANT]`), the quant choice among a repo's GGUF files, repo and commit ids.
+//! - [`hf_cache`]: the Hugging Face cache read in place (never copied, never written).
+//! - [`resolve`]: finding the model a reference names (path, default, library, Hugging Face
+//!   cache; what is missing is for the app's Hub client to download).
 
 pub mod describe;
 pub mod entry;
 pub mod fit;
+pub mod hf_cache;
 pub mod index;
+pub mod model_ref;
+pub mod resolve;
+
+pub use resolve::resolve_model;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -50,6 +60,10 @@ pub enum LibraryError {
     },
     #[error("bad built-in manifest: {0}")]
     Manifest(String),
+    #[error(transparent)]
+    Ref(#[from] model_ref::RefError),
+    #[error("{path} in the Hugging Face cache is refused: {reason}")]
+    HfCache { path: PathBuf, reason: String },
 }
 
 /// The default model as `assets/default-model.json` describes it.
@@ -86,18 +100,6 @@ pub fn home_dir() -> Result<PathBuf, LibraryError> {
 
 pub fn models_dir() -> Result<PathBuf, LibraryError> {
     Ok(home_dir()?.join("models"))
-}
-
-/// `default` means the default model (fetched if missing); anything else is a path.
-pub fn resolve_model(spec: &str, progress: &mut dyn FnMut(&str)) -> Result<PathBuf, LibraryError> {
-    if spec == "default" {
-        return ensure_default_model(progress);
-    }
-    let path = PathBuf::from(spec);
-    if !path.exists() {
-        return Err(LibraryError::NotFound(path));
-    }
-    Ok(path)
 }
 
 /// Longest part of a name from outside (a server's file listing), and longest whole name: past
