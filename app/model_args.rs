@@ -1,12 +1,13 @@
-//! `ModelArgs`: where a command's model comes from (a file, `default`, or `--synthetic`), the
-//! device and threads that run it, and loading it; shared by the command line and `serve`.
+//! `ModelArgs`: where a command's model comes from (a file, `default`, a library name, a Hugging
+//! Face repo `owner/name[:QUANT]` or `-hf`, or `--synthetic`), the device and threads that run
+//! it, and loading it; shared by the command line and `serve`. [`resolve`] is the one way a
+//! command turns a model reference into a path ([`crate::hub::resolve_model`]).
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
@@ -14,14 +15,26 @@ use tpslab_kernels::WType;
 /// Where the model comes from and how many threads run it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file, a Hugging Face safetensors folder, or `default` for the built-in default
-    /// model (fetched on first use).
+    /// A GGUF file, a Hugging Face safetensors folder, `default` for the built-in default
+    /// model (fetched on first use), a model's NAME in the library (`tpslab models`), or a
+    /// Hugging Face repo `owner/name[:QUANT]` (also `hf.co/owner/name:QUANT`): found in the
+    /// library or the Hugging Face cache (HF_HUB_CACHE, HF_HOME), else downloaded.
     #[arg(short = 'm', long, default_value = "default")]
     pub model: String,
+    /// A Hugging Face repo `owner/name[:QUANT]` as llama.cpp's `-hf` takes it (also spelled
+    /// `-hf`): the GGUF whose name holds QUANT (default Q4_K_M, else Q8_0, else the first),
+    /// split parts together; from the library or the Hugging Face cache when there, else
+    /// downloaded from $HF_ENDPOINT (default https://huggingface.co) into the library.
+    #[arg(
+        long = "hf-repo",
+        value_name = "REPO[:QUANT]",
+        conflicts_with = "model"
+    )]
+    pub hf_repo: Option<String>,
     /// Instead of a model file: a model of this architecture's exact shape with seeded random
     /// weights (smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b, qwen3-30b-a3b, gpt-oss-20b), for
     /// measuring speed where no model file can travel. Its output is noise.
-    #[arg(long, value_name = "ARCH", conflicts_with = "model")]
+    #[arg(long, value_name = "ARCH", conflicts_with_all = ["model", "hf_repo"])]
     pub synthetic: Option<String>,
     /// Weight precision of --synthetic: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k
     /// (default f16, as vLLM's dummy weights in half precision). K-quants fall back to q4_1 /
@@ -49,6 +62,14 @@ pub struct ModelArgs {
     pub cpu_moe: bool,
 }
 
+/// The path of the model `spec` (or the `-hf` repo `hf_repo`) names, downloaded from the Hub
+/// (`$HF_ENDPOINT`, `$HF_TOKEN`) only when neither the library nor the Hugging Face cache holds
+/// it; progress on stderr.
+pub fn resolve(spec: &str, hf_repo: Option<&str>) -> Result<std::path::PathBuf> {
+    let cfg = crate::hub::HubConfig::resolve(None, None);
+    crate::hub::resolve_model(spec, hf_repo, &cfg, &mut |m| eprintln!("{m}"))
+}
+
 /// Parses a `--device` value (`cpu`, `cuda`, `cuda:N`, `auto`).
 pub fn parse_device(s: &str) -> Result<DeviceChoice, tpslab_engine::device::UnknownDevice> {
     s.parse()
@@ -70,10 +91,15 @@ impl ModelArgs {
             );
             return Ok(Arc::new(lm));
         }
-        let path = library::resolve_model(&self.model, &mut |msg| eprintln!("{msg}"))?;
+        let path = resolve(&self.model, self.hf_repo.as_deref())?;
         let lm = LoadedModel::load(&path)
             .with_context(|| format!("cannot load model {}", path.display()))?;
         Ok(Arc::new(lm))
+    }
+
+    /// What names the model: the `-hf` repo when given, else `--model`.
+    pub fn name(&self) -> &str {
+        self.hf_repo.as_deref().unwrap_or(&self.model)
     }
 
     /// The blocks whose experts a GPU leaves in host memory (`--n-cpu-moe`, `--cpu-moe`).

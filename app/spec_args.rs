@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::spec::{SpecConfig, SpecMethod};
 
@@ -45,7 +44,7 @@ impl SpecArgs {
                 if model.trim().is_empty() {
                     bail!("--spec draft:MODEL needs a model");
                 }
-                let path = library::resolve_model(model.trim(), &mut |m| eprintln!("{m}"))?;
+                let path = crate::model_args::resolve(model.trim(), None)?;
                 let lm = LoadedModel::load(&path)
                     .with_context(|| format!("cannot load draft model {}", path.display()))?;
                 (SpecMethod::Draft, Some(Arc::new(lm)))

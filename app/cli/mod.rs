@@ -43,7 +43,8 @@ use crate::model_args::parse_device;
     about = "Run LLMs locally and see what batching does to tokens per second"
 )]
 pub struct Cli {
-    /// With no subcommand, the window opens on this model (a GGUF file, or `default`).
+    /// With no subcommand, the window opens on this model (a GGUF file, `default`, a library
+    /// NAME, or a Hugging Face repo `owner/name[:QUANT]`).
     #[arg(short = 'm', long, default_value = "default")]
     pub model: String,
     /// Compute threads for the window's engine (0 = one per core).
@@ -98,7 +99,7 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(std::env::args_os().map(llama_spelling)) {
         Ok(cli) => cli,
         Err(e) => {
             // clap formats usage errors and help itself; exit 2 for errors, 0 for --help.
@@ -134,6 +135,16 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// llama.cpp's one-dash long flag `-hf REPO` (and `-hf=REPO`) as `--hf-repo` (clap would read
+/// `-hf` as `-h -f`).
+fn llama_spelling(arg: std::ffi::OsString) -> std::ffi::OsString {
+    match arg.to_str() {
+        Some("-hf") => "--hf-repo".into(),
+        Some(a) if a.starts_with("-hf=") => format!("--hf-repo={}", &a[4..]).into(),
+        _ => arg,
     }
 }
 

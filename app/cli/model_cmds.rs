@@ -8,7 +8,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tpslab_engine::formats::gguf::GgufFile;
-use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
@@ -37,7 +36,7 @@ pub struct QuantizeArgs {
 pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
     let target = a.ty;
     let note = target.note();
-    let input = library::resolve_model(&a.input, &mut |m| eprintln!("{m}"))?;
+    let input = crate::model_args::resolve(&a.input, None)?;
     let f = GgufFile::open(&input)?;
     let p = plan(&f, target)?;
     eprintln!(
@@ -87,8 +86,17 @@ pub fn run_quantize(a: &QuantizeArgs) -> Result<()> {
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
-    /// The model: a GGUF file, a Hugging Face safetensors folder, or `default`.
-    pub model: String,
+    /// The model: a GGUF file, a Hugging Face safetensors folder, `default`, a library NAME, or
+    /// a Hugging Face repo `owner/name[:QUANT]` (as `--model` takes them).
+    #[arg(required_unless_present = "hf_repo")]
+    pub model: Option<String>,
+    /// A Hugging Face repo `owner/name[:QUANT]`, as llama.cpp's `-hf` (also spelled `-hf`).
+    #[arg(
+        long = "hf-repo",
+        value_name = "REPO[:QUANT]",
+        conflicts_with = "model"
+    )]
+    pub hf_repo: Option<String>,
     /// Window length in tokens; the second half of each window is scored (llama.cpp's way).
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
@@ -116,7 +124,8 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
         ),
         None => (BUNDLED_TEXT.to_string(), BUNDLED_TEXT_NAME.to_string()),
     };
-    let path = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
+    let spec = a.model.as_deref().unwrap_or_default();
+    let path = crate::model_args::resolve(spec, a.hf_repo.as_deref())?;
     let lm = LoadedModel::load(&path)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     if let Some(base) = &a.kl_base {
@@ -161,7 +170,7 @@ fn run_kl(
     text: &str,
     source: &str,
 ) -> Result<()> {
-    let base_path = library::resolve_model(base, &mut |m| eprintln!("{m}"))?;
+    let base_path = crate::model_args::resolve(base, None)?;
     let base = LoadedModel::load(&base_path)
         .with_context(|| format!("cannot load base model {}", base_path.display()))?;
     eprintln!(
@@ -251,7 +260,7 @@ pub struct ExportArgs {
 
 pub fn run_export(a: &ExportArgs) -> Result<()> {
     let dtype = a.dtype;
-    let input = library::resolve_model(&a.model, &mut |m| eprintln!("{m}"))?;
+    let input = crate::model_args::resolve(&a.model, None)?;
     let f = GgufFile::open(&input)?;
     let threads = match a.threads {
         0 => std::thread::available_parallelism().map_or(1, |p| p.get()),

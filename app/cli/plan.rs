@@ -10,7 +10,6 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 use tpslab_engine::formats::gguf::GgufFile;
-use tpslab_engine::library;
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::plan::calibrate::{INEXACT, INEXACT_WHY};
@@ -84,7 +83,7 @@ pub(crate) fn shape_of(
         return Ok((ModelShape::synthetic(arch)?, WType::F16));
     }
     let spec = model.unwrap_or("default");
-    let path = library::resolve_model(spec, &mut |msg| eprintln!("{msg}"))?;
+    let path = crate::model_args::resolve(spec, None)?;
     let file = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let cfg = ModelConfig::from_gguf(&file).with_context(|| format!("{}", path.display()))?;
     let tied = file.tensor("output.weight").is_none();

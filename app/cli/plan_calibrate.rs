@@ -20,6 +20,7 @@ use crate::model_args::ModelArgs;
 pub fn calibrate_here(table: &DeviceTable, threads: usize) -> Result<DeviceSpec> {
     let args = ModelArgs {
         model: "default".into(),
+        hf_repo: None,
         synthetic: None,
         precision: None,
         synthetic_seed: 0,

@@ -303,7 +303,7 @@ fn run_remote(a: &BenchArgs, url: &str) -> Result<()> {
     if a.concurrency.contains(&0) {
         bail!("--concurrency levels must be at least 1");
     }
-    let path = tpslab_engine::library::resolve_model(&a.tokenizer, &mut |m| eprintln!("{m}"))?;
+    let path = crate::model_args::resolve(&a.tokenizer, None)?;
     let lm = LoadedModel::load(&path)?;
     let prompts = workload_prompts(a, &lm)?;
     let model = (a.model.model != "default").then_some(a.model.model.as_str());

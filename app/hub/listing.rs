@@ -7,6 +7,7 @@ use hf_hub::{Repo, RepoType};
 use reqwest::Url;
 use serde::Deserialize;
 use tpslab_engine::library::check_name;
+use tpslab_engine::library::model_ref::{HubRef, pick_gguf};
 
 use super::config::HubConfig;
 use super::error::{HubError, status_error};
@@ -55,6 +56,9 @@ pub enum Choice {
     File(String),
     /// config.json, tokenizer files and every *.safetensors (sharded too).
     Safetensors,
+    /// The GGUF model file a quant tag picks, split parts together, as llama.cpp's `-hf` picks
+    /// ([`pick_gguf`]; no tag: Q4_K_M, else Q8_0, else the first).
+    Tagged(Option<String>),
 }
 
 /// Files of the safetensors set kept at the repo root.
@@ -142,6 +146,19 @@ impl RepoListing {
                     }
                 })?;
                 self.with_split_parts(f)
+            }
+            Choice::Tagged(quant) => {
+                let r = HubRef {
+                    repo: self.repo.clone(),
+                    quant: quant.clone(),
+                };
+                let all: Vec<&str> = self.files.iter().map(|f| f.name.as_str()).collect();
+                let picked = pick_gguf(&r, &all).map_err(|e| HubError::Choose(e.to_string()))?;
+                // In the picked order: a split model's first part first.
+                Ok(picked
+                    .iter()
+                    .filter_map(|n| self.files.iter().find(|f| f.name == *n))
+                    .collect())
             }
             Choice::Safetensors => set.ok_or_else(|| {
                 HubError::Choose(format!(

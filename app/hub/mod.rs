@@ -26,6 +26,9 @@
 //!   speed and ETA, cancel, the move into the library only when every file is whole and
 //!   verified and the engine can load the model, and clear errors naming file and server.
 //!
+//! - the resolver ([`resolve`]): a model reference (`owner/name:QUANT`, `-hf`) found in the
+//!   library or the Hugging Face cache, else pulled; the one way every command names a model.
+//!
 //! - the fit ([`fit`]): each GGUF of a repo read from its header alone (range requests,
 //!   bounded), for its quant type, architecture and memory need before a download.
 //!
@@ -51,6 +54,7 @@ mod listing;
 mod meter;
 mod names;
 mod pull;
+mod resolve;
 
 pub use config::{DEFAULT_ENDPOINT, HubConfig, PullProgress};
 pub use error::HubError;
@@ -58,3 +62,4 @@ pub use fit::{GgufFit, MAX_HEADER_MIB, Machine, read_ggufs};
 pub use listing::{Choice, RepoFile, RepoListing, SearchHit, list_files, search};
 pub use meter::human_bytes;
 pub use pull::{PullRequest, pull};
+pub use resolve::resolve_model;

@@ -299,7 +299,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     state.limits = limits.clone();
     state.browser = a.browser.policy();
     state.listed_aliases = a.aliases.clone();
-    state.aliases.push(a.model.model.clone());
+    state.aliases.push(a.model.name().to_string());
     if let Some(s) = &a.model.synthetic {
         state.aliases.push(s.clone());
     }

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+use tpslab_engine::library::hf_cache::HfCache;
 pub use tpslab_engine::library::index::ModelEntry;
 use tpslab_engine::library::index::{Library as Index, ModelSource};
 use tpslab_engine::quant::preset::Preset;
@@ -20,9 +21,13 @@ pub struct Scan {
     pub unreadable: Vec<String>,
 }
 
-/// Lists the library at `dir`, hashing and indexing models seen for the first time.
+/// Lists the library at `dir`, hashing and indexing models seen for the first time, and the
+/// Hugging Face cache's GGUF models beside them (source `hf-cache`, read in place).
 pub fn scan(dir: &Path) -> Result<Scan, String> {
-    let (models, unreadable) = Index::at(dir).list_indexed().map_err(|e| e.to_string())?;
+    let (models, unreadable) = Index::at(dir)
+        .with_hf_cache(HfCache::locate())
+        .list_indexed()
+        .map_err(|e| e.to_string())?;
     Ok(Scan { models, unreadable })
 }
 

@@ -10,7 +10,6 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::library;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs};
 use tpslab_engine::serving::loadgen::{self, PromptSet};
@@ -159,7 +158,9 @@ impl ModelSlot {
             "loading the model ...".into(),
             previous,
             move |ctx, progress| {
-                let path = library::resolve_model(&spec, progress).map_err(|e| e.to_string())?;
+                let cfg = crate::hub::HubConfig::resolve(None, None);
+                let path = crate::hub::resolve_model(&spec, None, &cfg, progress)
+                    .map_err(|e| format!("{e:#}"))?;
                 progress(&format!("loading {} ...", path.display()));
                 let lm = LoadedModel::load(&path)
                     .map_err(|e| format!("cannot load model {}: {e}", path.display()))?;
