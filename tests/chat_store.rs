@@ -234,10 +234,10 @@ fn hostile_imports_are_clear_errors() {
     // A user's message with branches, a branch with its own.
     let mut conv = branched();
     conv.messages[0].others.push(answer("?"));
-    assert!(chat_files::from_json(&chat_files::to_json(&conv).unwrap()).is_err());
+    assert!(chat_files::from_json(&chat_files::to_json(&conv).expect("json")).is_err());
     let mut conv = branched();
     conv.messages[1].others[0].others.push(answer("?"));
-    let e = chat_files::from_json(&chat_files::to_json(&conv).unwrap()).expect_err("nested");
+    let e = chat_files::from_json(&chat_files::to_json(&conv).expect("json")).expect_err("nested");
     assert!(e.contains("branches of its own"), "{e}");
     // Too big: refused before it is parsed (a sparse file, nothing written).
     let big = dir.join("big.json");

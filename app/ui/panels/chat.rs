@@ -317,7 +317,7 @@ impl ChatPanel {
                 })),
                 FileOutcome::Imported(conv, path) => {
                     let title = conv.title.clone();
-                    state.add(conv);
+                    state.add(*conv);
                     self.changed = true;
                     Some(Ok(format!("Imported \"{title}\" from {}", path.display())))
                 }

@@ -182,7 +182,7 @@ pub enum FileOutcome {
         /// Why no dialog was shown (the default path was used).
         fallback: Option<String>,
     },
-    Imported(Conversation, PathBuf),
+    Imported(Box<Conversation>, PathBuf),
     Cancelled,
     Failed(String),
 }
@@ -234,7 +234,7 @@ impl FileJob {
             .spawn(move || {
                 let outcome = match dialogs.open_path(&req) {
                     DialogAnswer::Chosen(p) => match import(&p) {
-                        Ok(conv) => FileOutcome::Imported(conv, p),
+                        Ok(conv) => FileOutcome::Imported(Box::new(conv), p),
                         Err(e) => FileOutcome::Failed(e),
                     },
                     DialogAnswer::Cancelled => FileOutcome::Cancelled,
