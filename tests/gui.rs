@@ -3,11 +3,14 @@
 
 #[path = "support/gui_wait.rs"]
 mod gui_wait;
+#[path = "support/gui_window.rs"]
+mod gui_window;
 #[path = "support/llamacpp.rs"]
 mod llamacpp;
 #[path = "support/runaway.rs"]
 mod runaway;
 use gui_wait::wait_until;
+use gui_window::{has, window};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +20,7 @@ use tpslab::ui::engine_link::DevicePref;
 use tpslab::ui::files::{DialogAnswer, FixedDialog};
 use tpslab::ui::load::{RemoteSettings, SweepPoint};
 use tpslab::ui::panels::chat::{Conversation, Message, Role};
-use tpslab::ui::{AppOptions, AppState, TpsApp};
+use tpslab::ui::{AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::sched::Policy;
 use tpslab_engine::serving::sampler::SamplingParams;
@@ -47,26 +50,7 @@ fn harness_with(
     device: DeviceChoice,
     size: [f32; 2],
 ) -> Harness<'static, TpsApp> {
-    let mut app = TpsApp::new(
-        state,
-        AppOptions {
-            model: model.into(),
-            threads: 1,
-            device: Some(device),
-        },
-    );
-    // Never a real file dialog in a test (it could block on zenity); tests set their answer.
-    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
-    Harness::builder()
-        .with_size(size)
-        // The model may answer with characters (emoji) the bundled fonts lack.
-        .allow_missing_glyphs()
-        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
-}
-
-/// Some node's label contains `text` (several may).
-fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
-    h.query_all_by_label_contains(text).next().is_some()
+    window(state, model, device, size, |_| {})
 }
 
 fn wait_for_model(h: &mut Harness<'static, TpsApp>) {

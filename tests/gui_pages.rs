@@ -5,17 +5,18 @@
 
 #[path = "support/gui_wait.rs"]
 mod gui_wait;
+#[path = "support/gui_window.rs"]
+mod gui_window;
 use gui_wait::wait_until;
+use gui_window::{has, window};
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
-use tpslab::ui::command::Command;
-use tpslab::ui::files::{DialogAnswer, FixedDialog};
+use tpslab::ui::command::{ChatCommand, Command};
 use tpslab::ui::panels::chat::Role;
-use tpslab::ui::{AppOptions, AppState, Tab, TpsApp};
+use tpslab::ui::{AppState, Tab, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 
 /// A model path that does not exist: the window starts without an engine.
@@ -42,25 +43,15 @@ fn temp_library(test: &str) -> PathBuf {
 }
 
 fn harness(state: AppState, lib: PathBuf) -> Harness<'static, TpsApp> {
-    let mut app = TpsApp::new(
+    window(
         state,
-        AppOptions {
-            model: NO_MODEL.into(),
-            threads: 1,
-            device: Some(DeviceChoice::Cpu),
+        NO_MODEL,
+        DeviceChoice::Cpu,
+        [1500.0, 1100.0],
+        |app| {
+            app.set_library_dir(lib);
         },
-    );
-    app.set_library_dir(lib);
-    // Never a real file dialog in a test (it could block on zenity).
-    app.set_file_dialog(Arc::new(FixedDialog(DialogAnswer::Cancelled)));
-    Harness::builder()
-        .with_size([1500.0, 1100.0])
-        .allow_missing_glyphs()
-        .build_ui_state(|ui, app: &mut TpsApp| app.app_ui(ui), app)
-}
-
-fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
-    h.query_all_by_label_contains(text).next().is_some()
+    )
 }
 
 /// The pages whose marker is on screen.
@@ -128,8 +119,10 @@ fn sending_without_a_model_is_an_error_and_leaves_no_empty_answer() {
     let chat = h.state().state.chat.active;
     let ctx = h.ctx.clone();
     let text = "Hello?".to_string();
-    h.state_mut().apply(Command::Send { chat, text }, &ctx);
-    h.state_mut().apply(Command::Regenerate { chat }, &ctx);
+    h.state_mut()
+        .apply(Command::Chat(ChatCommand::Send { chat, text }), &ctx);
+    h.state_mut()
+        .apply(Command::Chat(ChatCommand::Regenerate { chat }), &ctx);
     h.run_steps(2);
     let errors = h.state().errors().to_vec();
     assert_eq!(

@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tpslab_engine::serving::sampler::SamplingParams;
 
-use super::command::Command;
+use super::command::{ChatCommand, Command};
 use super::panels::chat::Role;
 use super::{Tab, TpsApp};
 
@@ -101,7 +101,7 @@ impl TpsApp {
                     conv.max_tokens = b.tokens;
                 }
                 let text = b.prompt.clone();
-                self.apply(Command::Send { chat, text }, ctx);
+                self.apply(Command::Chat(ChatCommand::Send { chat, text }), ctx);
                 b.sent = Some(Instant::now());
             }
             return;

@@ -1,5 +1,6 @@
 //! `Command`: what the panels ask the app for, returned from their frame and applied by the app
-//! once per frame. A leaf: it names no panel, so every panel can return one.
+//! once per frame, and `ChatCommand`, the Chat page's own. A leaf: it names no panel, so every
+//! panel can return one.
 
 use std::path::PathBuf;
 
@@ -12,19 +13,8 @@ use super::engine_link::DevicePref;
 /// the frame.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    Send {
-        chat: u64,
-        text: String,
-    },
-    Stop {
-        chat: u64,
-    },
-    Regenerate {
-        chat: u64,
-    },
-    NewChat,
-    SelectChat(u64),
-    DeleteChat(u64),
+    /// The Chat page's own, applied by its panel.
+    Chat(ChatCommand),
     SetKnobs(Knobs),
     /// Re-quantize the loaded weights to this type.
     SetPrecision(WType),
@@ -49,4 +39,42 @@ pub enum Command {
     StopTune,
     /// Ask for a recorded trace (`tpslab serve --record-trace`) as the tuner's workload.
     ChooseTrace,
+}
+
+/// What the Chat page asks for (its panel applies them); `chat` is a conversation's id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatCommand {
+    Send {
+        chat: u64,
+        text: String,
+    },
+    Stop {
+        chat: u64,
+    },
+    /// Answer the last turn again, the earlier answer kept as a branch.
+    Regenerate {
+        chat: u64,
+    },
+    /// Replace the user's message `index` with `text`, drop what followed it, answer again.
+    EditResend {
+        chat: u64,
+        index: usize,
+        text: String,
+    },
+    /// Show branch `branch` (0-based) of answer `index`.
+    ShowBranch {
+        chat: u64,
+        index: usize,
+        branch: usize,
+    },
+    New,
+    Select(u64),
+    Delete(u64),
+    /// Save a conversation as JSON (importable) or Markdown, through the file dialog.
+    Export {
+        chat: u64,
+        markdown: bool,
+    },
+    /// Add a conversation from a JSON export, through the file dialog.
+    Import,
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::command::Command;
+use super::command::{ChatCommand, Command};
 use super::panels::chat::{Message, Role};
 use super::{Tab, TpsApp};
 
@@ -207,7 +207,7 @@ impl TpsApp {
         conv.max_tokens = 4096;
         let chat = conv.id;
         let text = "Write a long story about a lighthouse keeper, in many paragraphs.".to_string();
-        self.apply(Command::Send { chat, text }, ctx);
+        self.apply(Command::Chat(ChatCommand::Send { chat, text }), ctx);
     }
 
     fn finish_frame_bench(&mut self, fb: &mut FrameBench, ctx: &egui::Context) {

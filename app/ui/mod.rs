@@ -286,6 +286,11 @@ impl TpsApp {
         &self.rt.errors
     }
 
+    /// Whether a conversation changed since last asked ([`ChatPanel::take_changed`]).
+    pub fn take_chat_changed(&mut self) -> bool {
+        self.rt.chat.take_changed()
+    }
+
     /// One frame of the whole window.
     pub fn app_ui(&mut self, ui: &mut egui::Ui) {
         self.poll(ui.ctx());
@@ -607,14 +612,9 @@ impl TpsApp {
 
     fn try_apply(&mut self, cmd: Command, ctx: &egui::Context) -> Result<(), String> {
         match cmd {
-            Command::Send { .. }
-            | Command::Regenerate { .. }
-            | Command::Stop { .. }
-            | Command::NewChat
-            | Command::SelectChat(_)
-            | Command::DeleteChat(_) => {
+            Command::Chat(cmd) => {
                 let link = self.rt.model.as_ref().and_then(ModelSlot::link);
-                self.rt.chat.apply(cmd, &mut self.state.chat, link)
+                (self.rt.chat).apply(cmd, &mut self.state.chat, link, &self.dialogs, ctx)
             }
             Command::SetKnobs(knobs) => {
                 let engine = self.engine().ok_or("the model is not loaded yet")?;

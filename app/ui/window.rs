@@ -13,6 +13,8 @@ struct Window {
     app: TpsApp,
     bench: Option<FrameBench>,
     chat_bench: Option<ChatBench>,
+    /// Writes the state file (none for a benchmark's window, which leaves the user's state).
+    saver: Option<state_file::Saver>,
 }
 
 impl eframe::App for Window {
@@ -22,6 +24,13 @@ impl eframe::App for Window {
             self.app.frame_bench_tick(fb, &ctx, frame.info().cpu_usage);
         }
         self.app.app_ui(ui);
+        // A conversation that changed (a message sent, an answer ended) is saved at once.
+        if self.app.take_chat_changed()
+            && let Some(saver) = &mut self.saver
+            && let Err(e) = saver.save_later(&self.app.state)
+        {
+            eprintln!("cannot save the window's state: {e}");
+        }
         // After the frame: it has drained the answer's events by then.
         if let Some(cb) = &mut self.chat_bench {
             self.app.chat_bench_tick(cb, &ctx);
@@ -37,10 +46,11 @@ impl eframe::App for Window {
         if self.bench.is_some() || self.chat_bench.is_some() {
             return;
         }
-        if let Some(path) = state_file::default_path()
-            && let Err(e) = state_file::save(&path, &self.app.state)
+        if let Some(saver) = &mut self.saver
+            && let Err(e) = saver.save_now(&self.app.state)
         {
-            eprintln!("cannot save the window's state to {}: {e}", path.display());
+            let path = saver.path().display();
+            eprintln!("cannot save the window's state to {path}: {e}");
         }
         eframe::set_value(storage, STATE_KEY, &self.app.state);
     }
@@ -87,10 +97,15 @@ pub fn run(
             }
             let bench = bench.map(|b| b.with_renderer(why.clone()));
             let chat_bench = chat_bench.map(|b| b.with_renderer(why));
+            let saver = (!benchmark)
+                .then(state_file::default_path)
+                .flatten()
+                .map(state_file::Saver::new);
             Ok(Box::new(Window {
                 app,
                 bench,
                 chat_bench,
+                saver,
             }))
         }),
     )

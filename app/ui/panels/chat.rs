@@ -1,14 +1,34 @@
-//! The chat panel: the Chat page's runtime ([`ChatPanel`]: the answers
-//! being made, and the chat commands applied) and the panel UI over the saved conversations
-//! (`chat_store`, re-exported here).
+//! The chat panel: the Chat page's runtime ([`ChatPanel`]: the answers being made, the message
+//! being edited, the search, the export or import in flight, the keyboard shortcuts) and the
+//! chat commands applied. The page is drawn by `chat_view`; the saved conversations are
+//! `chat_store`'s (re-exported here).
 
-use egui::{Key, Modifiers};
+use egui::{Key, KeyboardShortcut, Modifiers};
 use tpslab_engine::serving::engine::EngineHandle;
 
-pub use super::chat_store::{AnswerStats, ChatState, Conversation, Message, Role};
+use super::chat_files::{FileJob, FileOutcome};
+pub use super::chat_store::{
+    AnswerStats, CHAT_SCHEMA, ChatState, Conversation, Message, Preset, Role, answer_stats_text,
+    sampling_text,
+};
 pub use super::chat_stream::Generation;
-use crate::ui::command::Command;
+pub use super::chat_view::reasoning_header;
+use super::chat_view::{self, ChatView};
+use crate::ui::command::{ChatCommand, Command};
 use crate::ui::engine_link::EngineLink;
+use crate::ui::files::Dialogs;
+
+/// The keyboard shortcuts, as the help shows them.
+pub const SHORTCUTS: &str = "Ctrl+N: new chat\nEsc: stop the answer\nCtrl+R: regenerate the last \
+                             answer\nCtrl+L or /: type a message\nEnter: send · Shift+Enter: new line";
+
+/// A user's message being edited, to be sent again in its place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Editing {
+    pub chat: u64,
+    pub index: usize,
+    pub text: String,
+}
 
 /// The Chat page: its runtime (the answers being made) over the saved [`ChatState`]. Its frame
 /// returns what the user asked for as [`Command`]s, and the chat's own commands come back to
@@ -16,22 +36,77 @@ use crate::ui::engine_link::EngineLink;
 #[derive(Default)]
 pub struct ChatPanel {
     gens: Vec<Generation>,
+    editing: Option<Editing>,
+    /// The conversation list's filter.
+    search: String,
+    /// The settings' preset name box.
+    preset_name: String,
+    show_shortcuts: bool,
+    file_job: Option<FileJob>,
+    /// How the last export or import went, shown above the conversation.
+    notice: Option<Result<String, String>>,
+    /// A conversation changed since the window last saved for it.
+    changed: bool,
 }
 
 impl ChatPanel {
     /// The conversation list and the open conversation; `ready` when the engine runs.
     pub fn ui(&mut self, ui: &mut egui::Ui, state: &mut ChatState, ready: bool) -> Vec<Command> {
         let mut cmds = Vec::new();
+        self.shortcuts(ui, state, &mut cmds);
         let busy: Vec<u64> = self.gens.iter().map(|g| g.chat).collect();
         crate::ui::renderer::panel(egui::Panel::left("chat_list"), ui)
             .resizable(true)
-            .default_size(180.0)
-            .show(ui, |ui| list_ui(ui, state, &mut cmds));
+            .default_size(200.0)
+            .show(ui, |ui| {
+                chat_view::list_ui(ui, state, &mut self.search, &mut cmds)
+            });
         crate::ui::renderer::central_panel(ui).show(ui, |ui| {
-            let view = ChatView { ready, busy: &busy };
-            conversation_ui(ui, state, &view, &mut cmds);
+            let mut view = ChatView {
+                ready,
+                busy: &busy,
+                editing: &mut self.editing,
+                preset_name: &mut self.preset_name,
+                show_shortcuts: &mut self.show_shortcuts,
+                notice: &mut self.notice,
+                file_busy: self.file_job.is_some(),
+            };
+            chat_view::conversation_ui(ui, state, &mut view, &mut cmds);
         });
-        cmds
+        cmds.into_iter().map(Command::Chat).collect()
+    }
+
+    /// The page's keys: Ctrl+N, Esc, Ctrl+R, Ctrl+L and `/` (when no text field has the keys).
+    fn shortcuts(&self, ui: &egui::Ui, state: &ChatState, cmds: &mut Vec<ChatCommand>) {
+        let chat = state.active;
+        let ctrl = |key| KeyboardShortcut::new(Modifiers::COMMAND, key);
+        let typing = ui.ctx().text_edit_focused();
+        let (new, regenerate, focus, escape) = ui.input_mut(|i| {
+            let slash = !typing && i.consume_key(Modifiers::NONE, Key::Slash);
+            if slash {
+                // The `/` typed with the key is not the message's.
+                (i.events).retain(|e| !matches!(e, egui::Event::Text(t) if t == "/"));
+            }
+            (
+                i.consume_shortcut(&ctrl(Key::N)),
+                i.consume_shortcut(&ctrl(Key::R)),
+                i.consume_shortcut(&ctrl(Key::L)) || slash,
+                i.key_pressed(Key::Escape),
+            )
+        });
+        if new {
+            cmds.push(ChatCommand::New);
+        }
+        if escape && self.busy(chat) {
+            cmds.push(ChatCommand::Stop { chat });
+        }
+        let answered = (state.conversations.iter()).any(|c| c.id == chat && !c.messages.is_empty());
+        if regenerate && answered && !self.busy(chat) {
+            cmds.push(ChatCommand::Regenerate { chat });
+        }
+        if focus && !new {
+            ui.memory_mut(|m| m.request_focus(chat_view::input_id(chat)));
+        }
     }
 
     /// Whether an answer of `chat` is being made.
@@ -44,36 +119,81 @@ impl ChatPanel {
         !self.gens.is_empty()
     }
 
-    /// Applies a chat command (send, regenerate, stop, new, select, delete) over the engine
-    /// `link` (if one runs); the others are not the chat's and change nothing.
+    /// Whether a conversation changed (a message sent, an answer ended, one added, removed or
+    /// edited) since last asked: the window then saves at once, so a crash loses at most the
+    /// answer being written.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Applies a chat command over the engine `link` (if one runs); exports and imports ask
+    /// `dialogs` on a worker, and their outcome comes in [`Self::drain`].
     pub fn apply(
         &mut self,
-        cmd: Command,
+        cmd: ChatCommand,
         state: &mut ChatState,
         link: Option<&EngineLink>,
+        dialogs: &Dialogs,
+        ctx: &egui::Context,
     ) -> Result<(), String> {
+        self.changed |= !matches!(cmd, ChatCommand::Stop { .. } | ChatCommand::Export { .. });
         match cmd {
-            Command::Send { chat, text } => self.send(state, chat, text, link),
-            Command::Regenerate { chat } => self.regenerate(state, chat, link),
-            Command::Stop { chat } => {
+            ChatCommand::Send { chat, text } => self.send(state, chat, text, link),
+            ChatCommand::Regenerate { chat } => self.regenerate(state, chat, link),
+            ChatCommand::EditResend { chat, index, text } => {
+                self.edit_resend(state, chat, index, text, link)
+            }
+            ChatCommand::ShowBranch {
+                chat,
+                index,
+                branch,
+            } => {
+                let conv = state.get_mut(chat).ok_or("no such conversation")?;
+                if self.busy(chat) && index + 1 == conv.messages.len() {
+                    return Err("that answer is still being made".into());
+                }
+                let m = conv.messages.get_mut(index).ok_or("no such message")?;
+                m.show(branch);
+                Ok(())
+            }
+            ChatCommand::Stop { chat } => {
                 self.stop(chat, link.map(|l| &l.engine));
                 Ok(())
             }
-            Command::NewChat => {
+            ChatCommand::New => {
                 state.new_conversation();
                 Ok(())
             }
-            Command::SelectChat(id) => {
+            ChatCommand::Select(id) => {
                 state.active = id;
                 Ok(())
             }
-            Command::DeleteChat(id) => {
+            ChatCommand::Delete(id) => {
                 self.stop(id, link.map(|l| &l.engine));
                 self.gens.retain(|g| g.chat != id);
                 state.delete(id);
                 Ok(())
             }
-            _ => Ok(()),
+            ChatCommand::Export { chat, markdown } => {
+                self.no_file_job()?;
+                let conv = (state.conversations.iter())
+                    .find(|c| c.id == chat)
+                    .ok_or("no such conversation")?;
+                self.file_job = Some(FileJob::export(dialogs, ctx, conv, markdown)?);
+                Ok(())
+            }
+            ChatCommand::Import => {
+                self.no_file_job()?;
+                self.file_job = Some(FileJob::import(dialogs, ctx)?);
+                Ok(())
+            }
+        }
+    }
+
+    fn no_file_job(&self) -> Result<(), String> {
+        match self.file_job {
+            Some(_) => Err("an export or import is already under way".into()),
+            None => Ok(()),
         }
     }
 
@@ -94,10 +214,11 @@ impl ChatPanel {
             text,
             ..Message::default()
         });
-        self.start_answer(conv, link)
+        self.start_answer(conv, Message::default(), link)
     }
 
-    /// Drops the last answer of `chat` (if the last message is one) and answers again.
+    /// Answers the last turn of `chat` again; its answer (if the last message is one) is kept
+    /// as a branch of the new one.
     fn regenerate(
         &mut self,
         state: &mut ChatState,
@@ -108,16 +229,55 @@ impl ChatPanel {
             return Err("an answer is still being made: stop it first".into());
         }
         let conv = state.get_mut(chat).ok_or("no such conversation")?;
-        if (conv.messages.last()).is_some_and(|m| m.role == Role::Assistant) {
-            conv.messages.pop();
-        }
-        self.start_answer(conv, link)
+        let answered = conv
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Role::Assistant);
+        let before = answered.then(|| conv.messages.pop()).flatten();
+        let new = (before.clone()).map_or_else(Message::default, Message::regenerated);
+        self.start_answer(conv, new, link)
+            .inspect_err(|_| conv.messages.extend(before))
     }
 
-    /// Appends an empty answer to `conv` and submits the conversation.
+    /// Replaces the user's message `index` of `chat` with `text` and answers it; what followed
+    /// it is dropped (and back in place if the answer cannot be asked for).
+    fn edit_resend(
+        &mut self,
+        state: &mut ChatState,
+        chat: u64,
+        index: usize,
+        text: String,
+        link: Option<&EngineLink>,
+    ) -> Result<(), String> {
+        if self.busy(chat) {
+            return Err("an answer is still being made: stop it first".into());
+        }
+        let conv = state.get_mut(chat).ok_or("no such conversation")?;
+        if conv
+            .messages
+            .get(index)
+            .is_none_or(|m| m.role != Role::User)
+        {
+            return Err("only the user's messages can be edited".into());
+        }
+        let tail = conv.messages.split_off(index);
+        conv.messages.push(Message {
+            role: Role::User,
+            text,
+            ..Message::default()
+        });
+        self.start_answer(conv, Message::default(), link)
+            .inspect_err(|_| {
+                conv.messages.truncate(index);
+                conv.messages.extend(tail);
+            })
+    }
+
+    /// Appends `answer` (empty, maybe with branches) to `conv` and submits the conversation.
     fn start_answer(
         &mut self,
         conv: &mut Conversation,
+        answer: Message,
         link: Option<&EngineLink>,
     ) -> Result<(), String> {
         let Some(link) = link else {
@@ -125,7 +285,7 @@ impl ChatPanel {
         };
         conv.messages.push(Message {
             role: Role::Assistant,
-            ..Message::default()
+            ..answer
         });
         match Generation::submit(link, conv) {
             Ok(g) => {
@@ -139,12 +299,32 @@ impl ChatPanel {
         }
     }
 
-    /// Moves each answer's new events into its conversation; drops the ended ones.
+    /// Moves each answer's new events into its conversation (drops the ended ones), and takes
+    /// the outcome of an export or import that has ended.
     pub fn drain(&mut self, state: &mut ChatState, engine: Option<&EngineHandle>) {
+        let before = self.gens.len();
         self.gens.retain_mut(|g| match state.get_mut(g.chat) {
             Some(conv) => !g.drain(conv, engine),
             None => false,
         });
+        self.changed |= self.gens.len() < before;
+        if let Some(outcome) = self.file_job.as_ref().and_then(FileJob::poll) {
+            self.file_job = None;
+            self.notice = match outcome {
+                FileOutcome::Exported { path, fallback } => Some(Ok(match fallback {
+                    Some(why) => format!("Exported to {} ({why})", path.display()),
+                    None => format!("Exported to {}", path.display()),
+                })),
+                FileOutcome::Imported(conv, path) => {
+                    let title = conv.title.clone();
+                    state.add(*conv);
+                    self.changed = true;
+                    Some(Ok(format!("Imported \"{title}\" from {}", path.display())))
+                }
+                FileOutcome::Cancelled => None,
+                FileOutcome::Failed(e) => Some(Err(e)),
+            };
+        }
     }
 
     /// Stops the answers of `chat` (one whose prompt is still being made stops once sent).
@@ -156,273 +336,4 @@ impl ChatPanel {
             g.stop(engine);
         }
     }
-}
-
-/// What the conversation needs to know besides the saved state.
-struct ChatView<'a> {
-    pub ready: bool,
-    /// Conversations with a generation in flight.
-    pub busy: &'a [u64],
-}
-
-/// The conversation list (left side).
-fn list_ui(ui: &mut egui::Ui, state: &mut ChatState, cmds: &mut Vec<Command>) {
-    ui.horizontal(|ui| {
-        ui.heading("Chats");
-        if ui.button("New chat").clicked() {
-            cmds.push(Command::NewChat);
-        }
-    });
-    ui.separator();
-    egui::ScrollArea::vertical().show(ui, |ui| {
-        for c in &state.conversations {
-            ui.horizontal(|ui| {
-                if ui
-                    .selectable_label(c.id == state.active, c.title.as_str())
-                    .clicked()
-                {
-                    cmds.push(Command::SelectChat(c.id));
-                }
-                if ui
-                    .small_button("Delete")
-                    .on_hover_text(format!("Delete {}", c.title))
-                    .clicked()
-                {
-                    cmds.push(Command::DeleteChat(c.id));
-                }
-            });
-        }
-    });
-}
-
-/// The open conversation: settings, messages, the input box.
-fn conversation_ui(
-    ui: &mut egui::Ui,
-    state: &mut ChatState,
-    view: &ChatView<'_>,
-    cmds: &mut Vec<Command>,
-) {
-    let show_settings = &mut state.show_settings;
-    let Some(conv) = state
-        .conversations
-        .iter_mut()
-        .find(|c| c.id == state.active)
-    else {
-        ui.label("No conversation open.");
-        return;
-    };
-    let busy = view.busy.contains(&conv.id);
-    ui.horizontal(|ui| {
-        let label = ui.label("Title");
-        ui.text_edit_singleline(&mut conv.title)
-            .labelled_by(label.id);
-        ui.toggle_value(show_settings, "Chat settings");
-    });
-    if *show_settings {
-        settings_ui(ui, conv);
-    }
-    let id = conv.id;
-    conv.schema.ui(ui, id);
-    ui.separator();
-
-    // Input box at the bottom, messages fill the rest.
-    crate::ui::renderer::panel(egui::Panel::bottom(("chat_input", conv.id)), ui)
-        .resizable(false)
-        .show(ui, |ui| input_ui(ui, conv, busy, view.ready, cmds));
-    crate::ui::renderer::central_panel(ui).show(ui, |ui| {
-        egui::ScrollArea::vertical()
-            .auto_shrink(false)
-            .stick_to_bottom(true)
-            .show(ui, |ui| messages_ui(ui, conv, busy, cmds));
-    });
-}
-
-fn settings_ui(ui: &mut egui::Ui, conv: &mut Conversation) {
-    egui::Grid::new(("chat_settings", conv.id))
-        .num_columns(2)
-        .show(ui, |ui| {
-            let l = ui.label("System prompt");
-            ui.add(egui::TextEdit::multiline(&mut conv.system).desired_rows(2))
-                .labelled_by(l.id);
-            ui.end_row();
-            let s = &mut conv.sampling;
-            let l = ui.label("Temperature");
-            ui.add(egui::Slider::new(&mut s.temperature, 0.0..=2.0))
-                .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Top-p");
-            ui.add(egui::Slider::new(&mut s.top_p, 0.0..=1.0))
-                .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Top-k");
-            ui.add(egui::Slider::new(&mut s.top_k, 0..=200))
-                .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Min-p");
-            ui.add(egui::Slider::new(&mut s.min_p, 0.0..=1.0))
-                .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Repetition penalty");
-            ui.add(egui::Slider::new(&mut s.repetition_penalty, 0.5..=2.0))
-                .labelled_by(l.id);
-            ui.end_row();
-            let l = ui.label("Max tokens");
-            ui.add(egui::Slider::new(&mut conv.max_tokens, 1..=2048))
-                .labelled_by(l.id);
-            ui.end_row();
-        });
-}
-
-/// Every message of `conv`. One scrolled out of sight takes the height it had when last drawn
-/// instead of being laid out again: markdown answers are many widgets each, and a long
-/// conversation would otherwise cost its whole length every frame. The last message (the one
-/// that streams) is always drawn.
-fn messages_ui(ui: &mut egui::Ui, conv: &Conversation, busy: bool, cmds: &mut Vec<Command>) {
-    let n = conv.messages.len();
-    let width = ui.available_width();
-    for i in 0..n {
-        let id = egui::Id::unique(("message_height", conv.id, i));
-        let known: Option<(f32, f32)> = ui.data(|d| d.get_temp(id));
-        if let Some((w, h)) = known
-            && i + 1 < n
-            && (w - width).abs() < 0.5
-        {
-            let rect = egui::Rect::from_min_size(ui.cursor().min, egui::vec2(width, h));
-            if !ui.is_rect_visible(rect) {
-                ui.allocate_space(egui::vec2(width, h));
-                continue;
-            }
-        }
-        let rect = ui
-            .scope(|ui| message_ui(ui, conv, i, busy, cmds))
-            .response
-            .rect;
-        ui.data_mut(|d| d.insert_temp(id, (width, rect.height())));
-    }
-}
-
-fn message_ui(
-    ui: &mut egui::Ui,
-    conv: &Conversation,
-    i: usize,
-    busy: bool,
-    cmds: &mut Vec<Command>,
-) {
-    let m = &conv.messages[i];
-    let who = match m.role {
-        Role::User => "You",
-        Role::Assistant => "Assistant",
-    };
-    ui.horizontal(|ui| {
-        ui.strong(who);
-        if ui.small_button("Copy").clicked() {
-            ui.ctx().copy_text(m.text.clone());
-        }
-    });
-    if m.role == Role::Assistant && !m.reasoning.is_empty() {
-        reasoning_ui(ui, conv.id, i, m);
-    }
-    // Answers are markdown; the user's own text is shown as typed.
-    match m.role {
-        Role::Assistant => crate::ui::markdown::ui(ui, &m.text),
-        Role::User => {
-            ui.add(egui::Label::new(m.text.as_str()).selectable(true).wrap());
-        }
-    }
-    if let Some(s) = &m.stats {
-        ui.label(egui::RichText::new(answer_stats_text(s)).small().weak());
-    }
-    let last_answer = i + 1 == conv.messages.len() && m.role == Role::Assistant;
-    if last_answer && !busy && ui.button("Regenerate").clicked() {
-        cmds.push(Command::Regenerate { chat: conv.id });
-    }
-    ui.add_space(6.0);
-}
-
-/// The model's thinking, folded under a header with its own token count and time; open, it is
-/// shown as plain text, apart from the answer.
-fn reasoning_ui(ui: &mut egui::Ui, chat: u64, i: usize, m: &Message) {
-    let header = reasoning_header(m.stats.as_ref());
-    egui::CollapsingHeader::new(header)
-        .id_salt(("reasoning", chat, i))
-        .default_open(false)
-        .show(ui, |ui| {
-            ui.add(
-                egui::Label::new(egui::RichText::new(m.reasoning.as_str()).weak().italics())
-                    .selectable(true)
-                    .wrap(),
-            );
-        });
-}
-
-/// "Thinking · 120 tokens · 3.4 s"
-pub fn reasoning_header(stats: Option<&AnswerStats>) -> String {
-    match stats {
-        Some(s) => {
-            let time = s
-                .reasoning_ms
-                .map_or(String::new(), |ms| format!(" · {:.1} s", ms / 1e3));
-            format!("Thinking · {} tokens{time}", s.reasoning_tokens)
-        }
-        None => "Thinking".into(),
-    }
-}
-
-/// "42 tokens · TTFT 120 ms · 35.1 tok/s · stop"
-pub fn answer_stats_text(s: &AnswerStats) -> String {
-    let ttft = s
-        .ttft_ms
-        .map_or("TTFT –".into(), |t| format!("TTFT {t:.0} ms"));
-    let tps = s
-        .decode_tps
-        .map_or("– tok/s".into(), |t| format!("{t:.1} tok/s"));
-    format!("{} tokens · {ttft} · {tps} · {}", s.tokens, s.finish)
-}
-
-fn input_ui(
-    ui: &mut egui::Ui,
-    conv: &mut Conversation,
-    busy: bool,
-    ready: bool,
-    cmds: &mut Vec<Command>,
-) {
-    let input_id = egui::Id::unique(("chat_draft", conv.id));
-    // Enter sends, Shift+Enter is a newline: take the plain Enter before the TextEdit sees it.
-    let focused = ui.memory(|m| m.has_focus(input_id));
-    let enter = focused
-        && ui.input_mut(|i| !i.modifiers.shift && i.consume_key(Modifiers::NONE, Key::Enter));
-    if busy && ui.input(|i| i.key_pressed(Key::Escape)) {
-        cmds.push(Command::Stop { chat: conv.id });
-    }
-    ui.add_space(4.0);
-    ui.horizontal(|ui| {
-        let label = ui.label("Message");
-        let edit = egui::TextEdit::multiline(&mut conv.draft)
-            .id(input_id)
-            .desired_rows(2)
-            .desired_width(ui.available_width() - 90.0)
-            .hint_text("Type a message (Enter sends, Shift+Enter: new line)");
-        ui.add(edit).labelled_by(label.id);
-        ui.vertical(|ui| {
-            if busy {
-                if ui
-                    .button("Stop")
-                    .on_hover_text("Stop generating (Esc)")
-                    .clicked()
-                {
-                    cmds.push(Command::Stop { chat: conv.id });
-                }
-            } else {
-                let can_send = ready && !conv.draft.trim().is_empty();
-                let send = ui.add_enabled(can_send, egui::Button::new("Send"));
-                if (send.clicked() || enter) && can_send {
-                    cmds.push(Command::Send {
-                        chat: conv.id,
-                        text: std::mem::take(&mut conv.draft),
-                    });
-                }
-            }
-        });
-    });
-    ui.add_space(4.0);
 }

@@ -1,14 +1,17 @@
 //! A chat answer being made: the prompt rendered and tokenized on a worker, the request
-//! submitted, its events drained into the conversation's last message every frame, with the
-//! figures shown under the answer.
+//! submitted (the chat's sampling and stop sequences), its events drained into the
+//! conversation's last message every frame, with the figures shown under the answer (the
+//! batches it ran in from the engine's usage).
 
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::Instant;
 
+use tpslab_engine::sched::stop::StopCriteria;
 use tpslab_engine::sched::{ClientId, RequestId};
 use tpslab_engine::serving::constraint::compiler_for;
-use tpslab_engine::serving::engine::{EngineHandle, Event, Request};
+use tpslab_engine::serving::engine::{DecodeBatch, EngineHandle, Event, Request};
+use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 use tpslab_engine::text::reasoning::ReasoningParser;
 
@@ -38,6 +41,10 @@ pub struct Generation {
     first: Option<Instant>,
     last: Option<Instant>,
     tokens: usize,
+    /// The settings it was asked with, shown beside it.
+    sampling: SamplingParams,
+    /// The engine's batches, once it has ended.
+    batch: DecodeBatch,
 }
 
 impl Generation {
@@ -64,6 +71,7 @@ impl Generation {
         let (prep_tx, prep) = mpsc::channel();
         let (lm, engine) = (Arc::clone(&link.lm), link.engine.clone());
         let (sampling, max_tokens) = (conv.sampling.clone(), conv.max_tokens.max(1));
+        let stop_strings = conv.stop_strings();
         let grammar = conv.schema.grammar()?;
         std::thread::Builder::new()
             .name("chat-prompt".into())
@@ -80,7 +88,10 @@ impl Generation {
                     let req = Request {
                         prompt: prompt.tokens,
                         sampling,
-                        stop: lm.default_stop(Some(max_tokens)),
+                        stop: StopCriteria {
+                            stop_strings,
+                            ..lm.default_stop(Some(max_tokens))
+                        },
                         priority: crate::serve::limits::WINDOW_CHAT_PRIORITY,
                         client: ClientId::LOCAL,
                         constraint,
@@ -105,6 +116,8 @@ impl Generation {
             first: None,
             last: None,
             tokens: 0,
+            sampling: conv.sampling.clone(),
+            batch: DecodeBatch::default(),
         })
     }
 
@@ -171,7 +184,13 @@ impl Generation {
                     self.tokens += 1;
                     self.take_text(msg, &text, Some(now));
                 }
-                Ok(Event::Finished { reason, text, .. }) => {
+                Ok(Event::Finished {
+                    reason,
+                    text,
+                    usage,
+                    ..
+                }) => {
+                    self.batch = usage.batch;
                     self.take_text(msg, &text, None);
                     if let Some(p) = &mut self.reasoning {
                         let rest = p.finish();
@@ -235,6 +254,9 @@ impl Generation {
             finish: finish.to_owned(),
             reasoning_tokens: self.reasoning_tokens,
             reasoning_ms,
+            batch_mean: self.batch.mean(),
+            batch_max: (self.batch.steps > 0).then_some(self.batch.max),
+            sampling: Some(self.sampling.clone()),
         }
     }
 }

@@ -4,8 +4,13 @@
 //!
 //! Modules:
 //! - [`api_server`]: the dashboard's API server section, and the server over the window's engine.
-//! - [`chat`]: conversations, the Chat page's runtime and commands, and the chat panel.
-//! - `chat_store`: the chat's saved state: conversations, messages, the figures under answers.
+//! - [`chat`]: the Chat page's runtime (answers being made, edits, search, shortcuts) and its
+//!   commands applied.
+//! - `chat_view`: the Chat page drawn: list and search, messages with edits and branches, input.
+//! - `chat_store`: the chat's saved state: conversations, messages and their branches, the
+//!   figures under answers, presets; versioned.
+//! - [`chat_files`]: a conversation exported (JSON, Markdown) and imported (checked), dialogs on
+//!   a worker.
 //! - `chat_stream`: one answer being made: the prompt on a worker, its events drained.
 //! - [`chat_schema`]: the chat panel's JSON-schema option (structured output).
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
@@ -20,9 +25,11 @@
 
 pub mod api_server;
 pub mod chat;
+pub mod chat_files;
 pub mod chat_schema;
 mod chat_store;
 mod chat_stream;
+mod chat_view;
 pub mod dashboard;
 pub mod dashboard_plots;
 mod hub_panel;

@@ -37,7 +37,7 @@ use crate::spec::{SpecConfig, SpecPause};
 use crate::text::detok::Detokenizer;
 use crate::text::reasoning::ReasoningTags;
 
-pub use crate::serving::request::{Event, Refusal, RefusalKind, Request, Usage};
+pub use crate::serving::request::{DecodeBatch, Event, Refusal, RefusalKind, Request, Usage};
 
 /// Settings that take a rebuild of the KV pool when they change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -302,6 +302,8 @@ struct Live {
     speculate: bool,
     /// Its proposals verified so far.
     spec: SpecUsage,
+    /// The batches its tokens were sampled in.
+    batch: DecodeBatch,
     /// How its proposals fare, for the pay-off policy.
     accept: Acceptance,
     /// `Some(n)`: each token's log-probability and `n` alternatives go with its event.
@@ -611,6 +613,7 @@ impl EngineThread {
                 queue_time: None,
                 speculate,
                 spec: SpecUsage::default(),
+                batch: DecodeBatch::default(),
                 accept: Acceptance::seeded(&self.spec.overall),
                 logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
                 pending_logprobs: VecDeque::new(),
@@ -637,6 +640,7 @@ impl EngineThread {
                 prompt_tokens: l.prompt_len,
                 completion_tokens: l.stop.n_tokens(),
                 spec: l.spec,
+                batch: l.batch,
             };
             let _ = l.events.send(Event::Finished {
                 id,

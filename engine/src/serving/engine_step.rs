@@ -75,6 +75,9 @@ impl EngineThread {
             if let Some(l) = self.live.get_mut(&s.id) {
                 l.queue_time
                     .get_or_insert_with(|| t0.saturating_duration_since(l.accepted));
+                if s.sample {
+                    l.batch.record(out.scheduled.len());
+                }
             }
         }
         let batch = batch_from(&out);

@@ -1,5 +1,6 @@
-//! The engine thread's failure isolation: a request whose batch share makes the forward pass
-//! fail is refused alone, and the requests batched with it run to their end.
+//! The engine thread stepped by hand: its failure isolation (a request whose batch share makes
+//! the forward pass fail is refused alone, and the requests batched with it run to their end),
+//! and the batches each request's tokens were sampled in, as its usage reports them.
 
 use super::*;
 use crate::device::{BackendError, DeviceChoice, RowNeed, StepOutput};
@@ -46,8 +47,8 @@ impl Backend for Poisoned {
     }
 }
 
-#[test]
-fn a_request_that_fails_the_forward_pass_fails_alone() {
+/// An engine thread on a synthetic model (two threads, a small KV pool), stepped by hand.
+fn engine_thread() -> (Arc<LoadedModel>, EngineThread) {
     let lm = LoadedModel::synthetic("smollm2-135m", WType::Q8_0, 0, 2).expect("synthetic model");
     let config = EngineConfig {
         threads: 2,
@@ -63,8 +64,14 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
     };
     let lm = Arc::new(lm);
     let (tx, rx) = mpsc::channel();
-    let mut t = EngineThread::new(Arc::clone(&lm), &config, rx, tx, Arc::default(), None)
+    let t = EngineThread::new(Arc::clone(&lm), &config, rx, tx, Arc::default(), None)
         .expect("engine thread");
+    (lm, t)
+}
+
+#[test]
+fn a_request_that_fails_the_forward_pass_fails_alone() {
+    let (lm, mut t) = engine_thread();
     let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, 0.0, 0)
         .expect("backend")
         .backend;
@@ -103,4 +110,40 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
         matches!(ends.get(&2), Some(Err(r)) if r.contains("poisoned")),
         "{ends:?}"
     );
+}
+
+/// Two requests decoded together report batches of two for every token; one decoded alone
+/// reports batches of one.
+#[test]
+fn usage_reports_the_batches_a_request_ran_in() {
+    let (_, mut t) = engine_thread();
+    let (etx, erx) = mpsc::channel();
+    let req = |prompt: Vec<u32>| Request {
+        prompt,
+        stop: StopCriteria::new(Some(4), Vec::new()),
+        ..Request::default()
+    };
+    let mut run = |reqs: Vec<(u64, Vec<u32>)>| {
+        for (id, prompt) in reqs {
+            t.submit(id, req(prompt), etx.clone());
+        }
+        for _ in 0..20 {
+            if t.live.is_empty() {
+                break;
+            }
+            t.step();
+        }
+    };
+    run(vec![(1, vec![10, 11, 12]), (2, vec![20, 21, 22])]);
+    run(vec![(3, vec![30, 31])]);
+    let mut batches = HashMap::new();
+    for ev in erx.try_iter() {
+        if let Event::Finished { id, usage, .. } = ev {
+            assert_eq!(usage.batch.steps, usage.completion_tokens, "{usage:?}");
+            batches.insert(id, (usage.batch.mean(), usage.batch.max));
+        }
+    }
+    assert_eq!(batches.get(&1), Some(&(Some(2.0), 2)), "{batches:?}");
+    assert_eq!(batches.get(&2), Some(&(Some(2.0), 2)), "{batches:?}");
+    assert_eq!(batches.get(&3), Some(&(Some(1.0), 1)), "{batches:?}");
 }

@@ -44,6 +44,34 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Speculative decoding's proposals for the request (zeros without speculation).
     pub spec: SpecUsage,
+    /// The batches its tokens were sampled in.
+    pub batch: DecodeBatch,
+}
+
+/// The batches a request's tokens were sampled in: how many sequences shared each forward pass
+/// that sampled one of its tokens (the prompt's chunks before its end are left out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DecodeBatch {
+    /// Forward passes that sampled a token of the request.
+    pub steps: usize,
+    /// The sequences in those passes, summed.
+    pub seqs: usize,
+    /// The most sequences in one of them.
+    pub max: usize,
+}
+
+impl DecodeBatch {
+    /// One forward pass of `seqs` sequences sampled a token of the request.
+    pub fn record(&mut self, seqs: usize) {
+        self.steps += 1;
+        self.seqs += seqs;
+        self.max = self.max.max(seqs);
+    }
+
+    /// The mean number of sequences per pass; `None` before the first.
+    pub fn mean(&self) -> Option<f64> {
+        (self.steps > 0).then(|| self.seqs as f64 / self.steps as f64)
+    }
 }
 
 /// What a request's channel receives, in this order: `Started`, any number of `Token`s, then
