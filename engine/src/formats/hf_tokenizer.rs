@@ -29,8 +29,18 @@ use crate::formats::hf::{
     HfConfig, HfError, MAX_TOKENIZER_JSON, TOKENIZER, TOKENIZER_CONFIG, read_json, read_json_text,
 };
 use crate::formats::pretokenizer::PreTokenizerKind;
-use crate::text::tokenizer_parts::KEY_HF_JSON;
-use crate::text::vocab::hex_byte_token;
+
+/// GGUF's key for a whole Hugging Face `tokenizer.json` (for executors that run one directly).
+pub const KEY_HF_JSON: &str = "tokenizer.huggingface.json";
+
+/// The byte a `<0xXX>` token stands for.
+pub(crate) fn hex_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
 
 /// GGUF token types.
 const NORMAL: i32 = 1;
@@ -474,4 +484,18 @@ fn chat_template(dir: &Path, tc: &Json) -> Result<Option<String>, HfError> {
         return Ok(Some(text));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_byte_tokens() {
+        assert_eq!(hex_byte_token("<0x0A>"), Some(10));
+        assert_eq!(hex_byte_token("<0xFF>"), Some(255));
+        assert_eq!(hex_byte_token("<0x1>"), None);
+        assert_eq!(hex_byte_token("<0xZZ>"), None);
+        assert_eq!(hex_byte_token("0x0A"), None);
+    }
 }

@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::formats::gguf::GgufFile;
+use crate::formats::hf_tokenizer::hex_byte_token;
 pub use crate::formats::pretokenizer::PreTokenizerKind;
 use crate::formats::pretokenizer::PreTokenizerSpec;
 use crate::text::bpe::{BpePipelines, byte_level_bytes};
@@ -27,7 +28,7 @@ use crate::text::special::{Fragment, SpecialMatcher};
 use crate::text::spm;
 pub use crate::text::tokenizer_error::TokenizerError;
 use crate::text::tokenizer_parts::{Parts, bad};
-use crate::text::vocab::{SpecialIds, Vocab, VocabKind, attr, hex_byte_token};
+use crate::text::vocab::{SpecialIds, Vocab, VocabKind, attr};
 
 /// The algorithm over the vocabulary.
 enum Model {

@@ -19,8 +19,7 @@ const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 const KEY_ADD_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 const KEY_NAME: &str = "general.name";
-/// GGUF's key for a whole Hugging Face `tokenizer.json` (for executors that run one directly).
-pub const KEY_HF_JSON: &str = "tokenizer.huggingface.json";
+pub use crate::formats::hf_tokenizer::KEY_HF_JSON;
 
 /// Everything read from the metadata, before the build.
 pub(super) struct Parts {

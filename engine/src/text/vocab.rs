@@ -312,26 +312,3 @@ impl Vocab {
             .copied()
     }
 }
-
-/// The byte a `<0xXX>` token stands for.
-pub(crate) fn hex_byte_token(text: &str) -> Option<u8> {
-    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    if hex.len() != 2 {
-        return None;
-    }
-    u8::from_str_radix(hex, 16).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hex_byte_tokens() {
-        assert_eq!(hex_byte_token("<0x0A>"), Some(10));
-        assert_eq!(hex_byte_token("<0xFF>"), Some(255));
-        assert_eq!(hex_byte_token("<0x1>"), None);
-        assert_eq!(hex_byte_token("<0xZZ>"), None);
-        assert_eq!(hex_byte_token("0x0A"), None);
-    }
-}
