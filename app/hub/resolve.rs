@@ -28,7 +28,7 @@ pub fn resolve_model(
     let lib = Library::open()?;
     let m = match hf_repo {
         Some(r) => ModelRef::Hub(HubRef::parse(r)?),
-        None => ModelRef::classify(spec, Some(&lib))?,
+        None => ModelRef::classify(spec, Some(lib.root()))?,
     };
     let r = match lib.find(&m, progress)? {
         Found::Path(p) => return Ok(p),

@@ -130,12 +130,12 @@ fn a_cached_repo_is_found_by_quant_and_loaded_in_place() {
     );
 
     // Resolution: by reference, through the library, to the snapshot; loads from there.
-    let m = ModelRef::classify("tpslab/tiny-GGUF:Q4_K_M", Some(&lib)).expect("classify");
+    let m = ModelRef::classify("tpslab/tiny-GGUF:Q4_K_M", Some(lib.root())).expect("classify");
     let found = lib.find(&m, &mut |_| {}).expect("find");
     assert_eq!(found, Found::Path(want.clone()));
     let lm = tpslab_engine::model::LoadedModel::load(&want).expect("loads in place");
     assert_eq!(lm.path, want);
-    let missing = ModelRef::classify("tpslab/tiny-GGUF:Q2_K", Some(&lib)).expect("classify");
+    let missing = ModelRef::classify("tpslab/tiny-GGUF:Q2_K", Some(lib.root())).expect("classify");
     assert_eq!(
         lib.find(&missing, &mut |_| {}).expect("find"),
         Found::Missing(hub("tpslab/tiny-GGUF:Q2_K"))

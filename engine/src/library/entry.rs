@@ -205,3 +205,18 @@ fn no_space(dir: &Path, what: &str) -> IndexError {
         what: what.to_string(),
     }
 }
+
+/// Whether something (a file, a folder, a link, even a dangling one) is at `path`.
+pub fn occupied(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// Whether `name` may be a model's file or folder name in the library (not hidden, not a
+/// partial file, one path part).
+pub fn is_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && !name.contains(['/', '\\'])
+        && !name.ends_with(".tmp")
+        && !name.ends_with(".part")
+}

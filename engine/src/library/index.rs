@@ -44,6 +44,7 @@ use crate::library::describe::{
 pub use crate::library::entry::{
     IndexError, ModelEntry, ModelFile, ModelFormat, ModelSource, write_error,
 };
+pub use crate::library::entry::{is_model_name, occupied};
 use crate::library::hf_cache::HfCache;
 
 const INDEX_DIR: &str = ".index";
@@ -112,11 +113,6 @@ fn sweep_staging(base: &Path) {
     }
 }
 
-/// Whether something (a file, a folder, a link, even a dangling one) is at `path`.
-pub fn occupied(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok()
-}
-
 /// The metadata of the plain file at `path`, `None` when nothing is there; a link or anything
 /// else that is not a plain file with one name is refused ([`IndexError::Link`]): a download
 /// writes, renames and deletes only files it made itself.
@@ -158,16 +154,6 @@ fn unique() -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// Whether `name` may be a model's file or folder name in the library (not hidden, not a
-/// partial file, one path part).
-pub fn is_model_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with('.')
-        && !name.contains(['/', '\\'])
-        && !name.ends_with(".tmp")
-        && !name.ends_with(".part")
 }
 
 impl Library {

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use crate::formats::gguf_split;
-use crate::library::index::{Library, is_model_name, occupied};
+use crate::library::entry::{is_model_name, occupied};
 
 /// The quant tags tried, in order, when a repo is named without one (llama.cpp's order); then
 /// the first model file of the repo.
@@ -203,9 +203,9 @@ pub enum ModelRef {
 
 impl ModelRef {
     /// Sorts `text` out in the order llama.cpp users expect: a Hub reference written as one
-    /// (`hf.co/...`); an existing path; `default`; a model of `lib` by name; `owner/name[:QUANT]`.
+    /// (`hf.co/...`); an existing path; `default`; a model in the library folder `lib` by name; `owner/name[:QUANT]`.
     /// Anything else is refused, saying why it is not a repo id.
-    pub fn classify(text: &str, lib: Option<&Library>) -> Result<Self, RefError> {
+    pub fn classify(text: &str, lib: Option<&std::path::Path>) -> Result<Self, RefError> {
         if HubRef::is_prefixed(text) {
             return HubRef::parse(text).map(Self::Hub);
         }
@@ -216,7 +216,7 @@ impl ModelRef {
         if text == "default" {
             return Ok(Self::Default);
         }
-        if is_model_name(text) && lib.is_some_and(|l| occupied(&l.root().join(text))) {
+        if is_model_name(text) && lib.is_some_and(|l| occupied(&l.join(text))) {
             return Ok(Self::Name(text.to_string()));
         }
         if looks_like_path(text) {
@@ -423,7 +423,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tpslab-ref-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("models")).expect("mkdir");
         std::fs::write(dir.join("models").join("m.gguf"), b"x").expect("write");
-        let lib = Library::at(dir.join("models"));
+        let lib = dir.join("models");
         let c = |t: &str| ModelRef::classify(t, Some(&lib));
         assert_eq!(c("default").expect("default"), ModelRef::Default);
         assert_eq!(c("m.gguf").expect("name"), ModelRef::Name("m.gguf".into()));

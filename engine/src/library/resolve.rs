@@ -70,7 +70,8 @@ impl Library {
 /// machine is an error here: this crate has no network; the app downloads it.
 pub fn resolve_model(spec: &str, progress: &mut dyn FnMut(&str)) -> Result<PathBuf, IndexError> {
     let lib = Library::open().ok();
-    let m = ModelRef::classify(spec, lib.as_ref()).map_err(crate::library::LibraryError::from)?;
+    let m = ModelRef::classify(spec, lib.as_ref().map(|l| l.root()))
+        .map_err(crate::library::LibraryError::from)?;
     let lib = match (&m, lib) {
         (ModelRef::Path(p), _) => return Ok(p.clone()),
         (_, Some(lib)) => lib,
