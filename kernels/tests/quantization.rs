@@ -117,6 +117,26 @@ fn tricky_inputs(k: usize) -> Vec<Vec<f32>> {
             })
             .collect(),
     );
+    // Largest magnitudes of both signs in one block: the first one found sets the sign.
+    v.push(
+        (0..k)
+            .map(|i| match i % 256 {
+                3 => -2.0,
+                10 => 2.0,
+                100 => 1.0,
+                _ => (i % 13) as f32 * 0.1 - 0.6,
+            })
+            .collect(),
+    );
+    v.push(
+        (0..k)
+            .map(|i| match i % 256 {
+                3 => 2.0,
+                255 => -2.0,
+                _ => (i % 11) as f32 * -0.1 + 0.5,
+            })
+            .collect(),
+    );
     v
 }
 
