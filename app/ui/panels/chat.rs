@@ -14,21 +14,10 @@ pub use super::chat_store::{
 pub use super::chat_stream::Generation;
 pub use super::chat_view::reasoning_header;
 use super::chat_view::{self, ChatView};
+pub use super::chat_view::{Editing, SHORTCUTS};
 use crate::ui::command::{ChatCommand, Command};
 use crate::ui::engine_link::EngineLink;
 use crate::ui::files::Dialogs;
-
-/// The keyboard shortcuts, as the help shows them.
-pub const SHORTCUTS: &str = "Ctrl+N: new chat\nEsc: stop the answer\nCtrl+R: regenerate the last \
-                             answer\nCtrl+L or /: type a message\nEnter: send · Shift+Enter: new line";
-
-/// A user's message being edited, to be sent again in its place.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Editing {
-    pub chat: u64,
-    pub index: usize,
-    pub text: String,
-}
 
 /// The Chat page: its runtime (the answers being made) over the saved [`ChatState`]. Its frame
 /// returns what the user asked for as [`Command`]s, and the chat's own commands come back to

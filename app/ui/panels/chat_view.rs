@@ -5,12 +5,23 @@
 
 use egui::{Key, Modifiers};
 
-use super::chat::{Editing, SHORTCUTS};
 use super::chat_store::{
     AnswerStats, ChatState, Conversation, Message, Preset, Role, answer_stats_text, sampling_text,
     save_preset,
 };
 use crate::ui::command::ChatCommand;
+
+/// The keyboard shortcuts, as the help shows them.
+pub const SHORTCUTS: &str = "Ctrl+N: new chat\nEsc: stop the answer\nCtrl+R: regenerate the last \
+                             answer\nCtrl+L or /: type a message\nEnter: send · Shift+Enter: new line";
+
+/// A user's message being edited, to be sent again in its place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Editing {
+    pub chat: u64,
+    pub index: usize,
+    pub text: String,
+}
 
 /// What the open conversation needs besides the saved state (the panel's runtime).
 pub struct ChatView<'a> {
