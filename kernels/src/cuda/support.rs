@@ -208,7 +208,7 @@ mod tests {
                 Support::Tried => assert!(f.runs(false) && f.check(false).is_ok()),
                 _ => {
                     assert!(!f.runs(true), "{ty} is taken before it has run on a GPU");
-                    let msg = f.check(true).unwrap_err().to_string();
+                    let msg = f.check(true).expect_err("refused").to_string();
                     assert!(msg.starts_with(&format!("{ty} has")), "{msg}");
                     assert!(msg.ends_with("(--device cpu)"), "{msg}");
                 }
@@ -224,7 +224,7 @@ mod tests {
                     assert!(!op.runs(false) && op.runs(true), "{op}");
                     assert!(
                         op.check(false)
-                            .unwrap_err()
+                            .expect_err("untried without trial")
                             .to_string()
                             .contains("TPSLAB_CUDA_TRIAL=1")
                     );
@@ -233,7 +233,7 @@ mod tests {
                     assert!(!op.runs(true), "{op}");
                     assert!(
                         op.check(true)
-                            .unwrap_err()
+                            .expect_err("missing")
                             .to_string()
                             .contains("no CUDA kernel yet")
                     );
