@@ -24,7 +24,7 @@ use http_client::*;
 const POOL_BLOCKS: usize = 6;
 
 fn small_pool_engine(max_waiting: Option<usize>) -> EngineHandle {
-    let kv = tpslab_engine::kv::KvCache::bytes_per_block(&model().model.cfg, 16) * POOL_BLOCKS;
+    let kv = tpslab_engine::kv::KvTypes::F16.bytes_per_block(&model().model.cfg, 16) * POOL_BLOCKS;
     let eng = engine_with_kv(2, max_waiting, kv);
     assert_eq!(eng.stats().kv_total_blocks, POOL_BLOCKS);
     eng

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 #[path = "support/cli_bin.rs"]
 mod cli_bin;
@@ -403,6 +403,67 @@ fn llama_cpp_short_flags_mean_the_long_ones() {
             "{spelled:?}"
         );
         assert_eq!(ids(&short["output_token_ids"]).len(), 4);
+    }
+}
+
+/// `--cache-type-k/-v` and llama.cpp's `-ctk`/`-ctv`: both spellings reach the cache (the
+/// output says which types it held, and they give the same tokens); q4_0 values run; an
+/// unknown type is refused with the list; and CUDA (which has f16 kernels only) refuses a
+/// quantized cache by its support table's row before it opens a device. (What a q8_0 cache does
+/// to the tokens, near-ties apart, is checked in `engine/tests/kv_types.rs`.)
+#[test]
+fn kv_cache_types_are_chosen_by_llama_cpp_names() {
+    let m = model();
+    let m = m.to_str().expect("utf8");
+    let base = [
+        "-m",
+        m,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--ignore-eos",
+        "-t",
+        "2",
+    ];
+    let f16 = generate_json(&base[2..]);
+    assert_eq!(f16["kv_types"], json!({"k": "f16", "v": "f16"}));
+    let q8: Vec<Value> = [
+        &["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"][..],
+        &["-ctk", "q8_0", "-ctv=q8_0"],
+    ]
+    .iter()
+    .map(|kv| {
+        let q8 = generate_json(&[&base[2..], kv].concat());
+        assert_eq!(q8["kv_types"], json!({"k": "q8_0", "v": "q8_0"}), "{kv:?}");
+        assert_eq!(ids(&q8["output_token_ids"]).len(), 8);
+        q8
+    })
+    .collect();
+    assert_eq!(q8[0]["output_token_ids"], q8[1]["output_token_ids"]);
+    // The answer's first token is no near-tie: a cache read back wrong changes it.
+    assert_eq!(
+        q8[0]["output_token_ids"][0], f16["output_token_ids"][0],
+        "{q8:?} vs {f16}"
+    );
+    let q4 = generate_json(&[&base[2..], &["-ctv", "q4_0"][..]].concat());
+    assert_eq!(q4["kv_types"], json!({"k": "f16", "v": "q4_0"}));
+    assert_eq!(ids(&q4["output_token_ids"]).len(), 8);
+    let mut args = vec!["generate"];
+    args.extend_from_slice(&base);
+    fails_with(
+        &[&args[..], &["--cache-type-k", "q5_0"]].concat(),
+        "unknown KV cache type 'q5_0' (known: f16, bf16, q8_0, q4_0)",
+    );
+    fails_with(
+        &[&args[..], &["-ctv", "fp8"]].concat(),
+        "(known: f16, bf16, q8_0, q4_0)",
+    );
+    if cfg!(feature = "cuda") {
+        fails_with(
+            &[&args[..], &["--device", "cuda", "-ctk", "q8_0"]].concat(),
+            "a KV cache of another type than f16 (--cache-type-k/-v) has no CUDA kernel yet",
+        );
     }
 }
 

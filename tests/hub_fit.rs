@@ -26,7 +26,7 @@ use tpslab::ui::{AppOptions, AppState, Tab, TpsApp};
 use tpslab_engine::device::DeviceChoice;
 use tpslab_engine::formats::gguf::{GgufFile, Value};
 use tpslab_engine::formats::gguf_write::{TensorDesc, write_gguf};
-use tpslab_engine::kv::KvCache;
+use tpslab_engine::kv::KvTypes;
 use tpslab_engine::library::fit::{KV_BLOCK, Verdict};
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
@@ -182,7 +182,7 @@ fn the_api_describes_each_gguf_from_its_header_and_gives_the_fit() {
     let local = GgufFile::open(default_model()).expect("open");
     assert_eq!(n.weights, local.tensors.iter().map(|t| t.size).sum::<u64>());
     let cfg = ModelConfig::from_gguf(&local).expect("config");
-    let kv = KvCache::budget_for_tokens(&cfg, KV_BLOCK, ctx) as u64;
+    let kv = KvTypes::F16.budget_for_tokens(&cfg, KV_BLOCK, ctx) as u64;
     assert_eq!(n.kv_bytes(ctx, batch), Some(kv));
     assert_eq!(n.kv_bytes(ctx, 4), Some(4 * kv));
     assert_eq!(q4.need(ctx, batch), Some(n.weights + kv));

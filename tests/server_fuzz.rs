@@ -216,7 +216,7 @@ proptest! {
 fn fuzz_server() -> SocketAddr {
     static S: OnceLock<tpslab::serve::RunningServer> = OnceLock::new();
     S.get_or_init(|| {
-        let kv = tpslab_engine::kv::KvCache::bytes_per_block(&model().model.cfg, 16) * 4;
+        let kv = tpslab_engine::kv::KvTypes::F16.bytes_per_block(&model().model.cfg, 16) * 4;
         start(engine_with_kv(4, None, kv), None)
     })
     .addr

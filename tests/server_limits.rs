@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tpslab::serve::limits::Limits;
-use tpslab_engine::kv::KvCache;
+use tpslab_engine::kv::{KvType, KvTypes};
 use tpslab_engine::serving::engine::{Event, RefusalKind, Request};
 
 #[path = "support/http_client.rs"]
@@ -389,7 +389,7 @@ fn token_ids_the_model_lacks_are_refused_alone() {
 fn max_tokens_omitted_is_as_much_as_fits_the_kv_pool() {
     let cfg = &model().model.cfg;
     let blocks = 6;
-    let kv_bytes = KvCache::bytes_per_block(cfg, 16) * blocks;
+    let kv_bytes = KvTypes::F16.bytes_per_block(cfg, 16) * blocks;
     let eng = engine_with_kv(2, None, kv_bytes);
     let capacity = eng.stats().kv_total_blocks * 16;
     assert!(
@@ -473,10 +473,10 @@ fn a_4_mib_prompt_does_not_hold_up_a_short_request() {
     assert_eq!(big.error()["code"], "context_length_exceeded");
 }
 
-/// `tpslab serve -c 96 -n 5 --parallel 3 --kv-budget-mb 8` (the real binary): a request that
-/// names no `max_tokens` gets 5, prompt + `max_tokens` past 96 is `context_length_exceeded`,
-/// and the KV pool (8 MiB in blocks of 16) and the batch cap are stated alike on stderr and in
-/// /metrics.
+/// `tpslab serve -c 96 -n 5 --parallel 3 --kv-budget-mb 8 -ctk q8_0` (the real binary): a
+/// request that names no `max_tokens` gets 5, prompt + `max_tokens` past 96 is
+/// `context_length_exceeded`, and the KV pool (8 MiB in blocks of 16, q8_0 keys and f16 values)
+/// and the batch cap are stated alike on stderr and in /metrics.
 #[test]
 fn serve_holds_the_context_answer_length_and_pool_it_is_given() {
     let args = [
@@ -492,6 +492,8 @@ fn serve_holds_the_context_answer_length_and_pool_it_is_given() {
         "3",
         "--kv-budget-mb",
         "8",
+        "-ctk",
+        "q8_0",
     ];
     let srv = ServeProcess::start(&args, &[], loopback);
     let addr = srv.addr();
@@ -520,7 +522,17 @@ fn serve_holds_the_context_answer_length_and_pool_it_is_given() {
     assert_eq!(complete(Some(60)).json()["usage"]["completion_tokens"], 60);
     let models = request(addr, "GET", "/v1/models", &[], b"").json();
     assert_eq!(models["data"][0]["max_model_len"], 96);
-    let blocks = KvCache::pool_for_budget(&model().model.cfg, 16, 8 << 20).expect("blocks");
+    let types = KvTypes {
+        k: KvType::Q8_0,
+        v: KvType::F16,
+    };
+    let blocks = (types.pool_for_budget(&model().model.cfg, 16, 8 << 20)).expect("blocks");
+    assert!(
+        blocks
+            > KvTypes::F16
+                .pool_for_budget(&model().model.cfg, 16, 8 << 20)
+                .expect("f16")
+    );
     let text = String::from_utf8(request(addr, "GET", "/metrics", &[], b"").body).expect("utf8");
     let gauge = |name: &str| {
         text.lines()
@@ -535,7 +547,7 @@ fn serve_holds_the_context_answer_length_and_pool_it_is_given() {
     assert_eq!(gauge("max_num_seqs"), Some(3.0));
     let log = srv.log();
     let said = format!(
-        "KV pool: {} tokens ({blocks} blocks of 16), up to 3 sequences",
+        "KV pool: {} tokens ({blocks} blocks of 16, K q8_0, V f16), up to 3 sequences",
         blocks * 16
     );
     assert!(log.contains(&said), "{log}");

@@ -104,6 +104,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         spec,
         draft,
         cpu_moe_layers: a.model.cpu_moe_layers(),
+        kv_types: a.kv.types.types(),
     };
     // One untimed warm-up so page faults and thread start-up don't land in the first figure.
     generate_with(

@@ -11,6 +11,7 @@ use tpslab_engine::serving::generate::{GenerateSetup, generate_request};
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 
+use crate::kv_args::KvTypeArgs;
 use crate::model_args::ModelArgs;
 use crate::spec_args::SpecArgs;
 
@@ -78,6 +79,8 @@ pub struct GenerateArgs {
     /// Structured output: the text matches this regular expression.
     #[arg(long, value_name = "R")]
     pub regex: Option<String>,
+    #[command(flatten)]
+    pub kv: KvTypeArgs,
 }
 
 /// The constraint the flags ask for, read and checked before the model loads.
@@ -164,6 +167,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         spec,
         draft,
         cpu_moe_layers: a.model.cpu_moe_layers(),
+        kv_types: a.kv.types(),
     };
     let out = generate_request(&lm, &setup, req, &mut on_text)?;
     if json {

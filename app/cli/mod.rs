@@ -140,12 +140,24 @@ pub fn main() -> ExitCode {
 
 /// llama.cpp's one-dash long flag `-hf REPO` (and `-hf=REPO`) as `--hf-repo` (clap would read
 /// `-hf` as `-h -f`).
+/// llama.cpp's single-dash spellings as this command line's long options: clap reads a single
+/// dash as a run of one-letter flags. `-hf owner/name`, `-ctk q8_0`, `-ctv=q4_0`.
+const LLAMA_SPELLINGS: [(&str, &str); 3] = [
+    ("-hf", "--hf-repo"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+];
+
 fn llama_spelling(arg: std::ffi::OsString) -> std::ffi::OsString {
-    match arg.to_str() {
-        Some("-hf") => "--hf-repo".into(),
-        Some(a) if a.starts_with("-hf=") => format!("--hf-repo={}", &a[4..]).into(),
-        _ => arg,
+    let Some(s) = arg.to_str() else { return arg };
+    for (short, long) in LLAMA_SPELLINGS {
+        if let Some(rest) = s.strip_prefix(short)
+            && (rest.is_empty() || rest.starts_with('='))
+        {
+            return format!("{long}{rest}").into();
+        }
     }
+    arg
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@ use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
 use tpslab_engine::quant::quantize::{QuantizeOptions, plan, quantize_file};
 use tpslab_engine::serving::kl::{Estimate, kl_divergence};
-use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity};
+use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME, perplexity_kv};
 use tpslab_kernels::WType;
+
+use crate::kv_args::KvTypeArgs;
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -114,6 +116,8 @@ pub struct PerplexityArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub kv: KvTypeArgs,
 }
 
 pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
@@ -132,8 +136,9 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
         return run_kl(a, &lm, base, &text, &source);
     }
     let size = model_bytes(&path);
+    let kv = a.kv.types();
     eprintln!(
-        "perplexity of {} ({}, {:.1} MiB) on {source}, windows of {} tokens",
+        "perplexity of {} ({}, {:.1} MiB) on {source}, windows of {} tokens, {kv} KV cache",
         path.display(),
         lm.precision,
         size as f64 / MIB,
@@ -145,10 +150,18 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     // Ctrl-C ends the process: no cancel flag.
-    let r = perplexity(&lm, &text, a.ctx, a.threads, None, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    });
+    let r = perplexity_kv(
+        &lm,
+        &text,
+        a.ctx,
+        a.threads,
+        kv,
+        None,
+        &mut |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+    );
     bar.finish_and_clear();
     let r = r?;
     if a.json {

@@ -423,11 +423,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             let engine = start_engine(a, &lm, &knobs, c, draft.clone())?;
             if device.is_empty() {
                 let st = engine.stats();
-                device = st.device;
-                if let Some(note) = st.device_note {
+                device = st.device.clone();
+                if let Some(note) = &st.device_note {
                     eprintln!("{note}");
                 }
                 println!("device: {device}");
+                println!(
+                    "KV pool: {} blocks of {} tokens ({} tokens, {} KV, {:.1} MiB)",
+                    st.kv_total_blocks,
+                    st.knobs.kv.block_size,
+                    crate::serve::metrics::kv_capacity_tokens(&st),
+                    st.knobs.kv.types,
+                    st.kv_bytes as f64 / (1 << 20) as f64
+                );
             }
             Ok(engine)
         },

@@ -316,7 +316,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     let snap = state.engine.stats();
     eprintln!(
-        "serving {} ({}) on http://{}/v1 — {}; KV pool: {} tokens ({} blocks of {}), up to {} \
+        "serving {} ({}) on http://{}/v1 — {}; KV pool: {} tokens ({} blocks of {}, {}), up to {} \
          sequences at once",
         state.model_id,
         state.lm.precision,
@@ -325,6 +325,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         metrics::kv_capacity_tokens(&snap),
         snap.kv_total_blocks,
         snap.knobs.kv.block_size,
+        snap.knobs.kv.types,
         snap.knobs.scheduler.max_num_seqs,
     );
     let app = router(Arc::new(state));

@@ -597,6 +597,12 @@ impl TpsApp {
             saving: self.rt.saving.is_some(),
             server: self.rt.server.describe(),
             models: self.rt.library.as_ref().map_or(&[][..], |l| &l.models),
+            model_cfg: self
+                .rt
+                .model
+                .as_ref()
+                .and_then(ModelSlot::link)
+                .map(|b| &b.lm.model.cfg),
         };
         renderer::central_panel(ui).show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);

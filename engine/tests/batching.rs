@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tpslab_engine::kv::KvCache;
+use tpslab_engine::kv::KvTypes;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
 use tpslab_engine::sched::{Policy, SchedulerConfig};
@@ -118,7 +118,7 @@ fn engine(knobs: Knobs) -> EngineHandle {
 }
 
 fn kv_blocks(budget: &KvSettings) -> usize {
-    KvCache::blocks_for_budget(&model().model.cfg, budget.block_size, budget.budget_bytes)
+    KvTypes::F16.blocks_for_budget(&model().model.cfg, budget.block_size, budget.budget_bytes)
 }
 
 #[test]
@@ -135,7 +135,7 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
     assert!(alone.iter().all(|o| o.len() == MAX_TOKENS));
     drop(alone_engine);
 
-    let per_block = KvCache::bytes_per_block(&lm.model.cfg, 4);
+    let per_block = KvTypes::F16.bytes_per_block(&lm.model.cfg, 4);
     let sched = |f: &dyn Fn(&mut SchedulerConfig)| {
         let mut c = SchedulerConfig::default();
         f(&mut c);
@@ -168,6 +168,7 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
                 kv: KvSettings {
                     budget_bytes: per_block * 24,
                     block_size: 4,
+                    ..KvSettings::default()
                 },
                 ..Knobs::default()
             },
@@ -182,6 +183,7 @@ fn greedy_tokens_are_identical_alone_and_in_any_batch_mix() {
                 kv: KvSettings {
                     budget_bytes: per_block * 20,
                     block_size: 4,
+                    ..KvSettings::default()
                 },
                 ..Knobs::default()
             },
@@ -229,8 +231,9 @@ fn soak_with_random_cancels_loses_nothing() {
             ..Default::default()
         },
         kv: KvSettings {
-            budget_bytes: KvCache::bytes_per_block(&lm.model.cfg, 8) * 40,
+            budget_bytes: KvTypes::F16.bytes_per_block(&lm.model.cfg, 8) * 40,
             block_size: 8,
+            ..KvSettings::default()
         },
         ..Knobs::default()
     };
@@ -338,6 +341,7 @@ fn kv_rebuild_while_running_loses_nothing() {
                         kv: KvSettings {
                             budget_bytes: 64 << 20,
                             block_size: 8,
+                            ..KvSettings::default()
                         },
                         ..Knobs::default()
                     });

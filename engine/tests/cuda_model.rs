@@ -74,7 +74,7 @@ fn compare_with(
         lm,
         0,
         bs,
-        blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs),
+        blocks * tpslab_engine::kv::KvTypes::F16.bytes_per_block(&lm.model.cfg, bs),
         0.0,
         opts,
     )
@@ -156,7 +156,7 @@ fn padded_mixed_step_graphs_match_cpu() {
     let lm = Arc::new(LoadedModel::synthetic("smollm2-135m", WType::Q4K, 7, 0).unwrap());
     let (bs, blocks) = (16, 64);
     let mut cpu = CpuBackend::new(Arc::clone(&lm), 0, bs, blocks).unwrap();
-    let bytes = blocks * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs);
+    let bytes = blocks * tpslab_engine::kv::KvTypes::F16.bytes_per_block(&lm.model.cfg, bs);
     let mut gpu = CudaBackend::new(&lm, 0, bs, bytes, 0.0).unwrap();
     gpu.set_trial_kernels(true);
     for round in 0..3u32 {
@@ -326,7 +326,7 @@ fn the_cuda_device_receives_the_recorded_sequence() {
     for name in ["smollm2-135m", "qwen2.5-0.5b"] {
         let lm = Arc::new(LoadedModel::synthetic(name, WType::Q8_0, 3, 0).unwrap());
         let bs = 16;
-        let bytes = 8 * tpslab_engine::kv::KvCache::bytes_per_block(&lm.model.cfg, bs);
+        let bytes = 8 * tpslab_engine::kv::KvTypes::F16.bytes_per_block(&lm.model.cfg, bs);
         let mut gpu = CudaBackend::new(&lm, 0, bs, bytes, 0.0).unwrap();
         let mut b = Batch::default();
         b.push_seq(vec![0, 1], 0, &[1, 2, 3, 4, 5], true);

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tpslab_engine::device::Workspace;
 use tpslab_engine::formats::gguf::Value;
-use tpslab_engine::kv::{Batch, KvCache};
+use tpslab_engine::kv::{Batch, KvCache, KvTypes};
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::model::synthetic::synthetic_tokenizer;
 use tpslab_engine::model::tiny::write_tiny;
@@ -252,7 +252,7 @@ fn greedy_tokens_are_the_same_alone_batched_chunked_and_preempted() {
             })
             .collect();
         assert!(alone.iter().all(|t| t.len() == MAX_TOKENS), "{variant}");
-        let per_block = KvCache::bytes_per_block(&lm.model.cfg, 4);
+        let per_block = KvTypes::F16.bytes_per_block(&lm.model.cfg, 4);
         let settings = [
             ("one batch", Knobs::default(), false),
             (
@@ -276,6 +276,7 @@ fn greedy_tokens_are_the_same_alone_batched_chunked_and_preempted() {
                     kv: KvSettings {
                         budget_bytes: per_block * 12,
                         block_size: 4,
+                        ..KvSettings::default()
                     },
                     ..Knobs::default()
                 },

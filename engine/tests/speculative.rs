@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tpslab_engine::kv::KvCache;
+use tpslab_engine::kv::KvTypes;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::sched::SchedulerConfig;
 use tpslab_engine::sched::stop::StopCriteria;
@@ -115,7 +115,7 @@ fn greedy_tokens_are_identical_with_every_proposer_alone_and_in_batches() {
         .collect();
     drop(off);
     assert!(alone.iter().all(|o| o.len() == MAX_TOKENS));
-    let per_block = KvCache::bytes_per_block(&lm.model.cfg, 4);
+    let per_block = KvTypes::F16.bytes_per_block(&lm.model.cfg, 4);
     let settings: Vec<(&str, SchedulerConfig, KvSettings)> = vec![
         ("default", SchedulerConfig::default(), KvSettings::default()),
         (
@@ -141,6 +141,7 @@ fn greedy_tokens_are_identical_with_every_proposer_alone_and_in_batches() {
             KvSettings {
                 budget_bytes: per_block * 30,
                 block_size: 4,
+                ..KvSettings::default()
             },
         ),
     ];

@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use tpslab_kernels::attn::{self, AttnInput, AttnShape};
+use tpslab_kernels::attn::{self, AttnInput, AttnShape, KvRows};
 use tpslab_kernels::{SendPtr, ThreadPool};
 
 /// Layers per iteration (`TPSLAB_BENCH_LAYERS`, default 30).
@@ -101,8 +101,8 @@ fn new_layers(pool: &ThreadPool, c: &Case, out: &mut [f32]) {
             tables: &c.tables,
             q: &c.q,
             q_stride: c.q_stride,
-            k_cache: k,
-            v_cache: v,
+            k_cache: KvRows::F16(k),
+            v_cache: KvRows::F16(v),
             scale: 1.0 / (SHAPE.head_dim as f32).sqrt(),
             softcap: None,
             window: None,

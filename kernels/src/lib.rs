@@ -23,8 +23,9 @@
 //!   weights read once per step).
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.
 //! - `membw`: the machine's memory read bandwidth, measured (what decode is stated against).
-//! - `attn`: paged attention over f16 K/V caches (AVX2/FMA/F16C with a portable fallback), with
-//!   sliding windows, soft-capping and per-head sinks.
+//! - `attn`: paged attention over K/V caches of f16, or of BF16 / Q8_0 / Q4_0 blocks
+//!   (AVX2/FMA/F16C with a portable fallback), with sliding windows, soft-capping and per-head
+//!   sinks.
 //! - `cuda` (feature `cuda`, on by default): the GPU kernels (`kernels/cuda/*.cu`, embedded as the
 //!   PTX in `kernels/ptx/`) behind safe wrappers on cudarc; libcuda is loaded at run time.
 

@@ -9,7 +9,7 @@ use half::f16;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tpslab_kernels::attn::{self, AttnInput, AttnShape};
+use tpslab_kernels::attn::{self, AttnInput, AttnShape, KvRows};
 use tpslab_kernels::{Backend, ThreadPool};
 
 fn pools() -> &'static [ThreadPool; 3] {
@@ -99,8 +99,8 @@ impl Case {
             tables: &self.tables,
             q: &self.q,
             q_stride: self.q_stride,
-            k_cache: &self.k,
-            v_cache: &self.v,
+            k_cache: KvRows::F16(&self.k),
+            v_cache: KvRows::F16(&self.v),
             scale: 1.0 / (self.shape.head_dim as f32).sqrt(),
             softcap: self.softcap,
             window: self.window,

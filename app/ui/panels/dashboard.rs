@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::library::entry::ModelEntry;
+use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::sched::Policy;
 use tpslab_engine::serving::engine::{EngineSnapshot, Knobs};
 use tpslab_engine::serving::metrics::cost_per_million_output_tokens;
@@ -56,6 +57,8 @@ pub struct DashView<'a> {
     pub server: Option<String>,
     /// The library's models (draft model choices).
     pub models: &'a [ModelEntry],
+    /// The loaded model's configuration (what a KV budget holds of it).
+    pub model_cfg: Option<&'a ModelConfig>,
 }
 
 /// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
@@ -179,30 +182,12 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
     precision_ui(ui, view, cmds);
     // KV settings rebuild the pool: edited freely, applied with a button.
     ui.label("KV cache (applying rebuilds the pool)");
-    let kv = &mut s.knobs.kv;
-    let mut mib = (kv.budget_bytes >> 20).max(1);
-    egui::Grid::new("kv_grid").num_columns(2).show(ui, |ui| {
-        let l = ui.label("KV budget (MiB)");
-        if ui
-            .add(egui::DragValue::new(&mut mib).range(1..=65536))
-            .labelled_by(l.id)
-            .changed()
-        {
-            kv.budget_bytes = mib << 20;
-        }
-        ui.end_row();
-        let l = ui.label("Block size");
-        egui::ComboBox::from_id_salt("kv_block_size")
-            .selected_text(kv.block_size.to_string())
-            .show_ui(ui, |ui| {
-                for b in [8usize, 16, 32, 64] {
-                    ui.selectable_value(&mut kv.block_size, b, b.to_string());
-                }
-            })
-            .response
-            .labelled_by(l.id);
-        ui.end_row();
-    });
+    super::kv_knobs::kv_grid(ui, &mut s.knobs.kv);
+    if let Some(cfg) = view.model_cfg {
+        let request = s.load.prompt_len + s.load.output_len;
+        let text = super::kv_knobs::capacity_text(&s.knobs.kv, cfg, request);
+        ui.label(egui::RichText::new(text).small());
+    }
     let engine_kv = view.snapshot.map(|sn| sn.knobs.kv.clone());
     let kv_pending = engine_kv.as_ref().is_some_and(|e| *e != s.knobs.kv);
     if ui
@@ -221,11 +206,12 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
     if let Some(sn) = view.snapshot {
         ui.label(
             egui::RichText::new(format!(
-                "engine: batch cap {}, budget {}, KV {} blocks × {} tok",
+                "engine: batch cap {}, budget {}, KV {} blocks × {} tok, {}",
                 sn.knobs.scheduler.max_num_seqs,
                 sn.knobs.scheduler.max_num_batched_tokens,
                 sn.kv_total_blocks,
-                sn.knobs.kv.block_size
+                sn.knobs.kv.block_size,
+                sn.knobs.kv.types
             ))
             .small(),
         );
@@ -317,9 +303,10 @@ pub fn describe_knob_change(old: &Knobs, new: &Knobs) -> String {
     }
     if old.kv != new.kv {
         parts.push(format!(
-            "KV {} MiB × {} tok blocks",
+            "KV {} MiB × {} tok blocks, {}",
             new.kv.budget_bytes >> 20,
-            new.kv.block_size
+            new.kv.block_size,
+            new.kv.types
         ));
     }
     if parts.is_empty() {

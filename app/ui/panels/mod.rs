@@ -16,6 +16,8 @@
 //! - [`dashboard`]: knobs, cost, load and sweep controls beside the live plots.
 //! - [`dashboard_plots`]: the dashboard's live plots laid out, the settings said once.
 //! - `hub_panel`: the Models panel's Hugging Face part: search, files, download with progress.
+//! - [`kv_knobs`]: the dashboard's KV cache settings (budget, block size, K and V types) and
+//!   what they hold.
 //! - [`planner`]: the capacity planner: predictions per device as a table and a trade-off plot.
 //! - [`models`]: the Models panel: the library, loading a model, import, Hugging Face download.
 //! - [`spec_knobs`]: the dashboard's speculative decoding knobs and live figures.
@@ -33,6 +35,7 @@ mod chat_view;
 pub mod dashboard;
 pub mod dashboard_plots;
 mod hub_panel;
+pub mod kv_knobs;
 pub mod models;
 pub mod planner;
 pub mod spec_knobs;

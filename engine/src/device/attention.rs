@@ -5,9 +5,8 @@
 //! query's arithmetic is fixed, so a token's output never depends on the rest of the batch or
 //! the thread count); this module adapts the engine's [`Batch`] to it.
 
-use half::f16;
 use tpslab_kernels::ThreadPool;
-use tpslab_kernels::attn::{self, AttnInput};
+use tpslab_kernels::attn::{self, AttnInput, KvRows};
 
 use crate::kv::Batch;
 use crate::model::ops::AttnOpts;
@@ -18,7 +17,8 @@ pub use tpslab_kernels::attn::AttnShape;
 pub const MAX_HEAD_DIM: usize = attn::MAX_HEAD_DIM;
 
 /// `out[t]` = attention of the query rows `q[t]` over positions `0..=positions[t]` of token
-/// `t`'s sequence (those in the window of `opts`), K/V read from `k_cache`/`v_cache` through the
+/// `t`'s sequence (those in the window of `opts`), K/V read from `k_cache`/`v_cache` (f16 or
+/// quantized rows, see [`crate::kv::KvTypes`]) through the
 /// batch's block tables, with one sink logit per query head where `sinks` is given. `q` rows
 /// are `q_stride` floats apart (they sit inside the fused QKV output).
 #[allow(clippy::too_many_arguments)]
@@ -30,8 +30,8 @@ pub fn paged_attention(
     batch: &Batch,
     q: &[f32],
     q_stride: usize,
-    k_cache: &[f16],
-    v_cache: &[f16],
+    k_cache: KvRows<'_>,
+    v_cache: KvRows<'_>,
     out: &mut [f32],
 ) {
     let input = AttnInput {
@@ -110,7 +110,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::kv::KvCache;
+    use crate::kv::{KvCache, KvType, KvTypes};
     use crate::model::config::{Extras, ModelConfig, RopeScaling, RopeStyle};
 
     fn cfg(n_heads: usize, n_kv_heads: usize, hd: usize) -> ModelConfig {
@@ -135,86 +135,115 @@ mod tests {
     }
 
     /// Paged attention (f16 K/V, scattered blocks, sequences mixed in one batch) equals the plain
-    /// f64 reference within 2e-3 of the largest |V| (the f16 rounding of K, V and Q).
+    /// f64 reference within 2e-3 of the largest |V| (the f16 rounding of K, V and Q). Over a
+    /// quantized cache (K and V of different types), the reference takes the values the cache
+    /// reads back (their rounding is checked in `engine/tests/kv_types.rs`): what is tested is
+    /// that attention finds each position's blocks.
     #[test]
     fn paged_equals_plain_attention_on_random_inputs() {
         let mut rng = StdRng::seed_from_u64(7);
         let pool = ThreadPool::new(2);
-        for &(n_heads, n_kv, hd, bs) in &[
+        let quant = [
+            KvTypes {
+                k: KvType::Q8_0,
+                v: KvType::Q4_0,
+            },
+            KvTypes {
+                k: KvType::Q4_0,
+                v: KvType::BF16,
+            },
+        ];
+        let shapes: [(usize, usize, usize, usize); 4] = [
             (9, 3, 64, 16),
             (4, 4, 32, 1),
             (8, 2, 16, 5),
             (2, 1, 128, 32),
-        ] {
-            let c = cfg(n_heads, n_kv, hd);
-            let lens = [1usize, 17, 70];
-            let n_blocks: usize = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 3;
-            let mut kv = KvCache::new(&c, bs, n_blocks).expect("kv");
-            // Hand out blocks in a shuffled order so tables are not contiguous.
-            let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
-            for i in (1..ids.len()).rev() {
-                ids.swap(i, rng.random_range(0..=i));
-            }
-            let mut batch = Batch::default();
-            let mut seqs = Vec::new();
-            let mut next = 0;
-            for &len in &lens {
-                let table: Vec<u32> = ids[next..next + len.div_ceil(bs)].to_vec();
-                next += table.len();
-                let mut r = |n: usize| {
-                    (0..n)
-                        .map(|_| rng.random_range(-2.0f32..2.0))
-                        .collect::<Vec<_>>()
-                };
-                let (q, k, v) = (
-                    r(len * n_heads * hd),
-                    r(len * n_kv * hd),
-                    r(len * n_kv * hd),
-                );
-                let toks = vec![0u32; len];
-                batch.push_seq(table, 0, &toks, false);
-                seqs.push((q, k, v));
-            }
-            let q_stride = n_heads * hd;
-            let mut q_all = Vec::new();
-            let mut tok = 0;
-            for (q, k, v) in &seqs {
-                for p in 0..q.len() / q_stride {
-                    let kd = n_kv * hd;
-                    kv.write(
-                        0,
-                        batch.slot(tok, bs),
-                        &k[p * kd..(p + 1) * kd],
-                        &v[p * kd..(p + 1) * kd],
-                    );
-                    tok += 1;
+        ];
+        for types in std::iter::once(KvTypes::F16).chain(quant) {
+            for &(n_heads, n_kv, hd, bs) in &shapes {
+                if hd.is_multiple_of(32) || types.is_f16() {
+                    check_paged(&mut rng, &pool, types, (n_heads, n_kv, hd, bs));
                 }
-                q_all.extend_from_slice(q);
             }
-            let mut out = vec![0f32; batch.len() * q_stride];
-            let shape = AttnShape {
-                n_heads,
-                n_kv_heads: n_kv,
-                head_dim: hd,
-                block_size: bs,
+        }
+    }
+
+    fn check_paged(
+        rng: &mut StdRng,
+        pool: &ThreadPool,
+        types: KvTypes,
+        (n_heads, n_kv, hd, bs): (usize, usize, usize, usize),
+    ) {
+        let c = cfg(n_heads, n_kv, hd);
+        let lens = [1usize, 17, 70];
+        let n_blocks: usize = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 3;
+        let mut kv = KvCache::with_types(&c, bs, n_blocks, types).expect("kv");
+        // Hand out blocks in a shuffled order so tables are not contiguous.
+        let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.random_range(0..=i));
+        }
+        let mut batch = Batch::default();
+        let mut seqs = Vec::new();
+        let mut next = 0;
+        for &len in &lens {
+            let table: Vec<u32> = ids[next..next + len.div_ceil(bs)].to_vec();
+            next += table.len();
+            let mut r = |n: usize| {
+                (0..n)
+                    .map(|_| rng.random_range(-2.0f32..2.0))
+                    .collect::<Vec<_>>()
             };
-            let (kc, vc) = kv.layer(0);
-            let opts = AttnOpts::plain(hd);
-            paged_attention(
-                &pool, shape, opts, None, &batch, &q_all, q_stride, kc, vc, &mut out,
+            let (q, k, v) = (
+                r(len * n_heads * hd),
+                r(len * n_kv * hd),
+                r(len * n_kv * hd),
             );
-            let mut off = 0;
-            for (q, k, v) in &seqs {
-                let want = reference_attention(n_heads, n_kv, hd, q, k, v);
-                let got = &out[off..off + want.len()];
-                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 2e-3 * 2.0,
-                        "shape {n_heads}/{n_kv}/{hd}/{bs} elem {i}: {a} vs {b}"
-                    );
+            let toks = vec![0u32; len];
+            batch.push_seq(table, 0, &toks, false);
+            seqs.push((q, k, v));
+        }
+        let q_stride = n_heads * hd;
+        let mut q_all = Vec::new();
+        let mut tok = 0;
+        for (q, k, v) in &mut seqs {
+            for p in 0..q.len() / q_stride {
+                let kd = n_kv * hd;
+                let (kp, vp) = (p * kd..(p + 1) * kd, p * kd..(p + 1) * kd);
+                let slot = batch.slot(tok, bs);
+                kv.write(0, slot, &k[kp.clone()], &v[vp.clone()]);
+                if !types.is_f16() {
+                    let (kc, vc) = kv.layer(0);
+                    kc.to_f32(slot * kd, &mut k[kp]);
+                    vc.to_f32(slot * kd, &mut v[vp]);
                 }
-                off += want.len();
+                tok += 1;
             }
+            q_all.extend_from_slice(q);
+        }
+        let mut out = vec![0f32; batch.len() * q_stride];
+        let shape = AttnShape {
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            block_size: bs,
+        };
+        let (kc, vc) = kv.layer(0);
+        let opts = AttnOpts::plain(hd);
+        paged_attention(
+            pool, shape, opts, None, &batch, &q_all, q_stride, kc, vc, &mut out,
+        );
+        let mut off = 0;
+        for (q, k, v) in &seqs {
+            let want = reference_attention(n_heads, n_kv, hd, q, k, v);
+            let got = &out[off..off + want.len()];
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-3 * 2.0,
+                    "{types} shape {n_heads}/{n_kv}/{hd}/{bs} elem {i}: {a} vs {b}"
+                );
+            }
+            off += want.len();
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::device::rowops::{self, FFN_ROWS, sized};
 use crate::device::{
     Backend, BackendError, BatchError, ExpertLoad, MemoryUse, RowNeed, StepOutput, check_batch,
 };
-use crate::kv::{Batch, KvCache};
+use crate::kv::{Batch, KvCache, KvTypes};
 use crate::model::LoadedModel;
 use crate::model::Model;
 use crate::model::arch;
@@ -414,22 +414,35 @@ impl CpuBackend {
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Self, BackendError> {
+        Self::with_kv_types(lm, threads, block_size, num_blocks, KvTypes::F16)
+    }
+
+    /// As [`Self::new`], K and V stored as `types`.
+    pub fn with_kv_types(
+        lm: Arc<LoadedModel>,
+        threads: usize,
+        block_size: usize,
+        num_blocks: usize,
+        types: KvTypes,
+    ) -> Result<Self, BackendError> {
         let cfg = lm.model.cfg.clone();
-        Self::with_config(lm, cfg, threads, block_size, num_blocks)
+        Self::with_config(lm, cfg, threads, block_size, num_blocks, types)
     }
 
     /// The model's first `layers` blocks and its output head, sharing `lm`'s weights, with a KV
-    /// pool of that many layers: the self-speculative drafter (LayerSkip's early exit).
+    /// pool of that many layers (stored as `types`): the self-speculative drafter (LayerSkip's
+    /// early exit).
     pub fn early_exit(
         lm: Arc<LoadedModel>,
         layers: usize,
         threads: usize,
         block_size: usize,
         num_blocks: usize,
+        types: KvTypes,
     ) -> Result<Self, BackendError> {
         let mut cfg = lm.model.cfg.clone();
         cfg.n_layers = layers.clamp(1, cfg.n_layers);
-        Self::with_config(lm, cfg, threads, block_size, num_blocks)
+        Self::with_config(lm, cfg, threads, block_size, num_blocks, types)
     }
 
     fn with_config(
@@ -438,8 +451,9 @@ impl CpuBackend {
         threads: usize,
         block_size: usize,
         num_blocks: usize,
+        types: KvTypes,
     ) -> Result<Self, BackendError> {
-        let kv = KvCache::new(&cfg, block_size, num_blocks)?;
+        let kv = KvCache::with_types(&cfg, block_size, num_blocks, types)?;
         Ok(Self {
             lm,
             cfg,
@@ -469,13 +483,22 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
-        self.kv = KvCache::new(&self.cfg, block_size, num_blocks)?;
+    fn rebuild_kv(
+        &mut self,
+        block_size: usize,
+        num_blocks: usize,
+        types: KvTypes,
+    ) -> Result<(), BackendError> {
+        self.kv = KvCache::with_types(&self.cfg, block_size, num_blocks, types)?;
         Ok(())
     }
 
     fn num_blocks(&self) -> usize {
         self.kv.num_blocks
+    }
+
+    fn kv_types(&self) -> KvTypes {
+        self.kv.types()
     }
 
     fn block_size(&self) -> usize {

@@ -14,7 +14,7 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::kv::{Batch, KvCache, KvError};
+use crate::kv::{Batch, KvError, KvTypes};
 use crate::model::LoadedModel;
 use crate::model::config::ModelConfig;
 
@@ -228,9 +228,16 @@ pub trait Backend: Send {
     /// (`needs[j]` for row `j`; see [`StepOutput`]).
     fn forward(&mut self, batch: &Batch, needs: &[RowNeed])
     -> Result<StepOutput<'_>, BackendError>;
-    /// Replaces the KV pool (everything in it is dropped).
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError>;
+    /// Replaces the KV pool (everything in it is dropped), its K and V stored as `types`.
+    fn rebuild_kv(
+        &mut self,
+        block_size: usize,
+        num_blocks: usize,
+        types: KvTypes,
+    ) -> Result<(), BackendError>;
     fn num_blocks(&self) -> usize;
+    /// The element types the KV pool stores.
+    fn kv_types(&self) -> KvTypes;
     fn block_size(&self) -> usize;
     fn memory(&self) -> MemoryUse;
     /// Compute threads (CPU) or 0.
@@ -288,7 +295,8 @@ pub struct Opened {
     pub note: Option<String>,
 }
 
-/// Sizes the KV pool and opens the backend for `device`. `kv_budget` is in bytes; with
+/// Sizes the KV pool (its K and V stored as `kv_types`) and opens the backend for `device`.
+/// `kv_budget` is in bytes; with
 /// `gpu_kv_fraction > 0` on a GPU the budget is that fraction of the memory free after the
 /// weights are loaded instead. On a GPU the experts of the first `cpu_moe_layers` blocks stay
 /// in host memory and run on `threads` CPU threads (`--n-cpu-moe`); on the CPU every weight is
@@ -299,18 +307,23 @@ pub fn open(
     threads: usize,
     block_size: usize,
     kv_budget: usize,
+    kv_types: KvTypes,
     gpu_kv_fraction: f32,
     cpu_moe_layers: usize,
 ) -> Result<Opened, BackendError> {
     let cfg = lm.model.cfg.clone();
-    let blocks =
-        |budget| KvCache::pool_for_budget(&cfg, block_size, budget).map_err(BackendError::from);
+    let blocks = |budget| {
+        kv_types
+            .pool_for_budget(&cfg, block_size, budget)
+            .map_err(BackendError::from)
+    };
     let cpu = |lm: Arc<LoadedModel>| -> Result<Box<dyn Backend>, BackendError> {
-        Ok(Box::new(CpuBackend::new(
+        Ok(Box::new(CpuBackend::with_kv_types(
             lm,
             threads,
             block_size,
             blocks(kv_budget)?,
+            kv_types,
         )?))
     };
     let ordinal = match device {
@@ -338,6 +351,7 @@ pub fn open(
         ordinal,
         block_size,
         kv_budget,
+        kv_types,
         fraction: gpu_kv_fraction,
         cpu_moe_layers,
         threads,
@@ -361,6 +375,7 @@ struct GpuOpen {
     ordinal: usize,
     block_size: usize,
     kv_budget: usize,
+    kv_types: KvTypes,
     fraction: f32,
     cpu_moe_layers: usize,
     threads: usize,
@@ -371,6 +386,7 @@ fn open_cuda(lm: &Arc<LoadedModel>, o: GpuOpen) -> Result<Box<dyn Backend>, Back
     let opts = cuda::CudaOpts {
         cpu_moe_layers: o.cpu_moe_layers,
         threads: o.threads,
+        kv_types: o.kv_types,
         ..cuda::CudaOpts::from_env()
     };
     // cudarc resolves driver symbols lazily and panics on one an old driver lacks: turn that

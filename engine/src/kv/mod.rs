@@ -8,13 +8,20 @@
 //! Modules:
 //! - [`block_pool`]: KV block pool (free list, ref counts, prefix-cache hashes) and per-request
 //!   block tables.
+//! - [`kv_type`]: the cache's element types (f16, bf16, q8_0, q4_0) and the bytes a token
+//!   costs in them.
 
 pub mod block_pool;
+pub mod kv_type;
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use tpslab_kernels::attn::KvRows;
+use tpslab_kernels::quantize_row;
 
 use crate::model::config::ModelConfig;
+
+pub use kv_type::{KvType, KvTypes, UnknownKvType};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
@@ -30,105 +37,145 @@ pub enum KvError {
     BlockSize(usize),
     #[error("a KV budget of {budget} bytes holds no block of {block_size} tokens")]
     NoBlock { budget: usize, block_size: usize },
+    #[error(
+        "a KV cache of type {ty} stores blocks of {} values, and a head of {head_dim} is not \
+         whole blocks; use f16 or bf16",
+        ty.block()
+    )]
+    HeadNotBlocks { ty: KvType, head_dim: usize },
 }
 
-/// K and V for every layer, `num_blocks * block_size` token slots each, stored as f16 (as
-/// llama.cpp and vLLM do by default: half the memory of f32 for a rounding well below the
-/// activation quantization error).
+/// One layer's K or V: f16 values, or the bytes of ggml blocks of another type.
+#[derive(Debug)]
+enum Store {
+    // Raw f16 bits: `vec![0u16; n]` (and `vec![0u8; n]`) come from calloc, so untouched blocks
+    // cost no resident memory until a sequence first writes them.
+    F16(Vec<u16>),
+    Blocks(Vec<u8>),
+}
+
+impl Store {
+    /// Room for `slots` rows of `kv_dim` elements of `ty`.
+    fn new(ty: KvType, slots: usize, kv_dim: usize) -> Self {
+        match ty {
+            KvType::F16 => Self::F16(vec![0; slots * kv_dim]),
+            _ => Self::Blocks(vec![0; slots * ty.row_bytes(kv_dim)]),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::F16(x) => x.len() * 2,
+            Self::Blocks(x) => x.len(),
+        }
+    }
+
+    /// Stores `x` (one token's row) in `slot`.
+    fn write(&mut self, ty: KvType, slot: usize, x: &[f32]) {
+        match self {
+            Self::F16(d) => d[slot * x.len()..][..x.len()]
+                .reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(x),
+            Self::Blocks(d) => {
+                let n = ty.row_bytes(x.len());
+                quantize_row(ty.wtype(), x, &mut d[slot * n..][..n]);
+            }
+        }
+    }
+
+    fn rows(&self, ty: KvType) -> KvRows<'_> {
+        match self {
+            Self::F16(x) => KvRows::F16(x.reinterpret_cast()),
+            Self::Blocks(data) => KvRows::Blocks {
+                ty: ty.wtype(),
+                data,
+            },
+        }
+    }
+}
+
+/// K and V for every layer, `num_blocks * block_size` token slots each, stored as f16 by default
+/// (as llama.cpp and vLLM do: half the memory of f32 for a rounding well below the activation
+/// quantization error), or as the [`KvTypes`] the cache was built with (each token's row
+/// quantized to 32-element blocks as it is written).
 #[derive(Debug)]
 pub struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
     kv_dim: usize,
-    // Stored as raw f16 bits: `vec![0u16; n]` comes from calloc, so untouched blocks cost no
-    // resident memory until a sequence first writes them.
-    k: Vec<Vec<u16>>,
-    v: Vec<Vec<u16>>,
+    types: KvTypes,
+    k: Vec<Store>,
+    v: Vec<Store>,
 }
 
 impl KvCache {
-    pub fn bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
-        2 * cfg.n_layers * block_size * cfg.kv_dim() * std::mem::size_of::<f16>()
+    /// A cache of the default (f16) types.
+    pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<Self, KvError> {
+        Self::with_types(cfg, block_size, num_blocks, KvTypes::F16)
     }
 
-    /// How many blocks a memory budget of `bytes` holds.
-    pub fn blocks_for_budget(cfg: &ModelConfig, block_size: usize, bytes: usize) -> usize {
-        bytes / Self::bytes_per_block(cfg, block_size).max(1)
-    }
-
-    /// The pool a budget of `bytes` sizes: its block count, refused when not even one block
-    /// fits. Every place that turns a KV budget into a pool asks this.
-    pub fn pool_for_budget(
+    /// A cache whose K and V are stored as `types`.
+    pub fn with_types(
         cfg: &ModelConfig,
         block_size: usize,
-        bytes: usize,
-    ) -> Result<usize, KvError> {
-        match Self::blocks_for_budget(cfg, block_size.max(1), bytes) {
-            0 => Err(KvError::NoBlock {
-                budget: bytes,
-                block_size,
-            }),
-            n => Ok(n),
-        }
-    }
-
-    /// The budget that holds `tokens` token slots in blocks of `block_size` (the inverse of
-    /// [`Self::pool_for_budget`], for a pool sized to one request).
-    pub fn budget_for_tokens(cfg: &ModelConfig, block_size: usize, tokens: usize) -> usize {
-        Self::bytes_per_block(cfg, block_size).saturating_mul(tokens.div_ceil(block_size.max(1)))
-    }
-
-    pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<Self, KvError> {
+        num_blocks: usize,
+        types: KvTypes,
+    ) -> Result<Self, KvError> {
         if block_size == 0 || block_size > 1024 {
             return Err(KvError::BlockSize(block_size));
         }
-        let per_layer = num_blocks
+        types.check(cfg)?;
+        let slots = num_blocks
             .checked_mul(block_size)
-            .and_then(|s| s.checked_mul(cfg.kv_dim()))
-            .filter(|&n| n <= isize::MAX as usize / 4)
+            .filter(|&s| {
+                s.checked_mul(cfg.kv_dim())
+                    .is_some_and(|n| n <= isize::MAX as usize / 4)
+            })
             .ok_or(KvError::TooLarge {
                 blocks: num_blocks,
                 block_size,
-                bytes: Self::bytes_per_block(cfg, block_size) as u128 * num_blocks as u128,
+                bytes: types.bytes_per_block(cfg, block_size) as u128 * num_blocks as u128,
             })?;
-        let alloc = || {
+        let alloc = |ty| {
             (0..cfg.n_layers)
-                .map(|_| vec![0u16; per_layer])
+                .map(|_| Store::new(ty, slots, cfg.kv_dim()))
                 .collect::<Vec<_>>()
         };
         Ok(Self {
             block_size,
             num_blocks,
             kv_dim: cfg.kv_dim(),
-            k: alloc(),
-            v: alloc(),
+            types,
+            k: alloc(types.k),
+            v: alloc(types.v),
         })
     }
 
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.len() * 2).sum()
+        self.k.iter().chain(&self.v).map(Store::bytes).sum()
     }
 
     pub fn kv_dim(&self) -> usize {
         self.kv_dim
     }
 
-    /// Stores one token's K and V for `layer` in `slot`.
-    pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
-        self.k[layer][r.clone()]
-            .reinterpret_cast_mut::<f16>()
-            .convert_from_f32_slice(k);
-        self.v[layer][r]
-            .reinterpret_cast_mut::<f16>()
-            .convert_from_f32_slice(v);
+    /// The element types K and V are stored as.
+    pub fn types(&self) -> KvTypes {
+        self.types
     }
 
-    /// All K and V slots of one layer.
-    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
+    /// Stores one token's K and V for `layer` in `slot` (quantized to the cache's types).
+    pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        debug_assert!(k.len() == self.kv_dim && v.len() == self.kv_dim);
+        self.k[layer].write(self.types.k, slot, k);
+        self.v[layer].write(self.types.v, slot, v);
+    }
+
+    /// All K and V slots of one layer, as attention reads them.
+    pub fn layer(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>) {
         (
-            self.k[layer].reinterpret_cast(),
-            self.v[layer].reinterpret_cast(),
+            self.k[layer].rows(self.types.k),
+            self.v[layer].rows(self.types.v),
         )
     }
 }

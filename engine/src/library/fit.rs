@@ -1,10 +1,10 @@
 //! What a GGUF file will need to run, read from its header alone (before a download): its
 //! architecture and whether this build runs it, its quant type, parameters, weight bytes, and
 //! the KV cache at a chosen context and batch, sized by the KV pool's own rule
-//! ([`KvCache::budget_for_tokens`]) so the figure is the one the engine will allocate.
+//! ([`KvTypes::budget_for_tokens`]) so the figure is the one the engine will allocate.
 
 use crate::formats::gguf::GgufFile;
-use crate::kv::KvCache;
+use crate::kv::KvTypes;
 use crate::model::config::ModelConfig;
 use crate::model::precision::dominant_type;
 
@@ -59,7 +59,7 @@ impl GgufNeeds {
     /// hold them (`None` for a model this build does not run).
     pub fn kv_bytes(&self, ctx: usize, batch: usize) -> Option<u64> {
         let cfg = self.cfg.as_ref()?;
-        let one = KvCache::budget_for_tokens(cfg, KV_BLOCK, ctx) as u64;
+        let one = KvTypes::F16.budget_for_tokens(cfg, KV_BLOCK, ctx) as u64;
         Some(one.saturating_mul(batch as u64))
     }
 

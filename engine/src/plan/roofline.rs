@@ -14,6 +14,7 @@ use tpslab_kernels::WType;
 
 use super::PlanError;
 use super::devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
+use crate::kv::KvTypes;
 use crate::model::config::ModelConfig;
 use crate::model::precision::matrix_type;
 use crate::serving::metrics::cost_per_million_output_tokens;
@@ -209,9 +210,10 @@ impl ModelShape {
             + experts
     }
 
-    /// Bytes of one token's K and V in every layer (an F16 cache).
+    /// Bytes of one token's K and V in every layer (an F16 cache: what the GPUs planned for
+    /// run; see [`KvTypes`]).
     pub fn kv_bytes_per_token(&self) -> f64 {
-        (self.n_layers * self.kv_dim * 2 * 2) as f64
+        KvTypes::F16.bytes_per_token_of(self.n_layers, self.kv_dim) as f64
     }
 }
 

@@ -18,7 +18,7 @@ use tpslab_kernels::WType;
 use serde::{Deserialize, Serialize};
 
 use crate::device::{Backend, DeviceChoice, MemoryUse};
-use crate::kv::KvCache;
+use crate::kv::KvTypes;
 use crate::model::LoadedModel;
 use crate::model::precision::Precision;
 use crate::sched::stop::{FinishReason, StopChecker};
@@ -47,6 +47,8 @@ pub struct KvSettings {
     pub budget_bytes: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// The element types K and V are stored as (`--cache-type-k/-v`).
+    pub types: KvTypes,
 }
 
 impl Default for KvSettings {
@@ -54,6 +56,7 @@ impl Default for KvSettings {
         Self {
             budget_bytes: 512 << 20,
             block_size: 16,
+            types: KvTypes::F16,
         }
     }
 }
@@ -361,13 +364,14 @@ impl EngineThread {
         snapshot: Arc<Mutex<EngineSnapshot>>,
         notify: Option<Notify>,
     ) -> Result<Self, EngineError> {
-        // The backend sizes the pool from the budget (`KvCache::pool_for_budget`).
+        // The backend sizes the pool from the budget (`KvTypes::pool_for_budget`).
         let opened = crate::device::open(
             Arc::clone(&lm),
             config.device,
             config.threads,
             config.knobs.kv.block_size,
             config.knobs.kv.budget_bytes,
+            config.knobs.kv.types,
             config.gpu_kv_fraction,
             config.cpu_moe_layers,
         )
@@ -394,6 +398,7 @@ impl EngineThread {
             backend_threads(config.threads),
             backend.block_size(),
             backend.num_blocks(),
+            backend.kv_types(),
         )?;
         let spec = SpecState {
             proposer,
@@ -709,9 +714,15 @@ impl EngineThread {
     /// together (everything running is preempted and recomputed later; nothing is lost). On a
     /// failure the old geometry is restored.
     fn rebuild_kv(&mut self, kv: &KvSettings) -> Result<(), String> {
-        let blocks = KvCache::pool_for_budget(&self.lm.model.cfg, kv.block_size, kv.budget_bytes)
+        let blocks = kv
+            .types
+            .pool_for_budget(&self.lm.model.cfg, kv.block_size, kv.budget_bytes)
             .map_err(|e| e.to_string())?;
-        let old = (self.backend.block_size(), self.backend.num_blocks());
+        let old = (
+            self.backend.block_size(),
+            self.backend.num_blocks(),
+            self.backend.kv_types(),
+        );
         let dropped = self
             .sched
             .rebuild_pool(blocks, kv.block_size)
@@ -719,8 +730,8 @@ impl EngineThread {
         for id in dropped {
             self.end(id, FinishReason::Abort);
         }
-        if let Err(e) = self.backend.rebuild_kv(kv.block_size, blocks) {
-            let restored = self.backend.rebuild_kv(old.0, old.1).is_ok()
+        if let Err(e) = self.backend.rebuild_kv(kv.block_size, blocks, kv.types) {
+            let restored = self.backend.rebuild_kv(old.0, old.1, old.2).is_ok()
                 && self.sched.rebuild_pool(old.1, old.0).is_ok();
             return Err(if restored {
                 format!("{e}; kept the previous KV pool")

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::device::{BackendError, DeviceChoice, RowNeed, StepOutput};
-use crate::kv::Batch;
+use crate::kv::{Batch, KvTypes};
 use crate::sched::stop::StopCriteria;
 
 /// The real CPU backend, except that any batch holding `poison` fails (as a bad input would).
@@ -27,11 +27,19 @@ impl Backend for Poisoned {
         }
         self.inner.forward(batch, needs)
     }
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
-        self.inner.rebuild_kv(block_size, num_blocks)
+    fn rebuild_kv(
+        &mut self,
+        block_size: usize,
+        num_blocks: usize,
+        types: KvTypes,
+    ) -> Result<(), BackendError> {
+        self.inner.rebuild_kv(block_size, num_blocks, types)
     }
     fn num_blocks(&self) -> usize {
         self.inner.num_blocks()
+    }
+    fn kv_types(&self) -> KvTypes {
+        self.inner.kv_types()
     }
     fn block_size(&self) -> usize {
         self.inner.block_size()
@@ -57,6 +65,7 @@ fn engine_thread() -> (Arc<LoadedModel>, EngineThread) {
             kv: KvSettings {
                 budget_bytes: 8 << 20,
                 block_size: 16,
+                ..KvSettings::default()
             },
             ..Knobs::default()
         },
@@ -72,7 +81,7 @@ fn engine_thread() -> (Arc<LoadedModel>, EngineThread) {
 #[test]
 fn a_request_that_fails_the_forward_pass_fails_alone() {
     let (lm, mut t) = engine_thread();
-    let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, 0.0, 0)
+    let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, KvTypes::F16, 0.0, 0)
         .expect("backend")
         .backend;
     assert_eq!(inner.num_blocks(), t.backend.num_blocks());

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::device::DeviceChoice;
-use crate::kv::KvCache;
+use crate::kv::KvTypes;
 use crate::model::ModelError;
 use crate::model::loaded::{LoadError, LoadedModel};
 use crate::sched::ClientId;
@@ -78,6 +78,8 @@ pub struct GenerateOutput {
     pub e2e_ms: f64,
     /// Speculative decoding's proposals (zeros without).
     pub spec: SpecUsage,
+    /// The element types the KV cache held K and V in (every figure carries its precision).
+    pub kv_types: KvTypes,
 }
 
 /// Where and how a single request runs: the device, CPU threads, speculative decoding.
@@ -90,6 +92,8 @@ pub struct GenerateSetup {
     pub draft: Option<Arc<LoadedModel>>,
     /// See [`EngineConfig::cpu_moe_layers`].
     pub cpu_moe_layers: usize,
+    /// The KV cache's element types (`--cache-type-k/-v`).
+    pub kv_types: KvTypes,
 }
 
 /// Generates for one prompt on the CPU, calling `on_text` with each piece of text as it becomes
@@ -165,9 +169,11 @@ pub fn generate_request(
     // The engine's own admission, asked before there is a pool, sizes one that holds exactly
     // this request (the engine then admits it against that pool).
     let max_new = Admission::for_model(cfg).check(&req)?.max_tokens;
+    let types = setup.kv_types;
     let kv = KvSettings {
-        budget_bytes: KvCache::budget_for_tokens(cfg, BLOCK_SIZE, prompt.len() + max_new),
+        budget_bytes: types.budget_for_tokens(cfg, BLOCK_SIZE, prompt.len() + max_new),
         block_size: BLOCK_SIZE,
+        types,
     };
     let knobs = Knobs {
         kv,
@@ -237,5 +243,6 @@ pub fn generate_request(
         text,
         finish_reason,
         spec,
+        kv_types: types,
     })
 }

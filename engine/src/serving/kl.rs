@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use tpslab_kernels::ThreadPool;
 
+use crate::kv::KvTypes;
 use crate::model::LoadedModel;
 use crate::serving::perplexity::{
     PerplexityError, Scorer, Windows, chunks, is_cancelled, resolve_threads,
@@ -107,8 +108,8 @@ pub fn kl_divergence(
         return Err(PerplexityError::Ctx { ctx, max }.into());
     }
     let pool = ThreadPool::new(resolve_threads(threads));
-    let mut q = Scorer::new(model, ctx)?;
-    let mut b = Scorer::new(base, ctx)?;
+    let mut q = Scorer::new(model, ctx, KvTypes::F16)?;
+    let mut b = Scorer::new(base, ctx, KvTypes::F16)?;
     let vocab = base.model.cfg.vocab;
     let mut acc = Accumulator::default();
     for w in 0..windows.count {

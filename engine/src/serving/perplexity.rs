@@ -11,7 +11,7 @@ use std::time::Instant;
 use tpslab_kernels::ThreadPool;
 
 use crate::device::{BatchError, Workspace};
-use crate::kv::{Batch, KvCache, KvError};
+use crate::kv::{Batch, KvCache, KvError, KvTypes};
 use crate::model::LoadedModel;
 use crate::model::ModelError;
 use crate::serving::generate::GenerateError;
@@ -61,8 +61,8 @@ pub struct PerplexityReport {
 }
 
 /// Perplexity of `lm` on `text` with windows of `ctx` tokens, on the CPU with `threads` threads
-/// (0 = one per core). `progress(done, total)` is called after each window. Setting `cancel`
-/// stops the run before its next chunk with [`PerplexityError::Cancelled`].
+/// (0 = one per core), over an f16 KV cache. `progress(done, total)` is called after each window.
+/// Setting `cancel` stops the run before its next chunk with [`PerplexityError::Cancelled`].
 pub fn perplexity(
     lm: &LoadedModel,
     text: &str,
@@ -71,23 +71,48 @@ pub fn perplexity(
     cancel: Option<&AtomicBool>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<PerplexityReport, PerplexityError> {
-    run(lm, text, ctx, threads, CHUNK, cancel, progress)
+    perplexity_kv(lm, text, ctx, threads, KvTypes::F16, cancel, progress)
 }
 
-/// [`perplexity`] with forward passes of at most `chunk` tokens.
-fn run(
+/// [`perplexity`] with the KV cache stored as `kv` (what a quantized cache costs in quality).
+pub fn perplexity_kv(
     lm: &LoadedModel,
     text: &str,
     ctx: usize,
     threads: usize,
+    kv: KvTypes,
+    cancel: Option<&AtomicBool>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<PerplexityReport, PerplexityError> {
+    let opts = RunOpts {
+        threads,
+        kv,
+        chunk: CHUNK,
+    };
+    run(lm, text, ctx, opts, cancel, progress)
+}
+
+/// How a run computes: threads, KV types, and the most tokens per forward pass.
+struct RunOpts {
+    threads: usize,
+    kv: KvTypes,
     chunk: usize,
+}
+
+/// [`perplexity_kv`] with forward passes of at most `opts.chunk` tokens.
+fn run(
+    lm: &LoadedModel,
+    text: &str,
+    ctx: usize,
+    opts: RunOpts,
     cancel: Option<&AtomicBool>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<PerplexityReport, PerplexityError> {
     let start = Instant::now();
     let windows = Windows::new(lm, text, ctx)?;
-    let pool = ThreadPool::new(resolve_threads(threads));
-    let mut scorer = Scorer::new(lm, ctx)?;
+    let pool = ThreadPool::new(resolve_threads(opts.threads));
+    let mut scorer = Scorer::new(lm, ctx, opts.kv)?;
+    let chunk = opts.chunk;
     let vocab = lm.model.cfg.vocab;
     let (mut nll, mut count) = (0f64, 0usize);
     for w in 0..windows.count {
@@ -185,8 +210,9 @@ impl Windows {
     }
 }
 
-/// One model's forward passes over windows: its own KV cache (one window long) and workspace,
-/// so two models can be run side by side, chunk by chunk, with bounded memory.
+/// One model's forward passes over windows: its own KV cache (one window long, of the given
+/// types) and workspace, so two models (or one model over two KV types) can be run side by side,
+/// chunk by chunk, with bounded memory.
 pub(crate) struct Scorer<'a> {
     lm: &'a LoadedModel,
     kv: KvCache,
@@ -196,9 +222,9 @@ pub(crate) struct Scorer<'a> {
 }
 
 impl<'a> Scorer<'a> {
-    pub fn new(lm: &'a LoadedModel, ctx: usize) -> Result<Self, PerplexityError> {
+    pub fn new(lm: &'a LoadedModel, ctx: usize, kv: KvTypes) -> Result<Self, PerplexityError> {
         let table: Vec<u32> = (0..ctx.div_ceil(BLOCK) as u32).collect();
-        let kv = KvCache::new(&lm.model.cfg, BLOCK, table.len())?;
+        let kv = KvCache::with_types(&lm.model.cfg, BLOCK, table.len(), kv)?;
         Ok(Self {
             lm,
             kv,
@@ -246,9 +272,14 @@ mod tests {
             .expect("default model");
         let lm = LoadedModel::load(&path).expect("load");
         let ctx = 256;
-        let whole = run(&lm, BUNDLED_TEXT, ctx, 2, ctx, None, &mut |_, _| {}).expect("whole");
+        let opts = |chunk| RunOpts {
+            threads: 2,
+            kv: KvTypes::F16,
+            chunk,
+        };
+        let whole = run(&lm, BUNDLED_TEXT, ctx, opts(ctx), None, &mut |_, _| {}).expect("whole");
         // Chunks that split both the unscored and the scored half.
-        let chunked = run(&lm, BUNDLED_TEXT, ctx, 2, 96, None, &mut |_, _| {}).expect("chunked");
+        let chunked = run(&lm, BUNDLED_TEXT, ctx, opts(96), None, &mut |_, _| {}).expect("chunked");
         assert_eq!(whole.tokens_scored, chunked.tokens_scored);
         let rel = (chunked.nll / whole.nll - 1.0).abs();
         assert!(

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::{EngineThread, Live};
 use crate::device::{BackendError, CpuBackend};
+use crate::kv::KvTypes;
 use crate::model::LoadedModel;
 use crate::sched::RequestId;
 use crate::serving::logprobs::token_logprob;
@@ -66,7 +67,7 @@ fn vocab_difference(a: &LoadedModel, b: &LoadedModel) -> Option<String> {
 }
 
 /// The proposer `cfg` asks for over `lm` (and `draft` for [`SpecMethod::Draft`]), a drafter's
-/// KV pool as large in blocks as the target's.
+/// KV pool as large in blocks as the target's and of its element types.
 pub(super) fn build(
     cfg: &SpecConfig,
     lm: &Arc<LoadedModel>,
@@ -74,6 +75,7 @@ pub(super) fn build(
     threads: usize,
     block_size: usize,
     num_blocks: usize,
+    types: KvTypes,
 ) -> Result<Option<Proposer>, SpecError> {
     cfg.validate()?;
     let drafter = |backend: CpuBackend, m: &LoadedModel| {
@@ -91,14 +93,21 @@ pub(super) fn build(
         }),
         SpecMethod::SelfDraft => {
             let layers = cfg.exit_layer(lm.model.cfg.n_layers);
-            let b =
-                CpuBackend::early_exit(Arc::clone(lm), layers, threads, block_size, num_blocks)?;
+            let b = CpuBackend::early_exit(
+                Arc::clone(lm),
+                layers,
+                threads,
+                block_size,
+                num_blocks,
+                types,
+            )?;
             Some(drafter(b, lm))
         }
         SpecMethod::Draft => {
             let d = draft.ok_or(SpecError::NoDraftModel)?;
             vocab_check(lm, d)?;
-            let b = CpuBackend::new(Arc::clone(d), threads, block_size, num_blocks)?;
+            let b =
+                CpuBackend::with_kv_types(Arc::clone(d), threads, block_size, num_blocks, types)?;
             Some(drafter(b, d))
         }
     })
@@ -116,6 +125,7 @@ impl EngineThread {
             self.threads,
             self.backend.block_size(),
             self.backend.num_blocks(),
+            self.backend.kv_types(),
         )?;
         Ok(())
     }

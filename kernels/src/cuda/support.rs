@@ -59,11 +59,13 @@ pub enum Feature {
     SplitExperts,
     /// A dense matrix kept in host memory.
     HostMatrix,
+    /// A KV cache stored as another type than f16 (`--cache-type-k/-v` bf16, q8_0, q4_0).
+    QuantizedKv,
 }
 
 impl Feature {
     /// The operations of the table, for listing it.
-    pub const OPS: [Feature; 16] = [
+    pub const OPS: [Feature; 17] = [
         Feature::AttentionSinks,
         Feature::Experts,
         Feature::ConstScale,
@@ -80,6 +82,7 @@ impl Feature {
         Feature::SwigluOai,
         Feature::SplitExperts,
         Feature::HostMatrix,
+        Feature::QuantizedKv,
     ];
 
     /// The table: how far the CUDA path has this feature.
@@ -122,7 +125,7 @@ impl Feature {
             | Feature::QueryScale
             | Feature::GeluGate
             | Feature::SwigluOai => Untried,
-            Feature::SplitExperts | Feature::HostMatrix => Missing,
+            Feature::SplitExperts | Feature::HostMatrix | Feature::QuantizedKv => Missing,
         }
     }
 
@@ -166,6 +169,7 @@ impl fmt::Display for Feature {
             Feature::SwigluOai => "OpenAI's clamped SwiGLU",
             Feature::SplitExperts => "a layer with experts on both sides",
             Feature::HostMatrix => "a matrix kept in host memory",
+            Feature::QuantizedKv => "a KV cache of another type than f16 (--cache-type-k/-v)",
         };
         f.write_str(name)
     }

@@ -17,14 +17,14 @@ use std::sync::Arc;
 use tpslab_kernels::cuda::{AttnSplit, CudaError, DBuf, GemmScratch, Gpu, Graph, flash_split};
 
 use self::ops::{CudaOps, HostSide, MoeScratch};
-pub use self::support::{CudaOpts, cuda_gap};
+pub use self::support::{CudaOpts, cuda_gap, refuse_kv_types};
 pub use self::weights::{DevLinear, DevVector};
 use self::weights::{DevWeights, Placement};
 
 use crate::device::{
     Backend, BackendError, BatchError, ExpertLoad, MemoryUse, RowNeed, StepOutput, check_batch,
 };
-use crate::kv::{Batch, KvCache};
+use crate::kv::{Batch, KvTypes};
 use crate::model::LoadedModel;
 use crate::model::arch;
 use crate::model::config::ModelConfig;
@@ -182,6 +182,7 @@ impl CudaBackend {
         if let Some(gap) = cuda_gap(&cfg, &lm.model.weights, opts.untried) {
             return Err(gap.into());
         }
+        refuse_kv_types(opts.kv_types)?;
         let mut gpu = Gpu::new(ordinal).map_err(cuda(format!("opening cuda:{ordinal}")))?;
         gpu.set_mmvq(opts.mmvq);
         gpu.set_mmq(opts.mmq);
@@ -195,7 +196,7 @@ impl CudaBackend {
         } else {
             kv_budget
         };
-        let blocks = KvCache::pool_for_budget(&cfg, block_size, budget)?;
+        let blocks = KvTypes::F16.pool_for_budget(&cfg, block_size, budget)?;
         let sizes = act_sizes(&cfg);
         let mut me = Self {
             kv: gpu.alloc(1).map_err(cuda("allocating the KV pool"))?,
@@ -232,7 +233,7 @@ impl CudaBackend {
             use_mixed_graphs: opts.mixed_graphs,
             split_at: None,
         };
-        me.rebuild_kv(block_size, blocks)?;
+        me.rebuild_kv(block_size, blocks, KvTypes::F16)?;
         if opts.trial_kernels {
             me.set_trial_kernels(true);
         }
@@ -588,11 +589,18 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn rebuild_kv(&mut self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
+    fn rebuild_kv(
+        &mut self,
+        block_size: usize,
+        num_blocks: usize,
+        types: KvTypes,
+    ) -> Result<(), BackendError> {
+        refuse_kv_types(types)?;
         if num_blocks == 0 {
             return Err(BackendError::EmptyPool);
         }
-        let bytes = KvCache::bytes_per_block(&self.cfg, block_size)
+        let bytes = KvTypes::F16
+            .bytes_per_block(&self.cfg, block_size)
             .checked_mul(num_blocks)
             .ok_or(BackendError::PoolOverflow)?;
         // Graphs captured the old pool's address and block size.
@@ -611,6 +619,10 @@ impl Backend for CudaBackend {
 
     fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    fn kv_types(&self) -> KvTypes {
+        KvTypes::F16
     }
 
     fn block_size(&self) -> usize {

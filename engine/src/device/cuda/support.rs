@@ -1,8 +1,11 @@
 //! What the CUDA path takes of a model: [`cuda_gap`], the first operation of its recipe that the
 //! kernels' support table (`tpslab_kernels::cuda::Feature`) marks missing, or untried when
-//! untried kernels are not asked for; and [`CudaOpts`], how a model is placed and run on a GPU.
+//! untried kernels are not asked for; [`refuse_kv_types`], the KV types it has no kernels for;
+//! and [`CudaOpts`], how a model is placed and run on a GPU.
 
 use tpslab_kernels::cuda::{Feature, Unsupported};
+
+use crate::kv::KvTypes;
 
 use crate::model::arch;
 use crate::model::config::ModelConfig;
@@ -25,6 +28,16 @@ pub fn cuda_gap(cfg: &ModelConfig, w: &Weights, untried: bool) -> Option<Unsuppo
     ops.iter()
         .filter_map(op_feature)
         .find_map(|f| f.check(untried).err())
+}
+
+/// Refused unless K and V are f16: other KV types are the support table's
+/// [`Feature::QuantizedKv`] row.
+pub fn refuse_kv_types(types: KvTypes) -> Result<(), Unsupported> {
+    if types.is_f16() {
+        Ok(())
+    } else {
+        Feature::QuantizedKv.check(false)
+    }
 }
 
 /// The row of the support table a recorded operation needs beyond the plain Llama block's
@@ -99,6 +112,9 @@ pub struct CudaOpts {
     pub wide: bool,
     pub flash: bool,
     pub mixed_graphs: bool,
+    /// The KV cache's element types: only f16 has CUDA kernels (others are refused through
+    /// [`Feature::QuantizedKv`]).
+    pub kv_types: KvTypes,
 }
 
 impl Default for CudaOpts {
@@ -114,6 +130,7 @@ impl Default for CudaOpts {
             wide: false,
             flash: false,
             mixed_graphs: false,
+            kv_types: KvTypes::F16,
         }
     }
 }
