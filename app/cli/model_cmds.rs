@@ -175,7 +175,8 @@ pub fn run_perplexity(a: &PerplexityArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tpslab perplexity MODEL --kl-base BASE`: both models over the same windows.
+/// `tpslab perplexity MODEL --kl-base BASE`: both models over the same windows, MODEL's KV cache
+/// stored as `--cache-type-k/-v` (BASE's f16: `--kl-base` of the same model measures the cache).
 fn run_kl(
     a: &PerplexityArgs,
     lm: &LoadedModel,
@@ -205,6 +206,7 @@ fn run_kl(
         text,
         a.ctx,
         a.threads,
+        a.kv.types(),
         None,
         &mut |done, total| {
             bar.set_length(total as u64);

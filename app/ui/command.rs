@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use tpslab_engine::kv::KvTypes;
 use tpslab_engine::serving::engine::Knobs;
 use tpslab_kernels::WType;
 
@@ -39,6 +40,9 @@ pub enum Command {
     StopTune,
     /// Ask for a recorded trace (`tpslab serve --record-trace`) as the tuner's workload.
     ChooseTrace,
+    /// Measure what these KV types cost in quality against f16 KV (the dashboard's KV section).
+    MeasureKvQuality(KvTypes),
+    CancelKvQuality,
 }
 
 /// What the Chat page asks for (its panel applies them); `chat` is a conversation's id.

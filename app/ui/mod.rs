@@ -11,6 +11,8 @@
 //! - [`window`]: the native window (`tpslab` with no subcommand) and its eframe hooks.
 //! - `frame_bench`: the real window timing its own frames under load (`TPSLAB_FRAME_BENCH`).
 //! - `chat_bench`: the real window answering one chat message, timed (`TPSLAB_CHAT_BENCH`).
+//! - `dashboard_runs`: the dashboard's runs (load, sweep, tuner, KV quality) as the app drives
+//!   them.
 //! - [`pacing`]: how often news draws a frame (the display's rate; fewer on a CPU painter).
 //! - [`planner_table`]: the planner tab's device table and the jobs on it (workers, polled).
 //! - `planner_run`: starts those jobs: a table opened, this CPU calibrated here, a table saved.
@@ -30,12 +32,14 @@
 //! - [`tune_run`]: a tuning run on its own thread over the window's engine.
 //! - `tuner_tab`: the Tuner tab over that run, and the checks before one starts.
 //!
-//! This module imports the others; of them only `window`, `frame_bench`, `chat_bench`, `library_pages` and
-//! `planner_run` (which add to the app) import this one, and this one imports none of them.
+//! This module imports the others; of them only `window`, `frame_bench`, `chat_bench`,
+//! `library_pages`, `dashboard_runs` and `planner_run` (which add to the app) import this one,
+//! and this one imports none of them.
 
 pub mod catalog;
 mod chat_bench;
 pub mod command;
+mod dashboard_runs;
 mod draft_pick;
 pub mod engine_link;
 pub mod files;
@@ -73,7 +77,7 @@ use catalog::Library;
 use command::Command;
 use draft_pick::DraftLoad;
 use engine_link::{DevicePref, EngineLink, ModelSlot, Placement, SlotNews};
-use files::{DialogRequest, Dialogs, PendingSave, RfdDialog, SaveOutcome};
+use files::{Dialogs, PendingSave, RfdDialog};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
 use panels::chat::{ChatPanel, ChatState};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
@@ -207,6 +211,8 @@ struct Runtime {
     tuner: tune_run::Tuner,
     /// How often news draws a frame (the painter, set by the window).
     pacing: pacing::Pacing,
+    /// The dashboard's KV quality run (its KV types against f16 KV).
+    kv_quality: panels::kv_knobs::KvQuality,
 }
 
 /// The app: saved state plus runtime handles.
@@ -340,38 +346,6 @@ impl TpsApp {
             || self.rt.load.is_some()
             || self.rt.sweep.is_some()
             || self.rt.tuner.running()
-    }
-
-    /// The tuner's, the load run's and the sweep's news: a finished load or sweep leaves its
-    /// outcome and the speed one user saw.
-    fn poll_runs(&mut self) {
-        match self.rt.tuner.poll() {
-            Some(Ok(trace)) => self.state.tuner.trace = Some(trace),
-            Some(Err(e)) => self.rt.errors.push(e),
-            None => {}
-        }
-        if let Some(mut outcome) = self.rt.load.as_ref().and_then(LoadRun::poll) {
-            if let Some(e) = outcome.error.take() {
-                self.rt.errors.push(e);
-            }
-            self.record_speed(&outcome.label, outcome.summary.mean_per_request_tps);
-            self.rt.last_load = Some(outcome);
-            self.rt.load = None;
-        }
-        if let Some(sweep) = &mut self.rt.sweep {
-            sweep.poll(&mut self.rt.sweep_points);
-            if let Some(e) = sweep.error.take() {
-                self.rt.errors.push(e);
-            }
-            if sweep.finished {
-                self.rt.sweep = None;
-                // The lowest concurrency measured: the decode speed one user sees.
-                if let Some(p) = self.rt.sweep_points.iter().min_by_key(|p| p.concurrency) {
-                    let label = format!("sweep, {} concurrent", p.concurrency);
-                    self.record_speed(&label, p.mean_per_request_tps);
-                }
-            }
-        }
     }
 
     /// Reads every worker's news without waiting: model load, token events, load and sweep runs,
@@ -603,6 +577,7 @@ impl TpsApp {
                 .as_ref()
                 .and_then(ModelSlot::link)
                 .map(|b| &b.lm.model.cfg),
+            kv_quality: &self.rt.kv_quality,
         };
         renderer::central_panel(ui).show(ui, |ui| {
             dashboard::ui(ui, &mut self.state.dash, &view, cmds);
@@ -689,69 +664,12 @@ impl TpsApp {
                 Ok(())
             }
             Command::ChooseTrace => self.choose_trace(ctx),
-        }
-    }
-
-    /// Starts a sweep over the concurrency levels (not beside the tuner).
-    fn start_sweep(&mut self, ctx: &egui::Context) -> Result<(), String> {
-        self.not_tuning()?;
-        let b = self.link().ok_or("the model is not loaded yet")?;
-        let settings = &self.state.dash.load;
-        let run = SweepRun::start(
-            TargetSpec::of(&b.engine, settings),
-            &b.prompts,
-            settings,
-            self.precision_now(),
-            ctx,
-        )?;
-        // A new sweep replaces the points of its own target and keeps the others', so
-        // this engine and a remote server can be compared side by side.
-        let remote = format!("remote {}", settings.remote.url.trim());
-        let mine = |p: &SweepPoint| match settings.remote.enabled {
-            true => p.device.starts_with(&remote),
-            false => !p.device.starts_with("remote "),
-        };
-        self.rt.sweep_points.retain(|p| !mine(p));
-        self.rt.sweep = Some(run);
-        Ok(())
-    }
-
-    /// Asks where to save the sweep and writes it there, on a worker (the dialog may stay open
-    /// for minutes); with no dialog available it goes to the default path, and the notice says so.
-    fn save_sweep(&mut self, ctx: &egui::Context) -> Result<(), String> {
-        if self.rt.saving.is_some() {
-            return Err("a save is already in progress".into());
-        }
-        let default = PathBuf::from(&self.state.dash.load.sweep_path).with_extension("json");
-        let mut req =
-            DialogRequest::for_path("Save the sweep (JSON; CSV and PNG beside it)", &default);
-        req.filters = vec![("JSON".into(), vec!["json".into()])];
-        let points = self.rt.sweep_points.clone();
-        let job = PendingSave::start(&self.dialogs, req, default, ctx, move |path| {
-            sweep_file::save_sweep(path, &points)
-        })?;
-        self.rt.saving = Some(job);
-        self.rt.notice = Some("Saving the sweep…".into());
-        Ok(())
-    }
-
-    fn saved(&mut self, outcome: SaveOutcome<[PathBuf; 3]>) {
-        self.rt.notice = match outcome {
-            SaveOutcome::Saved { value, fallback } => {
-                let [j, c, p] = value.map(|p| p.display().to_string());
-                Some(match fallback {
-                    None => format!("Sweep saved: {j}, {c} and {p}"),
-                    Some(why) => {
-                        format!("Sweep saved to the default place ({why}): {j}, {c} and {p}")
-                    }
-                })
+            Command::MeasureKvQuality(types) => self.start_kv_quality(types, ctx),
+            Command::CancelKvQuality => {
+                self.rt.kv_quality.cancel();
+                Ok(())
             }
-            SaveOutcome::Cancelled => Some("Save cancelled".into()),
-            SaveOutcome::Failed(e) => {
-                self.rt.errors.push(format!("cannot save the sweep: {e}"));
-                None
-            }
-        };
+        }
     }
 
     /// Restarts the engine on `pref` on a worker: the running engine (if any) keeps its model

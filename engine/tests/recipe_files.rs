@@ -6,7 +6,7 @@
 //! embedding and sandwich norms, gpt-oss's biases, sinks and MXFP4 experts. The CPU device
 //! receives exactly that sequence, its logits unchanged by the recording; the CUDA path refuses
 //! what it has no kernel for, by name. The graphs are written out for the variants in
-//! [`GRAPHS`]; a family added since is held to llama.cpp's numbers (`tests/arch_reference.rs`)
+//! [`GRAPHS`]; a family added since is held to llama.cpp's numbers (`tests/parity/arch_reference.rs`)
 //! and runs here on the CPU.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/data/chat_templates.json: what jinja2 renders, set up as Hugging Face transformers
 sets it up, for the real chat templates of llama.cpp's models/templates/ and a set of
-conversations. tests/chat_templates.rs holds TPS Lab's renders against it (no Python there).
+conversations. tests/parity/chat_templates.rs holds TPS Lab's renders against it (no Python there).
 
 The setup is transformers' `_compile_jinja_template` and `render_jinja_template`
 (src/transformers/utils/chat_template_utils.py): jinja2's ImmutableSandboxedEnvironment with

@@ -1,5 +1,5 @@
 """Drives a running `tpslab serve` with the official OpenAI Python client, as an application
-would, and checks what it gets back. Run by tests/openai_python.rs:
+would, and checks what it gets back. Run by tests/api/openai_python.rs:
 
     python openai_check.py BASE_URL MODEL
 

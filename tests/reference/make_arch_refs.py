@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Records llama.cpp's outputs on the tiny random model of each architecture, for
-tests/arch_reference.rs (which needs neither llama.cpp nor Python).
+tests/parity/arch_reference.rs (which needs neither llama.cpp nor Python).
 
 For each variant of tpslab_engine::model::tiny (written by the `tiny_model` example with the
 tokenizer of one of llama.cpp's ggml-vocab-*.gguf files) it records:

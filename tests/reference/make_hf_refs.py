@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Records what llama.cpp's convert_hf_to_gguf.py writes for the tiny Hugging Face folder of
-each family, for tests/hf_families.rs (which needs neither llama.cpp nor Python).
+each family, for tests/parity/hf_families.rs (which needs neither llama.cpp nor Python).
 
-The folders are written by the test's own code (`cargo test --test hf_families -- --ignored
+The folders are written by the test's own code (`cargo test --workspace --test parity -- --ignored
 write_folders_for_the_reference_script`), converted with `--outtype f32`, and for each the
 `{arch}.*` metadata and every tensor (ggml dims, sha256 of its bytes; the values of
 `rope_freqs`) are recorded.
 
-The tokenizer is not what is compared (tests/tokenizer_vocab.rs holds tokenizers against
+The tokenizer is not what is compared (tests/parity/tokenizer_vocab.rs holds tokenizers against
 llama.cpp): the folders carry a small byte-level BPE whose pre-tokenizer hash the converter
 does not know, so every family's vocabulary is set through the converter's own GPT-2 path with
 the pre-tokenizer named `gpt-2`.
@@ -73,7 +73,7 @@ def main():
     patch_vocab()
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TPSLAB_HF_FOLDERS=tmp)
-        subprocess.run(["cargo", "test", "-j", "1", "-q", "--test", "hf_families", "--",
+        subprocess.run(["cargo", "test", "-j", "1", "-q", "--workspace", "--test", "parity", "--",
                         "--ignored", "write_folders_for_the_reference_script"],
                        cwd=ROOT, env=env, check=True, stdout=sys.stderr)
         refs = {"converter": "convert_hf_to_gguf.py of llama-cpp-python 0.3.36 sdist (vendored llama.cpp), --outtype f32",

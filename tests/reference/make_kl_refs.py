@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Records llama.cpp's KL-divergence statistics of the default model (Q4_1) against its Q4_0
-re-quantization by this engine, for tests/perplexity_kl.rs (which needs neither llama.cpp nor
+re-quantization by this engine, for tests/commands/perplexity_kl.rs (which needs neither llama.cpp nor
 Python).
 
   1. `tpslab quantize default OUT --type q4_0` (the engine's own re-quantization; its sha256 is

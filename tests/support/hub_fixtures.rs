@@ -1,4 +1,4 @@
-//! What the Hub download tests share (tests/hub.rs, tests/hub_hostile.rs): the served files
+//! What the Hub download tests share (tests/library/hub.rs, tests/library/hub_hostile.rs): the served files
 //! (the default model's GGUF, a tiny safetensors set), a local Hub serving them, a temporary
 //! folder, a pull that records its progress, and the checks that nothing that looks like a
 //! model is left in a library and that a canary tree around it is untouched.
@@ -11,9 +11,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tpslab::hub::{self, Choice, HubConfig, HubError, PullProgress, PullRequest};
 
-#[path = "../../engine/tests/support/temp_dir.rs"]
-mod temp_dir;
-pub use temp_dir::TempDir;
+// The binary declares `temp_dir` (engine/tests/support/temp_dir.rs) beside this module.
+pub use crate::temp_dir::TempDir;
 use tpslab_engine::library::index::{Library, ModelEntry};
 
 use crate::hub_server::{File, HubServer, RepoData};

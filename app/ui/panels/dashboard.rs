@@ -59,6 +59,8 @@ pub struct DashView<'a> {
     pub models: &'a [ModelEntry],
     /// The loaded model's configuration (what a KV budget holds of it).
     pub model_cfg: Option<&'a ModelConfig>,
+    /// The KV quality run (what the drafted KV types cost against f16 KV).
+    pub kv_quality: &'a super::kv_knobs::KvQuality,
 }
 
 /// "batch cap 64 · budget 2048 tok · 8 concurrent, prompt 128 -> output 64 tok · Q4_1 · CPU, 2
@@ -188,6 +190,8 @@ fn knobs_ui(ui: &mut egui::Ui, s: &mut DashSettings, view: &DashView<'_>, cmds: 
         let text = super::kv_knobs::capacity_text(&s.knobs.kv, cfg, request);
         ui.label(egui::RichText::new(text).small());
     }
+    let loaded = view.model_cfg.is_some();
+    view.kv_quality.ui(ui, s.knobs.kv.types, loaded, cmds);
     let engine_kv = view.snapshot.map(|sn| sn.knobs.kv.clone());
     let kv_pending = engine_kv.as_ref().is_some_and(|e| *e != s.knobs.kv);
     if ui

@@ -1,11 +1,26 @@
 //! The dashboard's KV cache section: budget, block size and the K and V element types (f16,
 //! bf16, q8_0, q4_0, as llama.cpp's `--cache-type-k/-v`), edited as a draft that applying
-//! rebuilds the pool with; and what the draft buys: the tokens the budget holds in those types
-//! against f16, and how many requests of the load generator's size fit at once.
+//! rebuilds the pool with; what the draft buys: the tokens the budget holds in those types
+//! against f16, and how many requests of the load generator's size fit at once; and what it
+//! costs in quality ([`KvQuality`]: the loaded model with the draft's cache against itself with
+//! f16 KV over the bundled text, on a worker: perplexity of both and the KL divergence, as
+//! `tpslab perplexity -ctk q8_0 --kl-base` prints them). Its TPS cost shows on the plots once
+//! the types are applied.
+
+use std::sync::Arc;
 
 use tpslab_engine::kv::{KvType, KvTypes};
+use tpslab_engine::model::LoadedModel;
 use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::serving::engine::KvSettings;
+use tpslab_engine::serving::kl::{KlReport, kl_divergence};
+use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, BUNDLED_TEXT_NAME};
+
+use crate::ui::command::Command;
+use crate::ui::task::Task;
+
+/// Tokens per window of the quality run (the second half of each is scored).
+pub const QUALITY_CTX: usize = 256;
 
 /// The settings' grid (edits `kv` in place).
 pub fn kv_grid(ui: &mut egui::Ui, kv: &mut KvSettings) {
@@ -69,4 +84,123 @@ pub fn capacity_text(kv: &KvSettings, cfg: &ModelConfig, request_tokens: usize) 
         "holds {tokens} tokens ({ratio:.2}x f16): {} requests of {request_tokens} tokens at once",
         blocks.0 / per_request
     )
+}
+
+/// The KV quality run: in flight, or its last result, with the types it measured.
+#[derive(Default)]
+pub struct KvQuality {
+    task: Option<(KvTypes, Task<KlReport>)>,
+    last: Option<(KvTypes, Result<KlReport, String>)>,
+}
+
+impl KvQuality {
+    /// Starts measuring `types` on `lm` (a run in flight is cancelled first); refused for f16,
+    /// which is the baseline itself.
+    pub fn start(
+        &mut self,
+        lm: Arc<LoadedModel>,
+        types: KvTypes,
+        threads: usize,
+        ctx: &egui::Context,
+    ) -> Result<(), String> {
+        if types.is_f16() {
+            return Err("f16 KV is the baseline the quality run compares against".into());
+        }
+        types.check(&lm.model.cfg).map_err(|e| e.to_string())?;
+        self.cancel();
+        let what = format!("KV quality of {types}");
+        let task = Task::spawn("kv-quality", what, ctx, move |rep| {
+            let cancel = rep.cancel_flag();
+            let mut progress = |done: usize, total: usize| {
+                rep.report(
+                    done as u64,
+                    total as u64,
+                    &format!("window {done} of {total}"),
+                );
+            };
+            kl_divergence(
+                &lm,
+                &lm,
+                BUNDLED_TEXT,
+                QUALITY_CTX,
+                threads,
+                types,
+                Some(&cancel),
+                &mut progress,
+            )
+            .map_err(|e| e.to_string())
+        })?;
+        self.task = Some((types, task));
+        Ok(())
+    }
+
+    pub fn cancel(&mut self) {
+        if let Some((_, t)) = self.task.take() {
+            t.cancel();
+        }
+    }
+
+    /// Takes in the worker's news (each frame).
+    pub fn poll(&mut self) {
+        if let Some((types, task)) = &mut self.task
+            && let Some(r) = task.poll()
+        {
+            self.last = Some((*types, r));
+            self.task = None;
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.task.is_some()
+    }
+
+    /// The last result as a line: "q8_0 KV against f16 KV: perplexity 19.631 vs 19.756
+    /// (-0.63%), mean KL 0.00123, same top token 98.7% (bundled text, windows of 256)".
+    pub fn result_text(&self) -> Option<Result<String, String>> {
+        let (types, r) = self.last.as_ref()?;
+        Some(r.as_ref().map_err(Clone::clone).map(|r| {
+            format!(
+                "{types} KV against f16 KV: perplexity {:.3} vs {:.3} ({:+.2}%), mean KL \
+                 {:.5}, same top token {:.1}% ({BUNDLED_TEXT_NAME}, {} windows of {})",
+                r.ppl.value,
+                r.ppl_base.value,
+                100.0 * (r.ppl.value / r.ppl_base.value - 1.0),
+                r.kld.value,
+                100.0 * r.same_top.value,
+                r.windows,
+                r.ctx
+            )
+        }))
+    }
+
+    /// The button (for the draft's types), the run's progress, the last result.
+    pub fn ui(&self, ui: &mut egui::Ui, draft: KvTypes, loaded: bool, cmds: &mut Vec<Command>) {
+        if let Some((_, task)) = &self.task {
+            task.progress_ui(ui, false, None);
+            if ui.button("Cancel KV quality").clicked() {
+                cmds.push(Command::CancelKvQuality);
+            }
+        } else if ui
+            .add_enabled(
+                loaded && !draft.is_f16(),
+                egui::Button::new("Measure KV quality"),
+            )
+            .on_hover_text(
+                "Perplexity and KL divergence of the loaded model with these KV types against \
+                 f16 KV over the bundled text (about a minute on the default model)",
+            )
+            .clicked()
+        {
+            cmds.push(Command::MeasureKvQuality(draft));
+        }
+        match self.result_text() {
+            Some(Ok(text)) => {
+                ui.label(egui::RichText::new(text).small());
+            }
+            Some(Err(e)) => {
+                ui.colored_label(ui.visuals().error_fg_color, format!("KV quality: {e}"));
+            }
+            None => {}
+        }
+    }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 use tpslab_engine::formats::gguf::GgufFile;
+use tpslab_engine::kv::KvTypes;
 use tpslab_engine::library::entry::StoredType;
 use tpslab_engine::model::LoadedModel;
 use tpslab_engine::quant::preset::Preset;
@@ -565,6 +566,7 @@ impl Wizard {
                 BUNDLED_TEXT,
                 ctx_len,
                 threads,
+                KvTypes::F16,
                 Some(&cancel),
                 progress,
             )

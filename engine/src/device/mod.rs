@@ -14,7 +14,7 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::kv::{Batch, KvError, KvTypes};
+use crate::kv::{Batch, KvError, KvSettings, KvTypes};
 use crate::model::LoadedModel;
 use crate::model::config::ModelConfig;
 
@@ -295,22 +295,20 @@ pub struct Opened {
     pub note: Option<String>,
 }
 
-/// Sizes the KV pool (its K and V stored as `kv_types`) and opens the backend for `device`.
-/// `kv_budget` is in bytes; with
-/// `gpu_kv_fraction > 0` on a GPU the budget is that fraction of the memory free after the
-/// weights are loaded instead. On a GPU the experts of the first `cpu_moe_layers` blocks stay
+/// Sizes the KV pool as `kv` says (its budget in bytes, its block size, K and V types) and opens
+/// the backend for `device`. With `gpu_kv_fraction > 0` on a GPU the budget is that fraction of
+/// the memory free after the weights are loaded instead. On a GPU the experts of the first `cpu_moe_layers` blocks stay
 /// in host memory and run on `threads` CPU threads (`--n-cpu-moe`); on the CPU every weight is
 /// in host memory already.
 pub fn open(
     lm: Arc<LoadedModel>,
     device: DeviceChoice,
     threads: usize,
-    block_size: usize,
-    kv_budget: usize,
-    kv_types: KvTypes,
+    kv: &KvSettings,
     gpu_kv_fraction: f32,
     cpu_moe_layers: usize,
 ) -> Result<Opened, BackendError> {
+    let (block_size, kv_budget, kv_types) = (kv.block_size, kv.budget_bytes, kv.types);
     let cfg = lm.model.cfg.clone();
     let blocks = |budget| {
         kv_types

@@ -15,6 +15,7 @@ pub mod block_pool;
 pub mod kv_type;
 
 use half::f16;
+use serde::{Deserialize, Serialize};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use tpslab_kernels::attn::KvRows;
 use tpslab_kernels::quantize_row;
@@ -43,6 +44,28 @@ pub enum KvError {
         ty.block()
     )]
     HeadNotBlocks { ty: KvType, head_dim: usize },
+}
+
+/// Settings that take a rebuild of the KV pool when they change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvSettings {
+    /// Memory for the KV pool, in bytes.
+    pub budget_bytes: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// The element types K and V are stored as (`--cache-type-k/-v`).
+    pub types: KvTypes,
+}
+
+impl Default for KvSettings {
+    fn default() -> Self {
+        Self {
+            budget_bytes: 512 << 20,
+            block_size: 16,
+            types: KvTypes::F16,
+        }
+    }
 }
 
 /// One layer's K or V: f16 values, or the bytes of ggml blocks of another type.

@@ -3,7 +3,7 @@
 //! tokenizer copied from a vocabulary-only GGUF (llama.cpp's `models/ggml-vocab-*.gguf`). They
 //! are how the engine is held against llama.cpp for families with no real checkpoint here: the
 //! same file is run by both, and the test compares log-probabilities, greedy tokens and
-//! perplexity (`tests/arch_reference.rs`, references recorded by
+//! perplexity (`tests/parity/arch_reference.rs`, references recorded by
 //! `tests/reference/make-arch-refs.sh`).
 //!
 //! Weights are F32 (gpt-oss's experts MXFP4, as its released files have them, except in

@@ -18,7 +18,6 @@ use tpslab_kernels::WType;
 use serde::{Deserialize, Serialize};
 
 use crate::device::{Backend, DeviceChoice, MemoryUse};
-use crate::kv::KvTypes;
 use crate::model::LoadedModel;
 use crate::model::precision::Precision;
 use crate::sched::stop::{FinishReason, StopChecker};
@@ -39,27 +38,7 @@ use crate::text::reasoning::ReasoningTags;
 
 pub use crate::serving::request::{DecodeBatch, Event, Refusal, RefusalKind, Request, Usage};
 
-/// Settings that take a rebuild of the KV pool when they change.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct KvSettings {
-    /// Memory for the KV pool, in bytes.
-    pub budget_bytes: usize,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// The element types K and V are stored as (`--cache-type-k/-v`).
-    pub types: KvTypes,
-}
-
-impl Default for KvSettings {
-    fn default() -> Self {
-        Self {
-            budget_bytes: 512 << 20,
-            block_size: 16,
-            types: KvTypes::F16,
-        }
-    }
-}
+pub use crate::kv::KvSettings;
 
 /// Every knob the user can turn while the engine runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -369,9 +348,7 @@ impl EngineThread {
             Arc::clone(&lm),
             config.device,
             config.threads,
-            config.knobs.kv.block_size,
-            config.knobs.kv.budget_bytes,
-            config.knobs.kv.types,
+            &config.knobs.kv,
             config.gpu_kv_fraction,
             config.cpu_moe_layers,
         )

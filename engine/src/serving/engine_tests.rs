@@ -81,7 +81,18 @@ fn engine_thread() -> (Arc<LoadedModel>, EngineThread) {
 #[test]
 fn a_request_that_fails_the_forward_pass_fails_alone() {
     let (lm, mut t) = engine_thread();
-    let inner = crate::device::open(lm, DeviceChoice::Cpu, 2, 16, 8 << 20, KvTypes::F16, 0.0, 0)
+    let inner = crate::device::open(
+        lm,
+        DeviceChoice::Cpu,
+        2,
+        &KvSettings {
+            budget_bytes: 8 << 20,
+            block_size: 16,
+            types: KvTypes::F16,
+        },
+        0.0,
+        0,
+    )
         .expect("backend")
         .backend;
     assert_eq!(inner.num_blocks(), t.backend.num_blocks());

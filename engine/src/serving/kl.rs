@@ -89,13 +89,17 @@ pub struct KlReport {
 /// KL divergence of `model` from `base` on `text` with windows of `ctx` tokens (the text is
 /// tokenized once, by the base, as llama.cpp does), on the CPU with `threads` threads (0 = one
 /// per core). `progress(done, total)` is called after each window; setting `cancel` stops the run
-/// before its next chunk. The models must share the vocabulary.
+/// before its next chunk. The models must share the vocabulary. `model`'s KV cache is stored as
+/// `model_kv`, the base's as f16: the same model on both sides measures what a quantized cache
+/// costs (KL against f16 KV).
+#[allow(clippy::too_many_arguments)]
 pub fn kl_divergence(
     model: &LoadedModel,
     base: &LoadedModel,
     text: &str,
     ctx: usize,
     threads: usize,
+    model_kv: KvTypes,
     cancel: Option<&AtomicBool>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<KlReport, KlError> {
@@ -108,7 +112,7 @@ pub fn kl_divergence(
         return Err(PerplexityError::Ctx { ctx, max }.into());
     }
     let pool = ThreadPool::new(resolve_threads(threads));
-    let mut q = Scorer::new(model, ctx, KvTypes::F16)?;
+    let mut q = Scorer::new(model, ctx, model_kv)?;
     let mut b = Scorer::new(base, ctx, KvTypes::F16)?;
     let vocab = base.model.cfg.vocab;
     let mut acc = Accumulator::default();

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference data for tests/tokenizer_vocab.rs: llama.cpp's llama-tokenize over each of its
+"""Reference data for tests/parity/tokenizer_vocab.rs: llama.cpp's llama-tokenize over each of its
 fixture vocabularies that TPS Lab claims, for prompts with special tokens and BOS (as
 llama-server tokenizes a rendered chat prompt: BOS/EOS as the model says, special tokens
 parsed) and without (no BOS, no special parsing), plus its end-of-generation set.
