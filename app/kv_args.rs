@@ -11,7 +11,7 @@ use tpslab_engine::serving::engine::KvSettings;
 #[derive(Args, Debug, Clone)]
 pub struct KvTypeArgs {
     /// Element type of the KV cache's keys: f16, bf16, q8_0, q4_0 (llama.cpp's --cache-type-k,
-    /// also spelled -ctk). q8_0 holds about 1.9x the tokens of f16 in the same memory, q4_0
+    /// also spelled -ctk). q8_0 holds 1.88x the tokens of f16 in the same memory, q4_0
     /// 3.5x; the CPU runs them all, CUDA f16 only.
     #[arg(long, value_name = "TYPE", default_value = "f16", value_parser = parse_kv_type)]
     pub cache_type_k: KvType,
