@@ -48,7 +48,7 @@ fn generate_json(extra: &[&str]) -> Value {
 /// "def fibonacci(n):" (" n" vs " max", 0.4 apart). At both, the llama.cpp build vendored by
 /// llama-cpp-python 0.3.36 (b0c1e570, llama-server and llama-completion) makes the same choice as
 /// we do, not the reference's: two llama.cpp builds disagree there too. After a near-tie the
-/// texts diverge, so engine/tests/parity.rs checks every one of the 96 steps teacher-forced.
+/// texts diverge, so engine/tests/serving/parity.rs checks every one of the 96 steps teacher-forced.
 #[test]
 fn greedy_raw_prompts_match_llama_cpp() {
     let agree: [(&str, usize); 2] = [("The capital of France is", 14), ("def fibonacci(n):", 13)];
@@ -407,7 +407,7 @@ fn llama_cpp_short_flags_mean_the_long_ones() {
 /// output says which types it held, and they give the same tokens); q4_0 values run; an
 /// unknown type is refused with the list; and CUDA (which has f16 kernels only) refuses a
 /// quantized cache by its support table's row before it opens a device. (What a q8_0 cache does
-/// to the tokens, near-ties apart, is checked in `engine/tests/kv_types.rs`.)
+/// to the tokens, near-ties apart, is checked in `engine/tests/serving/kv_types.rs`.)
 #[test]
 fn kv_cache_types_are_chosen_by_llama_cpp_names() {
     let m = model();

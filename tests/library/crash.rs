@@ -5,9 +5,7 @@
 //! to its end (a pull resumes from what it had). The window's conversation store is saved by a
 //! child process killed at 20 points of a run of saves, and always loads as one whole save.
 
-#[allow(dead_code)]
 use crate::hub_fixtures;
-#[allow(dead_code)]
 use crate::hub_server;
 
 use std::collections::BTreeSet;

@@ -3,12 +3,9 @@
 //! safetensors set: progress, resume after a cut connection, checksum refusal, cancel, a 404
 //! repo, a gated repo, a wrong endpoint; and `tpslab models` / `tpslab pull` through the binary.
 
-#[allow(dead_code)]
 use crate::hub_fixtures;
-#[allow(dead_code)]
 use crate::hub_server;
 use crate::split;
-#[allow(dead_code)]
 use crate::tiny_model;
 
 use std::path::Path;

@@ -7,7 +7,6 @@
 //! the 32 MiB cap.
 
 use crate::gui_wait;
-#[allow(dead_code)]
 use crate::hub_server;
 
 use std::path::PathBuf;

@@ -6,9 +6,7 @@
 //! pull must be refused with a clear message, and a canary tree around the library (siblings,
 //! the library's parent, the targets the hostile names point at) must be byte-for-byte as it was.
 
-#[allow(dead_code)]
 use crate::hub_fixtures;
-#[allow(dead_code)]
 use crate::hub_server;
 
 use std::path::Path;

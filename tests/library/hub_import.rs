@@ -4,11 +4,8 @@
 //! are each refused before they enter the library, with a message saying why; an import also
 //! reads the headers as the engine loads them (a Llama config over tensors that are not one).
 
-#[allow(dead_code)]
 use crate::hub_fixtures;
-#[allow(dead_code)]
 use crate::hub_server;
-#[allow(dead_code)]
 use crate::tiny_model;
 
 use std::path::Path;

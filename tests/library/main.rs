@@ -19,14 +19,17 @@ mod cli_bin;
 mod gui_wait;
 #[path = "../support/http_client.rs"]
 mod http_client;
+#[allow(dead_code)] // each module uses part of it
 #[path = "../support/hub_fixtures.rs"]
 mod hub_fixtures;
+#[allow(dead_code)] // each module uses part of it
 #[path = "../support/hub_server.rs"]
 mod hub_server;
 #[path = "../../engine/tests/support/split.rs"]
 mod split;
 #[path = "../../engine/tests/support/temp_dir.rs"]
 mod temp_dir;
+#[allow(dead_code)] // each module uses part of it
 #[path = "../../engine/tests/support/tiny_model.rs"]
 mod tiny_model;
 

@@ -5,13 +5,9 @@
 //! name, listed beside the library, and run in place, nothing copied or written; a hostile cache
 //! and hostile references are refused by name before anything is fetched.
 
-#[allow(dead_code)]
 use crate::http_client;
-#[allow(dead_code)]
 use crate::hub_fixtures;
-#[allow(dead_code)]
 use crate::hub_server;
-#[allow(dead_code)]
 use crate::tiny_model;
 
 use std::path::{Path, PathBuf};

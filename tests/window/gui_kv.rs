@@ -72,7 +72,7 @@ fn kv_types_are_picked_measured_against_f16_and_applied_to_the_pool() {
     wait_until(&mut h, "the KV quality result", 600, |h| {
         has(h, "q8_0 KV against f16 KV: perplexity ")
     });
-    // Small, as engine/tests/kv_types.rs and tests/commands/perplexity_kl.rs measure it.
+    // Small, as engine/tests/serving/kv_types.rs and tests/commands/perplexity_kl.rs measure it.
     assert!(
         has(&h, "mean KL 0.0"),
         "the KL of a q8_0 cache is below 0.1"

@@ -5,7 +5,6 @@
 
 use crate::gui_wait;
 // Shared with tests/library/hub.rs, which uses the faults and the request log this file does not.
-#[allow(dead_code)]
 use crate::hub_server;
 use gui_wait::wait_until;
 use hub_server::{File, HubServer, RepoData};

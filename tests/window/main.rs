@@ -21,7 +21,7 @@
 mod gui_wait;
 #[path = "../support/gui_window.rs"]
 mod gui_window;
-#[allow(dead_code)] // gui_models reads only part of what the Hub tests read
+#[allow(dead_code)] // each module uses part of it
 #[path = "../support/hub_server.rs"]
 mod hub_server;
 #[path = "../support/llamacpp.rs"]

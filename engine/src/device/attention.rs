@@ -137,7 +137,7 @@ mod tests {
     /// Paged attention (f16 K/V, scattered blocks, sequences mixed in one batch) equals the plain
     /// f64 reference within 2e-3 of the largest |V| (the f16 rounding of K, V and Q). Over a
     /// quantized cache (K and V of different types), the reference takes the values the cache
-    /// reads back (their rounding is checked in `engine/tests/kv_types.rs`): what is tested is
+    /// reads back (their rounding is checked in `engine/tests/serving/kv_types.rs`): what is tested is
     /// that attention finds each position's blocks.
     #[test]
     fn paged_equals_plain_attention_on_random_inputs() {

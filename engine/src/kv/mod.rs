@@ -15,8 +15,8 @@ pub mod block_pool;
 pub mod kv_type;
 
 use half::f16;
-use serde::{Deserialize, Serialize};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use serde::{Deserialize, Serialize};
 use tpslab_kernels::attn::KvRows;
 use tpslab_kernels::quantize_row;
 

@@ -21,7 +21,7 @@
 //! definitions, [`structure`]) bounds how deep that recursion can go: past
 //! [`MAX_GRAMMAR_STRUCTURE`] the grammar is refused before compiling, and every compile runs on
 //! a thread of its own whose stack ([`COMPILE_STACK`]) holds that bound with room to spare
-//! (measured, and held by `engine/tests/constraint.rs` at the bound). Masks are computed by
+//! (measured, and held by `engine/tests/text/constraint.rs` at the bound). Masks are computed by
 //! llguidance's Earley parser without recursion: they run on the usual worker threads.
 //!
 //! Upstream report for llguidance 1.9.1 (written here because this project's machines cannot

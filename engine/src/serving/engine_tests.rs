@@ -93,8 +93,8 @@ fn a_request_that_fails_the_forward_pass_fails_alone() {
         0.0,
         0,
     )
-        .expect("backend")
-        .backend;
+    .expect("backend")
+    .backend;
     assert_eq!(inner.num_blocks(), t.backend.num_blocks());
     t.backend = Box::new(Poisoned { inner, poison: 77 });
     let (etx, erx) = mpsc::channel();

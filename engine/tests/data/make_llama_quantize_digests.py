@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes llama_quantize_digests.json: for a few presets, the SHA-256 (first 16 hex digits) of
 every tensor llama.cpp's `llama-quantize` writes when re-quantizing the default model
-(SmolLM2-135M-Instruct, Q4_1; no importance matrix), so engine/tests/quantize.rs can check that
+(SmolLM2-135M-Instruct, Q4_1; no importance matrix), so engine/tests/formats/quantize.rs can check that
 `tpslab quantize` writes the same bytes, tensor by tensor.
 
     python3 engine/tests/data/make_llama_quantize_digests.py [LLAMA_QUANTIZE] [MODEL]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes llama_quantize_types.json: the type llama.cpp's `llama-quantize` gives every tensor of
 the default model (SmolLM2-135M-Instruct, Q4_1) for each preset, from its `--dry-run` listing,
-for engine/tests/quantize.rs to compare `tpslab quantize`'s per-tensor rules with.
+for engine/tests/formats/quantize.rs to compare `tpslab quantize`'s per-tensor rules with.
 
     python3 engine/tests/data/make_llama_quantize_types.py [LLAMA_QUANTIZE] [MODEL]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the SentencePiece-style Hugging Face tokenizer folders of engine/tests/hf_tokenizer.rs
+"""Writes the SentencePiece-style Hugging Face tokenizer folders of engine/tests/text/hf_tokenizer.rs
 and what transformers makes of a set of hostile-ish texts, so the test needs no Python.
 
 Three tiny tokenizers, trained here with sentencepiece on assets/perplexity's chapter (the Hub

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use tpslab_engine::formats::gguf::{GgufError, GgufFile};
 use tpslab_engine::library::ensure_default_model;
 
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
+use crate::temp_dir;
 use temp_dir::TempDir;
 
 /// A minimal GGUF writer for building test files byte by byte.

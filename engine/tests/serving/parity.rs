@@ -9,7 +9,7 @@ use tpslab_engine::model::LoadedModel;
 use tpslab_kernels::ThreadPool;
 
 /// Facts from ../shared/refs/llamacpp_greedy.json (llama.cpp llama-server, greedy, same file).
-const REFS: &str = include_str!("../../tests/data/llamacpp_greedy.json");
+const REFS: &str = include_str!("../../../tests/data/llamacpp_greedy.json");
 
 /// Largest logit gap by which our top token may beat the reference's token. Our logits differ
 /// from llama.cpp's by ~0.1-0.3 on this Q4_1 file. Measured with llama-eval-callback on "The

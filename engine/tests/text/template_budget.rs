@@ -14,12 +14,12 @@ use tpslab_engine::serving::generate::GenerateError;
 use tpslab_engine::text::chat::{ChatError, ChatMessage, ChatTemplate, Overrun, RenderBudget};
 
 /// Templates that never end on their own (also used by the CLI, server and window tests).
-const NESTED_LOOPS: &str = include_str!("data/runaway/nested_loops.jinja");
-const STRING_DOUBLING: &str = include_str!("data/runaway/string_doubling.jinja");
-const MACRO_DOUBLING: &str = include_str!("data/runaway/macro_doubling.jinja");
-const DEEP_RECURSION: &str = include_str!("data/runaway/deep_recursion.jinja");
-const WIDE_RECURSION: &str = include_str!("data/runaway/wide_recursion.jinja");
-const OUTPUT_BOMB: &str = include_str!("data/runaway/output_bomb.jinja");
+const NESTED_LOOPS: &str = include_str!("../data/runaway/nested_loops.jinja");
+const STRING_DOUBLING: &str = include_str!("../data/runaway/string_doubling.jinja");
+const MACRO_DOUBLING: &str = include_str!("../data/runaway/macro_doubling.jinja");
+const DEEP_RECURSION: &str = include_str!("../data/runaway/deep_recursion.jinja");
+const WIDE_RECURSION: &str = include_str!("../data/runaway/wide_recursion.jinja");
+const OUTPUT_BOMB: &str = include_str!("../data/runaway/output_bomb.jinja");
 
 fn conversation() -> Vec<ChatMessage> {
     vec![ChatMessage::system("Be brief."), ChatMessage::user("Hi!")]

@@ -18,8 +18,7 @@ use tpslab_engine::serving::engine::{
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::spec::{SpecConfig, SpecMethod};
 
-#[path = "support/default_model.rs"]
-mod default_model;
+use crate::default_model;
 use default_model::model;
 
 /// Copy-heavy prompts (where n-gram lookup pays) and free writing.

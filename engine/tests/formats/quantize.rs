@@ -137,7 +137,7 @@ fn q8_0_loads_generates_and_stays_close() {
 /// model.
 fn llama_quantize_types() -> Vec<(String, Vec<(String, String)>)> {
     let v: serde_json::Value =
-        serde_json::from_str(include_str!("data/llama_quantize_types.json")).expect("json");
+        serde_json::from_str(include_str!("../data/llama_quantize_types.json")).expect("json");
     let names: Vec<String> = v["tensors"]
         .as_array()
         .expect("tensors")
@@ -205,7 +205,7 @@ fn every_preset_picks_llama_quantizes_types() {
 fn differing_from_llama_quantize(preset: Preset, g: &GgufFile) -> Option<Vec<String>> {
     use sha2::{Digest, Sha256};
     let v: serde_json::Value =
-        serde_json::from_str(include_str!("data/llama_quantize_digests.json")).expect("json");
+        serde_json::from_str(include_str!("../data/llama_quantize_digests.json")).expect("json");
     let digests: Vec<&str> = v["digests"][preset.name()].as_str()?.split(' ').collect();
     let names = v["tensors"].as_array().expect("tensors");
     assert_eq!(digests.len(), names.len(), "{preset}: digests");

@@ -20,8 +20,7 @@ use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Event, Knobs, R
 use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 
-#[path = "support/default_model.rs"]
-mod default_model;
+use crate::default_model;
 use default_model::model;
 
 fn engine() -> EngineHandle {

@@ -11,10 +11,8 @@ use std::sync::atomic::AtomicBool;
 use tpslab_engine::library::index::{IndexError, Library, ModelFormat, ModelSource};
 use tpslab_engine::library::{self, default_manifest, sha256_file};
 
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
-#[path = "support/tiny_model.rs"]
-mod tiny_model;
+use crate::temp_dir;
+use crate::tiny_model;
 use temp_dir::TempDir;
 
 fn default_model() -> PathBuf {

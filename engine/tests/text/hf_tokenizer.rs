@@ -23,11 +23,8 @@ use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::detok::Detokenizer;
 use tpslab_engine::text::tokenizer::{TEXT_MARK, Tokenizer};
 
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
-#[allow(dead_code)] // the GGUF half of the tiny model is not used here
-#[path = "support/tiny_model.rs"]
-mod tiny_model;
+use crate::temp_dir;
+use crate::tiny_model;
 use temp_dir::TempDir;
 use tiny_model::tiny_folder_with_tokenizer;
 

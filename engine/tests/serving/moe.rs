@@ -28,8 +28,7 @@ use tpslab_engine::serving::metrics::LiveSnapshot;
 use tpslab_engine::text::chat::ChatTemplate;
 use tpslab_kernels::{ThreadPool, WType};
 
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
+use crate::temp_dir;
 use temp_dir::TempDir;
 
 /// The variants with experts.

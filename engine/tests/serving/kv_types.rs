@@ -14,8 +14,7 @@ use tpslab_engine::serving::perplexity::{BUNDLED_TEXT, perplexity_kv};
 use tpslab_kernels::ThreadPool;
 use tpslab_kernels::attn::KvRows;
 
-#[path = "support/default_model.rs"]
-mod default_model;
+use crate::default_model;
 
 fn shape(arch: &str) -> ModelConfig {
     tpslab_engine::model::synthetic::arch(arch)

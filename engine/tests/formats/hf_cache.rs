@@ -4,11 +4,8 @@
 //! cache or the library. A hostile cache (a link out of the root, a ref that is not a commit, a
 //! snapshot that is a link elsewhere, a folder that is no repo id) is refused by name.
 
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
-#[allow(dead_code)]
-#[path = "support/tiny_model.rs"]
-mod tiny_model;
+use crate::temp_dir;
+use crate::tiny_model;
 
 use std::path::{Path, PathBuf};
 

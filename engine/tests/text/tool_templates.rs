@@ -10,10 +10,9 @@ use serde_json::{Value, json};
 use tpslab_engine::text::chat::{ChatMessage, ChatTemplate, RenderOptions};
 use tpslab_engine::text::tool_calls::{ToolCallParser, ToolFormat, collect};
 
-#[path = "../../tests/support/llamacpp.rs"]
-mod llamacpp;
+use crate::llamacpp;
 
-const REFERENCE: &str = include_str!("../../tests/data/chat_templates.json");
+const REFERENCE: &str = include_str!("../../../tests/data/chat_templates.json");
 
 struct Family {
     template: &'static str,

@@ -4,8 +4,7 @@
 //! is exactly what a forward pass that keeps every block computes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../tests/support/llamacpp.rs"]
-mod llamacpp;
+use crate::llamacpp;
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;

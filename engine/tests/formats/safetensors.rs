@@ -29,14 +29,13 @@ use tpslab_engine::serving::sampler::SamplingParams;
 use tpslab_engine::text::chat::ChatMessage;
 use tpslab_kernels::{ThreadPool, WType};
 
-const REFS: &str = include_str!("../../tests/data/llamacpp_greedy.json");
+const REFS: &str = include_str!("../../../tests/data/llamacpp_greedy.json");
 /// Greedy tokens compared per reference prompt.
 const GREEDY_TOKENS: usize = 24;
 /// Relative L2 distance allowed between the folder's and the GGUF's logits (norms rounded to F16).
 const LOGITS_REL_L2: f64 = 1e-2;
 
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
+use crate::temp_dir;
 use temp_dir::TempDir;
 
 // ---- malformed files ----

@@ -13,10 +13,8 @@ use tpslab_engine::library::index::{Library, ModelFormat};
 use tpslab_engine::model::LoadedModel;
 use tpslab_kernels::ThreadPool;
 
-#[path = "support/split.rs"]
-mod split;
-#[path = "support/temp_dir.rs"]
-mod temp_dir;
+use crate::split;
+use crate::temp_dir;
 use temp_dir::TempDir;
 
 fn default_model() -> PathBuf {

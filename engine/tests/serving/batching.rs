@@ -18,8 +18,7 @@ use tpslab_engine::serving::engine::{
 };
 use tpslab_engine::serving::logprobs::TokenLogprob;
 
-#[path = "support/default_model.rs"]
-mod default_model;
+use crate::default_model;
 use default_model::model;
 
 const PROMPTS: [&str; 6] = [
