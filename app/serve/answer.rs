@@ -23,7 +23,8 @@ use super::bridge::Choices;
 use super::errors::ApiError;
 use super::json_body::{self, JsonBody, Pieces};
 use super::logprobs_json::{self, CompletionPieces, Names, PromptPieces, Scored};
-use super::openai::{ChoiceOut, Kind, Meta, chunk, full_response, usage_chunk};
+use super::openai::Kind;
+use super::openai_out::{ChoiceOut, Meta, chunk, full_response, usage_chunk};
 use super::tools::{ToolParse, calls_json, deltas_json};
 
 /// What every choice of a request shares: the endpoint's shape and what the answer adds.

@@ -15,7 +15,8 @@ use serde_json::Value;
 use super::answer::{AnswerSpec, SseStream, collect};
 use super::bridge::Choices;
 use super::errors::{self, ApiError};
-use super::openai::{self, Kind, Meta};
+use super::openai::{self, Kind};
+use super::openai_out::Meta;
 use super::state::{Peer, ServerState, client_of, unix_now};
 use super::tools::ToolParse;
 

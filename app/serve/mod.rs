@@ -1,7 +1,8 @@
 //! `tpslab serve`: an OpenAI-compatible HTTP server over the engine (tokio, axum's router on
 //! hyper's HTTP/1.1 connections).
 //!
-//! - [`openai`]: request and response shapes, their caps, and their translation to engine requests.
+//! - [`openai`]: request shapes, their caps, and their translation to engine requests;
+//!   [`openai_out`]: the responses' and stream chunks' shapes.
 //! - [`structured`]: the structured-output fields (`response_format`, vLLM's `guided_*`,
 //!   llama-server's `json_schema` / `grammar`) as one compiled constraint.
 //! - [`tools`]: `tools` and `tool_choice` (`required` and a named tool enforced with a JSON
@@ -60,6 +61,7 @@ pub mod logprobs_json;
 pub mod metrics;
 pub mod models;
 pub mod openai;
+pub mod openai_out;
 pub mod responses;
 pub mod responses_json;
 pub mod responses_stream;
