@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use tpslab_engine::kv::KvTypes;
 
 use super::TpsApp;
-use super::files::{DialogRequest, PendingSave, SaveOutcome};
+use super::files::{DialogOutcome, DialogRequest, DialogTask};
 use super::load::{LoadRun, SweepPoint, SweepRun, TargetSpec};
 use super::sweep_file;
 
@@ -80,7 +80,7 @@ impl TpsApp {
             DialogRequest::for_path("Save the sweep (JSON; CSV and PNG beside it)", &default);
         req.filters = vec![("JSON".into(), vec!["json".into()])];
         let points = self.rt.sweep_points.clone();
-        let job = PendingSave::start(&self.dialogs, req, default, ctx, move |path| {
+        let job = DialogTask::save(&self.dialogs, req, default, ctx, move |path| {
             sweep_file::save_sweep(path, &points)
         })?;
         self.rt.saving = Some(job);
@@ -88,9 +88,9 @@ impl TpsApp {
         Ok(())
     }
 
-    pub(super) fn saved(&mut self, outcome: SaveOutcome<[PathBuf; 3]>) {
+    pub(super) fn saved(&mut self, outcome: DialogOutcome<[PathBuf; 3]>) {
         self.rt.notice = match outcome {
-            SaveOutcome::Saved { value, fallback } => {
+            DialogOutcome::Done { value, fallback } => {
                 let [j, c, p] = value.map(|p| p.display().to_string());
                 Some(match fallback {
                     None => format!("Sweep saved: {j}, {c} and {p}"),
@@ -99,8 +99,8 @@ impl TpsApp {
                     }
                 })
             }
-            SaveOutcome::Cancelled => Some("Save cancelled".into()),
-            SaveOutcome::Failed(e) => {
+            DialogOutcome::Cancelled => Some("Save cancelled".into()),
+            DialogOutcome::Failed(e) => {
                 self.rt.errors.push(format!("cannot save the sweep: {e}"));
                 None
             }

@@ -1,5 +1,7 @@
 //! File dialogs behind a seam: the app asks a [`FileDialog`] for a path on a worker thread (so the
 //! frame never waits on a dialog), [`RfdDialog`] asks the desktop, tests answer with fixed paths.
+//! One runner puts every dialog on a worker: [`PendingOpen`] (the answer alone) and
+//! [`DialogTask`] (a save or an open with the work on its path).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -135,7 +137,29 @@ impl FileDialog for FixedDialog {
 /// Shared handle the app keeps and hands to workers.
 pub type Dialogs = Arc<dyn FileDialog>;
 
-/// An open dialog asked on a worker thread; the UI polls it each frame.
+/// The one dialog runner: `work` (which asks `dialogs` and does what the answer calls for) runs
+/// on a worker thread named `tpslab-<name>`; its result comes back on the channel, and the
+/// frame is woken to poll it.
+fn on_worker<R: Send + 'static>(
+    name: &str,
+    dialogs: &Dialogs,
+    ctx: &egui::Context,
+    work: impl FnOnce(&dyn FileDialog) -> R + Send + 'static,
+) -> Result<Receiver<R>, String> {
+    let (tx, rx) = mpsc::channel();
+    let (dialogs, ctx) = (Arc::clone(dialogs), ctx.clone());
+    std::thread::Builder::new()
+        .name(format!("tpslab-{name}"))
+        .spawn(move || {
+            let _ = tx.send(work(dialogs.as_ref()));
+            ctx.request_repaint();
+        })
+        .map_err(|e| format!("cannot open a file dialog: {e}"))?;
+    Ok(rx)
+}
+
+/// An open dialog asked on a worker thread, its answer alone (the caller decides what to do
+/// with it); the UI polls it each frame.
 pub struct PendingOpen {
     rx: Receiver<DialogAnswer>,
 }
@@ -148,16 +172,9 @@ impl PendingOpen {
         ctx: &egui::Context,
         ask: impl FnOnce(&dyn FileDialog) -> DialogAnswer + Send + 'static,
     ) -> Result<Self, String> {
-        let (tx, rx) = mpsc::channel();
-        let (dialogs, ctx) = (Arc::clone(dialogs), ctx.clone());
-        std::thread::Builder::new()
-            .name("tpslab-dialog".into())
-            .spawn(move || {
-                let _ = tx.send(ask(dialogs.as_ref()));
-                ctx.request_repaint();
-            })
-            .map_err(|e| format!("cannot open a file dialog: {e}"))?;
-        Ok(Self { rx })
+        Ok(Self {
+            rx: on_worker("dialog", dialogs, ctx, ask)?,
+        })
     }
 
     /// The answer once given; `None` while the dialog is open. A worker that ended without
@@ -171,11 +188,11 @@ impl PendingOpen {
     }
 }
 
-/// How a save that went through a dialog ended.
+/// How a dialog and the work on its answer ended.
 #[derive(Debug)]
-pub enum SaveOutcome<T> {
-    /// Written; `fallback` says why no dialog was shown when the default path was used instead.
-    Saved {
+pub enum DialogOutcome<T> {
+    /// Done; `fallback` says why no dialog was shown when a save used the default path instead.
+    Done {
         value: T,
         fallback: Option<String>,
     },
@@ -183,54 +200,65 @@ pub enum SaveOutcome<T> {
     Failed(String),
 }
 
-/// A dialog-then-write running on a worker; the UI polls it each frame.
-pub struct PendingSave<T> {
-    rx: Receiver<SaveOutcome<T>>,
+/// A dialog and then the work on the path it gave (writing a save, reading an open), on a
+/// worker; the UI polls it each frame.
+pub struct DialogTask<T> {
+    rx: Receiver<DialogOutcome<T>>,
 }
 
-impl<T: Send + 'static> PendingSave<T> {
-    /// Asks `dialogs` for a path on a worker thread, then calls `write` with it (or with
-    /// `fallback` when no dialog can be shown); the result arrives through [`Self::poll`].
-    pub fn start(
+impl<T: Send + 'static> DialogTask<T> {
+    /// Asks `dialogs` where to save, then calls `write` with the path (or with `fallback` when
+    /// no dialog can be shown); the result arrives through [`Self::poll`].
+    pub fn save(
         dialogs: &Dialogs,
         req: DialogRequest,
         fallback: PathBuf,
         ctx: &egui::Context,
         write: impl FnOnce(&Path) -> Result<T, String> + Send + 'static,
     ) -> Result<Self, String> {
-        let (tx, rx) = mpsc::channel();
-        let (dialogs, ctx) = (Arc::clone(dialogs), ctx.clone());
-        std::thread::Builder::new()
-            .name("tpslab-save".into())
-            .spawn(move || {
-                let outcome = match dialogs.save_path(&req) {
-                    DialogAnswer::Chosen(p) => write(&p).map(|value| (value, None)),
-                    DialogAnswer::Unavailable(why) => write(&fallback).map(|v| (v, Some(why))),
-                    DialogAnswer::Cancelled => {
-                        let _ = tx.send(SaveOutcome::Cancelled);
-                        ctx.request_repaint();
-                        return;
-                    }
-                };
-                let _ = tx.send(match outcome {
-                    Ok((value, fallback)) => SaveOutcome::Saved { value, fallback },
-                    Err(e) => SaveOutcome::Failed(e),
-                });
-                ctx.request_repaint();
-            })
-            .map_err(|e| format!("cannot start the save thread: {e}"))?;
+        let rx = on_worker("save", dialogs, ctx, move |d| match d.save_path(&req) {
+            DialogAnswer::Chosen(p) => done(write(&p), None),
+            DialogAnswer::Unavailable(why) => done(write(&fallback), Some(why)),
+            DialogAnswer::Cancelled => DialogOutcome::Cancelled,
+        })?;
         Ok(Self { rx })
     }
 
-    /// The outcome once the worker is done; `None` while the dialog is open or writing.
-    pub fn poll(&self) -> Option<SaveOutcome<T>> {
+    /// Asks `dialogs` for a file to open, then calls `read` with it; with no dialog to ask,
+    /// fails saying so (`what` names the action: "import").
+    pub fn open(
+        dialogs: &Dialogs,
+        req: DialogRequest,
+        what: &'static str,
+        ctx: &egui::Context,
+        read: impl FnOnce(&Path) -> Result<T, String> + Send + 'static,
+    ) -> Result<Self, String> {
+        let rx = on_worker("open", dialogs, ctx, move |d| match d.open_path(&req) {
+            DialogAnswer::Chosen(p) => done(read(&p), None),
+            DialogAnswer::Unavailable(why) => {
+                DialogOutcome::Failed(format!("no file dialog to {what} with: {why}"))
+            }
+            DialogAnswer::Cancelled => DialogOutcome::Cancelled,
+        })?;
+        Ok(Self { rx })
+    }
+
+    /// The outcome once the worker is done; `None` while the dialog is open or working.
+    pub fn poll(&self) -> Option<DialogOutcome<T>> {
         match self.rx.try_recv() {
             Ok(o) => Some(o),
             Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => {
-                Some(SaveOutcome::Failed("the save stopped unexpectedly".into()))
-            }
+            Err(TryRecvError::Disconnected) => Some(DialogOutcome::Failed(
+                "the file job stopped unexpectedly".into(),
+            )),
         }
+    }
+}
+
+fn done<T>(r: Result<T, String>, fallback: Option<String>) -> DialogOutcome<T> {
+    match r {
+        Ok(value) => DialogOutcome::Done { value, fallback },
+        Err(e) => DialogOutcome::Failed(e),
     }
 }
 
@@ -256,7 +284,7 @@ mod tests {
     #[test]
     fn a_cancelled_save_writes_nothing_and_a_chosen_one_writes_there() {
         let ctx = egui::Context::default();
-        let wait = |job: PendingSave<PathBuf>| loop {
+        let wait = |job: DialogTask<PathBuf>| loop {
             if let Some(o) = job.poll() {
                 return o;
             }
@@ -264,23 +292,26 @@ mod tests {
         };
         let req = DialogRequest::for_path("t", Path::new("default.json"));
         let cancel: Dialogs = Arc::new(FixedDialog(DialogAnswer::Cancelled));
-        let job = PendingSave::start(&cancel, req.clone(), "default.json".into(), &ctx, |_| {
+        let job = DialogTask::save(&cancel, req.clone(), "default.json".into(), &ctx, |_| {
             Err("must not write".to_string())
         });
-        assert!(matches!(wait(job.expect("thread")), SaveOutcome::Cancelled));
+        assert!(matches!(
+            wait(job.expect("thread")),
+            DialogOutcome::Cancelled
+        ));
         let chosen: Dialogs = Arc::new(FixedDialog(DialogAnswer::Chosen("mine.json".into())));
-        let job = PendingSave::start(&chosen, req.clone(), "default.json".into(), &ctx, |p| {
+        let job = DialogTask::save(&chosen, req.clone(), "default.json".into(), &ctx, |p| {
             Ok(p.to_path_buf())
         });
-        let SaveOutcome::Saved { value, fallback } = wait(job.expect("thread")) else {
+        let DialogOutcome::Done { value, fallback } = wait(job.expect("thread")) else {
             panic!("not saved")
         };
         assert_eq!((value, fallback), (PathBuf::from("mine.json"), None));
         let none: Dialogs = Arc::new(FixedDialog(DialogAnswer::Unavailable("no portal".into())));
-        let job = PendingSave::start(&none, req, "default.json".into(), &ctx, |p| {
+        let job = DialogTask::save(&none, req, "default.json".into(), &ctx, |p| {
             Ok(p.to_path_buf())
         });
-        let SaveOutcome::Saved { value, fallback } = wait(job.expect("thread")) else {
+        let DialogOutcome::Done { value, fallback } = wait(job.expect("thread")) else {
             panic!("not saved")
         };
         assert_eq!(value, PathBuf::from("default.json"));

@@ -77,7 +77,7 @@ use catalog::Library;
 use command::Command;
 use draft_pick::DraftLoad;
 use engine_link::{DevicePref, EngineLink, ModelSlot, Placement, SlotNews};
-use files::{Dialogs, PendingSave, RfdDialog};
+use files::{DialogTask, Dialogs, RfdDialog};
 use load::{LoadOutcome, LoadRun, SweepPoint, SweepRun, TargetSpec};
 use panels::chat::{ChatPanel, ChatState};
 use panels::dashboard::{self, DashSettings, DashView, describe_knob_change};
@@ -188,7 +188,7 @@ struct Runtime {
     sweep: Option<SweepRun>,
     sweep_points: Vec<SweepPoint>,
     /// A sweep save in progress (its dialog open, or writing): the JSON, CSV and PNG paths.
-    saving: Option<PendingSave<[PathBuf; 3]>>,
+    saving: Option<DialogTask<[PathBuf; 3]>>,
     errors: Vec<String>,
     notice: Option<String>,
     snapshot: Option<EngineSnapshot>,
@@ -420,7 +420,7 @@ impl TpsApp {
                 Err(e) => self.rt.errors.push(e),
             }
         }
-        if let Some(outcome) = self.rt.saving.as_ref().and_then(PendingSave::poll) {
+        if let Some(outcome) = self.rt.saving.as_ref().and_then(DialogTask::poll) {
             self.rt.saving = None;
             self.saved(outcome);
         }

@@ -10,7 +10,7 @@ use tpslab_engine::plan::calibrate::{self, LEVELS, THIS_CPU};
 use tpslab_engine::plan::{ModelShape, calibrate_device};
 
 use super::TpsApp;
-use super::files::{DialogRequest, FileDialog, PendingOpen, PendingSave};
+use super::files::{DialogRequest, DialogTask, FileDialog, PendingOpen};
 use super::panels::planner::{self, TableAction};
 use super::task::Task;
 
@@ -66,7 +66,7 @@ impl TpsApp {
                 let table = self.rt.planner.table()?.clone();
                 let mut req = DialogRequest::for_path("Save the device table", &default_path());
                 req.filters = vec![("JSON".into(), vec!["json".into()])];
-                let job = PendingSave::start(&self.dialogs, req, default_path(), ctx, move |p| {
+                let job = DialogTask::save(&self.dialogs, req, default_path(), ctx, move |p| {
                     let text = serde_json::to_string_pretty(&table).map_err(|e| e.to_string())?;
                     std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
                     Ok(p.to_path_buf())

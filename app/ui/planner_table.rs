@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use tpslab_engine::plan::{DeviceSpec, DeviceTable};
 
-use super::files::{DialogAnswer, PendingOpen, PendingSave, SaveOutcome};
+use super::files::{DialogAnswer, DialogOutcome, DialogTask, PendingOpen};
 use super::task::Task;
 
 /// The planner's device table and the jobs on it.
@@ -18,7 +18,7 @@ pub struct PlannerTable {
     pub(super) origin: String,
     pub(super) opening: Option<PendingOpen>,
     pub(super) calibrating: Option<Task<DeviceSpec>>,
-    pub(super) saving: Option<PendingSave<PathBuf>>,
+    pub(super) saving: Option<DialogTask<PathBuf>>,
     /// The last job's outcome, for the tab.
     pub(super) message: Option<Result<String, String>>,
 }
@@ -61,18 +61,18 @@ impl PlannerTable {
             self.calibrating = None;
             self.message = Some(done.and_then(|d| self.calibrated(d)));
         }
-        if let Some(outcome) = self.saving.as_ref().and_then(PendingSave::poll) {
+        if let Some(outcome) = self.saving.as_ref().and_then(DialogTask::poll) {
             self.saving = None;
             self.message = match outcome {
-                SaveOutcome::Saved { value, fallback } => Some(Ok(match fallback {
+                DialogOutcome::Done { value, fallback } => Some(Ok(match fallback {
                     None => format!("Table saved: {}", value.display()),
                     Some(why) => format!(
                         "Table saved to the default place ({why}): {}",
                         value.display()
                     ),
                 })),
-                SaveOutcome::Cancelled => None,
-                SaveOutcome::Failed(e) => Some(Err(format!("cannot save the table: {e}"))),
+                DialogOutcome::Cancelled => None,
+                DialogOutcome::Failed(e) => Some(Err(format!("cannot save the table: {e}"))),
             };
         }
     }

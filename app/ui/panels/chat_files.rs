@@ -6,12 +6,11 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
 
 use serde::{Deserialize, Serialize};
 
 use super::chat_store::{CHAT_SCHEMA, Conversation, Role, answer_stats_text};
-use crate::ui::files::{DialogAnswer, DialogRequest, Dialogs, PendingSave, SaveOutcome};
+use crate::ui::files::{DialogOutcome, DialogRequest, DialogTask, Dialogs};
 
 /// The `format` of a JSON export.
 pub const FORMAT: &str = "tpslab-chat";
@@ -187,10 +186,11 @@ pub enum FileOutcome {
     Failed(String),
 }
 
-/// An export or an import in flight: its dialog, then the writing or reading, on a worker.
+/// An export or an import in flight: its dialog, then the writing or reading, on a worker
+/// (`ui::files`' one runner).
 pub enum FileJob {
-    Export(PendingSave<PathBuf>),
-    Import(mpsc::Receiver<FileOutcome>),
+    Export(DialogTask<PathBuf>),
+    Import(DialogTask<(Box<Conversation>, PathBuf)>),
 }
 
 impl FileJob {
@@ -209,7 +209,7 @@ impl FileJob {
             ("JSON".into(), vec!["json".into()])
         }];
         let conv = conv.clone();
-        let job = PendingSave::start(dialogs, req, default, ctx, move |path| {
+        let job = DialogTask::save(dialogs, req, default, ctx, move |path| {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
             }
@@ -227,46 +227,31 @@ impl FileJob {
         );
         req.file_name.clear();
         req.filters = vec![("JSON".into(), vec!["json".into()])];
-        let (tx, rx) = mpsc::channel();
-        let (dialogs, ctx) = (Arc::clone(dialogs), ctx.clone());
-        std::thread::Builder::new()
-            .name("tpslab-chat-import".into())
-            .spawn(move || {
-                let outcome = match dialogs.open_path(&req) {
-                    DialogAnswer::Chosen(p) => match import(&p) {
-                        Ok(conv) => FileOutcome::Imported(Box::new(conv), p),
-                        Err(e) => FileOutcome::Failed(e),
-                    },
-                    DialogAnswer::Cancelled => FileOutcome::Cancelled,
-                    DialogAnswer::Unavailable(why) => {
-                        FileOutcome::Failed(format!("no file dialog to import with: {why}"))
-                    }
-                };
-                let _ = tx.send(outcome);
-                ctx.request_repaint();
-            })
-            .map_err(|e| format!("cannot open a file dialog: {e}"))?;
-        Ok(Self::Import(rx))
+        let job = DialogTask::open(dialogs, req, "import", ctx, |p| {
+            import(p).map(|conv| (Box::new(conv), p.to_path_buf()))
+        })?;
+        Ok(Self::Import(job))
     }
 
     /// The outcome once the worker is done; `None` while it runs.
     pub fn poll(&self) -> Option<FileOutcome> {
+        fn ended<T>(
+            o: DialogOutcome<T>,
+            done: impl FnOnce(T, Option<String>) -> FileOutcome,
+        ) -> FileOutcome {
+            match o {
+                DialogOutcome::Done { value, fallback } => done(value, fallback),
+                DialogOutcome::Cancelled => FileOutcome::Cancelled,
+                DialogOutcome::Failed(e) => FileOutcome::Failed(e),
+            }
+        }
         match self {
-            Self::Export(job) => job.poll().map(|o| match o {
-                SaveOutcome::Saved { value, fallback } => FileOutcome::Exported {
-                    path: value,
-                    fallback,
-                },
-                SaveOutcome::Cancelled => FileOutcome::Cancelled,
-                SaveOutcome::Failed(e) => FileOutcome::Failed(e),
-            }),
-            Self::Import(rx) => match rx.try_recv() {
-                Ok(o) => Some(o),
-                Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => Some(FileOutcome::Failed(
-                    "the import stopped unexpectedly".into(),
-                )),
-            },
+            Self::Export(job) => job
+                .poll()
+                .map(|o| ended(o, |path, fallback| FileOutcome::Exported { path, fallback })),
+            Self::Import(job) => job
+                .poll()
+                .map(|o| ended(o, |(conv, path), _| FileOutcome::Imported(conv, path))),
         }
     }
 }
