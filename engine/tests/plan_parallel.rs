@@ -37,6 +37,30 @@ fn shape(name: &str) -> ModelShape {
     ModelShape::synthetic(name).unwrap()
 }
 
+/// The shapes are the models' (config.json): their BF16 bytes / 2 are the published parameter
+/// counts (norms aside), and a Qwen3-235B-A22B token reads about 22B of them.
+#[test]
+fn the_large_shapes_have_their_published_parameter_counts() {
+    for (name, params) in [
+        ("llama-3.1-70b", 70.55e9),
+        ("qwen2.5-72b", 72.71e9),
+        ("qwen3-235b-a22b", 235.09e9),
+    ] {
+        let got = shape(name).weight_bytes_total(WType::BF16) / 2.0;
+        assert!((got / params - 1.0).abs() < 0.002, "{name}: {got:.4e}");
+    }
+    let moe = shape("qwen3-235b-a22b");
+    let e = moe.experts.unwrap();
+    assert_eq!(
+        (e.n_expert, e.n_used, e.ffn, moe.n_layers),
+        (128, 8, 1536, 94)
+    );
+    // One token: the dense matrices and output head, and 8 experts a layer (the embedding's
+    // row is gathered, not read).
+    let active = moe.weight_bytes_read(WType::BF16, 1) / 2.0;
+    assert!((21.0e9..22.5e9).contains(&active), "{active:.3e}");
+}
+
 #[test]
 fn tensor_parallelism_halves_the_weights_per_gpu_and_raises_the_concurrency_that_fits() {
     let t = table();
