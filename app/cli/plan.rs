@@ -162,6 +162,98 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "—".into(), |v| format!("{v:.digits$}"))
 }
 
+/// One row per (device, split, precision, concurrency), and the notes to print under them:
+/// devices without a link skipped for a split, configurations that do not fit.
+fn plan_rows(
+    table: &DeviceTable,
+    a: &PlanArgs,
+    shape: &ModelShape,
+    precisions: &[WType],
+    devices: &[&str],
+    splits: &[Parallel],
+) -> Result<(Vec<Prediction>, Vec<String>)> {
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for id in devices {
+        let d = table.device(id)?;
+        for par in splits {
+            if par.gpus() > 1 && d.link.is_none() {
+                notes.push(format!(
+                    "{}: no link in the device table, so no {} rows (it is planned alone)",
+                    d.id,
+                    par.label()
+                ));
+                continue;
+            }
+            for &ty in precisions {
+                for &c in &a.concurrency {
+                    let w = Workload {
+                        concurrency: c,
+                        prompt_len: a.prompt_len,
+                        output_len: a.output_len,
+                        token_budget: a.token_budget,
+                    };
+                    let p = predict_parallel(table, d, shape, ty, &w, *par, a.engine.as_deref())?;
+                    if p.max_concurrency == 0 && c == a.concurrency[0] {
+                        notes.push(format!(
+                            "{} {} on {} x {} ({}): does not fit: {:.1} GiB of weights per GPU in {:.1} GiB{}",
+                            shape.name,
+                            p.precision,
+                            p.gpus,
+                            d.id,
+                            par.label(),
+                            p.weights_gib,
+                            d.memory_gib.value,
+                            " (split it over more GPUs: --tp, --pp)"
+                        ));
+                    }
+                    rows.push(p);
+                }
+            }
+        }
+    }
+    Ok((rows, notes))
+}
+
+/// The rows as a table.
+fn print_rows(rows: &[Prediction]) {
+    println!(
+        "{:<10} {:<8} {:>4} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>8}",
+        "device",
+        "parallel",
+        "gpus",
+        "precision",
+        "concurrency",
+        "per_request_tps",
+        "aggregate_tps",
+        "ttft_ms",
+        "max_concurrency",
+        "$/M tok",
+        "weights/GPU"
+    );
+    for r in rows {
+        println!(
+            "{:<10} {:<8} {:>4} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>5.1} GiB{}",
+            r.device,
+            r.parallel.label(),
+            r.gpus,
+            r.precision,
+            r.concurrency,
+            opt(r.per_request_tps, 1),
+            opt(r.aggregate_tps, 0),
+            opt(r.ttft_ms, 0),
+            r.max_concurrency,
+            opt(r.usd_per_million_tokens, 3),
+            r.weights_gib,
+            if r.kv_limited {
+                "  (KV-limited: the rest wait)"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
 pub fn run(a: &PlanArgs) -> Result<()> {
     let mut table = match &a.devices {
         Some(p) => DeviceTable::load(p)?,
@@ -202,46 +294,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     for id in &devices {
         published.extend(check_published(&table, table.device(id)?)?);
     }
-    let mut rows = Vec::new();
-    let mut notes = Vec::new();
-    for id in &devices {
-        let d = table.device(id)?;
-        for par in &splits {
-            if par.gpus() > 1 && d.link.is_none() {
-                notes.push(format!(
-                    "{}: no link in the device table, so no {} rows (it is planned alone)",
-                    d.id,
-                    par.label()
-                ));
-                continue;
-            }
-            for &ty in &precisions {
-                for &c in &a.concurrency {
-                    let w = Workload {
-                        concurrency: c,
-                        prompt_len: a.prompt_len,
-                        output_len: a.output_len,
-                        token_budget: a.token_budget,
-                    };
-                    let p = predict_parallel(&table, d, &shape, ty, &w, *par, a.engine.as_deref())?;
-                    if p.max_concurrency == 0 && c == a.concurrency[0] {
-                        notes.push(format!(
-                            "{} {} on {} x {} ({}): does not fit: {:.1} GiB of weights per GPU in {:.1} GiB{}",
-                            shape.name,
-                            p.precision,
-                            p.gpus,
-                            d.id,
-                            par.label(),
-                            p.weights_gib,
-                            d.memory_gib.value,
-                            " (split it over more GPUs: --tp, --pp)"
-                        ));
-                    }
-                    rows.push(p);
-                }
-            }
-        }
-    }
+    let (rows, notes) = plan_rows(&table, a, &shape, &precisions, &devices, &splits)?;
     if rows.is_empty() {
         bail!("nothing to plan: {}", notes.join("; "));
     }
@@ -271,41 +324,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             println!("  {}", p.text());
         }
     }
-    println!(
-        "{:<10} {:<8} {:>4} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>8}",
-        "device",
-        "parallel",
-        "gpus",
-        "precision",
-        "concurrency",
-        "per_request_tps",
-        "aggregate_tps",
-        "ttft_ms",
-        "max_concurrency",
-        "$/M tok",
-        "weights/GPU"
-    );
-    for r in &rows {
-        println!(
-            "{:<10} {:<8} {:>4} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>5.1} GiB{}",
-            r.device,
-            r.parallel.label(),
-            r.gpus,
-            r.precision,
-            r.concurrency,
-            opt(r.per_request_tps, 1),
-            opt(r.aggregate_tps, 0),
-            opt(r.ttft_ms, 0),
-            r.max_concurrency,
-            opt(r.usd_per_million_tokens, 3),
-            r.weights_gib,
-            if r.kv_limited {
-                "  (KV-limited: the rest wait)"
-            } else {
-                ""
-            }
-        );
-    }
+    print_rows(&rows);
     for n in &notes {
         println!("{n}");
     }

@@ -240,6 +240,9 @@ fn splits_the_shape_forbids_are_refused_by_name() {
     assert!(refused("llama-3.1-70b", huge, "h100").contains("more than 64 GPUs"));
 }
 
+/// A change to the bundled table's JSON.
+type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
 /// The bundled table with `edit` applied to its JSON, parsed.
 fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> Result<DeviceTable, PlanError> {
     let mut v: serde_json::Value =
@@ -250,7 +253,7 @@ fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> Result<DeviceTable, Plan
 
 #[test]
 fn hostile_links_and_published_rows_are_refused_by_name() {
-    let cases: [(&str, Box<dyn FnOnce(&mut serde_json::Value)>); 6] = [
+    let cases: [(&str, Edit); 6] = [
         (
             "device h100: link.bandwidth_gb_s must be a positive number",
             Box::new(|v| v["devices"][0]["link"]["bandwidth_gb_s"]["value"] = 0.0.into()),

@@ -299,40 +299,7 @@ impl DeviceTable {
             for (p, f) in &d.tflops {
                 positive(&what(&format!("tflops.{p}")), f.value)?;
             }
-            if let Some(l) = &d.link {
-                at_most(
-                    &what("link.bandwidth_gb_s"),
-                    l.bandwidth_gb_s.value,
-                    MAX_LINK_GB_S,
-                )?;
-                at_most(
-                    &what("link.latency_us"),
-                    l.latency_us.value,
-                    MAX_LINK_LATENCY_US,
-                )?;
-            }
-            for r in &d.published {
-                let row = |f: &str| what(&format!("published {} {}: {f}", r.engine, r.model));
-                let cal = (t.calibrations.get(&r.engine))
-                    .ok_or_else(|| PlanError::Table(row("engine has no calibration")))?;
-                if !d.tflops.contains_key(&cal.compute_precision) {
-                    return Err(PlanError::Table(row(&format!(
-                        "no tflops.{} (what {} computes at)",
-                        cal.compute_precision, r.engine
-                    ))));
-                }
-                positive(&row("output_tps"), r.output_tps)?;
-                for (f, v) in [("tp", r.tp), ("pp", r.pp), ("ep", r.ep)] {
-                    if v == 0 || v > 64 {
-                        return Err(PlanError::Table(row(&format!("{f} {v} is not 1 to 64"))));
-                    }
-                }
-                if r.tp * r.pp > 1 && d.link.is_none() {
-                    return Err(PlanError::Table(row(
-                        "several GPUs, but the device has no link",
-                    )));
-                }
-            }
+            check_link_and_published(d, &t.calibrations)?;
             let cal = t
                 .calibrations
                 .get(&d.backend)
@@ -392,6 +359,51 @@ impl DeviceTable {
             .filter(|d| d.backend == backend && !d.measured.is_empty())
             .collect()
     }
+}
+
+/// A device's link and published rows: link figures positive and not absurd; each published
+/// row's engine calibrated, computing at a precision the device lists, its figures positive
+/// and its split 1 to 64 GPUs a dimension, with a link when it spans several.
+fn check_link_and_published(
+    d: &DeviceSpec,
+    calibrations: &BTreeMap<String, Calibration>,
+) -> Result<(), PlanError> {
+    let what = |f: &str| format!("device {}: {f}", d.id);
+    if let Some(l) = &d.link {
+        at_most(
+            &what("link.bandwidth_gb_s"),
+            l.bandwidth_gb_s.value,
+            MAX_LINK_GB_S,
+        )?;
+        at_most(
+            &what("link.latency_us"),
+            l.latency_us.value,
+            MAX_LINK_LATENCY_US,
+        )?;
+    }
+    for r in &d.published {
+        let row = |f: &str| what(&format!("published {} {}: {f}", r.engine, r.model));
+        let cal = (calibrations.get(&r.engine))
+            .ok_or_else(|| PlanError::Table(row("engine has no calibration")))?;
+        if !d.tflops.contains_key(&cal.compute_precision) {
+            return Err(PlanError::Table(row(&format!(
+                "no tflops.{} (what {} computes at)",
+                cal.compute_precision, r.engine
+            ))));
+        }
+        positive(&row("output_tps"), r.output_tps)?;
+        for (f, v) in [("tp", r.tp), ("pp", r.pp), ("ep", r.ep)] {
+            if v == 0 || v > 64 {
+                return Err(PlanError::Table(row(&format!("{f} {v} is not 1 to 64"))));
+            }
+        }
+        if r.tp * r.pp > 1 && d.link.is_none() {
+            return Err(PlanError::Table(row(
+                "several GPUs, but the device has no link",
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Calibration {
