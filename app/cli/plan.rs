@@ -2,7 +2,9 @@
 //! `--synthetic` shape), precisions, devices and a workload, one row per (device, precision,
 //! concurrency) with per-request and aggregate TPS, TTFT, the concurrency that fits and the cost
 //! per million output tokens; each device's prediction source is printed with its error against
-//! measured runs.
+//! measured runs. `--tp`, `--pp` and `--ep` split the model over GPUs of one device kind (the
+//! rows then say the split and the GPU count, and cost all of them); the published multi-GPU
+//! runs of other engines on the chosen devices are printed beside their predictions.
 
 use std::path::PathBuf;
 
@@ -14,7 +16,8 @@ use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::plan::calibrate::{INEXACT, INEXACT_WHY};
 use tpslab_engine::plan::{
-    DeviceTable, ModelShape, Prediction, Source, Workload, check, predict, source,
+    DeviceTable, ModelShape, Parallel, Prediction, PublishedCheck, Source, Workload, check,
+    check_published, predict_parallel, source,
 };
 use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
@@ -25,7 +28,7 @@ pub struct PlanArgs {
     #[arg(long, conflicts_with = "synthetic")]
     pub model: Option<String>,
     /// Instead of a file: a known architecture's shape (smollm2-135m, llama-3.2-1b,
-    /// qwen2.5-0.5b, llama-3-8b).
+    /// qwen2.5-0.5b, llama-3-8b, llama-3.1-70b, qwen2.5-72b, qwen3-235b-a22b, ...).
     #[arg(long, value_name = "ARCH")]
     pub synthetic: Option<String>,
     /// Weight precisions to plan for (comma separated; default: the file's own, or f16).
@@ -44,6 +47,22 @@ pub struct PlanArgs {
     /// Prompt tokens per step (the scheduler's token budget).
     #[arg(long, default_value_t = 8192)]
     pub token_budget: usize,
+    /// Tensor-parallel sizes to plan (comma separated): weights and K/V heads split over that
+    /// many GPUs, two all-reduces per layer over the device's link.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub tp: Vec<usize>,
+    /// Pipeline stages: the layers split over this many groups of `--tp` GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub pp: usize,
+    /// Expert parallelism for a mixture of experts: 1 (each expert split by TP) or equal to
+    /// `--tp` (the experts spread whole over the TP group's GPUs, all-to-alls instead of the
+    /// FFN's all-reduce).
+    #[arg(long, default_value_t = 1)]
+    pub ep: usize,
+    /// Whose calibration predicts (default: each device's backend, this engine's): e.g. `vllm`
+    /// or `sglang`, fitted on their published runs.
+    #[arg(long)]
+    pub engine: Option<String>,
     /// A device table to use instead of the bundled `assets/devices.json`.
     #[arg(long, value_name = "FILE")]
     pub devices: Option<PathBuf>,
@@ -72,6 +91,8 @@ struct Report<'a> {
     token_budget: usize,
     rows: &'a [Prediction],
     sources: &'a [Source],
+    /// Published runs of other engines on the chosen devices, beside their predictions.
+    published: &'a [PublishedCheck],
 }
 
 /// The shape and default precision of `--model` or `--synthetic` (also `tpslab fleet`'s).
@@ -141,6 +162,98 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "—".into(), |v| format!("{v:.digits$}"))
 }
 
+/// One row per (device, split, precision, concurrency), and the notes to print under them:
+/// devices without a link skipped for a split, configurations that do not fit.
+fn plan_rows(
+    table: &DeviceTable,
+    a: &PlanArgs,
+    shape: &ModelShape,
+    precisions: &[WType],
+    devices: &[&str],
+    splits: &[Parallel],
+) -> Result<(Vec<Prediction>, Vec<String>)> {
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for id in devices {
+        let d = table.device(id)?;
+        for par in splits {
+            if par.gpus() > 1 && d.link.is_none() {
+                notes.push(format!(
+                    "{}: no link in the device table, so no {} rows (it is planned alone)",
+                    d.id,
+                    par.label()
+                ));
+                continue;
+            }
+            for &ty in precisions {
+                for &c in &a.concurrency {
+                    let w = Workload {
+                        concurrency: c,
+                        prompt_len: a.prompt_len,
+                        output_len: a.output_len,
+                        token_budget: a.token_budget,
+                    };
+                    let p = predict_parallel(table, d, shape, ty, &w, *par, a.engine.as_deref())?;
+                    if p.max_concurrency == 0 && c == a.concurrency[0] {
+                        notes.push(format!(
+                            "{} {} on {} x {} ({}): does not fit: {:.1} GiB of weights per GPU in {:.1} GiB{}",
+                            shape.name,
+                            p.precision,
+                            p.gpus,
+                            d.id,
+                            par.label(),
+                            p.weights_gib,
+                            d.memory_gib.value,
+                            " (split it over more GPUs: --tp, --pp)"
+                        ));
+                    }
+                    rows.push(p);
+                }
+            }
+        }
+    }
+    Ok((rows, notes))
+}
+
+/// The rows as a table.
+fn print_rows(rows: &[Prediction]) {
+    println!(
+        "{:<10} {:<8} {:>4} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>8}",
+        "device",
+        "parallel",
+        "gpus",
+        "precision",
+        "concurrency",
+        "per_request_tps",
+        "aggregate_tps",
+        "ttft_ms",
+        "max_concurrency",
+        "$/M tok",
+        "weights/GPU"
+    );
+    for r in rows {
+        println!(
+            "{:<10} {:<8} {:>4} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>5.1} GiB{}",
+            r.device,
+            r.parallel.label(),
+            r.gpus,
+            r.precision,
+            r.concurrency,
+            opt(r.per_request_tps, 1),
+            opt(r.aggregate_tps, 0),
+            opt(r.ttft_ms, 0),
+            r.max_concurrency,
+            opt(r.usd_per_million_tokens, 3),
+            r.weights_gib,
+            if r.kv_limited {
+                "  (KV-limited: the rest wait)"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
 pub fn run(a: &PlanArgs) -> Result<()> {
     let mut table = match &a.devices {
         Some(p) => DeviceTable::load(p)?,
@@ -163,23 +276,27 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if a.concurrency.is_empty() {
         bail!("--concurrency needs at least one level");
     }
+    let splits = (a.tp.iter())
+        .map(|&tp| Parallel {
+            tp,
+            pp: a.pp,
+            ep: a.ep,
+        })
+        .collect::<Vec<_>>();
+    for par in &splits {
+        // A split the model's shape forbids is refused before any device is tried.
+        par.check(&shape)?;
+    }
     let srcs = (devices.iter())
         .map(|id| source(&table, table.device(id)?))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut rows = Vec::new();
+    let mut published = Vec::new();
     for id in &devices {
-        let d = table.device(id)?;
-        for &ty in &precisions {
-            for &c in &a.concurrency {
-                let w = Workload {
-                    concurrency: c,
-                    prompt_len: a.prompt_len,
-                    output_len: a.output_len,
-                    token_budget: a.token_budget,
-                };
-                rows.push(predict(&table, d, &shape, ty, &w)?);
-            }
-        }
+        published.extend(check_published(&table, table.device(id)?)?);
+    }
+    let (rows, notes) = plan_rows(&table, a, &shape, &precisions, &devices, &splits)?;
+    if rows.is_empty() {
+        bail!("nothing to plan: {}", notes.join("; "));
     }
     println!(
         "plan: {} ({} layers, hidden {}), prompt {} -> output {} tok, token budget {}",
@@ -191,36 +308,25 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     for s in &srcs {
         println!("  {}", s.text);
     }
-    println!(
-        "{:<10} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>8}",
-        "device",
-        "precision",
-        "concurrency",
-        "per_request_tps",
-        "aggregate_tps",
-        "ttft_ms",
-        "max_concurrency",
-        "$/M tok",
-        "weights"
-    );
-    for r in &rows {
+    if let Some(engine) = &a.engine {
+        let cal = (table.calibrations.get(engine))
+            .with_context(|| format!("--engine {engine}: no such calibration in the table"))?;
         println!(
-            "{:<10} {:<9} {:>11} {:>15} {:>13} {:>10} {:>15} {:>9} {:>5.1} GiB{}",
-            r.device,
-            r.precision,
-            r.concurrency,
-            opt(r.per_request_tps, 1),
-            opt(r.aggregate_tps, 0),
-            opt(r.ttft_ms, 0),
-            r.max_concurrency,
-            opt(r.usd_per_million_tokens, 3),
-            r.weights_gib,
-            if r.kv_limited {
-                "  (KV-limited: the rest wait)"
-            } else {
-                ""
-            }
+            "  the rows below use the {engine} calibration instead of each device's: {}",
+            cal.source
         );
+    }
+    if !published.is_empty() {
+        println!(
+            "published runs of other engines (error = (predicted - published) / published output tok/s):"
+        );
+        for p in &published {
+            println!("  {}", p.text());
+        }
+    }
+    print_rows(&rows);
+    for n in &notes {
+        println!("{n}");
     }
     if let Some(path) = &a.json {
         let report = Report {
@@ -230,6 +336,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             token_budget: a.token_budget,
             rows: &rows,
             sources: &srcs,
+            published: &published,
         };
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;

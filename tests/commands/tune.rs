@@ -288,6 +288,67 @@ fn plan_writes_a_row_per_device_precision_and_concurrency() {
     assert!(stdout.contains("h200: cuda calibration; against this device's measured runs: mean"));
 }
 
+/// `tpslab plan --tp`: a 70B in BF16 does not fit one H100 (the row has no speed and a line
+/// says so) but fits four in TP4 (the row and its JSON say the split and the GPU count); the
+/// published multi-GPU runs on the chosen device are printed beside their predictions; a split
+/// the shape forbids is refused in one line naming it.
+#[test]
+fn plan_splits_a_model_over_gpus_and_refuses_what_cannot_work() {
+    let dir = temp_dir("tp");
+    let args = [
+        "--synthetic",
+        "llama-3.1-70b",
+        "--precision",
+        "bf16",
+        "--device",
+        "h100,a100",
+        "--tp",
+        "1,4",
+        "--concurrency",
+        "1,64",
+    ];
+    let (v, stdout) = plan_json(&args, &dir, "tp.json");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 2 * 2, "{v}");
+    for r in rows {
+        let tp = r["parallel"]["tp"].as_u64().expect("parallel.tp");
+        assert_eq!(r["gpus"].as_u64(), Some(tp), "{r}");
+        if tp == 1 {
+            assert_eq!(r["max_concurrency"].as_u64(), Some(0), "{r}");
+            assert!(r["aggregate_tps"].is_null(), "{r}");
+        } else {
+            assert!(r["max_concurrency"].as_u64() > Some(64), "{r}");
+            assert!(num(r, "aggregate_tps") > 0.0, "{r}");
+        }
+    }
+    assert!(stdout.contains("TP4"), "{stdout}");
+    assert!(stdout.contains("does not fit"), "{stdout}");
+    assert!(
+        stdout.contains("a100 x4 vllm qwen2.5-72b BF16 TP4"),
+        "the published rows on a100: {stdout}"
+    );
+    assert!(
+        v["published"].as_array().is_some_and(|p| p.len() >= 3),
+        "{v}"
+    );
+    let out = tpslab(&[
+        "plan",
+        "--synthetic",
+        "llama-3.1-70b",
+        "--device",
+        "h100",
+        "--tp",
+        "3",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("TP 3 does not divide its 64 query heads"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
 /// The plan both calibration runs ask for.
 const CPU_LEVELS: [&str; 6] = [
     "--device",

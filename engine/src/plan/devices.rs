@@ -1,7 +1,9 @@
-//! The planner's device table: each device's memory bandwidth, FLOP/s per precision, memory and
-//! price, every value with where it comes from; each backend's calibration (the share of the
-//! roofline this engine reaches, fitted on measured runs); and the measured rows the
-//! predictions are checked against. Users edit the JSON (`assets/devices.json` is bundled; any
+//! The planner's device table: each device's memory bandwidth, FLOP/s per precision, memory,
+//! price and link to its peers (NVLink or PCIe: what a model split over GPUs pays to talk),
+//! every value with where it comes from; each backend's calibration (the share of the roofline
+//! an engine reaches, fitted on measured runs: this engine's, and vLLM's and SGLang's from their
+//! published runs); the measured rows the predictions are checked against, and the published
+//! multi-GPU runs of other engines. Users edit the JSON (`assets/devices.json` is bundled; any
 //! copy can be passed instead); every number is checked before use.
 
 use std::collections::BTreeMap;
@@ -46,10 +48,72 @@ pub struct DeviceSpec {
     /// device shares the host's memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_to_device_gb_s: Option<Sourced>,
+    /// The link to the other GPUs of its machine, for tensor, pipeline and expert parallelism;
+    /// absent where the device is planned alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<Link>,
     /// Runs of this engine on this device the predictions are checked against.
     #[serde(default)]
     pub measured: Vec<MeasuredRow>,
+    /// Published runs of other engines (vLLM, SGLang) on one or several of this device, each
+    /// predicted with its engine's calibration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published: Vec<PublishedRow>,
 }
+
+/// A GPU's link to its peers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// "NVLink4", "PCIe Gen4 x16".
+    pub kind: String,
+    /// Bandwidth per GPU, GB/s, both directions together as datasheets quote it (NVLink4: 900);
+    /// a ring all-reduce or a send uses one direction of it, half.
+    pub bandwidth_gb_s: Sourced,
+    /// The fixed cost of one small collective (an all-reduce, an all-to-all, a send), µs.
+    pub latency_us: Sourced,
+}
+
+impl Link {
+    /// Bytes per second one way.
+    pub fn one_way_bytes_s(&self) -> f64 {
+        self.bandwidth_gb_s.value * 1e9 / 2.0
+    }
+}
+
+/// A published run of another engine: its configuration, workload, the output tokens per second
+/// it reported and where (the page, with its conditions).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishedRow {
+    /// A `--synthetic` architecture of the model's shape ("qwen2.5-72b").
+    pub model: String,
+    pub precision: String,
+    /// Whose calibration predicts it ("vllm", "sglang").
+    pub engine: String,
+    #[serde(default = "one")]
+    pub tp: usize,
+    #[serde(default = "one")]
+    pub pp: usize,
+    #[serde(default = "one")]
+    pub ep: usize,
+    pub concurrency: usize,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub token_budget: usize,
+    /// Output tokens per second of the whole run, as published.
+    pub output_tps: f64,
+    /// Used to fit the engine's calibration (the other rows are held out).
+    #[serde(default)]
+    pub fitted: bool,
+    pub source: String,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Link figures past these are not a GPU's (NVLink5 is 1800 GB/s; a collective is microseconds).
+const MAX_LINK_GB_S: f64 = 10_000.0;
+const MAX_LINK_LATENCY_US: f64 = 10_000.0;
 
 /// A measured run of `tpslab bench`: the workload and the figures it reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,6 +194,18 @@ fn share(what: &str, v: f64) -> Result<(), PlanError> {
     } else {
         Err(PlanError::Table(format!(
             "{what} must be in (0, 1], not {v}"
+        )))
+    }
+}
+
+/// Positive, finite and at most `max` (past it a figure is a typo, not a device).
+fn at_most(what: &str, v: f64, max: f64) -> Result<(), PlanError> {
+    positive(what, v)?;
+    if v <= max {
+        Ok(())
+    } else {
+        Err(PlanError::Table(format!(
+            "{what} {v} is past {max}: not a real device"
         )))
     }
 }
@@ -223,6 +299,7 @@ impl DeviceTable {
             for (p, f) in &d.tflops {
                 positive(&what(&format!("tflops.{p}")), f.value)?;
             }
+            check_link_and_published(d, &t.calibrations)?;
             let cal = t
                 .calibrations
                 .get(&d.backend)
@@ -282,6 +359,51 @@ impl DeviceTable {
             .filter(|d| d.backend == backend && !d.measured.is_empty())
             .collect()
     }
+}
+
+/// A device's link and published rows: link figures positive and not absurd; each published
+/// row's engine calibrated, computing at a precision the device lists, its figures positive
+/// and its split 1 to 64 GPUs a dimension, with a link when it spans several.
+fn check_link_and_published(
+    d: &DeviceSpec,
+    calibrations: &BTreeMap<String, Calibration>,
+) -> Result<(), PlanError> {
+    let what = |f: &str| format!("device {}: {f}", d.id);
+    if let Some(l) = &d.link {
+        at_most(
+            &what("link.bandwidth_gb_s"),
+            l.bandwidth_gb_s.value,
+            MAX_LINK_GB_S,
+        )?;
+        at_most(
+            &what("link.latency_us"),
+            l.latency_us.value,
+            MAX_LINK_LATENCY_US,
+        )?;
+    }
+    for r in &d.published {
+        let row = |f: &str| what(&format!("published {} {}: {f}", r.engine, r.model));
+        let cal = (calibrations.get(&r.engine))
+            .ok_or_else(|| PlanError::Table(row("engine has no calibration")))?;
+        if !d.tflops.contains_key(&cal.compute_precision) {
+            return Err(PlanError::Table(row(&format!(
+                "no tflops.{} (what {} computes at)",
+                cal.compute_precision, r.engine
+            ))));
+        }
+        positive(&row("output_tps"), r.output_tps)?;
+        for (f, v) in [("tp", r.tp), ("pp", r.pp), ("ep", r.ep)] {
+            if v == 0 || v > 64 {
+                return Err(PlanError::Table(row(&format!("{f} {v} is not 1 to 64"))));
+            }
+        }
+        if r.tp * r.pp > 1 && d.link.is_none() {
+            return Err(PlanError::Table(row(
+                "several GPUs, but the device has no link",
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Calibration {

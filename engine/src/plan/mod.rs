@@ -5,11 +5,15 @@
 //! TTFT, the largest concurrency and the cost per million output tokens on a table of devices.
 //!
 //! Modules:
-//! - [`devices`]: the device table (bandwidth, FLOP/s per precision, memory, $/hour, each with
-//!   its source), the backends' calibrations and the measured rows they are checked against;
-//!   the bundled table is `assets/devices.json`.
+//! - [`devices`]: the device table (bandwidth, FLOP/s per precision, memory, $/hour, the link
+//!   to the other GPUs, each with its source), the engines' calibrations, the measured rows they
+//!   are checked against and the published multi-GPU runs of other engines; the bundled table
+//!   is `assets/devices.json`.
 //! - [`roofline`]: the model's shape and the prediction for one device, precision and workload,
 //!   and its error against measured rows.
+//! - [`parallel`]: multi-GPU serving: tensor, pipeline and expert parallelism (the weights and
+//!   KV split per GPU, all-reduces, all-to-alls and stage sends priced from the link, the
+//!   pipeline's bubble), and the published runs held against its predictions.
 //! - [`calibrate`]: a device row refitted to runs measured on the machine the planner runs on.
 //! - [`fleet`]: from one machine to a fleet: a discrete-event replay of a workload against
 //!   replicas of a planned configuration (routing, autoscaling, cold starts, shedding, cost).
@@ -17,10 +21,12 @@
 pub mod calibrate;
 pub mod devices;
 pub mod fleet;
+pub mod parallel;
 pub mod roofline;
 
 pub use calibrate::calibrate_device;
-pub use devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow, Sourced};
+pub use devices::{Calibration, DeviceSpec, DeviceTable, Link, MeasuredRow, PublishedRow, Sourced};
+pub use parallel::{Parallel, PublishedCheck, check_published, pipeline_bubble, predict_parallel};
 pub use roofline::{
     ErrorSummary, ModelShape, Prediction, Source, StepModel, Workload, check, predict, source,
 };
@@ -38,4 +44,6 @@ pub enum PlanError {
     Workload(String),
     #[error("bad model shape: {0}")]
     Shape(String),
+    #[error("cannot split {0}")]
+    Parallel(String),
 }

@@ -14,6 +14,7 @@ use tpslab_kernels::WType;
 
 use super::PlanError;
 use super::devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
+use super::parallel::Parallel;
 use crate::kv::KvTypes;
 use crate::model::config::ModelConfig;
 use crate::model::precision::matrix_type;
@@ -27,6 +28,10 @@ pub struct ModelShape {
     pub name: String,
     pub n_layers: usize,
     pub hidden: usize,
+    /// Query and K/V heads (what tensor parallelism splits; `q_dim` and `kv_dim` are these
+    /// times the head width).
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
     pub q_dim: usize,
     pub kv_dim: usize,
     pub ffn: usize,
@@ -92,7 +97,13 @@ pub struct Prediction {
     /// weights holds.
     pub max_concurrency: usize,
     pub usd_per_million_tokens: Option<f64>,
+    /// Weights in one GPU's memory (its share under tensor, pipeline or expert parallelism).
     pub weights_gib: f64,
+    /// How the model is split, and over how many devices (whose hourly prices add up).
+    pub parallel: Parallel,
+    pub gpus: usize,
+    /// Whose calibration made it ("cuda": this engine's; "vllm", "sglang": published runs').
+    pub engine: String,
     /// Fewer sequences run at once than asked (the KV memory is full); the rest wait.
     pub kv_limited: bool,
 }
@@ -104,6 +115,8 @@ impl ModelShape {
             name: name.to_string(),
             n_layers: cfg.n_layers,
             hidden: cfg.hidden,
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
             q_dim: cfg.q_dim(),
             kv_dim: cfg.kv_dim(),
             ffn: cfg.ffn,
@@ -219,7 +232,12 @@ impl ModelShape {
 
 /// Bytes of memory left for the KV cache once the weights and the calibration's reserve are
 /// taken (negative when the weights do not fit).
-fn kv_free_bytes(device: &DeviceSpec, cal: &Calibration, shape: &ModelShape, ty: WType) -> f64 {
+pub(crate) fn kv_free_bytes(
+    device: &DeviceSpec,
+    cal: &Calibration,
+    shape: &ModelShape,
+    ty: WType,
+) -> f64 {
     device.memory_gib.value * GIB - cal.memory_reserve_gib * GIB - shape.weight_bytes_total(ty)
 }
 
@@ -274,19 +292,51 @@ impl<'a> StepModel<'a> {
 }
 
 /// The device, calibration and weight type one plan is made for.
-struct Machine<'a> {
-    device: &'a DeviceSpec,
-    cal: &'a Calibration,
-    ty: WType,
+pub(crate) struct Machine<'a> {
+    pub(crate) device: &'a DeviceSpec,
+    pub(crate) cal: &'a Calibration,
+    pub(crate) ty: WType,
 }
 
 fn is_float(ty: WType) -> bool {
     matches!(ty, WType::F32 | WType::F16 | WType::BF16)
 }
 
+/// What a plan needs of a step model: one device's roofline ([`Single`]), or a model split
+/// over several ([`super::parallel`]).
+pub(crate) trait Steps {
+    /// Seconds of one step: `decoding` sequences at context `ctx` and `prefill` prompt tokens
+    /// (under pipeline parallelism: one round in which every sequence advances a token, or one
+    /// prefill chunk's turn through the slowest stage).
+    fn step_s(&self, decoding: usize, ctx: f64, prefill: usize) -> f64;
+    /// Seconds a pipeline takes to fill before its first chunk of `prefill` tokens comes out
+    /// of the last stage (0 without one).
+    fn fill_s(&self, _prefill: usize) -> f64 {
+        0.0
+    }
+}
+
+/// One device running the whole model.
+pub(crate) struct Single<'a> {
+    pub(crate) machine: Machine<'a>,
+    pub(crate) shape: &'a ModelShape,
+}
+
+impl Steps for Single<'_> {
+    fn step_s(&self, decoding: usize, ctx: f64, prefill: usize) -> f64 {
+        self.machine.step_s(self.shape, decoding, ctx, prefill)
+    }
+}
+
 impl Machine<'_> {
     /// Seconds of one step: `decoding` sequences at context `ctx` and `prefill` prompt tokens.
-    fn step_s(&self, shape: &ModelShape, decoding: usize, ctx: f64, prefill: usize) -> f64 {
+    pub(crate) fn step_s(
+        &self,
+        shape: &ModelShape,
+        decoding: usize,
+        ctx: f64,
+        prefill: usize,
+    ) -> f64 {
         let bw = self.device.bandwidth_gb_s.value * 1e9;
         let tokens = decoding + prefill;
         let dequant = !is_float(self.ty)
@@ -347,7 +397,7 @@ fn median_prefill_end(
     (end_of(lo) + end_of(hi)) / 2.0
 }
 
-fn check_workload(w: &Workload) -> Result<(), PlanError> {
+pub(crate) fn check_workload(w: &Workload) -> Result<(), PlanError> {
     for (what, v) in [
         ("concurrency", w.concurrency),
         ("prompt length", w.prompt_len),
@@ -364,7 +414,8 @@ fn check_workload(w: &Workload) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// The prediction for `shape` in `ty` on `device` under workload `w`.
+/// The prediction for `shape` in `ty` on `device` under workload `w` (one device, the
+/// device's own backend's calibration).
 pub fn predict(
     table: &DeviceTable,
     device: &DeviceSpec,
@@ -372,9 +423,40 @@ pub fn predict(
     ty: WType,
     w: &Workload,
 ) -> Result<Prediction, PlanError> {
-    check_workload(w)?;
     let cal = table.calibration(device)?;
-    let m = Machine { device, cal, ty };
+    let steps = Single {
+        machine: Machine { device, cal, ty },
+        shape,
+    };
+    let plan = PlanFor {
+        machine: &steps.machine,
+        engine: &device.backend,
+        per_gpu: shape,
+        parallel: Parallel::NONE,
+    };
+    predict_with(&steps, &plan, w)
+}
+
+/// What [`predict_with`] needs besides the steps: the machine, whose calibration it is, the
+/// shape one GPU holds (the whole model on one device) and how the model is split.
+pub(crate) struct PlanFor<'a> {
+    pub(crate) machine: &'a Machine<'a>,
+    pub(crate) engine: &'a str,
+    pub(crate) per_gpu: &'a ModelShape,
+    pub(crate) parallel: Parallel,
+}
+
+/// The prediction of workload `w` from a step model: the KV memory one GPU has left after its
+/// share of the weights sets the concurrency that fits, then the prefill in steps of the token
+/// budget (after the pipeline's fill), the decode steps, and the waves of requests that wait.
+pub(crate) fn predict_with(
+    steps: &dyn Steps,
+    plan: &PlanFor,
+    w: &Workload,
+) -> Result<Prediction, PlanError> {
+    check_workload(w)?;
+    let Machine { device, cal, ty } = *plan.machine;
+    let shape = plan.per_gpu;
     let weights = shape.weight_bytes_total(ty);
     let free = kv_free_bytes(device, cal, shape, ty);
     let per_seq = shape.kv_bytes_per_token() * (w.prompt_len + w.output_len) as f64;
@@ -383,6 +465,7 @@ pub fn predict(
     } else {
         0
     };
+    let gpus = plan.parallel.gpus();
     let mut p = Prediction {
         device: device.id.clone(),
         precision: ty.name().to_string(),
@@ -393,6 +476,9 @@ pub fn predict(
         max_concurrency,
         usd_per_million_tokens: None,
         weights_gib: weights / GIB,
+        parallel: plan.parallel,
+        gpus,
+        engine: plan.engine.to_string(),
         kv_limited: max_concurrency < w.concurrency,
     };
     if max_concurrency == 0 {
@@ -403,25 +489,29 @@ pub fn predict(
     let prefill_tokens = batch as u128 * w.prompt_len as u128;
     let budget = w.token_budget as u128;
     let rest = (prefill_tokens % budget) as usize;
-    let full_s = m.step_s(shape, 0, 0.0, w.token_budget.min(prefill_tokens as usize));
+    let first = w.token_budget.min(prefill_tokens as usize);
+    let full_s = steps.step_s(0, 0.0, first);
     let rest_s = if rest > 0 {
-        m.step_s(shape, 0, 0.0, rest)
+        steps.step_s(0, 0.0, rest)
     } else {
         0.0
     };
-    let prefill_s = (prefill_tokens / budget) as f64 * full_s + rest_s;
+    let fill_s = steps.fill_s(first);
+    let prefill_s = (prefill_tokens / budget) as f64 * full_s + rest_s + fill_s;
     let ttft_first = median_prefill_end(batch, w.prompt_len, w.token_budget, full_s, rest_s)
+        + fill_s
         + cal.ttft_overhead_ms / 1e3;
     // The mean context over the decode, for the KV reads.
     let ctx = w.prompt_len as f64 + w.output_len as f64 / 2.0;
-    let decode_s = m.step_s(shape, batch, ctx, 0);
+    let decode_s = steps.step_s(batch, ctx, 0);
     let wave_s = prefill_s + (w.output_len - 1) as f64 * decode_s;
     let aggregate = (w.concurrency * w.output_len) as f64 / (waves * wave_s);
     p.per_request_tps = Some(1.0 / decode_s);
     p.aggregate_tps = Some(aggregate);
     // The median request waits for half the waves before it.
     p.ttft_ms = Some((ttft_first + (waves - 1.0) / 2.0 * wave_s) * 1e3);
-    p.usd_per_million_tokens = cost_per_million_output_tokens(device.usd_per_hour.value, aggregate);
+    p.usd_per_million_tokens =
+        cost_per_million_output_tokens(device.usd_per_hour.value * gpus as f64, aggregate);
     Ok(p)
 }
 

@@ -40,27 +40,7 @@ impl FamilyDef for Def {
     }
 
     fn known_shapes(&self) -> &'static [KnownShape] {
-        // Qwen3-30B-A3B: 128 experts of width 768, 8 routed per token (about 3B of 30B
-        // active).
-        &[KnownShape {
-            name: "qwen3-30b-a3b",
-            arch: "qwen3moe",
-            hidden: 2048,
-            ffn: 6144,
-            n_layers: 48,
-            n_heads: 32,
-            n_kv_heads: 4,
-            head_dim: 128,
-            vocab: 151_936,
-            context_len: 40_960,
-            rope_theta: 1_000_000.0,
-            rms_eps: 1e-6,
-            tied_embeddings: false,
-            qkv_bias: false,
-            experts: Some((128, 8, 768)),
-            qk_norm: true,
-            sinks_and_biases: false,
-        }]
+        &SHAPES
     }
 
     fn hf_classes(&self) -> &'static [HfClass] {
@@ -109,3 +89,68 @@ impl FamilyDef for Def {
         ]
     }
 }
+
+/// The shapes of the real models, from their `config.json`.
+const SHAPES: [KnownShape; 3] = [
+    // Qwen3-30B-A3B: 128 experts of width 768, 8 routed per token (about 3B of 30B active).
+    KnownShape {
+        name: "qwen3-30b-a3b",
+        arch: "qwen3moe",
+        hidden: 2048,
+        ffn: 6144,
+        n_layers: 48,
+        n_heads: 32,
+        n_kv_heads: 4,
+        head_dim: 128,
+        vocab: 151_936,
+        context_len: 40_960,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        tied_embeddings: false,
+        qkv_bias: false,
+        experts: Some((128, 8, 768)),
+        qk_norm: true,
+        sinks_and_biases: false,
+    },
+    // Qwen3-235B-A22B: 94 layers of 4096, 64 query heads of 128 over 4 K/V heads, 128 experts
+    // of width 1536 (moe_intermediate_size), 8 routed per token (about 22B of 235B active).
+    KnownShape {
+        name: "qwen3-235b-a22b",
+        arch: "qwen3moe",
+        hidden: 4096,
+        ffn: 12288,
+        n_layers: 94,
+        n_heads: 64,
+        n_kv_heads: 4,
+        head_dim: 128,
+        vocab: 151_936,
+        context_len: 40_960,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        tied_embeddings: false,
+        qkv_bias: false,
+        experts: Some((128, 8, 1536)),
+        qk_norm: true,
+        sinks_and_biases: false,
+    },
+    // Qwen3-8B (dense): 36 layers of 4096, FFN 12288, 32 heads over 8 K/V heads, untied.
+    KnownShape {
+        name: "qwen3-8b",
+        arch: "qwen3",
+        hidden: 4096,
+        ffn: 12288,
+        n_layers: 36,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        vocab: 151_936,
+        context_len: 40_960,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        tied_embeddings: false,
+        qkv_bias: false,
+        experts: None,
+        qk_norm: true,
+        sinks_and_biases: false,
+    },
+];

@@ -104,7 +104,7 @@ impl FamilyDef for Def {
 }
 
 /// The shapes of the real models (from their `config.json` / GGUF metadata).
-const SHAPES: [KnownShape; 3] = [
+const SHAPES: [KnownShape; 4] = [
     KnownShape {
         name: "smollm2-135m",
         arch: "llama",
@@ -154,6 +154,27 @@ const SHAPES: [KnownShape; 3] = [
         head_dim: 128,
         vocab: 128_256,
         context_len: 8192,
+        rope_theta: 500_000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: false,
+        qkv_bias: false,
+        experts: None,
+        qk_norm: false,
+        sinks_and_biases: false,
+    },
+    // Llama-3.1-70B(-Instruct)'s config.json: 80 layers of 8192, FFN 28672, 64 query heads of
+    // 128 over 8 K/V heads, vocabulary 128256, untied output (the planner's multi-GPU shape).
+    KnownShape {
+        name: "llama-3.1-70b",
+        arch: "llama",
+        hidden: 8192,
+        ffn: 28672,
+        n_layers: 80,
+        n_heads: 64,
+        n_kv_heads: 8,
+        head_dim: 128,
+        vocab: 128_256,
+        context_len: 131_072,
         rope_theta: 500_000.0,
         rms_eps: 1e-5,
         tied_embeddings: false,
