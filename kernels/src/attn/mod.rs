@@ -312,6 +312,12 @@ fn run_item<T: AsRef<[u32]>>(
                 x86::convert_rows(kc, vc, &offs[..rows], k, v);
                 x86::prefetch_rows(kc, vc, next, hd);
             },
+            // SAFETY: as above; a quantized cache's head is whole blocks of 32.
+            #[cfg(target_arch = "x86_64")]
+            (Backend::Avx2, kc, vc) => unsafe {
+                x86::convert_cache(kc, &offs[..rows], k);
+                x86::convert_cache(vc, &offs[..rows], v);
+            },
             (_, kc, vc) => {
                 for (r, &off) in offs[..rows].iter().enumerate() {
                     let dst = r * hd..(r + 1) * hd;

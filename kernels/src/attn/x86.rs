@@ -5,7 +5,8 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{BLOCK, Block, cap_score};
+use super::{BLOCK, Block, KvRows, cap_score};
+use crate::WType;
 
 /// Rounds `src` to f16 and back (round to nearest even, like `f16::from_f32`).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -43,6 +44,85 @@ pub(super) fn convert_rows(
                 let hv = _mm_loadu_si128(v_cache.as_ptr().add(off + c).cast());
                 _mm256_storeu_ps(k.as_mut_ptr().add(r * hd + c), _mm256_cvtph_ps(hk));
                 _mm256_storeu_ps(v.as_mut_ptr().add(r * hd + c), _mm256_cvtph_ps(hv));
+            }
+        }
+    }
+}
+
+/// Converts one cache's rows at `offs` (whole blocks of its type; `dst.len() / offs.len()`
+/// elements each) into consecutive f32 rows of `dst`: Q8_0, Q4_0 and BF16 here with AVX2, the
+/// values [`KvRows::to_f32`] gives bit for bit (each value is `d * q` with `d` and `q` exact in
+/// f32, one rounding, as ggml's dequantization); f16 and other types through `to_f32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn convert_cache(cache: KvRows<'_>, offs: &[usize], dst: &mut [f32]) {
+    let hd = dst.len() / offs.len().max(1);
+    assert_eq!(dst.len(), offs.len() * hd);
+    let (ty, data) = match cache {
+        KvRows::Blocks { ty, data } if matches!(ty, WType::Q8_0 | WType::Q4_0 | WType::BF16) => {
+            (ty, data)
+        }
+        _ => {
+            for (r, &off) in offs.iter().enumerate() {
+                cache.to_f32(off, &mut dst[r * hd..][..hd]);
+            }
+            return;
+        }
+    };
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    // Whole blocks of 32 per head (`KvTypes::check`), or BF16 in steps of 8 (the backend's).
+    assert!(hd.is_multiple_of(if ty == WType::BF16 { 8 } else { 32 }));
+    for (r, &off) in offs.iter().enumerate() {
+        assert!(
+            off.is_multiple_of(bs),
+            "KV rows of {ty} are read in whole blocks of {bs}"
+        );
+        let out = &mut dst[r * hd..][..hd];
+        let row = &data[off / bs * ts..][..hd / bs * ts];
+        match ty {
+            WType::BF16 => {
+                for (o, b) in out.chunks_exact_mut(8).zip(row.chunks_exact(16)) {
+                    // SAFETY: 16 bytes in, 8 floats out (the chunks' sizes).
+                    unsafe {
+                        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(b.as_ptr().cast()));
+                        let f = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h));
+                        _mm256_storeu_ps(o.as_mut_ptr(), f);
+                    }
+                }
+            }
+            WType::Q8_0 => {
+                for (o, blk) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
+                    let d = _mm256_set1_ps(f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+                    for (j, o8) in o.chunks_exact_mut(8).enumerate() {
+                        // SAFETY: bytes 2 + 8j .. 10 + 8j of a 34-byte block; 8 floats out.
+                        unsafe {
+                            let q = _mm_loadl_epi64(blk[2 + 8 * j..].as_ptr().cast());
+                            let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                            _mm256_storeu_ps(o8.as_mut_ptr(), _mm256_mul_ps(d, f));
+                        }
+                    }
+                }
+            }
+            _ => {
+                // Q4_0: element j is the low nibble of byte j, element 16 + j its high one,
+                // each less 8.
+                for (o, blk) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+                    let d = _mm256_set1_ps(f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+                    // SAFETY: bytes 2..18 of an 18-byte block; 4 x 8 floats out.
+                    unsafe {
+                        let qs = _mm_loadu_si128(blk[2..].as_ptr().cast());
+                        let m4 = _mm_set1_epi8(0x0f);
+                        let eight = _mm_set1_epi8(8);
+                        let lo = _mm_sub_epi8(_mm_and_si128(qs, m4), eight);
+                        let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(qs), m4), eight);
+                        for (j, v) in [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                            _mm256_storeu_ps(o.as_mut_ptr().add(8 * j), _mm256_mul_ps(d, f));
+                        }
+                    }
+                }
             }
         }
     }
@@ -271,5 +351,48 @@ pub(super) fn block(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
             _ => acc_v::<1>(acc, v, hd, w),
         }
         d += 64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::quantize_row;
+
+    /// The AVX2 conversion of Q8_0, Q4_0 and BF16 rows gives `to_f32`'s values bit for bit,
+    /// rows picked out of order, blocks of zeros and outliers of both signs included.
+    #[test]
+    fn quantized_rows_convert_as_to_f32_does() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(45);
+        let (hd, slots) = (64usize, 9usize);
+        for ty in [WType::Q8_0, WType::Q4_0, WType::BF16] {
+            let mut data = vec![0u8; slots * ty.row_bytes(hd)];
+            for (s, row) in data.chunks_exact_mut(ty.row_bytes(hd)).enumerate() {
+                let mut x: Vec<f32> = (0..hd).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+                x[s % hd] = if s % 2 == 0 { 50.0 } else { -50.0 };
+                if s == 4 {
+                    x[32..].fill(0.0);
+                }
+                quantize_row(ty, &x, row);
+            }
+            let cache = KvRows::Blocks { ty, data: &data };
+            let offs: Vec<usize> = [7usize, 0, 4, 8, 3].iter().map(|s| s * hd).collect();
+            let mut got = vec![f32::NAN; offs.len() * hd];
+            // SAFETY: AVX2 and F16C checked above.
+            unsafe { convert_cache(cache, &offs, &mut got) };
+            for (r, &off) in offs.iter().enumerate() {
+                let mut want = vec![0f32; hd];
+                cache.to_f32(off, &mut want);
+                let g = &got[r * hd..][..hd];
+                let same = g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty} row at {off}: {g:?} vs {want:?}");
+            }
+        }
     }
 }
