@@ -16,8 +16,8 @@ use tpslab_engine::model::config::ModelConfig;
 use tpslab_engine::model::precision::Precision;
 use tpslab_engine::plan::calibrate::{INEXACT, INEXACT_WHY};
 use tpslab_engine::plan::{
-    DeviceTable, ModelShape, Parallel, Prediction, PublishedCheck, Source, Workload, check,
-    check_published, predict_parallel, source,
+    DeviceTable, ModelShape, Parallel, PlanGrid, Prediction, PublishedCheck, Source, check,
+    check_published, plan_grid, source,
 };
 use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
@@ -162,59 +162,6 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "—".into(), |v| format!("{v:.digits$}"))
 }
 
-/// One row per (device, split, precision, concurrency), and the notes to print under them:
-/// devices without a link skipped for a split, configurations that do not fit.
-fn plan_rows(
-    table: &DeviceTable,
-    a: &PlanArgs,
-    shape: &ModelShape,
-    precisions: &[WType],
-    devices: &[&str],
-    splits: &[Parallel],
-) -> Result<(Vec<Prediction>, Vec<String>)> {
-    let mut rows = Vec::new();
-    let mut notes = Vec::new();
-    for id in devices {
-        let d = table.device(id)?;
-        for par in splits {
-            if par.gpus() > 1 && d.link.is_none() {
-                notes.push(format!(
-                    "{}: no link in the device table, so no {} rows (it is planned alone)",
-                    d.id,
-                    par.label()
-                ));
-                continue;
-            }
-            for &ty in precisions {
-                for &c in &a.concurrency {
-                    let w = Workload {
-                        concurrency: c,
-                        prompt_len: a.prompt_len,
-                        output_len: a.output_len,
-                        token_budget: a.token_budget,
-                    };
-                    let p = predict_parallel(table, d, shape, ty, &w, *par, a.engine.as_deref())?;
-                    if p.max_concurrency == 0 && c == a.concurrency[0] {
-                        notes.push(format!(
-                            "{} {} on {} x {} ({}): does not fit: {:.1} GiB of weights per GPU in {:.1} GiB{}",
-                            shape.name,
-                            p.precision,
-                            p.gpus,
-                            d.id,
-                            par.label(),
-                            p.weights_gib,
-                            d.memory_gib.value,
-                            " (split it over more GPUs: --tp, --pp)"
-                        ));
-                    }
-                    rows.push(p);
-                }
-            }
-        }
-    }
-    Ok((rows, notes))
-}
-
 /// The rows as a table.
 fn print_rows(rows: &[Prediction]) {
     println!(
@@ -294,7 +241,18 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     for id in &devices {
         published.extend(check_published(&table, table.device(id)?)?);
     }
-    let (rows, notes) = plan_rows(&table, a, &shape, &precisions, &devices, &splits)?;
+    let devices: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+    let grid = PlanGrid {
+        devices: &devices,
+        splits: &splits,
+        precisions: &precisions,
+        concurrency: &a.concurrency,
+        prompt_len: a.prompt_len,
+        output_len: a.output_len,
+        token_budget: a.token_budget,
+        engine: a.engine.as_deref(),
+    };
+    let (rows, notes) = plan_grid(&table, &shape, &grid)?;
     if rows.is_empty() {
         bail!("nothing to plan: {}", notes.join("; "));
     }

@@ -21,7 +21,7 @@ use tpslab::ui::panels::planner::{self, PlannerSettings, PlannerView};
 use tpslab::ui::plots::{History, Sample};
 use tpslab::ui::{AppOptions, AppState, TpsApp};
 use tpslab_engine::device::DeviceChoice;
-use tpslab_engine::plan::{DeviceTable, ModelShape, Workload, predict};
+use tpslab_engine::plan::{DeviceTable, ModelShape, Parallel, Workload, predict, predict_parallel};
 use tpslab_kernels::WType;
 
 const LABEL: &str = "batch cap 64 · budget 2048 tok · 4 concurrent, prompt 128 -> output 128 tok · Q4_1 · CPU, 2 threads";
@@ -291,6 +291,71 @@ fn the_planner_shows_each_source_with_its_error_and_the_predicted_rows() {
     );
     // On a 24 GB card 256 sequences of 8B F16 do not fit: the rest wait, and it says so.
     assert!(h.query_by_label_contains("(KV-limited)").is_some());
+}
+
+/// A 70B in F16 does not fit one H100 (the note says so, its rows show no speed); picking
+/// tensor parallelism 4 in the tab splits it over four, each row naming its split, with the
+/// engine's own multi-GPU prediction in its cells.
+#[test]
+fn the_planner_splits_a_model_over_gpus_when_asked() {
+    let settings = PlannerSettings {
+        model: "llama-3.1-70b".into(),
+        devices: vec!["h100".into()],
+        precisions: vec!["F16".into()],
+        concurrency: "1, 16".into(),
+        ..PlannerSettings::default()
+    };
+    let mut h = planner_harness(settings);
+    h.run();
+    assert!(h.query_by_label_contains("· one GPU").is_some());
+    assert!(
+        h.query_by_label_contains("llama-3.1-70b F16 on 1 x h100 (1 GPU): does not fit")
+            .is_some()
+    );
+    h.get_by_role_and_label(egui::accesskit::Role::ComboBox, "Tensor parallel (GPUs)")
+        .click();
+    h.run();
+    h.get_all_by_label("4")
+        .last()
+        .expect("the menu entry")
+        .click();
+    h.run();
+    assert_eq!(h.state().settings.tp, 4);
+    assert!(h.query_by_label_contains("· TP4 (4 GPUs each)").is_some());
+    assert!(h.query_by_label_contains("does not fit").is_none());
+    assert_eq!(
+        h.query_all_by_label("4 x h100 TP4").count(),
+        2,
+        "one row per level"
+    );
+    let table = DeviceTable::bundled().unwrap();
+    let shape = ModelShape::synthetic("llama-3.1-70b").unwrap();
+    let w = Workload {
+        concurrency: 16,
+        prompt_len: 128,
+        output_len: 128,
+        token_budget: 8192,
+    };
+    let tp4 = Parallel {
+        tp: 4,
+        pp: 1,
+        ep: 1,
+    };
+    let p = predict_parallel(
+        &table,
+        table.device("h100").unwrap(),
+        &shape,
+        WType::F16,
+        &w,
+        tp4,
+        None,
+    )
+    .unwrap();
+    let agg = format!("{:.0}", p.aggregate_tps.expect("fits on four"));
+    assert!(
+        h.query_all_by_label(&agg).next().is_some(),
+        "aggregate {agg}"
+    );
 }
 
 /// The window with its Planner tab open, on the device table in `devices` (else the bundled

@@ -1,5 +1,6 @@
 //! The capacity planner in the window: a model shape (a known architecture, or the loaded
-//! model), precisions, devices and a workload; each device's prediction source with its error
+//! model), precisions, devices, a split over GPUs (tensor parallelism, pipeline stages) and a
+//! workload; each device's prediction source with its error
 //! against measured runs, the table of predictions (as `tpslab plan` prints it) and their
 //! trade-off plot (per-request against aggregate TPS, one curve per device and precision, one
 //! point per concurrency). Predictions are closed-form, so they are remade every frame. Above
@@ -10,7 +11,9 @@
 use egui_plot::{Legend, Line, Plot, PlotPoint, PlotPoints, Points, Text};
 use serde::{Deserialize, Serialize};
 use tpslab_engine::model::synthetic::known_archs;
-use tpslab_engine::plan::{DeviceTable, ModelShape, Prediction, Workload, predict, source};
+use tpslab_engine::plan::{
+    DeviceTable, ModelShape, Parallel, PlanGrid, Prediction, plan_grid, source,
+};
 use tpslab_engine::quant::preset::weight_type;
 use tpslab_kernels::WType;
 
@@ -34,6 +37,9 @@ pub struct PlannerSettings {
     pub prompt_len: usize,
     pub output_len: usize,
     pub token_budget: usize,
+    /// Tensor-parallel GPUs and pipeline stages of every device's rows (1 and 1: one GPU).
+    pub tp: usize,
+    pub pp: usize,
 }
 
 impl Default for PlannerSettings {
@@ -46,6 +52,8 @@ impl Default for PlannerSettings {
             prompt_len: 128,
             output_len: 128,
             token_budget: 8192,
+            tp: 1,
+            pp: 1,
         }
     }
 }
@@ -137,29 +145,33 @@ pub fn parse_levels(text: &str) -> Vec<usize> {
         .collect()
 }
 
-/// The predictions for `s`: every chosen device, precision and level.
+/// The predictions for `s` (every chosen device, precision and level, split over `s.tp` x
+/// `s.pp` GPUs) and the notes under them: the engine's [`plan_grid`], as `tpslab plan` makes them.
 pub fn predictions(
     table: &DeviceTable,
     shape: &ModelShape,
     s: &PlannerSettings,
-) -> Result<Vec<Prediction>, String> {
-    let mut rows = Vec::new();
-    for id in &s.devices {
-        let d = table.device(id).map_err(|e| e.to_string())?;
-        for p in &s.precisions {
-            let ty = weight_type(p).map_err(|e| format!("{e}"))?;
-            for c in parse_levels(&s.concurrency) {
-                let w = Workload {
-                    concurrency: c,
-                    prompt_len: s.prompt_len,
-                    output_len: s.output_len,
-                    token_budget: s.token_budget,
-                };
-                rows.push(predict(table, d, shape, ty, &w).map_err(|e| e.to_string())?);
-            }
-        }
-    }
-    Ok(rows)
+) -> Result<(Vec<Prediction>, Vec<String>), String> {
+    let precisions = (s.precisions.iter())
+        .map(|p| weight_type(p).map_err(|e| format!("{e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let split = Parallel {
+        tp: s.tp.max(1),
+        pp: s.pp.max(1),
+        ep: 1,
+    };
+    split.check(shape).map_err(|e| e.to_string())?;
+    let grid = PlanGrid {
+        devices: &s.devices,
+        splits: &[split],
+        precisions: &precisions,
+        concurrency: &parse_levels(&s.concurrency),
+        prompt_len: s.prompt_len,
+        output_len: s.output_len,
+        token_budget: s.token_budget,
+        engine: None,
+    };
+    plan_grid(table, shape, &grid).map_err(|e| e.to_string())
 }
 
 fn inputs_ui(
@@ -197,6 +209,21 @@ fn inputs_ui(
             }
             let l = ui.label("Concurrency levels");
             ui.text_edit_singleline(&mut s.concurrency)
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Tensor parallel (GPUs)");
+            egui::ComboBox::from_id_salt("planner_tp")
+                .selected_text(s.tp.to_string())
+                .show_ui(ui, |ui| {
+                    for tp in [1usize, 2, 4, 8] {
+                        ui.selectable_value(&mut s.tp, tp, tp.to_string());
+                    }
+                })
+                .response
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Pipeline stages");
+            ui.add(egui::DragValue::new(&mut s.pp).range(1..=8))
                 .labelled_by(l.id);
             ui.end_row();
         });
@@ -259,7 +286,7 @@ fn table_ui(ui: &mut egui::Ui, rows: &[Prediction]) {
             }
             ui.end_row();
             for r in rows {
-                ui.label(&r.device);
+                ui.label(device_label(r));
                 ui.label(&r.precision);
                 ui.label(r.concurrency.to_string());
                 ui.label(fmt(r.per_request_tps, 1));
@@ -277,11 +304,19 @@ fn table_ui(ui: &mut egui::Ui, rows: &[Prediction]) {
         });
 }
 
+/// "h100" for one GPU, "4 x h100 TP4" for a split.
+fn device_label(r: &Prediction) -> String {
+    match r.gpus {
+        1 => r.device.clone(),
+        n => format!("{n} x {} {}", r.device, r.parallel.label()),
+    }
+}
+
 /// Per-request against aggregate TPS: one curve per (device, precision).
 fn plot_ui(ui: &mut egui::Ui, rows: &[Prediction]) {
     let mut curves: Vec<(String, Vec<&Prediction>)> = Vec::new();
     for r in rows.iter().filter(|r| r.aggregate_tps.is_some()) {
-        let name = format!("{} {}", r.device, r.precision);
+        let name = format!("{} {}", device_label(r), r.precision);
         match curves.iter_mut().find(|(n, _)| *n == name) {
             Some((_, c)) => c.push(r),
             None => curves.push((name, vec![r])),
@@ -343,12 +378,24 @@ pub fn ui(
     };
     let rows = shape.and_then(|shape| predictions(table, &shape, s).map(|rows| (shape, rows)));
     match rows {
-        Ok((shape, rows)) => {
+        Ok((shape, (rows, notes))) => {
+            let split = Parallel {
+                tp: s.tp.max(1),
+                pp: s.pp.max(1),
+                ep: 1,
+            };
+            let split = match split.gpus() {
+                1 => "one GPU".to_string(),
+                n => format!("{} ({n} GPUs each)", split.label()),
+            };
             ui.label(format!(
-                "Planned for: {} · prompt {} -> output {} tok · token budget {}",
+                "Planned for: {} · prompt {} -> output {} tok · token budget {} · {split}",
                 shape.name, s.prompt_len, s.output_len, s.token_budget
             ));
             sources_ui(ui, table, s);
+            for n in &notes {
+                ui.label(egui::RichText::new(n).small());
+            }
             egui::ScrollArea::vertical().show(ui, |ui| {
                 table_ui(ui, &rows);
                 ui.separator();

@@ -11,6 +11,7 @@
 //!   is `assets/devices.json`.
 //! - [`roofline`]: the model's shape and the prediction for one device, precision and workload,
 //!   and its error against measured rows.
+//! - [`split`]: how a model is split over GPUs ([`Parallel`]), as the predictions carry it.
 //! - [`parallel`]: multi-GPU serving: tensor, pipeline and expert parallelism (the weights and
 //!   KV split per GPU, all-reduces, all-to-alls and stage sends priced from the link, the
 //!   pipeline's bubble), and the published runs held against its predictions.
@@ -23,10 +24,14 @@ pub mod devices;
 pub mod fleet;
 pub mod parallel;
 pub mod roofline;
+pub mod split;
 
 pub use calibrate::calibrate_device;
 pub use devices::{Calibration, DeviceSpec, DeviceTable, Link, MeasuredRow, PublishedRow, Sourced};
-pub use parallel::{Parallel, PublishedCheck, check_published, pipeline_bubble, predict_parallel};
+pub use parallel::{
+    Parallel, PlanGrid, PublishedCheck, check_published, pipeline_bubble, plan_grid,
+    predict_parallel,
+};
 pub use roofline::{
     ErrorSummary, ModelShape, Prediction, Source, StepModel, Workload, check, predict, source,
 };

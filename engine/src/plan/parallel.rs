@@ -39,50 +39,13 @@ use super::devices::{DeviceSpec, DeviceTable, Link, PublishedRow};
 use super::roofline::{
     ExpertShape, Machine, ModelShape, PlanFor, Prediction, Steps, Workload, predict_with,
 };
+pub use super::split::Parallel;
 
 /// Most GPUs one configuration spans (eight 8-GPU nodes).
 const MAX_GPUS: usize = 64;
 
-/// How a model is split over GPUs: `tp · pp` GPUs; EP, when more than 1, spreads the experts
-/// over the TP group's GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Parallel {
-    pub tp: usize,
-    pub pp: usize,
-    pub ep: usize,
-}
-
+/// What a split needs of the model's shape (the type itself is `split.rs`'s).
 impl Parallel {
-    /// One GPU.
-    pub const NONE: Parallel = Parallel {
-        tp: 1,
-        pp: 1,
-        ep: 1,
-    };
-
-    pub fn gpus(&self) -> usize {
-        self.tp * self.pp
-    }
-
-    /// "TP4", "TP2 PP2", "TP8 EP8" ("1 GPU" alone).
-    pub fn label(&self) -> String {
-        let mut parts = Vec::new();
-        if self.tp > 1 {
-            parts.push(format!("TP{}", self.tp));
-        }
-        if self.pp > 1 {
-            parts.push(format!("PP{}", self.pp));
-        }
-        if self.ep > 1 {
-            parts.push(format!("EP{}", self.ep));
-        }
-        if parts.is_empty() {
-            "1 GPU".into()
-        } else {
-            parts.join(" ")
-        }
-    }
-
     /// K/V heads each GPU holds: its share, or one replicated head when there are fewer heads
     /// than GPUs.
     pub fn kv_heads_per_gpu(&self, shape: &ModelShape) -> usize {
@@ -410,4 +373,70 @@ impl PublishedCheck {
             if r.fitted { "fitted" } else { "held out" }
         )
     }
+}
+
+/// A grid of plans: every device x split x precision x concurrency, the prompt and output
+/// lengths and token budget of each request, and whose calibration predicts (`None`: each
+/// device's own backend).
+#[derive(Debug, Clone)]
+pub struct PlanGrid<'a> {
+    pub devices: &'a [String],
+    pub splits: &'a [Parallel],
+    pub precisions: &'a [WType],
+    pub concurrency: &'a [usize],
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub token_budget: usize,
+    pub engine: Option<&'a str>,
+}
+
+/// One row per (device, split, precision, concurrency) of `grid`, and the notes to show under
+/// them: devices without a link skipped for a split, configurations that do not fit. The one
+/// place `tpslab plan` and the window's Planner make their rows.
+pub fn plan_grid(
+    table: &DeviceTable,
+    shape: &ModelShape,
+    grid: &PlanGrid<'_>,
+) -> Result<(Vec<Prediction>, Vec<String>), PlanError> {
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for id in grid.devices {
+        let d = table.device(id)?;
+        for par in grid.splits {
+            if par.gpus() > 1 && d.link.is_none() {
+                notes.push(format!(
+                    "{}: no link in the device table, so no {} rows (it is planned alone)",
+                    d.id,
+                    par.label()
+                ));
+                continue;
+            }
+            for &ty in grid.precisions {
+                for (i, &c) in grid.concurrency.iter().enumerate() {
+                    let w = Workload {
+                        concurrency: c,
+                        prompt_len: grid.prompt_len,
+                        output_len: grid.output_len,
+                        token_budget: grid.token_budget,
+                    };
+                    let p = predict_parallel(table, d, shape, ty, &w, *par, grid.engine)?;
+                    if p.max_concurrency == 0 && i == 0 {
+                        notes.push(format!(
+                            "{} {} on {} x {} ({}): does not fit: {:.1} GiB of weights per GPU \
+                             in {:.1} GiB (split it over more GPUs)",
+                            shape.name,
+                            p.precision,
+                            p.gpus,
+                            d.id,
+                            par.label(),
+                            p.weights_gib,
+                            d.memory_gib.value,
+                        ));
+                    }
+                    rows.push(p);
+                }
+            }
+        }
+    }
+    Ok((rows, notes))
 }

@@ -14,7 +14,7 @@ use tpslab_kernels::WType;
 
 use super::PlanError;
 use super::devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
-use super::parallel::Parallel;
+use super::split::Parallel;
 use crate::kv::KvTypes;
 use crate::model::config::ModelConfig;
 use crate::model::precision::matrix_type;
