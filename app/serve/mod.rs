@@ -135,7 +135,7 @@ pub struct ServeArgs {
 }
 
 /// An `--alias`: a name a client can send (not empty, no control characters, not huge).
-fn alias_name(s: &str) -> Result<String, String> {
+pub(crate) fn alias_name(s: &str) -> Result<String, String> {
     let t = s.trim();
     if t.is_empty() || t.len() > 256 || t.chars().any(char::is_control) {
         return Err("an alias is 1 to 256 printable characters".into());

@@ -108,11 +108,10 @@ impl TpsApp {
 
     /// Starts the API server over this window's engine, on the dashboard's port and key.
     pub(super) fn start_server(&mut self) -> Result<(), String> {
-        let key = Some(self.state.dash.server.api_key.trim().to_string()).filter(|k| !k.is_empty());
-        let port = self.state.dash.server.port;
+        let opts = self.state.dash.server.options()?;
         let mut server = std::mem::take(&mut self.rt.server);
         let r = match self.link() {
-            Some(b) => server.start(b, port, key),
+            Some(b) => server.start(b, opts),
             None => Err("the model is not loaded yet".into()),
         };
         self.rt.server = server;

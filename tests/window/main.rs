@@ -13,6 +13,8 @@
 //! - `gui_pages`: The window's pages driven by their labels (egui_kittest, AccessKit)
 //! - `gui_plan`: The dashboard's trade-off view, its speculation plots and the capacity planner,
 //!   driven by their labels (AccessKit) with egui_kittest
+//! - `gui_server`: The window's API server with aliases, CORS and a context size, set by their
+//!   labels over the real default model
 //! - `gui_tune`: The Tuner tab driven by its labels (AccessKit) with egui_kittest over the real
 //!   default model and engine
 //! - `chat_store`: The chat's saved state without a window
@@ -39,4 +41,5 @@ mod gui_kv;
 mod gui_models;
 mod gui_pages;
 mod gui_plan;
+mod gui_server;
 mod gui_tune;

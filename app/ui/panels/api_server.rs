@@ -2,7 +2,8 @@
 //! window's own engine, so chat, load generator and API clients are requests of one batch.
 //! Loopback only (a server for the world is `tpslab serve --host`). It follows the engine: when
 //! the engine restarts (another device or model) the server restarts on the new one; stopping
-//! it waits for its streams on a worker thread, never in the frame.
+//! it waits for its streams on a worker thread, never in the frame. Its options are `serve`'s
+//! that apply to a loopback server: port, API key, aliases, CORS origins, context size.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use crate::serve::{self, RunningServer, ServerState};
 use crate::ui::command::Command;
 use crate::ui::engine_link::EngineLink;
 
-/// What persists: the port (the key does not: secrets stay out of the saved state).
+/// What persists: the port, aliases, CORS origins and context size (the key does not: secrets
+/// stay out of the saved state).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ApiServerSettings {
@@ -22,6 +24,12 @@ pub struct ApiServerSettings {
     /// Bearer token clients must send (empty: none). Not saved.
     #[serde(skip)]
     pub api_key: String,
+    /// More names the model is listed and served under (`--alias`), comma separated.
+    pub aliases: String,
+    /// Web pages' origins allowed to call it (`--cors-origin`), comma separated.
+    pub cors_origins: String,
+    /// Tokens one request may hold, prompt and answer (`--ctx-size`); 0: the model's context.
+    pub ctx_size: usize,
 }
 
 impl Default for ApiServerSettings {
@@ -29,7 +37,45 @@ impl Default for ApiServerSettings {
         Self {
             port: 8080,
             api_key: String::new(),
+            aliases: String::new(),
+            cors_origins: String::new(),
+            ctx_size: 0,
         }
+    }
+}
+
+/// How the window's server runs: `tpslab serve`'s options that apply to a loopback server.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerOptions {
+    /// 0: any free port.
+    pub port: u16,
+    pub api_key: Option<String>,
+    pub aliases: Vec<String>,
+    pub cors_origins: Vec<String>,
+    pub ctx_size: Option<usize>,
+}
+
+impl ApiServerSettings {
+    /// The options these settings ask for; an alias `tpslab serve --alias` would refuse is
+    /// refused here with the same words.
+    pub fn options(&self) -> Result<ServerOptions, String> {
+        let list = |s: &str| -> Vec<String> {
+            (s.split(','))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let aliases = (list(&self.aliases).iter())
+            .map(|a| serve::alias_name(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ServerOptions {
+            port: self.port,
+            api_key: Some(self.api_key.trim().to_string()).filter(|k| !k.is_empty()),
+            aliases,
+            cors_origins: list(&self.cors_origins),
+            ctx_size: (self.ctx_size > 0).then_some(self.ctx_size),
+        })
     }
 }
 
@@ -37,7 +83,7 @@ struct Running {
     server: RunningServer,
     /// The engine it serves (to notice a restart).
     engine: EngineHandle,
-    api_key: Option<String>,
+    opts: ServerOptions,
     model_id: String,
 }
 
@@ -48,23 +94,25 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Starts serving `b`'s engine on 127.0.0.1:`port` (0: any free port).
-    pub fn start(
-        &mut self,
-        b: &EngineLink,
-        port: u16,
-        api_key: Option<String>,
-    ) -> Result<(), String> {
+    /// Starts serving `b`'s engine on 127.0.0.1:`opts.port` as `opts` says.
+    pub fn start(&mut self, b: &EngineLink, opts: ServerOptions) -> Result<(), String> {
         self.stop();
-        let state = ServerState::new(b.engine.clone(), Arc::clone(&b.lm), api_key.clone());
+        let mut state = ServerState::new(b.engine.clone(), Arc::clone(&b.lm), opts.api_key.clone());
+        state.listed_aliases = opts.aliases.clone();
+        state.browser = serve::browser::BrowserArgs {
+            cors_origins: opts.cors_origins.clone(),
+            allowed_hosts: Vec::new(),
+        }
+        .policy();
+        state.limits.ctx_size = opts.ctx_size;
         let model_id = state.model_id.clone();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = SocketAddr::from(([127, 0, 0, 1], opts.port));
         let server =
             serve::spawn(Arc::new(state), addr).map_err(|e| format!("API server: {e:#}"))?;
         self.running = Some(Running {
             server,
             engine: b.engine.clone(),
-            api_key,
+            opts,
             model_id,
         });
         Ok(())
@@ -88,8 +136,11 @@ impl ApiServer {
         match b {
             Some(b) if b.engine.same_engine(&r.engine) => Ok(()),
             Some(b) => {
-                let (port, key) = (r.server.addr.port(), r.api_key.clone());
-                self.start(b, port, key)
+                let opts = ServerOptions {
+                    port: r.server.addr.port(),
+                    ..r.opts.clone()
+                };
+                self.start(b, opts)
             }
             None => {
                 self.stop();
@@ -105,7 +156,7 @@ impl ApiServer {
                 "http://{}/v1 (model {}{})",
                 r.server.addr,
                 r.model_id,
-                if r.api_key.is_some() {
+                if r.opts.api_key.is_some() {
                     ", API key set"
                 } else {
                     ""
@@ -148,6 +199,17 @@ pub fn settings_ui(
             ui.end_row();
             let l = ui.label("API key (optional)");
             ui.add(egui::TextEdit::singleline(&mut s.api_key).password(true))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Aliases (comma separated)");
+            ui.text_edit_singleline(&mut s.aliases).labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("CORS origins (comma separated)");
+            ui.text_edit_singleline(&mut s.cors_origins)
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Context size (0: the model's)");
+            ui.add(egui::DragValue::new(&mut s.ctx_size).range(0..=1 << 24))
                 .labelled_by(l.id);
             ui.end_row();
         });
