@@ -40,3 +40,24 @@ pub fn window(
 pub fn has(h: &Harness<'static, TpsApp>, text: &str) -> bool {
     h.query_all_by_label_contains(text).next().is_some()
 }
+
+/// The window on the default model (CPU, one thread) with its Dashboard open, once the model
+/// has loaded (the first run may fetch it with pip); `edit` changes the saved state first.
+pub fn dashboard_on_default_model(edit: impl FnOnce(&mut AppState)) -> Harness<'static, TpsApp> {
+    let mut state = AppState {
+        tab: tpslab::ui::Tab::Dashboard,
+        ..AppState::default()
+    };
+    edit(&mut state);
+    let mut h = window(
+        state,
+        "default",
+        DeviceChoice::Cpu,
+        [1400.0, 1600.0],
+        |_| {},
+    );
+    crate::gui_wait::wait_until(&mut h, "the model to load", 600, |h| {
+        h.state().engine().is_some()
+    });
+    h
+}

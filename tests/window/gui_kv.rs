@@ -5,12 +5,11 @@
 use crate::gui_wait;
 use crate::gui_window;
 use gui_wait::wait_until;
-use gui_window::{has, window};
+use gui_window::{dashboard_on_default_model, has};
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::{NodeT, Queryable};
-use tpslab::ui::{AppState, Tab, TpsApp};
-use tpslab_engine::device::DeviceChoice;
+use tpslab::ui::TpsApp;
 use tpslab_engine::kv::{KvType, KvTypes};
 
 fn pick(h: &mut Harness<'static, TpsApp>, combo: &str, item: &str) {
@@ -27,21 +26,9 @@ fn pick(h: &mut Harness<'static, TpsApp>, combo: &str, item: &str) {
 
 #[test]
 fn kv_types_are_picked_measured_against_f16_and_applied_to_the_pool() {
-    let mut state = AppState {
-        tab: Tab::Dashboard,
-        ..AppState::default()
-    };
-    state.dash.load.prompt_len = 16;
-    state.dash.load.output_len = 8;
-    let mut h = window(
-        state,
-        "default",
-        DeviceChoice::Cpu,
-        [1400.0, 1600.0],
-        |_| {},
-    );
-    wait_until(&mut h, "the model to load", 600, |h| {
-        h.state().engine().is_some()
+    let mut h = dashboard_on_default_model(|s| {
+        s.dash.load.prompt_len = 16;
+        s.dash.load.output_len = 8;
     });
     wait_until(&mut h, "the engine's first stats", 30, |h| {
         h.state().engine().expect("engine").stats().kv_total_blocks > 0

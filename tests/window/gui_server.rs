@@ -6,14 +6,12 @@
 use crate::gui_wait;
 use crate::gui_window;
 use gui_wait::wait_until;
-use gui_window::{has, window};
+use gui_window::{dashboard_on_default_model, has};
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
 use egui_kittest::kittest::Queryable;
-use tpslab::ui::{AppState, Tab};
-use tpslab_engine::device::DeviceChoice;
 
 /// One HTTP/1.1 exchange: (status, the whole response with its headers).
 fn http(addr: &str, req: &str) -> (u16, String) {
@@ -49,21 +47,7 @@ fn the_window_serves_with_aliases_cors_and_a_context_size() {
         .expect("a free port")
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut state = AppState {
-        tab: Tab::Dashboard,
-        ..AppState::default()
-    };
-    state.dash.server.port = port;
-    let mut h = window(
-        state,
-        "default",
-        DeviceChoice::Cpu,
-        [1400.0, 1600.0],
-        |_| {},
-    );
-    wait_until(&mut h, "the model to load", 600, |h| {
-        h.state().engine().is_some()
-    });
+    let mut h = dashboard_on_default_model(|s| s.dash.server.port = port);
     // A control character is no alias (the text field drops typed ones; a saved state may
     // hold one): refused with serve's own words, nothing started.
     h.state_mut().state.dash.server.aliases = "bad\u{7}name".into();
