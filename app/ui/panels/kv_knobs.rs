@@ -86,11 +86,12 @@ pub fn capacity_text(kv: &KvSettings, cfg: &ModelConfig, request_tokens: usize) 
     )
 }
 
-/// The KV quality run: in flight, or its last result, with the types it measured.
+/// The KV quality run: in flight, or its last result as the line the panel shows (made once,
+/// on the worker, not every frame).
 #[derive(Default)]
 pub struct KvQuality {
-    task: Option<(KvTypes, Task<KlReport>)>,
-    last: Option<(KvTypes, Result<KlReport, String>)>,
+    task: Option<Task<String>>,
+    last: Option<Result<String, String>>,
 }
 
 impl KvQuality {
@@ -128,54 +129,30 @@ impl KvQuality {
                 Some(&cancel),
                 &mut progress,
             )
+            .map(|r| result_line(types, &r))
             .map_err(|e| e.to_string())
         })?;
-        self.task = Some((types, task));
+        self.task = Some(task);
         Ok(())
     }
 
     pub fn cancel(&mut self) {
-        if let Some((_, t)) = self.task.take() {
+        if let Some(t) = self.task.take() {
             t.cancel();
         }
     }
 
     /// Takes in the worker's news (each frame).
     pub fn poll(&mut self) {
-        if let Some((types, task)) = &mut self.task
-            && let Some(r) = task.poll()
-        {
-            self.last = Some((*types, r));
+        if let Some(r) = self.task.as_mut().and_then(Task::poll) {
+            self.last = Some(r);
             self.task = None;
         }
     }
 
-    pub fn running(&self) -> bool {
-        self.task.is_some()
-    }
-
-    /// The last result as a line: "q8_0 KV against f16 KV: perplexity 19.631 vs 19.756
-    /// (-0.63%), mean KL 0.00123, same top token 98.7% (bundled text, windows of 256)".
-    pub fn result_text(&self) -> Option<Result<String, String>> {
-        let (types, r) = self.last.as_ref()?;
-        Some(r.as_ref().map_err(Clone::clone).map(|r| {
-            format!(
-                "{types} KV against f16 KV: perplexity {:.3} vs {:.3} ({:+.2}%), mean KL \
-                 {:.5}, same top token {:.1}% ({BUNDLED_TEXT_NAME}, {} windows of {})",
-                r.ppl.value,
-                r.ppl_base.value,
-                100.0 * (r.ppl.value / r.ppl_base.value - 1.0),
-                r.kld.value,
-                100.0 * r.same_top.value,
-                r.windows,
-                r.ctx
-            )
-        }))
-    }
-
     /// The button (for the draft's types), the run's progress, the last result.
     pub fn ui(&self, ui: &mut egui::Ui, draft: KvTypes, loaded: bool, cmds: &mut Vec<Command>) {
-        if let Some((_, task)) = &self.task {
+        if let Some(task) = &self.task {
             task.progress_ui(ui, false, None);
             if ui.button("Cancel KV quality").clicked() {
                 cmds.push(Command::CancelKvQuality);
@@ -193,7 +170,7 @@ impl KvQuality {
         {
             cmds.push(Command::MeasureKvQuality(draft));
         }
-        match self.result_text() {
+        match &self.last {
             Some(Ok(text)) => {
                 ui.label(egui::RichText::new(text).small());
             }
@@ -203,4 +180,20 @@ impl KvQuality {
             None => {}
         }
     }
+}
+
+/// A quality run as a line: "q8_0 KV against f16 KV: perplexity 19.631 vs 19.756 (-0.63%),
+/// mean KL 0.00123, same top token 98.7% (bundled text, windows of 256)".
+fn result_line(types: KvTypes, r: &KlReport) -> String {
+    format!(
+        "{types} KV against f16 KV: perplexity {:.3} vs {:.3} ({:+.2}%), mean KL {:.5}, same \
+         top token {:.1}% ({BUNDLED_TEXT_NAME}, {} windows of {})",
+        r.ppl.value,
+        r.ppl_base.value,
+        100.0 * (r.ppl.value / r.ppl_base.value - 1.0),
+        r.kld.value,
+        100.0 * r.same_top.value,
+        r.windows,
+        r.ctx
+    )
 }
