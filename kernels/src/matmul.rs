@@ -24,21 +24,31 @@ pub enum Backend {
     /// AVX2 plus AVX-512 F/BW/VL/VNNI: integer dots by the EVEX `vpdpbusd` / `vpdpwssd`, with
     /// 32 vector registers for the tiles.
     Avx512Vnni,
+    /// [`Backend::Avx512Vnni`] with 512-bit tiles where a kernel has them (batches of packed
+    /// Q4_K): chosen where a zmm `vpdpbusd` runs at a ymm one's rate (Intel Xeons), not where it
+    /// is split in two (Zen 4). The same bits as every other backend.
+    Avx512Zmm,
 }
 
 impl Backend {
     /// Every backend, slowest first.
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 5] = [
         Backend::Portable,
         Backend::Avx2,
         Backend::AvxVnni,
         Backend::Avx512Vnni,
+        Backend::Avx512Zmm,
     ];
 
     /// The backend [`matmul`] uses: the fastest one this CPU supports, or the one named by
-    /// `TPSLAB_CPU_KERNELS` (`portable`, `avx2`, `avx-vnni`, `avx512-vnni`) when this CPU has
-    /// it (to compare paths in one binary). Checked once per process.
+    /// `TPSLAB_CPU_KERNELS` (`portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `avx512-zmm`) when
+    /// this CPU has it (to compare paths in one binary). Checked once per process; the 512-bit
+    /// tiles only where they run faster (`x86::wide::zmm_pays`, a millisecond's probe).
     pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        let zmm_pays = crate::x86::wide::zmm_pays;
+        #[cfg(not(target_arch = "x86_64"))]
+        let zmm_pays = || false;
         static BEST: OnceLock<Backend> = OnceLock::new();
         *BEST.get_or_init(|| {
             let forced = std::env::var("TPSLAB_CPU_KERNELS").ok();
@@ -48,7 +58,7 @@ impl Backend {
                 _ => Self::ALL
                     .into_iter()
                     .rev()
-                    .find(|b| b.is_available())
+                    .find(|b| b.is_available() && (*b != Self::Avx512Zmm || zmm_pays()))
                     .unwrap_or(Self::Portable),
             }
         })
@@ -61,6 +71,7 @@ impl Backend {
             Self::Avx2 => "avx2",
             Self::AvxVnni => "avx-vnni",
             Self::Avx512Vnni => "avx512-vnni",
+            Self::Avx512Zmm => "avx512-zmm",
         }
     }
 
@@ -89,7 +100,7 @@ impl Backend {
             Self::Portable => None,
             Self::Avx2 => Some(X86::Avx2),
             Self::AvxVnni => Some(X86::AvxVnni),
-            Self::Avx512Vnni => Some(X86::Avx512Vnni),
+            Self::Avx512Vnni | Self::Avx512Zmm => Some(X86::Avx512Vnni),
         }
     }
 
@@ -254,6 +265,7 @@ fn quantized_matmul(
                 k,
                 m,
                 acts,
+                wide: backend == Backend::Avx512Zmm,
                 y: yp,
             };
             // Runs of groups handed out as threads ask: a thread slowed by the machine takes

@@ -43,8 +43,10 @@ fn packed_matrices_give_the_bits_of_their_rows() {
                 data: &pk,
                 ..rows
             };
-            // Past 32 rows packed Q5_K, Q6_K, Q3_K and Q2_K are repacked into the batched panels.
-            for m in [1, 2, 3, 4, 5, 9, 10, 17, 33, 38] {
+            // Past 32 rows packed Q5_K, Q6_K, Q3_K and Q2_K are repacked into the batched panels;
+            // past 64 a group's scales are unpacked once for all its column tiles (Q4_K).
+            let more: &[usize] = if ty == WType::Q4K { &[70] } else { &[] };
+            for &m in [1, 2, 3, 4, 5, 9, 10, 17, 33, 38].iter().chain(more) {
                 let x = random_vec(&mut r, m * k, 1.0);
                 let mut want = vec![0f32; m * n];
                 matmul_with(Backend::Portable, &pools[0], &rows, &x, m, &mut want);
@@ -66,7 +68,9 @@ fn packed_matrices_give_the_bits_of_their_rows() {
 }
 
 /// Every byte of a packed block counts, in its own row: a byte changed in a field (d, dmin, a
-/// scale, a level or high bit) changes that row's output on every backend, and no other row's.
+/// scale, a level or high bit) changes that row's output on every backend, and no other row's,
+/// in decode (one activation row) and in a batch of two (the two-panel tiles: 16 rows a tile,
+/// 512-bit on `Backend::Avx512Zmm`), the changed block in either panel.
 #[test]
 fn a_changed_byte_of_a_packed_block_changes_its_row_only() {
     let mut r = rng(43);
@@ -75,9 +79,17 @@ fn a_changed_byte_of_a_packed_block_changes_its_row_only() {
         let (n, k) = (16, 256);
         let data = random_weights(&mut r, ty, n, k);
         let pk = packed::pack(ty, n, k, &data);
-        let x = random_vec(&mut r, k, 1.0);
+        let x1 = random_vec(&mut r, k, 1.0);
+        // The second activation row quantizes to the first's integers (a change that meets a
+        // zero of them changes neither), with its own scale.
+        let x2: Vec<f32> = x1.iter().map(|v| 2.0 * v).collect();
         let fields = packed::fields(ty).expect("a packed type");
-        for backend in Backend::ALL.into_iter().filter(|b| b.is_available()) {
+        for (backend, m, row) in Backend::ALL
+            .into_iter()
+            .filter(|b| b.is_available())
+            .flat_map(|b| [(b, 1, 5), (b, 2, 5), (b, 2, 13)])
+        {
+            let x: Vec<f32> = [&x1[..], &x2[..]].concat()[..m * k].to_vec();
             let run = |bytes: &[u8]| {
                 let w = QMatrix {
                     ty,
@@ -86,26 +98,28 @@ fn a_changed_byte_of_a_packed_block_changes_its_row_only() {
                     data: bytes,
                     layout: Layout::Rows8,
                 };
-                let mut y = vec![0f32; n];
-                matmul_with(backend, &pool, &w, &x, 1, &mut y);
+                let mut y = vec![0f32; m * n];
+                matmul_with(backend, &pool, &w, &x, m, &mut y);
                 y
             };
             let base = run(&pk);
             for fd in fields {
-                // Row 5 of the first panel: its unit in the middle of the field.
-                let row = 5;
+                // Row 5 of the first panel or of the second: its unit in the middle of the
+                // field.
                 let u = fd.len / fd.unit / 2;
-                let at = fd.packed + u * 8 * fd.unit + row * fd.unit;
+                let panel = pk.len() / 2;
+                let at = (row / 8) * panel + fd.packed + u * 8 * fd.unit + (row % 8) * fd.unit;
                 let mut bad = pk.clone();
                 // The low bits of a byte, so a 6-bit scale or a nibble changes too.
                 bad[at] ^= 0x03;
                 let y = run(&bad);
-                for j in 0..n {
-                    let changed = y[j].to_bits() != base[j].to_bits();
+                for (i, (y, base)) in y.iter().zip(&base).enumerate() {
+                    let (j, col) = (i % n, i / n);
+                    let changed = y.to_bits() != base.to_bits();
                     assert_eq!(
                         changed,
                         j == row,
-                        "{ty} {backend:?} field at {} row {j}",
+                        "{ty} {backend:?} m={m} field at {} row {j} of activation row {col}",
                         fd.at
                     );
                 }

@@ -13,6 +13,9 @@ pub(crate) struct GroupJob<'a> {
     pub k: usize,
     pub m: usize,
     pub acts: &'a quant::QActs,
+    /// Run the 512-bit tiles where a type has them (`x86::wide`; `Backend::Avx512Zmm`, on the
+    /// AVX-512 VNNI path only).
+    pub wide: bool,
     /// `y`, `m x n`; rows of different threads' groups are disjoint columns.
     pub y: crate::SendPtr<f32>,
 }

@@ -25,9 +25,11 @@
 //!   tiles' pair vectors (per tile, or once per group for large batches).
 //! - `packed_dots`: the matmul of matrices packed 8 rows at a time at load (`crate::packed`),
 //!   decode and batches.
+//! - `wide`: the batched packed-Q4_K tile on 512-bit vectors, and the probe that says whether
+//!   this CPU runs them faster than ymm (`Backend::Avx512Zmm`).
 //!
-//! Imports run one way: the dispatch over every kernel; `packed_dots` over `packed_fields` and
-//! the panels; `packed_fields` over `kblock`; `panel_k` over `k16`, and both over `kblock`;
+//! Imports run one way: the dispatch over every kernel; `packed_dots` over `wide`,
+//! `packed_fields` and the panels; `wide` over `packed_fields`, `kquant` and `panel32`; `packed_fields` over `kblock`; `panel_k` over `k16`, and both over `kblock`;
 //! the panels over `dots32`, `kquant` and `job`; nothing back up.
 
 use crate::WType;
@@ -46,6 +48,7 @@ pub(crate) mod packed_dots;
 pub(crate) mod packed_fields;
 pub(crate) mod panel32;
 pub(crate) mod panel_k;
+pub(crate) mod wide;
 
 use dots32::{C, DIRECT_ROWS, IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, R, block32, direct};
 use isa::{Dots, isa_entry};

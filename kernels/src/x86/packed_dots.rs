@@ -570,6 +570,13 @@ pub(crate) unsafe fn groups<D: Dots>(
             // panel at a time: two streams a thread ran at 28 instead of 46 GMAC/s (one thread,
             // Q4_K, `type_rates`).
             let two = D::PANELS == 2 && p + 1 < end && job.m > 1;
+            if two && job.wide && job.ty == WType::Q4K {
+                // SAFETY: `wide` is set on the AVX-512 VNNI path only (`Backend::Avx512Zmm`),
+                // whose CPU the caller promises; panel p + 1 is inside the matrix.
+                unsafe { crate::x86::wide::q4k_pair(job, p, pre) };
+                p += 2;
+                continue;
+            }
             let mut c0 = 0;
             while c0 < job.m {
                 let cc = tile_cols(job.m - c0, full);
