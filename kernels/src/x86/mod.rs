@@ -25,11 +25,13 @@
 //!   tiles' pair vectors (per tile, or once per group for large batches).
 //! - `packed_dots`: the matmul of matrices packed 8 rows at a time at load (`crate::packed`),
 //!   decode and batches.
-//! - `wide`: the batched packed-Q4_K tile on 512-bit vectors, and the probe that says whether
-//!   this CPU runs them faster than ymm (`Backend::Avx512Zmm`).
+//! - `wide`: the K-quants' batched tiles on 512-bit vectors, two panels a vector, and the probe
+//!   that says whether this CPU runs them faster than ymm (`Backend::Avx512Zmm`).
+//! - `wide32`: the same for the 32-element types.
 //!
 //! Imports run one way: the dispatch over every kernel; `packed_dots` over `wide`,
-//! `packed_fields` and the panels; `wide` over `packed_fields`, `kquant` and `panel32`; `packed_fields` over `kblock`; `panel_k` over `k16`, and both over `kblock`;
+//! `packed_fields` and the panels; `wide` and `wide32` over `packed_fields`, `kquant` and the panels (which call them past
+//! their own tiles); `packed_fields` over `kblock`; `panel_k` over `k16`, and both over `kblock`;
 //! the panels over `dots32`, `kquant` and `job`; nothing back up.
 
 use crate::WType;
@@ -49,6 +51,7 @@ pub(crate) mod packed_fields;
 pub(crate) mod panel32;
 pub(crate) mod panel_k;
 pub(crate) mod wide;
+pub(crate) mod wide32;
 
 use dots32::{C, DIRECT_ROWS, IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, R, block32, direct};
 use isa::{Dots, isa_entry};

@@ -369,6 +369,13 @@ unsafe fn groups32<D: Dots>(job: &GroupJob<'_>, g_lo: usize, g_hi: usize) {
                 panel,
                 pb,
             };
+            if two && job.wide {
+                // SAFETY: `wide` is set on the AVX-512 VNNI path only (`Backend::Avx512Zmm`),
+                // whose CPU the caller promises; panel p + 1 is inside the matrix.
+                unsafe { crate::x86::wide32::pair(job, src, p * PANEL_ROWS) };
+                p += 2;
+                continue;
+            }
             let mut c0 = 0;
             while c0 < job.m {
                 let cc = tile_cols(job.m - c0, full);

@@ -523,6 +523,13 @@ pub(crate) unsafe fn tiles<D: Dots>(job: &GroupJob<'_>, n: usize, j0: usize, pn:
     let mut p0 = 0;
     while p0 < PANELS && p0 * LANES < n {
         let two = D::PANELS == 2 && LANES < n;
+        if two && job.wide {
+            // SAFETY: `wide` is set on the AVX-512 VNNI path only (`Backend::Avx512Zmm`), whose
+            // CPU the caller promises; `pn` holds both panels of the group.
+            unsafe { crate::x86::wide::repacked_pair(job, pn, j0) };
+            p0 += 2;
+            continue;
+        }
         let mut c0 = 0;
         while c0 < job.m {
             let cc = tile_cols(job.m - c0, full);

@@ -1,14 +1,18 @@
-//! `x86::wide`: the batched Q4_K tile on 512-bit vectors, for the AVX-512 cores that run a zmm
-//! `vpdpbusd` at the rate of a ymm one (Intel Xeons with two 512-bit multiply-add units: twice
-//! the int8 multiply-adds a cycle; Zen 4 splits a zmm instruction in two, so it gains nothing
-//! there). [`zmm_pays`] measures which kind of core this is; `Backend::Avx512Zmm` runs it.
+//! `x86::wide`: the K-quants' batched tiles on 512-bit vectors, for the AVX-512 cores that run a
+//! zmm `vpdpbusd` at the rate of a ymm one (Intel Xeons with two 512-bit multiply-add units:
+//! twice the int8 multiply-adds a cycle; Zen 4 splits a zmm instruction in two, so it gains
+//! nothing there). [`zmm_pays`] measures which kind of core this is; `Backend::Avx512Zmm` runs
+//! them.
 //!
-//! Two 8-row panels of a packed Q4_K matrix (`crate::packed`) are one zmm's 16 lanes: each
-//! nibble vector is the two panels' 32-byte vectors joined, each scale pair vector and `d` /
-//! `dmin` the two panels' joined, and a `dpbusd` with the activation's 4 bytes broadcast adds
-//! to 16 rows at once. A tile is those 16 rows by up to [`COLS`] activation rows. The integer
-//! work per block and its float work are `x86::panel_k`'s (`k4_block`, `block_floats`) lane by
-//! lane, so every row has the bits of the ymm tiles, the in-place dots and the portable formula.
+//! Two 8-row panels are one zmm's 16 lanes: each level vector is the two panels' 32-byte
+//! vectors joined, each scale pair vector and `d` / `dmin` the two panels' joined, and a
+//! `dpbusd` with the activation's 4 bytes broadcast adds to 16 rows at once. A tile is those 16
+//! rows by up to [`COLS`] activation rows. The panels are a packed Q4_K matrix's
+//! (`crate::packed`, read in place: [`Packed4`]) or a group repacked by `x86::panel_k` or
+//! `x86::packed_dots` (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS: [`Repacked`]). The integer work per
+//! block and its float work are the ymm tiles' (`panel_k::k4_block`, `k16::k16_block`,
+//! `panel_k::block_floats`) lane by lane, so every row has the bits of the ymm tiles, the
+//! in-place dots and the portable formulas.
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -18,14 +22,15 @@ use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
 use crate::x86::isa::X86;
 use crate::x86::job::GroupJob;
-use crate::x86::kblock::vec_at;
+use crate::x86::kblock::{IQ4XS, Q2K, Q3K, Q4K, Q5K, Q6K, vec_at};
 use crate::x86::kquant::bsum_pairs;
 use crate::x86::packed_fields::{Scales, at, q4k_scales};
-use crate::x86::panel32::{LANES, store_lanes, tile_cols};
+use crate::x86::panel_k::{PANELS, PanelsK, QVECS_BYTES};
+use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols};
 
 /// Activation rows per tile: 3 x `COLS` accumulators (the block's dots, its integer sum and the
 /// float sums) and the loop's operands fill the 32 registers.
-const COLS: usize = 8;
+pub(crate) const COLS: usize = 8;
 
 /// Whether this CPU runs the wide tiles faster than the ymm ones: AVX-512 VNNI, and 16 chains
 /// of zmm `vpdpbusd` give at least 1.3 times the multiply-adds a second of 16 chains on ymm
@@ -80,11 +85,41 @@ unsafe fn probe(iters: u32) -> (f64, f64) {
     (ymm, t.elapsed().as_secs_f64())
 }
 
+/// `dpbusd_at!(acc, w, x)`: `acc` plus, per i32 lane, the four products of `w`'s bytes with
+/// the 4 activation bytes at `x` (`vpdpbusd` with the activation word broadcast from memory in
+/// the instruction: the compiler otherwise broadcasts a whole tile's words ahead into registers
+/// it then spills to the stack). In an unsafe block of a function compiled with AVX-512
+/// F/VNNI, with 4 bytes readable at `x`.
+macro_rules! dpbusd_at {
+    ($acc:expr, $w:expr, $x:expr) => {{
+        let mut acc: __m512i = $acc;
+        let w: __m512i = $w;
+        let x: *const i8 = $x;
+        // The instruction reads 4 bytes at `x` and writes `acc` only.
+        std::arch::asm!(
+            "vpdpbusd {acc}, {w}, dword ptr [{x}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            w = in(zmm_reg) w,
+            x = in(reg) x,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    }};
+}
+pub(crate) use dpbusd_at;
+
 /// Two ymm vectors as one zmm, `a` in the low lanes.
 #[inline(always)]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+pub(crate) unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
     // SAFETY: the caller runs with AVX-512 F.
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b) }
+}
+
+/// Two ymm float vectors as one zmm, `a` in the low lanes.
+#[inline(always)]
+pub(crate) unsafe fn join_ps(a: __m256, b: __m256) -> __m512 {
+    // SAFETY: the caller runs with AVX-512 F.
+    unsafe { _mm512_insertf32x8::<1>(_mm512_castps256_ps512(a), b) }
 }
 
 /// The 8 rows' f16 field at `a` and the next panel's at `b`, widened to 16 floats.
@@ -97,6 +132,138 @@ unsafe fn halves(a: *const u8, b: *const u8) -> __m512 {
     }
 }
 
+/// Two 8-row panels of K-quant blocks as a tile reads them.
+trait Pair: Copy {
+    /// The 16 rows' level bytes of block `b` at vector `v` of the panel layout (Q4_K: its
+    /// nibble vector, the high nibbles with `high`).
+    ///
+    /// # Safety
+    /// Block `b` is inside both panels; AVX-512 F/BW.
+    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i;
+    /// The 8 scale pair vectors of block `b` (`x86::panel_k`'s layout), the two panels joined.
+    ///
+    /// # Safety
+    /// As [`Pair::levels`].
+    unsafe fn pairs(self, b: usize) -> [__m512i; 8];
+    /// The 16 rows' `d` and `dmin` of block `b`.
+    ///
+    /// # Safety
+    /// As [`Pair::levels`].
+    unsafe fn floats(self, b: usize) -> (__m512, __m512);
+}
+
+/// Panels `p` and `p + 1` of a packed Q4_K matrix, read in place: blocks `pb` bytes apart from
+/// `base`, the second panel `panel` bytes on; `pre`, when given, the group's scale pairs.
+#[derive(Clone, Copy)]
+struct Packed4 {
+    base: *const u8,
+    panel: usize,
+    pb: usize,
+    p: usize,
+    pre: Option<Scales>,
+}
+
+impl Pair for Packed4 {
+    #[inline(always)]
+    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let q0 = self.base.add(b * self.pb + at::Q4K_QS);
+            let v = join(vec_at(q0, v), vec_at(q0.add(self.panel), v));
+            let v = if high { _mm512_srli_epi16::<4>(v) } else { v };
+            _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+        }
+    }
+    #[inline(always)]
+    unsafe fn pairs(self, b: usize) -> [__m512i; 8] {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let blk = self.base.add(b * self.pb);
+            let (s0, s1) = match self.pre {
+                Some(pre) => (
+                    std::ptr::read(pre.at(self.p, b).cast::<[__m256i; 8]>()),
+                    std::ptr::read(pre.at(self.p + 1, b).cast::<[__m256i; 8]>()),
+                ),
+                None => (q4k_scales(blk), q4k_scales(blk.add(self.panel))),
+            };
+            // No closures here: they would be compiled without the path's features and call
+            // every intrinsic out of line.
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (v, (a, b)) in v.iter_mut().zip(s0.into_iter().zip(s1)) {
+                *v = join(a, b);
+            }
+            v
+        }
+    }
+    #[inline(always)]
+    unsafe fn floats(self, b: usize) -> (__m512, __m512) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let blk = self.base.add(b * self.pb);
+            let (d, dmin) = (at::Q4K_D, at::Q4K_DMIN);
+            (
+                halves(blk.add(d), blk.add(self.panel + d)),
+                halves(blk.add(dmin), blk.add(self.panel + dmin)),
+            )
+        }
+    }
+}
+
+/// A group repacked into `x86::panel_k`'s panels (`qv` level vectors a panel block).
+#[derive(Clone, Copy)]
+struct Repacked<'a> {
+    pn: &'a PanelsK,
+    qv: usize,
+    nibbles: bool,
+}
+
+impl Pair for Repacked<'_> {
+    #[inline(always)]
+    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let q = self.pn.qs.as_ptr().add(b * PANELS * self.qv);
+            let w = join(*q.add(v), *q.add(self.qv + v));
+            if !self.nibbles {
+                return w;
+            }
+            let w = if high { _mm512_srli_epi16::<4>(w) } else { w };
+            _mm512_and_si512(w, _mm512_set1_epi8(0x0f))
+        }
+    }
+    #[inline(always)]
+    unsafe fn pairs(self, b: usize) -> [__m512i; 8] {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let s = self.pn.sm.as_ptr().add(b * PANELS * LANES);
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (t, v) in v.iter_mut().enumerate() {
+                *v = join(*s.add(t), *s.add(LANES + t));
+            }
+            v
+        }
+    }
+    #[inline(always)]
+    unsafe fn floats(self, b: usize) -> (__m512, __m512) {
+        // SAFETY: the caller's promise; both panels' rows are side by side.
+        unsafe {
+            (
+                _mm512_loadu_ps(self.pn.d.as_ptr().add(b * ROWS)),
+                _mm512_loadu_ps(self.pn.dmin.as_ptr().add(b * ROWS)),
+            )
+        }
+    }
+}
+
+/// Activation rows of the next tile when `rest` are left.
+pub(crate) fn cols(rest: usize) -> usize {
+    match rest {
+        r if r >= COLS => COLS,
+        r if r >= 4 => 4,
+        r => tile_cols(r, 2),
+    }
+}
+
 /// Panels `p` and `p + 1` of a packed Q4_K matrix by every activation row of `job`, a tile of
 /// up to [`COLS`] rows at a time; `pre`, when given, holds the group's scale pairs.
 ///
@@ -104,114 +271,202 @@ unsafe fn halves(a: *const u8, b: *const u8) -> __m512 {
 /// The CPU has AVX-512 F/BW/VL/VNNI; `job` is a packed Q4_K matmul with a panel `p + 1`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn q4k_pair(job: &GroupJob<'_>, p: usize, pre: Option<Scales>) {
+    let nb = job.k / QK_K;
+    let pb = PANEL_ROWS * WType::Q4K.type_size();
+    let panels = job.n.div_ceil(PANEL_ROWS);
+    assert!(job.ty == WType::Q4K && job.layout == crate::Layout::Rows8);
+    assert!(p + 2 <= panels && job.data.len() >= panels * nb * pb);
+    let src = Packed4 {
+        // SAFETY: panel p is inside the matrix (checked above).
+        base: unsafe { job.data.as_ptr().add(p * nb * pb) },
+        panel: nb * pb,
+        pb,
+        p,
+        pre,
+    };
     let mut c0 = 0;
     while c0 < job.m {
-        let cc = match job.m - c0 {
-            r if r >= COLS => COLS,
-            r if r >= 4 => 4,
-            r => tile_cols(r, 2),
-        };
-        // SAFETY: the caller's promise; c0 + cc <= m.
+        let cc = cols(job.m - c0);
+        // SAFETY: the caller's promise; the source holds both panels, c0 + cc <= m.
+        unsafe { dispatch::<Q4K>(job, src, p * PANEL_ROWS, c0, cc) };
+        c0 += cc;
+    }
+}
+
+/// The group of 16 weight rows from `j0` repacked in `pn` (both panels: `n - j0 > 8`) by every
+/// activation row of `job`, whose type (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS) `pn` holds.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `pn` holds the group, repacked for `job`'s type.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn repacked_pair(job: &GroupJob<'_>, pn: &PanelsK, j0: usize) {
+    let nb = job.k / QK_K;
+    let nibbles = job.ty == WType::Q4K;
+    let qv = if nibbles { QVECS_BYTES / 2 } else { QVECS_BYTES };
+    assert!(j0 + LANES < job.n);
+    assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
+    assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
+    let src = Repacked { pn, qv, nibbles };
+    let mut c0 = 0;
+    while c0 < job.m {
+        let cc = cols(job.m - c0);
+        // SAFETY: the caller's promise; `pn` holds both panels (checked above), c0 + cc <= m.
         unsafe {
-            match cc {
-                COLS => tile::<COLS>(job, p, c0, pre),
-                4 => tile::<4>(job, p, c0, pre),
-                2 => tile::<2>(job, p, c0, pre),
-                _ => tile::<1>(job, p, c0, pre),
+            match job.ty {
+                WType::Q4K => dispatch::<Q4K>(job, src, j0, c0, cc),
+                WType::Q5K => dispatch::<Q5K>(job, src, j0, c0, cc),
+                WType::IQ4XS => dispatch::<IQ4XS>(job, src, j0, c0, cc),
+                WType::Q3K => dispatch::<Q3K>(job, src, j0, c0, cc),
+                WType::Q2K => dispatch::<Q2K>(job, src, j0, c0, cc),
+                _ => dispatch::<Q6K>(job, src, j0, c0, cc),
             }
         }
         c0 += cc;
     }
 }
 
-/// Panels `p` and `p + 1` (16 weight rows) by activation rows `c0..c0 + CC`.
+/// [`tile`] for a run-time number of activation rows.
 #[inline(always)]
+unsafe fn dispatch<const T: u8>(job: &GroupJob<'_>, src: impl Pair, j0: usize, c0: usize, cc: usize) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        match cc {
+            COLS => tile::<T, COLS>(job, src, j0, c0),
+            4 => tile::<T, 4>(job, src, j0, c0),
+            2 => tile::<T, 2>(job, src, j0, c0),
+            _ => tile::<T, 1>(job, src, j0, c0),
+        }
+    }
+}
+
+/// The scale of sub-block `s` (32 elements: Q4_K, Q5_K unsigned, IQ4_XS signed; 16 elements:
+/// `k16::k16_scale`'s, Q6_K and Q3_K signed, Q2_K the low nibble of its byte) from the block's
+/// scale pair vectors: pair `s / 2`, its high half for odd `s`.
+#[inline(always)]
+unsafe fn scale<const T: u8>(pairs: &[__m512i; 8], s: usize) -> __m512i {
+    // SAFETY: AVX-512 F (the caller's promise).
+    unsafe {
+        let (pair, high) = (pairs[s / 2], s % 2 == 1);
+        match (T, high) {
+            (Q4K | Q5K, true) => _mm512_srli_epi32::<16>(pair),
+            (Q4K | Q5K, false) => _mm512_and_si512(pair, _mm512_set1_epi32(0xffff)),
+            (Q2K, true) => _mm512_and_si512(_mm512_srli_epi32::<16>(pair), _mm512_set1_epi32(15)),
+            (Q2K, false) => _mm512_and_si512(pair, _mm512_set1_epi32(15)),
+            (_, true) => _mm512_srai_epi32::<16>(pair),
+            (_, false) => _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+        }
+    }
+}
+
+/// Elements per sub-block of type `T`.
+const fn sub_len(t: u8) -> usize {
+    match t {
+        Q6K | Q3K | Q2K => 16,
+        _ => 32,
+    }
+}
+
+/// The 16 rows of `src` (from weight row `j0`) by activation rows `c0..c0 + CC`, type `T`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `src` holds the blocks of `job`'s matrix.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)]
 // The inner `unsafe` blocks keep their bounds notes under the whole-body one.
 #[allow(unused_unsafe)]
-unsafe fn tile<const CC: usize>(job: &GroupJob<'_>, p: usize, c0: usize, pre: Option<Scales>) {
-    // SAFETY: the caller runs with AVX-512 F/BW/VL/VNNI.
+unsafe fn tile<const T: u8, const CC: usize>(
+    job: &GroupJob<'_>,
+    src: impl Pair,
+    j0: usize,
+    c0: usize,
+) {
+    // SAFETY: the caller runs with AVX-512 F/BW/VL/VNNI; `src` holds the blocks.
     unsafe {
         let (k, n) = (job.k, job.n);
         let nb = k / QK_K;
-        let pb = PANEL_ROWS * WType::Q4K.type_size();
-        let panel = nb * pb;
         let acts = job.acts;
-        let panels = n.div_ceil(PANEL_ROWS);
-        assert!(job.ty == WType::Q4K && job.layout == crate::Layout::Rows8);
-        assert!(p + 2 <= panels && job.data.len() >= panels * panel && c0 + CC <= job.m);
+        assert!(c0 + CC <= job.m);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
         assert!(acts.bsums.len() >= (c0 + CC) * nb * 16);
-        let base = job.data.as_ptr().add(p * panel);
         let xq = acts.qs.as_ptr().add(c0 * k);
-        let m4 = _mm512_set1_epi8(0x0f);
-        let lo16 = _mm512_set1_epi32(0xffff);
+        let sub = sub_len(T);
         let mut acc = [_mm512_setzero_ps(); CC];
         for b in 0..nb {
-            // SAFETY: block b of both panels and of each activation row is in bounds (above).
+            // SAFETY: block b of the panels and of each activation row is in bounds (above).
             unsafe {
-                let (blk0, blk1) = (base.add(b * pb), base.add(panel + b * pb));
-                let (s0, s1) = match pre {
-                    Some(pre) => (
-                        std::ptr::read(pre.at(p, b).cast::<[__m256i; 8]>()),
-                        std::ptr::read(pre.at(p + 1, b).cast::<[__m256i; 8]>()),
-                    ),
-                    None => (q4k_scales(blk0), q4k_scales(blk1)),
-                };
-                // Vector t: the scale pairs (sc[2t], sc[2t + 1]) of the 16 rows; 4 + t the mins'.
-                let sm: [__m512i; 8] = std::array::from_fn(|t| join(s0[t], s1[t]));
-                let (q0, q1) = (blk0.add(at::Q4K_QS), blk1.add(at::Q4K_QS));
+                let pairs = src.pairs(b);
                 let mut isum = [_mm512_setzero_si512(); CC];
-                for s in 0..8 {
-                    let (t, high) = (s / 2, s % 2 == 1);
+                for s in 0..QK_K / sub {
                     let mut dot = [_mm512_setzero_si512(); CC];
-                    for step in 0..LANES {
-                        let v = join(vec_at(q0, LANES * t + step), vec_at(q1, LANES * t + step));
-                        let v = if high { _mm512_srli_epi16::<4>(v) } else { v };
-                        let w = _mm512_and_si512(v, m4);
+                    for st in 0..sub / 4 {
+                        // The level vector and the activation's elements of step st of
+                        // sub-block s, in the panels' layout (`x86::panel_k`).
+                        let (v, high, x_at) = match (sub, T) {
+                            (32, Q4K) => (LANES * (s / 2) + st, s % 2 == 1, 32 * s + 4 * st),
+                            (32, _) => (LANES * s + st, false, 32 * s + 4 * st),
+                            _ => {
+                                let step = 4 * (s % 2) + st;
+                                (LANES * (s / 2) + step, false, 32 * (s / 2) + 4 * step)
+                            }
+                        };
+                        let w = src.levels(b, v, high);
                         for c in 0..CC {
-                            let x = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
-                            let x = _mm512_set1_epi32(std::ptr::read_unaligned(x.cast::<i32>()));
-                            dot[c] = _mm512_dpbusd_epi32(dot[c], w, x);
+                            dot[c] = dpbusd_at!(dot[c], w, xq.add(c * k + b * QK_K + x_at));
                         }
                     }
-                    let sc = if high {
-                        _mm512_srli_epi32::<16>(sm[t])
-                    } else {
-                        _mm512_and_si512(sm[t], lo16)
-                    };
+                    let sc = scale::<T>(&pairs, s);
                     for c in 0..CC {
                         isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot[c], sc));
                     }
                 }
-                // `panel_k::block_floats`'s two FMAs, after `k4_block`'s mins against the
-                // activation's bsum pairs.
-                let dw = halves(blk0.add(at::Q4K_D), blk1.add(at::Q4K_D));
-                let mw = halves(blk0.add(at::Q4K_DMIN), blk1.add(at::Q4K_DMIN));
+                // The mins, offsets and flips against the activation's bsums (`k4_block`'s and
+                // `k16_block`'s), then `block_floats`'s FMAs.
+                let (dw, mw) = src.floats(b);
                 for c in 0..CC {
                     let dx = _mm512_set1_ps(*acts.d.as_ptr().add((c0 + c) * nb + b));
+                    let bsums = &acts.bsums[(c0 + c) * nb * 16 + b * 16..];
+                    let mut imin = _mm512_setzero_si512();
+                    if sub == 32 {
+                        // bp[t] = bsums[4t] + .. + bsums[4t + 3] as an i16 pair per t.
+                        let bp: [i32; 4] = std::mem::transmute(bsum_pairs(bsums));
+                        for (t, &x) in bp.iter().enumerate() {
+                            let x = _mm512_set1_epi32(x);
+                            imin = _mm512_add_epi32(imin, _mm512_madd_epi16(pairs[4 + t], x));
+                        }
+                    } else {
+                        let bs: [i32; 8] = std::ptr::read_unaligned(bsums.as_ptr().cast());
+                        for (t, &x) in bs.iter().enumerate() {
+                            let pair = if T == Q2K {
+                                let m = _mm512_set1_epi32(0x000f_000f);
+                                _mm512_and_si512(_mm512_srli_epi32::<4>(pairs[t]), m)
+                            } else {
+                                pairs[t]
+                            };
+                            let x = _mm512_set1_epi32(x);
+                            imin = _mm512_add_epi32(imin, _mm512_madd_epi16(pair, x));
+                        }
+                    }
+                    isum[c] = match T {
+                        IQ4XS => _mm512_sub_epi32(isum[c], _mm512_slli_epi32::<7>(imin)),
+                        Q6K => _mm512_sub_epi32(isum[c], _mm512_slli_epi32::<5>(imin)),
+                        Q3K => _mm512_sub_epi32(isum[c], _mm512_slli_epi32::<2>(imin)),
+                        _ => isum[c],
+                    };
                     acc[c] =
                         _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[c]), acc[c]);
-                    let bp = bsum_pairs(&acts.bsums[(c0 + c) * nb * 16 + b * 16..]);
-                    let bpw: [i32; 4] = std::mem::transmute(bp);
-                    let mut imin = _mm512_setzero_si512();
-                    for (t, &pair) in bpw.iter().enumerate() {
-                        imin = _mm512_add_epi32(
-                            imin,
-                            _mm512_madd_epi16(sm[4 + t], _mm512_set1_epi32(pair)),
+                    if T == Q4K || T == Q5K || T == Q2K {
+                        acc[c] = _mm512_fnmadd_ps(
+                            _mm512_mul_ps(mw, dx),
+                            _mm512_cvtepi32_ps(imin),
+                            acc[c],
                         );
                     }
-                    acc[c] = _mm512_fnmadd_ps(
-                        _mm512_mul_ps(mw, dx),
-                        _mm512_cvtepi32_ps(imin),
-                        acc[c],
-                    );
                 }
             }
         }
         for c in 0..CC {
             for half in 0..2 {
-                let row0 = (p + half) * PANEL_ROWS;
+                let row0 = j0 + half * LANES;
                 if row0 < n {
                     let v = if half == 0 {
                         _mm512_castps512_ps256(acc[c])
