@@ -29,10 +29,11 @@
 //!   that says whether this CPU runs them faster than ymm (`Backend::Avx512Zmm`).
 //! - `wide32`: the same for the 32-element types.
 //!
-//! Imports run one way: the dispatch over every kernel; `packed_dots` over `wide`,
-//! `packed_fields` and the panels; `wide` and `wide32` over `packed_fields`, `kquant` and the panels (which call them past
-//! their own tiles); `packed_fields` over `kblock`; `panel_k` over `k16`, and both over `kblock`;
-//! the panels over `dots32`, `kquant` and `job`; nothing back up.
+//! Imports run one way: the dispatch over every kernel; `packed_dots` over `wide32`, `wide`,
+//! `packed_fields` and the panels; `panel_k` over `wide`; `wide32` over `wide` and `panel32`;
+//! `wide` over `kquant`, `kblock` and `panel32`; `packed_fields` over `kblock`; `panel_k` over
+//! `k16`, and both over `kblock`; the panels over `dots32`, `kquant` and `job`; nothing back
+//! up.
 
 use crate::WType;
 use crate::quant::{self, ActRow};

@@ -31,6 +31,7 @@ use crate::x86::packed_fields::{
 };
 use crate::x86::panel_k::{PANELS, PanelsK, QVECS_BYTES, block_floats, fifth_bit, k4_block};
 use crate::x86::panel32::{LANES, ROWS, Source, store_lanes, tile_cols};
+use crate::x86::wide;
 
 /// IQ4_XS's integer part of one block for the `PP x CC` tile: per 32-element sub-block `s`, its
 /// 4 nibble vectors looked up in the grid (low nibbles elements `4 step..+4`, high ones
@@ -580,7 +581,7 @@ pub(crate) unsafe fn groups<D: Dots>(
             if two && job.wide && job.ty == WType::Q4K {
                 // SAFETY: `wide` is set on the AVX-512 VNNI path only (`Backend::Avx512Zmm`),
                 // whose CPU the caller promises; panel p + 1 is inside the matrix.
-                unsafe { crate::x86::wide::q4k_pair(job, p, pre) };
+                unsafe { q4k_pair(job, p, pre) };
                 p += 2;
                 continue;
             }
@@ -602,5 +603,91 @@ pub(crate) unsafe fn groups<D: Dots>(
             }
             p += if two { 2 } else { 1 };
         }
+    }
+}
+
+/// Panels `p` and `p + 1` of a packed Q4_K matrix, read in place: blocks `pb` bytes apart from
+/// `base`, the second panel `panel` bytes on; `pre`, when given, the group's scale pairs.
+#[derive(Clone, Copy)]
+struct Packed4 {
+    base: *const u8,
+    panel: usize,
+    pb: usize,
+    p: usize,
+    pre: Option<Scales>,
+}
+
+impl wide::Pair for Packed4 {
+    #[inline(always)]
+    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let q0 = self.base.add(b * self.pb + at::Q4K_QS);
+            let v = wide::join(vec_at(q0, v), vec_at(q0.add(self.panel), v));
+            let v = if high { _mm512_srli_epi16::<4>(v) } else { v };
+            _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+        }
+    }
+    #[inline(always)]
+    unsafe fn pairs(self, b: usize) -> [__m512i; 8] {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let blk = self.base.add(b * self.pb);
+            let (s0, s1) = match self.pre {
+                Some(pre) => (
+                    std::ptr::read(pre.at(self.p, b).cast::<[__m256i; 8]>()),
+                    std::ptr::read(pre.at(self.p + 1, b).cast::<[__m256i; 8]>()),
+                ),
+                None => (q4k_scales(blk), q4k_scales(blk.add(self.panel))),
+            };
+            // No closures here: they would be compiled without the path's features and call
+            // every intrinsic out of line.
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (v, (a, b)) in v.iter_mut().zip(s0.into_iter().zip(s1)) {
+                *v = wide::join(a, b);
+            }
+            v
+        }
+    }
+    #[inline(always)]
+    unsafe fn floats(self, b: usize) -> (__m512, __m512) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let blk = self.base.add(b * self.pb);
+            let (d, dmin) = (at::Q4K_D, at::Q4K_DMIN);
+            (
+                wide::halves(blk.add(d), blk.add(self.panel + d)),
+                wide::halves(blk.add(dmin), blk.add(self.panel + dmin)),
+            )
+        }
+    }
+}
+
+/// Panels `p` and `p + 1` of a packed Q4_K matrix by every activation row of `job`, a tile of
+/// up to `wide::COLS` rows at a time; `pre`, when given, holds the group's scale pairs.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `job` is a packed Q4_K matmul with a panel `p + 1`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q4k_pair(job: &GroupJob<'_>, p: usize, pre: Option<Scales>) {
+    let nb = job.k / QK_K;
+    let pb = PANEL_ROWS * WType::Q4K.type_size();
+    let panels = job.n.div_ceil(PANEL_ROWS);
+    assert!(job.ty == WType::Q4K && job.layout == crate::Layout::Rows8);
+    assert!(p + 2 <= panels && job.data.len() >= panels * nb * pb);
+    let src = Packed4 {
+        // SAFETY: panel p is inside the matrix (checked above).
+        base: unsafe { job.data.as_ptr().add(p * nb * pb) },
+        panel: nb * pb,
+        pb,
+        p,
+        pre,
+    };
+    let mut c0 = 0;
+    while c0 < job.m {
+        let cc = wide::cols(job.m - c0);
+        // SAFETY: the caller's promise; the source holds both panels, c0 + cc <= m.
+        unsafe { wide::dispatch::<Q4K>(job, src, p * PANEL_ROWS, c0, cc) };
+        c0 += cc;
     }
 }

@@ -334,12 +334,6 @@ pub(crate) unsafe fn groups<D: Dots>(
         let j0 = g * ROWS;
         // SAFETY: the caller runs on a CPU with `D`'s features.
         unsafe { repack::<D>(job.ty, job.data, job.n, job.k, j0, pn) };
-        if job.wide && D::PANELS == 2 && j0 + LANES < job.n {
-            // SAFETY: `wide` is set on the AVX-512 VNNI path only (`Backend::Avx512Zmm`), whose
-            // CPU the caller promises; `pn` holds both panels.
-            unsafe { crate::x86::wide32::pair(job, Repacked { pn, p0: 0 }, j0) };
-            continue;
-        }
         let mut p0 = 0;
         while p0 < PANELS && j0 + p0 * LANES < job.n {
             let mut c0 = 0;

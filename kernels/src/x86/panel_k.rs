@@ -34,6 +34,7 @@ use crate::x86::k16::k16_block;
 use crate::x86::kblock::{Block, IQ4XS, Q2K, Q3K, Q4K, Q5K, Q5K_QH_GAP, Q5KP, Q6K, vec_at};
 use crate::x86::kquant::{bsum_pairs, hi_bit, mins_and_scales};
 use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
+use crate::x86::wide;
 
 pub(crate) const PANELS: usize = ROWS / LANES;
 /// Level vectors of one block of one panel: Q4_K 4 pairs of sub-blocks x 8 steps of nibbles,
@@ -526,7 +527,7 @@ pub(crate) unsafe fn tiles<D: Dots>(job: &GroupJob<'_>, n: usize, j0: usize, pn:
         if two && job.wide {
             // SAFETY: `wide` is set on the AVX-512 VNNI path only (`Backend::Avx512Zmm`), whose
             // CPU the caller promises; `pn` holds both panels of the group.
-            unsafe { crate::x86::wide::repacked_pair(job, pn, j0) };
+            unsafe { repacked_pair(job, pn, j0) };
             p0 += 2;
             continue;
         }
@@ -573,5 +574,83 @@ unsafe fn dispatch<D: Dots, const T: u8>(
             (false, 2) => tile::<D, T, 1, 2>(job, pn, j0, p0, c0),
             (false, _) => tile::<D, T, 1, 1>(job, pn, j0, p0, c0),
         }
+    }
+}
+
+/// A group repacked into these panels, as `x86::wide`'s tiles read it (`qv` level vectors a panel block).
+#[derive(Clone, Copy)]
+struct Repacked<'a> {
+    pn: &'a PanelsK,
+    qv: usize,
+    nibbles: bool,
+}
+
+impl wide::Pair for Repacked<'_> {
+    #[inline(always)]
+    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let q = self.pn.qs.as_ptr().add(b * PANELS * self.qv);
+            let w = wide::join(*q.add(v), *q.add(self.qv + v));
+            if !self.nibbles {
+                return w;
+            }
+            let w = if high { _mm512_srli_epi16::<4>(w) } else { w };
+            _mm512_and_si512(w, _mm512_set1_epi8(0x0f))
+        }
+    }
+    #[inline(always)]
+    unsafe fn pairs(self, b: usize) -> [__m512i; 8] {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let s = self.pn.sm.as_ptr().add(b * PANELS * LANES);
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (t, v) in v.iter_mut().enumerate() {
+                *v = wide::join(*s.add(t), *s.add(LANES + t));
+            }
+            v
+        }
+    }
+    #[inline(always)]
+    unsafe fn floats(self, b: usize) -> (__m512, __m512) {
+        // SAFETY: the caller's promise; both panels' rows are side by side.
+        unsafe {
+            (
+                _mm512_loadu_ps(self.pn.d.as_ptr().add(b * ROWS)),
+                _mm512_loadu_ps(self.pn.dmin.as_ptr().add(b * ROWS)),
+            )
+        }
+    }
+}
+
+/// The group of 16 weight rows from `j0` repacked in `pn` (both panels: `n - j0 > 8`) by every
+/// activation row of `job`, whose type (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS) `pn` holds.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `pn` holds the group, repacked for `job`'s type.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn repacked_pair(job: &GroupJob<'_>, pn: &PanelsK, j0: usize) {
+    let nb = job.k / QK_K;
+    let nibbles = job.ty == WType::Q4K;
+    let qv = if nibbles { QVECS_BYTES / 2 } else { QVECS_BYTES };
+    assert!(j0 + LANES < job.n);
+    assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
+    assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
+    let src = Repacked { pn, qv, nibbles };
+    let mut c0 = 0;
+    while c0 < job.m {
+        let cc = wide::cols(job.m - c0);
+        // SAFETY: the caller's promise; `pn` holds both panels (checked above), c0 + cc <= m.
+        unsafe {
+            match job.ty {
+                WType::Q4K => wide::dispatch::<Q4K>(job, src, j0, c0, cc),
+                WType::Q5K => wide::dispatch::<Q5K>(job, src, j0, c0, cc),
+                WType::IQ4XS => wide::dispatch::<IQ4XS>(job, src, j0, c0, cc),
+                WType::Q3K => wide::dispatch::<Q3K>(job, src, j0, c0, cc),
+                WType::Q2K => wide::dispatch::<Q2K>(job, src, j0, c0, cc),
+                _ => wide::dispatch::<Q6K>(job, src, j0, c0, cc),
+            }
+        }
+        c0 += cc;
     }
 }

@@ -7,9 +7,9 @@
 //! Two 8-row panels are one zmm's 16 lanes: each level vector is the two panels' 32-byte
 //! vectors joined, each scale pair vector and `d` / `dmin` the two panels' joined, and a
 //! `dpbusd` with the activation's 4 bytes broadcast adds to 16 rows at once. A tile is those 16
-//! rows by up to [`COLS`] activation rows. The panels are a packed Q4_K matrix's
-//! (`crate::packed`, read in place: [`Packed4`]) or a group repacked by `x86::panel_k` or
-//! `x86::packed_dots` (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS: [`Repacked`]). The integer work per
+//! rows by up to [`COLS`] activation rows, run by [`dispatch`] over a [`Pair`] of panels: a
+//! packed Q4_K matrix's, read in place (`x86::packed_dots`), or a group repacked by
+//! `x86::panel_k` (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS). The integer work per
 //! block and its float work are the ymm tiles' (`panel_k::k4_block`, `k16::k16_block`,
 //! `panel_k::block_floats`) lane by lane, so every row has the bits of the ymm tiles, the
 //! in-place dots and the portable formulas.
@@ -17,16 +17,12 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use crate::WType;
-use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
 use crate::x86::isa::X86;
 use crate::x86::job::GroupJob;
-use crate::x86::kblock::{IQ4XS, Q2K, Q3K, Q4K, Q5K, Q6K, vec_at};
+use crate::x86::kblock::{IQ4XS, Q2K, Q3K, Q4K, Q5K, Q6K};
 use crate::x86::kquant::bsum_pairs;
-use crate::x86::packed_fields::{Scales, at, q4k_scales};
-use crate::x86::panel_k::{PANELS, PanelsK, QVECS_BYTES};
-use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols};
+use crate::x86::panel32::{LANES, store_lanes, tile_cols};
 
 /// Activation rows per tile: 3 x `COLS` accumulators (the block's dots, its integer sum and the
 /// float sums) and the loop's operands fill the 32 registers.
@@ -124,7 +120,7 @@ pub(crate) unsafe fn join_ps(a: __m256, b: __m256) -> __m512 {
 
 /// The 8 rows' f16 field at `a` and the next panel's at `b`, widened to 16 floats.
 #[inline(always)]
-unsafe fn halves(a: *const u8, b: *const u8) -> __m512 {
+pub(crate) unsafe fn halves(a: *const u8, b: *const u8) -> __m512 {
     // SAFETY: the caller's promise: 16 bytes readable at each, AVX-512 F.
     unsafe {
         let (lo, hi) = (_mm_loadu_si128(a.cast()), _mm_loadu_si128(b.cast()));
@@ -132,8 +128,8 @@ unsafe fn halves(a: *const u8, b: *const u8) -> __m512 {
     }
 }
 
-/// Two 8-row panels of K-quant blocks as a tile reads them.
-trait Pair: Copy {
+/// Two 8-row panels of K-quant blocks as a tile reads them (the panels' owners implement it).
+pub(crate) trait Pair: Copy {
     /// The 16 rows' level bytes of block `b` at vector `v` of the panel layout (Q4_K: its
     /// nibble vector, the high nibbles with `high`).
     ///
@@ -151,110 +147,6 @@ trait Pair: Copy {
     /// As [`Pair::levels`].
     unsafe fn floats(self, b: usize) -> (__m512, __m512);
 }
-
-/// Panels `p` and `p + 1` of a packed Q4_K matrix, read in place: blocks `pb` bytes apart from
-/// `base`, the second panel `panel` bytes on; `pre`, when given, the group's scale pairs.
-#[derive(Clone, Copy)]
-struct Packed4 {
-    base: *const u8,
-    panel: usize,
-    pb: usize,
-    p: usize,
-    pre: Option<Scales>,
-}
-
-impl Pair for Packed4 {
-    #[inline(always)]
-    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
-        // SAFETY: the caller's promise.
-        unsafe {
-            let q0 = self.base.add(b * self.pb + at::Q4K_QS);
-            let v = join(vec_at(q0, v), vec_at(q0.add(self.panel), v));
-            let v = if high { _mm512_srli_epi16::<4>(v) } else { v };
-            _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
-        }
-    }
-    #[inline(always)]
-    unsafe fn pairs(self, b: usize) -> [__m512i; 8] {
-        // SAFETY: the caller's promise.
-        unsafe {
-            let blk = self.base.add(b * self.pb);
-            let (s0, s1) = match self.pre {
-                Some(pre) => (
-                    std::ptr::read(pre.at(self.p, b).cast::<[__m256i; 8]>()),
-                    std::ptr::read(pre.at(self.p + 1, b).cast::<[__m256i; 8]>()),
-                ),
-                None => (q4k_scales(blk), q4k_scales(blk.add(self.panel))),
-            };
-            // No closures here: they would be compiled without the path's features and call
-            // every intrinsic out of line.
-            let mut v = [_mm512_setzero_si512(); 8];
-            for (v, (a, b)) in v.iter_mut().zip(s0.into_iter().zip(s1)) {
-                *v = join(a, b);
-            }
-            v
-        }
-    }
-    #[inline(always)]
-    unsafe fn floats(self, b: usize) -> (__m512, __m512) {
-        // SAFETY: the caller's promise.
-        unsafe {
-            let blk = self.base.add(b * self.pb);
-            let (d, dmin) = (at::Q4K_D, at::Q4K_DMIN);
-            (
-                halves(blk.add(d), blk.add(self.panel + d)),
-                halves(blk.add(dmin), blk.add(self.panel + dmin)),
-            )
-        }
-    }
-}
-
-/// A group repacked into `x86::panel_k`'s panels (`qv` level vectors a panel block).
-#[derive(Clone, Copy)]
-struct Repacked<'a> {
-    pn: &'a PanelsK,
-    qv: usize,
-    nibbles: bool,
-}
-
-impl Pair for Repacked<'_> {
-    #[inline(always)]
-    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
-        // SAFETY: the caller's promise.
-        unsafe {
-            let q = self.pn.qs.as_ptr().add(b * PANELS * self.qv);
-            let w = join(*q.add(v), *q.add(self.qv + v));
-            if !self.nibbles {
-                return w;
-            }
-            let w = if high { _mm512_srli_epi16::<4>(w) } else { w };
-            _mm512_and_si512(w, _mm512_set1_epi8(0x0f))
-        }
-    }
-    #[inline(always)]
-    unsafe fn pairs(self, b: usize) -> [__m512i; 8] {
-        // SAFETY: the caller's promise.
-        unsafe {
-            let s = self.pn.sm.as_ptr().add(b * PANELS * LANES);
-            let mut v = [_mm512_setzero_si512(); 8];
-            for (t, v) in v.iter_mut().enumerate() {
-                *v = join(*s.add(t), *s.add(LANES + t));
-            }
-            v
-        }
-    }
-    #[inline(always)]
-    unsafe fn floats(self, b: usize) -> (__m512, __m512) {
-        // SAFETY: the caller's promise; both panels' rows are side by side.
-        unsafe {
-            (
-                _mm512_loadu_ps(self.pn.d.as_ptr().add(b * ROWS)),
-                _mm512_loadu_ps(self.pn.dmin.as_ptr().add(b * ROWS)),
-            )
-        }
-    }
-}
-
 /// Activation rows of the next tile when `rest` are left.
 pub(crate) fn cols(rest: usize) -> usize {
     match rest {
@@ -263,71 +155,9 @@ pub(crate) fn cols(rest: usize) -> usize {
         r => tile_cols(r, 2),
     }
 }
-
-/// Panels `p` and `p + 1` of a packed Q4_K matrix by every activation row of `job`, a tile of
-/// up to [`COLS`] rows at a time; `pre`, when given, holds the group's scale pairs.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI; `job` is a packed Q4_K matmul with a panel `p + 1`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4k_pair(job: &GroupJob<'_>, p: usize, pre: Option<Scales>) {
-    let nb = job.k / QK_K;
-    let pb = PANEL_ROWS * WType::Q4K.type_size();
-    let panels = job.n.div_ceil(PANEL_ROWS);
-    assert!(job.ty == WType::Q4K && job.layout == crate::Layout::Rows8);
-    assert!(p + 2 <= panels && job.data.len() >= panels * nb * pb);
-    let src = Packed4 {
-        // SAFETY: panel p is inside the matrix (checked above).
-        base: unsafe { job.data.as_ptr().add(p * nb * pb) },
-        panel: nb * pb,
-        pb,
-        p,
-        pre,
-    };
-    let mut c0 = 0;
-    while c0 < job.m {
-        let cc = cols(job.m - c0);
-        // SAFETY: the caller's promise; the source holds both panels, c0 + cc <= m.
-        unsafe { dispatch::<Q4K>(job, src, p * PANEL_ROWS, c0, cc) };
-        c0 += cc;
-    }
-}
-
-/// The group of 16 weight rows from `j0` repacked in `pn` (both panels: `n - j0 > 8`) by every
-/// activation row of `job`, whose type (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS) `pn` holds.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI; `pn` holds the group, repacked for `job`'s type.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn repacked_pair(job: &GroupJob<'_>, pn: &PanelsK, j0: usize) {
-    let nb = job.k / QK_K;
-    let nibbles = job.ty == WType::Q4K;
-    let qv = if nibbles { QVECS_BYTES / 2 } else { QVECS_BYTES };
-    assert!(j0 + LANES < job.n);
-    assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
-    assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
-    let src = Repacked { pn, qv, nibbles };
-    let mut c0 = 0;
-    while c0 < job.m {
-        let cc = cols(job.m - c0);
-        // SAFETY: the caller's promise; `pn` holds both panels (checked above), c0 + cc <= m.
-        unsafe {
-            match job.ty {
-                WType::Q4K => dispatch::<Q4K>(job, src, j0, c0, cc),
-                WType::Q5K => dispatch::<Q5K>(job, src, j0, c0, cc),
-                WType::IQ4XS => dispatch::<IQ4XS>(job, src, j0, c0, cc),
-                WType::Q3K => dispatch::<Q3K>(job, src, j0, c0, cc),
-                WType::Q2K => dispatch::<Q2K>(job, src, j0, c0, cc),
-                _ => dispatch::<Q6K>(job, src, j0, c0, cc),
-            }
-        }
-        c0 += cc;
-    }
-}
-
 /// [`tile`] for a run-time number of activation rows.
 #[inline(always)]
-unsafe fn dispatch<const T: u8>(job: &GroupJob<'_>, src: impl Pair, j0: usize, c0: usize, cc: usize) {
+pub(crate) unsafe fn dispatch<const T: u8>(job: &GroupJob<'_>, src: impl Pair, j0: usize, c0: usize, cc: usize) {
     // SAFETY: the caller's promise.
     unsafe {
         match cc {

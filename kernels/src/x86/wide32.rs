@@ -1,7 +1,7 @@
 //! `x86::wide32`: the 32-element block types' batched tile (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1,
 //! IQ4_NL) on 512-bit vectors, where `x86::wide::zmm_pays` (`Backend::Avx512Zmm`): two 8-row
-//! panels of `x86::panel32`'s tile (a packed matrix's, or a group repacked from ggml rows) are
-//! one zmm's 16 lanes. Each step's level vector is the two panels' (`panel32::Source`'s, the
+//! panels of a packed matrix (`x86::packed_dots`; matrices kept in ggml rows stay on
+//! `x86::panel32`'s ymm tile) are one zmm's 16 lanes. Each step's level vector is the two panels' (`panel32::Source`'s, the
 //! same unpack) joined; the offsets, the float work and the mins are `panel32::tile`'s on the
 //! AVX-512 VNNI path lane by lane, so every row keeps its bits.
 
