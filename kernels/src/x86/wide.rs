@@ -104,6 +104,22 @@ macro_rules! dpbusd_at {
 }
 pub(crate) use dpbusd_at;
 
+/// A tile's 16 lanes `v` as columns `row0..row0 + 16` (those below `n`) of output row `row`.
+///
+/// # Safety
+/// AVX-512 F; `row < job.m`, `row0 < job.n`, and no other thread writes these columns.
+#[inline(always)]
+pub(crate) unsafe fn store16(job: &GroupJob<'_>, row: usize, row0: usize, v: __m512) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        store_lanes(job, row, row0, _mm512_castps512_ps256(v));
+        if row0 + LANES < job.n {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            store_lanes(job, row, row0 + LANES, hi);
+        }
+    }
+}
+
 /// Two ymm vectors as one zmm, `a` in the low lanes.
 #[inline(always)]
 pub(crate) unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
@@ -212,7 +228,7 @@ unsafe fn tile<const T: u8, const CC: usize>(
 ) {
     // SAFETY: the caller runs with AVX-512 F/BW/VL/VNNI; `src` holds the blocks.
     unsafe {
-        let (k, n) = (job.k, job.n);
+        let k = job.k;
         let nb = k / QK_K;
         let acts = job.acts;
         assert!(c0 + CC <= job.m);
@@ -295,18 +311,8 @@ unsafe fn tile<const T: u8, const CC: usize>(
             }
         }
         for c in 0..CC {
-            for half in 0..2 {
-                let row0 = j0 + half * LANES;
-                if row0 < n {
-                    let v = if half == 0 {
-                        _mm512_castps512_ps256(acc[c])
-                    } else {
-                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[c])))
-                    };
-                    // SAFETY: only this thread's group writes these columns.
-                    unsafe { store_lanes(job, c0 + c, row0, v) };
-                }
-            }
+            // SAFETY: only this thread's group writes these columns.
+            unsafe { store16(job, c0 + c, j0, acc[c]) };
         }
     }
 }

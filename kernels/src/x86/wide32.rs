@@ -11,8 +11,8 @@ use crate::quant::QK8;
 use crate::x86::dots32::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, level_offset, signed_levels};
 use crate::x86::isa::Avx512Vnni;
 use crate::x86::job::GroupJob;
-use crate::x86::panel32::{LANES, Source, store_lanes};
-use crate::x86::wide::{COLS, cols, dpbusd_at, join, join_ps};
+use crate::x86::panel32::{LANES, Source};
+use crate::x86::wide::{COLS, cols, dpbusd_at, join, join_ps, store16};
 
 /// The 16 weight rows of `src`'s panels 0 and 1 (from row `j0`, both inside the matrix) by every
 /// activation row of `job`, a 32-element type's.
@@ -66,7 +66,7 @@ unsafe fn tile<const T: u8, const CC: usize>(
 ) {
     // SAFETY: the caller runs with AVX-512 F/BW/VL/VNNI; `src` holds both panels.
     unsafe {
-        let (k, n) = (job.k, job.n);
+        let k = job.k;
         let nb = k / QK8;
         let acts = job.acts;
         // `panel32::tile`'s on a VNNI path: the levels' offset (Q4_0 8, Q5_0 16, flipped signed
@@ -127,18 +127,8 @@ unsafe fn tile<const T: u8, const CC: usize>(
                 }
                 v = _mm512_add_ps(v, s);
             }
-            for half in 0..2 {
-                let row0 = j0 + half * LANES;
-                if row0 < n {
-                    let v = if half == 0 {
-                        _mm512_castps512_ps256(v)
-                    } else {
-                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-                    };
-                    // SAFETY: only this thread's group writes these columns.
-                    unsafe { store_lanes(job, c0 + c, row0, v) };
-                }
-            }
+            // SAFETY: only this thread's group writes these columns.
+            unsafe { store16(job, c0 + c, j0, v) };
         }
     }
 }
