@@ -632,7 +632,11 @@ impl wide::Pair for Repacked<'_> {
 pub(crate) unsafe fn repacked_pair(job: &GroupJob<'_>, pn: &PanelsK, j0: usize) {
     let nb = job.k / QK_K;
     let nibbles = job.ty == WType::Q4K;
-    let qv = if nibbles { QVECS_BYTES / 2 } else { QVECS_BYTES };
+    let qv = if nibbles {
+        QVECS_BYTES / 2
+    } else {
+        QVECS_BYTES
+    };
     assert!(j0 + LANES < job.n);
     assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
     assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);

@@ -173,7 +173,13 @@ pub(crate) fn cols(rest: usize) -> usize {
 }
 /// [`tile`] for a run-time number of activation rows.
 #[inline(always)]
-pub(crate) unsafe fn dispatch<const T: u8>(job: &GroupJob<'_>, src: impl Pair, j0: usize, c0: usize, cc: usize) {
+pub(crate) unsafe fn dispatch<const T: u8>(
+    job: &GroupJob<'_>,
+    src: impl Pair,
+    j0: usize,
+    c0: usize,
+    cc: usize,
+) {
     // SAFETY: the caller's promise.
     unsafe {
         match cc {

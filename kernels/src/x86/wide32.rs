@@ -8,7 +8,9 @@
 use std::arch::x86_64::*;
 
 use crate::quant::QK8;
-use crate::x86::dots32::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, level_offset, signed_levels};
+use crate::x86::dots32::{
+    IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, level_offset, signed_levels,
+};
 use crate::x86::isa::Avx512Vnni;
 use crate::x86::job::GroupJob;
 use crate::x86::panel32::{LANES, Source};
@@ -106,7 +108,8 @@ unsafe fn tile<const T: u8, const CC: usize>(
                     } else {
                         dot[c]
                     };
-                    acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[c]);
+                    acc[c] =
+                        _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[c]);
                 }
             }
         }
