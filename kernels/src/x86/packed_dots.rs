@@ -619,7 +619,7 @@ struct Packed4 {
 
 impl wide::Pair for Packed4 {
     #[inline(always)]
-    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
+    unsafe fn levels<const T: u8>(self, b: usize, v: usize, high: bool) -> __m512i {
         // SAFETY: the caller's promise.
         unsafe {
             let q0 = self.base.add(b * self.pb + at::Q4K_QS);

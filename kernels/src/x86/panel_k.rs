@@ -199,7 +199,7 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
         let nb = k / QK_K;
         let acts = job.acts;
         assert!(p0 + PP <= PANELS && c0 + CC <= job.m);
-        let qv = if T == Q4K { QVECS_Q4K } else { QVECS_BYTES };
+        let qv = qvecs(T);
         assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
         assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
         assert!(acts.qs.len() >= (c0 + CC) * k && acts.d.len() >= (c0 + CC) * nb);
@@ -577,22 +577,26 @@ unsafe fn dispatch<D: Dots, const T: u8>(
     }
 }
 
-/// A group repacked into these panels, as `x86::wide`'s tiles read it (`qv` level vectors a panel block).
+/// Level vectors of one block of one panel of type `T` (Q4_K nibbles, or bytes).
+const fn qvecs(t: u8) -> usize {
+    if t == Q4K { QVECS_Q4K } else { QVECS_BYTES }
+}
+
+/// A group repacked into these panels, as `x86::wide`'s tiles read it.
 #[derive(Clone, Copy)]
 struct Repacked<'a> {
     pn: &'a PanelsK,
-    qv: usize,
-    nibbles: bool,
 }
 
 impl wide::Pair for Repacked<'_> {
     #[inline(always)]
-    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i {
+    unsafe fn levels<const T: u8>(self, b: usize, v: usize, high: bool) -> __m512i {
         // SAFETY: the caller's promise.
         unsafe {
-            let q = self.pn.qs.as_ptr().add(b * PANELS * self.qv);
-            let w = wide::join(*q.add(v), *q.add(self.qv + v));
-            if !self.nibbles {
+            let qv = qvecs(T);
+            let q = self.pn.qs.as_ptr().add(b * PANELS * qv);
+            let w = wide::join(*q.add(v), *q.add(qv + v));
+            if T != Q4K {
                 return w;
             }
             let w = if high { _mm512_srli_epi16::<4>(w) } else { w };
@@ -631,16 +635,15 @@ impl wide::Pair for Repacked<'_> {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn repacked_pair(job: &GroupJob<'_>, pn: &PanelsK, j0: usize) {
     let nb = job.k / QK_K;
-    let nibbles = job.ty == WType::Q4K;
-    let qv = if nibbles {
-        QVECS_BYTES / 2
+    let qv = if job.ty == WType::Q4K {
+        QVECS_Q4K
     } else {
         QVECS_BYTES
     };
     assert!(j0 + LANES < job.n);
     assert!(pn.qs.len() >= nb * PANELS * qv && pn.sm.len() >= nb * PANELS * LANES);
     assert!(pn.d.len() >= nb * ROWS && pn.dmin.len() >= nb * ROWS);
-    let src = Repacked { pn, qv, nibbles };
+    let src = Repacked { pn };
     let mut c0 = 0;
     while c0 < job.m {
         let cc = wide::cols(job.m - c0);

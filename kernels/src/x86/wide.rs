@@ -146,12 +146,12 @@ pub(crate) unsafe fn halves(a: *const u8, b: *const u8) -> __m512 {
 
 /// Two 8-row panels of K-quant blocks as a tile reads them (the panels' owners implement it).
 pub(crate) trait Pair: Copy {
-    /// The 16 rows' level bytes of block `b` at vector `v` of the panel layout (Q4_K: its
+    /// The 16 rows' level bytes of block `b` at vector `v` of type `T`'s panel layout (Q4_K: its
     /// nibble vector, the high nibbles with `high`).
     ///
     /// # Safety
     /// Block `b` is inside both panels; AVX-512 F/BW.
-    unsafe fn levels(self, b: usize, v: usize, high: bool) -> __m512i;
+    unsafe fn levels<const T: u8>(self, b: usize, v: usize, high: bool) -> __m512i;
     /// The 8 scale pair vectors of block `b` (`x86::panel_k`'s layout), the two panels joined.
     ///
     /// # Safety
@@ -261,7 +261,7 @@ unsafe fn tile<const T: u8, const CC: usize>(
                                 (LANES * (s / 2) + step, false, 32 * (s / 2) + 4 * step)
                             }
                         };
-                        let w = src.levels(b, v, high);
+                        let w = src.levels::<T>(b, v, high);
                         for c in 0..CC {
                             dot[c] = dpbusd_at!(dot[c], w, xq.add(c * k + b * QK_K + x_at));
                         }
