@@ -336,6 +336,11 @@ fn row_dots(
         ];
         for j in lo..hi {
             let wr = if w.layout == crate::Layout::Ggml {
+                #[cfg(target_arch = "x86_64")]
+                if m == 1 {
+                    // Decode streams the rows: ask for the bytes ahead (as the tiles do).
+                    crate::x86::job::prefetch_ahead(w.data[j * rb..].as_ptr(), rb);
+                }
                 &w.data[j * rb..(j + 1) * rb]
             } else {
                 crate::packed::row_bytes_into(w.ty, w.layout, w.k, w.data, j, &mut own);
@@ -465,8 +470,32 @@ fn float_matmul(
             rows.resize(FLOAT_ROWS * k, 0.0);
             for j0 in (lo..hi).step_by(FLOAT_ROWS) {
                 let rw = (hi - j0).min(FLOAT_ROWS);
+                #[cfg(target_arch = "x86_64")]
+                if m == 1
+                    && rw == FLOAT_ROWS
+                    && backend == Backend::Avx2
+                    && matches!(w.ty, WType::F16 | WType::BF16)
+                {
+                    // Decode reads the halves in place (the same bits as widened).
+                    let ws: [&[u8]; FLOAT_ROWS] =
+                        std::array::from_fn(|r| &w.data[(j0 + r) * rb..(j0 + r + 1) * rb]);
+                    for bytes in ws {
+                        crate::x86::job::prefetch_ahead(bytes.as_ptr(), rb);
+                    }
+                    // SAFETY: the backend was checked available.
+                    let v = unsafe { crate::x86::floats::dot_half_rows4(w.ty, &x[..k], ws) };
+                    for (r, v) in v.into_iter().enumerate() {
+                        put(0, j0 + r, v);
+                    }
+                    continue;
+                }
                 for (r, out) in rows.chunks_exact_mut(k).take(rw).enumerate() {
                     let bytes = &w.data[(j0 + r) * rb..(j0 + r + 1) * rb];
+                    #[cfg(target_arch = "x86_64")]
+                    if m == 1 {
+                        // Decode streams the rows: ask for the bytes ahead.
+                        crate::x86::job::prefetch_ahead(bytes.as_ptr(), rb);
+                    }
                     match backend {
                         // SAFETY: the backend was checked available.
                         #[cfg(target_arch = "x86_64")]

@@ -22,7 +22,7 @@ use crate::packed::PANEL_ROWS;
 use crate::quant::QK_K;
 use crate::x86::dots32::{IQ4NL, Q4_1, Q5_0, Q5_1, Q8_0, block32, has_min, signed_levels};
 use crate::x86::isa::Dots;
-use crate::x86::job::GroupJob;
+use crate::x86::job::{GroupJob, prefetch_ahead};
 use crate::x86::k16::{k16_block, q2k_packed_levels, q3k_packed_levels, q6k_packed_levels};
 use crate::x86::kblock::{Block, IQ4XS, Q2K, Q3K, Q4K, Q5KP, Q6K, vec_at};
 use crate::x86::kquant::bsum_pairs;
@@ -169,6 +169,12 @@ unsafe fn tile<D: Dots, const T: u8, const PP: usize, const CC: usize>(
         for b in 0..nb {
             // SAFETY: block b of the PP panels and of each activation row is in bounds (above).
             unsafe {
+                if c0 == 0 {
+                    // The first column tile streams the panels from memory.
+                    for p in 0..PP {
+                        prefetch_ahead(base.add(p * panel + b * pb), pb);
+                    }
+                }
                 // No closures: they would be compiled without the path's features.
                 let (d_at, qs_at) = match T {
                     Q4K => (at::Q4K_D, at::Q4K_QS),
@@ -247,9 +253,6 @@ unsafe fn dispatch<D: Dots, const T: u8>(
     cc: usize,
     pre: Option<Scales>,
 ) {
-    // No software prefetches: asking for a panel's bytes two blocks ahead slowed one decode
-    // thread's stream from 26 to 16 GB/s (Q4_K, `type_rates`); the hardware prefetchers do
-    // better on their own.
     // SAFETY: as the caller promises.
     unsafe {
         match (two, cc) {
@@ -277,6 +280,13 @@ struct Packed32 {
 }
 
 impl Source for Packed32 {
+    #[inline(always)]
+    fn fetch(self, p: usize, b: usize) {
+        prefetch_ahead(
+            self.base.wrapping_add(p * self.panel + b * self.pb),
+            self.pb,
+        );
+    }
     #[inline(always)]
     unsafe fn levels<D: Dots, const T: u8>(self, p: usize, b: usize, step: usize) -> __m256i {
         // SAFETY: the caller's promise: panel `p`, block `b` are inside the matrix.

@@ -147,6 +147,10 @@ pub(crate) trait Source: Copy {
     /// # Safety
     /// As [`Source::levels`].
     unsafe fn mw<const T: u8>(self, p: usize, b: usize) -> __m256;
+    /// Asks for the bytes ahead of panel `p`'s block `b` where they stream from memory (a
+    /// packed matrix: [`crate::x86::job::prefetch_ahead`]); nothing for the repacked panels,
+    /// which were just written.
+    fn fetch(self, _p: usize, _b: usize) {}
 }
 
 /// A repacked group's panels from `p0` on.
@@ -212,6 +216,12 @@ pub(crate) unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8
         let xq = acts.qs.as_ptr().add(c0 * k);
         let mut acc = [[_mm256_setzero_ps(); CC]; PP];
         for b in 0..nb {
+            if c0 == 0 {
+                // The first column tile streams the panels.
+                for p in 0..PP {
+                    src.fetch(p, b);
+                }
+            }
             // SAFETY: block b of the panels and of each activation row is in bounds (above).
             unsafe {
                 let mut dot = [[_mm256_setzero_si256(); CC]; PP];
