@@ -136,19 +136,17 @@ pub fn fields(ty: WType) -> Option<&'static [Field]> {
 
 /// The layout a model's loader should choose for a matrix of `ty` with `n` rows: packed where
 /// the kernels this CPU runs (an x86 path) are faster on it (`type_rates`, BENCHMARKS.md
-/// "Weights packed at load"): every 32-element type, Q4_K, Q5_K, Q3_K, Q2_K and IQ4_XS. Q6_K's packed
-/// kernel is as fast as its rows' past 32 activation rows (both repack into the same panels)
-/// and faster at 4 to 32, but slower at one row (its levels put together from two fields cost
-/// more than the in-place dots' unpack: 51-61% of the read bandwidth against 69-81% in
-/// `type_rates`), so its matrices stay in rows for now: decode is what they are read for most.
+/// "Weights packed at load"): every type with a packed layout ([`fields`]). Q6_K joined them
+/// once decode's tiles asked for their bytes ahead (`x86::job::prefetch_ahead`): packed, one
+/// row streams at 99% of the read bandwidth against its rows' 82%, and 4, 8 and 512 rows run
+/// faster too (`type_rates`, Intel Xeon, 2 threads).
 /// `TPSLAB_WEIGHT_LAYOUT=rows` keeps every matrix in rows (to compare the two in one build).
 pub fn preferred(ty: WType, n: usize) -> Layout {
     static ROWS_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let rows_only =
         *ROWS_ONLY.get_or_init(|| std::env::var("TPSLAB_WEIGHT_LAYOUT").is_ok_and(|v| v == "rows"));
     let fast = crate::Backend::detect() != crate::Backend::Portable;
-    let faster = ty == WType::Q4K || (ty != WType::Q6K && fields(ty).is_some());
-    if fast && !rows_only && n >= PANEL_ROWS && faster {
+    if fast && !rows_only && n >= PANEL_ROWS && fields(ty).is_some() {
         Layout::Rows8
     } else {
         Layout::Ggml
