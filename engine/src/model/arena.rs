@@ -110,9 +110,10 @@ fn return_freed_memory() {
 
 impl Weights {
     /// The same weights with every matrix's bytes moved into one arena on huge pages, each in
-    /// the layout this CPU's kernels run fastest ([`packed::preferred`]: every type with a packed
-    /// layout, 8 rows at a time, on x86). Each old buffer's pages are handed back as they are copied, so memory in
-    /// use stays near one model's size (the arena's pages are only backed once written).
+    /// the layout this CPU's kernels run fastest ([`packed::preferred`]: on x86, every type
+    /// with a packed layout, 8 rows at a time). Each old buffer's pages are handed back as they
+    /// are copied, so memory in use stays near one model's size (the arena's pages are only
+    /// backed once written).
     pub fn into_arena(mut self) -> Self {
         let mut at = 0;
         let mut ranges = Vec::new();
