@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::quant::QK_K;
 use crate::x86::isa::Dots;
-use crate::x86::kblock::{Block, Q2K, Q3K, Q3K_QS_GAP, vec_at};
+use crate::x86::kblock::{Block, Q2K, Q3K, Q3K_QS_GAP, Q6K, vec_at};
 use crate::x86::panel32::LANES;
 
 /// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block at `p`
@@ -241,6 +241,95 @@ unsafe fn k16_one_row<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     }
 }
 
+/// The levels of elements `32 c32 + 4 step..+4` of the 8 rows of a block at `q`: a packed
+/// block's put together from its fields ([`q6k_packed_levels`], [`q3k_packed_levels`],
+/// [`q2k_packed_levels`]) with `PACKED`, else the repacked panel's vector.
+///
+/// # Safety
+/// The block at `q` is readable, on an AVX2 CPU.
+#[inline(always)]
+unsafe fn level_vec<const T: u8, const PACKED: bool>(
+    q: *const u8,
+    c32: usize,
+    step: usize,
+) -> __m256i {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if PACKED && T == Q2K {
+            q2k_packed_levels(q, c32, step)
+        } else if PACKED && T == Q3K {
+            q3k_packed_levels(q, c32, step)
+        } else if PACKED {
+            q6k_packed_levels(q, c32, step)
+        } else {
+            vec_at(q, LANES * c32 + step)
+        }
+    }
+}
+
+/// [`k16_block`]'s sub-block `s` on AVX2 without VNNI: the `vpmaddubsw` pairs of a run of
+/// steps summed as i16, then one `vpmaddwd` with the sub-block's scale in both halves of each
+/// row's lane (as `panel_k::k4_sums16`). The same integers: with activations in -127..=127, a
+/// Q6_K pair is at most 2 * 63 * 127 = 16002, so runs of 2 steps stay inside i16 (Q3_K's and
+/// Q2_K's levels, up to 7 and 3, take the sub-block's 4 steps in one run), and the scales are
+/// signed bytes (Q2_K's a nibble).
+///
+/// # Safety
+/// As [`k16_block`]'s, on an AVX2 CPU.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn k16_sums16<const T: u8, const PACKED: bool, const PP: usize, const CC: usize>(
+    at: Block<'_>,
+    s: usize,
+    isum: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let Block {
+            qb,
+            qstride,
+            smb,
+            sstride,
+            xq,
+            k,
+            b,
+            ..
+        } = at;
+        let (c32, half) = (s / 2, s % 2);
+        let mut sc = [_mm256_setzero_si256(); PP];
+        for (p, sc) in sc.iter_mut().enumerate() {
+            let s32 = k16_scale::<T>(_mm256_loadu_si256(smb.add(p * sstride + s / 2)), half);
+            // The i32 scale's low half (the i16 value) into the high half too.
+            *sc = _mm256_blend_epi16::<0b1010_1010>(s32, _mm256_slli_epi32::<16>(s32));
+        }
+        let run = if T == Q6K { 2 } else { 4 };
+        for r0 in (0..4).step_by(run) {
+            let mut dot = [[_mm256_setzero_si256(); CC]; PP];
+            for st in r0..r0 + run {
+                let step = 4 * half + st;
+                let mut w = [_mm256_setzero_si256(); PP];
+                for (p, w) in w.iter_mut().enumerate() {
+                    *w = level_vec::<T, PACKED>(qb.add(p * qstride), c32, step);
+                }
+                for c in 0..CC {
+                    let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);
+                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
+                    for p in 0..PP {
+                        let d = _mm256_maddubs_epi16(w[p], x);
+                        dot[p][c] = _mm256_add_epi16(dot[p][c], d);
+                    }
+                }
+            }
+            for p in 0..PP {
+                for c in 0..CC {
+                    let v = _mm256_madd_epi16(dot[p][c], sc[p]);
+                    isum[p][c] = _mm256_add_epi32(isum[p][c], v);
+                }
+            }
+        }
+    }
+}
+
 /// Q6_K's or Q3_K's (`T`) integer part of one block for the `PP x CC` tile: per 16-element
 /// sub-block `s`, 4 `dpbusd` steps of unsigned levels times the rows' signed scales into
 /// `isum`, then the level offset (32 or 4), `offset * sum_s bsums[s] * sc[s]`, off by
@@ -285,21 +374,17 @@ pub(crate) unsafe fn k16_block<
         };
         for s in 0..sub_blocks {
             let (c32, half) = (s / 2, s % 2);
+            if !D::VNNI {
+                k16_sums16::<T, PACKED, PP, CC>(at, s, isum);
+                continue;
+            }
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for st in 0..4 {
                 let step = 4 * half + st;
                 // No closure: it would be compiled without the path's features.
                 let mut w = [_mm256_setzero_si256(); PP];
                 for (p, w) in w.iter_mut().enumerate() {
-                    *w = if PACKED && T == Q2K {
-                        q2k_packed_levels(qb.add(p * qstride), c32, step)
-                    } else if PACKED && T == Q3K {
-                        q3k_packed_levels(qb.add(p * qstride), c32, step)
-                    } else if PACKED {
-                        q6k_packed_levels(qb.add(p * qstride), c32, step)
-                    } else {
-                        vec_at(qb.add(p * qstride), LANES * c32 + step)
-                    };
+                    *w = level_vec::<T, PACKED>(qb.add(p * qstride), c32, step);
                 }
                 for c in 0..CC {
                     let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);

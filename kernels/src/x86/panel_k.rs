@@ -316,6 +316,100 @@ pub(crate) unsafe fn fifth_bit(h: __m256i, bit: usize, five: __m256i) -> __m256i
     }
 }
 
+/// [`k4_block`]'s sub-blocks on AVX2 without VNNI, for Q4_K and Q5_K (unsigned levels up to
+/// 15 and 31): the `vpmaddubsw` pairs of a run of steps summed as i16, then one `vpmaddwd`
+/// with the sub-block's scale in both halves of each row's lane, which sums the pair and
+/// multiplies it by the scale at once: 8 + 7 + 1 + 1 instructions a sub-block where
+/// `Dots::dpbusd` and `vpmulld` take 3 x 8 + 2 + 1. The same integers: with activations in
+/// -127..=127, a pair is at most 2 * 31 * 127 = 7874 in size, so a run of 8 Q4_K steps (8 *
+/// 3810) or 4 Q5_K steps (4 * 7874) stays inside i16, and each lane's scale times its two
+/// halves is the scale times the lane's sum.
+///
+/// # Safety
+/// As [`k4_block`]'s, on an AVX2 CPU.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn k4_sums16<D: Dots, const T: u8, const PP: usize, const CC: usize>(
+    at: Block<'_>,
+    isum: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let Block {
+            qb,
+            qstride,
+            smb,
+            sstride,
+            xq,
+            k,
+            b,
+            ..
+        } = at;
+        let m4 = _mm256_set1_epi8(0x0f);
+        let five = _mm256_set1_epi8(0x10);
+        // Steps summed as i16 before the scale: 8 for Q4_K's nibbles, 4 for Q5_K's 5 bits.
+        let run = if T == Q4K { LANES } else { LANES / 2 };
+        // Each lane's low or high i16 (the scale of an even or odd sub-block) in both halves:
+        // byte indices within each 128-bit half.
+        let dup_lo = _mm256_setr_epi32(
+            0x0100_0100,
+            0x0504_0504,
+            0x0908_0908,
+            0x0d0c_0d0c,
+            0x0100_0100,
+            0x0504_0504,
+            0x0908_0908,
+            0x0d0c_0d0c,
+        );
+        let dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+        // No closures: they would be compiled without the path's features.
+        for s in 0..8 {
+            let (t, high) = (s / 2, s % 2 == 1);
+            let mut sc = [_mm256_setzero_si256(); PP];
+            for (p, sc) in sc.iter_mut().enumerate() {
+                let pair = _mm256_loadu_si256(smb.add(p * sstride + t));
+                *sc = _mm256_shuffle_epi8(pair, if high { dup_hi } else { dup_lo });
+            }
+            for r0 in (0..LANES).step_by(run) {
+                let mut dot = [[_mm256_setzero_si256(); CC]; PP];
+                for step in r0..r0 + run {
+                    let mut w = [_mm256_setzero_si256(); PP];
+                    for (p, w) in w.iter_mut().enumerate() {
+                        let q = qb.add(p * qstride);
+                        *w = if T == Q5K {
+                            vec_at(q, LANES * s + step)
+                        } else {
+                            let v = vec_at(q, LANES * t + step);
+                            let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
+                            let v = _mm256_and_si256(v, m4);
+                            if T == Q5KP {
+                                let h = vec_at(q.sub(Q5K_QH_GAP), step);
+                                _mm256_or_si256(v, fifth_bit(h, s, five))
+                            } else {
+                                v
+                            }
+                        };
+                    }
+                    for c in 0..CC {
+                        let at = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
+                        let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
+                        for p in 0..PP {
+                            let d = _mm256_maddubs_epi16(w[p], x);
+                            dot[p][c] = _mm256_add_epi16(dot[p][c], d);
+                        }
+                    }
+                }
+                for p in 0..PP {
+                    for c in 0..CC {
+                        let v = _mm256_madd_epi16(dot[p][c], sc[p]);
+                        isum[p][c] = _mm256_add_epi32(isum[p][c], v);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// [`k4_block`] for one activation row (decode) of Q4_K or packed Q5_K: each nibble vector
 /// loaded once for its two sub-blocks, and 2 x PP dot chains side by side instead of PP.
 ///
@@ -406,9 +500,11 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
         let five = _mm256_set1_epi8(0x10);
         if (T == Q4K || T == Q5KP) && CC == 1 {
             k4_one_row::<D, T, PP, CC>(at, isum);
+        } else if !D::VNNI && T != IQ4XS {
+            k4_sums16::<D, T, PP, CC>(at, isum);
         }
         for s in 0..8 {
-            if (T == Q4K || T == Q5KP) && CC == 1 {
+            if ((T == Q4K || T == Q5KP) && CC == 1) || (!D::VNNI && T != IQ4XS) {
                 break;
             }
             let (t, high) = (s / 2, s % 2 == 1);
