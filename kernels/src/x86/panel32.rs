@@ -181,6 +181,30 @@ impl Source for Repacked<'_> {
     }
 }
 
+/// Adds each i16 pair sum of `d16` to its i32 lane of `dot` and clears `d16`: on AVX2 without
+/// VNNI, [`tile`] sums the `vpmaddubsw` pairs of a run of steps as i16 and widens them once
+/// (`vpmaddwd` by ones) instead of every step. The same integers: with activations in
+/// -127..=127 a pair is at most 2 * 15 * 127 = 3810 (4-bit levels, a run of all 8 steps) or
+/// 2 * 31 * 127 = 7874 (5 bits, runs of 4).
+///
+/// # Safety
+/// On an AVX2 CPU.
+#[inline(always)]
+unsafe fn widen<const PP: usize, const CC: usize>(
+    dot: &mut [[__m256i; CC]; PP],
+    d16: &mut [[__m256i; CC]; PP],
+) {
+    // SAFETY: on an AVX2 CPU (the caller's promise).
+    unsafe {
+        for (dot, d16) in dot.iter_mut().zip(d16.iter_mut()) {
+            for (dot, d16) in dot.iter_mut().zip(d16.iter_mut()) {
+                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(*d16, _mm256_set1_epi16(1)));
+                *d16 = _mm256_setzero_si256();
+            }
+        }
+    }
+}
+
 /// The `PP` panels from `p0` by activation rows `c0..c0 + CC` (`T` as in `dots32`).
 #[inline(always)]
 // The register tile is indexed [panel][column] from loops in the order the loads want.
@@ -214,20 +238,13 @@ pub(crate) unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8
         };
         assert!(!mins || acts.s.len() >= (c0 + CC) * nb);
         let xq = acts.qs.as_ptr().add(c0 * k);
-        // AVX2 without VNNI, unsigned levels of 4 or 5 bits: the `vpmaddubsw` pairs of a run of
-        // steps summed as i16, then widened once (`vpmaddwd` by ones) instead of every step.
-        // The same integers: with activations in -127..=127 a pair is at most 2 * 15 * 127 =
-        // 3810 (4 bits, a run of all 8 steps) or 2 * 31 * 127 = 7874 (5 bits, runs of 4).
+        // AVX2 without VNNI, unsigned 4- or 5-bit levels: pairs summed as i16 ([`widen`]).
         let narrow = !D::VNNI && !signed_levels(T);
         let run = if T == Q5_0 || T == Q5_1 { 4 } else { LANES };
         let mut acc = [[_mm256_setzero_ps(); CC]; PP];
         for b in 0..nb {
-            if c0 == 0 {
-                // The first column tile streams the panels.
-                for p in 0..PP {
-                    src.fetch(p, b);
-                }
-            }
+            // The first column tile streams the panels.
+            (0..PP).filter(|_| c0 == 0).for_each(|p| src.fetch(p, b));
             // SAFETY: block b of the panels and of each activation row is in bounds (above).
             unsafe {
                 let mut dot = [[_mm256_setzero_si256(); CC]; PP];
@@ -257,13 +274,7 @@ pub(crate) unsafe fn tile<D: Dots, const PP: usize, const CC: usize, const T: u8
                         }
                     }
                     if narrow && (step + 1) % run == 0 {
-                        for p in 0..PP {
-                            for c in 0..CC {
-                                let v = _mm256_madd_epi16(d16[p][c], _mm256_set1_epi16(1));
-                                dot[p][c] = _mm256_add_epi32(dot[p][c], v);
-                                d16[p][c] = _mm256_setzero_si256();
-                            }
-                        }
+                        widen(&mut dot, &mut d16);
                     }
                 }
                 let mut dw = [_mm256_setzero_ps(); PP];
