@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::quant::QK_K;
 use crate::x86::isa::Dots;
-use crate::x86::kblock::{Block, Q2K, Q3K, Q3K_QS_GAP, Q6K, vec_at};
+use crate::x86::kblock::{Block, Q2K, Q3K, Q3K_QS_GAP, Q6K, add_pairs16, add_scaled16, vec_at};
 use crate::x86::panel32::LANES;
 
 /// Q6_K's levels (0..63) of elements `32 c + 4 step..+4` of the 8 rows of a packed block at `p`
@@ -267,7 +267,7 @@ unsafe fn level_vec<const T: u8, const PACKED: bool>(
     }
 }
 
-/// [`k16_block`]'s sub-block `s` on AVX2 without VNNI: the `vpmaddubsw` pairs of a run of
+/// [`k16_block`]'s sub-blocks on AVX2 without VNNI: the `vpmaddubsw` pairs of a run of
 /// steps summed as i16, then one `vpmaddwd` with the sub-block's scale in both halves of each
 /// row's lane (as `panel_k::k4_sums16`). The same integers: with activations in -127..=127, a
 /// Q6_K pair is at most 2 * 63 * 127 = 16002, so runs of 2 steps stay inside i16 (Q3_K's and
@@ -277,10 +277,8 @@ unsafe fn level_vec<const T: u8, const PACKED: bool>(
 /// # Safety
 /// As [`k16_block`]'s, on an AVX2 CPU.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 unsafe fn k16_sums16<const T: u8, const PACKED: bool, const PP: usize, const CC: usize>(
     at: Block<'_>,
-    s: usize,
     isum: &mut [[__m256i; CC]; PP],
 ) {
     // SAFETY: the caller's promise.
@@ -295,36 +293,26 @@ unsafe fn k16_sums16<const T: u8, const PACKED: bool, const PP: usize, const CC:
             b,
             ..
         } = at;
-        let (c32, half) = (s / 2, s % 2);
-        let mut sc = [_mm256_setzero_si256(); PP];
-        for (p, sc) in sc.iter_mut().enumerate() {
-            let s32 = k16_scale::<T>(_mm256_loadu_si256(smb.add(p * sstride + s / 2)), half);
-            // The i32 scale's low half (the i16 value) into the high half too.
-            *sc = _mm256_blend_epi16::<0b1010_1010>(s32, _mm256_slli_epi32::<16>(s32));
-        }
         let run = if T == Q6K { 2 } else { 4 };
-        for r0 in (0..4).step_by(run) {
-            let mut dot = [[_mm256_setzero_si256(); CC]; PP];
-            for st in r0..r0 + run {
-                let step = 4 * half + st;
-                let mut w = [_mm256_setzero_si256(); PP];
-                for (p, w) in w.iter_mut().enumerate() {
-                    *w = level_vec::<T, PACKED>(qb.add(p * qstride), c32, step);
-                }
-                for c in 0..CC {
-                    let at = xq.add(c * k + b * QK_K + 32 * c32 + 4 * step);
-                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
-                    for p in 0..PP {
-                        let d = _mm256_maddubs_epi16(w[p], x);
-                        dot[p][c] = _mm256_add_epi16(dot[p][c], d);
-                    }
-                }
+        for s in 0..16 {
+            let (c32, half) = (s / 2, s % 2);
+            let mut sc = [_mm256_setzero_si256(); PP];
+            for (p, sc) in sc.iter_mut().enumerate() {
+                let s32 = k16_scale::<T>(_mm256_loadu_si256(smb.add(p * sstride + c32)), half);
+                // The i32 scale's low half (the i16 value) into the high half too.
+                *sc = _mm256_blend_epi16::<0b1010_1010>(s32, _mm256_slli_epi32::<16>(s32));
             }
-            for p in 0..PP {
-                for c in 0..CC {
-                    let v = _mm256_madd_epi16(dot[p][c], sc[p]);
-                    isum[p][c] = _mm256_add_epi32(isum[p][c], v);
+            for r0 in (0..4).step_by(run) {
+                let mut dot = [[_mm256_setzero_si256(); CC]; PP];
+                for st in r0..r0 + run {
+                    let step = 4 * half + st;
+                    let mut w = [_mm256_setzero_si256(); PP];
+                    for (p, w) in w.iter_mut().enumerate() {
+                        *w = level_vec::<T, PACKED>(qb.add(p * qstride), c32, step);
+                    }
+                    add_pairs16(&mut dot, &w, xq, k, b * QK_K + 32 * c32 + 4 * step);
                 }
+                add_scaled16(isum, &dot, &sc);
             }
         }
     }
@@ -365,19 +353,19 @@ pub(crate) unsafe fn k16_block<
             c0,
             nb,
         } = at;
-        // Decode of a packed block takes its own loop; the sub-block loop below is for tiles.
+        // Decode of a packed block and AVX2 without VNNI take their own loops; the sub-block
+        // loop below is the dot instructions' for tiles.
         let sub_blocks = if PACKED && CC == 1 {
             k16_one_row::<D, T, PP, CC>(at, isum);
+            0
+        } else if !D::VNNI {
+            k16_sums16::<T, PACKED, PP, CC>(at, isum);
             0
         } else {
             16
         };
         for s in 0..sub_blocks {
             let (c32, half) = (s / 2, s % 2);
-            if !D::VNNI {
-                k16_sums16::<T, PACKED, PP, CC>(at, s, isum);
-                continue;
-            }
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for st in 0..4 {
                 let step = 4 * half + st;

@@ -1,6 +1,7 @@
 //! `x86::kblock`: what the K-quant kernels (`x86::panel_k`, `x86::k16`, `x86::packed_dots`)
 //! share: the type each kernel is compiled for (a const parameter), where one block of a tile
-//! is ([`Block`]), and a 32-byte vector of a panel ([`vec_at`]).
+//! is ([`Block`]), a 32-byte vector of a panel ([`vec_at`]), and AVX2's i16 runs of steps
+//! ([`add_pairs16`], [`add_scaled16`]).
 
 use std::arch::x86_64::*;
 
@@ -56,4 +57,52 @@ pub(crate) struct Block<'a> {
 pub(crate) unsafe fn vec_at(p: *const u8, v: usize) -> __m256i {
     // SAFETY: the caller's promise.
     unsafe { _mm256_loadu_si256(p.add(32 * v).cast()) }
+}
+
+/// A step of AVX2's i16 runs (`panel_k::k4_sums16`, `k16::k16_sums16`): for each activation row
+/// `c` of the tile, its 4 bytes at `xq + c * k + at` broadcast, and each panel's `vpmaddubsw`
+/// pairs of `w[p]` with them added as i16 to `dot[p][c]`.
+///
+/// # Safety
+/// 4 bytes are readable at each row's `at`, on an AVX2 CPU.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub(crate) unsafe fn add_pairs16<const PP: usize, const CC: usize>(
+    dot: &mut [[__m256i; CC]; PP],
+    w: &[__m256i; PP],
+    xq: *const i8,
+    k: usize,
+    at: usize,
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        for c in 0..CC {
+            let x = _mm256_set1_epi32(std::ptr::read_unaligned(xq.add(c * k + at).cast::<i32>()));
+            for p in 0..PP {
+                dot[p][c] = _mm256_add_epi16(dot[p][c], _mm256_maddubs_epi16(w[p], x));
+            }
+        }
+    }
+}
+
+/// The end of an i16 run: each lane's two i16 sums of `dot[p][c]` times the scale `sc[p]` holds
+/// in both its halves (one `vpmaddwd`), added to `isum[p][c]`.
+///
+/// # Safety
+/// On an AVX2 CPU.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub(crate) unsafe fn add_scaled16<const PP: usize, const CC: usize>(
+    isum: &mut [[__m256i; CC]; PP],
+    dot: &[[__m256i; CC]; PP],
+    sc: &[__m256i; PP],
+) {
+    // SAFETY: on an AVX2 CPU (the caller's promise).
+    unsafe {
+        for p in 0..PP {
+            for c in 0..CC {
+                isum[p][c] = _mm256_add_epi32(isum[p][c], _mm256_madd_epi16(dot[p][c], sc[p]));
+            }
+        }
+    }
 }

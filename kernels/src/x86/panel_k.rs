@@ -31,7 +31,9 @@ use crate::quant::QK_K;
 use crate::x86::isa::Dots;
 use crate::x86::job::GroupJob;
 use crate::x86::k16::k16_block;
-use crate::x86::kblock::{Block, IQ4XS, Q2K, Q3K, Q4K, Q5K, Q5K_QH_GAP, Q5KP, Q6K, vec_at};
+use crate::x86::kblock::{
+    Block, IQ4XS, Q2K, Q3K, Q4K, Q5K, Q5K_QH_GAP, Q5KP, Q6K, add_pairs16, add_scaled16, vec_at,
+};
 use crate::x86::kquant::{bsum_pairs, hi_bit, mins_and_scales};
 use crate::x86::panel32::{LANES, ROWS, store_lanes, tile_cols, transpose8x8_words};
 use crate::x86::wide;
@@ -316,6 +318,35 @@ pub(crate) unsafe fn fifth_bit(h: __m256i, bit: usize, five: __m256i) -> __m256i
     }
 }
 
+/// The levels of sub-block `s` at elements `32 s + 4 step..+4` of the 8 rows of a panel block
+/// whose level vectors start at `q`: Q5_K's and IQ4_XS's bytes as they are, Q4_K's nibbles (the
+/// high ones for odd `s`), packed Q5_K's nibbles with their fifth bits put back.
+///
+/// # Safety
+/// The block at `q` (and a packed Q5_K block's fifth bits before it) is readable, on an AVX2
+/// CPU.
+#[inline(always)]
+unsafe fn k4_levels<const T: u8>(q: *const u8, s: usize, step: usize) -> __m256i {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if T == Q5K || T == IQ4XS {
+            return vec_at(q, LANES * s + step);
+        }
+        let v = vec_at(q, LANES * (s / 2) + step);
+        let v = if s % 2 == 1 {
+            _mm256_srli_epi16::<4>(v)
+        } else {
+            v
+        };
+        let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+        if T == Q5KP {
+            let h = vec_at(q.sub(Q5K_QH_GAP), step);
+            return _mm256_or_si256(v, fifth_bit(h, s, _mm256_set1_epi8(0x10)));
+        }
+        v
+    }
+}
+
 /// [`k4_block`]'s sub-blocks on AVX2 without VNNI, for Q4_K and Q5_K (unsigned levels up to
 /// 15 and 31): the `vpmaddubsw` pairs of a run of steps summed as i16, then one `vpmaddwd`
 /// with the sub-block's scale in both halves of each row's lane, which sums the pair and
@@ -328,7 +359,6 @@ pub(crate) unsafe fn fifth_bit(h: __m256i, bit: usize, five: __m256i) -> __m256i
 /// # Safety
 /// As [`k4_block`]'s, on an AVX2 CPU.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 unsafe fn k4_sums16<D: Dots, const T: u8, const PP: usize, const CC: usize>(
     at: Block<'_>,
     isum: &mut [[__m256i; CC]; PP],
@@ -345,8 +375,6 @@ unsafe fn k4_sums16<D: Dots, const T: u8, const PP: usize, const CC: usize>(
             b,
             ..
         } = at;
-        let m4 = _mm256_set1_epi8(0x0f);
-        let five = _mm256_set1_epi8(0x10);
         // Steps summed as i16 before the scale: 8 for Q4_K's nibbles, 4 for Q5_K's 5 bits.
         let run = if T == Q4K { LANES } else { LANES / 2 };
         // Each lane's low or high i16 (the scale of an even or odd sub-block) in both halves:
@@ -375,36 +403,11 @@ unsafe fn k4_sums16<D: Dots, const T: u8, const PP: usize, const CC: usize>(
                 for step in r0..r0 + run {
                     let mut w = [_mm256_setzero_si256(); PP];
                     for (p, w) in w.iter_mut().enumerate() {
-                        let q = qb.add(p * qstride);
-                        *w = if T == Q5K {
-                            vec_at(q, LANES * s + step)
-                        } else {
-                            let v = vec_at(q, LANES * t + step);
-                            let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
-                            let v = _mm256_and_si256(v, m4);
-                            if T == Q5KP {
-                                let h = vec_at(q.sub(Q5K_QH_GAP), step);
-                                _mm256_or_si256(v, fifth_bit(h, s, five))
-                            } else {
-                                v
-                            }
-                        };
+                        *w = k4_levels::<T>(qb.add(p * qstride), s, step);
                     }
-                    for c in 0..CC {
-                        let at = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
-                        let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
-                        for p in 0..PP {
-                            let d = _mm256_maddubs_epi16(w[p], x);
-                            dot[p][c] = _mm256_add_epi16(dot[p][c], d);
-                        }
-                    }
+                    add_pairs16(&mut dot, &w, xq, k, b * QK_K + 32 * s + 4 * step);
                 }
-                for p in 0..PP {
-                    for c in 0..CC {
-                        let v = _mm256_madd_epi16(dot[p][c], sc[p]);
-                        isum[p][c] = _mm256_add_epi32(isum[p][c], v);
-                    }
-                }
+                add_scaled16(isum, &dot, &sc);
             }
         }
     }
@@ -495,34 +498,26 @@ pub(crate) unsafe fn k4_block<D: Dots, const T: u8, const PP: usize, const CC: u
             c0,
             nb,
         } = at;
-        let m4 = _mm256_set1_epi8(0x0f);
         let lo16 = _mm256_set1_epi32(0xffff);
-        let five = _mm256_set1_epi8(0x10);
-        if (T == Q4K || T == Q5KP) && CC == 1 {
+        // Decode and AVX2 without VNNI take their own loops; the sub-block loop below is the
+        // dot instructions' for tiles.
+        let sub_blocks = if (T == Q4K || T == Q5KP) && CC == 1 {
             k4_one_row::<D, T, PP, CC>(at, isum);
+            0
         } else if !D::VNNI && T != IQ4XS {
             k4_sums16::<D, T, PP, CC>(at, isum);
-        }
-        for s in 0..8 {
-            if ((T == Q4K || T == Q5KP) && CC == 1) || (!D::VNNI && T != IQ4XS) {
-                break;
-            }
+            0
+        } else {
+            8
+        };
+        for s in 0..sub_blocks {
             let (t, high) = (s / 2, s % 2 == 1);
             let mut dot = [[_mm256_setzero_si256(); CC]; PP];
             for step in 0..LANES {
-                let w: [__m256i; PP] = std::array::from_fn(|p| {
-                    if T == Q5K || T == IQ4XS {
-                        return vec_at(qb.add(p * qstride), LANES * s + step);
-                    }
-                    let v = vec_at(qb.add(p * qstride), LANES * t + step);
-                    let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
-                    let v = _mm256_and_si256(v, m4);
-                    if T == Q5KP {
-                        let h = vec_at(qb.add(p * qstride).sub(Q5K_QH_GAP), step);
-                        return _mm256_or_si256(v, fifth_bit(h, s, five));
-                    }
-                    v
-                });
+                let mut w = [_mm256_setzero_si256(); PP];
+                for (p, w) in w.iter_mut().enumerate() {
+                    *w = k4_levels::<T>(qb.add(p * qstride), s, step);
+                }
                 for c in 0..CC {
                     let at = xq.add(c * k + b * QK_K + 32 * s + 4 * step);
                     let x = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
