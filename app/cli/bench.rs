@@ -87,13 +87,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let lm = a.model.load()?;
     let threads = a.model.threads;
     let ctx = lm.model.cfg.context_len;
-    if let Some(&n) =
-        a.pp.iter()
-            .flatten()
-            .chain(a.tg.iter().flatten())
-            .find(|&&n| n + 1 >= ctx)
-    {
-        bail!("{n} tokens do not fit the model's context of {ctx}");
+    // Context positions per test: pp n takes n (its one sampled token none); tg n one prompt
+    // token and n + 1 generated, the last of which takes none.
+    let pp = a.pp.iter().flatten().map(|&n| ("pp", n, n));
+    let tg = a.tg.iter().flatten().map(|&n| ("tg", n, n + 1));
+    if let Some((kind, n, _)) = pp.chain(tg).find(|&(_, _, positions)| positions > ctx) {
+        bail!("{kind}{n} does not fit the model's context of {ctx} tokens");
     }
     let greedy = SamplingParams::greedy();
     let mut rows = Vec::new();

@@ -558,7 +558,7 @@ pub fn to_request(
         logprobs: p.logprobs,
         prompt_logprobs: p.scored_prompt(),
     };
-    Admission::for_model(&lm.model.cfg)
+    Admission::for_api(&lm.model.cfg)
         .check(&req)
         .map_err(|e| ApiError::refused(&e))?;
     Ok((req, reasoning))

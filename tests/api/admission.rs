@@ -83,10 +83,12 @@ fn refused_cases(prompt: &[u32]) -> Vec<(Request, Refusal, RefusalKind)> {
             Refusal::ZeroMaxTokens,
             RefusalKind::Invalid,
         ),
+        // The engine counts positions: a prompt as long as the context would still get its one
+        // token (the server's stricter API rule is below); one more is past it.
         (
-            req(vec![1; ctx], None),
+            req(vec![1; ctx + 1], None),
             Refusal::PastContext {
-                prompt: ctx,
+                prompt: ctx + 1,
                 max_tokens: 1,
                 context: ctx,
             },
@@ -236,7 +238,8 @@ fn every_refusal_is_an_openai_error_over_http() {
     };
     assert_eq!(e["message"], oov.to_string());
 
-    // The prompt fits the context, the prompt plus max_tokens does not.
+    // The prompt fits the context, the prompt plus max_tokens does not: the API counts the last
+    // token sampled (vLLM's boundary), where the engine alone would admit it.
     let max = ctx - n + 1;
     let e = error_of(
         &post(addr, done, &json!({"prompt": text, "max_tokens": max})),

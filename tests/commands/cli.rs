@@ -595,6 +595,37 @@ fn single_stream_bench_states_decode_against_the_read_bandwidth() {
     assert!((share - gbps / bw).abs() < 1e-9, "{tg}");
 }
 
+/// `bench --pp N` at the whole context, as llama-bench runs it: the prompt takes every position
+/// (its one sampled token none), so pp at the context's length runs and one more is refused
+/// before any work; tg N takes N + 1 positions. On a tiny Llama file (context 4096).
+#[test]
+fn prefill_bench_fills_the_whole_context() {
+    use tpslab_engine::model::tiny::{CONTEXT, tokenizer_of, write_tiny};
+    let dir = std::env::temp_dir().join(format!("tpslab-cli-ctx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("tiny-llama.gguf");
+    let tokenizer = tokenizer_of(&llamacpp::vocab("llama-bpe")).expect("llama-bpe vocabulary");
+    write_tiny("llama", &tokenizer, &path).expect("tiny model");
+    let m = path.to_str().expect("utf8 path");
+    let ctx = CONTEXT.to_string();
+    let (_, report) = bench_json(&["--model", m, "--pp", &ctx, "--reps", "1"]);
+    let rows = report["rows"].as_array().expect("rows");
+    let pp = format!("pp{ctx}");
+    let row = rows.iter().find(|r| r["test"] == pp).expect("pp row");
+    assert_eq!(row["n_tokens"], CONTEXT, "{row}");
+    assert!(row["tokens_per_s"].as_f64().expect("tok/s") > 0.0, "{row}");
+    let past = (CONTEXT + 1).to_string();
+    fails_with(
+        &["bench", "--model", m, "--pp", &past],
+        &format!("pp{past} does not fit the model's context of {ctx} tokens"),
+    );
+    fails_with(
+        &["bench", "--model", m, "--tg", &ctx],
+        &format!("tg{ctx} does not fit"),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--spec` on `generate`: every method gives llama.cpp's reference tokens (as far as they are
 /// compared without it), reports its proposals in the JSON, and bad settings fail clearly.
 #[test]

@@ -20,6 +20,40 @@ pub struct Admission {
     pub vocab: usize,
     /// `None` before a pool is sized (to size one for a request).
     pub pool: Option<KvPool>,
+    /// Whether the last token sampled counts against the context.
+    pub rule: ContextRule,
+}
+
+/// How many positions of the context a request takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextRule {
+    /// What the model computes: the prompt and every generated token but the last, which is
+    /// sampled and never fed back, so it needs no position (nor a KV slot, as [`KvPool::fit`]
+    /// counts). A prompt as long as the context still gets its one token, as llama-bench's
+    /// prefill test and vLLM's offline engine allow.
+    Positions,
+    /// The OpenAI API's contract, which vLLM's server keeps: prompt + `max_tokens` ≤ context.
+    /// The server asks it before submitting, so its clients see vLLM's boundary.
+    Api,
+}
+
+impl ContextRule {
+    /// Context positions a request of `prompt` tokens generating `max_tokens` takes.
+    pub fn positions(self, prompt: usize, max_tokens: usize) -> usize {
+        match self {
+            Self::Positions => prompt.saturating_add(max_tokens.saturating_sub(1)),
+            Self::Api => prompt.saturating_add(max_tokens),
+        }
+    }
+
+    /// The most tokens a prompt of `prompt` tokens may generate in a context of `ctx` (0 when
+    /// not even one fits).
+    fn room(self, prompt: usize, ctx: usize) -> usize {
+        match self {
+            Self::Positions => (ctx + 1).saturating_sub(prompt),
+            Self::Api => ctx.saturating_sub(prompt),
+        }
+    }
 }
 
 /// An admitted request's terms.
@@ -31,12 +65,21 @@ pub struct Admitted {
 }
 
 impl Admission {
-    /// The model's limits alone (no KV pool yet).
+    /// The model's limits alone (no KV pool yet), counted in positions.
     pub fn for_model(cfg: &ModelConfig) -> Self {
         Self {
             context_len: cfg.context_len,
             vocab: cfg.vocab,
             pool: None,
+            rule: ContextRule::Positions,
+        }
+    }
+
+    /// The model's limits as the OpenAI API counts them ([`ContextRule::Api`]).
+    pub fn for_api(cfg: &ModelConfig) -> Self {
+        Self {
+            rule: ContextRule::Api,
+            ..Self::for_model(cfg)
         }
     }
 
@@ -61,7 +104,7 @@ impl Admission {
         }
         // At least one token must fit after the prompt.
         let wanted = asked.unwrap_or(1);
-        if prompt.saturating_add(wanted) > ctx {
+        if self.rule.positions(prompt, wanted) > ctx {
             return Err(Refusal::PastContext {
                 prompt,
                 max_tokens: wanted,
@@ -81,7 +124,7 @@ impl Admission {
             });
         }
         req.sampling.validate()?;
-        let room = ctx - prompt;
+        let room = self.rule.room(prompt, ctx);
         let max_tokens = match (asked, self.pool) {
             (Some(m), _) => m,
             (None, None) => room,
@@ -108,6 +151,14 @@ mod tests {
             context_len: 100,
             vocab: 50,
             pool,
+            rule: ContextRule::Positions,
+        }
+    }
+
+    fn api() -> Admission {
+        Admission {
+            rule: ContextRule::Api,
+            ..admission(None)
         }
     }
 
@@ -138,19 +189,19 @@ mod tests {
                 RefusalKind::Invalid,
             ),
             (
-                req(vec![1; 100], None),
+                req(vec![1; 101], None),
                 Refusal::PastContext {
-                    prompt: 100,
+                    prompt: 101,
                     max_tokens: 1,
                     context: 100,
                 },
                 RefusalKind::TooLong,
             ),
             (
-                req(vec![1; 10], Some(91)),
+                req(vec![1; 10], Some(92)),
                 Refusal::PastContext {
                     prompt: 10,
-                    max_tokens: 91,
+                    max_tokens: 92,
                     context: 100,
                 },
                 RefusalKind::TooLong,
@@ -221,10 +272,11 @@ mod tests {
             Ok(7)
         );
         // Omitted with no pool, or a pool past the context: the context's room.
+        // (the last token sampled takes no position).
         let none = admission(None);
         assert_eq!(
             none.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
-            Ok(90)
+            Ok(91)
         );
         let big = admission(Some(KvPool {
             num_blocks: 1000,
@@ -232,14 +284,43 @@ mod tests {
         }));
         assert_eq!(
             big.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
-            Ok(90)
+            Ok(91)
         );
-        // The whole context, exactly.
+        // The whole context, exactly: 10 + 91 - 1 positions; a prompt as long as the context
+        // gets its one token.
         assert_eq!(
-            none.check(&req(vec![1; 10], Some(90)))
+            none.check(&req(vec![1; 10], Some(91)))
                 .map(|x| x.max_tokens),
+            Ok(91)
+        );
+        assert_eq!(
+            none.check(&req(vec![1; 100], Some(1)))
+                .map(|x| x.max_tokens),
+            Ok(1)
+        );
+    }
+
+    #[test]
+    fn the_api_counts_the_last_token_against_the_context() {
+        let a = api();
+        assert_eq!(
+            a.check(&req(vec![1; 10], None)).map(|x| x.max_tokens),
             Ok(90)
         );
+        assert_eq!(
+            a.check(&req(vec![1; 10], Some(90))).map(|x| x.max_tokens),
+            Ok(90)
+        );
+        for (prompt, max) in [(10, Some(91)), (100, None), (100, Some(1))] {
+            assert_eq!(
+                a.check(&req(vec![1; prompt], max)),
+                Err(Refusal::PastContext {
+                    prompt,
+                    max_tokens: max.unwrap_or(1),
+                    context: 100,
+                })
+            );
+        }
     }
 
     #[test]
