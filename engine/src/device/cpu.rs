@@ -277,7 +277,7 @@ impl Ops for CpuOps<'_> {
             let gu = sized(&mut self.ws.gu, m * 2 * ffn);
             gate_up.forward(pool, &h[r0 * k..(r0 + m) * k], m, gu);
             let a = sized(&mut self.ws.act, m * ffn);
-            rowops::gated(act, gu, ffn, a);
+            rowops::gated(pool, act, gu, ffn, a);
             down.forward(pool, a, m, &mut o_rows[r0 * width..(r0 + m) * width]);
         }
         self.ws.bufs[out.index()] = o;

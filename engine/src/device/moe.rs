@@ -112,7 +112,7 @@ impl HostExperts {
                     let g = sized(gu, rows * 2 * ffn);
                     gate_up.forward(pool, xs, rows, g);
                     let a = sized(a, rows * ffn);
-                    rowops::gated(act, g, ffn, a);
+                    rowops::gated(pool, act, g, ffn, a);
                     down.forward(pool, a, rows, ys);
                 },
             );

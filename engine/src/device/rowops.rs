@@ -4,6 +4,8 @@
 //! Each row is computed on its own, so results never depend on what else is in the batch.
 
 use half::f16;
+use tpslab_kernels::ThreadPool;
+use tpslab_kernels::glu;
 
 use crate::model::config::RopeStyle;
 use crate::model::ops::{Activation, Rope};
@@ -91,60 +93,43 @@ pub fn rope(v: &mut [f32], head_dim: usize, style: RopeStyle, cos: &[f32], sin: 
 }
 
 /// `out[t] = act(gate[t]) * up[t]` for rows of `gate_up` holding `ffn` gate floats then `ffn`
-/// up floats.
-pub fn gated(act: Activation, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
+/// up floats, split over `pool` (`tpslab_kernels::glu`; every output depends on its own two
+/// inputs only).
+pub fn gated(pool: &ThreadPool, act: Activation, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
     match act {
-        Activation::Silu => swiglu(gate_up, ffn, out),
-        Activation::GeluTanh => geglu(gate_up, ffn, out),
-        Activation::SwigluOai => swiglu_oai(gate_up, ffn, out),
+        Activation::Silu => glu::swiglu(pool, gate_up, ffn, out),
+        Activation::GeluTanh => glu::gated_rows(pool, gate_up, ffn, out, &geglu),
+        Activation::SwigluOai => glu::gated_rows(pool, gate_up, ffn, out, &swiglu_oai),
     }
 }
 
-/// `out = swiglu_oai(gate, up)` for each row of `gu` = `[gate (ffn) | up (ffn)]`, as ggml's CPU
-/// `swiglu_oai` computes it with gpt-oss's constants: the gate clamped from above, the up
-/// from both sides, `g / (1 + exp(-alpha g)) * (u + 1)`.
-pub fn swiglu_oai(gu: &[f32], ffn: usize, out: &mut [f32]) {
+/// `o = swiglu_oai(g, u)` as ggml's CPU `swiglu_oai` computes it with gpt-oss's constants: the
+/// gate clamped from above, the up from both sides, `g / (1 + exp(-alpha g)) * (u + 1)`.
+fn swiglu_oai(g: &[f32], u: &[f32], o: &mut [f32]) {
     const ALPHA: f32 = 1.702;
     const LIMIT: f32 = 7.0;
-    for (row, o) in gu.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
-        let (g, u) = row.split_at(ffn);
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            let x = g.min(LIMIT);
-            let y = u.clamp(-LIMIT, LIMIT);
-            *o = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
-        }
+    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *o = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
     }
 }
 
-/// `out = silu(gate) * up`, where each row of `gu` is `[gate (ffn) | up (ffn)]`.
-pub fn swiglu(gu: &[f32], ffn: usize, out: &mut [f32]) {
-    for (row, o) in gu.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
-        let (g, u) = row.split_at(ffn);
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + (-g).exp()) * u;
-        }
-    }
-}
-
-/// `out = gelu_tanh(gate) * up` for each row of `gu` = `[gate (ffn) | up (ffn)]`, as ggml's CPU
-/// `geglu` computes it: GELU of the gate rounded to f16, looked up as an f16 (its table), 0 below
-/// -10 and the identity above 10.
-pub fn geglu(gu: &[f32], ffn: usize, out: &mut [f32]) {
+/// `o = gelu_tanh(g) * u` as ggml's CPU `geglu` computes it: GELU of the gate rounded to f16,
+/// looked up as an f16 (its table), 0 below -10 and the identity above 10.
+fn geglu(g: &[f32], u: &[f32], o: &mut [f32]) {
     const A: f32 = 0.044_715;
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     let gelu = |x: f32| 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + A * x * x)).tanh());
-    for (row, o) in gu.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
-        let (g, u) = row.split_at(ffn);
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            let a = if g <= -10.0 {
-                0.0
-            } else if g >= 10.0 {
-                g
-            } else {
-                f16::from_f32(gelu(f16::from_f32(g).to_f32())).to_f32()
-            };
-            *o = a * u;
-        }
+    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+        let a = if g <= -10.0 {
+            0.0
+        } else if g >= 10.0 {
+            g
+        } else {
+            f16::from_f32(gelu(f16::from_f32(g).to_f32())).to_f32()
+        };
+        *o = a * u;
     }
 }
 
@@ -242,7 +227,7 @@ mod tests {
     fn swiglu_oai_clamps_as_gpt_oss() {
         let gu = [9.0f32, -9.0, 0.5, 0.0, 20.0, -20.0, 2.0, 3.0];
         let mut out = [0f32; 4];
-        swiglu_oai(&gu, 4, &mut out);
+        swiglu_oai(&gu[..4], &gu[4..], &mut out);
         let f = |g: f32, u: f32| g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
         assert_eq!(out[0], f(7.0, 7.0));
         assert_eq!(out[1], f(-9.0, -7.0));
@@ -256,7 +241,7 @@ mod tests {
     fn geglu_and_softcap_follow_ggml() {
         let gu = [-11.0f32, 0.5, 12.0, 2.0, 3.0, 5.0];
         let mut out = [0f32; 3];
-        geglu(&gu, 3, &mut out);
+        geglu(&gu[..3], &gu[3..], &mut out);
         assert_eq!(out[0], 0.0);
         assert_eq!(out[2], 12.0 * 5.0);
         // gelu(0.5) = 0.345714..., through f16.
