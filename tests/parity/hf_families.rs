@@ -1,5 +1,6 @@
 //! Hugging Face folders of every family the engine runs (Llama with Llama 3 RoPE scaling,
-//! Mistral, Qwen2 with YaRN, Qwen3, Gemma 2, Gemma 3, Phi-3 with LongRoPE, SmolLM3), each
+//! Mistral, Qwen2 with YaRN, Qwen3, Gemma 2, Gemma 3, Phi-3 with LongRoPE, SmolLM3, Granite
+//! with its four scales), each
 //! written here from the tiny random model of `tpslab_engine::model::tiny` as a real folder
 //! is laid out (config.json, model.safetensors with Hugging Face names and rotary layout,
 //! Gemma's norms stored as `w - 1`, tokenizer.json), then opened as the engine opens any folder.
@@ -27,7 +28,7 @@ use tpslab_kernels::WType;
 const REFS: &str = include_str!("../data/hf_refs.json");
 
 /// The families: (tiny variant, Hugging Face class, its `model_type`).
-const FAMILIES: [(&str, &str, &str); 8] = [
+const FAMILIES: [(&str, &str, &str); 9] = [
     ("llama", "LlamaForCausalLM", "llama"),
     ("mistral", "MistralForCausalLM", "mistral"),
     ("qwen2", "Qwen2ForCausalLM", "qwen2"),
@@ -36,6 +37,7 @@ const FAMILIES: [(&str, &str, &str); 8] = [
     ("gemma3", "Gemma3ForCausalLM", "gemma3_text"),
     ("phi3", "Phi3ForCausalLM", "phi3"),
     ("smollm3", "SmolLM3ForCausalLM", "smollm3"),
+    ("granite", "GraniteForCausalLM", "granite"),
 ];
 
 /// GPT-2's printable stand-ins for bytes (`bytes_to_unicode`).
@@ -132,6 +134,9 @@ fn config(arch: &str, class: &str, factors: Option<(Vec<f32>, Vec<f32>)>) -> Jso
                 "rope_scaling": {"type": "longrope", "long_factor": long, "short_factor": short}})
         }
         "smollm3" => json!({"num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0]}),
+        // The tiny file's scales; a head_dim the converter ignores (the head is 64 / 4).
+        "granite" => json!({"num_hidden_layers": 2, "head_dim": 32, "attention_multiplier": 0.2,
+            "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 4.0}),
         _ => panic!("no family {arch}"),
     };
     for (k, v) in extra.as_object().unwrap() {
@@ -216,7 +221,7 @@ fn write_folder(arch: &str, class: &str, dir: &Path) -> PathBuf {
         let Some(name) = hf_name(arch, &t.name) else {
             continue;
         };
-        let llama_like = matches!(arch, "llama" | "mistral" | "smollm3");
+        let llama_like = matches!(arch, "llama" | "mistral" | "smollm3" | "granite");
         if llama_like && (t.name.contains("attn_q.") || t.name.contains("attn_k.")) {
             let rows = if t.dims.len() == 1 {
                 t.dims[0]

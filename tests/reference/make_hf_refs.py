@@ -19,7 +19,7 @@ import hashlib, json, os, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LLAMA = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llama-cpp-ref/llama.cpp"
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite"]
 
 sys.path.insert(0, LLAMA)
 sys.path.insert(0, os.path.join(LLAMA, "gguf-py"))
@@ -38,7 +38,8 @@ TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 def patch_vocab():
     from conversion import get_model_class
     for name in ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "SmolLM3ForCausalLM"]:
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "SmolLM3ForCausalLM",
+                 "GraniteForCausalLM"]:
         get_model_class(name).set_vocab = gpt2_vocab
 
 

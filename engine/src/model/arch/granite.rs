@@ -4,15 +4,32 @@
 //! outputs before their residual add (`residual_scale`), and the logits, divided by
 //! `logit_scale` (which the file must set). Interleaved RoPE, an optional bias on the attention
 //! output. Granite's mixtures of experts (`granitemoe`) and hybrids are other architectures.
+//! From a Hugging Face folder it is `GraniteForCausalLM`, converted as llama.cpp's
+//! `GraniteModel` converts it: Llama's mapping with the four `*_multiplier`/`logits_scaling`
+//! settings as the scales, and no `head_dim`.
+
+use serde_json::{Map, Value as Json};
 
 use crate::formats::gguf::GgufFile;
-use crate::model::arch::family::{FamilyDef, GgufArch, TinySpec, TinyValue};
+use crate::formats::hf_config::HfConfig;
+use crate::formats::hf_map::{Bad, Change, Md, Shape, default_theta, num};
+use crate::model::arch::family::{FamilyDef, GgufArch, HfClass, HfInput, TinySpec, TinyValue};
 use crate::model::arch::llama::block::{self, attention_block, ffn_block, output};
+use crate::model::arch::llama::hf;
 use crate::model::config::{ConfigError, Extras, Keys, ModelConfig, RopeStyle};
 use crate::model::ops::{Activation, Buf, Ops};
 use crate::model::weights::{WeightError, Weights, optional_vector};
 
 pub struct Def;
+
+/// config.json's settings and the GGUF keys `GraniteModel.set_gguf_parameters` writes them as
+/// (each where it is set and not 0; transformers' `GraniteConfig` defaults each to 1).
+const SCALES: [(&str, &str); 4] = [
+    ("attention_multiplier", "attention.scale"),
+    ("embedding_multiplier", "embedding_scale"),
+    ("residual_multiplier", "residual_scale"),
+    ("logits_scaling", "logit_scale"),
+];
 
 impl FamilyDef for Def {
     fn gguf_archs(&self) -> &'static [GgufArch] {
@@ -65,6 +82,45 @@ impl FamilyDef for Def {
             ));
         }
         Ok(())
+    }
+
+    fn hf_classes(&self) -> &'static [HfClass] {
+        &[HfClass {
+            class: "GraniteForCausalLM",
+            model_types: &["granite"],
+            gguf_arch: "granite",
+        }]
+    }
+
+    /// `GraniteConfig`'s defaults; the converter drops `head_dim` (the head is `hidden / heads`,
+    /// and no `key_length` is written).
+    fn hf_defaults(&self, _: &HfClass, cfg: &mut HfConfig, j: &mut Map<String, Json>) {
+        cfg.head_dim = None;
+        j.remove("head_dim");
+        default_theta(j, 10_000.0);
+        for (key, _) in SCALES {
+            if j.get(key).is_none_or(Json::is_null) {
+                j.insert(key.into(), Json::from(1.0));
+            }
+        }
+    }
+
+    fn hf_metadata(&self, _: &HfClass, md: &mut Md, x: &HfInput<'_>) -> Result<(), Bad> {
+        hf::llama_model_keys(md, x)?;
+        for (key, gguf) in SCALES {
+            if let Some(v) = num(x.j, key)?.filter(|&v| v != 0.0) {
+                md.f32(gguf, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn hf_computed(&self, _: &HfClass, x: &HfInput<'_>) -> Result<Vec<(String, Vec<f32>)>, Bad> {
+        hf::llama3_tensors(x)
+    }
+
+    fn hf_change(&self, _: &HfClass, name: &str, s: &Shape) -> Change {
+        hf::permute(name, s)
     }
 
     /// Every scale set, none of them 1.
