@@ -18,7 +18,7 @@ fn pools() -> &'static [ThreadPool; 3] {
 }
 
 fn backends() -> Vec<Backend> {
-    [Backend::Portable, Backend::Avx2]
+    [Backend::Portable, Backend::Avx2, Backend::Avx512Zmm]
         .into_iter()
         .filter(|b| b.is_available())
         .collect()
@@ -351,6 +351,39 @@ fn avx2_matches_portable() {
     let p = case.run(Backend::Portable, &pools()[1]);
     for (i, (x, y)) in a.iter().zip(&p).enumerate() {
         assert!((x - y).abs() <= 2e-5, "elem {i}: avx2 {x} vs portable {y}");
+    }
+}
+
+/// The 512-bit dots and V sums give the AVX2 path's bits: head sizes with and without a
+/// 16-float remainder, with windows, soft-capping and sinks, prefill and decode queries.
+#[test]
+fn zmm_matches_avx2_bit_for_bit() {
+    if !Backend::Avx512Zmm.is_available() {
+        eprintln!("no AVX-512 here: the 512-bit attention path is not reached on this CPU");
+        return;
+    }
+    for (i, hd) in [8usize, 16, 24, 64, 72, 128, 256].into_iter().enumerate() {
+        let shape = AttnShape {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: hd,
+            block_size: 16,
+        };
+        let mut case = Case::random(shape, &[(300, 70), (97, 1), (5, 5)], 4.0, 11 + i as u64);
+        match i % 3 {
+            1 => case.window = Some(40),
+            2 => case.softcap = Some(20.0),
+            _ => case.sinks = Some((0..8).map(|h| h as f32 * 0.3 - 1.0).collect()),
+        }
+        let a = case.run(Backend::Avx2, &pools()[1]);
+        let z = case.run(Backend::Avx512Zmm, &pools()[2]);
+        for (j, (x, y)) in a.iter().zip(&z).enumerate() {
+            assert_eq!(
+                x.to_bits(),
+                y.to_bits(),
+                "hd {hd} elem {j}: avx2 {x} vs zmm {y}"
+            );
+        }
     }
 }
 

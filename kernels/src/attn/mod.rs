@@ -1,7 +1,7 @@
 //! Paged attention on the CPU: causal attention of a batch of query tokens over K/V caches (f16,
 //! or BF16 / Q8_0 / Q4_0 blocks) read through per-sequence block tables, with grouped-query heads.
 //!
-//! Modules: `x86` (the AVX2 kernels), `kv_rows` ([`KvRows`]: a cache of one element type and
+//! Modules: `x86` (the AVX2 kernels, and their 512-bit dots and V sums), `kv_rows` ([`KvRows`]: a cache of one element type and
 //! its conversion to f32).
 //!
 //! Layout of the work: a *tile* is up to [`TILE_TOKENS`] consecutive batch tokens of one
@@ -168,8 +168,10 @@ pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
         input.sinks.is_none_or(|s| s.len() == n_heads),
         "not one sink per query head"
     );
-    // The SIMD kernels step through the head 8 floats at a time.
-    // Attention has no integer dots: every x86 path runs the AVX2 code.
+    // The SIMD kernels step through the head 8 floats at a time. Attention has no integer
+    // dots: every x86 path runs the AVX2 code, its dots and V sums on 512-bit vectors where
+    // the backend's tiles are (the same bits).
+    let wide = backend == Backend::Avx512Zmm;
     let backend = if hd.is_multiple_of(8) {
         backend.float_path()
     } else {
@@ -207,7 +209,7 @@ pub fn paged_attention_with<T: AsRef<[u32]> + Sync>(
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&item) = items.get(i) else { break };
-                run_item(backend, input, item, scratch, outp);
+                run_item(backend, wide, input, item, scratch, outp);
             }
         });
     });
@@ -252,6 +254,7 @@ thread_local! {
 
 fn run_item<T: AsRef<[u32]>>(
     backend: Backend,
+    wide: bool,
     input: &AttnInput<'_, T>,
     item: Item,
     s: &mut Scratch,
@@ -346,6 +349,9 @@ fn run_item<T: AsRef<[u32]>>(
                 match backend {
                     // SAFETY: the backend was checked available (AVX2, FMA, F16C detected) and
                     // `hd % 8 == 0` (checked when choosing it).
+                    #[cfg(target_arch = "x86_64")]
+                    Backend::Avx2 if wide => unsafe { x86::block_zmm(&blk, &mut s.state[qi], acc) },
+                    // SAFETY: as above.
                     #[cfg(target_arch = "x86_64")]
                     Backend::Avx2 => unsafe { x86::block(&blk, &mut s.state[qi], acc) },
                     _ => block_portable(&blk, &mut s.state[qi], acc),

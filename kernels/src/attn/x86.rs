@@ -220,6 +220,14 @@ fn dot8(q: &[f32], k: &[f32]) -> __m256 {
             }
         }
     }
+    tree8(a)
+}
+
+/// Each of 8 keys' lane sums (`a[j]`, 8 partial sums) reduced by one fixed tree, key `j` in
+/// lane `j`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tree8(a: [__m256; 8]) -> __m256 {
     let h01 = _mm256_hadd_ps(a[0], a[1]);
     let h23 = _mm256_hadd_ps(a[2], a[3]);
     let h45 = _mm256_hadd_ps(a[4], a[5]);
@@ -273,84 +281,206 @@ fn acc_v<const R: usize>(acc: &mut [f32], v: &[f32], hd: usize, w: &[f32]) {
     }
 }
 
-/// The AVX2 block step (see the module doc for the order of operations). Needs
-/// `q.len() % 8 == 0`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn block(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
-    let hd = b.q.len();
-    assert!(hd.is_multiple_of(8) && b.k.len() >= BLOCK * hd && b.v.len() >= BLOCK * hd);
-    assert!(b.lo < b.nv && b.nv <= BLOCK && acc.len() == hd);
-    let ng = b.nv.div_ceil(8);
-    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let scale = _mm256_set1_ps(b.scale);
-    let nv = _mm256_set1_epi32(b.nv as i32);
-    let lo = _mm256_set1_epi32(b.lo as i32 - 1);
-    let mut s = [neg_inf; BLOCK / 8];
-    for (j, s) in s[..ng].iter_mut().enumerate() {
-        let mut x = _mm256_mul_ps(dot8(b.q, &b.k[j * 8 * hd..]), scale);
-        if b.softcap.is_some() {
-            let mut lanes = [0f32; 8];
-            // SAFETY: `lanes` is 8 floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), x) };
-            lanes.iter_mut().for_each(|v| *v = cap_score(*v, b.softcap));
-            // SAFETY: as above.
-            x = unsafe { _mm256_loadu_ps(lanes.as_ptr()) };
-        }
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let lane = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * j as i32));
-        // Lanes at or past `nv` are other queries' (or no) positions, lanes before `lo` are
-        // outside the window: -inf, weight 0.
-        let keep = _mm256_and_si256(_mm256_cmpgt_epi32(nv, lane), _mm256_cmpgt_epi32(lane, lo));
-        *s = _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(keep));
-    }
-    let m = hmax(_mm256_max_ps(
-        _mm256_max_ps(s[0], s[1]),
-        _mm256_max_ps(s[2], s[3]),
-    ));
-    if m > state.0 {
-        if state.0 > f32::NEG_INFINITY {
-            let r = _mm256_set1_ps(state.0 - m);
-            let r = exp8(r);
-            for c in acc.chunks_exact_mut(8) {
-                // SAFETY: `c` is 8 floats.
-                unsafe {
-                    _mm256_storeu_ps(
-                        c.as_mut_ptr(),
-                        _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), r),
-                    )
-                };
+/// The block step (see the module doc for the order of operations) of the target features
+/// `$features`, its 8 keys' dots by `$dot8`, and its V accumulation begun by `$acc_wide` (which
+/// returns how many floats of the head it did). Needs `q.len() % 8 == 0`.
+macro_rules! block_step {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $dot8:path, $acc_wide:path) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(super) fn $name(b: &Block<'_>, state: &mut (f32, f32), acc: &mut [f32]) {
+            let hd = b.q.len();
+            assert!(hd.is_multiple_of(8) && b.k.len() >= BLOCK * hd && b.v.len() >= BLOCK * hd);
+            assert!(b.lo < b.nv && b.nv <= BLOCK && acc.len() == hd);
+            let ng = b.nv.div_ceil(8);
+            let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+            let scale = _mm256_set1_ps(b.scale);
+            let nv = _mm256_set1_epi32(b.nv as i32);
+            let lo = _mm256_set1_epi32(b.lo as i32 - 1);
+            let mut s = [neg_inf; BLOCK / 8];
+            for (j, s) in s[..ng].iter_mut().enumerate() {
+                let mut x = _mm256_mul_ps($dot8(b.q, &b.k[j * 8 * hd..]), scale);
+                if b.softcap.is_some() {
+                    let mut lanes = [0f32; 8];
+                    // SAFETY: `lanes` is 8 floats.
+                    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), x) };
+                    lanes.iter_mut().for_each(|v| *v = cap_score(*v, b.softcap));
+                    // SAFETY: as above.
+                    x = unsafe { _mm256_loadu_ps(lanes.as_ptr()) };
+                }
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let lane = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * j as i32));
+                // Lanes at or past `nv` are other queries' (or no) positions, lanes before `lo` are
+                // outside the window: -inf, weight 0.
+                let keep = _mm256_and_si256(_mm256_cmpgt_epi32(nv, lane), _mm256_cmpgt_epi32(lane, lo));
+                *s = _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(keep));
             }
-            state.1 *= _mm256_cvtss_f32(r);
+            let m = hmax(_mm256_max_ps(
+                _mm256_max_ps(s[0], s[1]),
+                _mm256_max_ps(s[2], s[3]),
+            ));
+            if m > state.0 {
+                if state.0 > f32::NEG_INFINITY {
+                    let r = _mm256_set1_ps(state.0 - m);
+                    let r = exp8(r);
+                    for c in acc.chunks_exact_mut(8) {
+                        // SAFETY: `c` is 8 floats.
+                        unsafe {
+                            _mm256_storeu_ps(
+                                c.as_mut_ptr(),
+                                _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), r),
+                            )
+                        };
+                    }
+                    state.1 *= _mm256_cvtss_f32(r);
+                }
+                state.0 = m;
+            }
+            let mv = _mm256_set1_ps(state.0);
+            let mut w = [_mm256_setzero_ps(); BLOCK / 8];
+            for (w, &s) in w[..ng].iter_mut().zip(&s) {
+                *w = exp8(_mm256_sub_ps(s, mv));
+            }
+            let sum = _mm256_add_ps(_mm256_add_ps(w[0], w[1]), _mm256_add_ps(w[2], w[3]));
+            state.1 += hsum(sum);
+            let mut wf = [0f32; BLOCK];
+            for (c, w) in wf.chunks_exact_mut(8).zip(&w) {
+                // SAFETY: `c` is 8 floats.
+                unsafe { _mm256_storeu_ps(c.as_mut_ptr(), *w) };
+            }
+            let w = &wf[..b.nv];
+            let mut d = $acc_wide(acc, b.v, hd, w);
+            while d < hd {
+                let (acc, v) = (&mut acc[d..], &b.v[d..]);
+                match (hd - d).min(64) / 8 {
+                    8 => acc_v::<8>(acc, v, hd, w),
+                    7 => acc_v::<7>(acc, v, hd, w),
+                    6 => acc_v::<6>(acc, v, hd, w),
+                    5 => acc_v::<5>(acc, v, hd, w),
+                    4 => acc_v::<4>(acc, v, hd, w),
+                    3 => acc_v::<3>(acc, v, hd, w),
+                    2 => acc_v::<2>(acc, v, hd, w),
+                    _ => acc_v::<1>(acc, v, hd, w),
+                }
+                d += 64;
+            }
         }
-        state.0 = m;
+    };
+}
+
+block_step!(
+    /// The AVX2 block step.
+    block,
+    "avx2,fma,f16c",
+    dot8,
+    none_wide
+);
+
+block_step!(
+    /// [`block`] with the scores' dots and the V accumulation on 512-bit vectors ([`wide`]):
+    /// every lane does the same operations in the same order, so the result is [`block`]'s bit
+    /// for bit.
+    block_zmm,
+    "avx2,fma,f16c,avx512f",
+    wide::dot8,
+    wide::acc_v
+);
+
+/// No part of the V accumulation on wide vectors.
+fn none_wide(_: &mut [f32], _: &[f32], _: usize, _: &[f32]) -> usize {
+    0
+}
+
+/// The 512-bit forms of [`dot8`] and [`acc_v`]: the same per-lane operations, two keys (or 16
+/// head elements) a vector.
+mod wide {
+    use std::arch::x86_64::*;
+
+    use super::tree8;
+
+    /// Two 8-float rows in one vector: `lo` in the low half.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    fn join(lo: __m256, hi: __m256) -> __m512 {
+        let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(hi)))
     }
-    let mv = _mm256_set1_ps(state.0);
-    let mut w = [_mm256_setzero_ps(); BLOCK / 8];
-    for (w, &s) in w[..ng].iter_mut().zip(&s) {
-        *w = exp8(_mm256_sub_ps(s, mv));
-    }
-    let sum = _mm256_add_ps(_mm256_add_ps(w[0], w[1]), _mm256_add_ps(w[2], w[3]));
-    state.1 += hsum(sum);
-    let mut wf = [0f32; BLOCK];
-    for (c, w) in wf.chunks_exact_mut(8).zip(&w) {
-        // SAFETY: `c` is 8 floats.
-        unsafe { _mm256_storeu_ps(c.as_mut_ptr(), *w) };
-    }
-    let w = &wf[..b.nv];
-    let mut d = 0;
-    while d < hd {
-        let (acc, v) = (&mut acc[d..], &b.v[d..]);
-        match (hd - d).min(64) / 8 {
-            8 => acc_v::<8>(acc, v, hd, w),
-            7 => acc_v::<7>(acc, v, hd, w),
-            6 => acc_v::<6>(acc, v, hd, w),
-            5 => acc_v::<5>(acc, v, hd, w),
-            4 => acc_v::<4>(acc, v, hd, w),
-            3 => acc_v::<3>(acc, v, hd, w),
-            2 => acc_v::<2>(acc, v, hd, w),
-            _ => acc_v::<1>(acc, v, hd, w),
+
+    /// [`super::dot8`]: keys `2p` and `2p + 1` in the halves of accumulator `p`, then the
+    /// same tree over the halves.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) fn dot8(q: &[f32], k: &[f32]) -> __m256 {
+        let hd = q.len();
+        assert!(k.len() >= 8 * hd && hd.is_multiple_of(8));
+        let mut a = [_mm512_setzero_ps(); 4];
+        for c in (0..hd).step_by(8) {
+            // SAFETY: `c + 8 <= hd`, and row `j < 8` of `k` ends at `(j + 1) * hd <= k.len()`.
+            unsafe {
+                let qc = _mm256_loadu_ps(q.as_ptr().add(c));
+                let qc = join(qc, qc);
+                for (p, a) in a.iter_mut().enumerate() {
+                    let row = |j: usize| _mm256_loadu_ps(k.as_ptr().add(j * hd + c));
+                    *a = _mm512_fmadd_ps(qc, join(row(2 * p), row(2 * p + 1)), *a);
+                }
+            }
         }
-        d += 64;
+        let half = |a: __m512, hi: bool| {
+            let a = _mm512_castps_pd(a);
+            _mm256_castpd_ps(if hi {
+                _mm512_extractf64x4_pd::<1>(a)
+            } else {
+                _mm512_castpd512_pd256(a)
+            })
+        };
+        tree8(std::array::from_fn(|j| half(a[j / 2], j % 2 == 1)))
+    }
+
+    /// [`super::acc_v`] over the head's whole 16-float groups; returns how many floats of
+    /// `acc` it covered (the rest is left to the 8-float form).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) fn acc_v(acc: &mut [f32], v: &[f32], hd: usize, w: &[f32]) -> usize {
+        let mut d = 0;
+        while hd - d >= 16 {
+            let (acc, v) = (&mut acc[d..], &v[d..]);
+            d += 16
+                * match (hd - d).min(128) / 16 {
+                    8 => acc_v16::<8>(acc, v, hd, w),
+                    7 => acc_v16::<7>(acc, v, hd, w),
+                    6 => acc_v16::<6>(acc, v, hd, w),
+                    5 => acc_v16::<5>(acc, v, hd, w),
+                    4 => acc_v16::<4>(acc, v, hd, w),
+                    3 => acc_v16::<3>(acc, v, hd, w),
+                    2 => acc_v16::<2>(acc, v, hd, w),
+                    _ => acc_v16::<1>(acc, v, hd, w),
+                };
+        }
+        d
+    }
+
+    /// `acc[..16 R] += sum_p w[p] * v[p * hd..][..16 R]` in position order; returns `R`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    fn acc_v16<const R: usize>(acc: &mut [f32], v: &[f32], hd: usize, w: &[f32]) -> usize {
+        assert!(acc.len() >= 16 * R && (w.is_empty() || v.len() >= (w.len() - 1) * hd + 16 * R));
+        // SAFETY: lane `r < R` of position `p < w.len()` reads `v[p * hd + 16 r..][..16]`,
+        // inside `v` by the assertion; the accumulators are `16 R` floats of `acc`.
+        unsafe {
+            let mut a: [__m512; R] =
+                std::array::from_fn(|r| _mm512_loadu_ps(acc.as_ptr().add(16 * r)));
+            for (p, &wp) in w.iter().enumerate() {
+                let wv = _mm512_set1_ps(wp);
+                let row = v.as_ptr().add(p * hd);
+                for (r, a) in a.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(16 * r)), *a);
+                }
+            }
+            for (r, a) in a.iter().enumerate() {
+                _mm512_storeu_ps(acc.as_mut_ptr().add(16 * r), *a);
+            }
+        }
+        R
     }
 }
 
