@@ -89,7 +89,7 @@ use tpslab_engine::serving::engine::{EngineConfig, EngineHandle, Knobs, KvSettin
 
 use self::errors::ApiError;
 use self::limits::LimitArgs;
-pub use self::state::ServerState;
+pub use self::state::{ServerChoices, ServerState};
 use crate::kv_args::KvArgs;
 use crate::model_args::ModelArgs;
 use crate::spec_args::SpecArgs;
@@ -291,16 +291,18 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         draft,
     };
     let engine = EngineHandle::start(Arc::clone(&lm), config, None)?;
-    let mut state = ServerState::new(engine, lm, api_key);
+    let choices = ServerChoices {
+        listed_aliases: a.aliases.clone(),
+        browser: a.browser.policy(),
+        limits: limits.clone(),
+    };
+    let mut state = ServerState::configured(engine, lm, api_key, choices);
     state.metrics_open = a.metrics_open;
     if let Some(path) = &a.record_trace {
         let w = trace::TraceWriter::open(path).map_err(anyhow::Error::msg)?;
         state.metrics = Arc::new(metrics::ServerMetrics::new(&state.model_id).with_trace(w));
         eprintln!("recording each finished request to {}", path.display());
     }
-    state.limits = limits.clone();
-    state.browser = a.browser.policy();
-    state.listed_aliases = a.aliases.clone();
     state.aliases.push(a.model.name().to_string());
     if let Some(s) = &a.model.synthetic {
         state.aliases.push(s.clone());

@@ -44,7 +44,32 @@ pub struct ServerState {
     pub prepare: Arc<Semaphore>,
 }
 
+/// What a front end chooses for its server (`tpslab serve`'s flags, the window's API server
+/// settings): the names it lists besides the model id, which web pages may call it, and its
+/// limits.
+#[derive(Default)]
+pub struct ServerChoices {
+    pub listed_aliases: Vec<String>,
+    pub browser: BrowserPolicy,
+    pub limits: Limits,
+}
+
 impl ServerState {
+    /// State over a running engine as a front end chose it.
+    pub fn configured(
+        engine: EngineHandle,
+        lm: Arc<LoadedModel>,
+        api_key: Option<String>,
+        c: ServerChoices,
+    ) -> Self {
+        Self {
+            listed_aliases: c.listed_aliases,
+            browser: c.browser,
+            limits: c.limits,
+            ..Self::new(engine, lm, api_key)
+        }
+    }
+
     /// State over a running engine; the model id is the file's stem.
     pub fn new(engine: EngineHandle, lm: Arc<LoadedModel>, api_key: Option<String>) -> Self {
         let model_id = lm

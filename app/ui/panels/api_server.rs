@@ -11,7 +11,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tpslab_engine::serving::engine::EngineHandle;
 
-use crate::serve::{self, RunningServer, ServerState};
+use crate::serve::limits::Limits;
+use crate::serve::{self, RunningServer, ServerChoices, ServerState};
 use crate::ui::command::Command;
 use crate::ui::engine_link::EngineLink;
 
@@ -97,14 +98,20 @@ impl ApiServer {
     /// Starts serving `b`'s engine on 127.0.0.1:`opts.port` as `opts` says.
     pub fn start(&mut self, b: &EngineLink, opts: ServerOptions) -> Result<(), String> {
         self.stop();
-        let mut state = ServerState::new(b.engine.clone(), Arc::clone(&b.lm), opts.api_key.clone());
-        state.listed_aliases = opts.aliases.clone();
-        state.browser = serve::browser::BrowserArgs {
-            cors_origins: opts.cors_origins.clone(),
-            allowed_hosts: Vec::new(),
-        }
-        .policy();
-        state.limits.ctx_size = opts.ctx_size;
+        let choices = ServerChoices {
+            listed_aliases: opts.aliases.clone(),
+            browser: serve::browser::BrowserArgs {
+                cors_origins: opts.cors_origins.clone(),
+                allowed_hosts: Vec::new(),
+            }
+            .policy(),
+            limits: Limits {
+                ctx_size: opts.ctx_size,
+                ..Limits::default()
+            },
+        };
+        let key = opts.api_key.clone();
+        let state = ServerState::configured(b.engine.clone(), Arc::clone(&b.lm), key, choices);
         let model_id = state.model_id.clone();
         let addr = SocketAddr::from(([127, 0, 0, 1], opts.port));
         let server =

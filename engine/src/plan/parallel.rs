@@ -37,7 +37,7 @@ use tpslab_kernels::WType;
 use super::PlanError;
 use super::devices::{DeviceSpec, DeviceTable, Link, PublishedRow};
 use super::roofline::{
-    ExpertShape, Machine, ModelShape, PlanFor, Prediction, Steps, Workload, predict_with,
+    ExpertShape, Machine, ModelShape, PlanFor, Prediction, RowAsks, Steps, Workload, predict_with,
 };
 pub use super::split::Parallel;
 
@@ -312,22 +312,14 @@ pub fn check_published(
 ) -> Result<Vec<PublishedCheck>, PlanError> {
     let mut out = Vec::new();
     for r in &device.published {
-        let shape = ModelShape::synthetic(&r.model)?;
-        let ty: WType = (r.precision.parse()).map_err(|e| {
-            PlanError::Table(format!("device {}: published precision: {e}", device.id))
-        })?;
-        let w = Workload {
-            concurrency: r.concurrency,
-            prompt_len: r.prompt_len,
-            output_len: r.output_len,
-            token_budget: r.token_budget,
-        };
+        let a = RowAsks::published(device, r)?;
         let par = Parallel {
             tp: r.tp,
             pp: r.pp,
             ep: r.ep,
         };
-        let p = predict_parallel(table, device, &shape, ty, &w, par, Some(&r.engine))?;
+        let (shape, w) = (&a.shape, &a.workload);
+        let p = predict_parallel(table, device, shape, a.ty, w, par, Some(&r.engine))?;
         out.push(PublishedCheck {
             device: device.id.clone(),
             err: p

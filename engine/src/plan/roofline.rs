@@ -13,7 +13,7 @@ use serde::Serialize;
 use tpslab_kernels::WType;
 
 use super::PlanError;
-use super::devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow};
+use super::devices::{Calibration, DeviceSpec, DeviceTable, MeasuredRow, PublishedRow};
 use super::split::Parallel;
 use crate::kv::KvTypes;
 use crate::model::config::ModelConfig;
@@ -552,22 +552,61 @@ fn abs_pct<'a>(rows: impl Iterator<Item = &'a RowError>) -> Option<(f64, f64)> {
     Some((errs.iter().sum::<f64>() / errs.len() as f64, max))
 }
 
-/// The predictions for `device`'s measured rows against what was measured; `None` when it has
-/// none.
-pub fn check(table: &DeviceTable, device: &DeviceSpec) -> Result<Option<ErrorSummary>, PlanError> {
-    let mut rows = Vec::new();
-    for r in &device.measured {
-        let shape = ModelShape::synthetic(&r.model)?;
-        let ty: WType = (r.precision.parse()).map_err(|e| {
-            PlanError::Table(format!("device {}: measured precision: {e}", device.id))
+/// What a row of the device table (measured here, or published) asks the planner: its
+/// model's shape, its weight type and its workload.
+pub(crate) struct RowAsks {
+    pub shape: ModelShape,
+    pub ty: WType,
+    pub workload: Workload,
+}
+
+impl RowAsks {
+    /// `device`'s row of `kind` ("measured", "published") naming `model` and `precision`.
+    fn new(
+        device: &DeviceSpec,
+        kind: &str,
+        model: &str,
+        precision: &str,
+        w: Workload,
+    ) -> Result<Self, PlanError> {
+        let ty = precision.parse().map_err(|e| {
+            PlanError::Table(format!("device {}: {kind} precision: {e}", device.id))
         })?;
+        Ok(Self {
+            shape: ModelShape::synthetic(model)?,
+            ty,
+            workload: w,
+        })
+    }
+
+    pub(crate) fn measured(device: &DeviceSpec, r: &MeasuredRow) -> Result<Self, PlanError> {
         let w = Workload {
             concurrency: r.concurrency,
             prompt_len: r.prompt_len,
             output_len: r.output_len,
             token_budget: r.token_budget,
         };
-        let p = predict(table, device, &shape, ty, &w)?;
+        Self::new(device, "measured", &r.model, &r.precision, w)
+    }
+
+    pub(crate) fn published(device: &DeviceSpec, r: &PublishedRow) -> Result<Self, PlanError> {
+        let w = Workload {
+            concurrency: r.concurrency,
+            prompt_len: r.prompt_len,
+            output_len: r.output_len,
+            token_budget: r.token_budget,
+        };
+        Self::new(device, "published", &r.model, &r.precision, w)
+    }
+}
+
+/// The predictions for `device`'s measured rows against what was measured; `None` when it has
+/// none.
+pub fn check(table: &DeviceTable, device: &DeviceSpec) -> Result<Option<ErrorSummary>, PlanError> {
+    let mut rows = Vec::new();
+    for r in &device.measured {
+        let a = RowAsks::measured(device, r)?;
+        let p = predict(table, device, &a.shape, a.ty, &a.workload)?;
         let rel = |pred: Option<f64>, meas: f64| pred.map_or(f64::INFINITY, |v| v / meas - 1.0);
         rows.push(RowError {
             aggregate_err: rel(p.aggregate_tps, r.aggregate_tps),
