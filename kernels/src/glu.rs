@@ -1,8 +1,9 @@
 //! Gated linear units over rows: `out = act(gate) * up` for rows of `gu` = `[gate | up]`, split
-//! over the pool's threads ([`gated_rows`]), and SwiGLU's `silu(gate) * up` ([`silu_mul`]).
-//! Every output depends on its own two inputs only, so the split never changes a value.
+//! over the pool's threads ([`gated_rows`]); the activations' formulas are the engine's
+//! (`device::rowops`). Every output depends on its own two inputs only, so the split never
+//! changes a value.
 //!
-//! The exp is the C library's. ggml's vectorized exp (`ggml_v_expf`, within 1.5 ulp) was tried.
+//! SwiGLU's exp is the C library's. ggml's vectorized exp (`ggml_v_expf`, within 1.5 ulp) was tried.
 //! It cut the gating's time by a further ~3% of a 1B prefill. But it moved the default model's
 //! greedy tokens off llama.cpp's recorded ones on a near-tie (93 of 96 teacher-forced steps
 //! agreed, where 94 are required). It also changed which n-gram proposals a seeded sampled run
@@ -54,26 +55,24 @@ fn piece(gu: &[f32], ffn: usize, out: &mut [f32], start: usize, f: &Piece) {
     }
 }
 
-/// SwiGLU over rows: `out = silu(gate) * up`, split over `pool` ([`gated_rows`]).
-pub fn swiglu(pool: &ThreadPool, gu: &[f32], ffn: usize, out: &mut [f32]) {
-    gated_rows(pool, gu, ffn, out, &silu_mul);
-}
-
-/// `o[i] = silu(g[i]) * u[i]`.
-pub fn silu_mul(g: &[f32], u: &[f32], o: &mut [f32]) {
-    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-        *o = silu(g) * u;
-    }
-}
-
-/// `x / (1 + exp(-x))`.
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SwiGLU's piece: `silu(g) * u`.
+    fn silu_mul(g: &[f32], u: &[f32], o: &mut [f32]) {
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = silu(g) * u;
+        }
+    }
+
+    fn silu(x: f32) -> f32 {
+        x / (1.0 + (-x).exp())
+    }
+
+    fn swiglu(pool: &ThreadPool, gu: &[f32], ffn: usize, out: &mut [f32]) {
+        gated_rows(pool, gu, ffn, out, &silu_mul);
+    }
 
     /// The split over threads changes nothing: a 3-thread pool over rows longer and shorter
     /// than a thread's share gives the one-thread bits.

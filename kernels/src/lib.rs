@@ -19,7 +19,7 @@
 //!   in-place dots of decode, the repacked panels of batches, the packed matrices' matmul
 //!   (`x86/mod.rs` names its files).
 //! - `matmul`: backend choice, tiling, the split over threads and scratch memory.
-//! - `glu`: gated linear units over rows (SwiGLU) split over the pool.
+//! - `glu`: gated linear units over rows (SwiGLU, GeGLU) split over the pool.
 //! - `moe`: mixture-of-experts routing and the expert FFN grouped by expert (each expert's
 //!   weights read once per step).
 //! - `pool`: a persistent thread pool for splitting one operation over the cores.

@@ -97,9 +97,16 @@ pub fn rope(v: &mut [f32], head_dim: usize, style: RopeStyle, cos: &[f32], sin: 
 /// inputs only).
 pub fn gated(pool: &ThreadPool, act: Activation, gate_up: &[f32], ffn: usize, out: &mut [f32]) {
     match act {
-        Activation::Silu => glu::swiglu(pool, gate_up, ffn, out),
+        Activation::Silu => glu::gated_rows(pool, gate_up, ffn, out, &swiglu),
         Activation::GeluTanh => glu::gated_rows(pool, gate_up, ffn, out, &geglu),
         Activation::SwigluOai => glu::gated_rows(pool, gate_up, ffn, out, &swiglu_oai),
+    }
+}
+
+/// `o = silu(g) * u`, `silu(x) = x / (1 + exp(-x))`.
+fn swiglu(g: &[f32], u: &[f32], o: &mut [f32]) {
+    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + (-g).exp()) * u;
     }
 }
 
