@@ -159,6 +159,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         constraint,
         logprobs: None,
         prompt_logprobs: None,
+        embed: None,
     };
     let (spec, draft) = a.spec.resolve()?;
     let setup = GenerateSetup {

@@ -355,7 +355,7 @@ pub async fn gather(
         };
         let Some(c) = states.get_mut(i) else { continue };
         match ev {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Embedding { .. } => {}
             Event::PromptLogprobs {
                 prompt, logprobs, ..
             } => c.prompt = Some((prompt, logprobs)),
@@ -509,7 +509,7 @@ impl SseStream {
             return;
         }
         match ev {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Embedding { .. } => {}
             Event::PromptLogprobs {
                 prompt, logprobs, ..
             } => self.states[i].prompt = Some((prompt, logprobs)),

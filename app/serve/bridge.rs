@@ -47,7 +47,7 @@ pub type Indexed = (usize, Event);
 
 /// Submits one request as choice `index`; its events arrive on `tx`. Never blocks the caller:
 /// the blocking `recv` runs on tokio's blocking pool and ends with the request's last event.
-fn submit_to(
+pub(super) fn submit_to(
     engine: &EngineHandle,
     req: Request,
     metrics: Arc<ServerMetrics>,

@@ -105,7 +105,7 @@ impl RequestTimer<'_> {
         let m = self.m;
         let now = Instant::now();
         match ev {
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
             Event::Token { .. } => {
                 m.generation_tokens.fetch_add(1, Ordering::Relaxed);
                 match self.last_token {

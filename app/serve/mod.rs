@@ -17,6 +17,7 @@
 //!   `format_infill` builds them; [`infill`]: llama-server's `POST /infill` over them.
 //! - [`unhonoured`]: fields the engine cannot honour (audio, images, beam search...), each a 400
 //!   naming it.
+//! - [`embeddings`]: `POST /v1/embeddings`, each input pooled by the engine beside the rest.
 //! - [`handlers`]: the completion endpoints (bounded body read, blocking work off the runtime).
 //! - [`bridge`]: a request's choices submitted (sharing the prompt's KV blocks) and their
 //!   engine events merged for async handlers; cancel on client disconnect.
@@ -39,6 +40,7 @@
 //! - [`state`]: what every handler shares ([`ServerState`]).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`,
+//! `POST /v1/embeddings`,
 //! `POST /infill`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `POST /tokenize`, `POST /detokenize` and `GET /metrics`, all behind the API key when one is
 //! set (`--metrics-open` leaves `/metrics` open); `GET /health` and `GET /v1/health` without
@@ -50,6 +52,7 @@ pub mod auth;
 pub mod bridge;
 pub mod browser;
 pub mod chat_input;
+pub mod embeddings;
 pub mod errors;
 pub mod fim;
 pub mod handlers;
@@ -93,6 +96,7 @@ pub use self::state::{ServerChoices, ServerState};
 use crate::kv_args::KvArgs;
 use crate::model_args::ModelArgs;
 use crate::spec_args::SpecArgs;
+use tpslab_engine::model::pooling::Pooling;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -132,6 +136,11 @@ pub struct ServeArgs {
     /// to FILE: a trace `tpslab tune --trace FILE` replays.
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<std::path::PathBuf>,
+    /// How /v1/embeddings makes one vector of a prompt (llama.cpp's names): `mean` of every
+    /// token's state, `cls` (the first) or `last`. Default: the file's `pooling_type`, else
+    /// `last`.
+    #[arg(long, value_name = "RULE")]
+    pub pooling: Option<Pooling>,
 }
 
 /// An `--alias`: a name a client can send (not empty, no control characters, not huge).
@@ -149,6 +158,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/responses", post(responses::responses))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/infill", post(infill::infill))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::retrieve))
@@ -295,6 +305,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         listed_aliases: a.aliases.clone(),
         browser: a.browser.policy(),
         limits: limits.clone(),
+        pooling: a.pooling,
     };
     let mut state = ServerState::configured(engine, lm, api_key, choices);
     state.metrics_open = a.metrics_open;

@@ -557,6 +557,7 @@ pub fn to_request(
             .transpose()?,
         logprobs: p.logprobs,
         prompt_logprobs: p.scored_prompt(),
+        embed: None,
     };
     Admission::for_api(&lm.model.cfg)
         .check(&req)

@@ -316,7 +316,7 @@ impl ResponsesStream {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
             Event::Token {
                 text,
                 token,

@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tpslab_engine::model::LoadedModel;
+use tpslab_engine::model::pooling::Pooling;
 use tpslab_engine::sched::ClientId;
 use tpslab_engine::serving::engine::EngineHandle;
 
@@ -42,6 +43,9 @@ pub struct ServerState {
     /// Requests parsing, rendering or tokenizing at once (each holds its prompt several times
     /// over, and a big one takes seconds): the rest wait for a slot without holding a thread.
     pub prepare: Arc<Semaphore>,
+    /// How `/v1/embeddings` pools a prompt's states (`--pooling`, else the file's rule, else
+    /// `last`).
+    pub pooling: Pooling,
 }
 
 /// What a front end chooses for its server (`tpslab serve`'s flags, the window's API server
@@ -52,6 +56,8 @@ pub struct ServerChoices {
     pub listed_aliases: Vec<String>,
     pub browser: BrowserPolicy,
     pub limits: Limits,
+    /// `--pooling`: the embedding rule over the file's.
+    pub pooling: Option<Pooling>,
 }
 
 impl ServerState {
@@ -62,10 +68,12 @@ impl ServerState {
         api_key: Option<String>,
         c: ServerChoices,
     ) -> Self {
+        let pooling = super::embeddings::rule(c.pooling, &lm);
         Self {
             listed_aliases: c.listed_aliases,
             browser: c.browser,
             limits: c.limits,
+            pooling,
             ..Self::new(engine, lm, api_key)
         }
     }
@@ -79,7 +87,6 @@ impl ServerState {
         Self {
             metrics: Arc::new(ServerMetrics::new(&model_id)),
             engine,
-            lm,
             aliases: Vec::new(),
             listed_aliases: Vec::new(),
             model_id,
@@ -92,6 +99,8 @@ impl ServerState {
             prepare: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             )),
+            pooling: super::embeddings::rule(None, &lm),
+            lm,
         }
     }
 

@@ -372,7 +372,7 @@ fn greedy(
                 return (tokens, reason, usage.completion_tokens);
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     panic!("no end")

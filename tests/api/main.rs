@@ -4,6 +4,8 @@
 //! Modules:
 //! - `admission`: The engine's one admission check as each real client sees it, on the real
 //!   default model
+//! - `embeddings`: `/v1/embeddings` against llama-server's vectors, through the official
+//!   OpenAI Python client and beside a streaming chat; bad requests refused by name
 //! - `openai_python`: The server as the official OpenAI Python client sees it
 //!   (tests/python/openai_check.py)
 //! - `server`: `tpslab serve` over real HTTP on loopback, with the real default model
@@ -31,6 +33,7 @@ mod llamacpp;
 mod runaway;
 
 mod admission;
+mod embeddings;
 mod openai_python;
 mod server;
 mod server_fuzz;

@@ -11,7 +11,7 @@ use std::process::Command;
 use crate::http_client;
 use http_client::*;
 
-fn run(cmd: &mut Command) -> Result<String, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd
         .output()
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
@@ -29,7 +29,7 @@ fn run(cmd: &mut Command) -> Result<String, String> {
 
 /// The virtualenv holding exactly the pinned requirements (its name carries their digest, so a
 /// change of pins makes a new one).
-fn venv(requirements: &Path) -> PathBuf {
+pub(crate) fn venv(requirements: &Path) -> PathBuf {
     let pins = std::fs::read(requirements).expect("tests/python/requirements.txt");
     let digest = pins.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)

@@ -109,6 +109,7 @@ impl ApiServer {
                 ctx_size: opts.ctx_size,
                 ..Limits::default()
             },
+            pooling: None,
         };
         let key = opts.api_key.clone();
         let state = ServerState::configured(b.engine.clone(), Arc::clone(&b.lm), key, choices);

@@ -97,6 +97,7 @@ impl Generation {
                         constraint,
                         logprobs: None,
                         prompt_logprobs: None,
+                        embed: None,
                     };
                     Ok((engine.submit(req, tx), prompt.reasoning))
                 });
@@ -176,7 +177,9 @@ impl Generation {
         }
         loop {
             match self.rx.try_recv() {
-                Ok(Event::Started { .. } | Event::PromptLogprobs { .. }) => {}
+                Ok(
+                    Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. },
+                ) => {}
                 Ok(Event::Token { text, .. }) => {
                     let now = Instant::now();
                     self.first.get_or_insert(now);

@@ -31,6 +31,9 @@ pub struct Workspace {
     gu: Vec<f32>,
     act: Vec<f32>,
     gathered: Vec<f32>,
+    /// The output-normed states of the batch's `hidden_rows` (embeddings), row after row.
+    hidden: Vec<f32>,
+    hidden_len: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
     /// Router logits, routes and the grouped expert buffers of a mixture of experts.
@@ -48,6 +51,7 @@ impl Workspace {
         self.bufs
             .iter()
             .chain([&self.gu, &self.act, &self.gathered, &self.cos, &self.sin])
+            .chain([&self.hidden])
             .chain([&self.router, &self.probs])
             .map(|v| v.capacity() * 4)
             .sum::<usize>()
@@ -58,6 +62,11 @@ impl Workspace {
     /// The floats of buffer `b` as the last step left them.
     pub fn buf(&self, b: Buf) -> &[f32] {
         &self.bufs[b.index()][..self.lens[b.index()]]
+    }
+
+    /// The output-normed states of the last step's `hidden_rows`, `hidden` floats a row.
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden[..self.hidden_len]
     }
 }
 
@@ -340,16 +349,28 @@ impl Ops for CpuOps<'_> {
         eps: f32,
         out: Buf,
     ) -> Result<(), Infallible> {
-        let (width, rows) = (w.len(), &self.batch.logit_rows);
-        let src = &self.ws.bufs[x.index()];
-        let g = sized(&mut self.ws.gathered, rows.len() * width);
-        for (j, &row) in rows.iter().enumerate() {
-            g[j * width..(j + 1) * width].copy_from_slice(&src[row * width..(row + 1) * width]);
+        let width = w.len();
+        let ws = &mut *self.ws;
+        // The logits rows, then the states embeddings are pooled from, normed alike.
+        for (rows, hidden) in [
+            (&self.batch.logit_rows, false),
+            (&self.batch.hidden_rows, true),
+        ] {
+            let len = rows.len() * width;
+            let g = sized(&mut ws.gathered, len);
+            let src = &ws.bufs[x.index()];
+            for (j, &row) in rows.iter().enumerate() {
+                g[j * width..(j + 1) * width].copy_from_slice(&src[row * width..(row + 1) * width]);
+            }
+            let o = if hidden {
+                ws.hidden_len = len;
+                sized(&mut ws.hidden, len)
+            } else {
+                ws.lens[out.index()] = len;
+                sized(&mut ws.bufs[out.index()], len)
+            };
+            rowops::rms_norm(&ws.gathered[..len], w, eps, o);
         }
-        let len = rows.len() * width;
-        let o = sized(&mut self.ws.bufs[out.index()], len);
-        rowops::rms_norm(&self.ws.gathered[..len], w, eps, o);
-        self.ws.lens[out.index()] = len;
         Ok(())
     }
 
@@ -469,13 +490,17 @@ impl Backend for CpuBackend {
         format!("CPU, {} threads", self.pool.n_threads())
     }
 
+    fn embeds(&self) -> bool {
+        true
+    }
+
     fn forward(&mut self, batch: &Batch, _: &[RowNeed]) -> Result<StepOutput<'_>, BackendError> {
-        let logits =
-            self.lm
-                .model
-                .forward_as(&self.cfg, &self.pool, batch, &mut self.kv, &mut self.ws)?;
+        self.lm
+            .model
+            .forward_as(&self.cfg, &self.pool, batch, &mut self.kv, &mut self.ws)?;
         Ok(StepOutput {
-            logits,
+            logits: self.ws.buf(Buf::Logits),
+            hidden: self.ws.hidden(),
             argmax: &[],
             topk_k: 0,
             topk_ids: &[],

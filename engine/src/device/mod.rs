@@ -199,6 +199,9 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// packed in `logits`.
 pub struct StepOutput<'a> {
     pub logits: &'a [f32],
+    /// The output-normed states of the batch's `hidden_rows` (embeddings), a model width of
+    /// floats each, in that order; empty on a backend that does not embed ([`Backend::embeds`]).
+    pub hidden: &'a [f32],
     pub argmax: &'a [u32],
     pub topk_k: usize,
     pub topk_ids: &'a [u32],
@@ -242,6 +245,10 @@ pub trait Backend: Send {
     fn memory(&self) -> MemoryUse;
     /// Compute threads (CPU) or 0.
     fn threads(&self) -> usize;
+    /// Whether [`Backend::forward`] returns the states of `hidden_rows` (embeddings).
+    fn embeds(&self) -> bool {
+        false
+    }
     /// What the last step read of a mixture of experts (`None` for a dense model, or a device
     /// that does not count it).
     fn expert_load(&self) -> Option<&ExpertLoad> {

@@ -217,6 +217,9 @@ pub struct Batch {
     /// will sample, and the positions of its proposed tokens in a speculative step), in the
     /// order the logits rows come back.
     pub logit_rows: Vec<usize>,
+    /// Token indices whose output-normed states are wanted (embeddings), in the order they
+    /// come back ([`crate::device::StepOutput::hidden`]).
+    pub hidden_rows: Vec<usize>,
 }
 
 impl Batch {

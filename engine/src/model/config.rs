@@ -64,6 +64,8 @@ pub struct Extras {
     pub rope_attn_factor: f32,
     /// Mixture-of-experts FFNs in every layer (`expert_count` > 0).
     pub moe: Option<MoeConfig>,
+    /// The file's embedding rule (`pooling_type`), when it names one: an embedding model's.
+    pub pooling: Option<crate::model::pooling::Pooling>,
 }
 
 /// A mixture-of-experts FFN: how many experts, how wide each is, and the family's routing.
@@ -92,6 +94,7 @@ impl Extras {
             no_rope_every: None,
             rope_attn_factor: 1.0,
             moe: None,
+            pooling: None,
         }
     }
 }

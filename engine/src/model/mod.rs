@@ -10,6 +10,7 @@
 //! - [`arena`]: where a loaded model's weight bytes live (one arena on huge pages per model).
 //! - [`weight_bytes`]: a matrix's bytes, alone or its slice of the arena.
 //! - [`ops`]: the backend-ops seam ([`ops::Ops`]) a recipe runs on.
+//! - [`pooling`]: embeddings: a prompt's final hidden states pooled into one vector.
 //! - [`arch`]: the registry of families, each one module (its architectures, quirks, loader,
 //!   known shapes and recipe), and the resolver of a file's configuration.
 //! - [`record`]: the recording device (a test double) that lists the ops a recipe runs.
@@ -29,6 +30,7 @@ pub mod config;
 pub mod hf_folder;
 pub mod loaded;
 pub mod ops;
+pub mod pooling;
 pub mod precision;
 pub mod record;
 pub mod synthetic;

@@ -270,7 +270,8 @@ pub trait Ops {
     ) -> Result<(), Self::Error>;
     /// `x += y`.
     fn add(&mut self, x: Buf, y: Buf) -> Result<(), Self::Error>;
-    /// `out[j] = rms_norm(x[logit_rows[j]]) * w`: the rows whose logits are wanted.
+    /// `out[j] = rms_norm(x[logit_rows[j]]) * w`: the rows whose logits are wanted. A device
+    /// that embeds (`Backend::embeds`) norms the batch's `hidden_rows` alike and keeps them.
     fn gather_rms_norm(
         &mut self,
         x: Buf,

@@ -94,6 +94,9 @@ pub struct SchedRequest {
     /// Logits rows for every prompt position too (prompt log-probabilities): its prompt is
     /// computed whole, never taken from the prefix cache (as vLLM does for `prompt_logprobs`).
     pub prompt_rows: bool,
+    /// Its prompt is computed whole, never taken from the prefix cache (embeddings pooled
+    /// over every prompt token), without logits rows for it.
+    pub whole_prompt: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -244,6 +247,7 @@ struct Request {
     /// `all_tokens` until the model accepts them.
     draft: Vec<u32>,
     prompt_rows: bool,
+    whole_prompt: bool,
 }
 
 impl Request {
@@ -255,6 +259,11 @@ impl Request {
     /// preempted after that has had them).
     fn wants_prompt_rows(&self) -> bool {
         self.prompt_rows && self.num_generated() == 0
+    }
+
+    /// Whether its prompt must be computed, not found in the prefix cache.
+    fn uncached(&self) -> bool {
+        (self.prompt_rows || self.whole_prompt) && self.num_generated() == 0
     }
 
     /// The most tokens one step may compute for it: [`PROMPT_ROWS_PER_STEP`] while its prompt
@@ -442,6 +451,7 @@ impl Scheduler {
                 status: RequestStatus::Waiting,
                 draft: Vec::new(),
                 prompt_rows: req.prompt_rows,
+                whole_prompt: req.whole_prompt,
             },
         );
         self.waiting.push_back(req.id);
@@ -614,7 +624,7 @@ impl Scheduler {
                 self.waiting.remove(idx);
                 continue;
             };
-            let (hit_blocks, hit_tokens) = if r.wants_prompt_rows() {
+            let (hit_blocks, hit_tokens) = if r.uncached() {
                 (Vec::new(), 0)
             } else {
                 self.kv.computed_blocks(&r.all_tokens)

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::{Backend, DeviceChoice, MemoryUse};
 use crate::model::LoadedModel;
+use crate::model::pooling::{Pooled, Pooling};
 use crate::model::precision::Precision;
 use crate::sched::stop::{FinishReason, StopChecker};
 use crate::sched::{RequestId, SchedRequest, Scheduler, SchedulerConfig};
@@ -296,6 +297,8 @@ struct Live {
     /// `i` scores prompt token `i + 1`) until they go out before the first token.
     prompt_logprobs: Option<usize>,
     prompt_lp: Vec<TokenLogprob>,
+    /// An embedding request's vector, being pooled from its prompt's states.
+    pooled: Option<Pooled>,
 }
 
 struct EngineThread {
@@ -464,6 +467,10 @@ impl EngineThread {
     /// Every path in (server, window, CLI) comes through here: the one admission check, then
     /// the scheduler's queue (which trusts what was admitted).
     fn submit(&mut self, id: RequestId, req: Request, events: Sender<Event>) {
+        if req.embed.is_some() && !self.backend.embeds() {
+            let device = self.backend.describe();
+            return self.refuse(id, &events, Refusal::NoEmbeddings { device });
+        }
         let admitted = match self.admission().check(&req) {
             Ok(a) => a,
             Err(e) => return self.refuse(id, &events, e),
@@ -477,8 +484,15 @@ impl EngineThread {
             constraint,
             logprobs,
             prompt_logprobs,
+            embed,
         } = req;
-        stop.max_tokens = Some(admitted.max_tokens);
+        // An embedding generates nothing: the one slot after its prompt is all it holds.
+        let max_tokens = if embed.is_some() {
+            1
+        } else {
+            admitted.max_tokens
+        };
+        stop.max_tokens = Some(max_tokens);
         let prompt_len = prompt.len();
         let sr_prompt_one = if prompt_len == 1 {
             prompt.clone()
@@ -489,10 +503,11 @@ impl EngineThread {
         let sr = SchedRequest {
             id,
             prompt,
-            max_tokens: admitted.max_tokens,
+            max_tokens,
             priority,
             client,
             prompt_rows,
+            whole_prompt: embed.is_some_and(Pooling::needs_every_token),
         };
         if let Err(e) = self.sched.add_admitted(sr) {
             return self.refuse(id, &events, e.into());
@@ -507,8 +522,10 @@ impl EngineThread {
             });
         }
         self.metrics.on_arrival(id, self.now(), prompt_len);
-        // A proposal would have to be checked against the grammar first.
-        let speculate = constraint.is_none();
+        // A proposal would have to be checked against the grammar first; an embedding has
+        // nothing to propose.
+        let speculate = constraint.is_none() && embed.is_none();
+        let width = self.lm.model.cfg.hidden;
         self.live.insert(
             id,
             Live {
@@ -533,6 +550,7 @@ impl EngineThread {
                     .filter(|_| prompt_len > 1)
                     .map(|n| n.min(MAX_TOP_LOGPROBS)),
                 prompt_lp: Vec::new(),
+                pooled: embed.map(|rule| Pooled::new(rule, prompt_len, width)),
             },
         );
     }
@@ -547,6 +565,10 @@ impl EngineThread {
         self.sched.finish(&[id], reason);
         self.spec_forget(id);
         if let Some(mut l) = self.live.remove(&id) {
+            if let Some(p) = l.pooled.take().filter(Pooled::done) {
+                let vector = p.finish();
+                let _ = l.events.send(Event::Embedding { id, vector });
+            }
             let tail = l.stop.flush(&l.detok.finish());
             let usage = Usage {
                 prompt_tokens: l.prompt_len,

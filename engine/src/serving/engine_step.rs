@@ -80,13 +80,16 @@ impl EngineThread {
                 }
             }
         }
-        let batch = batch_from(&out);
+        let mut batch = batch_from(&out);
+        batch.hidden_rows = hidden_rows(&self.live, &out);
         // One need per logits row; verifying a proposal under sampling reads the whole row.
         let needs: Vec<RowNeed> = out
             .scheduled
             .iter()
             .flat_map(|s| {
                 let need = match self.live.get(&s.id) {
+                    // An embedding's last step samples nothing anyone reads.
+                    Some(l) if l.pooled.is_some() => RowNeed::Argmax,
                     // The grammar's mask and the log-probabilities read the whole row.
                     Some(l) if l.constraint.is_some() || l.logprobs.is_some() => RowNeed::Full,
                     Some(l) if !l.sampler.needs_logits() => RowNeed::Argmax,
@@ -104,6 +107,7 @@ impl EngineThread {
             Ok(l) => l,
             Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
         };
+        pool_states(&mut self.live, &out, step.hidden);
         let (sampled, failed) = sample_rows(
             &mut self.live,
             &self.sched,
@@ -139,6 +143,10 @@ impl EngineThread {
             let Some(l) = live.get_mut(&a.id) else {
                 return Some(FinishReason::Abort);
             };
+            if l.pooled.is_some() {
+                // An embedding ends with its prompt; the token sampled after it is dropped.
+                return Some(FinishReason::Stop);
+            }
             let piece = l.detok.push(tokenizer, a.token).unwrap_or_default();
             let st = l.stop.push(a.token, &piece);
             // A grammar that is complete ends the request too (finish reason `stop`).
@@ -336,6 +344,51 @@ fn score_prompt(
             logprobs: std::mem::take(&mut l.prompt_lp),
         });
         l.prompt_logprobs = None;
+    }
+}
+
+/// The batch rows whose states embedding requests pool (`Batch::hidden_rows`): per scheduled
+/// entry, in order, the positions its rule takes among those it computes this step.
+fn hidden_rows(live: &HashMap<RequestId, Live>, out: &SchedulerOutput) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut base = 0;
+    for s in &out.scheduled {
+        if let Some(p) = live.get(&s.id).and_then(|l| l.pooled.as_ref()) {
+            rows.extend(
+                p.wanted(s.start_pos, s.tokens.len())
+                    .map(|pos| base + pos - s.start_pos),
+            );
+        }
+        base += s.tokens.len();
+    }
+    rows
+}
+
+/// The states of [`hidden_rows`] into each embedding request's vector, in the same order.
+fn pool_states(live: &mut HashMap<RequestId, Live>, out: &SchedulerOutput, hidden: &[f32]) {
+    if hidden.is_empty() {
+        return;
+    }
+    let n_rows: usize = out
+        .scheduled
+        .iter()
+        .filter_map(|s| {
+            let p = live.get(&s.id)?.pooled.as_ref()?;
+            Some(p.wanted(s.start_pos, s.tokens.len()).count())
+        })
+        .sum();
+    let width = hidden.len() / n_rows.max(1);
+    let mut states = hidden.chunks_exact(width.max(1));
+    for s in &out.scheduled {
+        let Some(p) = live.get_mut(&s.id).and_then(|l| l.pooled.as_mut()) else {
+            continue;
+        };
+        let wanted: Vec<usize> = p.wanted(s.start_pos, s.tokens.len()).collect();
+        for pos in wanted {
+            if let Some(state) = states.next() {
+                p.push(pos, state);
+            }
+        }
     }
 }
 

@@ -153,6 +153,7 @@ pub fn generate_with(
         constraint: None,
         logprobs: None,
         prompt_logprobs: None,
+        embed: None,
     };
     generate_request(lm, setup, req, on_text)
 }
@@ -204,7 +205,7 @@ pub fn generate_request(
     let spec;
     let finish_reason = loop {
         match rx.recv() {
-            Ok(Event::Started { .. } | Event::PromptLogprobs { .. }) => {}
+            Ok(Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. }) => {}
             Ok(Event::Token { token, text: t, .. }) => {
                 let now = Instant::now();
                 first.get_or_insert(now);

@@ -319,6 +319,7 @@ fn next_request(
         constraint: None,
         logprobs: None,
         prompt_logprobs: None,
+        embed: None,
     };
     (req, plen, olen)
 }
@@ -431,7 +432,7 @@ pub fn run_observed(
         for ev in std::iter::once(ev).chain(rx.try_iter()) {
             let id = ev.id();
             match ev {
-                Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+                Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
                 Event::Token { .. } => {
                     if let Some(f) = flying.get_mut(&id) {
                         f.timing.token_times.push(t);

@@ -53,6 +53,9 @@ pub enum Refusal {
     Scheduler(#[from] SchedError),
     #[error("the engine has stopped")]
     Stopped,
+    /// An embedding asked of a device that does not return hidden states.
+    #[error("embeddings are computed on the CPU; {device} does not return them yet")]
+    NoEmbeddings { device: String },
     /// The forward pass carrying the request failed.
     #[error("engine error: {0}")]
     Failed(String),
@@ -72,7 +75,8 @@ impl Refusal {
             | Self::ZeroMaxTokens
             | Self::OutOfVocab { .. }
             | Self::Sampling(_)
-            | Self::Grammar(_) => RefusalKind::Invalid,
+            | Self::Grammar(_)
+            | Self::NoEmbeddings { .. } => RefusalKind::Invalid,
             Self::PastContext { .. } | Self::KvNeverFits(_) => RefusalKind::TooLong,
             Self::Scheduler(e) => match e {
                 SchedError::QueueFull { .. } => RefusalKind::Busy,

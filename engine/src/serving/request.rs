@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::model::pooling::Pooling;
 use crate::sched::stop::{FinishReason, StopCriteria};
 use crate::sched::{ClientId, RequestId};
 use crate::serving::constraint::Constraint;
@@ -35,6 +36,11 @@ pub struct Request {
     /// [`Event::PromptLogprobs`] scoring every prompt token after the first with `n`
     /// alternatives. Its prompt is then computed whole, not taken from the prefix cache.
     pub prompt_logprobs: Option<usize>,
+    /// An embedding instead of an answer: the prompt's output-normed states pooled by this
+    /// rule into one unit-length vector, sent as [`Event::Embedding`] before `Finished`; no
+    /// token is generated (`stop.max_tokens` is taken as 1, the slot the prompt's last step
+    /// needs).
+    pub embed: Option<Pooling>,
 }
 
 /// Token counts of a finished request (OpenAI's `usage`).
@@ -74,8 +80,8 @@ impl DecodeBatch {
     }
 }
 
-/// What a request's channel receives, in this order: `Started`, any number of `Token`s, then
-/// exactly one of `Finished` or `Refused`.
+/// What a request's channel receives, in this order: `Started`, any number of `Token`s (or,
+/// for an embedding, one `Embedding`), then exactly one of `Finished` or `Refused`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The engine accepted the request.
@@ -96,6 +102,8 @@ pub enum Event {
         /// Its log-probability, when the request asked for them.
         logprob: Option<Box<TokenLogprob>>,
     },
+    /// The embedding of a request that asked for one ([`Request::embed`]).
+    Embedding { id: RequestId, vector: Vec<f32> },
     /// The request ended: `text` is any held-back tail.
     Finished {
         id: RequestId,
@@ -117,6 +125,7 @@ impl Event {
             Event::Started { id }
             | Event::PromptLogprobs { id, .. }
             | Event::Token { id, .. }
+            | Event::Embedding { id, .. }
             | Event::Finished { id, .. }
             | Event::Refused { id, .. } => *id,
         }

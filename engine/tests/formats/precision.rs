@@ -58,7 +58,7 @@ fn collect(rx: &mpsc::Receiver<Event>) -> Vec<u32> {
                 return out;
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
 }

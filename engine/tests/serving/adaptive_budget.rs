@@ -19,6 +19,7 @@ fn req(id: RequestId, len: usize, max_tokens: usize) -> SchedRequest {
         priority: 0,
         client: ClientId::LOCAL,
         prompt_rows: false,
+        whole_prompt: false,
     }
 }
 

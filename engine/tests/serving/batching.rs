@@ -93,7 +93,7 @@ fn run_scored(
                 assert_eq!(prompt.len(), logprobs.len() + 1);
                 assert!(scored.insert(id, logprobs).is_none(), "sent once");
             }
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Embedding { .. } => {}
         }
     }
     let tokens = ids
@@ -352,7 +352,7 @@ fn kv_rebuild_while_running_loses_nothing() {
                 done += 1;
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     for (i, id) in ids.iter().enumerate() {

@@ -9,6 +9,8 @@
 //!   a request runs alone or inside any batch mix, under knob settings that force chunked ...
 //! - `block_pool`: Block pool and KV manager: eviction order, prefix-cache hits, all-or-nothing
 //!   allocation, and a property test that checks every prefix-cache hit hands back blocks ...
+//! - `embeddings`: Embedding requests: the same vector alone, batched beside generating
+//!   requests, in chunks and preempted; each pooling rule; a cancelled one sends none
 //! - `kv_types`: KV cache element types (f16, bf16, q8_0, q4_0, llama.cpp's `--cache-type-k/-v`):
 //!   the tokens a budget holds in each, rows read back exactly as ggml's reference ...
 //! - `metrics`: Metrics: vLLM-compatible benchmark figures checked against numpy, edge cases, the
@@ -37,6 +39,7 @@ mod temp_dir;
 mod adaptive_budget;
 mod batching;
 mod block_pool;
+mod embeddings;
 mod kv_types;
 mod metrics;
 mod moe;

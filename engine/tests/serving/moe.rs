@@ -186,7 +186,7 @@ fn serve_live(
                 done += 1;
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     // Stats are published after each step; give the last one a moment to land.

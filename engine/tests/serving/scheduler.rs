@@ -143,6 +143,7 @@ impl Sim {
             // Three clients, so fair shares preempt too.
             client: ClientId(self.next_id % 3),
             prompt_rows: false,
+            whole_prompt: false,
         });
         match res {
             Ok(()) => {
@@ -680,6 +681,7 @@ fn req(id: RequestId, prompt: &[u32], max_tokens: usize, priority: i32) -> Sched
         priority,
         client: ClientId::LOCAL,
         prompt_rows: false,
+        whole_prompt: false,
     }
 }
 

@@ -46,6 +46,7 @@ fn blocks_that_leave_the_window_are_freed() {
         priority: 0,
         client: ClientId::LOCAL,
         prompt_rows: false,
+        whole_prompt: false,
     })
     .unwrap();
     let bound = (window + 2 * tpslab_kernels::attn::BLOCK).div_ceil(BS) + 2;
@@ -124,7 +125,7 @@ fn freeing_blocks_changes_nothing_the_model_computes() {
             Event::Token { token, .. } => got.push(token),
             Event::Finished { .. } => break,
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     assert_eq!(got, want);

@@ -63,7 +63,7 @@ fn run_all(engine: &EngineHandle, reqs: Vec<Request>) -> Vec<(Vec<u32>, Usage)> 
                 usage.insert(id, u);
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     ids.iter()

@@ -102,7 +102,7 @@ fn run(reqs: Vec<Request>) -> Vec<(String, FinishReason)> {
                 done.insert(id, reason);
             }
             Event::Refused { reason, .. } => panic!("refused: {reason}"),
-            Event::Started { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Started { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     ids.iter()

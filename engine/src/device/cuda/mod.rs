@@ -582,6 +582,7 @@ impl Backend for CudaBackend {
         }
         Ok(StepOutput {
             logits: &self.logits,
+            hidden: &[],
             argmax: &self.argmax,
             topk_k: kmax,
             topk_ids: &self.topk_ids,

@@ -9,6 +9,7 @@ use crate::model::config::{
     ConfigError, Extras, Keys, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_LAYERS, ModelConfig,
     MoeConfig, RopeScaling,
 };
+use crate::model::pooling::Pooling;
 
 impl ModelConfig {
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
@@ -119,6 +120,9 @@ fn rope_scaling(k: &Keys<'_>, context_len: usize) -> Result<RopeScaling, ConfigE
 fn extras(k: &Keys<'_>, family: Family, c: &ModelConfig) -> Result<Extras, ConfigError> {
     let mut e = Extras::plain(c.head_dim);
     e.rope_attn_factor = k.float_or("rope.scaling.attn_factor", 1.0, false)?;
+    if k.has("pooling_type") {
+        e.pooling = Pooling::from_gguf(k.f.get_u64(&k.key("pooling_type"))?);
+    }
     // 0 (or no key) is no window.
     let window = match k.f.get(&k.key("attention.sliding_window")) {
         Some(_) => {
