@@ -297,6 +297,16 @@ impl TpsApp {
         self.rt.chat.take_changed()
     }
 
+    /// After a frame: the state saved through `saver` (its worker writes) when a conversation
+    /// changed in it (a message sent, an answer ended), so a crash or a kill loses at most the
+    /// answer being written.
+    pub fn autosave(&mut self, saver: &mut state_file::Saver) -> std::io::Result<()> {
+        if self.take_chat_changed() {
+            saver.save_later(&self.state)?;
+        }
+        Ok(())
+    }
+
     /// One frame of the whole window.
     pub fn app_ui(&mut self, ui: &mut egui::Ui) {
         self.poll(ui.ctx());

@@ -24,10 +24,8 @@ impl eframe::App for Window {
             self.app.frame_bench_tick(fb, &ctx, frame.info().cpu_usage);
         }
         self.app.app_ui(ui);
-        // A conversation that changed (a message sent, an answer ended) is saved at once.
-        if self.app.take_chat_changed()
-            && let Some(saver) = &mut self.saver
-            && let Err(e) = saver.save_later(&self.app.state)
+        if let Some(saver) = &mut self.saver
+            && let Err(e) = self.app.autosave(saver)
         {
             eprintln!("cannot save the window's state: {e}");
         }

@@ -6,6 +6,8 @@
 //! - `gui_chat`: The Chat page's features driven through the real window (egui_kittest)
 //! - `gui_families`: The window runs every architecture family and every weight type
 //!   (egui_kittest), on the CPU through the real engine
+//! - `gui_kill`: The window killed (SIGKILL) while an answer streams keeps every earlier
+//!   message of every conversation
 //! - `gui_kv`: The dashboard's KV cache section over the real default model: types picked,
 //!   measured against f16 KV, applied to the pool
 //! - `gui_models`: The Models panel and the quantization wizard driven by their labels
@@ -37,6 +39,7 @@ mod chat_store;
 mod gui;
 mod gui_chat;
 mod gui_families;
+mod gui_kill;
 mod gui_kv;
 mod gui_models;
 mod gui_pages;
