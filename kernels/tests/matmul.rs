@@ -157,6 +157,7 @@ fn backends_agree_bit_for_bit() {
         (WType::IQ4NL, 11, 544, 5),
         (WType::MXFP4, 9, 544, 7),
         (WType::MXFP4, 5, 576, 1),
+        (WType::MXFP4, 6, 1024, 4),
         (WType::Q3K, 6, 512, 8),
         // The other 32-element types on the in-place tiles (up to 12 rows) and on the panels
         // (past them), partial panels included.
