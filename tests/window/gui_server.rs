@@ -1,7 +1,8 @@
 //! The window's API server with `tpslab serve`'s options a front end needs, set in the
 //! dashboard by their labels (egui_kittest) over the real default model: aliases listed and
 //! served, CORS for a named origin (a preflight answered, others refused), a context size that
-//! refuses a request past it, and an alias `serve --alias` would refuse refused alike.
+//! refuses a request past it, and an alias `serve --alias` would refuse refused alike; the key
+//! read from a file.
 
 use crate::gui_wait;
 use crate::gui_window;
@@ -122,4 +123,42 @@ fn the_window_serves_with_aliases_cors_and_a_context_size() {
     let (status, body) = request(&addr, "POST", "/v1/completions", "", req);
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("context_length_exceeded"), "{body}");
+}
+
+/// The key from a file named in the settings (its path saved, the key not): an empty file is
+/// refused as `serve --api-key-file` refuses it, nothing started; a file with the key starts a
+/// server that answers 401 without it and 200 with it.
+#[test]
+fn the_window_server_reads_its_key_from_a_file() {
+    let dir = crate::temp_dir::TempDir::new("gui-key-file");
+    let key_file = dir.join("key.txt");
+    std::fs::write(&key_file, "\n").expect("empty key file");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut h = dashboard_on_default_model(|s| s.dash.server.port = port);
+    let field = "API key file (its first line)";
+    h.get_by_label(field).focus();
+    h.step();
+    h.get_by_label(field).type_text(&key_file.to_string_lossy());
+    h.step();
+    h.get_by_label("Start API server").click();
+    wait_until(&mut h, "the empty key refused", 10, |h| has(h, "is empty"));
+    assert!(!has(&h, "Serving http://"));
+
+    std::fs::write(&key_file, "  s3cret-from-file  \nsecond line ignored\n").expect("key file");
+    h.get_by_label("Start API server").click();
+    wait_until(&mut h, "the server to run", 10, |h| {
+        has(h, &format!("Serving http://{addr}/v1"))
+    });
+    let saved = serde_json::to_string(&h.state().state).expect("state as JSON");
+    assert!(!saved.contains("s3cret-from-file"), "the key is not saved");
+    assert!(saved.contains("key.txt"), "the key file's path is");
+    let (status, body) = request(&addr, "GET", "/v1/models", "", "");
+    assert_eq!(status, 401, "{body}");
+    let bearer = "Authorization: Bearer s3cret-from-file\r\n";
+    let (status, body) = request(&addr, "GET", "/v1/models", bearer, "");
+    assert_eq!(status, 200, "{body}");
 }

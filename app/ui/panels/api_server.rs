@@ -16,8 +16,8 @@ use crate::serve::{self, RunningServer, ServerChoices, ServerState};
 use crate::ui::command::Command;
 use crate::ui::engine_link::EngineLink;
 
-/// What persists: the port, aliases, CORS origins and context size (the key does not: secrets
-/// stay out of the saved state).
+/// What persists: the port, the key file's path, aliases, CORS origins and context size (a typed
+/// key does not: secrets stay out of the saved state).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ApiServerSettings {
@@ -25,6 +25,9 @@ pub struct ApiServerSettings {
     /// Bearer token clients must send (empty: none). Not saved.
     #[serde(skip)]
     pub api_key: String,
+    /// A file whose first line is the key (`--api-key-file`), used when no key is typed; with
+    /// neither, `TPSLAB_API_KEY`, as `tpslab serve` reads it.
+    pub api_key_file: String,
     /// More names the model is listed and served under (`--alias`), comma separated.
     pub aliases: String,
     /// Web pages' origins allowed to call it (`--cors-origin`), comma separated.
@@ -38,6 +41,7 @@ impl Default for ApiServerSettings {
         Self {
             port: 8080,
             api_key: String::new(),
+            api_key_file: String::new(),
             aliases: String::new(),
             cors_origins: String::new(),
             ctx_size: 0,
@@ -57,9 +61,18 @@ pub struct ServerOptions {
 }
 
 impl ApiServerSettings {
-    /// The options these settings ask for; an alias `tpslab serve --alias` would refuse is
-    /// refused here with the same words.
+    /// The options these settings ask for; an alias or a key `tpslab serve` would refuse is
+    /// refused here with the same words. The key: the one typed, else the key file's first
+    /// line, else `TPSLAB_API_KEY`.
     pub fn options(&self) -> Result<ServerOptions, String> {
+        self.options_with_env(|k| std::env::var(k).ok())
+    }
+
+    /// [`Self::options`] with the environment read through `env`.
+    pub fn options_with_env(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ServerOptions, String> {
         let list = |s: &str| -> Vec<String> {
             (s.split(','))
                 .map(str::trim)
@@ -70,9 +83,16 @@ impl ApiServerSettings {
         let aliases = (list(&self.aliases).iter())
             .map(|a| serve::alias_name(a))
             .collect::<Result<Vec<_>, _>>()?;
+        let nonempty = |s: &str| Some(s.trim().to_string()).filter(|t| !t.is_empty());
+        let key = serve::auth::KeyArgs {
+            api_key: nonempty(&self.api_key),
+            api_key_file: nonempty(&self.api_key_file).map(std::path::PathBuf::from),
+        }
+        .key(env)
+        .map_err(|e| e.to_string())?;
         Ok(ServerOptions {
             port: self.port,
-            api_key: Some(self.api_key.trim().to_string()).filter(|k| !k.is_empty()),
+            api_key: key,
             aliases,
             cors_origins: list(&self.cors_origins),
             ctx_size: (self.ctx_size > 0).then_some(self.ctx_size),
@@ -207,6 +227,10 @@ pub fn settings_ui(
             ui.end_row();
             let l = ui.label("API key (optional)");
             ui.add(egui::TextEdit::singleline(&mut s.api_key).password(true))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("API key file (its first line)");
+            ui.text_edit_singleline(&mut s.api_key_file)
                 .labelled_by(l.id);
             ui.end_row();
             let l = ui.label("Aliases (comma separated)");
