@@ -237,13 +237,21 @@ pub fn describe(
         let (facts, parts) = gguf_facts(path)?;
         (ModelFormat::Gguf, parts, facts)
     } else {
+        // A Hugging Face cache's snapshot is links into its blobs (each checked to resolve
+        // inside the cache before it gets here): those are followed; a library folder's links
+        // are not.
+        let follow = matches!(source, ModelSource::HfCache { .. });
         let mut listing: Vec<(String, u64)> = std::fs::read_dir(path)
             .map_err(|e| invalid(e.to_string()))?
             .filter_map(Result::ok)
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .filter_map(|e| {
-                let len = e.metadata().ok()?.len();
-                Some((e.file_name().into_string().ok()?, len))
+                let md = if follow {
+                    std::fs::metadata(e.path()).ok()?
+                } else {
+                    e.metadata().ok()?
+                };
+                md.is_file()
+                    .then(|| Some((e.file_name().into_string().ok()?, md.len())))?
             })
             .filter(|(n, _)| !n.starts_with('.'))
             .collect();

@@ -17,6 +17,10 @@
 //! a snapshot's files (which the quant choice and the library listing need). What it knows of
 //! the layout (`models--owner--name`, refs, snapshots) is written here with checks instead.
 //!
+//! A snapshot with no GGUF file that is a transformers folder (`config.json`, `tokenizer.json`,
+//! safetensors weights) is found by its repo alone and loaded as a folder, in place, as
+//! `transformers` would load it.
+//!
 //! Everything in the cache is treated as untrusted, as a Hub's answers are: repo folders must
 //! read back as valid repo ids, refs must hold a commit id, file names must be plain relative
 //! names ([`crate::library::check_name`]), and every path handed on must, with every link
@@ -230,6 +234,10 @@ impl HfCache {
         let names: Vec<&str> = snap.files.iter().map(String::as_str).collect();
         let files = match pick_gguf(r, &names) {
             Ok(f) => f,
+            // No GGUF and no quant asked: a transformers folder runs as it is.
+            Err(RefError::NoGguf { .. }) if r.quant.is_none() && is_hf_folder(&snap.files) => {
+                return self.hf_folder(&snap).map(Some);
+            }
             Err(RefError::NoGguf { .. } | RefError::MissingPart { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
@@ -238,6 +246,15 @@ impl HfCache {
             self.checked_file(&snap.dir.join(f))?;
         }
         Ok(first)
+    }
+
+    /// The snapshot's folder as the engine loads a transformers folder, every file at its top
+    /// checked to resolve inside the cache.
+    fn hf_folder(&self, snap: &Snapshot) -> Result<PathBuf, LibraryError> {
+        for f in snap.files.iter().filter(|f| !f.contains('/')) {
+            self.checked_file(&snap.dir.join(f))?;
+        }
+        Ok(snap.dir.clone())
     }
 
     /// Refuses `path` unless it resolves to a file inside the cache.
@@ -326,7 +343,31 @@ impl HfCache {
                     Err(e) => bad.push(format!("{name}: {e}")),
                 }
             }
+            if is_hf_folder(&snap.files) && !snap.files.iter().any(|f| is_model_gguf(f)) {
+                let source = ModelSource::HfCache {
+                    repo: repo.clone(),
+                    commit: snap.commit.clone(),
+                };
+                match self.hf_folder(&snap) {
+                    Ok(dir) => match describe(&dir, &repo, source, false) {
+                        Ok(m) => models.push(m),
+                        Err(e) => bad.push(format!("{repo}: {e}")),
+                    },
+                    Err(e) => bad.push(format!("{repo}: {e}")),
+                }
+            }
         }
         (models, bad)
     }
+}
+
+/// Whether a snapshot is a transformers model folder: a `config.json`, a `tokenizer.json` and
+/// safetensors weights at its top.
+fn is_hf_folder(files: &[String]) -> bool {
+    let top = |name: &str| files.iter().any(|f| f == name);
+    top("config.json")
+        && top("tokenizer.json")
+        && files
+            .iter()
+            .any(|f| !f.contains('/') && f.ends_with(".safetensors"))
 }

@@ -233,3 +233,86 @@ fn a_hostile_cache_is_refused_by_name() {
     }
     assert_eq!(tree(&home.0), before);
 }
+
+/// A transformers folder in the cache (config, tokenizer and safetensors, each a link into the
+/// blobs, as `huggingface_hub` leaves them) is found by its repo alone, listed as safetensors,
+/// and loaded from the snapshot in place; asked with a quant it is not there (no GGUF).
+#[test]
+fn a_cached_transformers_folder_is_found_and_loaded_in_place() {
+    let home = TempDir::new("hf-cache-folder");
+    let root = std::fs::canonicalize(&home.0).expect("real").join("hub");
+    // The folder: a tiny Llama exported as transformers writes it.
+    let work = TempDir::new("hf-cache-folder-src");
+    let gguf = work.0.join("tiny.gguf");
+    std::fs::write(&gguf, tiny_model::tiny_llama(&[])).expect("tiny gguf");
+    let folder = work.0.join("folder");
+    let f = tpslab_engine::formats::gguf::GgufFile::open(&gguf).expect("open");
+    tpslab_engine::quant::hf_export::export_folder(
+        &f,
+        &folder,
+        tpslab_kernels::WType::F32,
+        1,
+        &mut |_, _| {},
+    )
+    .expect("export");
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&folder)
+        .expect("folder")
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().into_string().expect("name");
+            (name, std::fs::read(e.path()).expect("read"))
+        })
+        .collect();
+    files.sort();
+    assert!(
+        files.iter().any(|(n, _)| n.ends_with(".safetensors")),
+        "{files:?}"
+    );
+    let borrowed: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), &b[..])).collect();
+    let snap = cached_repo(&root, "models--tpslab--tiny-st", &borrowed);
+    let before = tree(&home.0);
+
+    let cache = HfCache::at(&root).expect("cache");
+    assert_eq!(
+        cache.find(&hub("tpslab/tiny-st")).expect("find"),
+        Some(snap.clone())
+    );
+    assert_eq!(
+        cache.find(&hub("tpslab/tiny-st:Q4_K_M")).expect("quant"),
+        None
+    );
+    let lib = Library::at(&home.0.join("models")).with_hf_cache(Some(cache.clone()));
+    let (models, bad) = lib.list_indexed().expect("list");
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(models.len(), 1, "{models:?}");
+    assert_eq!(models[0].name, "tpslab/tiny-st");
+    assert_eq!(models[0].path, snap);
+    // A folder is described by its transformers class, as the library describes one.
+    assert_eq!(models[0].arch, "LlamaForCausalLM");
+    assert_eq!(
+        models[0].source,
+        ModelSource::HfCache {
+            repo: "tpslab/tiny-st".into(),
+            commit: COMMIT.into()
+        }
+    );
+    let m = ModelRef::classify("tpslab/tiny-st", Some(lib.root())).expect("classify");
+    assert_eq!(
+        lib.find(&m, &mut |_| {}).expect("find"),
+        Found::Path(snap.clone())
+    );
+    // It loads from the snapshot and computes as the GGUF it was exported from.
+    let lm = tpslab_engine::model::LoadedModel::load(&snap).expect("loads in place");
+    let orig = tpslab_engine::model::LoadedModel::load(&gguf).expect("gguf loads");
+    assert_eq!(lm.model.cfg, orig.model.cfg);
+    assert_eq!(tree(&home.0), before, "nothing written into the cache");
+
+    // A folder whose config links out of the cache is refused by name, never read.
+    let evil = cached_repo(&root, "models--tpslab--evil-st", &borrowed);
+    std::fs::remove_file(evil.join("config.json")).expect("unlink");
+    std::os::unix::fs::symlink("/etc/hostname", evil.join("config.json")).expect("link out");
+    let e = cache
+        .find(&hub("tpslab/evil-st"))
+        .expect_err("a link out of the cache");
+    assert!(e.to_string().contains("config.json"), "{e}");
+}
