@@ -17,14 +17,13 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::unbounded_channel;
-use tpslab_engine::model::pooling::Pooling;
 use tpslab_engine::sched::stop::StopCriteria;
 use tpslab_engine::serving::engine::{Event, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
 
 use super::bridge::{CancelGuard, submit_to};
 use super::errors::{self, ApiError, typed};
-use super::handlers::read_body;
+use super::handlers::body_and_slot;
 use super::state::{Peer, ServerState, client_of};
 
 /// Inputs one request may carry (OpenAI's limit).
@@ -69,13 +68,8 @@ async fn run(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let limits = &st.limits;
     let client = client_of(headers, peer);
-    let bytes = read_body(headers, body, limits.max_body_bytes, limits.body_timeout).await?;
-    let slot = Arc::clone(&st.prepare)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::internal("the server is stopping"))?;
+    let (bytes, slot) = body_and_slot(st, headers, body).await?;
     let state = Arc::clone(st);
     let asked = tokio::task::spawn_blocking(move || {
         let _slot = slot;
@@ -295,13 +289,6 @@ fn base64(v: &[f32]) -> String {
         }
     }
     out
-}
-
-/// The pooling rule a server uses: the one asked for, else the file's, else `last`.
-pub fn rule(asked: Option<Pooling>, lm: &tpslab_engine::model::LoadedModel) -> Pooling {
-    asked
-        .or(lm.model.cfg.extras.pooling)
-        .unwrap_or(Pooling::Last)
 }
 
 #[cfg(test)]

@@ -75,6 +75,22 @@ pub(super) async fn read_body(
     Ok(Bytes::from(out))
 }
 
+/// The body read (bounded in size and time), then a prepare slot taken: how every endpoint
+/// that parses on the blocking pool starts ([`prepare`], `/tokenize`, `/v1/embeddings`).
+pub(super) async fn body_and_slot(
+    st: &Arc<ServerState>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), ApiError> {
+    let limits = &st.limits;
+    let bytes = read_body(headers, body, limits.max_body_bytes, limits.body_timeout).await?;
+    let slot = Arc::clone(&st.prepare)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::internal("the server is stopping"))?;
+    Ok((bytes, slot))
+}
+
 /// A request read, checked and started: what it asked, its running choices, and how its
 /// answer is read ([`AnswerSpec`]).
 pub struct Started {
@@ -98,13 +114,8 @@ pub async fn prepare(
     body: Body,
     translate: fn(Value) -> Result<Value, ApiError>,
 ) -> Result<Started, ApiError> {
-    let limits = &st.limits;
     let client = client_of(headers, peer);
-    let bytes = read_body(headers, body, limits.max_body_bytes, limits.body_timeout).await?;
-    let slot = Arc::clone(&st.prepare)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::internal("the server is stopping"))?;
+    let (bytes, slot) = body_and_slot(st, headers, body).await?;
     let state = Arc::clone(st);
     let (parsed, (req, reasoning)) = tokio::task::spawn_blocking(move || {
         let _slot = slot;

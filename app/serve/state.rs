@@ -68,7 +68,7 @@ impl ServerState {
         api_key: Option<String>,
         c: ServerChoices,
     ) -> Self {
-        let pooling = super::embeddings::rule(c.pooling, &lm);
+        let pooling = pooling_rule(c.pooling, &lm);
         Self {
             listed_aliases: c.listed_aliases,
             browser: c.browser,
@@ -99,7 +99,7 @@ impl ServerState {
             prepare: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             )),
-            pooling: super::embeddings::rule(None, &lm),
+            pooling: pooling_rule(None, &lm),
             lm,
         }
     }
@@ -152,6 +152,13 @@ impl ServerState {
             Some(m) => Err(ApiError::model_not_found(m)),
         }
     }
+}
+
+/// The embedding rule a server uses: the one asked for, else the file's, else `last`.
+fn pooling_rule(asked: Option<Pooling>, lm: &LoadedModel) -> Pooling {
+    asked
+        .or(lm.model.cfg.extras.pooling)
+        .unwrap_or(Pooling::Last)
 }
 
 pub(crate) fn unix_now() -> u64 {

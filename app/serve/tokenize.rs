@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::chat_input::{self, ChatBody};
 use super::errors::{self, ApiError, typed};
-use super::handlers::read_body;
+use super::handlers::body_and_slot;
 use super::logprobs_json::token_text;
 use super::state::ServerState;
 
@@ -43,12 +43,7 @@ async fn blocking(
     body: Body,
     work: impl FnOnce(&ServerState, &Value) -> Result<Value, ApiError> + Send + 'static,
 ) -> Result<Response, ApiError> {
-    let limits = &st.limits;
-    let bytes = read_body(headers, body, limits.max_body_bytes, limits.body_timeout).await?;
-    let slot = Arc::clone(&st.prepare)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::internal("the server is stopping"))?;
+    let (bytes, slot) = body_and_slot(st, headers, body).await?;
     let state = Arc::clone(st);
     let v = tokio::task::spawn_blocking(move || {
         let _slot = slot;
