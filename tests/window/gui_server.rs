@@ -41,12 +41,16 @@ fn request(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> (
     )
 }
 
-#[test]
-fn the_window_serves_with_aliases_cors_and_a_context_size() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-        .port();
+        .port()
+}
+
+#[test]
+fn the_window_serves_with_aliases_cors_and_a_context_size() {
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut h = dashboard_on_default_model(|s| s.dash.server.port = port);
     // A control character is no alias (the text field drops typed ones; a saved state may
@@ -133,10 +137,7 @@ fn the_window_server_reads_its_key_from_a_file() {
     let dir = crate::temp_dir::TempDir::new("gui-key-file");
     let key_file = dir.join("key.txt");
     std::fs::write(&key_file, "\n").expect("empty key file");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut h = dashboard_on_default_model(|s| s.dash.server.port = port);
     let field = "API key file (its first line)";

@@ -103,7 +103,8 @@ fn run_scored(
     (tokens, ids.iter().map(|id| scored.remove(id)).collect())
 }
 
-fn engine(knobs: Knobs) -> EngineHandle {
+/// An engine on the default model with `knobs`, 2 threads (the embedding tests share it).
+pub(crate) fn engine(knobs: Knobs) -> EngineHandle {
     EngineHandle::start(
         model(),
         EngineConfig {

@@ -13,11 +13,10 @@ use tpslab_engine::model::pooling::Pooling;
 use tpslab_engine::sched::RequestId;
 use tpslab_engine::sched::SchedulerConfig;
 use tpslab_engine::sched::stop::{FinishReason, StopCriteria};
-use tpslab_engine::serving::engine::{
-    EngineConfig, EngineHandle, Event, Knobs, KvSettings, Request,
-};
+use tpslab_engine::serving::engine::{EngineHandle, Event, Knobs, KvSettings, Request};
 use tpslab_engine::serving::sampler::SamplingParams;
 
+use crate::batching::engine;
 use crate::default_model::model;
 
 const TEXTS: [&str; 3] = [
@@ -25,19 +24,6 @@ const TEXTS: [&str; 3] = [
     "The quick brown fox jumps over the lazy dog.",
     "Embeddings turn text into vectors that a search index can compare.",
 ];
-
-fn engine(knobs: Knobs) -> EngineHandle {
-    EngineHandle::start(
-        model(),
-        EngineConfig {
-            threads: 2,
-            knobs,
-            ..EngineConfig::default()
-        },
-        None,
-    )
-    .expect("engine")
-}
 
 fn embed(text: &str, rule: Pooling) -> Request {
     Request {
