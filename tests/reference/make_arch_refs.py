@@ -18,7 +18,10 @@ these files, while the released files' MXFP4 is checked against gguf-py elsewher
 Fixtures: the llama.cpp models/ folder as tests/support/llamacpp.rs caches it
 ($TPSLAB_FIXTURES/models, default ~/.cache/tpslab/llama-cpp-0.3.36/models).
 """
-import json, os, re, socket, subprocess, sys, tempfile, time, urllib.request
+import json, os, re, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_server import free_port, post, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MOE = "--moe" in sys.argv[1:]
@@ -34,32 +37,13 @@ STEPS = 32
 TOP = 5
 
 
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.load(r)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_run(model):
     port = free_port()
     p = subprocess.Popen([f"{BIN}/llama-server", "-m", model, "--port", str(port), "-t", "2",
                           "-c", "512", "-np", "1", "--no-webui", "-fa", "off"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.2)
+        wait_healthy(port)
         prompt = post(port, "/tokenize", {"content": PROMPT, "add_special": True})["tokens"]
         out = post(port, "/completion", {"prompt": prompt, "n_predict": STEPS, "temperature": 0,
                                           "n_probs": TOP, "cache_prompt": False,

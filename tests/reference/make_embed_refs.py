@@ -17,7 +17,10 @@ Fixtures: the llama.cpp models/ folder as tests/support/llamacpp.rs caches it
 ($TPSLAB_FIXTURES/models, default ~/.cache/tpslab/llama-cpp-0.3.36/models); the default model
 at $TPSLAB_MODEL (default ~/.local/share/tpslab/models/SmolLM2-135M-Instruct.Q4_1.gguf).
 """
-import json, os, socket, subprocess, sys, tempfile, time, urllib.request
+import json, os, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_server import free_port, post, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llama-cpp-ref/llama.cpp/build/bin"
@@ -33,19 +36,6 @@ INPUTS = [
 ]
 
 
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.load(r)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def embed(model, pooling):
     port = free_port()
     p = subprocess.Popen([f"{BIN}/llama-server", "-m", model, "--port", str(port), "-t", "2",
@@ -54,13 +44,7 @@ def embed(model, pooling):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env=dict(os.environ, LD_LIBRARY_PATH=BIN))
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.2)
+        wait_healthy(port)
         tokens = [post(port, "/tokenize", {"content": t, "add_special": True})["tokens"]
                   for t in INPUTS]
         out = post(port, "/v1/embeddings", {"input": INPUTS, "encoding_format": "float"})
