@@ -123,10 +123,11 @@ async fn embed_all(
     let (tx, mut rx) = unbounded_channel();
     let mut guards: Vec<Option<CancelGuard>> = (0..n).map(|_| None).collect();
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
-    let (mut next, mut in_flight, mut done, mut tokens) = (0, 0, 0, 0);
+    // Inputs submitted (`next`) and ended (`done`): `next - done` are in the engine.
+    let (mut next, mut done, mut tokens) = (0, 0, 0);
     let mut prompts = prompts.into_iter();
     while done < n {
-        while in_flight < window && next < n {
+        while next - done < window {
             let Some(prompt) = prompts.next() else { break };
             let req = Request {
                 prompt,
@@ -148,7 +149,6 @@ async fn embed_all(
                 tx.clone(),
             ));
             next += 1;
-            in_flight += 1;
         }
         let Some((i, ev)) = rx.recv().await else {
             return Err(ApiError::internal("the engine stopped"));
@@ -159,7 +159,6 @@ async fn embed_all(
                 if let Some(g) = guards[i].as_mut() {
                     g.done();
                 }
-                in_flight -= 1;
                 done += 1;
                 tokens += usage.prompt_tokens;
                 if vectors[i].is_none() {

@@ -65,14 +65,6 @@ impl ApiServerSettings {
     /// refused here with the same words. The key: the one typed, else the key file's first
     /// line, else `TPSLAB_API_KEY`.
     pub fn options(&self) -> Result<ServerOptions, String> {
-        self.options_with_env(|k| std::env::var(k).ok())
-    }
-
-    /// [`Self::options`] with the environment read through `env`.
-    pub fn options_with_env(
-        &self,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<ServerOptions, String> {
         let list = |s: &str| -> Vec<String> {
             (s.split(','))
                 .map(str::trim)
@@ -88,7 +80,7 @@ impl ApiServerSettings {
             api_key: nonempty(&self.api_key),
             api_key_file: nonempty(&self.api_key_file).map(std::path::PathBuf::from),
         }
-        .key(env)
+        .key(|k| std::env::var(k).ok())
         .map_err(|e| e.to_string())?;
         Ok(ServerOptions {
             port: self.port,

@@ -107,7 +107,7 @@ impl EngineThread {
             Ok(l) => l,
             Err(e) => return self.forward_failed(&out, &needs, &e.to_string()),
         };
-        pool_states(&mut self.live, &out, step.hidden);
+        pool_states(&mut self.live, &out, step.hidden, self.lm.model.cfg.hidden);
         let (sampled, failed) = sample_rows(
             &mut self.live,
             &self.sched,
@@ -365,20 +365,17 @@ fn hidden_rows(live: &HashMap<RequestId, Live>, out: &SchedulerOutput) -> Vec<us
 }
 
 /// The states of [`hidden_rows`] into each embedding request's vector, in the same order.
-fn pool_states(live: &mut HashMap<RequestId, Live>, out: &SchedulerOutput, hidden: &[f32]) {
+/// `width` floats a state.
+fn pool_states(
+    live: &mut HashMap<RequestId, Live>,
+    out: &SchedulerOutput,
+    hidden: &[f32],
+    width: usize,
+) {
     if hidden.is_empty() {
         return;
     }
-    let n_rows: usize = out
-        .scheduled
-        .iter()
-        .filter_map(|s| {
-            let p = live.get(&s.id)?.pooled.as_ref()?;
-            Some(p.wanted(s.start_pos, s.tokens.len()).count())
-        })
-        .sum();
-    let width = hidden.len() / n_rows.max(1);
-    let mut states = hidden.chunks_exact(width.max(1));
+    let mut states = hidden.chunks_exact(width);
     for s in &out.scheduled {
         let Some(p) = live.get_mut(&s.id).and_then(|l| l.pooled.as_mut()) else {
             continue;
